@@ -1,0 +1,227 @@
+// Package client is the Go SDK for a Berth daemon: the control plane
+// (create, list, kill sandboxes; templates; events) over the daemon's JSON
+// REST API, and the data plane (processes, PTYs, files) over the in-sandbox
+// agent's Connect protocol, proxied by the daemon under
+// /v1/sandboxes/{id}/agent. It links nothing under internal/, so programs
+// outside the module can depend on it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// DefaultURL is where the daemon listens unless BERTH_URL says otherwise.
+const DefaultURL = "http://127.0.0.1:2378"
+
+// DefaultUser is the user data-plane calls run as unless told otherwise.
+const DefaultUser = "root"
+
+// Client talks to one Berth daemon. It is safe for concurrent use.
+type Client struct {
+	base *url.URL
+	hc   *http.Client
+	user string
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient makes the Client use hc for every request. The client must
+// not impose an overall timeout if streams (exec, events, builds) are used:
+// bound calls with their context instead.
+func WithHTTPClient(hc *http.Client) Option {
+	return func(c *Client) { c.hc = hc }
+}
+
+// WithUser sets the default user that data-plane calls run as (default
+// "root"). ExecRequest.User and Sandbox.As override it per call.
+func WithUser(user string) Option {
+	return func(c *Client) { c.user = user }
+}
+
+// New returns a Client for the daemon at baseURL, e.g. "http://127.0.0.1:2378".
+func New(baseURL string, opts ...Option) (*Client, error) {
+	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
+	if err != nil {
+		return nil, fmt.Errorf("parse daemon url %q: %w", baseURL, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return nil, fmt.Errorf("daemon url %q: scheme must be http or https: %w", baseURL, errdefs.ErrInvalidArgument)
+	}
+	if u.Host == "" {
+		return nil, fmt.Errorf("daemon url %q: no host: %w", baseURL, errdefs.ErrInvalidArgument)
+	}
+	c := &Client{base: u, hc: &http.Client{}, user: DefaultUser}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.user == "" {
+		c.user = DefaultUser
+	}
+	return c, nil
+}
+
+// FromEnv returns a Client for the daemon named by BERTH_URL, or DefaultURL.
+func FromEnv(opts ...Option) (*Client, error) {
+	u := os.Getenv("BERTH_URL")
+	if u == "" {
+		u = DefaultURL
+	}
+	return New(u, opts...)
+}
+
+// URL returns the daemon's base URL.
+func (c *Client) URL() string { return c.base.String() }
+
+// endpoint joins the base URL with a path (already escaped by the caller)
+// and query.
+func (c *Client) endpoint(path string, q url.Values) string {
+	s := c.base.String() + path
+	if len(q) > 0 {
+		s += "?" + q.Encode()
+	}
+	return s
+}
+
+// do sends a request with an optional JSON body and returns the response
+// when the status is 2xx; otherwise it decodes the error body.
+func (c *Client) do(ctx context.Context, method, path string, q url.Values, in any) (*http.Response, error) {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, fmt.Errorf("encode %s %s: %w", method, path, err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.endpoint(path, q), body)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %w", method, path, errdefs.ErrUnavailable, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		defer resp.Body.Close()
+		return nil, decodeError(resp)
+	}
+	return resp, nil
+}
+
+// doJSON is do plus decoding a JSON answer into out (if out is non-nil).
+func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, in, out any) error {
+	resp, err := c.do(ctx, method, path, q, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if out == nil {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return nil
+	}
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("decode %s %s answer: %w", method, path, err)
+	}
+	return nil
+}
+
+// wireError is the daemon's error body.
+type wireError struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// maxErrorBody bounds how much of an error body we read.
+const maxErrorBody = 64 << 10
+
+// decodeError turns a non-2xx answer into an *errdefs.Error. It reads the
+// daemon's {"code": "<string>", "message", "field"}, the agent's envd-style
+// {"code": <http status>, "message"}, and bodies that are neither (a proxy's
+// page), classing those by the HTTP status.
+func decodeError(resp *http.Response) error {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	var w struct {
+		Code    json.RawMessage `json:"code"`
+		Message string          `json:"message"`
+		Field   string          `json:"field"`
+	}
+	if err := json.Unmarshal(b, &w); err == nil {
+		var code string
+		if json.Unmarshal(w.Code, &code) == nil && code != "" {
+			return wireError{Code: code, Message: w.Message, Field: w.Field}.toError()
+		}
+		if w.Message != "" {
+			return wireError{Code: codeForStatus(resp.StatusCode), Message: w.Message, Field: w.Field}.toError()
+		}
+	}
+	msg := strings.TrimSpace(string(b))
+	if msg == "" {
+		msg = resp.Status
+	}
+	return &errdefs.Error{Code: codeForStatus(resp.StatusCode), Message: msg}
+}
+
+func (w wireError) toError() *errdefs.Error {
+	msg := w.Message
+	if msg == "" {
+		msg = w.Code
+	}
+	// errdefs.Error has no field slot; keep the field visible in the text
+	// unless the server already named it.
+	if w.Field != "" && !strings.Contains(msg, w.Field) {
+		msg = fmt.Sprintf("%s (field %s)", msg, w.Field)
+	}
+	return &errdefs.Error{Code: w.Code, Message: msg}
+}
+
+// codeForStatus guesses the error code of an HTTP status without a body.
+func codeForStatus(status int) string {
+	switch status {
+	case http.StatusNotFound:
+		return errdefs.CodeNotFound
+	case http.StatusConflict:
+		return errdefs.CodeFailedPrecondition
+	case http.StatusBadRequest:
+		return errdefs.CodeInvalidArgument
+	case http.StatusForbidden:
+		return errdefs.CodePermissionDenied
+	case http.StatusUnauthorized:
+		return errdefs.CodeUnauthenticated
+	case http.StatusTooManyRequests, http.StatusInsufficientStorage:
+		return errdefs.CodeResourceExhausted
+	case http.StatusServiceUnavailable, http.StatusBadGateway:
+		return errdefs.CodeUnavailable
+	case http.StatusGatewayTimeout:
+		return errdefs.CodeDeadlineExceeded
+	case http.StatusNotImplemented:
+		return errdefs.CodeNotImplemented
+	}
+	return errdefs.CodeInternal
+}
+
+// ErrorCode returns the wire code of err: the code an *errdefs.Error
+// carries, else the code of its class, else "internal".
+func ErrorCode(err error) string {
+	var e *errdefs.Error
+	if errors.As(err, &e) && e.Code != "" {
+		return e.Code
+	}
+	return errdefs.Code(err)
+}

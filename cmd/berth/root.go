@@ -1,0 +1,147 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// streams are the standard streams commands use, swappable in tests.
+type streams struct {
+	in  io.Reader
+	out io.Writer
+	err io.Writer
+}
+
+// app is what every client command shares: the streams and the daemon URL
+// (from --url, else BERTH_URL, else the default).
+type app struct {
+	streams
+	url string
+}
+
+// client builds the SDK client once flags are parsed.
+func (a *app) client() (*client.Client, error) {
+	if a.url != "" {
+		return client.New(a.url)
+	}
+	return client.FromEnv()
+}
+
+// exitCodeError ends berth with a command's own exit code, silently.
+type exitCodeError struct{ code int }
+
+func (e exitCodeError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// invalidf is a local validation error, reported with code invalid_argument.
+func invalidf(format string, args ...any) error {
+	return fmt.Errorf("%s: %w", fmt.Sprintf(format, args...), errdefs.ErrInvalidArgument)
+}
+
+// run executes berth with args and returns the process exit code.
+func run(ctx context.Context, args []string, s streams) int {
+	root := newRootCmd(&app{streams: s})
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	return reportError(s.err, err)
+}
+
+// reportError prints err as "berth: <message> (<code>)" and returns the exit
+// code: 0 without error, the command's own for exit codes, else 1.
+func reportError(w io.Writer, err error) int {
+	if err == nil {
+		return 0
+	}
+	var ec exitCodeError
+	if errors.As(err, &ec) {
+		return ec.code
+	}
+	msg := err.Error()
+	// The class's text is already implied by the code in parentheses.
+	if class := errdefs.FromCode(client.ErrorCode(err)); class != nil {
+		msg = strings.TrimSuffix(msg, ": "+class.Error())
+	}
+	fmt.Fprintf(w, "berth: %s (%s)\n", msg, client.ErrorCode(err))
+	return 1
+}
+
+func newRootCmd(a *app) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "berth",
+		Short:         "Run and drive sandboxes for AI agents",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		// Bare "berth" prints help rather than failing.
+		Args: cobra.NoArgs,
+	}
+	root.SetIn(a.in)
+	root.SetOut(a.out)
+	root.SetErr(a.err)
+	root.PersistentFlags().StringVar(&a.url, "url", "", "daemon URL (default $BERTH_URL or "+client.DefaultURL+")")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
+	})
+	root.AddCommand(
+		newServeCmd(),
+		newCreateCmd(a),
+		newExecCmd(a),
+		newAttachCmd(a),
+		newPsCmd(a),
+		newSignalCmd(a),
+		newShellCmd(a),
+		newCpCmd(a),
+		newLsCmd(a),
+		newInspectCmd(a),
+		newEventsCmd(a),
+		newKillCmd(a),
+		newTimeoutCmd(a),
+		newTemplateCmd(a),
+		newVersionCmd(a),
+	)
+	return root
+}
+
+// exactArgs is cobra.ExactArgs with an invalid_argument error naming the
+// expected arguments.
+func exactArgs(n int, names string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) != n {
+			return invalidf("want %s, got %d argument(s)", names, len(args))
+		}
+		return nil
+	}
+}
+
+// minArgs is cobra.MinimumNArgs with an invalid_argument error.
+func minArgs(n int, names string) cobra.PositionalArgs {
+	return func(_ *cobra.Command, args []string) error {
+		if len(args) < n {
+			return invalidf("want %s", names)
+		}
+		return nil
+	}
+}
+
+// parseKV parses repeated K=V flag values into a map; flag names the flag
+// in errors.
+func parseKV(flag string, vals []string) (map[string]string, error) {
+	if len(vals) == 0 {
+		return nil, nil
+	}
+	m := make(map[string]string, len(vals))
+	for _, v := range vals {
+		k, val, ok := strings.Cut(v, "=")
+		if !ok || k == "" {
+			return nil, invalidf("--%s %q: want KEY=VALUE", flag, v)
+		}
+		m[k] = val
+	}
+	return m, nil
+}

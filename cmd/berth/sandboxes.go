@@ -1,0 +1,396 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// sizeRE matches the sizes the API takes: a number with an optional binary
+// suffix (K, M, G, T, optionally followed by i, iB or B).
+var sizeRE = regexp.MustCompile(`^[0-9]+(\.[0-9]+)?([KMGTkmgt]([iI]?[bB])?)?$`)
+
+func checkSize(flag, v string) error {
+	if !sizeRE.MatchString(v) {
+		return invalidf("--%s %q: want a size such as 512M or 1.5G", flag, v)
+	}
+	return nil
+}
+
+func newCreateCmd(a *app) *cobra.Command {
+	var (
+		req         client.CreateRequest
+		env, labels []string
+		asJSON      bool
+	)
+	cmd := &cobra.Command{
+		Use:   "create",
+		Short: "Create a sandbox and print its ID",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f := cmd.Flags()
+			// Only flags the user set are sent: the daemon owns defaults.
+			if !f.Changed("template") {
+				req.Template = ""
+			}
+			if f.Changed("cpu") {
+				if req.CPU <= 0 {
+					return invalidf("--cpu %v: want a positive number of cores", req.CPU)
+				}
+			} else {
+				req.CPU = 0
+			}
+			for _, s := range []struct {
+				flag string
+				v    *string
+			}{{"memory", &req.Memory}, {"disk", &req.Disk}} {
+				if !f.Changed(s.flag) {
+					*s.v = ""
+					continue
+				}
+				if err := checkSize(s.flag, *s.v); err != nil {
+					return err
+				}
+			}
+			if f.Changed("timeout") {
+				d, err := time.ParseDuration(req.Timeout)
+				if err != nil || d <= 0 {
+					return invalidf("--timeout %q: want a positive duration such as 10m", req.Timeout)
+				}
+			} else {
+				req.Timeout = ""
+			}
+			var err error
+			if req.Env, err = parseKV("env", env); err != nil {
+				return err
+			}
+			if req.Labels, err = parseKV("label", labels); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Create(cmd.Context(), req)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, sb)
+			}
+			fmt.Fprintln(a.out, sb.ID)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.Template, "template", "base", "template to start from")
+	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
+	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
+	f.StringVar(&req.Disk, "disk", "2G", "disk size")
+	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed")
+	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
+	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
+	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	return cmd
+}
+
+func newLsCmd(a *app) *cobra.Command {
+	var (
+		labels []string
+		state  string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List sandboxes",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			lm, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sbs, err := c.List(cmd.Context(), client.ListOptions{Labels: lm, State: state})
+			if err != nil {
+				return err
+			}
+			slices.SortFunc(sbs, func(x, y *client.Sandbox) int { return x.CreatedAt.Compare(y.CreatedAt) })
+			if asJSON {
+				if sbs == nil {
+					sbs = []*client.Sandbox{}
+				}
+				return printJSON(a.out, sbs)
+			}
+			return printSandboxes(a.out, sbs, time.Now())
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label k=v (repeatable, all must match)")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+func printSandboxes(w io.Writer, sbs []*client.Sandbox, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tCPU\tMEMORY\tAGE\tEXPIRES IN\tLABELS")
+	for _, sb := range sbs {
+		keys := make([]string, 0, len(sb.Labels))
+		for k := range sb.Labels {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		var lbl []string
+		for _, k := range keys {
+			lbl = append(lbl, k+"="+sb.Labels[k])
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Template,
+			strconv.FormatFloat(sb.CPU, 'f', -1, 64), humanBytes(sb.MemoryBytes),
+			shortDuration(now.Sub(sb.CreatedAt)), shortDuration(sb.Deadline.Sub(now)), strings.Join(lbl, ","))
+	}
+	return tw.Flush()
+}
+
+// humanBytes prints n in the API's binary units: 512M, 1.5G.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return strconv.FormatInt(n, 10)
+	}
+	v, i := float64(n), -1
+	for v >= unit && i < 5 {
+		v /= unit
+		i++
+	}
+	return strings.TrimSuffix(strconv.FormatFloat(v, 'f', 1, 64), ".0") + string("KMGTPE"[i])
+}
+
+// shortDuration rounds d for a table: seconds under a minute, else minutes.
+func shortDuration(d time.Duration) string {
+	if d <= 0 {
+		return "-"
+	}
+	if d < time.Minute {
+		return d.Round(time.Second).String()
+	}
+	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newInspectCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Print a sandbox's details as JSON",
+		Args:  exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.Get(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			return printJSON(a.out, sb)
+		},
+	}
+}
+
+func newEventsCmd(a *app) *cobra.Command {
+	var follow, asJSON bool
+	cmd := &cobra.Command{
+		Use:   "events ID",
+		Short: "Print a sandbox's lifecycle events",
+		Args:  exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			print := func(ev client.Event) error {
+				if asJSON {
+					return json.NewEncoder(a.out).Encode(ev)
+				}
+				_, err := fmt.Fprintf(a.out, "%s  %-15s %s\n", ev.Time.Local().Format(time.RFC3339), ev.Type, ev.Message)
+				return err
+			}
+			if follow {
+				return c.FollowEvents(cmd.Context(), args[0], print)
+			}
+			evs, err := c.Events(cmd.Context(), args[0])
+			if err != nil {
+				return err
+			}
+			for _, ev := range evs {
+				if err := print(ev); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events until the sandbox is destroyed")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON event per line")
+	return cmd
+}
+
+func newKillCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "kill ID [ID…]",
+		Short: "Destroy sandboxes",
+		Args:  minArgs(1, "at least one sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			// Kill every one asked for, then report failures; the last
+			// error decides the code printed.
+			var errs []error
+			for _, id := range args {
+				if err := c.Kill(cmd.Context(), id); err != nil {
+					errs = append(errs, fmt.Errorf("kill %s: %w", id, err))
+					continue
+				}
+				fmt.Fprintln(a.out, id)
+			}
+			switch len(errs) {
+			case 0:
+				return nil
+			case 1:
+				return errs[0]
+			}
+			for _, err := range errs[:len(errs)-1] {
+				reportError(a.err, err)
+			}
+			return errs[len(errs)-1]
+		},
+	}
+}
+
+func newTimeoutCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "timeout ID DURATION",
+		Short: "Set a sandbox to be destroyed DURATION from now",
+		Args:  exactArgs(2, "a sandbox ID and a duration"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d <= 0 {
+				return invalidf("duration %q: want a positive duration such as 30m", args[1])
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			sb, err := c.SetTimeout(cmd.Context(), args[0], d)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s expires at %s\n", sb.ID, sb.Deadline.Local().Format(time.RFC3339))
+			return nil
+		},
+	}
+}
+
+func newTemplateCmd(a *app) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "List and build templates",
+		Args:  exactArgs(0, "a subcommand (ls, build)"),
+	}
+	var asJSON bool
+	ls := &cobra.Command{
+		Use:     "ls",
+		Aliases: []string{"list"},
+		Short:   "List templates",
+		Args:    exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ts, err := c.Templates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				if ts == nil {
+					ts = []client.Template{}
+				}
+				return printJSON(a.out, ts)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tBUILT AT\tDESCRIPTION")
+			for _, t := range ts {
+				built := "-"
+				if !t.BuiltAt.IsZero() {
+					built = t.BuiltAt.Local().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), built, t.Description)
+			}
+			return tw.Flush()
+		},
+	}
+	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	build := &cobra.Command{
+		Use:   "build NAME",
+		Short: "Build a template, printing its log",
+		Args:  exactArgs(1, "a template name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			// The log goes to stderr so stdout carries only the result.
+			t, err := c.BuildTemplate(cmd.Context(), args[0], a.err)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s built (%s)\n", t.Name, humanBytes(t.SizeBytes))
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, build)
+	return cmd
+}
+
+func newVersionCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the client's and the daemon's versions",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			fmt.Fprintf(a.out, "client: %s\n", buildVersion())
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			h, err := c.Health(cmd.Context())
+			if err != nil {
+				// The client's version is still useful without a daemon.
+				fmt.Fprintf(a.out, "server: unreachable (%v)\n", err)
+				return nil
+			}
+			fmt.Fprintf(a.out, "server: %s\n", h.Version)
+			return nil
+		},
+	}
+}

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+
+	"github.com/berth-sandbox/berth/internal/daemon"
+)
+
+// newServeCmd runs the daemon. Settings come from defaults, then the
+// config file (YAML or JSON), then flags.
+func newServeCmd() *cobra.Command {
+	var (
+		cfgFile string
+		flags   daemon.Config
+		debug   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the Berth daemon (as root)",
+		Long: `Run the Berth daemon on this host with its embedded defaults: SQLite state and
+templates in --data-dir, runc for isolation, the API on --listen.
+
+Settings come from the built-in defaults, then --config (a YAML or JSON file
+whose keys are listen, data_dir, cache_dir, instance, agent_path, runtime,
+pool, uid_base, uid_count, debian_mirror, default_template), then flags.
+SIGTERM or SIGINT stops the daemon; running sandboxes keep running and are
+re-adopted when it starts again.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var cfg daemon.Config
+			if cfgFile != "" {
+				data, err := os.ReadFile(cfgFile)
+				if err != nil {
+					return fmt.Errorf("--config: %w", err)
+				}
+				dec := yaml.NewDecoder(bytes.NewReader(data))
+				dec.KnownFields(true)
+				if err := dec.Decode(&cfg); err != nil {
+					return fmt.Errorf("--config %s: %w", cfgFile, err)
+				}
+			}
+			set := func(name string, dst *string, v string) {
+				if cmd.Flags().Changed(name) {
+					*dst = v
+				}
+			}
+			set("listen", &cfg.Listen, flags.Listen)
+			set("data-dir", &cfg.DataDir, flags.DataDir)
+			set("cache-dir", &cfg.CacheDir, flags.CacheDir)
+			set("instance", &cfg.Instance, flags.Instance)
+			set("agent", &cfg.AgentPath, flags.AgentPath)
+			set("runtime", &cfg.RuntimeBinary, flags.RuntimeBinary)
+			set("pool", &cfg.Pool, flags.Pool)
+			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
+			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
+				cfg.Mirror = m
+			}
+			cfg.Version = buildVersion()
+			if os.Geteuid() != 0 {
+				return fmt.Errorf("berth serve must run as root (it creates namespaces, mounts and firewall rules)")
+			}
+			level := slog.LevelInfo
+			if debug {
+				level = slog.LevelDebug
+			}
+			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			return daemon.Run(ctx, cfg, log)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfgFile, "config", "", "config file (YAML or JSON)")
+	f.StringVar(&flags.Listen, "listen", daemon.DefaultListen, "API address")
+	f.StringVar(&flags.DataDir, "data-dir", "/var/lib/berth", "state, templates and sandboxes")
+	f.StringVar(&flags.CacheDir, "cache-dir", "/var/cache/berth", "download cache (debootstrap base)")
+	f.StringVar(&flags.Instance, "instance", "", "name of this daemon's host objects (default: derived from --data-dir)")
+	f.StringVar(&flags.AgentPath, "agent", "", "berth-agent binary (default: next to berth)")
+	f.StringVar(&flags.RuntimeBinary, "runtime", "runc", "OCI runtime binary")
+	f.StringVar(&flags.Pool, "pool", "198.18.0.0/15", "address pool for sandbox links")
+	f.StringVar(&flags.DefaultTemplate, "default-template", "base", "template used when a create names none")
+	f.BoolVar(&debug, "debug", false, "debug logging")
+	return cmd
+}

@@ -1,0 +1,105 @@
+// Package errdefs holds the error classes callers act on, and maps them to
+// and from wire codes. Code anywhere wraps one of these classes with %w; the
+// API edge turns the class into an HTTP status and a stable code string, and
+// the Go SDK turns the code back into the same class so errors.Is works on
+// both sides of the wire.
+package errdefs
+
+import (
+	"errors"
+	"net/http"
+)
+
+// The error classes. Wrap them: fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound).
+var (
+	ErrNotFound           = errors.New("not found")
+	ErrAlreadyExists      = errors.New("already exists")
+	ErrInvalidArgument    = errors.New("invalid argument")
+	ErrFailedPrecondition = errors.New("failed precondition")
+	ErrPolicyDenied       = errors.New("policy denied")
+	ErrUnavailable        = errors.New("unavailable")
+	ErrResourceExhausted  = errors.New("resource exhausted")
+	ErrUnauthenticated    = errors.New("unauthenticated")
+	ErrPermissionDenied   = errors.New("permission denied")
+	ErrNotImplemented     = errors.New("not implemented")
+	ErrDeadlineExceeded   = errors.New("deadline exceeded")
+)
+
+// Stable wire codes, one per class; "internal" for anything unclassified.
+const (
+	CodeNotFound           = "not_found"
+	CodeAlreadyExists      = "already_exists"
+	CodeInvalidArgument    = "invalid_argument"
+	CodeFailedPrecondition = "failed_precondition"
+	CodePolicyDenied       = "policy_denied"
+	CodeUnavailable        = "unavailable"
+	CodeResourceExhausted  = "resource_exhausted"
+	CodeUnauthenticated    = "unauthenticated"
+	CodePermissionDenied   = "permission_denied"
+	CodeNotImplemented     = "not_implemented"
+	CodeDeadlineExceeded   = "deadline_exceeded"
+	CodeInternal           = "internal"
+)
+
+type class struct {
+	err    error
+	code   string
+	status int
+}
+
+// classes is read-only after package initialisation; it is a table, not state.
+var classes = []class{
+	{ErrNotFound, CodeNotFound, http.StatusNotFound},
+	{ErrAlreadyExists, CodeAlreadyExists, http.StatusConflict},
+	{ErrInvalidArgument, CodeInvalidArgument, http.StatusBadRequest},
+	{ErrFailedPrecondition, CodeFailedPrecondition, http.StatusConflict},
+	{ErrPolicyDenied, CodePolicyDenied, http.StatusForbidden},
+	{ErrUnavailable, CodeUnavailable, http.StatusServiceUnavailable},
+	{ErrResourceExhausted, CodeResourceExhausted, http.StatusTooManyRequests},
+	{ErrUnauthenticated, CodeUnauthenticated, http.StatusUnauthorized},
+	{ErrPermissionDenied, CodePermissionDenied, http.StatusForbidden},
+	{ErrNotImplemented, CodeNotImplemented, http.StatusNotImplemented},
+	{ErrDeadlineExceeded, CodeDeadlineExceeded, http.StatusGatewayTimeout},
+}
+
+// Code returns the stable wire code of err's class, or "internal".
+func Code(err error) string {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c.code
+		}
+	}
+	return CodeInternal
+}
+
+// HTTPStatus returns the HTTP status for err's class, or 500.
+func HTTPStatus(err error) int {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c.status
+		}
+	}
+	return http.StatusInternalServerError
+}
+
+// FromCode returns the class for a wire code, or nil for an unknown code.
+func FromCode(code string) error {
+	for _, c := range classes {
+		if c.code == code {
+			return c.err
+		}
+	}
+	return nil
+}
+
+// Error is an error received over the wire: a code and a message. It
+// unwraps to the matching class so errors.Is works on the client side.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap returns the class of the code, if it is known.
+func (e *Error) Unwrap() error { return FromCode(e.Code) }

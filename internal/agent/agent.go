@@ -1,0 +1,243 @@
+// Package agent is the in-sandbox server, berth-agent. It runs as PID 1 in
+// every sandbox and speaks E2B envd's wire protocol on port 49983: Connect
+// services process.Process and filesystem.Filesystem, and plain HTTP /health,
+// /metrics, /envs and /files. It owns the sandbox's process table and reaps
+// its zombies. It imports nothing host-side: it lives inside untrusted
+// sandboxes.
+package agent
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/proto/filesystem/filesystemconnect"
+	"github.com/berth-sandbox/berth/proto/process/processconnect"
+)
+
+// Port is where the agent listens inside every sandbox.
+const Port = 49983
+
+// Version is the envd version the agent is compatible with. The SDKs gate
+// features on it (default user 0.4.0, CloseStdin 0.5.2, octet-stream and gzip
+// uploads 0.5.7, watch entry info 0.6.3); control planes report it as
+// envdVersion.
+const Version = "0.6.13"
+
+// TokenEnv is the environment variable the agent reads its access token
+// from; the agent removes it from its environment so children never see it.
+const TokenEnv = "BERTH_AGENT_TOKEN"
+
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Config holds everything the agent needs; main fills it from flags.
+type Config struct {
+	// Listen is the address Serve's caller should listen on (default
+	// 0.0.0.0:49983); Serve itself takes a listener.
+	Listen string
+	// Token, when set, is required in X-Access-Token (or as a /files
+	// signature) on every request but /health.
+	Token string
+	// DefaultUser acts when a request names no user (default "root").
+	DefaultUser string
+	// PasswdPath and GroupPath locate the account databases (default
+	// /etc/passwd and /etc/group).
+	PasswdPath, GroupPath string
+	// Env is the sandbox-wide environment every process gets ("K=V"); nil
+	// means the agent's own environment minus agent-internal variables.
+	Env []string
+	// Reaper, when set, collects every child's status (PID 1 mode). Without
+	// it each started process is waited for by pid.
+	Reaper *Reaper
+	// DiskPath is the filesystem /metrics reports on (default "/").
+	DiskPath string
+	// KeepaliveInterval is the default interval of keepalive events on
+	// streams when the client sends no Keepalive-Ping-Interval (default 50s).
+	KeepaliveInterval time.Duration
+	Logger            *slog.Logger
+	// Version is reported by nothing on the wire today but kept for logs;
+	// default Version.
+	Version string
+}
+
+// Server is the agent.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	env     []string
+	procs   *procTable
+	watches *watcherSet
+	cpu     cpuSampler
+	handler http.Handler
+
+	mu     sync.Mutex
+	srvs   []*http.Server
+	closed bool
+}
+
+// New builds a Server from cfg.
+func New(cfg Config) (*Server, error) {
+	if cfg.Listen == "" {
+		cfg.Listen = fmt.Sprintf("0.0.0.0:%d", Port)
+	}
+	if cfg.DefaultUser == "" {
+		cfg.DefaultUser = "root"
+	}
+	if cfg.PasswdPath == "" {
+		cfg.PasswdPath = "/etc/passwd"
+	}
+	if cfg.GroupPath == "" {
+		cfg.GroupPath = "/etc/group"
+	}
+	if cfg.DiskPath == "" {
+		cfg.DiskPath = "/"
+	}
+	if cfg.KeepaliveInterval <= 0 {
+		cfg.KeepaliveInterval = 50 * time.Second
+	}
+	if cfg.Version == "" {
+		cfg.Version = Version
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	env := cfg.Env
+	if env == nil {
+		env = SandboxEnv(os.Environ())
+	}
+	s := &Server{
+		cfg:     cfg,
+		log:     cfg.Logger,
+		env:     env,
+		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, byPID: map[int]*proc{}},
+		watches: newWatcherSet(),
+	}
+	mux := http.NewServeMux()
+	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}))
+	mux.Handle(filesystemconnect.NewFilesystemHandler(&fsService{s: s}))
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /metrics", s.metrics)
+	mux.HandleFunc("GET /envs", s.envs)
+	mux.HandleFunc("GET /files", s.getFile)
+	mux.HandleFunc("POST /files", s.postFile)
+	s.handler = s.authorize(mux)
+	return s, nil
+}
+
+// SandboxEnv filters an environment down to what processes should inherit:
+// agent-internal variables (BERTH_AGENT_*) and per-user ones (HOME, USER, …,
+// which the agent sets per process) are dropped.
+func SandboxEnv(environ []string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "BERTH_AGENT_"):
+		case k == "HOME", k == "USER", k == "LOGNAME", k == "PWD", k == "OLDPWD", k == "SHLVL", k == "_":
+		default:
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// Handler returns the agent's HTTP handler (auth included).
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve answers on l, over HTTP/1.1 and h2c, until ctx ends or Close.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	protos := new(http.Protocols)
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{
+		Handler:           s.handler,
+		Protocols:         protos,
+		ReadHeaderTimeout: 30 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("agent server closed")
+	}
+	s.srvs = append(s.srvs, srv)
+	s.mu.Unlock()
+	stop := context.AfterFunc(ctx, func() { _ = srv.Close() })
+	defer stop()
+	err := srv.Serve(l)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Close stops serving, kills every process the agent started and stops
+// watchers.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	srvs := s.srvs
+	s.mu.Unlock()
+	for _, srv := range srvs {
+		_ = srv.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s.procs.killAll(ctx)
+	s.watches.closeAll()
+}
+
+// authorize requires the access token on everything but /health; /files also
+// accepts a signature (checked in its handlers).
+func (s *Server) authorize(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.cfg.Token == "" || r.URL.Path == "/health" || r.URL.Path == "/files" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if s.tokenOK(r.Header.Get("X-Access-Token")) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		err := errors.New("unauthorized access, please provide a valid access token")
+		if strings.HasPrefix(r.URL.Path, "/"+processconnect.ProcessName+"/") ||
+			strings.HasPrefix(r.URL.Path, "/"+filesystemconnect.FilesystemName+"/") {
+			_ = connectErrorWriter.Write(w, r, connectUnauthenticated(err))
+			return
+		}
+		jsonError(w, http.StatusUnauthorized, err)
+	})
+}
+
+func (s *Server) tokenOK(got string) bool {
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
+}
+
+// userFor resolves the user a request acts as: named explicitly (query
+// parameter), or in Basic auth, or the default user.
+func (s *Server) userFor(explicit, authorization string) (*user, error) {
+	name := explicit
+	if name == "" {
+		n, err := usernameFromBasic(authorization)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", err, errInvalid)
+		}
+		name = n
+	}
+	if name == "" {
+		name = s.cfg.DefaultUser
+	}
+	return lookupUser(s.cfg.PasswdPath, s.cfg.GroupPath, name)
+}
+
+func (s *Server) health(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,281 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	pb "github.com/berth-sandbox/berth/proto/process"
+	"github.com/berth-sandbox/berth/proto/process/processconnect"
+)
+
+var connectErrorWriter = connect.NewErrorWriter()
+
+func connectUnauthenticated(err error) *connect.Error {
+	return connect.NewError(connect.CodeUnauthenticated, err)
+}
+
+// processService implements process.Process.
+type processService struct {
+	processconnect.UnimplementedProcessHandler
+	s *Server
+}
+
+func (ps *processService) List(_ context.Context, _ *connect.Request[pb.ListRequest]) (*connect.Response[pb.ListResponse], error) {
+	res := &pb.ListResponse{}
+	for _, p := range ps.s.procs.list() {
+		res.Processes = append(res.Processes, &pb.ProcessInfo{Config: p.config, Pid: uint32(p.pid), Tag: p.tag})
+	}
+	slices.SortFunc(res.Processes, func(a, b *pb.ProcessInfo) int { return int(a.Pid) - int(b.Pid) })
+	return connect.NewResponse(res), nil
+}
+
+// keepaliveInterval honours the SDK's Keepalive-Ping-Interval header (seconds).
+func (s *Server) keepaliveInterval(h http.Header) time.Duration {
+	if v, err := strconv.Atoi(h.Get("Keepalive-Ping-Interval")); err == nil && v > 0 {
+		return time.Duration(v) * time.Second
+	}
+	return s.cfg.KeepaliveInterval
+}
+
+func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.StartRequest], stream *connect.ServerStream[pb.StartResponse]) error {
+	s := ps.s
+	u, err := s.userFor("", req.Header().Get("Authorization"))
+	if err != nil {
+		return rpcErr(err)
+	}
+	cfg := req.Msg.GetProcess()
+	if cfg.GetCmd() == "" {
+		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
+	}
+	dir := u.Home
+	if cfg.Cwd != nil && cfg.GetCwd() != "" {
+		if dir, err = resolvePath(cfg.GetCwd(), u.Home); err != nil {
+			return rpcErr(err)
+		}
+	}
+	if fi, err := os.Stat(dir); err != nil {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q does not exist", dir))
+	} else if !fi.IsDir() {
+		return connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("cwd %q is not a directory", dir))
+	}
+	spec := startSpec{
+		argv:  append([]string{cfg.GetCmd()}, cfg.GetArgs()...),
+		env:   s.processEnv(u, cfg.GetEnvs()),
+		dir:   dir,
+		user:  u,
+		pty:   req.Msg.Pty,
+		stdin: req.Msg.Stdin == nil || req.Msg.GetStdin(),
+	}
+	p, err := s.procs.startProc(spec, req.Msg)
+	if err != nil {
+		return rpcErr(err)
+	}
+	// The process outlives this stream; subscribe before anything is sent so
+	// no output is missed. startProc published nothing yet for anyone else.
+	ch := p.subscribe()
+	defer p.unsubscribe(ch)
+	s.log.Info("process_start", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "dir", dir)
+	if err := stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}}); err != nil {
+		return err
+	}
+	return pump(ctx, p, ch, s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+		return stream.Send(&pb.StartResponse{Event: ev})
+	})
+}
+
+func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.ConnectRequest], stream *connect.ServerStream[pb.ConnectResponse]) error {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return rpcErr(err)
+	}
+	ch := p.subscribe()
+	defer p.unsubscribe(ch)
+	if err := stream.Send(&pb.ConnectResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}}); err != nil {
+		return err
+	}
+	return pump(ctx, p, ch, ps.s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+		return stream.Send(&pb.ConnectResponse{Event: ev})
+	})
+}
+
+// pump forwards a process's events to one stream until the end event.
+func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
+	tick := time.NewTicker(keepalive)
+	defer tick.Stop()
+	keep := &pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev := <-ch:
+			if err := send(ev); err != nil {
+				return err
+			}
+		case <-tick.C:
+			if err := send(keep); err != nil {
+				return err
+			}
+		case <-p.endedCh:
+			for {
+				select {
+				case ev := <-ch:
+					if err := send(ev); err != nil {
+						return err
+					}
+					continue
+				default:
+				}
+				break
+			}
+			return send(p.ended())
+		}
+	}
+}
+
+// processEnv builds a process's environment: PATH, HOME, USER, LOGNAME,
+// SHELL first, then the sandbox-wide environment, then the request's
+// variables; later entries win.
+func (s *Server) processEnv(u *user, extra map[string]string) []string {
+	path := defaultPath
+	for _, kv := range s.env {
+		if len(kv) > 5 && kv[:5] == "PATH=" {
+			path = kv[5:]
+		}
+	}
+	env := []string{"PATH=" + path, "HOME=" + u.Home, "USER=" + u.Name, "LOGNAME=" + u.Name}
+	if u.Shell != "" {
+		env = append(env, "SHELL="+u.Shell)
+	}
+	vars := map[string]string{}
+	var order []string
+	add := func(k, v string) {
+		if _, ok := vars[k]; !ok {
+			order = append(order, k)
+		}
+		vars[k] = v
+	}
+	for _, kv := range env {
+		k, v, _ := cutEnv(kv)
+		add(k, v)
+	}
+	for _, kv := range s.env {
+		k, v, _ := cutEnv(kv)
+		if k == "PATH" {
+			continue
+		}
+		add(k, v)
+	}
+	for _, k := range slices.Sorted(maps.Keys(extra)) {
+		add(k, extra[k])
+	}
+	out := make([]string, 0, len(order))
+	for _, k := range order {
+		out = append(out, k+"="+vars[k])
+	}
+	return out
+}
+
+func cutEnv(kv string) (string, string, bool) {
+	for i := 0; i < len(kv); i++ {
+		if kv[i] == '=' {
+			return kv[:i], kv[i+1:], true
+		}
+	}
+	return kv, "", false
+}
+
+func (ps *processService) Update(_ context.Context, req *connect.Request[pb.UpdateRequest]) (*connect.Response[pb.UpdateResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if req.Msg.Pty != nil {
+		if p.tty == nil {
+			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pty", p.pid))
+		}
+		size := req.Msg.GetPty().GetSize()
+		if err := pty.Setsize(p.tty, &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}); err != nil {
+			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("resize pty of %d: %w", p.pid, err))
+		}
+	}
+	return connect.NewResponse(&pb.UpdateResponse{}), nil
+}
+
+func (ps *processService) SendInput(_ context.Context, req *connect.Request[pb.SendInputRequest]) (*connect.Response[pb.SendInputResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := p.writeInput(req.Msg.GetInput()); err != nil {
+		return nil, rpcErr(err)
+	}
+	return connect.NewResponse(&pb.SendInputResponse{}), nil
+}
+
+func (ps *processService) StreamInput(ctx context.Context, stream *connect.ClientStream[pb.StreamInputRequest]) (*connect.Response[pb.StreamInputResponse], error) {
+	var p *proc
+	for stream.Receive() {
+		switch ev := stream.Msg().GetEvent().(type) {
+		case *pb.StreamInputRequest_Start:
+			found, err := ps.s.procs.find(ev.Start.GetProcess())
+			if err != nil {
+				return nil, rpcErr(err)
+			}
+			p = found
+		case *pb.StreamInputRequest_Data:
+			if p == nil {
+				return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("stream input: start event (process selector) must come first"))
+			}
+			if err := p.writeInput(ev.Data.GetInput()); err != nil {
+				return nil, rpcErr(err)
+			}
+		case *pb.StreamInputRequest_Keepalive:
+		}
+	}
+	if err := stream.Err(); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pb.StreamInputResponse{}), nil
+}
+
+func (ps *processService) SendSignal(_ context.Context, req *connect.Request[pb.SendSignalRequest]) (*connect.Response[pb.SendSignalResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	var sig unix.Signal
+	switch req.Msg.GetSignal() {
+	case pb.Signal_SIGNAL_SIGKILL:
+		sig = unix.SIGKILL
+	case pb.Signal_SIGNAL_SIGTERM:
+		sig = unix.SIGTERM
+	default:
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %v", req.Msg.GetSignal()))
+	}
+	if err := p.signal(sig); err != nil {
+		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal %d: %w", p.pid, err))
+	}
+	return connect.NewResponse(&pb.SendSignalResponse{}), nil
+}
+
+func (ps *processService) CloseStdin(_ context.Context, req *connect.Request[pb.CloseStdinRequest]) (*connect.Response[pb.CloseStdinResponse], error) {
+	p, err := ps.s.procs.find(req.Msg.GetProcess())
+	if err != nil {
+		return nil, rpcErr(err)
+	}
+	if err := p.closeStdin(); err != nil {
+		return nil, rpcErr(err)
+	}
+	return connect.NewResponse(&pb.CloseStdinResponse{}), nil
+}

@@ -1,0 +1,75 @@
+// Package agentlink is how the host reaches a sandbox's agent: a readiness
+// probe and the HTTP transport the daemon's data-plane proxy uses. It never
+// trusts what the agent answers beyond its status codes.
+package agentlink
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Link probes and dials agents.
+type Link struct {
+	probe     *http.Client
+	transport *http.Transport
+}
+
+// New returns a Link.
+func New() *Link {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	return &Link{
+		probe: &http.Client{
+			Timeout: 2 * time.Second,
+			// Probes must not keep idle connections into sandboxes.
+			Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true},
+		},
+		transport: &http.Transport{
+			DialContext:         dialer.DialContext,
+			MaxIdleConnsPerHost: 16,
+			IdleConnTimeout:     30 * time.Second,
+			// Streams (process output, watches) are long-lived; no response
+			// header timeout for them, but the dial is bounded.
+			ForceAttemptHTTP2: false,
+		},
+	}
+}
+
+// Transport is the round tripper for proxied data-plane requests.
+func (l *Link) Transport() http.RoundTripper { return l.transport }
+
+// WaitReady polls the agent's /health until it answers 204 or ctx ends.
+func (l *Link) WaitReady(ctx context.Context, addr string) error {
+	wait := time.Millisecond
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := l.probe.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("health answered %s", resp.Status)
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("agent at %s: %v: %w", addr, last, errdefs.ErrUnavailable)
+		case <-time.After(wait):
+		}
+		if wait < 20*time.Millisecond {
+			wait *= 2
+		}
+	}
+}
+
+// CloseIdle drops idle connections to agents (after a sandbox ends).
+func (l *Link) CloseIdle() { l.transport.CloseIdleConnections() }

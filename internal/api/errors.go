@@ -1,0 +1,56 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+)
+
+// errorBody is the JSON body of every error answer.
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+// fieldError is a bad request field found at the API edge.
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string { return e.err.Error() }
+func (e *fieldError) Unwrap() error { return e.err }
+
+func badField(field string, err error) error { return &fieldError{field: field, err: err} }
+
+// writeError maps an error to its status and JSON body: the one place where
+// error classes become wire codes.
+func writeError(w http.ResponseWriter, err error) {
+	body := errorBody{Code: errdefs.Code(err), Message: err.Error()}
+	var fe *fieldError
+	var sfe *sandbox.FieldError
+	switch {
+	case errors.As(err, &fe):
+		body.Field = fe.field
+	case errors.As(err, &sfe):
+		body.Field = sfe.Field
+	}
+	if body.Code == errdefs.CodeInternal {
+		// Internal errors keep their text: an operator on a single host
+		// needs it, and it never carries secrets.
+		body.Message = "internal error: " + err.Error()
+	}
+	writeJSON(w, errdefs.HTTPStatus(err), body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

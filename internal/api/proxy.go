@@ -1,0 +1,58 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+type agentTarget struct {
+	addr, token, path string
+}
+
+type targetKey struct{}
+
+// agentProxy forwards data-plane requests to a sandbox's agent. The target
+// comes from the Manager, never from the request, so a client can reach
+// only the sandbox it names, through the daemon.
+func (s *Server) agentProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(agentTarget)
+			pr.Out.URL = &url.URL{Scheme: "http", Host: t.addr, Path: t.path, RawQuery: pr.In.URL.RawQuery}
+			pr.Out.Host = t.addr
+			// The daemon authenticates to the agent; whatever token the
+			// client sent is replaced.
+			pr.Out.Header.Set("X-Access-Token", t.token)
+		},
+		Transport: s.cfg.Transport,
+		// Stream process output and watch events as they come.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			writeError(w, fmt.Errorf("sandbox agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
+		},
+	}
+}
+
+func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	addr, token, err := s.cfg.Manager.Agent(r.Context(), id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	t := agentTarget{addr: addr, token: token, path: "/" + r.PathValue("rest")}
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}

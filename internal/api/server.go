@@ -1,0 +1,90 @@
+// Package api serves Berth's native REST control plane under /v1, its
+// OpenAPI document, and the data-plane proxy that carries requests to a
+// sandbox's agent, so clients never route to sandbox addresses. It
+// translates requests and calls the sandbox Manager; it owns no lifecycle.
+package api
+
+import (
+	"context"
+	_ "embed"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+//go:embed openapi.json
+var openapiDoc []byte
+
+// Templates is what the API needs from the template store.
+type Templates interface {
+	List(ctx context.Context) ([]template.Template, error)
+	Build(ctx context.Context, name string, log io.Writer) (template.Template, error)
+}
+
+// Config wires the API to the daemon's subsystems.
+type Config struct {
+	Manager   Manager
+	Templates Templates
+	// Transport carries proxied requests to agents.
+	Transport http.RoundTripper
+	Version   string
+	Logger    *slog.Logger
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	mux   *http.ServeMux
+	proxy *httputil.ReverseProxy
+}
+
+// New builds the API server.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
+	s.proxy = s.agentProxy()
+	s.routes()
+	return s
+}
+
+// Handler returns the root HTTP handler.
+func (s *Server) Handler() http.Handler { return s.mux }
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /v1/health", s.health)
+	m.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Write(openapiDoc)
+	})
+	m.HandleFunc("POST /v1/sandboxes", s.createSandbox)
+	m.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
+	m.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
+	m.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
+	m.HandleFunc("POST /v1/sandboxes/{id}/timeout", s.setTimeout)
+	m.HandleFunc("GET /v1/sandboxes/{id}/events", s.events)
+	m.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent)
+	m.HandleFunc("GET /v1/templates", s.listTemplates)
+	m.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notFoundRoute(r))
+	})
+}
+
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.cfg.Version})
+}
+
+func rfc3339(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}

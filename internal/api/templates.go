@@ -1,0 +1,73 @@
+package api
+
+import (
+	"encoding/json"
+	"net/http"
+	"sync"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+type templateJSON struct {
+	Name        string `json:"name"`
+	Description string `json:"description,omitempty"`
+	Built       bool   `json:"built"`
+	BuiltAt     string `json:"built_at,omitempty"`
+	SizeBytes   int64  `json:"size_bytes"`
+}
+
+func templateToJSON(t template.Template) templateJSON {
+	return templateJSON{Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: rfc3339(t.BuiltAt), SizeBytes: t.SizeBytes}
+}
+
+func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.cfg.Templates.List(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := make([]templateJSON, 0, len(ts))
+	for _, t := range ts {
+		out = append(out, templateToJSON(t))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+}
+
+// ndjsonLog turns build output into {"log": "..."} lines on a stream.
+type ndjsonLog struct {
+	mu  sync.Mutex
+	enc *json.Encoder
+	rc  *http.ResponseController
+}
+
+func (l *ndjsonLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.enc.Encode(map[string]string{"log": string(p)}); err != nil {
+		return 0, err
+	}
+	l.rc.Flush()
+	return len(p), nil
+}
+
+func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, badField("name", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	rc.Flush()
+	log := &ndjsonLog{enc: json.NewEncoder(w), rc: rc}
+	t, err := s.cfg.Templates.Build(r.Context(), name, log)
+	log.mu.Lock()
+	defer log.mu.Unlock()
+	if err != nil {
+		log.enc.Encode(map[string]any{"error": errorBody{Code: errdefs.Code(err), Message: err.Error()}})
+		return
+	}
+	log.enc.Encode(map[string]any{"template": templateToJSON(t)})
+}

@@ -1,0 +1,259 @@
+// Package daemon wires Berth's subsystems into one running daemon: it holds
+// the one Config struct every flag and config-file key lands in, builds each
+// subsystem once and passes them down explicitly, and runs the HTTP server
+// until its context ends.
+package daemon
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/api"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/runtime/runc"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+// DefaultListen is the API's default address.
+const DefaultListen = "127.0.0.1:2378"
+
+// Config is every setting of the daemon. Zero values take the defaults.
+type Config struct {
+	Listen   string `json:"listen" yaml:"listen"`
+	DataDir  string `json:"data_dir" yaml:"data_dir"`
+	CacheDir string `json:"cache_dir" yaml:"cache_dir"`
+	// Instance names this daemon's host objects (nftables table, links,
+	// netns, cgroups). Derived from DataDir when empty, so two daemons with
+	// different data dirs never touch each other's sandboxes.
+	Instance string `json:"instance" yaml:"instance"`
+	// AgentPath is the berth-agent binary; default: next to this binary.
+	AgentPath       string `json:"agent_path" yaml:"agent_path"`
+	RuntimeBinary   string `json:"runtime" yaml:"runtime"`
+	Pool            string `json:"pool" yaml:"pool"`
+	UIDBase         uint32 `json:"uid_base" yaml:"uid_base"`
+	UIDCount        uint32 `json:"uid_count" yaml:"uid_count"`
+	Mirror          string `json:"debian_mirror" yaml:"debian_mirror"`
+	DefaultTemplate string `json:"default_template" yaml:"default_template"`
+
+	Defaults sandbox.Limits `json:"-" yaml:"-"`
+	Max      sandbox.Limits `json:"-" yaml:"-"`
+
+	Version string `json:"-" yaml:"-"`
+}
+
+// WithDefaults fills zero fields.
+func (c Config) WithDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.DataDir == "" {
+		c.DataDir = "/var/lib/berth"
+	}
+	if abs, err := filepath.Abs(c.DataDir); err == nil {
+		c.DataDir = abs
+	}
+	if c.CacheDir == "" {
+		c.CacheDir = "/var/cache/berth"
+	}
+	if c.Instance == "" {
+		sum := sha256.Sum256([]byte(c.DataDir))
+		c.Instance = hex.EncodeToString(sum[:])[:6]
+	}
+	if c.RuntimeBinary == "" {
+		c.RuntimeBinary = "runc"
+	}
+	if c.Pool == "" {
+		c.Pool = "198.18.0.0/15"
+	}
+	if c.UIDBase == 0 {
+		c.UIDBase = 1_000_000
+	}
+	if c.UIDCount == 0 {
+		c.UIDCount = 65536
+	}
+	if c.Mirror == "" {
+		c.Mirror = "http://deb.debian.org/debian"
+	}
+	if c.DefaultTemplate == "" {
+		c.DefaultTemplate = "base"
+	}
+	if c.Defaults == (sandbox.Limits{}) {
+		c.Defaults = sandbox.Limits{CPUMillis: 1000, MemoryBytes: 512 << 20, DiskBytes: 2 << 30, PidsLimit: 1024}
+	}
+	if c.Max == (sandbox.Limits{}) {
+		c.Max = sandbox.Limits{CPUMillis: 64_000, MemoryBytes: 64 << 30, DiskBytes: 512 << 30, PidsLimit: 65536}
+	}
+	return c
+}
+
+// Run runs the daemon until ctx ends, then shuts it down cleanly.
+// Sandboxes keep running across a daemon restart and are re-adopted.
+func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
+	cfg = cfg.WithDefaults()
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	unlock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	pool, err := netip.ParsePrefix(cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("pool %q: %w", cfg.Pool, err)
+	}
+	agentPath, err := installAgent(cfg)
+	if err != nil {
+		return err
+	}
+
+	db, err := store.Open(ctx, filepath.Join(cfg.DataDir, "berth.db"))
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	tpl, err := template.New(template.Config{
+		DataDir: cfg.DataDir, CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, UIDBase: cfg.UIDBase,
+		Logger: log.With("component", "template"),
+	})
+	if err != nil {
+		return err
+	}
+	netw, err := netpolicy.New(ctx, netpolicy.Config{Instance: cfg.Instance, Pool: pool, Logger: log.With("component", "netpolicy")})
+	if err != nil {
+		return err
+	}
+	defer netw.Close(context.WithoutCancel(ctx))
+	rt, err := runc.New(runc.Config{
+		Binary:       cfg.RuntimeBinary,
+		StateDir:     filepath.Join(cfg.DataDir, "sandboxes"),
+		RuncRoot:     filepath.Join(cfg.DataDir, "runc"),
+		CgroupParent: "berth-" + cfg.Instance,
+		UIDBase:      cfg.UIDBase,
+		UIDCount:     cfg.UIDCount,
+		Logger:       log.With("component", "runtime"),
+	})
+	if err != nil {
+		return err
+	}
+	link := agentlink.New()
+	mgr, err := sandbox.New(sandbox.Config{
+		AgentPath:       agentPath,
+		DefaultTemplate: cfg.DefaultTemplate,
+		Defaults:        cfg.Defaults,
+		Max:             cfg.Max,
+		Logger:          log.With("component", "sandbox"),
+	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link})
+	if err != nil {
+		return err
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return err
+	}
+	defer mgr.Close()
+
+	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: link.Transport(), Version: cfg.Version, Logger: log.With("component", "api")})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	log.Info("daemon_ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "instance", cfg.Instance)
+	select {
+	case <-ctx.Done():
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("daemon_stopping")
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		hs.Close()
+	}
+	return nil
+}
+
+// lockDataDir makes sure one daemon at a time owns a data dir.
+func lockDataDir(dir string) (func(), error) {
+	f, err := os.OpenFile(filepath.Join(dir, "berth.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock data dir: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("data dir %s is in use by another berth daemon: %w", dir, err)
+	}
+	return func() { f.Close() }, nil
+}
+
+// installAgent copies the agent binary into the data dir, so the file that
+// running sandboxes bind-mount never changes under them when berth is
+// upgraded; a new copy is written beside it and renamed into place.
+func installAgent(cfg Config) (string, error) {
+	src := cfg.AgentPath
+	if src == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return "", fmt.Errorf("find berth-agent: %w", err)
+		}
+		src = filepath.Join(filepath.Dir(exe), "berth-agent")
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return "", fmt.Errorf("berth-agent binary (set agent_path or put it next to berth): %w", err)
+	}
+	defer in.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, in); err != nil {
+		return "", fmt.Errorf("read berth-agent: %w", err)
+	}
+	sum := hex.EncodeToString(h.Sum(nil))[:16]
+	dir := filepath.Join(cfg.DataDir, "bin")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	dst := filepath.Join(dir, "berth-agent-"+sum)
+	if _, err := os.Stat(dst); err == nil {
+		return dst, nil
+	}
+	if _, err := in.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	tmp, err := os.CreateTemp(dir, ".agent-*")
+	if err != nil {
+		return "", err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := io.Copy(tmp, in); err != nil {
+		tmp.Close()
+		return "", fmt.Errorf("copy berth-agent: %w", err)
+	}
+	if err := tmp.Chmod(0o755); err != nil {
+		tmp.Close()
+		return "", err
+	}
+	if err := tmp.Close(); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), dst); err != nil && !errors.Is(err, os.ErrExist) {
+		return "", err
+	}
+	return dst, nil
+}

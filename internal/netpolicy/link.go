@@ -1,0 +1,362 @@
+package netpolicy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+const (
+	maxIfaceLen = 15 // IFNAMSIZ - 1
+	// maxNameAttempts bounds the re-hashing when a derived host link name
+	// is taken (a hash collision between two ids).
+	maxNameAttempts = 8
+	sandboxIface    = "eth0"
+)
+
+// naming derives every kernel object name of one instance. The prefixes
+// end in a character instances cannot contain, so no instance's prefix is
+// a prefix of another's ("ba-" vs "bab-").
+type naming struct {
+	instance    string
+	table       string // nftables table, family inet
+	linkPrefix  string // host-side veth names
+	netnsPrefix string // netns file names
+	aliasPrefix string // IFLA_IFALIAS of host-side veths, followed by the id
+}
+
+func newNaming(instance string) naming {
+	return naming{
+		instance:    instance,
+		table:       "berth_" + instance,
+		linkPrefix:  "b" + instance + "-",
+		netnsPrefix: "berth-" + instance + "-",
+		aliasPrefix: "berth/" + instance + "/",
+	}
+}
+
+var b32 = base32.NewEncoding("abcdefghijklmnopqrstuvwxyz234567").WithPadding(base32.NoPadding)
+
+// link is the host-side veth name for id: the prefix, then as many base32
+// characters of a hash of the id as fit in 15 (at least 5, i.e. 25 bits).
+// attempt > 0 picks another hash when the first name is taken.
+func (nm naming) link(id string, attempt int) string {
+	sum := sha256.Sum256(fmt.Appendf(nil, "%s\x00%d", id, attempt))
+	return nm.linkPrefix + b32.EncodeToString(sum[:])[:maxIfaceLen-len(nm.linkPrefix)]
+}
+
+func (nm naming) alias(id string) string { return nm.aliasPrefix + id }
+
+// chain is the sandbox's nftables chain. Chain names may hold 255 bytes, so
+// the id fits whole and List can read it back even when the link is gone.
+func (nm naming) chain(id string) string { return chainPrefix + id }
+
+func (nm naming) idFromChain(chain string) (string, bool) { return cutPrefix(chain, chainPrefix) }
+
+const chainPrefix = "sbx-"
+
+// ownLinks maps sandbox ids to this instance's host-side links. A link with
+// our prefix but no alias (should not happen: the alias is set in the same
+// message that creates the link) is keyed by its name so it is not lost.
+func (n *Network) ownLinks() (map[string]netlink.Link, error) {
+	links, err := netlink.LinkList()
+	if err != nil {
+		return nil, fmt.Errorf("list links: %w", err)
+	}
+	out := map[string]netlink.Link{}
+	for _, l := range links {
+		a := l.Attrs()
+		if !strings.HasPrefix(a.Name, n.names.linkPrefix) {
+			continue
+		}
+		if id, ok := cutPrefix(a.Alias, n.names.aliasPrefix); ok {
+			out[id] = l
+		}
+	}
+	return out, nil
+}
+
+// findLink returns id's host link, or nil if there is none.
+func (n *Network) findLink(id string) (netlink.Link, error) {
+	// Fast path: the first derived name with our alias.
+	if l, err := netlink.LinkByName(n.names.link(id, 0)); err == nil && l.Attrs().Alias == n.names.alias(id) {
+		return l, nil
+	}
+	links, err := n.ownLinks()
+	if err != nil {
+		return nil, err
+	}
+	return links[id], nil
+}
+
+// createLink allocates a /30 and creates the veth pair: the host side named
+// from the id and aliased with it, the sandbox side created straight inside
+// the netns as eth0. The host-wide lock is held until the host address is
+// on the link, which is what makes the /30 visible to other allocators.
+func (n *Network) createLink(ctx context.Context, att *Attachment) error {
+	unlock, err := lockFile(ctx, n.cfg.LockPath)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	prefix, err := n.allocate(att.ID)
+	if err != nil {
+		return err
+	}
+	ns, err := netns.GetFromPath(att.NetNSPath)
+	if err != nil {
+		return fmt.Errorf("open netns: %w", err)
+	}
+	defer ns.Close()
+	var name string
+	for attempt := 0; ; attempt++ {
+		name = n.names.link(att.ID, attempt)
+		veth := &netlink.Veth{
+			LinkAttrs: netlink.LinkAttrs{
+				Name:  name,
+				Alias: n.names.alias(att.ID),
+			},
+			PeerName:      sandboxIface,
+			PeerNamespace: netlink.NsFd(ns),
+		}
+		err = netlink.LinkAdd(veth)
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, unix.EEXIST) || attempt+1 >= maxNameAttempts {
+			return fmt.Errorf("create veth %s: %w", name, err)
+		}
+	}
+	att.HostIface = name
+	link, err := netlink.LinkByName(name)
+	if err != nil {
+		return fmt.Errorf("veth %s: %w", name, err)
+	}
+	if link.Attrs().Alias != n.names.alias(att.ID) {
+		// Kernels that ignore IFLA_IFALIAS on creation.
+		if err := netlink.LinkSetAlias(link, n.names.alias(att.ID)); err != nil {
+			return fmt.Errorf("alias veth %s: %w", name, err)
+		}
+	}
+	// Per-interface knobs only; the host's global settings stay as they are.
+	// No IPv6 on the host side either (nothing to talk to over it), and ARP
+	// replies only for the address on this link, so a sandbox cannot probe
+	// which other addresses the host has.
+	for _, s := range []struct{ path, value string }{
+		{"net/ipv6/conf/" + name + "/disable_ipv6", "1"},
+		{"net/ipv4/conf/" + name + "/arp_ignore", "1"},
+	} {
+		if err := writeSysctl(s.path, s.value); err != nil {
+			return err
+		}
+	}
+	att.HostIP = prefix.Addr().Next()
+	att.SandboxIP = att.HostIP.Next()
+	addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(att.HostIP, prefix.Bits()))}
+	if err := netlink.AddrAdd(link, addr); err != nil {
+		return fmt.Errorf("address %s on %s: %w", addr, name, err)
+	}
+	if err := netlink.LinkSetUp(link); err != nil {
+		return fmt.Errorf("veth %s up: %w", name, err)
+	}
+	return nil
+}
+
+// configureSandboxSide gives eth0 the sandbox address and a default route
+// via the host side.
+func configureSandboxSide(att Attachment) error {
+	err := inNetns(att.NetNSPath, func() error {
+		return writeSysctl("net/ipv6/conf/"+sandboxIface+"/disable_ipv6", "1")
+	})
+	if err != nil {
+		return err
+	}
+	h, err := handleAt(att.NetNSPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	eth, err := h.LinkByName(sandboxIface)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", sandboxIface, err)
+	}
+	addr := &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(att.SandboxIP, 30))}
+	if err := h.AddrAdd(eth, addr); err != nil {
+		return fmt.Errorf("sandbox address %s: %w", addr, err)
+	}
+	if err := h.LinkSetUp(eth); err != nil {
+		return fmt.Errorf("sandbox %s up: %w", sandboxIface, err)
+	}
+	route := &netlink.Route{LinkIndex: eth.Attrs().Index, Gw: net.IP(att.HostIP.AsSlice())}
+	if err := h.RouteAdd(route); err != nil {
+		return fmt.Errorf("sandbox default route via %s: %w", att.HostIP, err)
+	}
+	return nil
+}
+
+func deleteLink(l netlink.Link) error {
+	// Deleting one end of a veth deletes its peer in the netns too.
+	if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("delete link %s: %w", l.Attrs().Name, err)
+	}
+	return nil
+}
+
+// hostAddr returns the link's IPv4 address inside pool.
+func hostAddr(l netlink.Link, pool netip.Prefix) (netip.Addr, bool) {
+	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP.To4())
+		if ok && pool.Contains(ip) {
+			return ip, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// allocate picks a free /30 from the pool. "Free" means it overlaps no
+// address network and no route on the host, which also covers other
+// daemons' sandboxes (their host sides carry the .1 of their /30). The scan
+// starts at a slot derived from the id, so a just-freed /30 is not
+// immediately handed to the next sandbox.
+func (n *Network) allocate(id string) (netip.Prefix, error) {
+	used, err := usedPrefixes()
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	return allocateFrom(n.cfg.Pool, id, used)
+}
+
+func allocateFrom(pool netip.Prefix, id string, used []netip.Prefix) (netip.Prefix, error) {
+	slots := uint32(1) << (30 - pool.Bits())
+	base := ipv4ToUint(pool.Addr())
+	sum := sha256.Sum256([]byte(id))
+	start := (uint32(sum[0])<<24 | uint32(sum[1])<<16 | uint32(sum[2])<<8 | uint32(sum[3])) % slots
+	for i := uint32(0); i < slots; i++ {
+		slot := (start + i) % slots
+		cand := netip.PrefixFrom(uintToIPv4(base+slot*4), 30)
+		free := true
+		for _, u := range used {
+			if u.Overlaps(cand) {
+				free = false
+				break
+			}
+		}
+		if free {
+			return cand, nil
+		}
+	}
+	return netip.Prefix{}, fmt.Errorf("address pool %s: %w", pool, errdefs.ErrResourceExhausted)
+}
+
+func usedPrefixes() ([]netip.Prefix, error) {
+	var used []netip.Prefix
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("list host addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if p, ok := toPrefix(a.IPNet); ok {
+			used = append(used, p.Masked())
+		}
+	}
+	// Every table, not only main: a policy-routing table may send part of
+	// the pool somewhere else.
+	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	if err != nil {
+		return nil, fmt.Errorf("list host routes: %w", err)
+	}
+	for _, r := range routes {
+		if p, ok := toPrefix(r.Dst); ok && p.Bits() > 0 {
+			used = append(used, p.Masked())
+		}
+	}
+	return used, nil
+}
+
+func toPrefix(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	ip, ok := netip.AddrFromSlice(n.IP.To4())
+	if !ok {
+		return netip.Prefix{}, false
+	}
+	ones, bits := n.Mask.Size()
+	if bits != 32 {
+		return netip.Prefix{}, false
+	}
+	return netip.PrefixFrom(ip, ones), true
+}
+
+func ipNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+func ipv4ToUint(a netip.Addr) uint32 {
+	b := a.As4()
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
+
+func uintToIPv4(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// lockFile takes an exclusive flock on path, polling so ctx can cancel the
+// wait; the lock is per open file description, so it also serialises
+// Networks within one process.
+func lockFile(ctx context.Context, path string) (func(), error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("open pool lock: %w", err)
+	}
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, nil // closing releases the lock
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// flushConntrack forgets tracked flows of a sandbox address, best effort:
+// without conntrack loaded there is nothing to forget.
+func (n *Network) flushConntrack(ip netip.Addr) {
+	var src, dst netlink.ConntrackFilter
+	if err := src.AddIP(netlink.ConntrackOrigSrcIP, net.IP(ip.AsSlice())); err != nil {
+		return
+	}
+	if err := dst.AddIP(netlink.ConntrackOrigDstIP, net.IP(ip.AsSlice())); err != nil {
+		return
+	}
+	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
+		n.log.Debug("conntrack_flush_failed", "sandbox_ip", ip, "error", err)
+	}
+}

@@ -1,0 +1,221 @@
+package runc
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupLayout is where this host mounts its cgroup hierarchies. Both
+// layouts are supported: pure v2 (unified), and v1 with one hierarchy per
+// controller set (possibly with a v2 mount beside it, "hybrid").
+type cgroupLayout struct {
+	v2 bool
+	// unified is the v2 mount point: /sys/fs/cgroup on v2 hosts, often
+	// /sys/fs/cgroup/unified on hybrid ones ("" if none).
+	unified string
+	// controllers maps each v1 controller to its hierarchy's mount point.
+	controllers map[string]string
+	// mounts is every cgroup mount point; runc may create the sandbox's
+	// directory in any of them, so teardown looks in all.
+	mounts []string
+}
+
+// detectCgroups reads the host's cgroup mounts from mountinfo.
+func detectCgroups() (cgroupLayout, error) {
+	l := cgroupLayout{controllers: map[string]string{}}
+	var st unix.Statfs_t
+	if err := unix.Statfs("/sys/fs/cgroup", &st); err == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		l.v2, l.unified = true, "/sys/fs/cgroup"
+		l.mounts = []string{l.unified}
+		return l, nil
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return l, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for sc.Scan() {
+		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
+		fields := strings.Fields(sc.Text())
+		sep := slices.Index(fields, "-")
+		if sep < 0 || sep+3 >= len(fields) || len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMountinfo(fields[4])
+		switch fields[sep+1] {
+		case "cgroup2":
+			if l.unified == "" {
+				l.unified = mp
+				l.mounts = append(l.mounts, mp)
+			}
+		case "cgroup":
+			l.mounts = append(l.mounts, mp)
+			for _, opt := range strings.Split(fields[sep+3], ",") {
+				if _, dup := l.controllers[opt]; !dup {
+					l.controllers[opt] = mp
+				}
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return l, err
+	}
+	if len(l.controllers) == 0 && l.unified == "" {
+		return l, errors.New("no cgroup hierarchy mounted")
+	}
+	if l.controllers["memory"] == "" || l.controllers["pids"] == "" {
+		return l, errors.New("cgroup v1 host without memory or pids controller")
+	}
+	return l, nil
+}
+
+// swapAccounting reports whether memory+swap limits can be set.
+func (l cgroupLayout) swapAccounting() bool {
+	if !l.v2 {
+		_, err := os.Stat(filepath.Join(l.controllers["memory"], "memory.memsw.limit_in_bytes"))
+		return err == nil
+	}
+	// The root has no memory.swap.max; any first-level child does when
+	// swap accounting is on.
+	m, _ := filepath.Glob(filepath.Join(l.unified, "*", "memory.swap.max"))
+	return len(m) > 0
+}
+
+// cgroupsPath is the sandbox's cgroup path relative to each hierarchy's
+// root, as runc's linux.cgroupsPath wants it (cgroupfs driver).
+func (r *Runtime) cgroupsPath(id string) string {
+	return "/" + r.cfg.CgroupParent + "/" + id
+}
+
+// cgroupDirs returns the sandbox's cgroup directory in every hierarchy.
+func (r *Runtime) cgroupDirs(id string) []string {
+	var out []string
+	for _, m := range r.cg.mounts {
+		out = append(out, filepath.Join(m, r.cgroupsPath(id)))
+	}
+	return out
+}
+
+// procsDir is a hierarchy in which the sandbox's process list is complete.
+func (r *Runtime) procsDir(id string) string {
+	if r.cg.v2 {
+		return filepath.Join(r.cg.unified, r.cgroupsPath(id))
+	}
+	return filepath.Join(r.cg.controllers["pids"], r.cgroupsPath(id))
+}
+
+// killCgroup SIGKILLs every process in the sandbox's cgroup (setsid and
+// double-forked ones included: cgroup membership cannot be escaped),
+// thawing it first so the signals are delivered, and waits until the
+// cgroup is empty.
+func (r *Runtime) killCgroup(id string) error {
+	dir := r.procsDir(id)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if r.cg.v2 {
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
+		// cgroup.kill (5.14+) kills the whole subtree atomically,
+		// including processes forked while we would be iterating.
+		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
+	} else if fz := r.cg.controllers["freezer"]; fz != "" {
+		_ = os.WriteFile(filepath.Join(fz, r.cgroupsPath(id), "freezer.state"), []byte("THAWED"), 0)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids, err := cgroupProcs(dir)
+		if err != nil {
+			return err
+		}
+		if len(pids) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("cgroup %s still has %d processes", dir, len(pids))
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond) // poll: dying processes leave the cgroup asynchronously
+	}
+}
+
+// cgroupProcs lists the pids in dir and all its descendants.
+func cgroupProcs(dir string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, pid)
+			}
+		}
+		return nil
+	})
+	return pids, err
+}
+
+// removeCgroups removes the sandbox's cgroup directories (children first)
+// in every hierarchy.
+func (r *Runtime) removeCgroups(id string) error {
+	var errs []error
+	for _, dir := range r.cgroupDirs(id) {
+		var dirs []string
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := rmdirRetry(dirs[i]); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// rmdirRetry removes a cgroup directory; EBUSY right after the last
+// process died is transient.
+func rmdirRetry(dir string) error {
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,469 @@
+// Package runc is the container runtime backend: it runs each sandbox as an
+// OCI container under runc (or a CLI-compatible runtime), in its own user,
+// pid, mount, ipc, uts, cgroup and network namespaces, on an overlay root
+// filesystem whose writable layer lives in a size-capped ext4 image.
+//
+// The package keeps no state in memory: everything it knows about a
+// sandbox is on disk (StateDir/<id>, runc's state under RuncRoot, the
+// mount table and the cgroup tree), so a restarted daemon sees exactly what
+// the previous one left and can adopt or destroy it.
+package runc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// Config configures a Runtime.
+type Config struct {
+	// Binary is the OCI runtime CLI; default "runc".
+	Binary string
+	// StateDir holds one directory per sandbox: config.json, rootfs/,
+	// disk.img, disk/.
+	StateDir string
+	// RuncRoot is the runtime's own state directory (runc --root); it must
+	// be distinct per daemon.
+	RuncRoot string
+	// CgroupParent is the cgroup every sandbox's cgroup sits under, e.g.
+	// "berth-<instance>".
+	CgroupParent string
+	// UIDBase and UIDCount map sandbox uids/gids 0..UIDCount-1 to host
+	// UIDBase..; defaults 1000000 and 65536.
+	UIDBase, UIDCount uint32
+	Logger            *slog.Logger
+}
+
+// Runtime creates and tears down runc sandboxes. It is safe for concurrent
+// use on distinct sandbox IDs.
+type Runtime struct {
+	cfg      Config
+	log      *slog.Logger
+	cg       cgroupLayout
+	swapAcct bool // swap accounting exists, so memory+swap can be capped
+}
+
+// New checks the configuration and the host and returns a Runtime.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Binary == "" {
+		cfg.Binary = "runc"
+	}
+	if cfg.UIDBase == 0 {
+		cfg.UIDBase = 1000000
+	}
+	if cfg.UIDCount == 0 {
+		cfg.UIDCount = 65536
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.StateDir == "" || cfg.RuncRoot == "" || cfg.CgroupParent == "" {
+		return nil, fmt.Errorf("runc: StateDir, RuncRoot and CgroupParent are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if !filepath.IsAbs(cfg.StateDir) || !filepath.IsAbs(cfg.RuncRoot) {
+		return nil, fmt.Errorf("runc: StateDir and RuncRoot must be absolute: %w", errdefs.ErrInvalidArgument)
+	}
+	cfg.CgroupParent = strings.Trim(cfg.CgroupParent, "/")
+	bin, err := exec.LookPath(cfg.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("runc: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	cfg.Binary = bin
+	for _, d := range []string{cfg.StateDir, cfg.RuncRoot} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("runc: %w", err)
+		}
+	}
+	// runc sets up the rootfs from inside the sandbox's user namespace,
+	// as a host uid that must be able to walk down to StateDir/<id>/rootfs:
+	// search permission, no listing.
+	if err := os.Chmod(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	cg, err := detectCgroups()
+	if err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting()}, nil
+}
+
+// validID matches sandbox IDs; it keeps IDs safe as path components,
+// cgroup names and runc container IDs.
+var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
+func checkID(id string) error {
+	if !validID.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+func (r *Runtime) dir(id string) string     { return filepath.Join(r.cfg.StateDir, id) }
+func (r *Runtime) diskDir(id string) string { return filepath.Join(r.dir(id), "disk") }
+func (r *Runtime) image(id string) string   { return filepath.Join(r.dir(id), "disk.img") }
+func (r *Runtime) rootfs(id string) string  { return filepath.Join(r.dir(id), "rootfs") }
+func (r *Runtime) runcLog(id string) string { return filepath.Join(r.dir(id), "runc.log") }
+
+// AgentLog is the host path of a sandbox's agent stdout/stderr. It lives in
+// the sandbox's disk image, so its size counts against the sandbox's disk
+// limit instead of the host's disk.
+func (r *Runtime) AgentLog(id string) string { return filepath.Join(r.diskDir(id), "agent.log") }
+
+// Create builds the sandbox's root filesystem and starts its agent. It
+// returns once the agent process runs; on any failure everything done so
+// far is undone.
+func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
+	start := time.Now()
+	if err := r.validate(spec); err != nil {
+		return err
+	}
+	id := spec.ID
+	if err := os.Mkdir(r.dir(id), 0o711); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return fmt.Errorf("sandbox %s: %w", id, errdefs.ErrAlreadyExists)
+		}
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		if cerr := r.Destroy(cctx, id); cerr != nil {
+			r.log.Error("undo failed create", "sandbox_id", id, "err", cerr)
+			err = errors.Join(err, fmt.Errorf("undo: %w", cerr))
+		}
+	}()
+	if err := r.prepareRootfs(ctx, spec); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	prepared := time.Now()
+	if err := r.writeConfig(spec); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := r.runcRun(ctx, id); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	r.log.Debug("sandbox created", "sandbox_id", id,
+		"rootfs_ms", prepared.Sub(start).Milliseconds(),
+		"total_ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+func (r *Runtime) validate(s runtime.Spec) error {
+	if err := checkID(s.ID); err != nil {
+		return err
+	}
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("sandbox %s: %s: %w", s.ID, fmt.Sprintf(format, a...), errdefs.ErrInvalidArgument)
+	}
+	if len(s.Layers) == 0 {
+		return bad("no rootfs layers")
+	}
+	for _, l := range s.Layers {
+		if !filepath.IsAbs(l) {
+			return bad("layer %q is not absolute", l)
+		}
+	}
+	if s.DiskBytes < 1<<20 {
+		return bad("disk size %d is under 1 MiB", s.DiskBytes)
+	}
+	if s.AgentPath == "" || !filepath.IsAbs(s.AgentPath) {
+		return bad("agent path %q is not absolute", s.AgentPath)
+	}
+	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
+		return bad("netns path %q is not absolute", s.NetNSPath)
+	}
+	return nil
+}
+
+// prepareRootfs makes the disk image, mounts it and the overlay on top.
+func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec) error {
+	for _, l := range s.Layers {
+		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
+			return fmt.Errorf("layer %q: not a directory: %w", l, errdefs.ErrInvalidArgument)
+		}
+	}
+	if _, err := os.Stat(s.AgentPath); err != nil {
+		return fmt.Errorf("agent: %w", err)
+	}
+	id := s.ID
+	if err := makeImage(ctx, r.image(id), s.DiskBytes); err != nil {
+		return err
+	}
+	disk, rootfs := r.diskDir(id), r.rootfs(id)
+	for _, d := range []string{disk, rootfs} {
+		if err := os.Mkdir(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := mountImage(r.image(id), disk); err != nil {
+		return err
+	}
+	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
+	for _, d := range []string{upper, work} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+		if err := os.Chown(d, int(r.cfg.UIDBase), int(r.cfg.UIDBase)); err != nil {
+			return err
+		}
+	}
+	// The root of the overlay takes the upper dir's mode: 0755 owned by
+	// the sandbox's root.
+	if err := mountOverlay(s.Layers, upper, work, rootfs); err != nil {
+		return err
+	}
+	return r.writeIdentity(rootfs, s.Hostname)
+}
+
+// writeIdentity writes /etc/hostname and /etc/hosts into the sandbox's
+// writable layer. Paths are resolved inside the rootfs (RESOLVE_IN_ROOT) so
+// a symlink planted in a template layer cannot redirect the write onto the
+// host.
+func (r *Runtime) writeIdentity(rootfs, hostname string) error {
+	if hostname == "" {
+		return nil
+	}
+	root, err := os.Open(rootfs)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	rfd := int(root.Fd())
+	uid := int(r.cfg.UIDBase)
+	if err := unix.Mkdirat(rfd, "etc", 0o755); err == nil {
+		if err := unix.Fchownat(rfd, "etc", uid, uid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("chown /etc: %w", err)
+		}
+	} else if !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("mkdir /etc: %w", err)
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname)
+	files := []struct{ name, body string }{
+		{"etc/hostname", hostname + "\n"},
+		{"etc/hosts", hosts},
+	}
+	for _, f := range files {
+		fd, err := unix.Openat2(rfd, f.name, &unix.OpenHow{
+			Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC | unix.O_CLOEXEC | unix.O_NOFOLLOW,
+			Mode:    0o644,
+			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
+		})
+		if err != nil {
+			return fmt.Errorf("write /%s: %w", f.name, err)
+		}
+		file := os.NewFile(uintptr(fd), f.name)
+		_, err = io.WriteString(file, f.body)
+		if err == nil {
+			err = file.Chown(uid, uid)
+		}
+		if cerr := file.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("write /%s: %w", f.name, err)
+		}
+	}
+	return nil
+}
+
+func (r *Runtime) writeConfig(s runtime.Spec) error {
+	b, err := json.MarshalIndent(r.ociSpec(s, r.rootfs(s.ID), r.swapAcct), "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.dir(s.ID), "config.json"), b, 0o600)
+}
+
+// runcRun starts the container detached. The agent's stdout and stderr go
+// to AgentLog; runc's own errors go to runc.log, whose tail is returned.
+func (r *Runtime) runcRun(ctx context.Context, id string) error {
+	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd := r.command(ctx, id, "run", "--detach", "--bundle", r.dir(id), id)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
+	}
+	return nil
+}
+
+// command builds a runc invocation with the daemon's root and the
+// sandbox's log file.
+func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
+	argv := []string{"--root", r.cfg.RuncRoot}
+	if id != "" {
+		if _, err := os.Stat(r.dir(id)); err == nil {
+			argv = append(argv, "--log", r.runcLog(id), "--log-format", "text")
+		}
+	}
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
+}
+
+// runcOutput runs runc and returns its stdout; errors carry stderr.
+func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, append([]string{"--root", r.cfg.RuncRoot}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("runc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// logTail returns the last lines of the sandbox's runc log, for errors.
+func (r *Runtime) logTail(id string) string {
+	b, err := os.ReadFile(r.runcLog(id))
+	if err != nil || len(b) == 0 {
+		return ""
+	}
+	const max = 2048
+	if len(b) > max {
+		b = b[len(b)-max:]
+	}
+	return ": " + strings.TrimSpace(string(b))
+}
+
+// runcState is the part of `runc state` output we use.
+type runcState struct {
+	ID     string `json:"id"`
+	Pid    int    `json:"pid"`
+	Status string `json:"status"`
+}
+
+// state asks runc about id; ok is false when runc has no record of it.
+func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
+	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); errors.Is(err, os.ErrNotExist) {
+		return st, false, nil
+	}
+	out, err := r.runcOutput(ctx, "state", id)
+	if err != nil {
+		if strings.Contains(err.Error(), "does not exist") {
+			return st, false, nil
+		}
+		return st, false, err
+	}
+	if err := json.Unmarshal(out, &st); err != nil {
+		return st, false, fmt.Errorf("runc state: %w", err)
+	}
+	return st, true, nil
+}
+
+// Inspect reports the sandbox's status and its init's host pid.
+func (r *Runtime) Inspect(ctx context.Context, id string) (runtime.State, error) {
+	if err := checkID(id); err != nil {
+		return runtime.State{}, err
+	}
+	st, ok, err := r.state(ctx, id)
+	if err != nil {
+		return runtime.State{}, fmt.Errorf("inspect sandbox %s: %w", id, err)
+	}
+	if ok {
+		s := runtime.State{ID: id, Pid: st.Pid}
+		switch st.Status {
+		case "created":
+			s.Status = runtime.StatusCreated
+		case "running":
+			s.Status = runtime.StatusRunning
+		case "paused":
+			s.Status = runtime.StatusPaused
+		case "stopped":
+			s.Status, s.Pid = runtime.StatusStopped, 0
+		default:
+			s.Status = runtime.StatusUnknown
+		}
+		return s, nil
+	}
+	// Leftovers without a container (a half-made or half-destroyed
+	// sandbox) are reported as stopped so the caller destroys them.
+	if _, err := os.Stat(r.dir(id)); err == nil {
+		return runtime.State{ID: id, Status: runtime.StatusStopped}, nil
+	}
+	if mps, _ := mountsUnder(r.dir(id)); len(mps) > 0 {
+		return runtime.State{ID: id, Status: runtime.StatusStopped}, nil
+	}
+	return runtime.State{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+}
+
+// List returns every sandbox ID with anything left on this host: runc
+// state, a state directory or a mount under StateDir.
+func (r *Runtime) List(ctx context.Context) ([]string, error) {
+	seen := map[string]bool{}
+	for _, d := range []string{r.cfg.RuncRoot, r.cfg.StateDir} {
+		ents, err := os.ReadDir(d)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		for _, e := range ents {
+			if e.IsDir() && validID.MatchString(e.Name()) {
+				seen[e.Name()] = true
+			}
+		}
+	}
+	mps, err := mountsUnder(r.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, mp := range mps {
+		rel, err := filepath.Rel(r.cfg.StateDir, mp)
+		if err != nil || rel == "." {
+			continue
+		}
+		if id := strings.SplitN(rel, "/", 2)[0]; validID.MatchString(id) {
+			seen[id] = true
+		}
+	}
+	ids := make([]string, 0, len(seen))
+	for id := range seen {
+		ids = append(ids, id)
+	}
+	return ids, nil
+}
+
+// Pause freezes every process of the sandbox.
+func (r *Runtime) Pause(ctx context.Context, id string) error {
+	return r.simple(ctx, id, "pause")
+}
+
+// Resume thaws a paused sandbox.
+func (r *Runtime) Resume(ctx context.Context, id string) error {
+	return r.simple(ctx, id, "resume")
+}
+
+func (r *Runtime) simple(ctx context.Context, id, verb string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if _, ok, err := r.state(ctx, id); err != nil {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, err)
+	} else if !ok {
+		return fmt.Errorf("%s sandbox %s: %w", verb, id, errdefs.ErrNotFound)
+	}
+	if _, err := r.runcOutput(ctx, verb, id); err != nil {
+		return fmt.Errorf("%s sandbox %s: %w: %w", verb, id, err, errdefs.ErrFailedPrecondition)
+	}
+	return nil
+}

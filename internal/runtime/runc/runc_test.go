@@ -1,0 +1,121 @@
+package runc_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/runtime/runc"
+	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
+)
+
+const uidBase = 1000000
+
+// harness runs the conformance suite against real runc with a busybox
+// layer and the test agent built once per test.
+type harness struct {
+	layer, agent string
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (mounts, loop devices, cgroups)")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("runc not installed")
+	}
+	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
+		t.Skip("mkfs.ext4 not installed (e2fsprogs)")
+	}
+}
+
+// newHarness builds the fixtures. The layer and the agent must be
+// reachable by the sandbox's host uid, so their directories are opened up.
+func newHarness(t *testing.T) *harness {
+	requireRoot(t)
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &harness{layer: filepath.Join(dir, "layer")}
+	runtimetest.BusyboxLayer(t, h.layer, uidBase)
+	h.agent = runtimetest.BuildAgent(t, dir)
+	return h
+}
+
+func (h *harness) config(t *testing.T) runc.Config {
+	dir, err := os.MkdirTemp("", "berth-runc-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return runc.Config{
+		StateDir:     filepath.Join(dir, "state"),
+		RuncRoot:     filepath.Join(dir, "runc"),
+		CgroupParent: "berth-test-" + filepath.Base(dir),
+		UIDBase:      uidBase,
+		UIDCount:     65536,
+	}
+}
+
+func (h *harness) New(t *testing.T) runtimetest.Instance {
+	cfg := h.config(t)
+	r, err := runc.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupParent(cfg.CgroupParent) })
+	return runtimetest.Instance{
+		Backend: r,
+		Reopen: func(t *testing.T) runtimetest.Backend {
+			r2, err := runc.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return r2
+		},
+		Footprint: runtimetest.Footprint{StateDir: cfg.StateDir, RuncRoot: cfg.RuncRoot, CgroupParent: cfg.CgroupParent},
+		Exec: func(ctx context.Context, id string, argv ...string) ([]byte, error) {
+			args := append([]string{"--root", cfg.RuncRoot, "exec", id}, argv...)
+			return exec.CommandContext(ctx, "runc", args...).CombinedOutput()
+		},
+		UIDBase:       uidBase,
+		HostPidIsInit: true,
+	}
+}
+
+func (h *harness) Spec(t *testing.T, id string) runtime.Spec {
+	return runtime.Spec{
+		ID:          id,
+		Layers:      []string{h.layer},
+		DiskBytes:   64 << 20,
+		CPUMillis:   1000,
+		MemoryBytes: 64 << 20,
+		PidsLimit:   64,
+		Hostname:    "sb-" + id,
+		AgentPath:   h.agent,
+	}
+}
+
+// removeCgroupParent removes the per-test parent cgroup in every
+// hierarchy once its sandboxes are gone.
+func removeCgroupParent(parent string) {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", parent))
+	dirs = append(dirs, filepath.Join("/sys/fs/cgroup", parent))
+	for _, d := range dirs {
+		_ = os.Remove(d)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	runtimetest.Run(t, newHarness(t))
+}

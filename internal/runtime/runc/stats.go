@@ -1,0 +1,167 @@
+package runc
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// Stats reads the sandbox's resource use straight from its cgroup files
+// (cheaper than `runc events --stats`, and it reports OOM kills on both
+// cgroup versions) and its disk image's filesystem.
+func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	if err := checkID(id); err != nil {
+		return runtime.Stats{}, err
+	}
+	if _, err := os.Stat(r.procsDir(id)); errors.Is(err, fs.ErrNotExist) {
+		return runtime.Stats{}, fmt.Errorf("stats sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	var s runtime.Stats
+	var err error
+	if r.cg.v2 {
+		err = r.statsV2(id, &s)
+	} else {
+		err = r.statsV1(id, &s)
+	}
+	if err != nil {
+		return s, fmt.Errorf("stats sandbox %s: %w", id, err)
+	}
+	if err := r.diskStats(id, &s); err != nil {
+		return s, fmt.Errorf("stats sandbox %s: %w", id, err)
+	}
+	return s, nil
+}
+
+func (r *Runtime) statsV1(id string, s *runtime.Stats) error {
+	p := r.cgroupsPath(id)
+	mem := filepath.Join(r.cg.controllers["memory"], p)
+	var err error
+	read := func(dir, file string) int64 {
+		if err != nil {
+			return 0
+		}
+		var v int64
+		v, err = readInt(filepath.Join(dir, file))
+		return v
+	}
+	if acct := r.cg.controllers["cpuacct"]; acct != "" {
+		s.CPUUsage = time.Duration(read(filepath.Join(acct, p), "cpuacct.usage"))
+	}
+	s.MemoryBytes = read(mem, "memory.usage_in_bytes")
+	s.MemoryMax = read(mem, "memory.max_usage_in_bytes")
+	s.MemoryLimit = read(mem, "memory.limit_in_bytes")
+	s.PidsCurrent = read(filepath.Join(r.cg.controllers["pids"], p), "pids.current")
+	if err != nil {
+		return err
+	}
+	// v1 reports "unlimited" as a huge page-rounded number.
+	if s.MemoryLimit >= 1<<62 {
+		s.MemoryLimit = 0
+	}
+	kv, err := readKV(filepath.Join(mem, "memory.oom_control"))
+	if err != nil {
+		return err
+	}
+	s.OOMKills = kv["oom_kill"]
+	return nil
+}
+
+func (r *Runtime) statsV2(id string, s *runtime.Stats) error {
+	dir := filepath.Join(r.cg.unified, r.cgroupsPath(id))
+	cpu, err := readKV(filepath.Join(dir, "cpu.stat"))
+	if err != nil {
+		return err
+	}
+	s.CPUUsage = time.Duration(cpu["usage_usec"]) * time.Microsecond
+	if s.MemoryBytes, err = readInt(filepath.Join(dir, "memory.current")); err != nil {
+		return err
+	}
+	// memory.peak exists from Linux 5.19 on.
+	if v, err := readInt(filepath.Join(dir, "memory.peak")); err == nil {
+		s.MemoryMax = v
+	}
+	if s.MemoryLimit, err = readInt(filepath.Join(dir, "memory.max")); err != nil {
+		return err
+	}
+	if s.PidsCurrent, err = readInt(filepath.Join(dir, "pids.current")); err != nil {
+		return err
+	}
+	ev, err := readKV(filepath.Join(dir, "memory.events"))
+	if err != nil {
+		return err
+	}
+	s.OOMKills = ev["oom_kill"]
+	return nil
+}
+
+func (r *Runtime) diskStats(id string, s *runtime.Stats) error {
+	fi, err := os.Stat(r.image(id))
+	if err != nil {
+		return err
+	}
+	s.DiskBytes = fi.Size()
+	var st unix.Statfs_t
+	if err := unix.Statfs(r.diskDir(id), &st); err != nil {
+		return err
+	}
+	if st.Type != unix.EXT4_SUPER_MAGIC {
+		return fmt.Errorf("disk of sandbox %s is not mounted", id)
+	}
+	s.DiskUsedBytes = int64(st.Blocks-st.Bfree) * st.Bsize
+	return nil
+}
+
+// readInt reads a cgroup file holding one number; "max" reads as 0
+// (no limit).
+func readInt(path string) (int64, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "max" {
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		// v1 may print unlimited as an unsigned value past int64.
+		if u, uerr := strconv.ParseUint(v, 10, 64); uerr == nil && u > 1<<62 {
+			return 1 << 62, nil
+		}
+		return 0, fmt.Errorf("parse %s: %w", path, err)
+	}
+	return n, nil
+}
+
+// readKV reads a flat-keyed cgroup file ("key value" per line).
+func readKV(path string) (map[string]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := map[string]int64{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+			out[k] = n
+		}
+	}
+	return out, sc.Err()
+}

@@ -1,0 +1,69 @@
+// Package runtime holds the backend-neutral types the sandbox Manager and
+// every runtime backend (runc today; gVisor and microVMs later) share: what to
+// create and what a backend reports back. Backends live in sub-packages and
+// the Manager never imports them; main wires one in.
+package runtime
+
+import "time"
+
+// Spec says what one sandbox's isolation boundary must hold.
+type Spec struct {
+	// ID is the sandbox ID: lowercase [a-z0-9], unique on the host.
+	ID string
+	// Layers are read-only root filesystem layers, lowest first. Each is a
+	// host directory whose ownership is already shifted into the sandbox's
+	// uid range.
+	Layers []string
+	// DiskBytes caps what the sandbox may write to its root filesystem.
+	DiskBytes int64
+	// CPUMillis is the CPU quota in thousandths of a core (1000 = one core).
+	CPUMillis int64
+	// MemoryBytes caps memory (RAM; no swap).
+	MemoryBytes int64
+	// PidsLimit caps the number of tasks in the sandbox.
+	PidsLimit int64
+	// Hostname is the sandbox's UTS hostname.
+	Hostname string
+	// NetNSPath is an existing network namespace the sandbox joins.
+	NetNSPath string
+	// AgentPath is the host path of the berth-agent binary, bind-mounted
+	// read-only into the sandbox and run as its PID 1.
+	AgentPath string
+	// AgentArgs are the agent's arguments (after argv[0]).
+	AgentArgs []string
+	// AgentEnv is the agent's environment, KEY=VALUE.
+	AgentEnv []string
+}
+
+// Status is a backend's view of a sandbox's boundary.
+type Status string
+
+// The statuses a backend reports.
+const (
+	StatusCreated Status = "created"
+	StatusRunning Status = "running"
+	StatusPaused  Status = "paused"
+	StatusStopped Status = "stopped"
+	// StatusUnknown means the backend has no record of the sandbox.
+	StatusUnknown Status = "unknown"
+)
+
+// State is what Inspect reports about one sandbox.
+type State struct {
+	ID     string
+	Status Status
+	// Pid is the host pid of the sandbox's init process (0 if not running).
+	Pid int
+}
+
+// Stats is resource usage so far.
+type Stats struct {
+	CPUUsage      time.Duration // total CPU time consumed
+	MemoryBytes   int64         // current memory use
+	MemoryMax     int64         // peak memory use
+	MemoryLimit   int64
+	PidsCurrent   int64
+	OOMKills      int64 // OOM kills inside the sandbox so far
+	DiskUsedBytes int64
+	DiskBytes     int64
+}

@@ -1,0 +1,160 @@
+package runtimetest
+
+import (
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// agentSource is the test agent: a tiny static program that stands in for
+// berth-agent. Run with no arguments it writes a marker and sleeps forever,
+// like an agent serving requests. Its other modes give the suite
+// deterministic workloads to run inside a sandbox:
+//
+//	hog          allocate and touch memory until killed
+//	fill PATH    write zeros to PATH until an error; print "ENOSPC" on a full disk
+const agentSource = `package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		_ = os.WriteFile("/tmp/agent-started", []byte("ok\n"), 0o644)
+		for {
+			time.Sleep(time.Hour)
+		}
+	}
+	switch os.Args[1] {
+	case "hog":
+		var keep [][]byte
+		for {
+			b := make([]byte, 1<<20)
+			for i := range b {
+				b[i] = 1
+			}
+			keep = append(keep, b)
+		}
+	case "fill":
+		f, err := os.Create(os.Args[2])
+		if err != nil {
+			fmt.Println("create:", err)
+			os.Exit(1)
+		}
+		buf := make([]byte, 1<<20)
+		for {
+			if _, err = f.Write(buf); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			err = f.Sync()
+		}
+		if errors.Is(err, syscall.ENOSPC) {
+			fmt.Println("ENOSPC")
+			return
+		}
+		fmt.Println("unexpected:", err)
+		os.Exit(1)
+	default:
+		fmt.Println("unknown mode", os.Args[1])
+		os.Exit(2)
+	}
+}
+`
+
+// BuildAgent compiles the test agent (static, CGO_ENABLED=0) into dir and
+// returns its path. Harnesses use it as runtime.Spec.AgentPath; the suite
+// relies on its modes.
+func BuildAgent(t testing.TB, dir string) string {
+	t.Helper()
+	src := filepath.Join(dir, "agent-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(agentSource), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module testagent\n\ngo 1.22\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "test-agent")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, ".")
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod", "GOWORK=off")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build test agent: %v\n%s", err, b)
+	}
+	if err := os.Chmod(out, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// busyboxApplets are linked into the test rootfs; the suite's shell
+// snippets use only these.
+var busyboxApplets = []string{"sh", "cat", "echo", "ls", "sleep", "setsid", "hostname",
+	"dd", "rm", "mkdir", "id", "true", "false", "head", "ps", "kill"}
+
+// BusyboxLayer builds a minimal root filesystem layer in dir from the
+// host's static busybox, owned by uid:uid (the sandbox's root as the host
+// sees it). It skips the test if no static busybox is installed.
+func BusyboxLayer(t testing.TB, dir string, uid uint32) {
+	t.Helper()
+	bb, err := exec.LookPath("busybox")
+	if err != nil {
+		t.Skip("busybox not installed (apt-get install busybox-static)")
+	}
+	if out, err := exec.Command("file", "-L", bb).CombinedOutput(); err == nil && !containsAny(string(out), "statically linked", "static-pie") {
+		t.Skipf("%s is not static (apt-get install busybox-static)", bb)
+	}
+	for _, d := range []string{"bin", "etc", "tmp", "proc", "sys", "dev", "root", "run"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(filepath.Join(dir, "tmp"), 0o1777); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(bb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "bin", "busybox"), b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range busyboxApplets {
+		if err := os.Symlink("busybox", filepath.Join(dir, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, int(uid), int(uid))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,454 @@
+// Package runtimetest is the conformance suite every runtime backend
+// passes: lifecycle, isolation, cleanup on failure and on destroy, recovery
+// by a restarted daemon, and resource limits. A backend's test provides a
+// Harness and calls Run; the leak checks (AssertNoLeaks) are exported for
+// end-to-end tests too.
+package runtimetest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// Backend is what the suite drives: the runtime operations the Manager
+// uses.
+type Backend interface {
+	Create(ctx context.Context, spec runtime.Spec) error
+	Destroy(ctx context.Context, id string) error
+	Inspect(ctx context.Context, id string) (runtime.State, error)
+	List(ctx context.Context) ([]string, error)
+	Stats(ctx context.Context, id string) (runtime.Stats, error)
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// Instance is one backend under test plus what the suite needs to look
+// behind it.
+type Instance struct {
+	Backend Backend
+	// Reopen returns a second backend with the same configuration, as a
+	// restarted daemon would build it.
+	Reopen func(t *testing.T) Backend
+	// Footprint says where the backend leaves traces on the host.
+	Footprint Footprint
+	// Exec runs argv inside sandbox id and returns its combined output.
+	// Cases that need it are skipped when it is nil.
+	Exec func(ctx context.Context, id string, argv ...string) ([]byte, error)
+	// UIDBase is the host uid the sandbox's root maps to.
+	UIDBase uint32
+	// HostPidIsInit says State.Pid is the sandbox's init as a host
+	// process (containers), so the suite checks its credentials and
+	// namespaces through /proc.
+	HostPidIsInit bool
+}
+
+// Harness builds backends and specs for the suite.
+type Harness interface {
+	// New returns a fresh backend with its own state directories.
+	New(t *testing.T) Instance
+	// Spec returns a valid spec for id. Its root filesystem must hold
+	// busybox (see BusyboxLayer) and its agent must be the test agent
+	// (see BuildAgent). Limits: DiskBytes 64 MiB, MemoryBytes 64 MiB,
+	// PidsLimit 64 or thereabouts.
+	Spec(t *testing.T, id string) runtime.Spec
+}
+
+// Run runs the conformance suite against h.
+func Run(t *testing.T, h Harness) {
+	cases := []struct {
+		name string
+		fn   func(t *testing.T, h Harness)
+	}{
+		{"Lifecycle", testLifecycle},
+		{"Isolation", testIsolation},
+		{"AlreadyExists", testAlreadyExists},
+		{"BadLayerLeavesNothing", testBadLayer},
+		{"FailingStartLeavesNothing", testFailingStart},
+		{"Recover", testRecover},
+		{"DestroyKillsEscapedProcesses", testEscaped},
+		{"PauseResume", testPauseResume},
+		{"DiskLimit", testDiskLimit},
+		{"MemoryLimit", testMemoryLimit},
+		{"PidsLimit", testPidsLimit},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
+	}
+}
+
+// NewID returns a fresh sandbox ID.
+func NewID() string {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	return "rt" + hex.EncodeToString(b)
+}
+
+// start creates a sandbox and registers its destruction.
+func start(t *testing.T, h Harness, inst Instance) (string, runtime.Spec) {
+	t.Helper()
+	id := NewID()
+	spec := h.Spec(t, id)
+	t0 := time.Now()
+	if err := inst.Backend.Create(t.Context(), spec); err != nil {
+		t.Fatalf("Create(%s) = %v", id, err)
+	}
+	t.Logf("Create took %v", time.Since(t0))
+	t.Cleanup(func() {
+		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+			t.Errorf("cleanup Destroy(%s) = %v", id, err)
+		}
+	})
+	return id, spec
+}
+
+func testLifecycle(t *testing.T, h Harness) {
+	inst := h.New(t)
+	b, ctx := inst.Backend, t.Context()
+	id, spec := start(t, h, inst)
+
+	st, err := b.Inspect(ctx, id)
+	if err != nil || st.Status != runtime.StatusRunning || st.Pid <= 0 || st.ID != id {
+		t.Fatalf("Inspect = %+v, %v; want running with a pid", st, err)
+	}
+	ids, err := b.List(ctx)
+	if err != nil || !slices.Contains(ids, id) {
+		t.Errorf("List = %v, %v; want it to contain %s", ids, err, id)
+	}
+	// The agent may still be starting; poll until it has used some CPU.
+	var s runtime.Stats
+	waitFor(t, 5*time.Second, "non-zero stats", func() bool {
+		s, err = b.Stats(ctx, id)
+		return err == nil && s.CPUUsage > 0 && s.MemoryBytes > 0 && s.PidsCurrent > 0
+	})
+	if err != nil {
+		t.Fatalf("Stats = %v", err)
+	}
+	if s.MemoryLimit != spec.MemoryBytes || s.DiskBytes != spec.DiskBytes || s.DiskUsedBytes <= 0 {
+		t.Errorf("Stats = %+v; want memory limit %d, disk %d, some disk used", s, spec.MemoryBytes, spec.DiskBytes)
+	}
+	if s.OOMKills != 0 {
+		t.Errorf("Stats.OOMKills = %d, want 0", s.OOMKills)
+	}
+
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy = %v", err)
+	}
+	assertGone(t, inst, id)
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Errorf("second Destroy = %v, want nil", err)
+	}
+	if _, err := b.Stats(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Stats after Destroy = %v, want ErrNotFound", err)
+	}
+}
+
+// assertGone checks that id is gone from the backend and the host.
+func assertGone(t *testing.T, inst Instance, id string) {
+	t.Helper()
+	ctx := t.Context()
+	if st, err := inst.Backend.Inspect(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Inspect after Destroy = %+v, %v; want ErrNotFound", st, err)
+	}
+	if ids, err := inst.Backend.List(ctx); err != nil || slices.Contains(ids, id) {
+		t.Errorf("List after Destroy = %v, %v; want no %s", ids, err, id)
+	}
+	AssertNoLeaks(t, inst.Footprint, id)
+}
+
+func testIsolation(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if !inst.HostPidIsInit {
+		t.Skip("backend's pid is not the sandbox init")
+	}
+	id, spec := start(t, h, inst)
+	st, err := inst.Backend.Inspect(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	status := procStatus(t, st.Pid)
+	uid := fmt.Sprint(inst.UIDBase)
+	for _, key := range []string{"Uid", "Gid"} {
+		if f := strings.Fields(status[key]); len(f) != 4 || slices.ContainsFunc(f, func(s string) bool { return s != uid }) {
+			t.Errorf("%s of init = %q, want all %s", key, status[key], uid)
+		}
+	}
+	want := map[string]string{"NoNewPrivs": "1", "Seccomp": "2"}
+	for k, v := range want {
+		if status[k] != v {
+			t.Errorf("%s of init = %q, want %q", k, status[k], v)
+		}
+	}
+	var bnd uint64
+	fmt.Sscanf(status["CapBnd"], "%x", &bnd)
+	const capMknod, capNetRaw, capSysAdmin = 27, 13, 21
+	for _, c := range []uint{capMknod, capNetRaw, capSysAdmin} {
+		if bnd&(1<<c) != 0 {
+			t.Errorf("CapBnd %s has capability %d", status["CapBnd"], c)
+		}
+	}
+	for _, ns := range []string{"mnt", "pid", "ipc", "uts", "user", "net", "cgroup"} {
+		host, err1 := os.Readlink("/proc/self/ns/" + ns)
+		sb, err2 := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", st.Pid, ns))
+		if err1 != nil || err2 != nil {
+			t.Errorf("read ns %s: %v %v", ns, err1, err2)
+			continue
+		}
+		if host == sb {
+			t.Errorf("sandbox shares the host's %s namespace (%s)", ns, sb)
+		}
+	}
+	if inst.Exec == nil {
+		return
+	}
+	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x 2>&1; echo x > /proc/sysrq-trigger 2>&1; ls /proc/kcore; true")
+	t.Logf("inside:\n%s", out)
+	if err != nil {
+		t.Fatalf("exec = %v", err)
+	}
+	lines := strings.Split(string(out), "\n")
+	if len(lines) < 2 || lines[0] != spec.Hostname || lines[1] != "0" {
+		t.Errorf("hostname, uid inside = %q; want %s, 0", lines[:2], spec.Hostname)
+	}
+	if !strings.Contains(string(out), spec.Hostname) || !strings.Contains(string(out), "ok") {
+		t.Errorf("hosts file or agent marker missing inside:\n%s", out)
+	}
+	if strings.Count(string(out), "Read-only file system") < 2 {
+		t.Errorf("/sys or /proc/sysrq-trigger writable inside:\n%s", out)
+	}
+}
+
+func testAlreadyExists(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id, spec := start(t, h, inst)
+	if err := inst.Backend.Create(t.Context(), spec); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("second Create(%s) = %v, want ErrAlreadyExists", id, err)
+	}
+	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after duplicate Create = %+v, %v; want running", st, err)
+	}
+}
+
+func testBadLayer(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id := NewID()
+	spec := h.Spec(t, id)
+	spec.Layers = append(spec.Layers, filepath.Join(t.TempDir(), "missing"))
+	if err := inst.Backend.Create(t.Context(), spec); err == nil {
+		inst.Backend.Destroy(context.Background(), id)
+		t.Fatal("Create with a missing layer succeeded")
+	} else {
+		t.Logf("Create error: %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+func testFailingStart(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id := NewID()
+	spec := h.Spec(t, id)
+	// Passes validation, fails late: the runtime cannot join a network
+	// namespace that does not exist, after the rootfs is all set up.
+	spec.NetNSPath = filepath.Join(t.TempDir(), "no-such-netns")
+	err := inst.Backend.Create(t.Context(), spec)
+	if err == nil {
+		inst.Backend.Destroy(context.Background(), id)
+		t.Fatal("Create with a missing netns succeeded")
+	}
+	t.Logf("Create error: %v", err)
+	assertGone(t, inst, id)
+}
+
+func testRecover(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id, _ := start(t, h, inst)
+	st1, err := inst.Backend.Inspect(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2 := inst.Reopen(t)
+	ids, err := b2.List(t.Context())
+	if err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("restarted List = %v, %v; want %s", ids, err, id)
+	}
+	st2, err := b2.Inspect(t.Context(), id)
+	if err != nil || st2 != st1 {
+		t.Errorf("restarted Inspect = %+v, %v; want %+v", st2, err, st1)
+	}
+	if _, err := b2.Stats(t.Context(), id); err != nil {
+		t.Errorf("restarted Stats = %v", err)
+	}
+	if err := b2.Destroy(t.Context(), id); err != nil {
+		t.Fatalf("restarted Destroy = %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+func testEscaped(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id, _ := start(t, h, inst)
+	// A session leader in the background, reparented away from the
+	// process that started it.
+	if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "setsid sh -c 'sleep 1000 & sleep 1000' >/dev/null 2>&1 &"); err != nil {
+		t.Fatalf("exec = %v: %s", err, out)
+	}
+	waitFor(t, 5*time.Second, "escaped processes running", func() bool {
+		s, err := inst.Backend.Stats(t.Context(), id)
+		return err == nil && s.PidsCurrent >= 4
+	})
+	if err := inst.Backend.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, inst, id)
+}
+
+func testPauseResume(t *testing.T, h Harness) {
+	inst := h.New(t)
+	b, ctx := inst.Backend, t.Context()
+	id, _ := start(t, h, inst)
+	if err := b.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause = %v", err)
+	}
+	if st, err := b.Inspect(ctx, id); err != nil || st.Status != runtime.StatusPaused {
+		t.Errorf("Inspect after Pause = %+v, %v; want paused", st, err)
+	}
+	if err := b.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume = %v", err)
+	}
+	if st, err := b.Inspect(ctx, id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after Resume = %+v, %v; want running", st, err)
+	}
+	if err := b.Pause(ctx, "nosuchsandbox"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Pause(unknown) = %v, want ErrNotFound", err)
+	}
+	// A paused sandbox must still be destroyable.
+	if err := b.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause = %v", err)
+	}
+	if err := b.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy paused = %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+func testDiskLimit(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id, spec := start(t, h, inst)
+	out, err := inst.Exec(t.Context(), id, "/.berth/berth-agent", "fill", "/fill")
+	if err != nil || !strings.Contains(string(out), "ENOSPC") {
+		t.Fatalf("fill = %v: %s; want ENOSPC", err, out)
+	}
+	s, err := inst.Backend.Stats(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.DiskUsedBytes < spec.DiskBytes*8/10 || s.DiskUsedBytes > spec.DiskBytes {
+		t.Errorf("disk used %d of %d after filling", s.DiskUsedBytes, spec.DiskBytes)
+	}
+	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after fill = %+v, %v; want running", st, err)
+	}
+	// Space comes back once the file is gone.
+	if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "rm /fill && echo ok > /after && cat /after"); err != nil || !strings.Contains(string(out), "ok") {
+		t.Errorf("write after freeing space = %v: %s", err, out)
+	}
+}
+
+func testMemoryLimit(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id, _ := start(t, h, inst)
+	out, err := inst.Exec(t.Context(), id, "/.berth/berth-agent", "hog")
+	if err == nil {
+		t.Fatalf("memory hog exited cleanly: %s", out)
+	}
+	var s runtime.Stats
+	waitFor(t, 5*time.Second, "an OOM kill in stats", func() bool {
+		s, err = inst.Backend.Stats(t.Context(), id)
+		return err == nil && s.OOMKills > 0
+	})
+	if s.MemoryMax > s.MemoryLimit {
+		t.Errorf("peak memory %d over limit %d", s.MemoryMax, s.MemoryLimit)
+	}
+	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after OOM = %+v, %v; want the agent still running", st, err)
+	}
+}
+
+func testPidsLimit(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id, spec := start(t, h, inst)
+	if spec.PidsLimit <= 0 {
+		t.Skip("spec has no pids limit")
+	}
+	// Fork well past the limit; the shell reports failed forks and goes on.
+	script := fmt.Sprintf("i=0; while [ $i -lt %d ]; do sleep 1000 & i=$((i+1)); done 2>/dev/null; echo done", 2*spec.PidsLimit)
+	out, _ := inst.Exec(t.Context(), id, "/bin/sh", "-c", script+" >/dev/null 2>&1")
+	t.Logf("fork bomb: %s", out)
+	s, err := inst.Backend.Stats(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.PidsCurrent > spec.PidsLimit || s.PidsCurrent < spec.PidsLimit/2 {
+		t.Errorf("pids current %d with limit %d after fork bomb", s.PidsCurrent, spec.PidsLimit)
+	}
+	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after fork bomb = %+v, %v; want running", st, err)
+	}
+	if err := inst.Backend.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, inst, id)
+}
+
+// procStatus parses /proc/<pid>/status.
+func procStatus(t *testing.T, pid int) map[string]string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok {
+			m[k] = strings.Join(strings.Fields(v), " ")
+		}
+	}
+	return m
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}

@@ -1,0 +1,636 @@
+// Package sandbox owns the sandbox lifecycle: the Manager is the only
+// orchestrator. It validates requests, drives the runtime, network and
+// template layers (which never call each other), keeps the state machine
+// (creating → ready → stopping → stopped, failed from any step with a
+// reason), deadlines, lifecycle events and usage, and reconciles what it
+// finds on the host when the daemon starts.
+package sandbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// States of the lifecycle state machine.
+const (
+	StateCreating = "creating"
+	StateReady    = "ready"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	StateStopped  = "stopped"
+	StateFailed   = "failed"
+)
+
+// Event types.
+const (
+	EventCreated        = "created"
+	EventReady          = "ready"
+	EventAdopted        = "adopted"
+	EventOOM            = "oom"
+	EventTimeoutChanged = "timeout_changed"
+	EventDeadline       = "deadline"
+	EventDestroyed      = "destroyed"
+	EventFailed         = "failed"
+)
+
+// AgentPort is the port the in-sandbox agent serves on.
+const AgentPort = 49983
+
+// Limits are a sandbox's resource limits.
+type Limits struct {
+	CPUMillis   int64
+	MemoryBytes int64
+	DiskBytes   int64
+	PidsLimit   int64
+}
+
+// Config holds the Manager's settings.
+type Config struct {
+	// AgentPath is the host path of the berth-agent binary.
+	AgentPath string
+	// DefaultTemplate is used when a request names none.
+	DefaultTemplate string
+	// Defaults fill limits a request leaves at zero.
+	Defaults Limits
+	// Max bounds what a request may ask for.
+	Max Limits
+	// DefaultTimeout and MaxTimeout bound a sandbox's lifetime.
+	DefaultTimeout, MaxTimeout time.Duration
+	// ReadyTimeout bounds how long create waits for the agent.
+	ReadyTimeout time.Duration
+	// MonitorInterval is how often usage and liveness are sampled.
+	MonitorInterval time.Duration
+	Logger          *slog.Logger
+}
+
+// Deps are the subsystems the Manager drives.
+type Deps struct {
+	Runtime   Runtime
+	Network   Network
+	Templates Templates
+	Store     Store
+	Prober    Prober
+}
+
+// Manager orchestrates sandboxes on one host.
+type Manager struct {
+	cfg  Config
+	deps Deps
+	log  *slog.Logger
+
+	// life is the daemon-lifetime context: deadlines and monitors hang off
+	// it, never off a request.
+	life   context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	live    map[string]*entry
+	closing bool
+
+	hub *hub
+}
+
+// entry is the in-memory side of a live sandbox.
+type entry struct {
+	// op serialises lifecycle operations on one sandbox.
+	op     sync.Mutex
+	rec    store.Sandbox
+	att    netpolicy.Attachment
+	timer  *time.Timer
+	ooms   int64
+	closed bool
+}
+
+// New builds a Manager. Call Start to reconcile and begin monitoring.
+func New(cfg Config, deps Deps) (*Manager, error) {
+	if cfg.AgentPath == "" {
+		return nil, fmt.Errorf("sandbox manager: agent path: %w", errdefs.ErrInvalidArgument)
+	}
+	if deps.Runtime == nil || deps.Network == nil || deps.Templates == nil || deps.Store == nil || deps.Prober == nil {
+		return nil, fmt.Errorf("sandbox manager: missing dependency: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DefaultTemplate == "" {
+		cfg.DefaultTemplate = "base"
+	}
+	if cfg.DefaultTimeout == 0 {
+		cfg.DefaultTimeout = 10 * time.Minute
+	}
+	if cfg.MaxTimeout == 0 {
+		cfg.MaxTimeout = 24 * time.Hour
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 30 * time.Second
+	}
+	if cfg.MonitorInterval == 0 {
+		cfg.MonitorInterval = time.Second
+	}
+	life, cancel := context.WithCancel(context.Background())
+	return &Manager{
+		cfg:    cfg,
+		deps:   deps,
+		log:    cfg.Logger,
+		life:   life,
+		cancel: cancel,
+		live:   map[string]*entry{},
+		hub:    newHub(),
+	}, nil
+}
+
+// Start reconciles host state with the store and starts the monitor.
+func (m *Manager) Start(ctx context.Context) error {
+	if err := m.reconcile(ctx); err != nil {
+		return err
+	}
+	if !m.track() {
+		return errors.New("sandbox manager is closed")
+	}
+	go func() {
+		defer m.wg.Done()
+		m.monitor()
+	}()
+	return nil
+}
+
+// Close stops timers and monitors. Sandboxes keep running: a restarted
+// daemon re-adopts them.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closing = true
+	m.cancel()
+	for _, e := range m.live {
+		if e.timer != nil {
+			e.timer.Stop()
+		}
+	}
+	m.mu.Unlock()
+	m.wg.Wait()
+	m.hub.closeAll()
+}
+
+// CreateRequest asks for a new sandbox. Zero limits take the defaults.
+type CreateRequest struct {
+	Template string
+	Limits   Limits
+	Timeout  time.Duration
+	Env      map[string]string
+	Labels   map[string]string
+}
+
+// Sandbox is the Manager's view of one sandbox.
+type Sandbox struct {
+	store.Sandbox
+	Usage *runtime.Stats
+}
+
+// newID returns a 20-character lowercase [a-z0-9] ID.
+func newID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [20]byte
+	rand.Read(b[:])
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	// Start with a letter so IDs never look like numbers.
+	b[0] = alphabet[int(b[0])%26]
+	return string(b[:])
+}
+
+func newToken() string {
+	var b [24]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (m *Manager) validate(req *CreateRequest) error {
+	if req.Template == "" {
+		req.Template = m.cfg.DefaultTemplate
+	}
+	fill := func(v *int64, def int64) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fill(&req.Limits.CPUMillis, m.cfg.Defaults.CPUMillis)
+	fill(&req.Limits.MemoryBytes, m.cfg.Defaults.MemoryBytes)
+	fill(&req.Limits.DiskBytes, m.cfg.Defaults.DiskBytes)
+	fill(&req.Limits.PidsLimit, m.cfg.Defaults.PidsLimit)
+	if req.Timeout == 0 {
+		req.Timeout = m.cfg.DefaultTimeout
+	}
+	checks := []struct {
+		field     string
+		v, lo, hi int64
+	}{
+		{"cpu", req.Limits.CPUMillis, 10, m.cfg.Max.CPUMillis},
+		{"memory", req.Limits.MemoryBytes, 16 << 20, m.cfg.Max.MemoryBytes},
+		{"disk", req.Limits.DiskBytes, 64 << 20, m.cfg.Max.DiskBytes},
+		{"pids", req.Limits.PidsLimit, 16, m.cfg.Max.PidsLimit},
+		{"timeout", int64(req.Timeout), int64(time.Second), int64(m.cfg.MaxTimeout)},
+	}
+	for _, c := range checks {
+		if c.v < c.lo || (c.hi > 0 && c.v > c.hi) {
+			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range [%s, %s]: %w",
+				c.field, fmtLimit(c.field, c.v), fmtLimit(c.field, c.lo), fmtLimit(c.field, c.hi), errdefs.ErrInvalidArgument)}
+		}
+	}
+	for k := range req.Env {
+		if !validEnvKey(k) {
+			return &FieldError{Field: "env", Err: fmt.Errorf("env: invalid variable name %q: %w", k, errdefs.ErrInvalidArgument)}
+		}
+	}
+	for k, v := range req.Labels {
+		if !validLabel(k) || len(v) > 256 {
+			return &FieldError{Field: "labels", Err: fmt.Errorf("labels: invalid label %q (keys are [a-zA-Z0-9._/-]{1,63}, values at most 256 bytes): %w", k, errdefs.ErrInvalidArgument)}
+		}
+	}
+	return nil
+}
+
+func fmtLimit(field string, v int64) string {
+	switch field {
+	case "cpu":
+		return strconv.FormatFloat(float64(v)/1000, 'f', -1, 64)
+	case "memory", "disk":
+		return strconv.FormatInt(v>>20, 10) + "MiB"
+	case "timeout":
+		if v == 0 {
+			return "unbounded"
+		}
+		return time.Duration(v).String()
+	}
+	if v == 0 {
+		return "unbounded"
+	}
+	return strconv.FormatInt(v, 10)
+}
+
+func validEnvKey(k string) bool {
+	if k == "" || len(k) > 256 {
+		return false
+	}
+	for i, c := range k {
+		ok := c == '_' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (i > 0 && c >= '0' && c <= '9')
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+func validLabel(k string) bool {
+	if k == "" || len(k) > 63 {
+		return false
+	}
+	for _, c := range k {
+		ok := c == '.' || c == '_' || c == '/' || c == '-' || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// FieldError is an invalid-argument error that names the bad request field.
+type FieldError struct {
+	Field string
+	Err   error
+}
+
+func (e *FieldError) Error() string { return e.Err.Error() }
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// Create makes a sandbox and returns once its agent answers. A failure at
+// any step undoes everything done so far and leaves the record in state
+// failed with the reason.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if err := m.validate(&req); err != nil {
+		return Sandbox{}, err
+	}
+	tpl, err := m.deps.Templates.Get(ctx, req.Template)
+	if err != nil {
+		return Sandbox{}, &FieldError{Field: "template", Err: err}
+	}
+	now := time.Now().UTC()
+	rec := store.Sandbox{
+		ID:          newID(),
+		State:       StateCreating,
+		Template:    tpl.Name,
+		CPUMillis:   req.Limits.CPUMillis,
+		MemoryBytes: req.Limits.MemoryBytes,
+		DiskBytes:   req.Limits.DiskBytes,
+		PidsLimit:   req.Limits.PidsLimit,
+		Env:         maps.Clone(req.Env),
+		Labels:      maps.Clone(req.Labels),
+		Token:       newToken(),
+		CreatedAt:   now,
+		Deadline:    now.Add(req.Timeout),
+	}
+	if rec.Env == nil {
+		rec.Env = map[string]string{}
+	}
+	if rec.Labels == nil {
+		rec.Labels = map[string]string{}
+	}
+	e := &entry{rec: rec}
+	e.op.Lock()
+	defer e.op.Unlock()
+	m.mu.Lock()
+	m.live[rec.ID] = e
+	m.mu.Unlock()
+
+	// The sandbox must not die with the request that asked for it.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second)
+	defer cancel()
+	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {
+		m.forget(rec.ID)
+		return Sandbox{}, err
+	}
+	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name)
+	log := m.log.With("sandbox_id", rec.ID)
+
+	fail := func(step string, err error) (Sandbox, error) {
+		err = fmt.Errorf("create sandbox %s: %s: %w", rec.ID, step, err)
+		m.teardown(cctx, e)
+		e.rec.State = StateFailed
+		e.rec.Reason = err.Error()
+		e.rec.EndedAt = time.Now().UTC()
+		if perr := m.deps.Store.PutSandbox(cctx, e.rec); perr != nil {
+			log.Error("persist_failed_state", "err", perr)
+		}
+		m.event(cctx, rec.ID, EventFailed, err.Error())
+		m.forget(rec.ID)
+		return Sandbox{Sandbox: e.rec}, err
+	}
+
+	att, err := m.deps.Network.Attach(cctx, rec.ID)
+	if err != nil {
+		return fail("network", err)
+	}
+	e.att = att
+	spec := runtime.Spec{
+		ID:          rec.ID,
+		Layers:      tpl.Layers,
+		DiskBytes:   rec.DiskBytes,
+		CPUMillis:   rec.CPUMillis,
+		MemoryBytes: rec.MemoryBytes,
+		PidsLimit:   rec.PidsLimit,
+		Hostname:    "berth-" + rec.ID[:12],
+		NetNSPath:   att.NetNSPath,
+		AgentPath:   m.cfg.AgentPath,
+		AgentArgs:   []string{"--listen", "0.0.0.0:" + strconv.Itoa(AgentPort)},
+		AgentEnv:    agentEnv(rec),
+	}
+	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
+		return fail("runtime", err)
+	}
+	rctx, rcancel := context.WithTimeout(cctx, m.cfg.ReadyTimeout)
+	err = m.deps.Prober.WaitReady(rctx, agentAddr(att))
+	rcancel()
+	if err != nil {
+		return fail("agent did not become ready", err)
+	}
+	e.rec.State = StateReady
+	if err := m.deps.Store.PutSandbox(cctx, e.rec); err != nil {
+		return fail("persist", err)
+	}
+	m.event(cctx, rec.ID, EventReady, "")
+	m.arm(e)
+	log.Info("sandbox_ready", "template", tpl.Name, "elapsed_ms", time.Since(now).Milliseconds())
+	return Sandbox{Sandbox: e.rec}, nil
+}
+
+// agentEnv is the environment of the agent, which becomes the base
+// environment of every process it starts (less the token it removes).
+func agentEnv(rec store.Sandbox) []string {
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+		"LANG=C.UTF-8",
+		"BERTH_SANDBOX=true",
+		"BERTH_SANDBOX_ID=" + rec.ID,
+		"BERTH_TEMPLATE=" + rec.Template,
+	}
+	for k, v := range rec.Env {
+		env = append(env, k+"="+v)
+	}
+	return append(env, "BERTH_AGENT_TOKEN="+rec.Token)
+}
+
+func agentAddr(att netpolicy.Attachment) string {
+	return netip.AddrPortFrom(att.SandboxIP, AgentPort).String()
+}
+
+// teardown removes everything a sandbox has on the host. It is idempotent
+// and runs with its own time budget.
+func (m *Manager) teardown(ctx context.Context, e *entry) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	defer cancel()
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	var errs []error
+	if err := m.deps.Runtime.Destroy(ctx, e.rec.ID); err != nil {
+		errs = append(errs, fmt.Errorf("runtime: %w", err))
+	}
+	if err := m.deps.Network.Detach(ctx, e.rec.ID); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) forget(id string) {
+	m.mu.Lock()
+	delete(m.live, id)
+	m.mu.Unlock()
+}
+
+func (m *Manager) lookup(id string) (*entry, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.live[id]
+	return e, ok
+}
+
+// Destroy ends a sandbox for the given reason.
+func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
+	e, ok := m.lookup(id)
+	if !ok {
+		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+			return err
+		}
+		return fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrNotFound)
+	}
+	return m.destroy(ctx, e, reason)
+}
+
+func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.closed {
+		return fmt.Errorf("sandbox %s is not running: %w", e.rec.ID, errdefs.ErrNotFound)
+	}
+	ctx = context.WithoutCancel(ctx)
+	e.rec.State = StateStopping
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		return err
+	}
+	terr := m.teardown(ctx, e)
+	e.closed = true
+	e.rec.EndedAt = time.Now().UTC()
+	e.rec.Reason = reason
+	e.rec.State = StateStopped
+	typ, msg := EventDestroyed, reason
+	if terr != nil {
+		e.rec.State = StateFailed
+		e.rec.Reason = fmt.Sprintf("%s; teardown: %v", reason, terr)
+		typ, msg = EventFailed, e.rec.Reason
+	}
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_destroyed_state", "sandbox_id", e.rec.ID, "err", err)
+	}
+	m.event(ctx, e.rec.ID, typ, msg)
+	m.forget(e.rec.ID)
+	m.log.Info("sandbox_destroyed", "sandbox_id", e.rec.ID, "reason", reason)
+	return terr
+}
+
+// arm (re)starts the deadline timer of a live sandbox.
+func (m *Manager) arm(e *entry) {
+	if e.timer != nil {
+		e.timer.Stop()
+	}
+	id := e.rec.ID
+	e.timer = time.AfterFunc(time.Until(e.rec.Deadline), func() {
+		if !m.track() {
+			return
+		}
+		defer m.wg.Done()
+		m.event(m.life, id, EventDeadline, "deadline reached")
+		if err := m.destroy(m.life, e, "deadline reached"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Error("destroy_at_deadline", "sandbox_id", id, "err", err)
+		}
+	})
+}
+
+// track registers a background operation with the Manager's wait group,
+// unless the Manager is closing. The caller must call m.wg.Done when true.
+func (m *Manager) track() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closing {
+		return false
+	}
+	m.wg.Add(1)
+	return true
+}
+
+// Get returns a sandbox, with usage when it is live.
+func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
+	if e, ok := m.lookup(id); ok {
+		e.op.Lock()
+		rec := e.rec
+		e.op.Unlock()
+		s := Sandbox{Sandbox: rec}
+		if sr, ok := m.deps.Runtime.(StatsReader); ok && rec.State == StateReady {
+			if st, err := sr.Stats(ctx, id); err == nil {
+				s.Usage = &st
+			}
+		}
+		return s, nil
+	}
+	rec, err := m.deps.Store.GetSandbox(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	return Sandbox{Sandbox: rec}, nil
+}
+
+// ListOptions filter List.
+type ListOptions struct {
+	States []string
+	Labels map[string]string
+}
+
+// List returns sandboxes matching opts, oldest first.
+func (m *Manager) List(ctx context.Context, opts ListOptions) ([]Sandbox, error) {
+	recs, err := m.deps.Store.ListSandboxes(ctx, opts.States...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Sandbox, 0, len(recs))
+next:
+	for _, r := range recs {
+		for k, v := range opts.Labels {
+			if got, ok := r.Labels[k]; !ok || got != v {
+				continue next
+			}
+		}
+		if e, ok := m.lookup(r.ID); ok {
+			e.op.Lock()
+			r = e.rec
+			e.op.Unlock()
+		}
+		out = append(out, Sandbox{Sandbox: r})
+	}
+	return out, nil
+}
+
+// SetTimeout moves a live sandbox's deadline to now+d.
+func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (Sandbox, error) {
+	if d < time.Second || d > m.cfg.MaxTimeout {
+		return Sandbox{}, &FieldError{Field: "timeout", Err: fmt.Errorf("timeout %s is out of range [1s, %s]: %w", d, m.cfg.MaxTimeout, errdefs.ErrInvalidArgument)}
+	}
+	e, ok := m.lookup(id)
+	if !ok {
+		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+			return Sandbox{}, err
+		}
+		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.closed || e.rec.State != StateReady {
+		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	e.rec.Deadline = time.Now().UTC().Add(d)
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		return Sandbox{}, err
+	}
+	m.arm(e)
+	m.event(ctx, id, EventTimeoutChanged, "deadline "+e.rec.Deadline.Format(time.RFC3339))
+	return Sandbox{Sandbox: e.rec}, nil
+}
+
+// Agent returns the address and access token of a ready sandbox's agent.
+func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err error) {
+	e, ok := m.lookup(id)
+	if !ok {
+		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+			return "", "", err
+		}
+		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.rec.State != StateReady {
+		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	return agentAddr(e.att), e.rec.Token, nil
+}

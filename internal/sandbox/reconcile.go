@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// reconcile makes the host match the store after a start: sandboxes that
+// still run are re-adopted, half-made or broken ones are cleaned up and
+// marked failed with a reason, and leftovers nobody owns are removed.
+func (m *Manager) reconcile(ctx context.Context) error {
+	recs, err := m.deps.Store.ListSandboxes(ctx, StateCreating, StateReady, StatePaused, StateStopping)
+	if err != nil {
+		return fmt.Errorf("reconcile: %w", err)
+	}
+	owned := map[string]bool{}
+	for _, rec := range recs {
+		if m.adopt(ctx, rec) {
+			owned[rec.ID] = true
+		}
+	}
+	// Anything else on the host that carries this daemon's names is a leftover.
+	rids, err := m.deps.Runtime.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list runtime: %w", err)
+	}
+	for _, id := range rids {
+		if !owned[id] {
+			m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "runtime")
+			if err := m.deps.Runtime.Destroy(ctx, id); err != nil {
+				m.log.Error("remove_orphan", "sandbox_id", id, "err", err)
+			}
+		}
+	}
+	nids, err := m.deps.Network.List(ctx)
+	if err != nil {
+		return fmt.Errorf("reconcile: list network: %w", err)
+	}
+	for _, id := range nids {
+		if !owned[id] {
+			m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "network")
+			if err := m.deps.Network.Detach(ctx, id); err != nil {
+				m.log.Error("remove_orphan", "sandbox_id", id, "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+// adopt re-attaches a sandbox that was live when the daemon stopped, or
+// cleans it up. It reports whether the sandbox is live again.
+func (m *Manager) adopt(ctx context.Context, rec store.Sandbox) bool {
+	e := &entry{rec: rec}
+	fail := func(reason string) bool {
+		if err := m.teardown(ctx, e); err != nil {
+			reason += "; teardown: " + err.Error()
+		}
+		e.rec.State = StateFailed
+		e.rec.Reason = reason
+		e.rec.EndedAt = time.Now().UTC()
+		if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+			m.log.Error("persist_failed_state", "sandbox_id", rec.ID, "err", err)
+		}
+		m.event(ctx, rec.ID, EventFailed, reason)
+		m.log.Warn("sandbox_not_adopted", "sandbox_id", rec.ID, "reason", reason)
+		return false
+	}
+	switch rec.State {
+	case StateCreating:
+		return fail("daemon restarted while the sandbox was being created")
+	case StateStopping:
+		// It was being destroyed: finish the job.
+		if err := m.teardown(ctx, e); err != nil {
+			return fail("daemon restarted while the sandbox was being destroyed; teardown: " + err.Error())
+		}
+		e.rec.State = StateStopped
+		e.rec.EndedAt = time.Now().UTC()
+		if e.rec.Reason == "" {
+			e.rec.Reason = "destroyed"
+		}
+		m.deps.Store.PutSandbox(ctx, e.rec)
+		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
+		return false
+	}
+	if !rec.Deadline.After(time.Now()) {
+		m.teardown(ctx, e)
+		e.rec.State = StateStopped
+		e.rec.Reason = "deadline reached while the daemon was down"
+		e.rec.EndedAt = time.Now().UTC()
+		m.deps.Store.PutSandbox(ctx, e.rec)
+		m.event(ctx, rec.ID, EventDeadline, e.rec.Reason)
+		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
+		return false
+	}
+	st, err := m.deps.Runtime.Inspect(ctx, rec.ID)
+	if err != nil {
+		return fail("sandbox not found by the runtime after a daemon restart: " + err.Error())
+	}
+	if st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
+		return fail(fmt.Sprintf("sandbox was %s after a daemon restart", st.Status))
+	}
+	att, err := m.deps.Network.Lookup(ctx, rec.ID)
+	if err != nil {
+		return fail("sandbox network missing after a daemon restart: " + err.Error())
+	}
+	e.att = att
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	err = m.deps.Prober.WaitReady(rctx, agentAddr(att))
+	cancel()
+	if err != nil {
+		return fail("agent did not answer after a daemon restart: " + err.Error())
+	}
+	if sr, ok := m.deps.Runtime.(StatsReader); ok {
+		if stats, err := sr.Stats(ctx, rec.ID); err == nil {
+			e.ooms = stats.OOMKills
+		}
+	}
+	m.mu.Lock()
+	m.live[rec.ID] = e
+	m.mu.Unlock()
+	m.arm(e)
+	m.event(ctx, rec.ID, EventAdopted, "re-adopted after a daemon restart")
+	m.log.Info("sandbox_adopted", "sandbox_id", rec.ID)
+	return true
+}

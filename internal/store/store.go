@@ -1,0 +1,246 @@
+// Package store persists the daemon's state in SQLite (modernc.org/sqlite,
+// pure Go): sandboxes and their lifecycle events. The schema is created and
+// migrated on Open. A shared database (Postgres) can implement the same
+// methods later so several nodes share one view.
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Sandbox is one sandbox's persisted record.
+type Sandbox struct {
+	ID          string
+	State       string
+	Template    string
+	CPUMillis   int64
+	MemoryBytes int64
+	DiskBytes   int64
+	PidsLimit   int64
+	Env         map[string]string
+	Labels      map[string]string
+	Token       string
+	CreatedAt   time.Time
+	Deadline    time.Time
+	EndedAt     time.Time
+	Reason      string
+}
+
+// Event is one lifecycle event of a sandbox.
+type Event struct {
+	Seq       int64
+	SandboxID string
+	Time      time.Time
+	Type      string
+	Message   string
+}
+
+// DB is the SQLite-backed store.
+type DB struct {
+	db *sql.DB
+}
+
+const schema = `
+CREATE TABLE IF NOT EXISTS sandboxes (
+	id           TEXT PRIMARY KEY,
+	state        TEXT NOT NULL,
+	template     TEXT NOT NULL,
+	cpu_millis   INTEGER NOT NULL,
+	memory_bytes INTEGER NOT NULL,
+	disk_bytes   INTEGER NOT NULL,
+	pids_limit   INTEGER NOT NULL,
+	env          TEXT NOT NULL,
+	labels       TEXT NOT NULL,
+	token        TEXT NOT NULL,
+	created_at   INTEGER NOT NULL,
+	deadline     INTEGER NOT NULL,
+	ended_at     INTEGER NOT NULL DEFAULT 0,
+	reason       TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+CREATE TABLE IF NOT EXISTS events (
+	seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+	sandbox_id TEXT NOT NULL,
+	time       INTEGER NOT NULL,
+	type       TEXT NOT NULL,
+	message    TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_sandbox ON events(sandbox_id, seq);
+`
+
+// Open opens (creating if needed) the database at path.
+func Open(ctx context.Context, path string) (*DB, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("open store: %w", err)
+	}
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)&_pragma=foreign_keys(1)"
+	db, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	// One writer at a time keeps SQLite free of SQLITE_BUSY under load.
+	db.SetMaxOpenConns(1)
+	if _, err := db.ExecContext(ctx, schema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
+	return &DB{db: db}, nil
+}
+
+// Close closes the database.
+func (d *DB) Close() error { return d.db.Close() }
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+func fromNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n).UTC()
+}
+
+func encodeMap(m map[string]string) string {
+	if len(m) == 0 {
+		return "{}"
+	}
+	b, _ := json.Marshal(m) // a map of strings always marshals
+	return string(b)
+}
+
+func decodeMap(s string) (map[string]string, error) {
+	m := map[string]string{}
+	if s == "" {
+		return m, nil
+	}
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// PutSandbox inserts or replaces a sandbox record.
+func (d *DB) PutSandbox(ctx context.Context, s Sandbox) error {
+	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
+		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
+		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason)
+	if err != nil {
+		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason`
+
+type scanner interface{ Scan(...any) error }
+
+func scanSandbox(r scanner) (Sandbox, error) {
+	var s Sandbox
+	var env, labels string
+	var created, deadline, ended int64
+	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
+		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason); err != nil {
+		return s, err
+	}
+	var err error
+	if s.Env, err = decodeMap(env); err != nil {
+		return s, fmt.Errorf("sandbox %s env: %w", s.ID, err)
+	}
+	if s.Labels, err = decodeMap(labels); err != nil {
+		return s, fmt.Errorf("sandbox %s labels: %w", s.ID, err)
+	}
+	s.CreatedAt, s.Deadline, s.EndedAt = fromNano(created), fromNano(deadline), fromNano(ended)
+	return s, nil
+}
+
+// GetSandbox returns one sandbox, or an error wrapping errdefs.ErrNotFound.
+func (d *DB) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+	row := d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
+	s, err := scanSandbox(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return s, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return s, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	return s, nil
+}
+
+// ListSandboxes returns sandboxes whose state is one of states (all if none
+// given), oldest first.
+func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]Sandbox, error) {
+	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
+	args := make([]any, 0, len(states))
+	if len(states) > 0 {
+		q += ` WHERE state IN (?` + strings.Repeat(",?", len(states)-1) + `)`
+		for _, s := range states {
+			args = append(args, s)
+		}
+	}
+	q += ` ORDER BY created_at, id`
+	rows, err := d.db.QueryContext(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	defer rows.Close()
+	var out []Sandbox
+	for rows.Next() {
+		s, err := scanSandbox(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list sandboxes: %w", err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// AddEvent appends a lifecycle event and returns it with its sequence number.
+func (d *DB) AddEvent(ctx context.Context, e Event) (Event, error) {
+	res, err := d.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
+		e.SandboxID, unixNano(e.Time), e.Type, e.Message)
+	if err != nil {
+		return e, fmt.Errorf("add event for %s: %w", e.SandboxID, err)
+	}
+	e.Seq, err = res.LastInsertId()
+	return e, err
+}
+
+// Events returns the events of one sandbox with a sequence number above
+// after, oldest first.
+func (d *DB) Events(ctx context.Context, sandboxID string, after int64) ([]Event, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT seq, sandbox_id, time, type, message FROM events
+		WHERE sandbox_id = ? AND seq > ? ORDER BY seq`, sandboxID, after)
+	if err != nil {
+		return nil, fmt.Errorf("events of %s: %w", sandboxID, err)
+	}
+	defer rows.Close()
+	var out []Event
+	for rows.Next() {
+		var e Event
+		var t int64
+		if err := rows.Scan(&e.Seq, &e.SandboxID, &t, &e.Type, &e.Message); err != nil {
+			return nil, fmt.Errorf("events of %s: %w", sandboxID, err)
+		}
+		e.Time = fromNano(t)
+		out = append(out, e)
+	}
+	return out, rows.Err()
+}

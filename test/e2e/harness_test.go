@@ -1,0 +1,423 @@
+// Package e2e runs end-to-end tests against a real berth daemon: the real
+// binaries, runc, network namespaces, nftables and SQLite on this host. It
+// needs root; it skips (saying why) only when root or runc is missing.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// bin holds the binaries built once for the whole suite.
+var bin struct {
+	dir, berth, agent string
+	err               error
+}
+
+func TestMain(m *testing.M) {
+	code := func() int {
+		dir, err := os.MkdirTemp("", "berth-e2e-bin-")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		bin.dir = dir
+		bin.berth = filepath.Join(dir, "berth")
+		bin.agent = filepath.Join(dir, "berth-agent")
+		root := repoRoot()
+		build := func(out, pkg string, static bool) error {
+			cmd := exec.Command("go", "build", "-o", out, pkg)
+			cmd.Dir = root
+			cmd.Env = os.Environ()
+			if static {
+				cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+			}
+			if b, err := cmd.CombinedOutput(); err != nil {
+				return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
+			}
+			return nil
+		}
+		if err := build(bin.berth, "./cmd/berth", false); err != nil {
+			bin.err = err
+		} else if err := build(bin.agent, "./cmd/berth-agent", true); err != nil {
+			bin.err = err
+		}
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+func repoRoot() string {
+	wd, _ := os.Getwd()
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	return wd
+}
+
+func requireHost(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("end-to-end tests need root (they run the real daemon)")
+	}
+	if _, err := exec.LookPath("runc"); err != nil {
+		t.Skip("runc is not installed (apt-get install runc)")
+	}
+	if bin.err != nil {
+		t.Fatal(bin.err)
+	}
+}
+
+// cacheDir is where the debootstrap base is cached between runs.
+func cacheDir() string {
+	if d := os.Getenv("BERTH_CACHE_DIR"); d != "" {
+		return d
+	}
+	return "/var/cache/berth"
+}
+
+// Daemon is one running berth daemon under test.
+type Daemon struct {
+	t        *testing.T
+	DataDir  string
+	Instance string
+	Addr     string
+	URL      string
+	Client   *client.Client
+	extra    []string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	logs *bytes.Buffer
+	done chan struct{}
+}
+
+func randName(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)[:n]
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// StartDaemon starts a daemon with its own data dir, instance name and
+// port. Extra arguments go to `berth serve`. The daemon is stopped and
+// checked for leaks when the test ends.
+func StartDaemon(t *testing.T, extra ...string) *Daemon {
+	t.Helper()
+	requireHost(t)
+	d := &Daemon{t: t, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra}
+	d.URL = "http://" + d.Addr
+	c, err := client.New(d.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Client = c
+	d.Start()
+	t.Cleanup(func() {
+		d.DestroyAll()
+		d.Stop()
+		AssertNoLeaks(t, d)
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", d.Logs())
+		}
+	})
+	return d
+}
+
+// Start (re)starts the daemon process and waits until it answers.
+func (d *Daemon) Start() {
+	t := d.t
+	t.Helper()
+	args := append([]string{"serve", "--listen", d.Addr, "--data-dir", d.DataDir, "--instance", d.Instance,
+		"--cache-dir", cacheDir(), "--agent", bin.agent, "--default-template", "minimal"}, d.extra...)
+	cmd := exec.Command(bin.berth, args...)
+	d.mu.Lock()
+	if d.logs == nil {
+		d.logs = &bytes.Buffer{}
+	}
+	cmd.Stdout = lockedWriter{&d.mu, d.logs}
+	cmd.Stderr = lockedWriter{&d.mu, d.logs}
+	d.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	d.mu.Lock()
+	d.cmd, d.done = cmd, done
+	d.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for {
+		if _, err := d.Client.Health(ctx); err == nil {
+			return
+		}
+		select {
+		case <-done:
+			t.Fatalf("daemon exited during start:\n%s", d.Logs())
+		case <-ctx.Done():
+			t.Fatalf("daemon did not answer within 60s:\n%s", d.Logs())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// Logs returns what the daemon printed so far.
+func (d *Daemon) Logs() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.logs == nil {
+		return ""
+	}
+	return d.logs.String()
+}
+
+// Kill9 kills the daemon with SIGKILL and waits for it to be gone.
+func (d *Daemon) Kill9() {
+	d.mu.Lock()
+	cmd, done := d.cmd, d.done
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	<-done
+	d.mu.Lock()
+	d.cmd = nil
+	d.mu.Unlock()
+}
+
+// Stop sends SIGTERM and waits for a clean exit.
+func (d *Daemon) Stop() {
+	d.mu.Lock()
+	cmd, done := d.cmd, d.done
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+		if st := cmd.ProcessState; st != nil && !st.Success() {
+			d.t.Errorf("daemon exited uncleanly after SIGTERM: %v\n%s", st, d.Logs())
+		}
+	case <-time.After(30 * time.Second):
+		d.t.Errorf("daemon did not stop within 30s of SIGTERM")
+		cmd.Process.Kill()
+		<-done
+	}
+	d.mu.Lock()
+	d.cmd = nil
+	d.mu.Unlock()
+}
+
+// DestroyAll kills every live sandbox of the daemon.
+func (d *Daemon) DestroyAll() {
+	d.mu.Lock()
+	running := d.cmd != nil
+	d.mu.Unlock()
+	if !running {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sbs, err := d.Client.List(ctx, client.ListOptions{})
+	if err != nil {
+		d.t.Errorf("list sandboxes: %v", err)
+		return
+	}
+	for _, sb := range sbs {
+		if sb.State == client.StateReady || sb.State == client.StatePaused || sb.State == client.StateCreating {
+			if err := d.Client.Kill(ctx, sb.ID); err != nil {
+				d.t.Errorf("kill %s: %v", sb.ID, err)
+			}
+		}
+	}
+}
+
+// CLI runs the berth CLI against this daemon.
+func (d *Daemon) CLI(t *testing.T, stdin io.Reader, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	cmd := exec.Command(bin.berth, args...)
+	cmd.Env = append(os.Environ(), "BERTH_URL="+d.URL)
+	cmd.Stdin = stdin
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatalf("berth %v: %v", args, err)
+		}
+		code = ee.ExitCode()
+	}
+	return o.String(), e.String(), code
+}
+
+// Create makes a sandbox from the minimal template unless req says otherwise.
+func (d *Daemon) Create(t *testing.T, req client.CreateRequest) *client.Sandbox {
+	t.Helper()
+	if req.Template == "" {
+		req.Template = "minimal"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	sb, err := d.Client.Create(ctx, req)
+	if err != nil {
+		t.Fatalf("create %+v: %v\n%s", req, err, d.Logs())
+	}
+	return sb
+}
+
+// Run executes a shell command in sb and returns stdout, stderr and the
+// exit code.
+func Run(t *testing.T, sb *client.Sandbox, script string) (string, string, int) {
+	t.Helper()
+	var o, e bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", script}, Stdout: &o, Stderr: &e})
+	if err != nil {
+		t.Fatalf("exec %q: %v", script, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// MustRun is Run that fails the test on a non-zero exit.
+func MustRun(t *testing.T, sb *client.Sandbox, script string) string {
+	t.Helper()
+	o, e, code := Run(t, sb, script)
+	if code != 0 {
+		t.Fatalf("%q exited %d\nstdout: %s\nstderr: %s", script, code, o, e)
+	}
+	return o
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// AssertNoLeaks checks that nothing of the daemon's sandboxes is left on
+// the host: mounts, network namespaces, links, cgroups, runc state,
+// processes in the sandbox uid range, nftables elements.
+func AssertNoLeaks(t *testing.T, d *Daemon) {
+	t.Helper()
+	for _, l := range Leaks(d) {
+		t.Errorf("leak: %s", l)
+	}
+}
+
+// Leaks lists what is left on the host of the daemon's sandboxes.
+func Leaks(d *Daemon) []string {
+	var out []string
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		sc := bufio.NewScanner(bytes.NewReader(mi))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) > 4 && (strings.HasPrefix(f[4], d.DataDir+"/") || strings.Contains(f[4], d.Instance)) {
+				out = append(out, "mount "+f[4])
+			}
+		}
+	}
+	if ents, err := os.ReadDir("/var/run/netns"); err == nil {
+		for _, e := range ents {
+			if strings.Contains(e.Name(), d.Instance) {
+				out = append(out, "netns "+e.Name())
+			}
+		}
+	}
+	if b, err := exec.Command("ip", "-o", "link", "show").Output(); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, d.Instance) {
+				out = append(out, "link "+strings.TrimSpace(line))
+			}
+		}
+	}
+	// Sandbox processes run as host uids from the daemon's uid base up.
+	if procs, err := os.ReadDir("/proc"); err == nil {
+		for _, p := range procs {
+			st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
+			if err != nil {
+				continue
+			}
+			for _, line := range strings.Split(string(st), "\n") {
+				if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+					var uid int
+					fmt.Sscan(f[1], &uid)
+					if uid >= 1_000_000 && uid < 1_065_536 {
+						out = append(out, fmt.Sprintf("process %s (uid %d)", p.Name(), uid))
+					}
+				}
+			}
+		}
+	}
+	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+		dir := filepath.Join(root, "berth-"+d.Instance)
+		if ents, err := os.ReadDir(dir); err == nil {
+			for _, e := range ents {
+				if e.IsDir() {
+					out = append(out, "cgroup "+filepath.Join(dir, e.Name()))
+				}
+			}
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "runc")); err == nil {
+		for _, e := range ents {
+			out = append(out, "runc state "+e.Name())
+		}
+	}
+	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "sandboxes")); err == nil {
+		for _, e := range ents {
+			out = append(out, "sandbox dir "+e.Name())
+		}
+	}
+	return out
+}

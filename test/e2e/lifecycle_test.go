@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+func TestRestartAdoptsRunningSandboxes(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	MustRun(t, sb, "echo kept > /tmp/state")
+	d.Kill9()
+	d.Start()
+	if got := MustRun(t, sb, "cat /tmp/state"); got != "kept\n" {
+		t.Errorf("after SIGKILL and restart, /tmp/state = %q", got)
+	}
+	evs, err := d.Client.Events(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if last := evs[len(evs)-1]; last.Type != "adopted" {
+		t.Errorf("last event = %+v, want adopted", last)
+	}
+	if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeaks(t, d)
+}
+
+func TestRestartCleansBrokenSandboxes(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	// Its init dies while the daemon is down: the restart must clean it
+	// up and say why.
+	d.Kill9()
+	pid := MustAgentPid(t, d, sb.ID)
+	p, _ := os.FindProcess(pid)
+	p.Kill()
+	d.Start()
+	got, err := d.Client.Get(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != client.StateFailed || got.Reason == "" {
+		t.Errorf("after restart with a dead sandbox: state %s reason %q, want failed with a reason", got.State, got.Reason)
+	}
+	AssertNoLeaks(t, d)
+}
+
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	// A runtime that always fails: everything made before it must go.
+	d := StartDaemon(t, "--runtime", "/bin/false")
+	_, err := d.Client.Create(t.Context(), client.CreateRequest{Template: "minimal"})
+	if err == nil {
+		t.Fatal("create with a failing runtime succeeded")
+	}
+	sbs, _ := d.Client.List(t.Context(), client.ListOptions{})
+	if len(sbs) != 1 || sbs[0].State != client.StateFailed || sbs[0].Reason == "" {
+		t.Errorf("after failed create: %+v, want one failed sandbox with a reason", sbs)
+	}
+	AssertNoLeaks(t, d)
+}
+
+func TestTwoDaemonsSideBySide(t *testing.T) {
+	a := StartDaemon(t)
+	b := StartDaemon(t)
+	sa := a.Create(t, client.CreateRequest{})
+	sbb := b.Create(t, client.CreateRequest{})
+	if _, err := b.Client.Get(t.Context(), sa.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("daemon b sees daemon a's sandbox: %v", err)
+	}
+	MustRun(t, sa, "echo a > /tmp/who")
+	MustRun(t, sbb, "echo b > /tmp/who")
+	if err := a.Client.Kill(t.Context(), sa.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := MustRun(t, sbb, "cat /tmp/who"); got != "b\n" {
+		t.Errorf("b's sandbox after a's kill: %q", got)
+	}
+	AssertNoLeaks(t, a)
+}
+
+func TestIsolation(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	other := d.Create(t, client.CreateRequest{})
+	status := MustRun(t, sb, "cat /proc/self/status")
+	for _, want := range []string{"NoNewPrivs:\t1", "Seccomp:\t2"} {
+		if !strings.Contains(status, want) {
+			t.Errorf("/proc/self/status lacks %q", want)
+		}
+	}
+	// uid 0 inside maps to an unprivileged host uid.
+	if got := MustRun(t, sb, "cat /proc/self/uid_map"); !strings.Contains(got, "1000000") {
+		t.Errorf("uid_map = %q, want root mapped to the host uid base", got)
+	}
+	pid := MustAgentPid(t, d, sb.ID)
+	hostStatus, err := os.ReadFile("/proc/" + itoa(pid) + "/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(hostStatus), "Uid:\t1000000") {
+		t.Errorf("agent's host status does not show uid 1000000:\n%s", hostStatus)
+	}
+	for _, ns := range []string{"mnt", "pid", "net", "ipc", "uts", "user"} {
+		host, _ := os.Readlink("/proc/self/ns/" + ns)
+		box, _ := os.Readlink("/proc/" + itoa(pid) + "/ns/" + ns)
+		if host == box || box == "" {
+			t.Errorf("namespace %s: sandbox %q, host %q; want its own", ns, box, host)
+		}
+	}
+	// Only its own processes are visible.
+	ps := MustRun(t, sb, "ls /proc | grep -c '^[0-9]'")
+	if n := atoi(strings.TrimSpace(ps)); n > 6 {
+		t.Errorf("sandbox sees %d processes, want only its own few", n)
+	}
+	// It cannot mount, and cannot see the other sandbox's files.
+	if _, _, code := Run(t, sb, "mount -t tmpfs x /mnt"); code == 0 {
+		t.Error("mount inside the sandbox succeeded")
+	}
+	MustRun(t, other, "echo private > /tmp/other-secret")
+	if _, _, code := Run(t, sb, "cat /tmp/other-secret"); code == 0 {
+		t.Error("one sandbox read another's file")
+	}
+	// Nothing leaves: a host service on all addresses is unreachable.
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := itoa(ln.Addr().(*net.TCPAddr).Port)
+	gw := strings.TrimSpace(MustRun(t, sb, "ip route 2>/dev/null | awk '/default/ {print $3}'; true"))
+	targets := []string{"127.0.0.1"}
+	if gw != "" {
+		targets = append(targets, gw)
+	}
+	for _, host := range targets {
+		if _, _, code := Run(t, sb, "timeout 3 nc -w 2 "+host+" "+port+" </dev/null"); code == 0 {
+			t.Errorf("sandbox reached host port %s on %s", port, host)
+		}
+	}
+}
+
+func TestLimits(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{Memory: "64M", Disk: "128M"})
+	neighbour := d.Create(t, client.CreateRequest{})
+	// Memory: a balloon is OOM-killed inside; the sandbox lives on.
+	_, _, code := Run(t, sb, "head -c 300000000 /dev/zero | tail > /dev/null")
+	if code == 0 {
+		t.Error("a 300 MB allocation in a 64 MiB sandbox succeeded")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	waitFor(t, 15*time.Second, "an oom event", func() bool {
+		evs, _ := d.Client.Events(ctx, sb.ID)
+		for _, e := range evs {
+			if e.Type == "oom" {
+				return true
+			}
+		}
+		return false
+	})
+	MustRun(t, sb, "echo still alive")
+	// Disk: writes hit ENOSPC at the limit.
+	out, errOut, code := Run(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>&1; echo rc=$?")
+	if !strings.Contains(out+errOut, "No space left") {
+		t.Errorf("filling the disk: %q %q %d, want ENOSPC", out, errOut, code)
+	}
+	MustRun(t, sb, "rm /tmp/fill")
+	// Pids: a fork bomb stays inside and the neighbour is unaffected.
+	Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true")
+	MustRun(t, neighbour, "echo neighbour fine")
+	MustRun(t, sb, "true")
+}
+
+// MustAgentPid returns the host pid of a sandbox's agent, from runc's state.
+func MustAgentPid(t *testing.T, d *Daemon, id string) int {
+	t.Helper()
+	b, err := os.ReadFile(d.DataDir + "/runc/" + id + "/state.json")
+	if err != nil {
+		t.Fatalf("runc state of %s: %v", id, err)
+	}
+	s := string(b)
+	i := strings.Index(s, `"init_process_pid":`)
+	if i < 0 {
+		t.Fatalf("no init pid in runc state")
+	}
+	rest := s[i+len(`"init_process_pid":`):]
+	end := strings.IndexAny(rest, ",}")
+	return atoi(strings.TrimSpace(rest[:end]))
+}
