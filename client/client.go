@@ -115,7 +115,7 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, in a
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w: %w", method, path, errdefs.ErrUnavailable, err)
+		return nil, c.unreachable(err)
 	}
 	if resp.StatusCode/100 != 2 {
 		defer resp.Body.Close()
@@ -183,12 +183,7 @@ func (w wireError) toError() *errdefs.Error {
 	if msg == "" {
 		msg = w.Code
 	}
-	// errdefs.Error has no field slot; keep the field visible in the text
-	// unless the server already named it.
-	if w.Field != "" && !strings.Contains(msg, w.Field) {
-		msg = fmt.Sprintf("%s (field %s)", msg, w.Field)
-	}
-	return &errdefs.Error{Code: w.Code, Message: msg}
+	return &errdefs.Error{Code: w.Code, Message: msg, Field: w.Field}
 }
 
 // codeForStatus guesses the error code of an HTTP status without a body.
@@ -224,4 +219,30 @@ func ErrorCode(err error) string {
 		return e.Code
 	}
 	return errdefs.Code(err)
+}
+
+// unreachableError is a failure to talk to the daemon at all. It is of
+// class errdefs.ErrUnavailable and keeps the transport error.
+type unreachableError struct {
+	url string
+	err error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("cannot reach the berth daemon at %s: %v", e.url, e.err)
+}
+
+func (e *unreachableError) Unwrap() []error { return []error{errdefs.ErrUnavailable, e.err} }
+
+func (c *Client) unreachable(err error) error {
+	// Cancellation is the caller's doing, not the daemon's absence.
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	// Drop the method and URL net/http repeats; the op error says enough.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	return &unreachableError{url: c.base.String(), err: err}
 }

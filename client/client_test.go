@@ -260,7 +260,7 @@ func TestErrorDecoding(t *testing.T) {
 		wantText string
 	}{
 		{"coded", 404, `{"code":"not_found","message":"sandbox x: not found"}`, "not_found", errdefs.ErrNotFound, "sandbox x: not found"},
-		{"field", 400, `{"code":"invalid_argument","message":"bad size","field":"memory"}`, "invalid_argument", errdefs.ErrInvalidArgument, "bad size (field memory)"},
+		{"field", 400, `{"code":"invalid_argument","message":"bad size","field":"memory"}`, "invalid_argument", errdefs.ErrInvalidArgument, "bad size"},
 		{"field named", 400, `{"code":"invalid_argument","message":"memory: bad size","field":"memory"}`, "invalid_argument", errdefs.ErrInvalidArgument, "memory: bad size"},
 		{"policy", 403, `{"code":"policy_denied","message":"no"}`, "policy_denied", errdefs.ErrPolicyDenied, "no"},
 		{"plain text", 503, "upstream down", "unavailable", errdefs.ErrUnavailable, "upstream down"},
@@ -285,6 +285,9 @@ func TestErrorDecoding(t *testing.T) {
 			}
 			if e.Code != tt.wantCode || e.Message != tt.wantText {
 				t.Errorf("error = {%q %q}, want {%q %q}", e.Code, e.Message, tt.wantCode, tt.wantText)
+			}
+			if strings.Contains(tt.body, `"field":"memory"`) && e.Field != "memory" {
+				t.Errorf("error field = %q, want memory", e.Field)
 			}
 			if tt.wantIs != nil && !errors.Is(err, tt.wantIs) {
 				t.Errorf("errors.Is(%v, %v) = false", err, tt.wantIs)
@@ -333,5 +336,22 @@ func TestUnboundHandle(t *testing.T) {
 	var sb Sandbox
 	if err := sb.Kill(t.Context()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Kill on a decoded-only Sandbox = %v, want failed precondition", err)
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	url := srv.URL
+	srv.Close() // nothing listens there any more
+	c, err := New(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.List(t.Context(), ListOptions{})
+	if !errors.Is(err, errdefs.ErrUnavailable) || ErrorCode(err) != errdefs.CodeUnavailable {
+		t.Errorf("List with no daemon = %v (code %s), want unavailable", err, ErrorCode(err))
+	}
+	if !strings.Contains(err.Error(), url) {
+		t.Errorf("error %q does not name the daemon URL", err)
 	}
 }

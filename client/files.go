@@ -120,7 +120,7 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer) error 
 	req.Header.Set("Authorization", basicUser(user))
 	resp, err := s.c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("read %s: %w: %w", path, errdefs.ErrUnavailable, err)
+		return fmt.Errorf("read %s: %w", path, s.c.unreachable(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -158,7 +158,7 @@ func (s *Sandbox) WriteFile(ctx context.Context, path string, r io.Reader) error
 	req.Header.Set("Authorization", basicUser(user))
 	resp, err := s.c.hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("write %s: %w: %w", path, errdefs.ErrUnavailable, err)
+		return fmt.Errorf("write %s: %w", path, s.c.unreachable(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {

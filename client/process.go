@@ -96,8 +96,6 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	})
 }
 
-
-
 // receive reads a process's events until its end event and returns its
 // exit code. onStart runs once with the pid.
 func receive[T interface{ GetEvent() *process.ProcessEvent }](stream interface {
@@ -276,4 +274,3 @@ func (s *Sandbox) Signal(ctx context.Context, pid uint32, sig int) error {
 	}
 	return nil
 }
-

@@ -97,6 +97,8 @@ func FromCode(code string) error {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Field names the request field at fault, when there is one.
+	Field string `json:"field,omitempty"`
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -68,6 +68,10 @@ func reportError(w io.Writer, err error) int {
 	if class := errdefs.FromCode(client.ErrorCode(err)); class != nil {
 		msg = strings.TrimSuffix(msg, ": "+class.Error())
 	}
+	var we *errdefs.Error
+	if errors.As(err, &we) && we.Field != "" && !strings.Contains(msg, we.Field) {
+		msg += " (field " + we.Field + ")"
+	}
 	fmt.Fprintf(w, "berth: %s (%s)\n", msg, client.ErrorCode(err))
 	return 1
 }

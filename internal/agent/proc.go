@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/creack/pty"
@@ -259,9 +260,9 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 	cmd.Args = spec.argv
 	cmd.Env = spec.env
 	cmd.Dir = spec.dir
-	attr := &unix.SysProcAttr{Setsid: true}
+	attr := &syscall.SysProcAttr{Setsid: true}
 	if spec.user.UID != uint32(os.Getuid()) || spec.user.GID != uint32(os.Getgid()) || os.Getuid() == 0 {
-		attr.Credential = &unix.Credential{Uid: spec.user.UID, Gid: spec.user.GID, Groups: spec.user.Groups}
+		attr.Credential = &syscall.Credential{Uid: spec.user.UID, Gid: spec.user.GID, Groups: spec.user.Groups}
 	}
 	cmd.SysProcAttr = attr
 

@@ -10,11 +10,7 @@ import (
 )
 
 // errorBody is the JSON body of every error answer.
-type errorBody struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-}
+type errorBody = errdefs.Error
 
 // fieldError is a bad request field found at the API edge.
 type fieldError struct {

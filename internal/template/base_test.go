@@ -203,7 +203,13 @@ func TestBuildBaseReal(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Build(base): %v\n%s", err, log.String())
 		}
-		return tpl, time.Since(start)
+		took := time.Since(start)
+		for _, line := range strings.Split(log.String(), "\n") {
+			if strings.Contains(line, " in ") {
+				t.Log(line)
+			}
+		}
+		return tpl, took
 	}
 	tpl, took := build()
 	t.Logf("base build (%s cache) took %s, %d MB", map[bool]string{true: "warm", false: "cold"}[statErr == nil], took, tpl.SizeBytes>>20)

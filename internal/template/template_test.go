@@ -439,3 +439,57 @@ func TestBuildCancelledLeavesNothing(t *testing.T) {
 		t.Errorf("layers after cancelled build: %v, want none", entries)
 	}
 }
+
+func TestRebuildKeepsLayersInUse(t *testing.T) {
+	requireRoot(t)
+	requireBusybox(t)
+	ctx := t.Context()
+	s := newTestStore(t, t.TempDir(), testUIDBase)
+	old, err := s.Build(ctx, "minimal", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A running sandbox of the old build: an overlay with it as lower dir.
+	work := t.TempDir()
+	for _, d := range []string{"upper", "work", "merged"} {
+		if err := os.Mkdir(filepath.Join(work, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	merged := filepath.Join(work, "merged")
+	opts := "lowerdir=" + old.Layers[0] + ",upperdir=" + filepath.Join(work, "upper") + ",workdir=" + filepath.Join(work, "work")
+	if err := unix.Mount("overlay", merged, "overlay", 0, opts); err != nil {
+		t.Skipf("needs overlayfs: %v", err)
+	}
+	mounted := true
+	unmount := func() {
+		if mounted {
+			if err := unix.Unmount(merged, unix.MNT_DETACH); err != nil {
+				t.Errorf("unmount: %v", err)
+			}
+			mounted = false
+		}
+	}
+	t.Cleanup(unmount)
+
+	cur, err := s.Build(ctx, "minimal", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur.Layers[0] == old.Layers[0] {
+		t.Fatalf("rebuild reused layer %s", cur.Layers[0])
+	}
+	if _, err := os.Stat(filepath.Join(old.Layers[0], "bin/busybox")); err != nil {
+		t.Errorf("layer under a mounted overlay was pruned: %v", err)
+	}
+	unmount()
+	if err := s.Prune(ctx); err != nil {
+		t.Fatalf("Prune: %v", err)
+	}
+	if _, err := os.Stat(old.Layers[0]); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("old layer still there after unmount and Prune: %v", err)
+	}
+	if _, err := os.Stat(cur.Layers[0]); err != nil {
+		t.Errorf("Prune removed the current layer: %v", err)
+	}
+}

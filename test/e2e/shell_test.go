@@ -18,7 +18,7 @@ import (
 func TestShellPTY(t *testing.T) {
 	d := StartDaemon(t)
 	sb := d.Create(t, client.CreateRequest{})
-	cmd := exec.Command(bin.berth, "shell", sb.ID)
+	cmd := exec.Command(bin.Berth, "shell", sb.ID)
 	cmd.Env = append(os.Environ(), "BERTH_URL="+d.URL, "TERM=xterm")
 	tty, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 30, Cols: 100})
 	if err != nil {

@@ -1,7 +1,8 @@
-// Package e2e runs end-to-end tests against a real berth daemon: the real
-// binaries, runc, network namespaces, nftables and SQLite on this host. It
-// needs root; it skips (saying why) only when root or runc is missing.
-package e2e
+// Package harness runs the real berth daemon for end-to-end tests and
+// benchmarks: it builds the binaries, starts `berth serve` with its own data
+// dir, instance name and port, and checks that nothing of its sandboxes is
+// left on the host afterwards.
+package harness
 
 import (
 	"bufio"
@@ -18,50 +19,60 @@ import (
 	"strings"
 	"sync"
 	"syscall"
-	"testing"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
 )
 
-// bin holds the binaries built once for the whole suite.
-var bin struct {
-	dir, berth, agent string
-	err               error
+// Binaries are the built berth and berth-agent.
+type Binaries struct {
+	Dir, Berth, Agent string
 }
 
-func TestMain(m *testing.M) {
-	code := func() int {
-		dir, err := os.MkdirTemp("", "berth-e2e-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+// Build builds berth and the static berth-agent into a temporary dir; call
+// the returned cleanup when done.
+func Build() (Binaries, func(), error) {
+	dir, err := os.MkdirTemp("", "berth-bin-")
+	if err != nil {
+		return Binaries{}, nil, err
+	}
+	cleanup := func() { os.RemoveAll(dir) }
+	b := Binaries{Dir: dir, Berth: filepath.Join(dir, "berth"), Agent: filepath.Join(dir, "berth-agent")}
+	root := repoRoot()
+	build := func(out, pkg string, static bool) error {
+		cmd := exec.Command("go", "build", "-o", out, pkg)
+		cmd.Dir = root
+		cmd.Env = os.Environ()
+		if static {
+			cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
 		}
-		defer os.RemoveAll(dir)
-		bin.dir = dir
-		bin.berth = filepath.Join(dir, "berth")
-		bin.agent = filepath.Join(dir, "berth-agent")
-		root := repoRoot()
-		build := func(out, pkg string, static bool) error {
-			cmd := exec.Command("go", "build", "-o", out, pkg)
-			cmd.Dir = root
-			cmd.Env = os.Environ()
-			if static {
-				cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
-			}
-			if b, err := cmd.CombinedOutput(); err != nil {
-				return fmt.Errorf("go build %s: %v\n%s", pkg, err, b)
-			}
-			return nil
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
-		if err := build(bin.berth, "./cmd/berth", false); err != nil {
-			bin.err = err
-		} else if err := build(bin.agent, "./cmd/berth-agent", true); err != nil {
-			bin.err = err
-		}
-		return m.Run()
-	}()
-	os.Exit(code)
+		return nil
+	}
+	if err := build(b.Berth, "./cmd/berth", false); err != nil {
+		cleanup()
+		return Binaries{}, nil, err
+	}
+	if err := build(b.Agent, "./cmd/berth-agent", true); err != nil {
+		cleanup()
+		return Binaries{}, nil, err
+	}
+	return b, cleanup, nil
+}
+
+// TB is the part of testing.TB the harness uses, so benchmarks outside
+// `go test` can drive it too.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+	TempDir() string
+	Failed() bool
 }
 
 func repoRoot() string {
@@ -74,7 +85,8 @@ func repoRoot() string {
 	return wd
 }
 
-func requireHost(t *testing.T) {
+// RequireHost skips unless this is root on a host with runc.
+func RequireHost(t TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("end-to-end tests need root (they run the real daemon)")
@@ -82,13 +94,10 @@ func requireHost(t *testing.T) {
 	if _, err := exec.LookPath("runc"); err != nil {
 		t.Skip("runc is not installed (apt-get install runc)")
 	}
-	if bin.err != nil {
-		t.Fatal(bin.err)
-	}
 }
 
-// cacheDir is where the debootstrap base is cached between runs.
-func cacheDir() string {
+// CacheDir is where the debootstrap base is cached between runs.
+func CacheDir() string {
 	if d := os.Getenv("BERTH_CACHE_DIR"); d != "" {
 		return d
 	}
@@ -97,7 +106,8 @@ func cacheDir() string {
 
 // Daemon is one running berth daemon under test.
 type Daemon struct {
-	t        *testing.T
+	t        TB
+	bin      Binaries
 	DataDir  string
 	Instance string
 	Addr     string
@@ -117,11 +127,11 @@ func randName(n int) string {
 	return hex.EncodeToString(b)[:n]
 }
 
-func freeAddr(t *testing.T) string {
+func freeAddr(t TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	defer ln.Close()
 	return ln.Addr().String()
@@ -130,14 +140,14 @@ func freeAddr(t *testing.T) string {
 // StartDaemon starts a daemon with its own data dir, instance name and
 // port. Extra arguments go to `berth serve`. The daemon is stopped and
 // checked for leaks when the test ends.
-func StartDaemon(t *testing.T, extra ...string) *Daemon {
+func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 	t.Helper()
-	requireHost(t)
-	d := &Daemon{t: t, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra}
+	RequireHost(t)
+	d := &Daemon{t: t, bin: bin, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra}
 	d.URL = "http://" + d.Addr
 	c, err := client.New(d.URL)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	d.Client = c
 	d.Start()
@@ -157,8 +167,8 @@ func (d *Daemon) Start() {
 	t := d.t
 	t.Helper()
 	args := append([]string{"serve", "--listen", d.Addr, "--data-dir", d.DataDir, "--instance", d.Instance,
-		"--cache-dir", cacheDir(), "--agent", bin.agent, "--default-template", "minimal"}, d.extra...)
-	cmd := exec.Command(bin.berth, args...)
+		"--cache-dir", CacheDir(), "--agent", d.bin.Agent, "--default-template", "minimal"}, d.extra...)
+	cmd := exec.Command(d.bin.Berth, args...)
 	d.mu.Lock()
 	if d.logs == nil {
 		d.logs = &bytes.Buffer{}
@@ -167,7 +177,7 @@ func (d *Daemon) Start() {
 	cmd.Stderr = lockedWriter{&d.mu, d.logs}
 	d.mu.Unlock()
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
@@ -275,9 +285,9 @@ func (d *Daemon) DestroyAll() {
 }
 
 // CLI runs the berth CLI against this daemon.
-func (d *Daemon) CLI(t *testing.T, stdin io.Reader, args ...string) (stdout, stderr string, code int) {
+func (d *Daemon) CLI(t TB, stdin io.Reader, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(bin.berth, args...)
+	cmd := exec.Command(d.bin.Berth, args...)
 	cmd.Env = append(os.Environ(), "BERTH_URL="+d.URL)
 	cmd.Stdin = stdin
 	var o, e bytes.Buffer
@@ -295,7 +305,7 @@ func (d *Daemon) CLI(t *testing.T, stdin io.Reader, args ...string) (stdout, std
 }
 
 // Create makes a sandbox from the minimal template unless req says otherwise.
-func (d *Daemon) Create(t *testing.T, req client.CreateRequest) *client.Sandbox {
+func (d *Daemon) Create(t TB, req client.CreateRequest) *client.Sandbox {
 	t.Helper()
 	if req.Template == "" {
 		req.Template = "minimal"
@@ -311,7 +321,7 @@ func (d *Daemon) Create(t *testing.T, req client.CreateRequest) *client.Sandbox 
 
 // Run executes a shell command in sb and returns stdout, stderr and the
 // exit code.
-func Run(t *testing.T, sb *client.Sandbox, script string) (string, string, int) {
+func Run(t TB, sb *client.Sandbox, script string) (string, string, int) {
 	t.Helper()
 	var o, e bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -324,7 +334,7 @@ func Run(t *testing.T, sb *client.Sandbox, script string) (string, string, int) 
 }
 
 // MustRun is Run that fails the test on a non-zero exit.
-func MustRun(t *testing.T, sb *client.Sandbox, script string) string {
+func MustRun(t TB, sb *client.Sandbox, script string) string {
 	t.Helper()
 	o, e, code := Run(t, sb, script)
 	if code != 0 {
@@ -333,8 +343,8 @@ func MustRun(t *testing.T, sb *client.Sandbox, script string) string {
 	return o
 }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+// WaitFor polls cond until it holds or the timeout passes.
+func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -348,7 +358,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 // AssertNoLeaks checks that nothing of the daemon's sandboxes is left on
 // the host: mounts, network namespaces, links, cgroups, runc state,
 // processes in the sandbox uid range, nftables elements.
-func AssertNoLeaks(t *testing.T, d *Daemon) {
+func AssertNoLeaks(t TB, d *Daemon) {
 	t.Helper()
 	for _, l := range Leaks(d) {
 		t.Errorf("leak: %s", l)

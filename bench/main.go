@@ -1,0 +1,298 @@
+// Command bench measures Berth against its floor, side by side in one run,
+// and prints a Markdown table of medians and p99s:
+//
+//   - time to interactive (TTI): from the create request to the first byte
+//     of `echo ok` output in the new sandbox, per template, against a raw
+//     `runc run` of the same root filesystem printing the same;
+//   - exec round trip on a running sandbox (start `true`, wait for its end
+//     through the daemon's API) against a direct fork/exec on the host.
+//
+// Run as root: go run ./bench [-n 50] [-exec-n 200] [-templates minimal,base]
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/template"
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+func main() {
+	n := flag.Int("n", 50, "sandboxes per template")
+	execN := flag.Int("exec-n", 200, "exec round trips")
+	templates := flag.String("templates", "minimal,base", "templates to measure")
+	flag.Parse()
+	tb := &runner{}
+	defer tb.finish()
+	if err := run(tb, *n, *execN, strings.Split(*templates, ",")); err != nil {
+		tb.Fatalf("%v", err)
+	}
+}
+
+func run(tb *runner, n, execN int, templates []string) error {
+	bin, cleanup, err := harness.Build()
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	d := harness.StartDaemon(tb, bin)
+	ctx := context.Background()
+	var rows []row
+	for _, name := range templates {
+		if _, err := d.Client.BuildTemplate(ctx, name, io.Discard); err != nil {
+			return fmt.Errorf("build template %s: %w", name, err)
+		}
+		tti, err := measureTTI(ctx, d, name, n)
+		if err != nil {
+			return err
+		}
+		raw, err := measureRawRunc(ctx, d, name, n)
+		if err != nil {
+			return err
+		}
+		rows = append(rows,
+			row{"TTI, template " + name + " (create → first byte of `echo ok`)", tti},
+			row{"floor: raw `runc run` of the same rootfs → first byte of `echo ok`", raw})
+	}
+	rtt, err := measureExec(ctx, d, execN)
+	if err != nil {
+		return err
+	}
+	fork, err := measureFork(execN)
+	if err != nil {
+		return err
+	}
+	rows = append(rows,
+		row{"exec round trip (`true` through the daemon API)", rtt},
+		row{"floor: fork/exec of `true` on the host", fork})
+	fmt.Printf("\n| measurement | n | p50 | p99 |\n|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Printf("| %s | %d | %s | %s |\n", r.name, len(r.samples), fmtDur(pct(r.samples, 50)), fmtDur(pct(r.samples, 99)))
+	}
+	return nil
+}
+
+type row struct {
+	name    string
+	samples []time.Duration
+}
+
+// firstByte is a writer that records when its first byte arrived.
+type firstByte struct {
+	once sync.Once
+	at   time.Time
+	ch   chan struct{}
+}
+
+func newFirstByte() *firstByte { return &firstByte{ch: make(chan struct{})} }
+
+func (f *firstByte) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		f.once.Do(func() { f.at = time.Now(); close(f.ch) })
+	}
+	return len(p), nil
+}
+
+func measureTTI(ctx context.Context, d *harness.Daemon, tpl string, n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		sb, err := d.Client.Create(ctx, client.CreateRequest{Template: tpl})
+		if err != nil {
+			return nil, fmt.Errorf("create %s: %w", tpl, err)
+		}
+		fb := newFirstByte()
+		code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"ok"}, Stdout: fb})
+		if err != nil || code != 0 {
+			return nil, fmt.Errorf("echo ok in %s: %d %v", sb.ID, code, err)
+		}
+		out = append(out, fb.at.Sub(start))
+		if err := d.Client.Kill(ctx, sb.ID); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// measureRawRunc runs `echo ok` with runc directly on the template's layer
+// (read-only rootfs, same user namespace mapping): the floor under which
+// no sandbox can start.
+func measureRawRunc(ctx context.Context, d *harness.Daemon, tpl string, n int) ([]time.Duration, error) {
+	store, err := template.New(template.Config{DataDir: d.DataDir, CacheDir: harness.CacheDir(), UIDBase: 1_000_000})
+	if err != nil {
+		return nil, err
+	}
+	t, err := store.Get(ctx, tpl)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Layers) != 1 {
+		return nil, fmt.Errorf("template %s has %d layers; the raw floor needs one", tpl, len(t.Layers))
+	}
+	dir, err := os.MkdirTemp("", "berth-bench-runc-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	spec := rawSpec(t.Layers[0])
+	b, _ := json.Marshal(spec)
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), b, 0o600); err != nil {
+		return nil, err
+	}
+	root := filepath.Join(dir, "state")
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("berth-bench-%d-%d", os.Getpid(), i)
+		fb := newFirstByte()
+		var errb bytes.Buffer
+		cmd := exec.CommandContext(ctx, "runc", "--root", root, "run", "--bundle", dir, id)
+		cmd.Stdout, cmd.Stderr = fb, &errb
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			return nil, fmt.Errorf("runc run: %v: %s", err, errb.String())
+		}
+		select {
+		case <-fb.ch:
+		default:
+			return nil, fmt.Errorf("runc run printed nothing: %s", errb.String())
+		}
+		out = append(out, fb.at.Sub(start))
+	}
+	return out, nil
+}
+
+func rawSpec(rootfs string) *specs.Spec {
+	ids := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 1_000_000, Size: 65536}}
+	return &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: rootfs, Readonly: true},
+		Process: &specs.Process{
+			Args:            []string{"/bin/echo", "ok"},
+			Env:             []string{"PATH=/usr/bin:/bin"},
+			Cwd:             "/",
+			NoNewPrivileges: true,
+		},
+		Hostname: "bench",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		},
+		Linux: &specs.Linux{
+			UIDMappings: ids,
+			GIDMappings: ids,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace}, {Type: specs.UserNamespace},
+			},
+		},
+	}
+}
+
+func measureExec(ctx context.Context, d *harness.Daemon, n int) ([]time.Duration, error) {
+	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
+	if err != nil {
+		return nil, err
+	}
+	defer d.Client.Kill(ctx, sb.ID)
+	var out []time.Duration
+	for i := 0; i < n+5; i++ {
+		start := time.Now()
+		code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "true"})
+		if err != nil || code != 0 {
+			return nil, fmt.Errorf("exec true: %d %v", code, err)
+		}
+		if i >= 5 { // the first few warm the connection pool
+			out = append(out, time.Since(start))
+		}
+	}
+	return out, nil
+}
+
+func measureFork(n int) ([]time.Duration, error) {
+	var out []time.Duration
+	for i := 0; i < n; i++ {
+		start := time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+func pct(s []time.Duration, p int) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := slices.Clone(s)
+	slices.Sort(c)
+	i := (len(c)*p + 99) / 100
+	if i > 0 {
+		i--
+	}
+	return c[i]
+}
+
+func fmtDur(d time.Duration) string {
+	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
+}
+
+// runner lets the harness report to a program instead of a test.
+type runner struct {
+	mu       sync.Mutex
+	cleanups []func()
+	failed   bool
+}
+
+func (r *runner) Helper() {}
+func (r *runner) Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	r.failed = true
+	r.finish()
+	os.Exit(1)
+}
+func (r *runner) Errorf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	r.failed = true
+}
+func (r *runner) Logf(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) }
+func (r *runner) Skip(args ...any)                { r.Fatalf("%s", fmt.Sprint(args...)) }
+func (r *runner) Cleanup(f func()) {
+	r.mu.Lock()
+	r.cleanups = append(r.cleanups, f)
+	r.mu.Unlock()
+}
+func (r *runner) TempDir() string {
+	d, err := os.MkdirTemp("", "berth-bench-")
+	if err != nil {
+		r.Fatalf("%v", err)
+	}
+	r.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+func (r *runner) Failed() bool { return r.failed }
+
+func (r *runner) finish() {
+	r.mu.Lock()
+	cs := r.cleanups
+	r.cleanups = nil
+	r.mu.Unlock()
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+}

@@ -1,0 +1,277 @@
+package agent
+
+import (
+	"compress/gzip"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Signature returns the /files signature E2B SDKs compute for a path,
+// operation ("read" or "write"), user ("" for the default user) and optional
+// expiry (unix seconds, 0 for none): "v1_" + unpadded base64 of the sha256 of
+// "path:operation:user:token[:expiration]".
+func Signature(path, operation, username, token string, expiration int64) string {
+	parts := []string{path, operation, username, token}
+	if expiration != 0 {
+		parts = append(parts, strconv.FormatInt(expiration, 10))
+	}
+	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
+	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+}
+
+// authorizeFiles accepts the access token header, or a valid and unexpired
+// signature in the query.
+func (s *Server) authorizeFiles(r *http.Request, operation string) error {
+	if s.cfg.Token == "" {
+		return nil
+	}
+	if h := r.Header.Get("X-Access-Token"); h != "" {
+		if s.tokenOK(h) {
+			return nil
+		}
+		return errors.New("access token present in header but does not match")
+	}
+	q := r.URL.Query()
+	sig := q.Get("signature")
+	if sig == "" {
+		return errors.New("missing access token or signature")
+	}
+	var exp int64
+	if v := q.Get("signature_expiration"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return errors.New("invalid signature_expiration")
+		}
+		exp = n
+	}
+	want := Signature(q.Get("path"), operation, q.Get("username"), s.cfg.Token, exp)
+	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
+		return errors.New("invalid signature")
+	}
+	if exp != 0 && exp < time.Now().Unix() {
+		return errors.New("signature is already expired")
+	}
+	return nil
+}
+
+func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
+	if err := s.authorizeFiles(r, "read"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	q := r.URL.Query()
+	u, err := s.userFor(q.Get("username"), "")
+	if err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	path, err := resolvePath(q.Get("path"), u.Home)
+	if err != nil {
+		jsonError(w, http.StatusBadRequest, err)
+		return
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		jsonError(w, httpStatus(err), fmt.Errorf("open %q: %w", path, err))
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		jsonError(w, http.StatusInternalServerError, err)
+		return
+	}
+	if fi.IsDir() {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("path %q is a directory", path))
+		return
+	}
+	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
+	if acceptsGzip(r.Header.Get("Accept-Encoding")) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Add("Vary", "Accept-Encoding")
+		gz := gzip.NewWriter(w)
+		if _, err := io.Copy(gz, f); err != nil {
+			s.log.Warn("file_download_failed", "path", path, "err", err)
+			return
+		}
+		_ = gz.Close()
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	http.ServeContent(w, r, "", fi.ModTime(), f)
+}
+
+func acceptsGzip(h string) bool {
+	for _, part := range strings.Split(h, ",") {
+		enc, params, _ := strings.Cut(strings.TrimSpace(part), ";")
+		if strings.EqualFold(strings.TrimSpace(enc), "gzip") {
+			return !strings.Contains(strings.ReplaceAll(params, " ", ""), "q=0") || strings.Contains(params, "q=0.")
+		}
+	}
+	return false
+}
+
+type uploadEntry struct {
+	Path string `json:"path"`
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
+	if err := s.authorizeFiles(r, "write"); err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	q := r.URL.Query()
+	u, err := s.userFor(q.Get("username"), "")
+	if err != nil {
+		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	body := io.Reader(r.Body)
+	if strings.EqualFold(r.Header.Get("Content-Encoding"), "gzip") {
+		gz, err := gzip.NewReader(r.Body)
+		if err != nil {
+			jsonError(w, http.StatusBadRequest, fmt.Errorf("decompress request body: %w", err))
+			return
+		}
+		defer gz.Close()
+		body = gz
+	}
+	media, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	var out []uploadEntry
+	switch {
+	case media == "application/octet-stream":
+		if !q.Has("path") {
+			jsonError(w, http.StatusBadRequest, errors.New("path query parameter is required for raw body upload"))
+			return
+		}
+		path, err := resolvePath(q.Get("path"), u.Home)
+		if err != nil {
+			jsonError(w, http.StatusBadRequest, err)
+			return
+		}
+		if status, err := writeFile(path, body, u); err != nil {
+			jsonError(w, status, err)
+			return
+		}
+		out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file"})
+	case strings.HasPrefix(media, "multipart/"):
+		mr := multipart.NewReader(body, params["boundary"])
+		for {
+			part, err := mr.NextPart()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				jsonError(w, http.StatusBadRequest, fmt.Errorf("read multipart form: %w", err))
+				return
+			}
+			if part.FormName() != "file" {
+				part.Close()
+				continue
+			}
+			// With ?path the part lands there; without, its file name (which
+			// may carry directories) is taken from the user's home, as envd.
+			target := q.Get("path")
+			if !q.Has("path") {
+				target = partFileName(part)
+				if target == "" {
+					part.Close()
+					jsonError(w, http.StatusBadRequest, errors.New("multipart part has no file name and no path was given"))
+					return
+				}
+			}
+			path, err := resolvePath(target, u.Home)
+			if err != nil {
+				part.Close()
+				jsonError(w, http.StatusBadRequest, err)
+				return
+			}
+			for _, e := range out {
+				if e.Path == path {
+					part.Close()
+					jsonError(w, http.StatusBadRequest, fmt.Errorf("cannot upload multiple files to the same path %q in one request", path))
+					return
+				}
+			}
+			status, err := writeFile(path, part, u)
+			part.Close()
+			if err != nil {
+				jsonError(w, status, err)
+				return
+			}
+			out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file"})
+		}
+	default:
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("unsupported content type %q, want multipart/form-data or application/octet-stream", r.Header.Get("Content-Type")))
+		return
+	}
+	if out == nil {
+		out = []uploadEntry{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+// partFileName returns the part's file name keeping its directories
+// (multipart.Part.FileName strips them).
+func partFileName(p *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(p.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
+}
+
+// writeFile streams r into path (truncating), creating parents; file and new
+// parents are owned by u. Memory use is constant: io.Copy's buffer.
+func writeFile(path string, r io.Reader, u *user) (int, error) {
+	if err := ensureDirs(filepath.Dir(path), u); err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return http.StatusInsufficientStorage, err
+		}
+		return httpStatus(err), err
+	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return http.StatusBadRequest, fmt.Errorf("path %q is a directory", path)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		if errors.Is(err, unix.ENOSPC) {
+			return http.StatusInsufficientStorage, fmt.Errorf("not enough inodes available: %w", err)
+		}
+		return httpStatus(err), fmt.Errorf("open %q: %w", path, err)
+	}
+	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
+		f.Close()
+		return http.StatusInternalServerError, fmt.Errorf("chown %q: %w", path, err)
+	}
+	_, err = io.Copy(f, r)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+			return http.StatusInsufficientStorage, fmt.Errorf("write %q: not enough disk space available: %w", path, err)
+		}
+		return http.StatusInternalServerError, fmt.Errorf("write %q: %w", path, err)
+	}
+	return http.StatusOK, nil
+}
