@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -160,13 +161,13 @@ func sh(script string) *pb.StartRequest {
 func TestStartOutputAndExit(t *testing.T) {
 	e := newEnv(t, "")
 	tests := []struct {
-		name               string
-		script             string
-		stdout, stderr     string
-		code               int32
-		exited             bool
-		status             string
-		wantErr            bool
+		name           string
+		script         string
+		stdout, stderr string
+		code           int32
+		exited         bool
+		status         string
+		wantErr        bool
 	}{
 		{"ok", "echo hi; echo err >&2", "hi\n", "err\n", 0, true, "exit status 0", false},
 		{"fail", "exit 3", "", "", 3, true, "exit status 3", true},
@@ -454,4 +455,35 @@ func FuzzResolvePath(f *testing.F) {
 			t.Fatalf("resolvePath(%q, %q) = %q: not a clean absolute path", p, home, got)
 		}
 	})
+}
+
+// TestFloodBoundedMemory: a process writing fast to stdout with a slow
+// reader must be slowed down (backpressure), not buffered in the agent.
+func TestFloodBoundedMemory(t *testing.T) {
+	e := newEnv(t, "")
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	stream, err := e.proc.Start(ctx, connect.NewRequest(sh("head -c 50000000 /dev/zero")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var total int
+	var peak uint64
+	for stream.Receive() {
+		total += len(stream.Msg().GetEvent().GetData().GetStdout())
+		if total%(16<<20) < outputChunk {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			peak = max(peak, ms.HeapInuse)
+		}
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil && end.GetExitCode() != 0 {
+			t.Errorf("end = %v", end)
+		}
+	}
+	if total != 50000000 {
+		t.Errorf("got %d bytes, want all 50000000 (nothing dropped while a stream listens)", total)
+	}
+	if peak > 128<<20 {
+		t.Errorf("heap peaked at %d bytes while streaming", peak)
+	}
 }

@@ -117,12 +117,20 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, "", fi.ModTime(), f)
 }
 
+// acceptsGzip reports whether an Accept-Encoding header allows gzip (and
+// does not refuse it with q=0).
 func acceptsGzip(h string) bool {
 	for _, part := range strings.Split(h, ",") {
 		enc, params, _ := strings.Cut(strings.TrimSpace(part), ";")
-		if strings.EqualFold(strings.TrimSpace(enc), "gzip") {
-			return !strings.Contains(strings.ReplaceAll(params, " ", ""), "q=0") || strings.Contains(params, "q=0.")
+		if !strings.EqualFold(strings.TrimSpace(enc), "gzip") {
+			continue
 		}
+		if _, qv, ok := strings.Cut(strings.ReplaceAll(params, " ", ""), "q="); ok {
+			if q, err := strconv.ParseFloat(qv, 64); err == nil && q == 0 {
+				return false
+			}
+		}
+		return true
 	}
 	return false
 }

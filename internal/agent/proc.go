@@ -413,7 +413,6 @@ func lookPath(file string, env []string) (string, error) {
 	return lookPathIn(file, path)
 }
 
-
 // procTable indexes running processes by pid and tag.
 type procTable struct {
 	spawner spawner

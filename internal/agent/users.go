@@ -89,7 +89,8 @@ func lookupUser(passwdPath, groupPath, name string) (*user, error) {
 	return u, sc.Err()
 }
 
-// idNames maps uids and gids to names for EntryInfo.owner/group.
+// idName maps a uid or gid to its name (for EntryInfo owner/group), or to
+// the number when the file lacks it.
 func idName(path string, id uint32) string {
 	f, err := os.Open(path)
 	if err != nil {

@@ -105,7 +105,12 @@ func (c Config) WithDefaults() Config {
 // Sandboxes keep running across a daemon restart and are re-adopted.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.WithDefaults()
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+	// 0711: sandboxes' mapped root must traverse to its rootfs (runc
+	// mounts it from inside the user namespace); nobody may list it.
+	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
+		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := os.Chmod(cfg.DataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
 	unlock, err := lockDataDir(cfg.DataDir)
@@ -133,6 +138,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	})
 	if err != nil {
 		return err
+	}
+	// minimal builds in milliseconds: have it ready out of the box.
+	if _, err := tpl.Ensure(ctx, "minimal", io.Discard); err != nil {
+		return fmt.Errorf("build template minimal: %w", err)
 	}
 	netw, err := netpolicy.New(ctx, netpolicy.Config{Instance: cfg.Instance, Pool: pool, Logger: log.With("component", "netpolicy")})
 	if err != nil {

@@ -221,6 +221,9 @@ func (s *Store) Ensure(ctx context.Context, name string, log io.Writer) (Templat
 	if err == nil || !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		return t, err
 	}
+	if _, ok := s.recipes[name]; !ok {
+		return Template{}, err // unusable and nothing to rebuild it from
+	}
 	unlock, err := s.lock(ctx, name)
 	if err != nil {
 		return Template{}, err

@@ -145,6 +145,10 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 	RequireHost(t)
 	d := &Daemon{t: t, bin: bin, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra}
 	d.URL = "http://" + d.Addr
+	// The sandboxes' mapped root must traverse the path to the data dir.
+	if err := os.Chmod(filepath.Dir(d.DataDir), 0o711); err != nil {
+		t.Fatalf("%v", err)
+	}
 	c, err := client.New(d.URL)
 	if err != nil {
 		t.Fatalf("%v", err)
