@@ -254,15 +254,13 @@ func (ps *processService) SendSignal(_ context.Context, req *connect.Request[pb.
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	var sig unix.Signal
-	switch req.Msg.GetSignal() {
-	case pb.Signal_SIGNAL_SIGKILL:
-		sig = unix.SIGKILL
-	case pb.Signal_SIGNAL_SIGTERM:
-		sig = unix.SIGTERM
-	default:
-		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("unsupported signal %v", req.Msg.GetSignal()))
+	// The enum's values are the Linux signal numbers (SIGKILL=9,
+	// SIGTERM=15); clients may send any other signal by number.
+	n := int32(req.Msg.GetSignal())
+	if n < 1 || n > 64 {
+		return nil, connect.NewError(connect.CodeInvalidArgument, fmt.Errorf("signal %d: want 1-64", n))
 	}
+	sig := unix.Signal(n)
 	if err := p.signal(sig); err != nil {
 		return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("signal %d: %w", p.pid, err))
 	}

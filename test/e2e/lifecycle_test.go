@@ -179,7 +179,17 @@ func TestLimits(t *testing.T) {
 	// Pids: a fork bomb stays inside and the neighbour is unaffected.
 	Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true")
 	MustRun(t, neighbour, "echo neighbour fine")
-	MustRun(t, sb, "true")
+	got, err := d.Client.Get(t.Context(), sb.ID)
+	if err != nil || got.Usage == nil || got.Usage.PIDs > 1024 {
+		t.Errorf("after the fork bomb: %+v %v, want at most 1024 pids", got.Usage, err)
+	}
+	// The bombed sandbox still dies cleanly, taking every process along.
+	for _, id := range []string{sb.ID, neighbour.ID} {
+		if err := d.Client.Kill(t.Context(), id); err != nil {
+			t.Fatalf("kill %s after the fork bomb: %v", id, err)
+		}
+	}
+	AssertNoLeaks(t, d)
 }
 
 // MustAgentPid returns the host pid of a sandbox's agent, from runc's state.

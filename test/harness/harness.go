@@ -395,22 +395,20 @@ func Leaks(d *Daemon) []string {
 			}
 		}
 	}
-	// Sandbox processes run as host uids from the daemon's uid base up.
+	// Every sandbox process lives in a cgroup under the daemon's parent,
+	// which nothing inside can leave (cgroupfs is read-only there).
 	if procs, err := os.ReadDir("/proc"); err == nil {
 		for _, p := range procs {
-			st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
-			if err != nil {
+			cg, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
+			if err != nil || !strings.Contains(string(cg), "/berth-"+d.Instance+"/") {
 				continue
 			}
-			for _, line := range strings.Split(string(st), "\n") {
-				if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-					var uid int
-					fmt.Sscan(f[1], &uid)
-					if uid >= 1_000_000 && uid < 1_065_536 {
-						out = append(out, fmt.Sprintf("process %s (uid %d)", p.Name(), uid))
-					}
-				}
+			// A zombie holds nothing but its pid until its parent (the
+			// host's init, once runc has exited) reaps it.
+			if st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status")); err == nil && strings.Contains(string(st), "State:\tZ") {
+				continue
 			}
+			out = append(out, "process "+p.Name())
 		}
 	}
 	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {

@@ -132,7 +132,20 @@ func (r *Runtime) killCgroup(id string) error {
 		// including processes forked while we would be iterating.
 		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
 	} else if fz := r.cg.controllers["freezer"]; fz != "" {
-		_ = os.WriteFile(filepath.Join(fz, r.cgroupsPath(id), "freezer.state"), []byte("THAWED"), 0)
+		// cgroup v1 has no cgroup.kill. A fork bomb refills the pids
+		// limit as fast as we kill, so freeze the cgroup (no task can
+		// fork while frozen), queue SIGKILL for every task, then thaw:
+		// each dies before it runs another instruction.
+		state := filepath.Join(fz, r.cgroupsPath(id), "freezer.state")
+		if err := os.WriteFile(state, []byte("FROZEN"), 0); err == nil {
+			waitFrozen(state, 2*time.Second)
+			if pids, err := cgroupProcs(dir); err == nil {
+				for _, pid := range pids {
+					_ = unix.Kill(pid, unix.SIGKILL)
+				}
+			}
+		}
+		_ = os.WriteFile(state, []byte("THAWED"), 0)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -150,6 +163,19 @@ func (r *Runtime) killCgroup(id string) error {
 			_ = unix.Kill(pid, unix.SIGKILL)
 		}
 		time.Sleep(10 * time.Millisecond) // poll: dying processes leave the cgroup asynchronously
+	}
+}
+
+// waitFrozen polls a v1 freezer until it reports FROZEN or the timeout
+// passes (a task in uninterruptible sleep can hold it in FREEZING).
+func waitFrozen(state string, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(state)
+		if err != nil || strings.TrimSpace(string(b)) == "FROZEN" {
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

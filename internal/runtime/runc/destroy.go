@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 )
 
 // Destroy kills every process of the sandbox and removes all it left: the
@@ -20,29 +21,23 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
+	start := time.Now()
+	phases := phaseTimer{last: start}
 	var errs []error
-	st, ok, err := r.state(ctx, id)
-	if err != nil {
+	// Kill first, through the cgroup: it knows every process the sandbox
+	// ever forked (setsid and double-forked ones too), thaws a paused
+	// sandbox so SIGKILL lands, and is much faster than letting runc
+	// poll for its init to die.
+	if err := r.killCgroup(id); err != nil {
 		errs = append(errs, err)
 	}
-	if ok {
-		if st.Status == "paused" {
-			// A frozen init cannot die; thaw it so SIGKILL lands.
-			if _, err := r.runcOutput(ctx, "resume", id); err != nil {
-				r.log.Warn("resume before destroy failed", "sandbox_id", id, "err", err)
-			}
-		}
-		// delete --force SIGKILLs init; the pid namespace then takes every
-		// other process in the sandbox with it.
+	phases.mark("kill")
+	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); err == nil {
 		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
 			errs = append(errs, err)
 		}
 	}
-	// Whatever runc missed (a failed delete, a crash mid-create): the
-	// cgroup knows every process the sandbox ever forked.
-	if err := r.killCgroup(id); err != nil {
-		errs = append(errs, err)
-	}
+	phases.mark("runc_delete")
 	if err := r.removeCgroups(id); err != nil {
 		errs = append(errs, err)
 	}
@@ -50,9 +45,11 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if err := os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id)); err != nil {
 		errs = append(errs, err)
 	}
+	phases.mark("cgroups")
 	if err := unmountAll(ctx, r.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
+	phases.mark("unmount")
 	if err := detachLoops(r.image(id)); err != nil {
 		errs = append(errs, err)
 	}
@@ -61,6 +58,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	} else if err := os.RemoveAll(r.dir(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)
 	}
+	phases.mark("remove")
+	r.log.Debug("sandbox destroyed", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)
 	}

@@ -2,10 +2,14 @@ package runc_test
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
@@ -86,7 +90,9 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 		Footprint: runtimetest.Footprint{StateDir: cfg.StateDir, RuncRoot: cfg.RuncRoot, CgroupParent: cfg.CgroupParent},
 		Exec: func(ctx context.Context, id string, argv ...string) ([]byte, error) {
 			args := append([]string{"--root", cfg.RuncRoot, "exec", id}, argv...)
-			return exec.CommandContext(ctx, "runc", args...).CombinedOutput()
+			cmd := exec.CommandContext(ctx, "runc", args...)
+			cmd.WaitDelay = 10 * time.Second
+			return cmd.CombinedOutput()
 		},
 		UIDBase:       uidBase,
 		HostPidIsInit: true,
@@ -118,4 +124,40 @@ func removeCgroupParent(parent string) {
 
 func TestConformance(t *testing.T) {
 	runtimetest.Run(t, newHarness(t))
+}
+
+// TestCreateTiming logs how long Create and its phases take, the number
+// the project's "well under 100 ms" target is about.
+func TestCreateTiming(t *testing.T) {
+	h := newHarness(t)
+	cfg := h.config(t)
+	cfg.Logger = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	r, err := runc.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeCgroupParent(cfg.CgroupParent) })
+	var total []time.Duration
+	for range 5 {
+		id := runtimetest.NewID()
+		t0 := time.Now()
+		if err := r.Create(t.Context(), h.Spec(t, id)); err != nil {
+			t.Fatal(err)
+		}
+		total = append(total, time.Since(t0))
+		t1 := time.Now()
+		if err := r.Destroy(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("destroy took %v", time.Since(t1))
+	}
+	slices.Sort(total)
+	t.Logf("create: min %v median %v max %v", total[0], total[len(total)/2], total[len(total)-1])
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

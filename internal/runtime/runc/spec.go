@@ -46,17 +46,23 @@ var capabilities = []string{
 	"CAP_AUDIT_WRITE",
 }
 
-// ociSpec builds the OCI runtime config for one sandbox. rootfs is the
-// host path of its mounted overlay.
-func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, swapAccounting bool) *specs.Spec {
-	caps := append([]string(nil), capabilities...)
-	// runc applies rlimits from inside the user namespace, where a hard
-	// limit can only be lowered: cap at the daemon's own.
+// nofileLimit is the sandbox's RLIMIT_NOFILE. runc applies rlimits from
+// inside the user namespace, where a hard limit can only be lowered, so it
+// is capped at the daemon's own.
+func nofileLimit() uint64 {
 	nofile := uint64(65536)
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err == nil && lim.Max < nofile {
 		nofile = lim.Max
 	}
+	return nofile
+}
+
+// ociSpec builds the OCI runtime config for one sandbox. rootfs is the
+// host path of its mounted overlay.
+func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
+	caps := append([]string(nil), capabilities...)
+	nofile := r.nofile
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}
 
 	resources := &specs.LinuxResources{
@@ -66,7 +72,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, swapAccounting bool) *s
 	}
 	if s.MemoryBytes > 0 {
 		mem := &specs.LinuxMemory{Limit: ptr(s.MemoryBytes)}
-		if swapAccounting {
+		if r.swapAcct {
 			// memory+swap equal to memory: no swap at all.
 			mem.Swap = ptr(s.MemoryBytes)
 		}
@@ -168,10 +174,13 @@ func (r *Runtime) mounts(s runtime.Spec) []specs.Mount {
 	} else {
 		// A fresh sysfs may only be mounted by the owner of the network
 		// namespace, and a joined namespace belongs to the host. A
-		// read-only, non-recursive bind of the host's /sys (with the
-		// masked paths above) is what rootless runtimes do in the same
-		// spot; the sandbox's host uids cannot write to it anyway.
-		ms = append(ms, specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"bind", "nosuid", "noexec", "nodev", "ro"}})
+		// read-only bind of the host's /sys (with the masked paths) is
+		// what rootless runtimes do in the same spot. It must be
+		// recursive: from inside a user namespace the kernel refuses a
+		// plain bind of a tree whose submounts are locked. Submounts keep
+		// their own flags, but every file there is owned by host root,
+		// which the sandbox's mapped uids cannot write.
+		ms = append(ms, specs.Mount{Destination: "/sys", Type: "bind", Source: "/sys", Options: []string{"rbind", "nosuid", "noexec", "nodev", "ro"}})
 	}
 	ms = append(ms,
 		// Read-only and scoped by the cgroup namespace: runtimes inside

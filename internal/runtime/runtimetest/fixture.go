@@ -16,12 +16,14 @@ import (
 //
 //	hog          allocate and touch memory until killed
 //	fill PATH    write zeros to PATH until an error; print "ENOSPC" on a full disk
+//	probe        try syscalls the sandbox must refuse; print name=errno lines
 const agentSource = `package main
 
 import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
 	"time"
 )
@@ -64,10 +66,58 @@ func main() {
 		}
 		fmt.Println("unexpected:", err)
 		os.Exit(1)
+	case "probe":
+		probe()
 	default:
 		fmt.Println("unknown mode", os.Args[1])
 		os.Exit(2)
 	}
+}
+
+func probe() {
+	report := func(name string, err error) {
+		var errno syscall.Errno
+		switch {
+		case err == nil:
+			fmt.Printf("%s=0\n", name)
+		case errors.As(err, &errno):
+			fmt.Printf("%s=%d\n", name, int(errno))
+		default:
+			fmt.Printf("%s=%v\n", name, err)
+		}
+	}
+	raw := func(name string, trap uintptr, a ...uintptr) {
+		a = append(a, 0, 0, 0)
+		_, _, e := syscall.RawSyscall(trap, a[0], a[1], a[2])
+		if e == 0 {
+			report(name, nil)
+			return
+		}
+		report(name, e)
+	}
+	report("unshare_none", syscall.Unshare(0))
+	report("unshare_user", syscall.Unshare(syscall.CLONE_NEWUSER))
+	raw("clone3", 435)
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err == nil {
+		syscall.Close(fd)
+	}
+	report("socket_tcp", err)
+	_, err = syscall.Socket(17, syscall.SOCK_RAW, 0)
+	report("socket_packet", err)
+	_, err = syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW|syscall.SOCK_CLOEXEC, syscall.IPPROTO_ICMP)
+	report("socket_raw", err)
+	report("mount", syscall.Mount("none", "/tmp", "tmpfs", 0, ""))
+	raw("keyctl", syscall.SYS_KEYCTL, 0, ^uintptr(2))
+	// Numbers the frozen syscall package lacks.
+	nr := map[string][3]uintptr{"amd64": {321, 323, 308}, "arm64": {280, 282, 268}}[runtime.GOARCH]
+	sysBPF, sysUserfaultfd, sysSetns := nr[0], nr[1], nr[2]
+	raw("bpf", sysBPF, 0, 0, 0)
+	raw("io_uring_setup", 425, 1, 0)
+	raw("userfaultfd", sysUserfaultfd, 0)
+	raw("setns", sysSetns, ^uintptr(0), 0)
+	report("ptrace", syscall.PtraceAttach(1))
+	raw("perf_event_open", syscall.SYS_PERF_EVENT_OPEN, 0, 0, 0)
 }
 `
 

@@ -12,11 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
@@ -73,9 +76,12 @@ func Run(t *testing.T, h Harness) {
 	}{
 		{"Lifecycle", testLifecycle},
 		{"Isolation", testIsolation},
+		{"Seccomp", testSeccomp},
 		{"AlreadyExists", testAlreadyExists},
 		{"BadLayerLeavesNothing", testBadLayer},
 		{"FailingStartLeavesNothing", testFailingStart},
+		{"FailingExecLeavesNothing", testFailingExec},
+		{"JoinNetNS", testJoinNetNS},
 		{"Recover", testRecover},
 		{"DestroyKillsEscapedProcesses", testEscaped},
 		{"PauseResume", testPauseResume},
@@ -212,7 +218,7 @@ func testIsolation(t *testing.T, h Harness) {
 	if inst.Exec == nil {
 		return
 	}
-	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x 2>&1; echo x > /proc/sysrq-trigger 2>&1; ls /proc/kcore; true")
+	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x 2>&1; echo x > /proc/sys/kernel/domainname 2>&1; true")
 	t.Logf("inside:\n%s", out)
 	if err != nil {
 		t.Fatalf("exec = %v", err)
@@ -225,7 +231,47 @@ func testIsolation(t *testing.T, h Harness) {
 		t.Errorf("hosts file or agent marker missing inside:\n%s", out)
 	}
 	if strings.Count(string(out), "Read-only file system") < 2 {
-		t.Errorf("/sys or /proc/sysrq-trigger writable inside:\n%s", out)
+		t.Errorf("/sys or /proc/sys writable inside:\n%s", out)
+	}
+}
+
+func testSeccomp(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id, _ := start(t, h, inst)
+	out, err := inst.Exec(t.Context(), id, "/.berth/berth-agent", "probe")
+	if err != nil {
+		t.Fatalf("probe = %v: %s", err, out)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			got[k] = v
+		}
+	}
+	const ok, eperm, enosys = "0", "1", "38"
+	want := map[string]string{
+		"unshare_none":    ok, // the CLONE_NEWUSER filter is not a blanket ban
+		"unshare_user":    eperm,
+		"clone3":          enosys, // so libc falls back to the filterable clone
+		"socket_tcp":      ok,
+		"socket_packet":   eperm,
+		"socket_raw":      eperm,
+		"mount":           eperm,
+		"keyctl":          eperm,
+		"bpf":             eperm,
+		"io_uring_setup":  eperm,
+		"userfaultfd":     eperm,
+		"setns":           eperm, // EBADF if unfiltered
+		"ptrace":          eperm,
+		"perf_event_open": eperm,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("inside the sandbox %s returned %q, want %q", k, got[k], v)
+		}
 	}
 }
 
@@ -267,6 +313,74 @@ func testFailingStart(t *testing.T, h Harness) {
 		t.Fatal("Create with a missing netns succeeded")
 	}
 	t.Logf("Create error: %v", err)
+	assertGone(t, inst, id)
+}
+
+func testFailingExec(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id := NewID()
+	spec := h.Spec(t, id)
+	// Fails as late as possible: namespaces and cgroups exist, and the
+	// agent cannot be executed.
+	bad := filepath.Join(t.TempDir(), "not-a-binary")
+	if err := os.WriteFile(bad, []byte("not a program\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec.AgentPath = bad
+	err := inst.Backend.Create(t.Context(), spec)
+	if err == nil {
+		inst.Backend.Destroy(context.Background(), id)
+		t.Fatal("Create with a non-executable agent succeeded")
+	}
+	t.Logf("Create error: %v", err)
+	assertGone(t, inst, id)
+}
+
+func testJoinNetNS(t *testing.T, h Harness) {
+	inst := h.New(t)
+	ipBin, err := exec.LookPath("ip")
+	if err != nil {
+		t.Skip("ip (iproute2) not installed")
+	}
+	id := NewID()
+	name := "berth-" + id
+	if out, err := exec.Command(ipBin, "netns", "add", name).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command(ipBin, "netns", "del", name).Run() })
+	spec := h.Spec(t, id)
+	spec.NetNSPath = "/run/netns/" + name
+	if err := inst.Backend.Create(t.Context(), spec); err != nil {
+		t.Fatalf("Create with netns = %v", err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	if inst.HostPidIsInit {
+		st, err := inst.Backend.Inspect(t.Context(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want, got unix.Stat_t
+		if err := unix.Stat(spec.NetNSPath, &want); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &got); err != nil {
+			t.Fatal(err)
+		}
+		if want.Ino != got.Ino || want.Dev != got.Dev {
+			t.Errorf("sandbox netns inode %d, want the joined one %d", got.Ino, want.Ino)
+		}
+		// Look through the sandbox's root from the host: runc 1.1's exec
+		// cannot join a host-owned netns after the user namespace.
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d/root/sys/class/net/lo", st.Pid)); err != nil {
+			t.Errorf("sandbox /sys does not show its netns: %v", err)
+		}
+	}
+	if err := inst.Backend.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
 	assertGone(t, inst, id)
 }
 
@@ -404,8 +518,10 @@ func testPidsLimit(t *testing.T, h Harness) {
 		t.Skip("spec has no pids limit")
 	}
 	// Fork well past the limit; the shell reports failed forks and goes on.
-	script := fmt.Sprintf("i=0; while [ $i -lt %d ]; do sleep 1000 & i=$((i+1)); done 2>/dev/null; echo done", 2*spec.PidsLimit)
-	out, _ := inst.Exec(t.Context(), id, "/bin/sh", "-c", script+" >/dev/null 2>&1")
+	// Its stdio is detached so the background sleepers do not hold the
+	// exec's output open.
+	script := fmt.Sprintf("(i=0; while [ $i -lt %d ]; do sleep 1000 & i=$((i+1)); done) >/dev/null 2>&1; echo done", 2*spec.PidsLimit)
+	out, _ := inst.Exec(t.Context(), id, "/bin/sh", "-c", script)
 	t.Logf("fork bomb: %s", out)
 	s, err := inst.Backend.Stats(t.Context(), id)
 	if err != nil {

@@ -1,0 +1,89 @@
+package runc
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	goruntime "runtime"
+	"testing"
+
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// TestOCISpecGolden pins the generated OCI config: any change to the
+// sandbox's isolation shows up as a diff of the golden file.
+func TestOCISpecGolden(t *testing.T) {
+	r := &Runtime{
+		cfg:      Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"},
+		swapAcct: true,
+		nofile:   65536,
+	}
+	cases := []struct {
+		name string
+		spec runtime.Spec
+	}{
+		{"own-netns", runtime.Spec{
+			ID: "sb1", Layers: []string{"/layers/base", "/layers/top"}, DiskBytes: 1 << 30,
+			CPUMillis: 1500, MemoryBytes: 512 << 20, PidsLimit: 256, Hostname: "sb1",
+			AgentPath: "/usr/lib/berth/berth-agent", AgentArgs: []string{"--port", "49983"},
+			AgentEnv: []string{"BERTH_TOKEN=x"},
+		}},
+		{"joined-netns", runtime.Spec{
+			ID: "sb2", Layers: []string{"/layers/base"}, DiskBytes: 1 << 30,
+			Hostname: "sb2", NetNSPath: "/run/netns/sb2", AgentPath: "/usr/lib/berth/berth-agent",
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := json.MarshalIndent(r.ociSpec(c.spec, "/state/"+c.spec.ID+"/rootfs"), "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden := filepath.Join("testdata", c.name+"-"+goruntime.GOARCH+".json")
+			if *update {
+				if err := os.WriteFile(golden, append(got, '\n'), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if os.IsNotExist(err) && goruntime.GOARCH != "amd64" {
+				t.Skipf("no golden file for %s", goruntime.GOARCH)
+			}
+			if err != nil {
+				t.Fatalf("%v (run with -update to create)", err)
+			}
+			if string(want) != string(got)+"\n" {
+				t.Errorf("OCI spec for %s differs from %s (run with -update and review the diff):\n%s", c.name, golden, got)
+			}
+		})
+	}
+}
+
+func TestSeccompArches(t *testing.T) {
+	cases := []struct {
+		goarch string
+		want   int
+	}{{"amd64", 3}, {"arm64", 2}, {"riscv64", 0}}
+	for _, c := range cases {
+		if got := seccompArches(c.goarch); len(got) != c.want {
+			t.Errorf("seccompArches(%q) = %v, want %d arches", c.goarch, got, c.want)
+		}
+	}
+}
+
+func TestUnescapeMountinfo(t *testing.T) {
+	cases := []struct{ in, want string }{
+		{`/plain/path`, "/plain/path"},
+		{`/with\040space`, "/with space"},
+		{`/back\134slash`, `/back\slash`},
+		{`/trailing\04`, `/trailing\04`},
+	}
+	for _, c := range cases {
+		if got := unescapeMountinfo(c.in); got != c.want {
+			t.Errorf("unescapeMountinfo(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
