@@ -111,6 +111,19 @@ func createNetns(path string) error {
 	return <-errc
 }
 
+// bindNetns bind-mounts an existing network namespace at path.
+func bindNetns(src, path string) error {
+	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE|os.O_EXCL, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns file: %w", err)
+	}
+	f.Close()
+	if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("bind-mount netns %s: %w", src, err)
+	}
+	return nil
+}
+
 // inNetns runs fn on a locked OS thread that has joined the netns at path.
 // Like createNetns, the thread is only returned to the pool if it got back
 // into its original netns.

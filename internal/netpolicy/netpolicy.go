@@ -150,6 +150,14 @@ func (n *Network) NetnsPath(id string) string {
 // sysctls and firewall entries. On any failure it undoes everything it made.
 // Attaching an id that already has any leftover fails with ErrAlreadyExists.
 func (n *Network) Attach(ctx context.Context, id string) (att Attachment, err error) {
+	return n.AttachTo(ctx, id, "")
+}
+
+// AttachTo is Attach into an existing network namespace: nsSource (for
+// example /proc/<pid>/ns/net of a sandbox's init) is bind-mounted at the
+// sandbox's netns path, so it outlives the daemon and Lookup finds it after
+// a restart. An empty nsSource creates a new namespace.
+func (n *Network) AttachTo(ctx context.Context, id, nsSource string) (att Attachment, err error) {
 	if err := validID(id); err != nil {
 		return Attachment{}, err
 	}
@@ -168,7 +176,7 @@ func (n *Network) Attach(ctx context.Context, id string) (att Attachment, err er
 			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "error", derr)
 		}
 	}()
-	att, err = n.attach(ctx, id)
+	att, err = n.attach(ctx, id, nsSource)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("attach sandbox %s network: %w", id, err)
 	}
@@ -183,9 +191,13 @@ func (n *Network) step(name string) error {
 	return n.failpoint(name)
 }
 
-func (n *Network) attach(ctx context.Context, id string) (Attachment, error) {
+func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, error) {
 	att := Attachment{ID: id, NetNSPath: n.NetnsPath(id)}
-	if err := createNetns(att.NetNSPath); err != nil {
+	if nsSource == "" {
+		if err := createNetns(att.NetNSPath); err != nil {
+			return att, err
+		}
+	} else if err := bindNetns(nsSource, att.NetNSPath); err != nil {
 		return att, err
 	}
 	if err := n.step("netns"); err != nil {

@@ -4,7 +4,10 @@
 // the Manager never imports them; main wires one in.
 package runtime
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // Spec says what one sandbox's isolation boundary must hold.
 type Spec struct {
@@ -33,6 +36,12 @@ type Spec struct {
 	AgentArgs []string
 	// AgentEnv is the agent's environment, KEY=VALUE.
 	AgentEnv []string
+	// BeforeStart, when set, runs once the sandbox's namespaces exist and
+	// before its agent starts, with the host pid of the sandbox's init.
+	// The Manager uses it to wire the sandbox's own network namespace
+	// (owned by the sandbox's user namespace, so a fresh sysfs can be
+	// mounted in it). An error aborts and undoes the create.
+	BeforeStart func(ctx context.Context, pid int) error
 }
 
 // Status is a backend's view of a sandbox's boundary.

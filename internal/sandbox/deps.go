@@ -24,7 +24,8 @@ type StatsReader interface {
 
 // Network is what the Manager needs from the per-sandbox network layer.
 type Network interface {
-	Attach(ctx context.Context, id string) (netpolicy.Attachment, error)
+	// AttachTo wires the sandbox's network into the namespace at nsPath.
+	AttachTo(ctx context.Context, id, nsPath string) (netpolicy.Attachment, error)
 	Lookup(ctx context.Context, id string) (netpolicy.Attachment, error)
 	Detach(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)

@@ -192,6 +192,10 @@ type CreateRequest struct {
 	Timeout  time.Duration
 	Env      map[string]string
 	Labels   map[string]string
+	// Owner, Metadata and User: see owner.go.
+	Owner    string
+	Metadata map[string]string
+	User     string
 }
 
 // Sandbox is the Manager's view of one sandbox.
@@ -261,7 +265,7 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return &FieldError{Field: "labels", Err: fmt.Errorf("labels: invalid label %q (keys are [a-zA-Z0-9._/-]{1,63}, values at most 256 bytes): %w", k, errdefs.ErrInvalidArgument)}
 		}
 	}
-	return nil
+	return validateOwned(req)
 }
 
 func fmtLimit(field string, v int64) string {
@@ -339,6 +343,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		PidsLimit:   req.Limits.PidsLimit,
 		Env:         maps.Clone(req.Env),
 		Labels:      maps.Clone(req.Labels),
+		Owner:       req.Owner,
+		Metadata:    maps.Clone(req.Metadata),
+		User:        req.User,
 		Token:       newToken(),
 		CreatedAt:   now,
 		Deadline:    now.Add(req.Timeout),
@@ -380,11 +387,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{Sandbox: e.rec}, err
 	}
 
-	att, err := m.deps.Network.Attach(cctx, rec.ID)
-	if err != nil {
-		return fail("network", err)
-	}
-	e.att = att
 	spec := runtime.Spec{
 		ID:          rec.ID,
 		Layers:      tpl.Layers,
@@ -393,16 +395,26 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		MemoryBytes: rec.MemoryBytes,
 		PidsLimit:   rec.PidsLimit,
 		Hostname:    "berth-" + rec.ID[:12],
-		NetNSPath:   att.NetNSPath,
 		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   []string{"--listen", "0.0.0.0:" + strconv.Itoa(AgentPort)},
+		AgentArgs:   agentArgs(rec),
 		AgentEnv:    agentEnv(rec),
+		// The sandbox gets a network namespace of its own user namespace
+		// (so its /sys is its own); the host wires the veth into it
+		// before the agent starts.
+		BeforeStart: func(ctx context.Context, pid int) error {
+			att, err := m.deps.Network.AttachTo(ctx, rec.ID, "/proc/"+strconv.Itoa(pid)+"/ns/net")
+			if err != nil {
+				return fmt.Errorf("network: %w", err)
+			}
+			e.att = att
+			return nil
+		},
 	}
 	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
 		return fail("runtime", err)
 	}
 	rctx, rcancel := context.WithTimeout(cctx, m.cfg.ReadyTimeout)
-	err = m.deps.Prober.WaitReady(rctx, agentAddr(att))
+	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	rcancel()
 	if err != nil {
 		return fail("agent did not become ready", err)

@@ -32,6 +32,11 @@ func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) error {
 	if f.failOn == "create" {
 		return errors.New("runtime exploded")
 	}
+	if spec.BeforeStart != nil {
+		if err := spec.BeforeStart(ctx, 4242); err != nil {
+			return err
+		}
+	}
 	f.running[spec.ID] = runtime.StatusRunning
 	return nil
 }
@@ -68,7 +73,7 @@ type fakeNet struct {
 	ids map[string]bool
 }
 
-func (f *fakeNet) Attach(ctx context.Context, id string) (netpolicy.Attachment, error) {
+func (f *fakeNet) AttachTo(ctx context.Context, id, nsPath string) (netpolicy.Attachment, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ids[id] = true

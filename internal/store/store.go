@@ -35,6 +35,14 @@ type Sandbox struct {
 	Deadline    time.Time
 	EndedAt     time.Time
 	Reason      string
+	// Owner is the ID of the API key that created the sandbox ("" for
+	// sandboxes made through the native API).
+	Owner string
+	// Metadata is free-form string metadata (E2B's), unlike Labels not
+	// validated as selectors.
+	Metadata map[string]string
+	// User is the agent's default user ("" = root).
+	User string
 }
 
 // Event is one lifecycle event of a sandbox.
@@ -95,6 +103,10 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
+	if err := migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
 	return &DB{db: db}, nil
 }
 
@@ -137,27 +149,28 @@ func decodeMap(s string) (map[string]string, error) {
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
-		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason)
+		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
+		s.Owner, encodeMap(s.Metadata), s.User)
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
 	}
 	return nil
 }
 
-const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason`
+const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user`
 
 type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (Sandbox, error) {
 	var s Sandbox
-	var env, labels string
+	var env, labels, metadata string
 	var created, deadline, ended int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
-		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason); err != nil {
+		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User); err != nil {
 		return s, err
 	}
 	var err error
@@ -166,6 +179,9 @@ func scanSandbox(r scanner) (Sandbox, error) {
 	}
 	if s.Labels, err = decodeMap(labels); err != nil {
 		return s, fmt.Errorf("sandbox %s labels: %w", s.ID, err)
+	}
+	if s.Metadata, err = decodeMap(metadata); err != nil {
+		return s, fmt.Errorf("sandbox %s metadata: %w", s.ID, err)
 	}
 	s.CreatedAt, s.Deadline, s.EndedAt = fromNano(created), fromNano(deadline), fromNano(ended)
 	return s, nil

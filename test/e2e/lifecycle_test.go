@@ -122,6 +122,11 @@ func TestIsolation(t *testing.T) {
 	if n := atoi(strings.TrimSpace(ps)); n > 6 {
 		t.Errorf("sandbox sees %d processes, want only its own few", n)
 	}
+	// Its /sys is its own: only its own interfaces, no host or
+	// neighbour links (whose aliases would name other sandboxes).
+	if got := MustRun(t, sb, "ls /sys/class/net | sort | tr '\\n' ' '"); got != "eth0 lo " {
+		t.Errorf("/sys/class/net inside = %q, want only eth0 and lo", got)
+	}
 	// It cannot mount, and cannot see the other sandbox's files.
 	if _, _, code := Run(t, sb, "mount -t tmpfs x /mnt"); code == 0 {
 		t.Error("mount inside the sandbox succeeded")
@@ -142,9 +147,21 @@ func TestIsolation(t *testing.T) {
 	if gw != "" {
 		targets = append(targets, gw)
 	}
+	// Nor can it reach the other sandbox, even on its agent port.
+	otherIP := strings.TrimSpace(MustRun(t, other, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1"))
+	if otherIP == "" {
+		t.Fatal("no address on the other sandbox's eth0")
+	}
+	targets = append(targets, otherIP)
 	for _, host := range targets {
-		if _, _, code := Run(t, sb, "timeout 3 nc -w 2 "+host+" "+port+" </dev/null"); code == 0 {
-			t.Errorf("sandbox reached host port %s on %s", port, host)
+		ports := []string{port, "49983"}
+		if host == "127.0.0.1" {
+			ports = ports[:1] // its own loopback, where its own agent listens
+		}
+		for _, p := range ports {
+			if _, _, code := Run(t, sb, "timeout 3 nc -w 2 "+host+" "+p+" </dev/null"); code == 0 {
+				t.Errorf("sandbox reached port %s on %s", p, host)
+			}
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -159,10 +160,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	phases.mark("config")
-	if err := r.runcRun(ctx, id); err != nil {
+	if err := r.runcRun(ctx, spec, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	phases.mark("runc_run")
 	r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
 	return nil
 }
@@ -311,19 +311,51 @@ func (r *Runtime) writeConfig(s runtime.Spec) error {
 	return os.WriteFile(filepath.Join(r.dir(s.ID), "config.json"), b, 0o600)
 }
 
-// runcRun starts the container detached. The agent's stdout and stderr go
-// to AgentLog; runc's own errors go to runc.log, whose tail is returned.
-func (r *Runtime) runcRun(ctx context.Context, id string) error {
+// runcRun starts the container detached. Without a BeforeStart hook it is
+// one `runc run --detach`; with one it is `runc create`, the hook, then
+// `runc start`. The agent's stdout and stderr go to AgentLog; runc's own
+// errors go to runc.log, whose tail is returned.
+func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, phases *phaseTimer) error {
+	id := spec.ID
 	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	cmd := r.command(ctx, id, "run", "--detach", "--bundle", r.dir(id), id)
+	if spec.BeforeStart == nil {
+		cmd := r.command(ctx, id, "run", "--detach", "--bundle", r.dir(id), id)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
+		}
+		phases.mark("runc_run")
+		return nil
+	}
+	// The pid file saves a `runc state` round trip (~20 ms).
+	pidFile := filepath.Join(r.dir(id), "init.pid")
+	cmd := r.command(ctx, id, "create", "--bundle", r.dir(id), "--pid-file", pidFile, id)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
+		return fmt.Errorf("runc create: %w%s", err, r.logTail(id))
 	}
+	phases.mark("runc_create")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		return fmt.Errorf("read init pid: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return fmt.Errorf("init pid file holds %q", b)
+	}
+	if err := spec.BeforeStart(ctx, pid); err != nil {
+		return fmt.Errorf("before start: %w", err)
+	}
+	phases.mark("before_start")
+	cmd = r.command(ctx, id, "start", id)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("runc start: %w: %s%s", err, strings.TrimSpace(string(out)), r.logTail(id))
+	}
+	phases.mark("runc_start")
 	return nil
 }
 

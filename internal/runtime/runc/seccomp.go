@@ -23,6 +23,8 @@ const (
 
 	cloneNewUser = 0x10000000 // CLONE_NEWUSER
 	afPacket     = 17         // AF_PACKET
+	afINET       = 2          // AF_INET
+	afINET6      = 10         // AF_INET6
 	sockRaw      = 3          // SOCK_RAW
 	sockTypeMask = 0xf        // type argument without SOCK_NONBLOCK/SOCK_CLOEXEC
 	tiocsti      = 0x5412     // TIOCSTI
@@ -110,14 +112,11 @@ func seccompProfile() *specs.LinuxSeccomp {
 			ErrnoRet: ptr(uint(errnoEPERM)),
 			Args:     []specs.LinuxSeccompArg{{Index: 0, Value: afPacket, Op: specs.OpEqualTo}},
 		},
-		specs.LinuxSyscall{
-			Names:    []string{"socket"},
-			Action:   specs.ActErrno,
-			ErrnoRet: ptr(uint(errnoEPERM)),
-			Args: []specs.LinuxSeccompArg{{
-				Index: 1, Value: sockTypeMask, ValueTwo: sockRaw, Op: specs.OpMaskedEqual,
-			}},
-		},
+		// Raw IP sockets only: netlink sockets are SOCK_RAW too, and
+		// glibc's getifaddrs, getaddrinfo(AI_ADDRCONFIG) and `ip` need
+		// them. Conditions in one rule are ANDed.
+		rawIPSocket(afINET),
+		rawIPSocket(afINET6),
 		// TIOCSTI pushes input into a terminal's queue: a sandboxed
 		// process must not type commands into a terminal it shares with a
 		// host session. TIOCLINUX has the same power on a console.
@@ -164,3 +163,16 @@ func seccompArches(goarch string) []specs.Arch {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// rawIPSocket denies socket(family, SOCK_RAW|flags, …).
+func rawIPSocket(family uint64) specs.LinuxSyscall {
+	return specs.LinuxSyscall{
+		Names:    []string{"socket"},
+		Action:   specs.ActErrno,
+		ErrnoRet: ptr(uint(errnoEPERM)),
+		Args: []specs.LinuxSeccompArg{
+			{Index: 0, Value: family, Op: specs.OpEqualTo},
+			{Index: 1, Value: sockTypeMask, ValueTwo: sockRaw, Op: specs.OpMaskedEqual},
+		},
+	}
+}

@@ -1,0 +1,90 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// Bounds of CreateRequest.Metadata. Metadata is free-form (E2B's SDKs allow
+// any string keys), so it is bounded by size rather than by syntax.
+const (
+	maxMetadataEntries = 64
+	maxMetadataKey     = 256
+	maxMetadataValue   = 4096
+)
+
+// validateOwned checks the fields a request carries for multi-tenant front
+// ends: Owner (an API key ID, set by the API layer, never by a client),
+// Metadata and User (the agent's default user).
+func validateOwned(req *CreateRequest) error {
+	if len(req.Metadata) > maxMetadataEntries {
+		return &FieldError{Field: "metadata", Err: fmt.Errorf("metadata: %d entries, at most %d: %w", len(req.Metadata), maxMetadataEntries, errdefs.ErrInvalidArgument)}
+	}
+	for k, v := range req.Metadata {
+		if k == "" || len(k) > maxMetadataKey || len(v) > maxMetadataValue {
+			return &FieldError{Field: "metadata", Err: fmt.Errorf("metadata: invalid entry %q (keys 1-%d bytes, values at most %d bytes): %w", k, maxMetadataKey, maxMetadataValue, errdefs.ErrInvalidArgument)}
+		}
+	}
+	if req.User != "" && !validUserName(req.User) {
+		return &FieldError{Field: "user", Err: fmt.Errorf("user: invalid user name %q: %w", req.User, errdefs.ErrInvalidArgument)}
+	}
+	return nil
+}
+
+// validUserName accepts POSIX-portable account names.
+func validUserName(u string) bool {
+	if len(u) > 32 {
+		return false
+	}
+	for i, c := range u {
+		ok := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && (c == '-' || c == '.' || (c >= '0' && c <= '9')))
+		if !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// agentArgs are the agent's arguments for a sandbox: its listen address and,
+// when the sandbox has one, the default user for requests that name none.
+func agentArgs(rec store.Sandbox) []string {
+	args := []string{"--listen", "0.0.0.0:" + strconv.Itoa(AgentPort)}
+	if rec.User != "" {
+		args = append(args, "--user", rec.User)
+	}
+	return args
+}
+
+// OwnedListOptions filter ListOwned.
+type OwnedListOptions struct {
+	// Owner must match exactly; "" selects sandboxes without an owner.
+	Owner string
+	// Metadata entries must all be present with equal values.
+	Metadata map[string]string
+	// States, when set, restrict the states.
+	States []string
+}
+
+// ListOwned returns the sandboxes of one owner matching opts, oldest first.
+func (m *Manager) ListOwned(ctx context.Context, opts OwnedListOptions) ([]Sandbox, error) {
+	all, err := m.List(ctx, ListOptions{States: opts.States})
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(s Sandbox) bool {
+		if s.Owner != opts.Owner {
+			return true
+		}
+		for k, v := range opts.Metadata {
+			if got, ok := s.Metadata[k]; !ok || got != v {
+				return true
+			}
+		}
+		return false
+	}), nil
+}

@@ -1,0 +1,188 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// APIKey is one API key. Only a hash of the secret is stored; the secret is
+// shown once, when the key is created.
+type APIKey struct {
+	ID   string
+	Name string
+	// Hash is the hex sha256 of the full secret: the keys are 128 bits of
+	// randomness, so a fast hash is enough (no dictionary to guess from).
+	Hash string
+	// Mask is a recognisable, non-secret fragment ("e2b_…1a2b") for listings.
+	Mask      string
+	CreatedAt time.Time
+	RevokedAt time.Time
+}
+
+const apiKeySchema = `
+CREATE TABLE IF NOT EXISTS api_keys (
+	id         TEXT PRIMARY KEY,
+	name       TEXT NOT NULL,
+	hash       TEXT NOT NULL UNIQUE,
+	mask       TEXT NOT NULL,
+	created_at INTEGER NOT NULL,
+	revoked_at INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS e2b_sandboxes (
+	id             TEXT PRIMARY KEY,
+	traffic_token  TEXT NOT NULL DEFAULT '',
+	network        TEXT NOT NULL DEFAULT '{}'
+);
+`
+
+// sandboxColumns are the columns added to sandboxes after the first schema:
+// each is added by migrate when an older database lacks it.
+var sandboxColumns = []struct{ name, decl string }{
+	{"owner", `TEXT NOT NULL DEFAULT ''`},
+	{"metadata", `TEXT NOT NULL DEFAULT '{}'`},
+	{"agent_user", `TEXT NOT NULL DEFAULT ''`},
+}
+
+// migrate brings a database created by an older Berth up to date. Every step
+// is idempotent: ADD COLUMN runs only for a column the table lacks.
+func migrate(ctx context.Context, db *sql.DB) error {
+	if _, err := db.ExecContext(ctx, apiKeySchema); err != nil {
+		return err
+	}
+	have := map[string]bool{}
+	rows, err := db.QueryContext(ctx, `PRAGMA table_info(sandboxes)`)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var (
+			cid         int
+			name, typ   string
+			notnull, pk int
+			dflt        sql.NullString
+		)
+		if err := rows.Scan(&cid, &name, &typ, &notnull, &dflt, &pk); err != nil {
+			rows.Close()
+			return err
+		}
+		have[name] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, c := range sandboxColumns {
+		if have[c.name] {
+			continue
+		}
+		if _, err := db.ExecContext(ctx, `ALTER TABLE sandboxes ADD COLUMN `+c.name+` `+c.decl); err != nil {
+			return fmt.Errorf("add column sandboxes.%s: %w", c.name, err)
+		}
+	}
+	_, err = db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner)`)
+	return err
+}
+
+// PutAPIKey stores a new API key.
+func (d *DB) PutAPIKey(ctx context.Context, k APIKey) error {
+	_, err := d.db.ExecContext(ctx, `INSERT INTO api_keys (id, name, hash, mask, created_at, revoked_at) VALUES (?,?,?,?,?,?)`,
+		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt))
+	if err != nil {
+		return fmt.Errorf("put api key %s: %w", k.ID, err)
+	}
+	return nil
+}
+
+const apiKeyCols = `id, name, hash, mask, created_at, revoked_at`
+
+func scanAPIKey(r scanner) (APIKey, error) {
+	var k APIKey
+	var created, revoked int64
+	err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Mask, &created, &revoked)
+	k.CreatedAt, k.RevokedAt = fromNano(created), fromNano(revoked)
+	return k, err
+}
+
+// APIKeyByHash returns the active (not revoked) key with the given hash, or
+// an error wrapping errdefs.ErrNotFound.
+func (d *DB) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
+	row := d.db.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ? AND revoked_at = 0`, hash)
+	k, err := scanAPIKey(row)
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return k, fmt.Errorf("get api key: %w", err)
+	}
+	return k, nil
+}
+
+// ListAPIKeys returns every key, revoked ones included, oldest first.
+func (d *DB) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
+	rows, err := d.db.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys ORDER BY created_at, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list api keys: %w", err)
+	}
+	defer rows.Close()
+	var out []APIKey
+	for rows.Next() {
+		k, err := scanAPIKey(rows)
+		if err != nil {
+			return nil, fmt.Errorf("list api keys: %w", err)
+		}
+		out = append(out, k)
+	}
+	return out, rows.Err()
+}
+
+// RevokeAPIKey marks a key revoked; it stops authenticating at once. The
+// record stays so that the sandboxes it created still name their owner.
+func (d *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, unixNano(at), id)
+	if err != nil {
+		return fmt.Errorf("revoke api key %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("api key %s (or it is already revoked): %w", id, errdefs.ErrNotFound)
+	}
+	return nil
+}
+
+// E2BSandbox holds what only the E2B-compatible API knows about a sandbox.
+type E2BSandbox struct {
+	ID string
+	// TrafficToken, when set, is required on preview-host traffic
+	// (E2B's allowPublicTraffic: false).
+	TrafficToken string
+	// Network is the E2B network config as JSON, echoed by getInfo.
+	Network string
+}
+
+// PutE2BSandbox inserts or replaces a sandbox's E2B attributes.
+func (d *DB) PutE2BSandbox(ctx context.Context, s E2BSandbox) error {
+	if s.Network == "" {
+		s.Network = "{}"
+	}
+	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO e2b_sandboxes (id, traffic_token, network) VALUES (?,?,?)`,
+		s.ID, s.TrafficToken, s.Network)
+	if err != nil {
+		return fmt.Errorf("put e2b sandbox %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// GetE2BSandbox returns a sandbox's E2B attributes; a sandbox created through
+// another API has none and gets the zero value (with its ID) and no error.
+func (d *DB) GetE2BSandbox(ctx context.Context, id string) (E2BSandbox, error) {
+	s := E2BSandbox{ID: id, Network: "{}"}
+	err := d.db.QueryRowContext(ctx, `SELECT traffic_token, network FROM e2b_sandboxes WHERE id = ?`, id).Scan(&s.TrafficToken, &s.Network)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return s, fmt.Errorf("get e2b sandbox %s: %w", id, err)
+	}
+	return s, nil
+}
