@@ -1,0 +1,565 @@
+package e2bcompat
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// defaultTimeout is E2B's default sandbox lifetime when a create names none.
+const defaultTimeout = 15 * time.Second
+
+// clientID is reported where E2B reports the node a sandbox runs on.
+const clientID = "berth"
+
+func (s *Server) routes() {
+	m := s.mux
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	m.HandleFunc("POST /sandboxes", s.auth(s.create))
+	m.HandleFunc("POST /v2/sandboxes", s.auth(s.create))
+	m.HandleFunc("GET /sandboxes", s.auth(s.listV1))
+	m.HandleFunc("GET /v2/sandboxes", s.auth(s.list))
+	m.HandleFunc("GET /sandboxes/{id}", s.auth(s.owned(s.get)))
+	m.HandleFunc("DELETE /sandboxes/{id}", s.auth(s.owned(s.kill)))
+	m.HandleFunc("POST /sandboxes/{id}/timeout", s.auth(s.owned(s.setTimeout)))
+	m.HandleFunc("POST /sandboxes/{id}/refreshes", s.auth(s.owned(s.refresh)))
+	m.HandleFunc("POST /sandboxes/{id}/pause", s.auth(s.owned(s.pause)))
+	m.HandleFunc("POST /sandboxes/{id}/resume", s.auth(s.owned(s.resume)))
+	m.HandleFunc("POST /sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
+	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
+	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
+	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of Berth's E2B-compatible API", r.Method, r.URL.Path))
+	})
+}
+
+type keyCtx struct{}
+
+// auth requires a valid X-API-Key and passes its record on in the context.
+func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		k, err := s.cfg.Keys.Verify(r.Context(), r.Header.Get("X-API-Key"))
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
+	}
+}
+
+func keyOf(r *http.Request) store.APIKey { k, _ := r.Context().Value(keyCtx{}).(store.APIKey); return k }
+
+type sandboxCtx struct{}
+
+// owned resolves {id} to a live sandbox of the caller's key. Sandboxes of
+// other keys, native ones and ended ones are all "not found": a key learns
+// nothing about what it does not own.
+func (s *Server) owned(next http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		notFound := func() { writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id)) }
+		if !validID(id) {
+			notFound()
+			return
+		}
+		sb, err := s.cfg.Manager.Get(r.Context(), id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			notFound()
+			return
+		}
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if sb.Owner == "" || sb.Owner != keyOf(r).ID || !live(sb.State) {
+			notFound()
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), sandboxCtx{}, sb)))
+	}
+}
+
+func sandboxOf(r *http.Request) sandbox.Sandbox { sb, _ := r.Context().Value(sandboxCtx{}).(sandbox.Sandbox); return sb }
+
+func live(state string) bool {
+	return state == sandbox.StateReady || state == sandbox.StateCreating || state == sandbox.StatePaused
+}
+
+// e2bState maps Berth's states onto E2B's two.
+func e2bState(state string) string {
+	if state == sandbox.StatePaused {
+		return "paused"
+	}
+	return "running"
+}
+
+// decode reads a JSON body leniently: the SDKs send fields Berth does not
+// know (and newer SDKs will send more); the ones Berth cannot honour are
+// checked by the caller, by name.
+func decode(r *http.Request, v any) error {
+	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("read request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if strings.TrimSpace(string(data)) == "" {
+		return nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("malformed request body: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// createBody is E2B's NewSandbox. Fields Berth cannot honour are kept raw so
+// that any non-default value is refused by name.
+type createBody struct {
+	TemplateID          string            `json:"templateID"`
+	Timeout             *int64            `json:"timeout"`
+	Metadata            map[string]string `json:"metadata"`
+	EnvVars             map[string]string `json:"envVars"`
+	Secure              *bool             `json:"secure"`
+	AllowInternetAccess *bool             `json:"allow_internet_access"`
+	Network             *networkConfig    `json:"network"`
+	AutoPause           *bool             `json:"autoPause"`
+	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
+	AutoResume          *struct {
+		Enabled bool `json:"enabled"`
+	} `json:"autoResume"`
+	MCP          json.RawMessage `json:"mcp"`
+	IAM          json.RawMessage `json:"iam"`
+	VolumeMounts json.RawMessage `json:"volumeMounts"`
+}
+
+// unsupported names the first field of b that asks for something Berth does
+// not do yet.
+func (b createBody) unsupported() string {
+	switch {
+	case b.AutoPause != nil && *b.AutoPause:
+		return "autoPause (pause on timeout) is not supported by Berth yet: pausing needs snapshots; omit it or set onTimeout to 'kill'"
+	case b.AutoResume != nil && b.AutoResume.Enabled:
+		return "autoResume is not supported by Berth yet: pausing needs snapshots"
+	case present(b.MCP):
+		return "mcp (the MCP gateway) is not supported by Berth"
+	case present(b.IAM):
+		return "iam tokens are not supported by Berth"
+	case present(b.VolumeMounts) && string(b.VolumeMounts) != "[]":
+		return "volumeMounts are not supported by Berth yet"
+	}
+	return ""
+}
+
+func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
+
+// sandboxBody is E2B's Sandbox: what create and connect answer.
+type sandboxBody struct {
+	TemplateID         string  `json:"templateID"`
+	SandboxID          string  `json:"sandboxID"`
+	ClientID           string  `json:"clientID"`
+	EnvdVersion        string  `json:"envdVersion"`
+	EnvdAccessToken    string  `json:"envdAccessToken"`
+	TrafficAccessToken *string `json:"trafficAccessToken"`
+	Domain             string  `json:"domain"`
+}
+
+func (s *Server) sandboxBody(sb sandbox.Sandbox, ext store.E2BSandbox) sandboxBody {
+	b := sandboxBody{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
+		EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
+	}
+	if ext.TrafficToken != "" {
+		b.TrafficAccessToken = &ext.TrafficToken
+	}
+	return b
+}
+
+func (s *Server) create(w http.ResponseWriter, r *http.Request) {
+	var in createBody
+	if err := decode(r, &in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if in.TemplateID == "" {
+		writeError(w, http.StatusBadRequest, "templateID is required")
+		return
+	}
+	if msg := in.unsupported(); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	// Berth always issues and requires an access token (E2B's secure: true);
+	// an explicit secure: false cannot be honoured.
+	if in.Secure != nil && !*in.Secure {
+		writeError(w, http.StatusBadRequest, "secure: false is not supported: Berth always requires the sandbox's access token on its data plane")
+		return
+	}
+	net := networkConfig{}
+	if in.Network != nil {
+		net = *in.Network
+	}
+	net.AllowInternetAccess = in.AllowInternetAccess
+	if err := applyNetwork(net); err != nil {
+		writeErr(w, err)
+		return
+	}
+	timeout := defaultTimeout
+	if in.Timeout != nil {
+		if *in.Timeout <= 0 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %d: want a positive number of seconds", *in.Timeout))
+			return
+		}
+		timeout = time.Duration(*in.Timeout) * time.Second
+	}
+	sb, err := s.cfg.Manager.Create(r.Context(), sandbox.CreateRequest{
+		Template: in.TemplateID,
+		Timeout:  timeout,
+		Env:      in.EnvVars,
+		Owner:    keyOf(r).ID,
+		Metadata: in.Metadata,
+		User:     DefaultUser,
+	})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	ext := store.E2BSandbox{ID: sb.ID, Network: net.storeJSON()}
+	if net.AllowPublicTraffic != nil && !*net.AllowPublicTraffic {
+		ext.TrafficToken = randHex(20)
+	}
+	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
+		// Without its record the sandbox would be reachable in ways the
+		// client did not ask for: undo it.
+		s.cfg.Manager.Destroy(context.WithoutCancel(r.Context()), sb.ID, "e2b: could not store its settings")
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ext))
+}
+
+// listedBody is E2B's ListedSandbox.
+type listedBody struct {
+	TemplateID   string            `json:"templateID"`
+	SandboxID    string            `json:"sandboxID"`
+	ClientID     string            `json:"clientID"`
+	StartedAt    string            `json:"startedAt"`
+	EndAt        string            `json:"endAt"`
+	CPUCount     int64             `json:"cpuCount"`
+	MemoryMB     int64             `json:"memoryMB"`
+	DiskSizeMB   int64             `json:"diskSizeMB"`
+	Metadata     map[string]string `json:"metadata"`
+	State        string            `json:"state"`
+	EnvdVersion  string            `json:"envdVersion"`
+	VolumeMounts []struct{}        `json:"volumeMounts"`
+}
+
+func listed(sb sandbox.Sandbox) listedBody {
+	md := sb.Metadata
+	if md == nil {
+		md = map[string]string{}
+	}
+	// E2B counts whole vCPUs; Berth's quota may be fractional.
+	cpus := (sb.CPUMillis + 999) / 1000
+	return listedBody{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID,
+		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), EndAt: sb.Deadline.UTC().Format(time.RFC3339Nano),
+		CPUCount: cpus, MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20,
+		Metadata: md, State: e2bState(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []struct{}{},
+	}
+}
+
+// listQuery parses the filters shared by both list calls.
+func listQuery(r *http.Request) (sandbox.OwnedListOptions, error) {
+	q := r.URL.Query()
+	opts := sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}
+	if raw := q.Get("metadata"); raw != "" {
+		// The SDKs URI-encode each key and value, then form-encode the
+		// pairs into this one parameter.
+		pairs, err := url.ParseQuery(raw)
+		if err != nil {
+			return opts, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
+		}
+		for k, vs := range pairs {
+			key, err1 := url.PathUnescape(k)
+			val, err2 := url.PathUnescape(vs[len(vs)-1])
+			if err1 != nil || err2 != nil {
+				return opts, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
+			}
+			opts.Metadata[key] = val
+		}
+	}
+	states := q.Get("state")
+	if states == "" {
+		states = "running,paused"
+	}
+	for _, st := range strings.Split(states, ",") {
+		switch st {
+		case "running":
+			opts.States = append(opts.States, sandbox.StateReady)
+		case "paused":
+			opts.States = append(opts.States, sandbox.StatePaused)
+		default:
+			return opts, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
+		}
+	}
+	return opts, nil
+}
+
+func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
+	opts, err := listQuery(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := make([]listedBody, 0, len(sbs))
+	for _, sb := range sbs {
+		out = append(out, listed(sb))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// maxPage bounds one page of GET /v2/sandboxes.
+const maxPage = 100
+
+// list answers GET /v2/sandboxes a page at a time, oldest first. The next
+// token is an opaque cursor (the last item's start time and ID), so pages
+// stay consistent while sandboxes come and go.
+func (s *Server) list(w http.ResponseWriter, r *http.Request) {
+	opts, err := listQuery(r)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	q := r.URL.Query()
+	limit := maxPage
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a positive integer", l))
+			return
+		}
+		limit = min(n, maxPage)
+	}
+	var after cursor
+	if t := q.Get("nextToken"); t != "" {
+		if after, err = parseCursor(t); err != nil {
+			writeErr(w, err)
+			return
+		}
+	}
+	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := make([]listedBody, 0, limit)
+	var last cursor
+	for _, sb := range sbs {
+		c := cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID}
+		if after.id != "" && !after.before(c) {
+			continue
+		}
+		if len(out) == limit {
+			// There is more: the client continues after the last one sent.
+			w.Header().Set("X-Next-Token", last.String())
+			break
+		}
+		out = append(out, listed(sb))
+		last = c
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// cursor is a position in the oldest-first order of sandboxes.
+type cursor struct {
+	at int64
+	id string
+}
+
+func (c cursor) before(o cursor) bool { return c.at < o.at || (c.at == o.at && c.id < o.id) }
+
+func (c cursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at, 10) + ":" + c.id))
+}
+
+func parseCursor(s string) (cursor, error) {
+	bad := fmt.Errorf("nextToken %q is not one this server issued: %w", s, errdefs.ErrInvalidArgument)
+	raw, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return cursor{}, bad
+	}
+	at, id, ok := strings.Cut(string(raw), ":")
+	n, err := strconv.ParseInt(at, 10, 64)
+	if !ok || err != nil || !validID(id) {
+		return cursor{}, bad
+	}
+	return cursor{at: n, id: id}, nil
+}
+
+// detailBody is E2B's SandboxDetail.
+type detailBody struct {
+	listedBody
+	EnvdAccessToken     string          `json:"envdAccessToken"`
+	Domain              string          `json:"domain"`
+	AllowInternetAccess bool            `json:"allowInternetAccess"`
+	Network             json.RawMessage `json:"network,omitempty"`
+	Lifecycle           map[string]any  `json:"lifecycle"`
+}
+
+func (s *Server) get(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r)
+	ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), sb.ID)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, detailBody{
+		listedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
+		Network:   json.RawMessage(ext.Network),
+		Lifecycle: map[string]any{"onTimeout": "kill", "autoResume": false},
+	})
+}
+
+func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r)
+	if err := s.cfg.Manager.Destroy(r.Context(), sb.ID, "killed through the E2B API"); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			writeError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", sb.ID))
+			return
+		}
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+type timeoutBody struct {
+	Timeout *int64 `json:"timeout"`
+}
+
+func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
+	var in timeoutBody
+	if err := decode(r, &in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if in.Timeout == nil || *in.Timeout <= 0 {
+		writeError(w, http.StatusBadRequest, "timeout: want a positive number of seconds")
+		return
+	}
+	if _, err := s.cfg.Manager.SetTimeout(r.Context(), sandboxOf(r).ID, time.Duration(*in.Timeout)*time.Second); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refresh is E2B's keep-alive: {duration} seconds more (0 = the default).
+func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
+	var in struct {
+		Duration int64 `json:"duration"`
+	}
+	if err := decode(r, &in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	d := defaultTimeout
+	if in.Duration > 0 {
+		d = time.Duration(in.Duration) * time.Second
+	}
+	if _, err := s.cfg.Manager.SetTimeout(r.Context(), sandboxOf(r).ID, d); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// notSupportedPause is the answer to pause and resume until snapshots land.
+// It is 501, never 409: the SDK reads 409 on pause as "already paused" and
+// would report success.
+const notSupportedPause = "pausing and resuming sandboxes is not supported by Berth yet (it needs snapshots); the sandbox keeps running"
+
+func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotImplemented, notSupportedPause)
+}
+
+func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
+	writeError(w, http.StatusNotImplemented, notSupportedPause)
+}
+
+// connect answers for a running sandbox (200, as E2B does); a timeout in the
+// body moves its deadline. Paused sandboxes do not exist in Berth yet.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r)
+	var in timeoutBody
+	if err := decode(r, &in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	if sb.State == sandbox.StatePaused {
+		writeError(w, http.StatusNotImplemented, notSupportedPause)
+		return
+	}
+	if in.Timeout != nil && *in.Timeout > 0 {
+		// E2B only ever extends a running sandbox's deadline on connect.
+		if until := time.Now().Add(time.Duration(*in.Timeout) * time.Second); until.After(sb.Deadline) {
+			updated, err := s.cfg.Manager.SetTimeout(r.Context(), sb.ID, time.Duration(*in.Timeout)*time.Second)
+			if err != nil {
+				writeErr(w, err)
+				return
+			}
+			sb = updated
+		}
+	}
+	ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), sb.ID)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.sandboxBody(sb, ext))
+}
+
+func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
+	sb := sandboxOf(r)
+	var in networkConfig
+	if err := decode(r, &in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	// Only egress is updatable (as on E2B): public traffic stays as created.
+	in.AllowPublicTraffic, in.MaskRequestHost, in.HTTPSPorts = nil, nil, nil
+	if err := applyNetwork(in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), sb.ID)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	var prev networkConfig
+	json.Unmarshal([]byte(ext.Network), &prev)
+	in.AllowPublicTraffic = prev.AllowPublicTraffic
+	ext.Network = in.storeJSON()
+	if err := s.cfg.Store.PutE2BSandbox(r.Context(), ext); err != nil {
+		writeErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

@@ -1,0 +1,194 @@
+// Package e2bcompat lets the official E2B SDKs drive Berth unchanged. It
+// serves E2B's REST control plane (authenticated by API keys, each seeing
+// only the sandboxes it created) and E2B's data-plane routing: requests
+// naming a sandbox by the E2b-Sandbox-Id/E2b-Sandbox-Port headers or by a
+// preview Host "<port>-<id>.<domain>" are proxied to that port of the
+// sandbox (49983 is the agent). It is mounted as the daemon's root handler
+// and hands everything under /v1 to the native API. It owns no lifecycle: it
+// translates and calls the sandbox Manager.
+package e2bcompat
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// EnvdVersion is the envd version Berth's agent implements; the SDKs gate
+// features on it. It must equal agent.Version (a test checks).
+const EnvdVersion = "0.6.13"
+
+// AgentPort is the port E2B clients name for the in-sandbox agent (envd).
+const AgentPort = 49983
+
+// DefaultDomain is the preview domain when the daemon configures none.
+const DefaultDomain = "berth.localhost"
+
+// DefaultUser is the user E2B sandboxes run commands as when a request
+// names none, as on E2B (whose templates have a "user" account).
+const DefaultUser = "user"
+
+// Manager is what the E2B API needs from the sandbox Manager.
+type Manager interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
+	ListOwned(ctx context.Context, opts sandbox.OwnedListOptions) ([]sandbox.Sandbox, error)
+	Destroy(ctx context.Context, id, reason string) error
+	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
+	Agent(ctx context.Context, id string) (addr, token string, err error)
+}
+
+// Store persists what only this API knows about a sandbox.
+type Store interface {
+	PutE2BSandbox(ctx context.Context, s store.E2BSandbox) error
+	GetE2BSandbox(ctx context.Context, id string) (store.E2BSandbox, error)
+}
+
+// Config wires the E2B API to the daemon's subsystems.
+type Config struct {
+	Manager Manager
+	Store   Store
+	Keys    *Keys
+	// Transport carries proxied requests into sandboxes.
+	Transport http.RoundTripper
+	// Domain is the preview domain: getHost(port) is "<port>-<id>.<Domain>".
+	Domain string
+	// Native serves everything under /v1 (Berth's own API).
+	Native http.Handler
+	Logger *slog.Logger
+}
+
+// Server is the daemon's root handler.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	mux   *http.ServeMux
+	proxy *httputil.ReverseProxy
+
+	// cpu remembers the last CPU sample per sandbox so metrics report usage
+	// over the interval between two calls, not since creation.
+	cpuMu sync.Mutex
+	cpu   map[string]cpuSample
+}
+
+// New builds the root handler.
+func New(cfg Config) *Server {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Domain == "" {
+		cfg.Domain = DefaultDomain
+	}
+	cfg.Domain = strings.ToLower(strings.TrimSuffix(cfg.Domain, "."))
+	if cfg.Native == nil {
+		cfg.Native = http.NotFoundHandler()
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), cpu: map[string]cpuSample{}}
+	s.proxy = s.sandboxProxy()
+	s.routes()
+	return s
+}
+
+// ServeHTTP dispatches: sandbox traffic (by header, then by preview Host)
+// first, then the native API under /v1, then the E2B control plane.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		port := AgentPort
+		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 1 || n > 65535 {
+				writeError(w, http.StatusBadRequest, "invalid E2b-Sandbox-Port header "+strconv.Quote(p))
+				return
+			}
+			port = n
+		}
+		s.serveSandbox(w, r, id, port)
+		return
+	}
+	if id, port, ok := ParseHost(r.Host, s.cfg.Domain); ok {
+		s.serveSandbox(w, r, id, port)
+		return
+	}
+	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {
+		s.cfg.Native.ServeHTTP(w, r)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// ParseHost splits a preview host "<port>-<id>.<domain>[:listen-port]" into
+// the sandbox ID and port. IDs are [a-z0-9] (no dash), so the first dash
+// ends the port.
+func ParseHost(host, domain string) (id string, port int, ok bool) {
+	host = strings.ToLower(host)
+	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
+		host = host[:i]
+	}
+	label, found := strings.CutSuffix(host, "."+domain)
+	if !found || domain == "" {
+		return "", 0, false
+	}
+	p, id, found := strings.Cut(label, "-")
+	if !found || p == "" || len(p) > 5 || !validID(id) {
+		return "", 0, false
+	}
+	for _, c := range p {
+		if c < '0' || c > '9' {
+			return "", 0, false
+		}
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return "", 0, false
+	}
+	return id, port, true
+}
+
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for _, c := range id {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// errorBody is E2B's error shape.
+type errorBody struct {
+	Code    int    `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, errorBody{Code: status, Message: msg})
+}
+
+// writeErr maps an error class to its status: the one place this API turns
+// errors into wire codes.
+func writeErr(w http.ResponseWriter, err error) {
+	status := errdefs.HTTPStatus(err)
+	msg := err.Error()
+	if status == http.StatusInternalServerError {
+		msg = "internal error: " + msg
+	}
+	writeError(w, status, msg)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,95 @@
+package e2bcompat
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+// KeyPrefix starts every API key: E2B's SDKs check keys against
+// ^e2b_[0-9a-f]+$ before sending them.
+const KeyPrefix = "e2b_"
+
+// KeyStore persists API keys.
+type KeyStore interface {
+	PutAPIKey(ctx context.Context, k store.APIKey) error
+	APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error)
+	ListAPIKeys(ctx context.Context) ([]store.APIKey, error)
+	RevokeAPIKey(ctx context.Context, id string, at time.Time) error
+}
+
+// Keys issues, lists, revokes and verifies API keys.
+type Keys struct {
+	store KeyStore
+}
+
+// NewKeys returns Keys backed by st.
+func NewKeys(st KeyStore) *Keys { return &Keys{store: st} }
+
+// hashKey is how a key is stored and looked up: 160 random bits need no
+// slow hash, and a lookup by hash compares no secret byte by byte.
+func hashKey(secret string) string {
+	sum := sha256.Sum256([]byte(secret))
+	return hex.EncodeToString(sum[:])
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Create issues a key named name and returns its record and its secret,
+// which is not stored and cannot be shown again.
+func (k *Keys) Create(ctx context.Context, name string) (store.APIKey, string, error) {
+	if len(name) > 128 {
+		return store.APIKey{}, "", fmt.Errorf("api key name is longer than 128 bytes: %w", errdefs.ErrInvalidArgument)
+	}
+	secret := KeyPrefix + randHex(20)
+	rec := store.APIKey{
+		ID:        "key" + randHex(6),
+		Name:      name,
+		Hash:      hashKey(secret),
+		Mask:      KeyPrefix + "…" + secret[len(secret)-4:],
+		CreatedAt: time.Now().UTC(),
+	}
+	if err := k.store.PutAPIKey(ctx, rec); err != nil {
+		return store.APIKey{}, "", err
+	}
+	return rec, secret, nil
+}
+
+// List returns every key, revoked ones included.
+func (k *Keys) List(ctx context.Context) ([]store.APIKey, error) { return k.store.ListAPIKeys(ctx) }
+
+// Revoke stops a key from authenticating.
+func (k *Keys) Revoke(ctx context.Context, id string) error {
+	return k.store.RevokeAPIKey(ctx, id, time.Now().UTC())
+}
+
+// Verify returns the active key whose secret is secret, or an error wrapping
+// errdefs.ErrUnauthenticated.
+func (k *Keys) Verify(ctx context.Context, secret string) (store.APIKey, error) {
+	if secret == "" {
+		return store.APIKey{}, fmt.Errorf("missing X-API-Key header (create a key with `berth apikey create`): %w", errdefs.ErrUnauthenticated)
+	}
+	if !strings.HasPrefix(secret, KeyPrefix) || len(secret) > 256 {
+		return store.APIKey{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
+	}
+	rec, err := k.store.APIKeyByHash(ctx, hashKey(secret))
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return store.APIKey{}, fmt.Errorf("invalid or revoked API key: %w", errdefs.ErrUnauthenticated)
+	}
+	if err != nil {
+		return store.APIKey{}, err
+	}
+	return rec, nil
+}
