@@ -5,10 +5,7 @@
 // both sides of the wire.
 package errdefs
 
-import (
-	"errors"
-	"net/http"
-)
+import "errors"
 
 // The error classes. Wrap them: fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound).
 var (
@@ -41,6 +38,9 @@ const (
 	CodeInternal           = "internal"
 )
 
+// class ties an error class to its wire code and HTTP status. Statuses are
+// plain numbers so this package (which the Manager imports) links no
+// net/http.
 type class struct {
 	err    error
 	code   string
@@ -49,17 +49,17 @@ type class struct {
 
 // classes is read-only after package initialisation; it is a table, not state.
 var classes = []class{
-	{ErrNotFound, CodeNotFound, http.StatusNotFound},
-	{ErrAlreadyExists, CodeAlreadyExists, http.StatusConflict},
-	{ErrInvalidArgument, CodeInvalidArgument, http.StatusBadRequest},
-	{ErrFailedPrecondition, CodeFailedPrecondition, http.StatusConflict},
-	{ErrPolicyDenied, CodePolicyDenied, http.StatusForbidden},
-	{ErrUnavailable, CodeUnavailable, http.StatusServiceUnavailable},
-	{ErrResourceExhausted, CodeResourceExhausted, http.StatusTooManyRequests},
-	{ErrUnauthenticated, CodeUnauthenticated, http.StatusUnauthorized},
-	{ErrPermissionDenied, CodePermissionDenied, http.StatusForbidden},
-	{ErrNotImplemented, CodeNotImplemented, http.StatusNotImplemented},
-	{ErrDeadlineExceeded, CodeDeadlineExceeded, http.StatusGatewayTimeout},
+	{ErrNotFound, CodeNotFound, 404},
+	{ErrAlreadyExists, CodeAlreadyExists, 409},
+	{ErrInvalidArgument, CodeInvalidArgument, 400},
+	{ErrFailedPrecondition, CodeFailedPrecondition, 409},
+	{ErrPolicyDenied, CodePolicyDenied, 403},
+	{ErrUnavailable, CodeUnavailable, 503},
+	{ErrResourceExhausted, CodeResourceExhausted, 429},
+	{ErrUnauthenticated, CodeUnauthenticated, 401},
+	{ErrPermissionDenied, CodePermissionDenied, 403},
+	{ErrNotImplemented, CodeNotImplemented, 501},
+	{ErrDeadlineExceeded, CodeDeadlineExceeded, 504},
 }
 
 // Code returns the stable wire code of err's class, or "internal".
@@ -79,7 +79,7 @@ func HTTPStatus(err error) int {
 			return c.status
 		}
 	}
-	return http.StatusInternalServerError
+	return 500
 }
 
 // FromCode returns the class for a wire code, or nil for an unknown code.

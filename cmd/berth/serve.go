@@ -31,7 +31,8 @@ templates in --data-dir, runc for isolation, the API on --listen.
 
 Settings come from the built-in defaults, then --config (a YAML or JSON file
 whose keys are listen, data_dir, cache_dir, instance, agent_path, runtime,
-pool, uid_base, uid_count, debian_mirror, default_template), then flags.
+pool, uid_base, uid_count, debian_mirror, default_template, e2b_domain), then
+flags.
 SIGTERM or SIGINT stops the daemon; running sandboxes keep running and are
 re-adopted when it starts again.`,
 		Args: cobra.NoArgs,
@@ -61,6 +62,7 @@ re-adopted when it starts again.`,
 			set("runtime", &cfg.RuntimeBinary, flags.RuntimeBinary)
 			set("pool", &cfg.Pool, flags.Pool)
 			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
+			set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
 			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
 				cfg.Mirror = m
 			}
@@ -88,6 +90,7 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.RuntimeBinary, "runtime", "runc", "OCI runtime binary")
 	f.StringVar(&flags.Pool, "pool", "198.18.0.0/15", "address pool for sandbox links")
 	f.StringVar(&flags.DefaultTemplate, "default-template", "base", "template used when a create names none")
+	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

@@ -31,8 +31,10 @@ type Config struct {
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper
-	Version   string
-	Logger    *slog.Logger
+	// APIKeys, when set, serves /v1/apikeys (keys of the E2B API).
+	APIKeys APIKeys
+	Version string
+	Logger  *slog.Logger
 }
 
 // Server is the HTTP API.
@@ -73,6 +75,7 @@ func (s *Server) routes() {
 	m.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent)
 	m.HandleFunc("GET /v1/templates", s.listTemplates)
 	m.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
+	s.apiKeyRoutes()
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notFoundRoute(r))
 	})

@@ -22,6 +22,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
+	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -49,6 +50,9 @@ type Config struct {
 	UIDCount        uint32 `json:"uid_count" yaml:"uid_count"`
 	Mirror          string `json:"debian_mirror" yaml:"debian_mirror"`
 	DefaultTemplate string `json:"default_template" yaml:"default_template"`
+	// E2BDomain is the preview domain of the E2B-compatible API: a request
+	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
+	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -176,12 +180,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer mgr.Close()
 
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: link.Transport(), Version: cfg.Version, Logger: log.With("component", "api")})
+	keys := e2bcompat.NewKeys(db)
+	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: link.Transport(), APIKeys: keys, Version: cfg.Version, Logger: log.With("component", "api")})
+	// The root handler routes E2B sandbox traffic and the E2B control plane,
+	// and hands /v1 to the native API: one listener serves all three.
+	root := e2bcompat.New(e2bcompat.Config{
+		Manager: mgr, Store: db, Keys: keys, Transport: link.Transport(), Domain: cfg.E2BDomain,
+		Native: srv.Handler(), Logger: log.With("component", "e2b"),
+	})
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	log.Info("daemon_ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "instance", cfg.Instance)

@@ -60,7 +60,10 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func keyOf(r *http.Request) store.APIKey { k, _ := r.Context().Value(keyCtx{}).(store.APIKey); return k }
+func keyOf(r *http.Request) store.APIKey {
+	k, _ := r.Context().Value(keyCtx{}).(store.APIKey)
+	return k
+}
 
 type sandboxCtx struct{}
 
@@ -92,7 +95,10 @@ func (s *Server) owned(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func sandboxOf(r *http.Request) sandbox.Sandbox { sb, _ := r.Context().Value(sandboxCtx{}).(sandbox.Sandbox); return sb }
+func sandboxOf(r *http.Request) sandbox.Sandbox {
+	sb, _ := r.Context().Value(sandboxCtx{}).(sandbox.Sandbox)
+	return sb
+}
 
 func live(state string) bool {
 	return state == sandbox.StateReady || state == sandbox.StateCreating || state == sandbox.StatePaused

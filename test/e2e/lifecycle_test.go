@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -224,4 +225,24 @@ func MustAgentPid(t *testing.T, d *Daemon, id string) int {
 	rest := s[i+len(`"init_process_pid":`):]
 	end := strings.IndexAny(rest, ",}")
 	return atoi(strings.TrimSpace(rest[:end]))
+}
+
+func TestConfigFile(t *testing.T) {
+	cfg := t.TempDir() + "/berth.yaml"
+	if err := os.WriteFile(cfg, []byte("pool: 198.19.240.0/20\ndefault_template: minimal\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := StartDaemon(t, "--config", cfg)
+	sb := d.Create(t, client.CreateRequest{})
+	ip := strings.TrimSpace(MustRun(t, sb, "ip -4 -o addr show eth0 | awk '{print $4}'"))
+	if !strings.HasPrefix(ip, "198.19.24") && !strings.HasPrefix(ip, "198.19.25") {
+		t.Errorf("sandbox address %q is outside the configured pool 198.19.240.0/20", ip)
+	}
+	// A config file with an unknown key is refused, naming it.
+	bad := t.TempDir() + "/bad.yaml"
+	os.WriteFile(bad, []byte("listne: 127.0.0.1:1\n"), 0o600)
+	out, err := exec.Command(bin.Berth, "serve", "--config", bad).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "listne") {
+		t.Errorf("serve with an unknown config key = %v: %s", err, out)
+	}
 }

@@ -1,0 +1,30 @@
+package errdefs
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestRoundTrip(t *testing.T) {
+	for _, c := range classes {
+		wrapped := fmt.Errorf("sandbox x: %w", c.err)
+		code := Code(wrapped)
+		if code != c.code {
+			t.Errorf("Code(%v) = %q, want %q", wrapped, code, c.code)
+		}
+		if got := HTTPStatus(wrapped); got != c.status {
+			t.Errorf("HTTPStatus(%v) = %d, want %d", wrapped, got, c.status)
+		}
+		wire := &Error{Code: code, Message: wrapped.Error()}
+		if !errors.Is(wire, c.err) {
+			t.Errorf("wire error with code %q is not %v", code, c.err)
+		}
+	}
+	if Code(errors.New("boom")) != CodeInternal || HTTPStatus(errors.New("boom")) != 500 {
+		t.Error("an unclassified error is not internal/500")
+	}
+	if FromCode("no_such_code") != nil {
+		t.Error("FromCode(unknown) is not nil")
+	}
+}

@@ -1,0 +1,151 @@
+package e2bcompat
+
+import (
+	"context"
+	"crypto/subtle"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// TrafficTokenHeader carries a sandbox's traffic access token on preview
+// traffic when the sandbox was created with allowPublicTraffic: false.
+const TrafficTokenHeader = "E2b-Traffic-Access-Token"
+
+type target struct {
+	addr string // sandbox IP:port
+	// token replaces whatever X-Access-Token the client sent; "" removes
+	// it (signed /files URLs, preview traffic).
+	token   string
+	preview bool
+}
+
+type targetKey struct{}
+
+// sandboxProxy forwards data-plane requests into sandboxes. The address
+// comes from the Manager, never from the request: a client reaches only the
+// sandbox and port it names, and only through the daemon.
+func (s *Server) sandboxProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(target)
+			pr.Out.URL = &url.URL{Scheme: "http", Host: t.addr, Path: pr.In.URL.Path, RawPath: pr.In.URL.RawPath, RawQuery: pr.In.URL.RawQuery}
+			h := pr.Out.Header
+			// Berth's own credentials never reach code in the sandbox.
+			h.Del("X-API-Key")
+			h.Del(TrafficTokenHeader)
+			h.Del("E2b-Sandbox-Id")
+			h.Del("E2b-Sandbox-Port")
+			h.Del("X-Access-Token")
+			if t.token != "" {
+				h.Set("X-Access-Token", t.token)
+			}
+			if t.preview {
+				// Servers in the sandbox see the host the client used.
+				pr.Out.Host = pr.In.Host
+				pr.SetXForwarded()
+			} else {
+				pr.Out.Host = t.addr
+			}
+		},
+		Transport: s.cfg.Transport,
+		// Stream process output and watch events as they come.
+		FlushInterval: -1,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			t, _ := r.Context().Value(targetKey{}).(target)
+			_, port, _ := net.SplitHostPort(t.addr)
+			// 502 is what E2B's proxy answers when nothing serves the port;
+			// the SDKs read it as "sandbox gone or port closed".
+			writeJSON(w, http.StatusBadGateway, map[string]any{
+				"code": http.StatusBadGateway, "message": "nothing answers on port " + port + " in the sandbox: " + err.Error(), "port": port,
+			})
+		},
+	}
+}
+
+// serveSandbox authorizes a data-plane request and proxies it.
+//
+// Port 49983 (the agent) needs the sandbox's envdAccessToken in
+// X-Access-Token, or the API key that owns the sandbox in X-API-Key, or (for
+// /files) a URL signature made with the token, which the agent checks
+// itself. Other ports are preview traffic: open, as on E2B, unless the
+// sandbox was created with allowPublicTraffic: false, in which case the
+// trafficAccessToken from create must come in E2b-Traffic-Access-Token (the
+// SDKs do not send it themselves; the caller adds it, as on E2B).
+func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
+	gone := func() {
+		// E2B's answer for a sandbox that does not run (isRunning reads it).
+		writeJSON(w, http.StatusBadGateway, map[string]any{
+			"code": http.StatusBadGateway, "message": "the sandbox " + strconv.Quote(id) + " was not found or is not running", "sandboxId": id,
+		})
+	}
+	if !validID(id) {
+		gone()
+		return
+	}
+	addr, token, err := s.cfg.Manager.Agent(r.Context(), id)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
+		gone()
+		return
+	}
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	t := target{addr: net.JoinHostPort(host, strconv.Itoa(port))}
+	if port == AgentPort {
+		switch {
+		case equal(r.Header.Get("X-Access-Token"), token), s.ownerKey(r, id):
+			t.token = token
+		case r.URL.Path == "/files" && r.URL.Query().Get("signature") != "":
+			// The agent verifies the signature against its token.
+		default:
+			writeError(w, http.StatusUnauthorized, "unauthorized access to sandbox "+id+": send its envdAccessToken in X-Access-Token")
+			return
+		}
+	} else {
+		t.preview = true
+		ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), id)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if ext.TrafficToken != "" && !equal(r.Header.Get(TrafficTokenHeader), ext.TrafficToken) {
+			writeError(w, http.StatusForbidden, "sandbox "+id+" does not allow public traffic: send its trafficAccessToken in "+TrafficTokenHeader)
+			return
+		}
+	}
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// ownerKey reports whether the request carries the API key that owns
+// sandbox id.
+func (s *Server) ownerKey(r *http.Request, id string) bool {
+	secret := r.Header.Get("X-API-Key")
+	if secret == "" {
+		return false
+	}
+	k, err := s.cfg.Keys.Verify(r.Context(), secret)
+	if err != nil {
+		return false
+	}
+	sb, err := s.cfg.Manager.Get(r.Context(), id)
+	return err == nil && sb.Owner != "" && sb.Owner == k.ID
+}
+
+func equal(got, want string) bool {
+	return got != "" && want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}

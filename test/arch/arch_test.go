@@ -1,0 +1,92 @@
+// Package arch guards the shape of the code base: the import graph the
+// architecture promises and a doc comment on every package.
+package arch
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/berth-sandbox/berth"
+
+type pkg struct {
+	ImportPath string
+	Doc        string
+	Deps       []string
+	Name       string
+	GoFiles    []string
+}
+
+func listPackages(t *testing.T) []pkg {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-json", "-deps=false", module+"/...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	var pkgs []pkg
+	for {
+		var p pkg
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		pkgs = append(pkgs, p)
+	}
+	return pkgs
+}
+
+func TestEveryPackageDocumented(t *testing.T) {
+	for _, p := range listPackages(t) {
+		if p.Doc == "" && len(p.GoFiles) > 0 {
+			t.Errorf("package %s has no doc comment (// Package %s …)", p.ImportPath, p.Name)
+		}
+	}
+}
+
+func TestImportGraph(t *testing.T) {
+	rules := []struct {
+		pkg       string
+		forbidden []string
+		allowed   []string
+	}{
+		// The agent lives inside untrusted sandboxes: nothing host-side.
+		{"cmd/berth-agent", []string{module + "/internal/", module + "/client"}, []string{module + "/internal/agent", module + "/proto/"}},
+		// The Manager owns no concrete backend and speaks no HTTP.
+		{"internal/sandbox", []string{module + "/internal/runtime/runc", "net/http", module + "/internal/api"}, nil},
+		// The SDK is public: nothing under internal/.
+		{"client", []string{module + "/internal/"}, nil},
+		// Lower layers never call each other or upward.
+		{"internal/runtime/runc", []string{module + "/internal/sandbox", module + "/internal/netpolicy", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/netpolicy", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/template", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/netpolicy", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/store", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/netpolicy", module + "/internal/template", module + "/internal/api"}, nil},
+	}
+	for _, r := range rules {
+		cmd := exec.Command("go", "list", "-deps", module+"/"+r.pkg)
+		cmd.Dir = "../.."
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", r.pkg, err)
+		}
+	next:
+		for _, dep := range strings.Fields(string(out)) {
+			for _, a := range r.allowed {
+				if dep == a || strings.HasPrefix(dep, a) {
+					continue next
+				}
+			}
+			for _, f := range r.forbidden {
+				if dep == f || (strings.HasSuffix(f, "/") && strings.HasPrefix(dep, f)) || strings.HasPrefix(dep, f+"/") {
+					t.Errorf("%s links %s", r.pkg, dep)
+				}
+			}
+		}
+	}
+}
