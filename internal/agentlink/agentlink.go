@@ -44,7 +44,10 @@ func (l *Link) Transport() http.RoundTripper { return l.transport }
 
 // WaitReady polls the agent's /health until it answers 204 or ctx ends.
 func (l *Link) WaitReady(ctx context.Context, addr string) error {
+	// Poll tightly: the agent listens a few milliseconds after it starts,
+	// and refused connections cost nothing.
 	wait := time.Millisecond
+	polls := 0
 	var last error
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
@@ -65,7 +68,7 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 			return fmt.Errorf("agent at %s: %v: %w", addr, last, errdefs.ErrUnavailable)
 		case <-time.After(wait):
 		}
-		if wait < 20*time.Millisecond {
+		if polls++; polls > 200 && wait < 20*time.Millisecond {
 			wait *= 2
 		}
 	}

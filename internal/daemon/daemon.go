@@ -159,11 +159,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		CgroupParent: "berth-" + cfg.Instance,
 		UIDBase:      cfg.UIDBase,
 		UIDCount:     cfg.UIDCount,
+		DiskPoolDir:  filepath.Join(cfg.DataDir, "diskpool"),
 		Logger:       log.With("component", "runtime"),
 	})
 	if err != nil {
 		return err
 	}
+	defer rt.Close()
+	rt.Warm(cfg.Defaults.DiskBytes)
 	link := agentlink.New()
 	mgr, err := sandbox.New(sandbox.Config{
 		AgentPath:       agentPath,

@@ -204,6 +204,23 @@ func configureSandboxSide(att Attachment) error {
 	if err := h.RouteAdd(route); err != nil {
 		return fmt.Errorf("sandbox default route via %s: %w", att.HostIP, err)
 	}
+	// Permanent neighbour entries on both ends: the pair is point to
+	// point and both MACs are known, so ARP is skipped. This saves the
+	// first packets of every sandbox a resolution round (seen to stall a
+	// fresh veth's first connection for a whole ARP retry second) and
+	// leaves a sandbox nothing to learn or poison.
+	host, err := netlink.LinkByName(att.HostIface)
+	if err != nil {
+		return fmt.Errorf("host %s: %w", att.HostIface, err)
+	}
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: eth.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: net.IP(att.HostIP.AsSlice()), HardwareAddr: host.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("sandbox neighbour %s: %w", att.HostIP, err)
+	}
+	if err := netlink.NeighSet(&netlink.Neigh{LinkIndex: host.Attrs().Index, Family: netlink.FAMILY_V4, State: netlink.NUD_PERMANENT,
+		IP: net.IP(att.SandboxIP.AsSlice()), HardwareAddr: eth.Attrs().HardwareAddr}); err != nil {
+		return fmt.Errorf("host neighbour %s: %w", att.SandboxIP, err)
+	}
 	return nil
 }
 

@@ -47,7 +47,13 @@ type Config struct {
 	// UIDBase and UIDCount map sandbox uids/gids 0..UIDCount-1 to host
 	// UIDBase..; defaults 1000000 and 65536.
 	UIDBase, UIDCount uint32
-	Logger            *slog.Logger
+	// DiskPoolDir, when set, holds formatted disk images kept ready so a
+	// create skips mkfs; it must be on the same filesystem as StateDir and
+	// belongs to this Runtime alone (it is emptied at start).
+	DiskPoolDir string
+	// DiskPoolDepth is how many spare images of each size are kept (2).
+	DiskPoolDepth int
+	Logger        *slog.Logger
 }
 
 // Runtime creates and tears down runc sandboxes. It is safe for concurrent
@@ -58,6 +64,8 @@ type Runtime struct {
 	cg       cgroupLayout
 	swapAcct bool   // swap accounting exists, so memory+swap can be capped
 	nofile   uint64 // RLIMIT_NOFILE for sandboxes
+	nsNproc  bool   // the kernel counts RLIMIT_NPROC per user namespace
+	pool     *diskPool
 }
 
 // New checks the configuration and the host and returns a Runtime.
@@ -101,7 +109,32 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runc: %w", err)
 	}
-	return &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting(), nofile: nofileLimit()}, nil
+	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting(), nofile: nofileLimit(), nsNproc: nprocPerUserNS(kernelRelease())}
+	if cfg.DiskPoolDir != "" {
+		if cfg.DiskPoolDepth <= 0 {
+			cfg.DiskPoolDepth = 2
+		}
+		if r.pool, err = newDiskPool(cfg.DiskPoolDir, cfg.DiskPoolDepth, cfg.Logger); err != nil {
+			return nil, fmt.Errorf("runc: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// Warm prepares spare disk images of size in the background, so the next
+// creates of that size skip mkfs.
+func (r *Runtime) Warm(size int64) {
+	if r.pool != nil {
+		r.pool.warm(size)
+	}
+}
+
+// Close stops background work and removes spare disk images. Sandboxes
+// keep running.
+func (r *Runtime) Close() {
+	if r.pool != nil {
+		r.pool.close()
+	}
 }
 
 // validID matches sandbox IDs; it keeps IDs safe as path components,
@@ -218,8 +251,10 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, phases *pha
 	}
 	id := s.ID
 	phases.mark("checks")
-	if err := makeImage(ctx, r.image(id), s.DiskBytes); err != nil {
-		return err
+	if r.pool == nil || !r.pool.take(s.DiskBytes, r.image(id)) {
+		if err := makeImage(ctx, r.image(id), s.DiskBytes); err != nil {
+			return err
+		}
 	}
 	phases.mark("mkfs")
 	disk, rootfs := r.diskDir(id), r.rootfs(id)
@@ -351,11 +386,10 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, phases *phaseT
 		return fmt.Errorf("before start: %w", err)
 	}
 	phases.mark("before_start")
-	cmd = r.command(ctx, id, "start", id)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("runc start: %w: %s%s", err, strings.TrimSpace(string(out)), r.logTail(id))
+	if err := r.start(ctx, id, pid); err != nil {
+		return err
 	}
-	phases.mark("runc_start")
+	phases.mark("start")
 	return nil
 }
 

@@ -29,6 +29,15 @@ const (
 	sockTypeMask = 0xf        // type argument without SOCK_NONBLOCK/SOCK_CLOEXEC
 	tiocsti      = 0x5412     // TIOCSTI
 	tioclinux    = 0x541c     // TIOCLINUX
+
+	// low32 masks an argument the kernel reads as a 32-bit int (socket's
+	// family, ioctl's request). seccomp compares all 64 bits of the
+	// register, so an equality rule on such an argument is bypassed by
+	// setting any of the upper 32 bits, which the kernel then ignores:
+	// ioctl(fd, 1<<32|TIOCSTI) passed the old rule and pushed input. The
+	// hostile suite's tiocsti-highbits and socket-packet-highbits attacks
+	// pin this.
+	low32 = 0xffffffff
 )
 
 // deniedGroups lists the plainly denied syscalls, grouped by why. Names
@@ -110,7 +119,7 @@ func seccompProfile() *specs.LinuxSeccomp {
 			Names:    []string{"socket"},
 			Action:   specs.ActErrno,
 			ErrnoRet: ptr(uint(errnoEPERM)),
-			Args:     []specs.LinuxSeccompArg{{Index: 0, Value: afPacket, Op: specs.OpEqualTo}},
+			Args:     []specs.LinuxSeccompArg{int32Arg(0, afPacket)},
 		},
 		// Raw IP sockets only: netlink sockets are SOCK_RAW too, and
 		// glibc's getifaddrs, getaddrinfo(AI_ADDRCONFIG) and `ip` need
@@ -124,13 +133,13 @@ func seccompProfile() *specs.LinuxSeccomp {
 			Names:    []string{"ioctl"},
 			Action:   specs.ActErrno,
 			ErrnoRet: ptr(uint(errnoEPERM)),
-			Args:     []specs.LinuxSeccompArg{{Index: 1, Value: tiocsti, Op: specs.OpEqualTo}},
+			Args:     []specs.LinuxSeccompArg{int32Arg(1, tiocsti)},
 		},
 		specs.LinuxSyscall{
 			Names:    []string{"ioctl"},
 			Action:   specs.ActErrno,
 			ErrnoRet: ptr(uint(errnoEPERM)),
-			Args:     []specs.LinuxSeccompArg{{Index: 1, Value: tioclinux, Op: specs.OpEqualTo}},
+			Args:     []specs.LinuxSeccompArg{int32Arg(1, tioclinux)},
 		},
 		// 32-bit x86 multiplexes sockets through socketcall, whose
 		// arguments are in memory and cannot be filtered; glibc uses the
@@ -171,8 +180,15 @@ func rawIPSocket(family uint64) specs.LinuxSyscall {
 		Action:   specs.ActErrno,
 		ErrnoRet: ptr(uint(errnoEPERM)),
 		Args: []specs.LinuxSeccompArg{
-			{Index: 0, Value: family, Op: specs.OpEqualTo},
+			int32Arg(0, family),
 			{Index: 1, Value: sockTypeMask, ValueTwo: sockRaw, Op: specs.OpMaskedEqual},
 		},
 	}
+}
+
+// int32Arg matches argument index when its low 32 bits equal v, whatever
+// the upper bits hold (see low32). For OpMaskedEqual, Value is the mask and
+// ValueTwo the datum.
+func int32Arg(index uint, v uint64) specs.LinuxSeccompArg {
+	return specs.LinuxSeccompArg{Index: index, Value: low32, ValueTwo: v, Op: specs.OpMaskedEqual}
 }

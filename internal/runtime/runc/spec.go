@@ -1,6 +1,8 @@
 package runc
 
 import (
+	"fmt"
+
 	"golang.org/x/sys/unix"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -11,15 +13,14 @@ import (
 // agentMount is where the agent binary appears inside every sandbox.
 const agentMount = "/.berth/berth-agent"
 
-// agentOOMScoreAdj is the agent's oom_score_adj, inherited by everything it
-// starts. 500 makes sandboxes (not host daemons, at 0) the preferred victims
-// of a host-wide OOM. Within the sandbox's own memory cgroup the agent
-// should outlive the workload: a process may raise its own score without
-// privilege but never lower it below what the host set, so the agent is
-// expected to raise the processes it spawns to 1000, which makes them the
-// victims of a sandbox OOM while the agent keeps serving. The agent is not
-// made unkillable (-1000): in a memory cgroup where nothing can be killed
-// the OOM would hang instead.
+// agentOOMScoreAdj is the agent's oom_score_adj. 500 makes sandboxes (not
+// host daemons, at 0) the preferred victims of a host-wide OOM. Within the
+// sandbox's own memory cgroup the agent must outlive the workload: a process
+// may raise its own score without privilege but never lower it below what
+// the host set, so the agent raises every process it starts to 1000
+// (internal/agent), which makes them the victims of a sandbox OOM while the
+// agent keeps serving. The agent is not made unkillable (-1000): in a memory
+// cgroup where nothing can be killed the OOM would hang instead.
 const agentOOMScoreAdj = 500
 
 // capabilities are Docker's default set minus two:
@@ -56,6 +57,45 @@ func nofileLimit() uint64 {
 		nofile = lim.Max
 	}
 	return nofile
+}
+
+// rlimits are the sandbox's resource limits on top of its cgroups.
+//
+// RLIMIT_NPROC is set only where the kernel counts it per user namespace
+// (Linux 5.14 and later, ucounts): before that it counted processes per
+// host uid, and every sandbox's uid 0 is the same host uid (UIDBase), so
+// one sandbox's processes would use up every other sandbox's allowance.
+// Set to the pids limit it is a second wall behind the pids cgroup, for a
+// host whose pids controller is missing or misconfigured.
+func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
+	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
+	if r.nsNproc && s.PidsLimit > 0 {
+		n := uint64(s.PidsLimit)
+		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
+	}
+	// No core dumps: a crashing workload's memory image is written into the
+	// sandbox's disk and fills it for nothing.
+	rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_CORE", Hard: 0, Soft: 0})
+	return rl
+}
+
+// nprocPerUserNS reports whether the kernel release (uname -r) counts
+// RLIMIT_NPROC per user namespace, which Linux does since 5.14.
+func nprocPerUserNS(release string) bool {
+	var major, minor int
+	if _, err := fmt.Sscanf(release, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 5 || (major == 5 && minor >= 14)
+}
+
+// kernelRelease returns uname -r.
+func kernelRelease() string {
+	var u unix.Utsname
+	if err := unix.Uname(&u); err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(u.Release[:])
 }
 
 // ociSpec builds the OCI runtime config for one sandbox. rootfs is the
@@ -103,14 +143,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
 				Effective: caps,
 				Permitted: caps,
 			},
-			// No RLIMIT_NPROC: it counts processes per real uid across the
-			// whole host, and every sandbox's uid 0 is the same host uid
-			// (UIDBase), so one sandbox's processes would use up every
-			// other sandbox's allowance. The pids cgroup is the per-sandbox
-			// cap.
-			Rlimits: []specs.POSIXRlimit{
-				{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile},
-			},
+			Rlimits:         r.rlimits(s, nofile),
 			NoNewPrivileges: true,
 			OOMScoreAdj:     ptr(agentOOMScoreAdj),
 		},
@@ -145,6 +178,17 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
 				"/proc/scsi",
 				"/sys/firmware",
 				"/sys/devices/virtual/powercap",
+				// Beyond runc's list: with a joined network namespace /sys
+				// is the host's, bound recursively, and these submounts
+				// come along. Their files are host root's and mostly 0600,
+				// but what is readable describes the host kernel (tracing,
+				// LSM policy, pinned BPF objects) and none of it is the
+				// sandbox's business.
+				"/sys/kernel/debug",
+				"/sys/kernel/tracing",
+				"/sys/kernel/security",
+				"/sys/fs/bpf",
+				"/proc/kmsg",
 			},
 			ReadonlyPaths: []string{
 				"/proc/bus",
@@ -152,6 +196,13 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
 				"/proc/irq",
 				"/proc/sys",
 				"/proc/sysrq-trigger",
+				// runc mounts cgroup v1 as a tmpfs holding one read-only
+				// mount per controller, but leaves the tmpfs itself
+				// writable (the hostile suite's cgroup-release-agent attack
+				// made directories there). Nothing in it is a cgroup, yet a
+				// writable /sys/fs/cgroup is a place to fake one for tools
+				// that trust it.
+				"/sys/fs/cgroup",
 			},
 		},
 	}

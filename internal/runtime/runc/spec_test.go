@@ -20,6 +20,7 @@ func TestOCISpecGolden(t *testing.T) {
 		cfg:      Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"},
 		swapAcct: true,
 		nofile:   65536,
+		nsNproc:  true,
 	}
 	cases := []struct {
 		name string
@@ -84,6 +85,26 @@ func TestUnescapeMountinfo(t *testing.T) {
 	for _, c := range cases {
 		if got := unescapeMountinfo(c.in); got != c.want {
 			t.Errorf("unescapeMountinfo(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+}
+
+func TestNprocPerUserNS(t *testing.T) {
+	cases := []struct {
+		release string
+		want    bool
+	}{
+		{"6.18.44-fc-v782", true},
+		{"5.14.0-362.el9.x86_64", true},
+		{"5.13.19", false},
+		{"5.10.0-28-amd64", false},
+		{"4.19.0", false},
+		{"", false},
+		{"garbage", false},
+	}
+	for _, c := range cases {
+		if got := nprocPerUserNS(c.release); got != c.want {
+			t.Errorf("nprocPerUserNS(%q) = %v, want %v", c.release, got, c.want)
 		}
 	}
 }
