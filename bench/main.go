@@ -5,9 +5,13 @@
 //     of `echo ok` output in the new sandbox, per template, against a raw
 //     `runc run` of the same root filesystem printing the same;
 //   - exec round trip on a running sandbox (start `true`, wait for its end
-//     through the daemon's API) against a direct fork/exec on the host.
+//     through the daemon's API) against a direct fork/exec on the host;
+//   - E2B compatibility: Sandbox.create → result of the first
+//     commands.run('echo ok') through the official npm e2b SDK
+//     (bench/e2b_tti.cjs, needs `npm ci` in test/e2b) against the same flow
+//     through the native Go SDK, on the base template.
 //
-// Run as root: go run ./bench [-n 50] [-exec-n 200] [-templates minimal,base]
+// Run as root: go run ./bench [-n 50] [-exec-n 200] [-templates minimal,base] [-e2b=true]
 package main
 
 import (
@@ -36,15 +40,16 @@ func main() {
 	n := flag.Int("n", 50, "sandboxes per template")
 	execN := flag.Int("exec-n", 200, "exec round trips")
 	templates := flag.String("templates", "minimal,base", "templates to measure")
+	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
-	if err := run(tb, *n, *execN, strings.Split(*templates, ",")); err != nil {
+	if err := run(tb, *n, *execN, strings.Split(*templates, ","), *e2b); err != nil {
 		tb.Fatalf("%v", err)
 	}
 }
 
-func run(tb *runner, n, execN int, templates []string) error {
+func run(tb *runner, n, execN int, templates []string, e2b bool) error {
 	bin, cleanup, err := harness.Build()
 	if err != nil {
 		return err
@@ -80,6 +85,13 @@ func run(tb *runner, n, execN int, templates []string) error {
 	rows = append(rows,
 		row{"exec round trip (`true` through the daemon API)", rtt},
 		row{"floor: fork/exec of `true` on the host", fork})
+	if e2b {
+		rs, err := measureE2B(ctx, d, n)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, rs...)
+	}
 	fmt.Printf("\n| measurement | n | p50 | p99 |\n|---|---|---|---|\n")
 	for _, r := range rows {
 		fmt.Printf("| %s | %d | %s | %s |\n", r.name, len(r.samples), fmtDur(pct(r.samples, 50)), fmtDur(pct(r.samples, 99)))

@@ -24,6 +24,8 @@ type CreateRequest struct {
 	Timeout  string            `json:"timeout,omitempty"`
 	Env      map[string]string `json:"env,omitempty"`
 	Labels   map[string]string `json:"labels,omitempty"`
+	// Network is the egress policy; nil means mode none (see network.go).
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // Usage is what a sandbox has consumed so far.

@@ -25,3 +25,11 @@ if ! command -v go >/dev/null; then
 	fi
 fi
 go mod download
+
+# The E2B compatibility suite (test/e2b) runs the official npm e2b SDK,
+# pinned by its package-lock.json.
+if command -v npm >/dev/null && command -v node >/dev/null; then
+	(cd test/e2b && npm ci --no-audit --no-fund --loglevel=error)
+else
+	echo "node/npm not found: skipping npm ci in test/e2b (the E2B SDK tests will be skipped)" >&2
+fi

@@ -37,6 +37,15 @@ func run() error {
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 
+	// Not dumpable: a sandbox process running as root (the same uid as the
+	// agent) could otherwise read the token from /proc/1/environ, write
+	// the agent's memory through /proc/1/mem or steal its descriptors with
+	// pidfd_getfd. Non-dumpable, those need CAP_SYS_PTRACE over the
+	// agent's mm, which the sandbox does not have. Children become
+	// dumpable again when they exec.
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %w", err)
+	}
 	// The token must not leak into any process the agent starts.
 	token := os.Getenv(agent.TokenEnv)
 	_ = os.Unsetenv(agent.TokenEnv)

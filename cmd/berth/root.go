@@ -104,9 +104,11 @@ func newRootCmd(a *app) *cobra.Command {
 		newLsCmd(a),
 		newInspectCmd(a),
 		newEventsCmd(a),
+		newNetCmd(a),
 		newKillCmd(a),
 		newTimeoutCmd(a),
 		newTemplateCmd(a),
+		newAPIKeyCmd(a),
 		newVersionCmd(a),
 	)
 	return root

@@ -32,6 +32,7 @@ func newCreateCmd(a *app) *cobra.Command {
 		req         client.CreateRequest
 		env, labels []string
 		asJSON      bool
+		pf          policyFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -77,6 +78,9 @@ func newCreateCmd(a *app) *cobra.Command {
 			if req.Labels, err = parseKV("label", labels); err != nil {
 				return err
 			}
+			if req.Network, err = pf.build(f, func() ([]byte, error) { return io.ReadAll(a.in) }); err != nil {
+				return err
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
@@ -101,6 +105,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
+	pf.register(f)
 	return cmd
 }
 

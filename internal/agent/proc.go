@@ -335,6 +335,9 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 		if err := cmd.Start(); err != nil {
 			return 0, err
 		}
+		// Still under the reaper's lock, so the pid cannot have been
+		// reaped and reused yet.
+		raiseOOMScore(cmd.Process.Pid, t.logger)
 		return cmd.Process.Pid, nil
 	})
 	closeAll(childEnds)
@@ -380,6 +383,24 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 		t.logger.Info("process_end", "pid", pid, "status", st.ws)
 	}()
 	return p, nil
+}
+
+// workloadOOMScoreAdj is the oom_score_adj of every process the agent
+// starts: the highest, so that when the sandbox's memory cgroup runs out the
+// kernel kills the workload and not the agent (which the runtime starts at
+// a lower score), and the sandbox stays reachable to report the OOM. Raising
+// a score needs no privilege; the workload cannot lower it back below what
+// the host set for the agent. Children the process forks before the write
+// lands (a window of microseconds after exec) keep the agent's score.
+const workloadOOMScoreAdj = "1000"
+
+// raiseOOMScore sets pid's oom_score_adj to workloadOOMScoreAdj. Failure is
+// logged, not fatal: outside a sandbox (tests) /proc may refuse it.
+func raiseOOMScore(pid int, log *slog.Logger) {
+	p := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
+	if err := os.WriteFile(p, []byte(workloadOOMScoreAdj), 0); err != nil {
+		log.Warn("oom_score_adj_failed", "pid", pid, "err", err)
+	}
 }
 
 func waitTimeout(wg *sync.WaitGroup, d time.Duration) {

@@ -53,6 +53,10 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	// Clients stream request bodies (stdin, uploads) while the answer
+	// streams back; without full duplex the HTTP/1 server cuts the body
+	// off once response headers are flushed.
+	http.NewResponseController(w).EnableFullDuplex()
 	t := agentTarget{addr: addr, token: token, path: "/" + r.PathValue("rest")}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }

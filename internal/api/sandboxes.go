@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/units"
@@ -35,6 +36,8 @@ type createRequest struct {
 	Timeout  string            `json:"timeout"`
 	Env      map[string]string `json:"env"`
 	Labels   map[string]string `json:"labels"`
+	// Network is the egress policy (see internal/netpolicy.Policy).
+	Network *netpolicy.Policy `json:"network,omitempty"`
 }
 
 type usageJSON struct {
@@ -87,7 +90,7 @@ func toJSON(s sandbox.Sandbox) sandboxJSON {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.Pids}}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.Pids}, Network: in.Network}
 	if in.CPU != nil {
 		if *in.CPU <= 0 || *in.CPU > 1024 {
 			return out, badField("cpu", fmt.Errorf("cpu %v: want a number of cores above 0: %w", *in.CPU, errdefs.ErrInvalidArgument))

@@ -72,6 +72,7 @@ func (s *Server) routes() {
 	m.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
 	m.HandleFunc("POST /v1/sandboxes/{id}/timeout", s.setTimeout)
 	m.HandleFunc("GET /v1/sandboxes/{id}/events", s.events)
+	s.networkRoutes()
 	m.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent)
 	m.HandleFunc("GET /v1/templates", s.listTemplates)
 	m.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)

@@ -7,6 +7,7 @@ package daemon
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
+	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
@@ -50,6 +52,15 @@ type Config struct {
 	UIDCount        uint32 `json:"uid_count" yaml:"uid_count"`
 	Mirror          string `json:"debian_mirror" yaml:"debian_mirror"`
 	DefaultTemplate string `json:"default_template" yaml:"default_template"`
+	// Egress (see internal/netpolicy): the DNS servers the sandboxes'
+	// resolvers and the egress proxy ask (default: the host's
+	// /etc/resolv.conf); address ranges treated as public although
+	// special-purpose (tests declare their TEST-NET here; loopback,
+	// link-local and metadata stay forbidden); extra CA certificates (PEM)
+	// the proxy trusts for servers behind intercepted TLS.
+	DNSUpstream    []string `json:"dns_upstream" yaml:"dns_upstream"`
+	PublicTestNets []string `json:"public_test_nets" yaml:"public_test_nets"`
+	EgressCAFile   string   `json:"egress_ca_file" yaml:"egress_ca_file"`
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
@@ -152,6 +163,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer netw.Close(context.WithoutCancel(ctx))
+	egress, auditLog, err := newEgress(cfg, netw.ProxyPort(), log)
+	if err != nil {
+		return err
+	}
+	defer egress.Close()
 	rt, err := runc.New(runc.Config{
 		Binary:       cfg.RuntimeBinary,
 		StateDir:     filepath.Join(cfg.DataDir, "sandboxes"),
@@ -174,7 +190,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link})
+	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog})
 	if err != nil {
 		return err
 	}
@@ -279,4 +295,46 @@ func installAgent(cfg Config) (string, error) {
 		return "", err
 	}
 	return dst, nil
+}
+
+// newEgress builds the audit log and the egress services from cfg.
+func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*netpolicy.Egress, *audit.Log, error) {
+	guard := &netpolicy.Guard{}
+	for _, s := range cfg.PublicTestNets {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return nil, nil, fmt.Errorf("public_test_nets %q: %w", s, err)
+		}
+		guard.Public = append(guard.Public, p.Masked())
+	}
+	var roots *x509.CertPool
+	if cfg.EgressCAFile != "" {
+		pem, err := os.ReadFile(cfg.EgressCAFile)
+		if err != nil {
+			return nil, nil, fmt.Errorf("egress_ca_file: %w", err)
+		}
+		if roots, err = x509.SystemCertPool(); err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, nil, fmt.Errorf("egress_ca_file %s: no PEM certificates", cfg.EgressCAFile)
+		}
+	}
+	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), Logger: log.With("component", "audit")})
+	if err != nil {
+		return nil, nil, err
+	}
+	eg, err := netpolicy.NewEgress(netpolicy.EgressConfig{
+		StateDir:      filepath.Join(cfg.DataDir, "egress"),
+		Upstream:      cfg.DNSUpstream,
+		Guard:         guard,
+		Audit:         al,
+		UpstreamRoots: roots,
+		ProxyPort:     proxyPort,
+		Logger:        log.With("component", "egress"),
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return eg, al, nil
 }

@@ -128,6 +128,13 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 			return
 		}
 	}
+	// The SDKs stream request bodies (chunked); the agent may answer before
+	// the last chunk is copied. Without full duplex, Go's HTTP/1 server
+	// cuts the request body off once the response headers are flushed, the
+	// copy to the agent fails and the stream dies mid-way ("terminated").
+	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		s.log.Debug("full_duplex_unavailable", "err", err)
+	}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 }
 

@@ -181,6 +181,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 func writeErr(w http.ResponseWriter, err error) {
 	status := errdefs.HTTPStatus(err)
 	msg := err.Error()
+	// The status already says the class; its name would only add noise.
+	if class := errdefs.FromCode(errdefs.Code(err)); class != nil {
+		msg = strings.TrimSuffix(msg, ": "+class.Error())
+	}
 	if status == http.StatusInternalServerError {
 		msg = "internal error: " + msg
 	}

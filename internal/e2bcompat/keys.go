@@ -79,7 +79,7 @@ func (k *Keys) Revoke(ctx context.Context, id string) error {
 // errdefs.ErrUnauthenticated.
 func (k *Keys) Verify(ctx context.Context, secret string) (store.APIKey, error) {
 	if secret == "" {
-		return store.APIKey{}, fmt.Errorf("missing X-API-Key header (create a key with `berth apikey create`): %w", errdefs.ErrUnauthenticated)
+		return store.APIKey{}, fmt.Errorf("missing API key: send it in the X-API-Key header (create one with `berth apikey create`): %w", errdefs.ErrUnauthenticated)
 	}
 	if !strings.HasPrefix(secret, KeyPrefix) || len(secret) > 256 {
 		return store.APIKey{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)

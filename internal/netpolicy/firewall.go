@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/google/nftables"
@@ -47,17 +48,35 @@ import (
 // table that marks packets notrack makes them "untracked", which we drop:
 // that fails closed.
 //
+// Egress policy (SetPolicy) appends to sbx-<id>, for every mode but none:
+//
+//	  ip daddr <host ip> udp dport 53 accept     # the sandbox's resolver
+//	  ip daddr <host ip> tcp dport 53 accept
+//	  udp dport 53 counter drop                  # DNS to anyone else
+//	  tcp dport { 53, 853 } counter drop         # … and DNS-over-TLS
+//	  meta l4proto tcp accept                    # to the proxy, see below
+//
+// and chain nat-prerouting (nat hook prerouting priority dstnat) redirects
+// every new TCP connection from our veths (but DNS to the resolver) to the
+// egress proxy on the host side of the sandbox's veth, which decides by
+// SNI, Host, or the original destination and dials on the sandbox's behalf.
+// Everything else (UDP but DNS to the resolver, so QUIC; ICMP) falls
+// through to the drop. Nothing is forwarded: no host-wide forwarding or
+// masquerade is needed, and a missing redirect fails closed in forward.
+//
 // The forward chain drops anything routed from or to a sandbox: the host
 // reaches sandboxes from local sockets (output), never by forwarding, so
 // even with IP forwarding on, no other machine can route into a sandbox.
 type firewall struct {
 	table       string
 	ifacePrefix string
+	proxyPort   uint16
 }
 
 const (
 	mapName         = "sandboxes"
 	preroutingChain = "prerouting"
+	natChain        = "nat-prerouting"
 	forwardChain    = "forward"
 	basePriority    = -175
 )
@@ -110,8 +129,16 @@ func (f *firewall) setup() error {
 		Name: forwardChain, Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityRef(basePriority), Policy: &policy,
 	})
+	nat := c.AddChain(&nftables.Chain{
+		Name: natChain, Table: t, Type: nftables.ChainTypeNAT,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest, Policy: &policy,
+	})
 	c.FlushChain(pre)
 	c.FlushChain(fwd)
+	c.FlushChain(nat)
+	for _, exprs := range f.natRules() {
+		c.AddRule(&nftables.Rule{Table: t, Chain: nat, Exprs: exprs})
+	}
 	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 		&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID, DestRegister: 0, IsDestRegSet: true},
@@ -130,6 +157,74 @@ func (f *firewall) ifacePrefixDrop(key expr.MetaKey) []expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(f.ifacePrefix)},
 		&expr.Counter{},
 		&expr.Verdict{Kind: expr.VerdictDrop},
+	}
+}
+
+// natRules send every new TCP connection from a sandbox, except DNS to
+// its resolver, to the egress proxy on the veth's host address. The
+// sandbox chain (earlier, in filter) has already dropped what the mode
+// forbids.
+func (f *firewall) natRules() [][]expr.Any {
+	iif := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte(f.ifacePrefix)},
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+	}
+	return [][]expr.Any{
+		append(slices.Clone(iif),
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		),
+		append(slices.Clone(iif),
+			&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(f.proxyPort)},
+			&expr.Counter{},
+			&expr.Redir{RegisterProtoMin: 1},
+		),
+	}
+}
+
+// policyRules are the sandbox chain's rules for an egress mode.
+func policyRules(hostIP netip.Addr, mode Mode) [][]expr.Any {
+	if mode == ModeNone || mode == "" {
+		return nil
+	}
+	h := hostIP.As4()
+	toHost := func(proto byte, port uint16) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: h[:]},
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		}
+	}
+	dropPort := func(proto byte, port uint16) []expr.Any {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
+			&expr.Counter{},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		}
+	}
+	return [][]expr.Any{
+		toHost(unix.IPPROTO_UDP, 53),
+		toHost(unix.IPPROTO_TCP, 53),
+		dropPort(unix.IPPROTO_UDP, 53),
+		dropPort(unix.IPPROTO_TCP, 53),
+		dropPort(unix.IPPROTO_TCP, 853),
+		{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Verdict{Kind: expr.VerdictAccept},
+		},
 	}
 }
 
@@ -179,11 +274,32 @@ func ifnameKey(name string) []byte {
 // addSandbox (re)writes the sandbox chain and points the veth's map entry at
 // it, in one transaction.
 func (f *firewall) addSandbox(chain, iface string, ip netip.Addr) error {
+	return f.writeSandbox(chain, iface, ip, ModeNone, true)
+}
+
+// setPolicy rewrites the sandbox chain's rules for mode in one
+// transaction, so there is no moment with neither the old nor new rules.
+func (f *firewall) setPolicy(chain string, ip netip.Addr, mode Mode) error {
+	return f.writeSandbox(chain, "", ip, mode, false)
+}
+
+func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode Mode, mapIface bool) error {
 	c, err := conn()
 	if err != nil {
 		return err
 	}
 	t := f.tbl()
+	if !mapIface {
+		ch := &nftables.Chain{Name: chain, Table: t}
+		if _, err := c.ListChain(t, chain); err != nil {
+			return fmt.Errorf("chain %s: %w", chain, err)
+		}
+		c.FlushChain(ch)
+		for _, exprs := range append(sandboxRules(ip), policyRules(ip.Prev(), mode)...) {
+			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
+		}
+		return c.Flush()
+	}
 	set := f.vmap()
 	elems, err := c.GetSetElements(set)
 	if err != nil {
@@ -202,7 +318,7 @@ func (f *firewall) addSandbox(chain, iface string, ip netip.Addr) error {
 	}
 	ch := c.AddChain(&nftables.Chain{Name: chain, Table: t})
 	c.FlushChain(ch)
-	for _, exprs := range sandboxRules(ip) {
+	for _, exprs := range append(sandboxRules(ip), policyRules(ip.Prev(), mode)...) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 	}
 	err = c.SetAddElements(set, []nftables.SetElement{{

@@ -52,8 +52,15 @@ type Config struct {
 	// and creating the link (default DefaultLockPath). Every daemon on a host
 	// must use the same one.
 	LockPath string
-	Logger   *slog.Logger
+	// ProxyPort is where, on each veth's host address, the egress proxy
+	// listens; the firewall redirects sandboxes' TCP there (default
+	// DefaultProxyPort).
+	ProxyPort uint16
+	Logger    *slog.Logger
 }
+
+// DefaultProxyPort is the egress proxy's port on each veth's host address.
+const DefaultProxyPort = 15001
 
 // Attachment describes one sandbox's network as it exists in the kernel.
 type Attachment struct {
@@ -108,6 +115,9 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	if cfg.LockPath == "" {
 		cfg.LockPath = DefaultLockPath
 	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = DefaultProxyPort
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -116,7 +126,7 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 		log:   cfg.Logger.With("netpolicy_instance", cfg.Instance),
 		names: newNaming(cfg.Instance),
 	}
-	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix}
+	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -232,6 +242,38 @@ func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, 
 	}
 	return att, nil
 }
+
+// SetMode rewrites the sandbox chain's rules for an egress mode (see
+// firewall.go): none drops everything new, every other mode lets DNS to
+// the sandbox's resolver and TCP to the egress proxy through, which then
+// decide per name and address.
+func (n *Network) SetMode(ctx context.Context, id string, mode Mode) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	defer n.lockID(id)()
+	link, err := n.findLink(id)
+	if err != nil {
+		return err
+	}
+	if link == nil {
+		return fmt.Errorf("sandbox %s link: %w", id, errdefs.ErrNotFound)
+	}
+	host, ok := hostAddr(link, n.cfg.Pool)
+	if !ok {
+		return fmt.Errorf("sandbox %s link has no address: %w", id, errdefs.ErrNotFound)
+	}
+	if err := n.fw.setPolicy(n.names.chain(id), host.Next(), mode); err != nil {
+		return fmt.Errorf("sandbox %s firewall policy: %w", id, err)
+	}
+	return nil
+}
+
+// ProxyPort is the egress proxy's port on each veth's host address.
+func (n *Network) ProxyPort() uint16 { return n.cfg.ProxyPort }
 
 // Lookup rebuilds the sandbox's attachment from kernel state, for re-adoption
 // after a restart. It returns ErrNotFound unless both the netns file and the

@@ -84,6 +84,9 @@ type Deps struct {
 	Templates Templates
 	Store     Store
 	Prober    Prober
+	// Egress and Audit, when set, run and record egress policy (policy.go).
+	Egress Egress
+	Audit  AuditLog
 }
 
 // Manager orchestrates sandboxes on one host.
@@ -196,6 +199,8 @@ type CreateRequest struct {
 	Owner    string
 	Metadata map[string]string
 	User     string
+	// Network is the egress policy (nil: mode none); see policy.go.
+	Network *netpolicy.Policy
 }
 
 // Sandbox is the Manager's view of one sandbox.
@@ -328,6 +333,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.validate(&req); err != nil {
 		return Sandbox{}, err
 	}
+	var policy netpolicy.Policy
+	if req.Network != nil {
+		if err := req.Network.Validate(); err != nil {
+			return Sandbox{}, policyField(err)
+		}
+		policy = req.Network.Normalize()
+	}
 	tpl, err := m.deps.Templates.Get(ctx, req.Template)
 	if err != nil {
 		return Sandbox{}, &FieldError{Field: "template", Err: err}
@@ -397,7 +409,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		Hostname:    "berth-" + rec.ID[:12],
 		AgentPath:   m.cfg.AgentPath,
 		AgentArgs:   agentArgs(rec),
-		AgentEnv:    agentEnv(rec),
+		AgentEnv:    m.egressEnv(agentEnv(rec)),
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
 		// before the agent starts.
@@ -418,6 +430,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	rcancel()
 	if err != nil {
 		return fail("agent did not become ready", err)
+	}
+	if err := m.startEgress(cctx, e, policy, true); err != nil {
+		return fail("network policy", err)
 	}
 	e.rec.State = StateReady
 	if err := m.deps.Store.PutSandbox(cctx, e.rec); err != nil {
@@ -463,6 +478,9 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	}
 	if err := m.deps.Network.Detach(ctx, e.rec.ID); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	if err := m.removeEgress(e.rec.ID); err != nil {
+		errs = append(errs, fmt.Errorf("egress: %w", err))
 	}
 	return errors.Join(errs...)
 }

@@ -48,6 +48,20 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	if m.deps.Egress != nil {
+		eids, err := m.deps.Egress.List()
+		if err != nil {
+			return fmt.Errorf("reconcile: list egress state: %w", err)
+		}
+		for _, id := range eids {
+			if !owned[id] {
+				m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "egress")
+				if err := m.deps.Egress.Remove(id); err != nil {
+					m.log.Error("remove_orphan", "sandbox_id", id, "err", err)
+				}
+			}
+		}
+	}
 	return nil
 }
 
@@ -113,6 +127,9 @@ func (m *Manager) adopt(ctx context.Context, rec store.Sandbox) bool {
 	cancel()
 	if err != nil {
 		return fail("agent did not answer after a daemon restart: " + err.Error())
+	}
+	if err := m.readoptEgress(ctx, e); err != nil {
+		return fail("egress policy not re-applied after a daemon restart: " + err.Error())
 	}
 	if sr, ok := m.deps.Runtime.(StatsReader); ok {
 		if stats, err := sr.Stats(ctx, rec.ID); err == nil {

@@ -1,0 +1,51 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// APIKey is a key of the daemon's E2B-compatible API.
+type APIKey struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Mask      string    `json:"mask"`
+	CreatedAt time.Time `json:"created_at"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+	// Key is the secret ("e2b_…"), set only by CreateAPIKey: the daemon
+	// stores a hash and cannot show it again.
+	Key string `json:"key,omitempty"`
+}
+
+// CreateAPIKey issues an API key for the E2B-compatible API.
+func (c *Client) CreateAPIKey(ctx context.Context, name string) (*APIKey, error) {
+	var k APIKey
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/apikeys", nil, map[string]string{"name": name}, &k); err != nil {
+		return nil, fmt.Errorf("create api key: %w", err)
+	}
+	return &k, nil
+}
+
+// ListAPIKeys returns every API key, revoked ones included.
+func (c *Client) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
+	var out struct {
+		Keys []APIKey `json:"api_keys"`
+	}
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/apikeys", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Keys, nil
+}
+
+// RevokeAPIKey stops a key from authenticating.
+func (c *Client) RevokeAPIKey(ctx context.Context, id string) error {
+	if id == "" {
+		return fmt.Errorf("api key id is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	return c.doJSON(ctx, http.MethodDelete, "/v1/apikeys/"+url.PathEscape(id), nil, nil, nil)
+}

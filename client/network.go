@@ -1,0 +1,135 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// Egress policy modes.
+const (
+	NetNone  = "none"  // nothing leaves the sandbox, DNS included (default)
+	NetAllow = "allow" // only what the rules allow
+	NetOpen  = "open"  // the public internet, never private or metadata addresses
+	NetLearn = "learn" // nothing, but every attempt is recorded for SuggestPolicy
+)
+
+// NetworkPolicy is a sandbox's egress policy. Allow and Deny hold domains
+// ("github.com"), wildcards ("*.pypi.org": subdomains only), addresses and
+// CIDRs with an optional port ("198.51.100.0/24:443"); deny wins. HTTP
+// rules restrict a host to methods and path prefixes (its TLS is
+// intercepted with the sandbox's own CA).
+type NetworkPolicy struct {
+	Mode  string     `json:"mode"`
+	Allow []string   `json:"allow,omitempty"`
+	Deny  []string   `json:"deny,omitempty"`
+	HTTP  []HTTPRule `json:"http,omitempty"`
+}
+
+// HTTPRule allows Methods ("*" for any) on paths starting with Path at Host.
+type HTTPRule struct {
+	Host    string   `json:"host"`
+	Methods []string `json:"methods"`
+	Path    string   `json:"path"`
+}
+
+// NetworkRecord is one egress decision from the sandbox's audit log.
+type NetworkRecord struct {
+	Time     time.Time `json:"time"`
+	Sandbox  string    `json:"sandbox"`
+	Proto    string    `json:"proto"`
+	Name     string    `json:"name,omitempty"`
+	IP       string    `json:"ip,omitempty"`
+	Port     uint16    `json:"port,omitempty"`
+	Method   string    `json:"method,omitempty"`
+	Path     string    `json:"path,omitempty"`
+	Decision string    `json:"decision"`
+	Rule     string    `json:"rule"`
+	Reason   string    `json:"reason,omitempty"`
+	BytesOut int64     `json:"bytes_out"`
+	BytesIn  int64     `json:"bytes_in"`
+}
+
+// NetworkPolicy returns a running sandbox's egress policy.
+func (c *Client) NetworkPolicy(ctx context.Context, id string) (*NetworkPolicy, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var p NetworkPolicy
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network", nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+// SetNetworkPolicy replaces a running sandbox's egress policy; new
+// connections follow it at once. A bad entry fails with invalid_argument
+// naming it, and the old policy stays.
+func (c *Client) SetNetworkPolicy(ctx context.Context, id string, p NetworkPolicy) (*NetworkPolicy, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var out NetworkPolicy
+	if err := c.doJSON(ctx, http.MethodPut, sandboxPath(id)+"/network", nil, p, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// NetworkLog returns a sandbox's egress decisions, oldest first.
+func (c *Client) NetworkLog(ctx context.Context, id string, deniedOnly bool) ([]NetworkRecord, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var out struct {
+		Records []NetworkRecord `json:"records"`
+	}
+	q := url.Values{}
+	if deniedOnly {
+		q.Set("denied", "true")
+	}
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Records, nil
+}
+
+// FollowNetworkLog calls fn for every decision, past and future, until
+// ctx ends or fn fails.
+func (c *Client) FollowNetworkLog(ctx context.Context, id string, deniedOnly bool, fn func(NetworkRecord) error) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	q := url.Values{"follow": {"true"}}
+	if deniedOnly {
+		q.Set("denied", "true")
+	}
+	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return readNDJSON(resp.Body, func(line []byte) error {
+		var r NetworkRecord
+		if err := json.Unmarshal(line, &r); err != nil {
+			return fmt.Errorf("decode network record: %w", err)
+		}
+		return fn(r)
+	})
+}
+
+// SuggestNetworkPolicy returns the smallest allow policy covering what
+// the sandbox was denied (run it in learn mode first).
+func (c *Client) SuggestNetworkPolicy(ctx context.Context, id string) (*NetworkPolicy, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var p NetworkPolicy
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/suggest", nil, nil, &p); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}

@@ -1,0 +1,303 @@
+// Package audit keeps the host-side record of every egress decision: one
+// JSONL file per sandbox under the daemon's data dir, rotated by size,
+// readable and followable. Nothing inside a sandbox can reach these files;
+// they outlive the sandbox so its record can still be read and exported.
+package audit
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Record is one decision.
+type Record struct {
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	// Proto is dns, tcp, tls or http.
+	Proto string `json:"proto"`
+	// Name is the destination name (SNI, Host, DNS question), if any.
+	Name   string `json:"name,omitempty"`
+	IP     string `json:"ip,omitempty"`
+	Port   uint16 `json:"port,omitempty"`
+	Method string `json:"method,omitempty"`
+	Path   string `json:"path,omitempty"`
+	// Decision is "allow" or "deny".
+	Decision string `json:"decision"`
+	Rule     string `json:"rule"`
+	// Reason adds detail to a denial (forbidden address, Host≠SNI, …).
+	Reason   string `json:"reason,omitempty"`
+	BytesOut int64  `json:"bytes_out"`
+	BytesIn  int64  `json:"bytes_in"`
+}
+
+// Denied reports whether the record is a denial.
+func (r Record) Denied() bool { return r.Decision != "allow" }
+
+// Config configures a Log.
+type Config struct {
+	// Dir holds <sandbox>.jsonl and its rotations <sandbox>.jsonl.1 ….
+	Dir string
+	// MaxBytes rotates a file once it grows past this (default 16 MiB).
+	MaxBytes int64
+	// Keep is how many rotated files to keep (default 3).
+	Keep   int
+	Logger *slog.Logger
+}
+
+// Log appends and reads audit records.
+type Log struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.Mutex
+	files map[string]*file
+	subs  map[string]map[chan struct{}]bool
+}
+
+type file struct {
+	f    *os.File
+	w    *bufio.Writer
+	size int64
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+// New opens the audit log in cfg.Dir (created 0700).
+func New(cfg Config) (*Log, error) {
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 16 << 20
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = 3
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("audit dir: %w", err)
+	}
+	return &Log{cfg: cfg, log: cfg.Logger, files: map[string]*file{}, subs: map[string]map[chan struct{}]bool{}}, nil
+}
+
+func (l *Log) path(id string) string { return filepath.Join(l.cfg.Dir, id+".jsonl") }
+
+// Append writes r to its sandbox's file. It never fails the caller's
+// connection: errors are logged.
+func (l *Log) Append(r Record) {
+	if !idRE.MatchString(r.Sandbox) {
+		return
+	}
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.Time = r.Time.UTC()
+	line, err := json.Marshal(r)
+	if err != nil {
+		return
+	}
+	line = append(line, '\n')
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.write(r.Sandbox, line); err != nil {
+		l.log.Error("audit_append_failed", "sandbox_id", r.Sandbox, "error", err)
+	}
+	for ch := range l.subs[r.Sandbox] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (l *Log) write(id string, line []byte) error {
+	f := l.files[id]
+	if f == nil {
+		fd, err := os.OpenFile(l.path(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		st, err := fd.Stat()
+		if err != nil {
+			fd.Close()
+			return err
+		}
+		f = &file{f: fd, w: bufio.NewWriter(fd), size: st.Size()}
+		l.files[id] = f
+	}
+	if f.size > 0 && f.size+int64(len(line)) > l.cfg.MaxBytes {
+		if err := l.rotate(id, f); err != nil {
+			return err
+		}
+		return l.write(id, line)
+	}
+	if _, err := f.w.Write(line); err != nil {
+		return err
+	}
+	f.size += int64(len(line))
+	// Flushed per record: a reader (or a crash) must see every decision.
+	return f.w.Flush()
+}
+
+func (l *Log) rotate(id string, f *file) error {
+	f.w.Flush()
+	f.f.Close()
+	delete(l.files, id)
+	base := l.path(id)
+	os.Remove(fmt.Sprintf("%s.%d", base, l.cfg.Keep))
+	for i := l.cfg.Keep - 1; i >= 1; i-- {
+		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
+	}
+	return os.Rename(base, base+".1")
+}
+
+// Close closes the sandbox's file (it stays on disk).
+func (l *Log) Close(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f := l.files[id]; f != nil {
+		f.w.Flush()
+		f.f.Close()
+		delete(l.files, id)
+	}
+}
+
+// Filter selects records.
+type Filter struct {
+	DeniedOnly bool
+}
+
+func (f Filter) match(r Record) bool { return !f.DeniedOnly || r.Denied() }
+
+// Read returns the sandbox's records, oldest first, including rotated
+// files. An unknown sandbox has no records (not an error).
+func (l *Log) Read(id string, f Filter) ([]Record, error) {
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	var out []Record
+	for i := l.cfg.Keep; i >= 0; i-- {
+		p := l.path(id)
+		if i > 0 {
+			p = fmt.Sprintf("%s.%d", p, i)
+		}
+		recs, _, err := readFrom(p, 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range recs {
+			if f.match(r) {
+				out = append(out, r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// readFrom decodes whole lines of path from offset and returns the offset
+// after the last whole line.
+func readFrom(path string, off int64) ([]Record, int64, error) {
+	fd, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, off, nil
+	}
+	if err != nil {
+		return nil, off, err
+	}
+	defer fd.Close()
+	if _, err := fd.Seek(off, 0); err != nil {
+		return nil, off, err
+	}
+	var out []Record
+	br := bufio.NewReader(fd)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			break // a partial last line is read next time
+		}
+		off += int64(len(line))
+		var r Record
+		if json.Unmarshal(line, &r) == nil {
+			out = append(out, r)
+		}
+	}
+	return out, off, nil
+}
+
+// Follow calls fn for every record (history first, then new ones as they
+// are appended) until ctx ends or fn fails.
+func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) error) error {
+	if !idRE.MatchString(id) {
+		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	ch := make(chan struct{}, 1)
+	l.mu.Lock()
+	if l.subs[id] == nil {
+		l.subs[id] = map[chan struct{}]bool{}
+	}
+	l.subs[id][ch] = true
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		delete(l.subs[id], ch)
+		if len(l.subs[id]) == 0 {
+			delete(l.subs, id)
+		}
+		l.mu.Unlock()
+	}()
+	// History and the offset to follow from are taken under the lock
+	// Append holds, so no record is missed or seen twice.
+	l.mu.Lock()
+	hist, err := l.Read(id, f)
+	off := int64(0)
+	if fi, serr := os.Stat(l.path(id)); serr == nil {
+		off = fi.Size()
+	}
+	l.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	for _, r := range hist {
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	// Appends signal ch; a slow tick also catches a rotation.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ch:
+		case <-tick.C:
+		}
+		l.mu.Lock()
+		if fi, err := os.Stat(l.path(id)); err == nil && fi.Size() < off {
+			off = 0 // rotated: the new file starts over
+		}
+		recs, next, err := readFrom(l.path(id), off)
+		l.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		off = next
+		for _, r := range recs {
+			if f.match(r) {
+				if err := fn(r); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,220 @@
+package e2bcompat
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agent"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/store"
+)
+
+func TestEnvdVersionMatchesAgent(t *testing.T) {
+	if EnvdVersion != agent.Version {
+		t.Errorf("EnvdVersion = %q, agent.Version = %q: report what the agent implements", EnvdVersion, agent.Version)
+	}
+}
+
+func TestParseHost(t *testing.T) {
+	tests := []struct {
+		host, domain string
+		id           string
+		port         int
+		ok           bool
+	}{
+		{"8080-abc123.berth.localhost", "berth.localhost", "abc123", 8080, true},
+		{"49983-abc123.berth.localhost:2378", "berth.localhost", "abc123", 49983, true},
+		{"8080-ABC123.Berth.Localhost", "berth.localhost", "abc123", 8080, true},
+		{"8080-abc123.example.com", "berth.localhost", "", 0, false},
+		{"8080-abc-123.berth.localhost", "berth.localhost", "", 0, false},
+		{"0-abc.berth.localhost", "berth.localhost", "", 0, false},
+		{"65536-abc.berth.localhost", "berth.localhost", "", 0, false},
+		{"x80-abc.berth.localhost", "berth.localhost", "", 0, false},
+		{"8080-.berth.localhost", "berth.localhost", "", 0, false},
+		{"8080-abc.sub.berth.localhost", "berth.localhost", "", 0, false},
+		{"berth.localhost", "berth.localhost", "", 0, false},
+		{"127.0.0.1:2378", "berth.localhost", "", 0, false},
+		{"8080-abc.berth.localhost", "", "", 0, false},
+	}
+	for _, tt := range tests {
+		id, port, ok := ParseHost(tt.host, tt.domain)
+		if id != tt.id || port != tt.port || ok != tt.ok {
+			t.Errorf("ParseHost(%q, %q) = %q, %d, %v, want %q, %d, %v", tt.host, tt.domain, id, port, ok, tt.id, tt.port, tt.ok)
+		}
+	}
+}
+
+func FuzzParseHost(f *testing.F) {
+	for _, s := range []string{"8080-abc.berth.localhost", "1-a.berth.localhost:1", "-.berth.localhost", "[::1]:80", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, host string) {
+		id, port, ok := ParseHost(host, "berth.localhost")
+		if !ok {
+			return
+		}
+		if !validID(id) || port < 1 || port > 65535 {
+			t.Errorf("ParseHost(%q) = %q, %d: accepted an invalid target", host, id, port)
+		}
+	})
+}
+
+func TestCursorRoundTrip(t *testing.T) {
+	c := cursor{at: time.Now().UnixNano(), id: "abc123"}
+	got, err := parseCursor(c.String())
+	if err != nil || got != c {
+		t.Errorf("parseCursor(%q) = %+v, %v, want %+v", c.String(), got, err, c)
+	}
+	for _, bad := range []string{"", "!!", "YWJj", "MTpBQkM"} {
+		if _, err := parseCursor(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("parseCursor(%q) err = %v, want invalid argument", bad, err)
+		}
+	}
+}
+
+func TestApplyNetwork(t *testing.T) {
+	yes, no := true, false
+	mask := "x"
+	tests := []struct {
+		name string
+		in   networkConfig
+		ok   bool
+	}{
+		{"empty", networkConfig{}, true},
+		{"no internet", networkConfig{AllowInternetAccess: &no}, true},
+		{"deny list", networkConfig{DenyOut: []string{"0.0.0.0/0", "10.1.2.3"}}, true},
+		{"private traffic", networkConfig{AllowPublicTraffic: &no}, true},
+		{"internet", networkConfig{AllowInternetAccess: &yes}, false},
+		{"allow list", networkConfig{AllowOut: []string{"1.1.1.1"}}, false},
+		{"deny a domain", networkConfig{DenyOut: []string{"example.com"}}, false},
+		{"rules", networkConfig{Rules: json.RawMessage(`{"a.com":[{}]}`)}, false},
+		{"proxy", networkConfig{EgressProxy: json.RawMessage(`{"address":"p:1"}`)}, false},
+		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
+	}
+	for _, tt := range tests {
+		err := applyNetwork(tt.in)
+		if (err == nil) != tt.ok {
+			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
+		}
+		if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("applyNetwork(%s) = %v, want invalid argument", tt.name, err)
+		}
+	}
+}
+
+// fakeManager holds sandboxes in memory.
+type fakeManager struct{ sbs map[string]sandbox.Sandbox }
+
+func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	sb := sandbox.Sandbox{Sandbox: store.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: sandbox.StateReady, Template: req.Template,
+		Owner: req.Owner, Metadata: req.Metadata, User: req.User, Token: "tok", CreatedAt: time.Now(), Deadline: time.Now().Add(req.Timeout)}}
+	f.sbs[sb.ID] = sb
+	return sb, nil
+}
+
+func (f *fakeManager) Get(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	sb, ok := f.sbs[id]
+	if !ok {
+		return sb, errdefs.ErrNotFound
+	}
+	return sb, nil
+}
+
+func (f *fakeManager) ListOwned(ctx context.Context, opts sandbox.OwnedListOptions) ([]sandbox.Sandbox, error) {
+	var out []sandbox.Sandbox
+	for _, sb := range f.sbs {
+		if sb.Owner == opts.Owner {
+			out = append(out, sb)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeManager) Destroy(ctx context.Context, id, reason string) error {
+	delete(f.sbs, id)
+	return nil
+}
+
+func (f *fakeManager) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	return f.sbs[id], nil
+}
+
+func (f *fakeManager) Agent(ctx context.Context, id string) (string, string, error) {
+	return "", "", errdefs.ErrNotFound
+}
+
+func TestControlPlaneAuth(t *testing.T) {
+	db, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	keys := NewKeys(db)
+	_, k1, err := keys.Create(t.Context(), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec2, k2, err := keys.Create(t.Context(), "two")
+	if err != nil {
+		t.Fatal(err)
+	}
+	native := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusTeapot) })
+	srv := New(Config{Manager: &fakeManager{sbs: map[string]sandbox.Sandbox{}}, Store: db, Keys: keys, Native: native})
+	do := func(method, path, key, body string) (int, map[string]any) {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("X-API-Key", key)
+		}
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		var out map[string]any
+		json.Unmarshal(w.Body.Bytes(), &out)
+		return w.Code, out
+	}
+	if code, _ := do("GET", "/v1/health", "", ""); code != http.StatusTeapot {
+		t.Errorf("GET /v1/health went to %d, want the native API", code)
+	}
+	for _, key := range []string{"", "e2b_ffff", "nope"} {
+		code, body := do("GET", "/v2/sandboxes", key, "")
+		if code != 401 || body["code"] != float64(401) {
+			t.Errorf("list with key %q = %d %v, want 401 with code 401", key, code, body)
+		}
+	}
+	code, body := do("POST", "/sandboxes", k1, `{"templateID":"base","metadata":{"a":"b"},"extra":1}`)
+	if code != 201 {
+		t.Fatalf("create = %d %v", code, body)
+	}
+	id := body["sandboxID"].(string)
+	if body["envdAccessToken"] != "tok" || body["domain"] != DefaultDomain || body["envdVersion"] != EnvdVersion {
+		t.Errorf("create answered %v", body)
+	}
+	if code, _ := do("GET", "/sandboxes/"+id, k2, ""); code != 404 {
+		t.Errorf("get with another key = %d, want 404", code)
+	}
+	if code, _ := do("DELETE", "/sandboxes/"+id, k2, ""); code != 404 {
+		t.Errorf("delete with another key = %d, want 404", code)
+	}
+	if code, _ := do("POST", "/sandboxes/"+id+"/pause", k1, ""); code != 501 {
+		t.Errorf("pause = %d, want 501", code)
+	}
+	if code, _ := do("GET", "/sandboxes/"+id, k1, ""); code != 200 {
+		t.Errorf("get with the owner's key = %d, want 200", code)
+	}
+	if err := keys.Revoke(t.Context(), rec2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := do("GET", "/v2/sandboxes", k2, ""); code != 401 {
+		t.Errorf("list with a revoked key = %d, want 401", code)
+	}
+	if code, _ := do("DELETE", "/sandboxes/"+id, k1, ""); code != 204 {
+		t.Errorf("delete with the owner's key = %d, want 204", code)
+	}
+}

@@ -1,0 +1,464 @@
+package netpolicy
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/audit"
+)
+
+// EgressConfig configures the host-side egress services.
+type EgressConfig struct {
+	// StateDir holds one directory per sandbox (its policy and CA key),
+	// 0700, removed with the sandbox.
+	StateDir string
+	// Upstream are the DNS servers (host:port) the resolvers and the proxy
+	// ask; default: the nameservers of the host's /etc/resolv.conf.
+	Upstream []string
+	// Guard decides which addresses are public.
+	Guard *Guard
+	// Audit receives every decision.
+	Audit *audit.Log
+	// UpstreamRoots verify servers behind intercepted TLS (nil: the host's
+	// roots).
+	UpstreamRoots *x509.CertPool
+	// ProxyPort must match the Network's.
+	ProxyPort   uint16
+	DialTimeout time.Duration
+	Logger      *slog.Logger
+}
+
+// Egress runs, per sandbox, a filtering DNS resolver and a transparent
+// egress proxy on the host side of its veth, and holds its policy. Policy
+// swaps are atomic and take effect for the next connection or query.
+type Egress struct {
+	cfg EgressConfig
+	log *slog.Logger
+
+	mu    sync.Mutex
+	boxes map[string]*box
+}
+
+// box is one sandbox's egress state.
+type box struct {
+	id     string
+	hostIP netip.Addr
+	policy atomic.Pointer[Compiled]
+	ca     *sandboxCA
+	e      *Egress
+
+	ln     net.Listener
+	dnsUDP *dns.Server
+	dnsTCP *dns.Server
+
+	mu     sync.Mutex
+	conns  map[net.Conn]bool
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewEgress prepares the egress services.
+func NewEgress(cfg EgressConfig) (*Egress, error) {
+	if cfg.StateDir == "" || cfg.Audit == nil {
+		return nil, fmt.Errorf("egress: state dir and audit log are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Guard == nil {
+		cfg.Guard = &Guard{}
+	}
+	if cfg.ProxyPort == 0 {
+		cfg.ProxyPort = DefaultProxyPort
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if len(cfg.Upstream) == 0 {
+		cfg.Upstream = HostResolvers("/etc/resolv.conf")
+	}
+	for i, u := range cfg.Upstream {
+		if _, _, err := net.SplitHostPort(u); err != nil {
+			cfg.Upstream[i] = net.JoinHostPort(u, "53")
+		}
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("egress state dir: %w", err)
+	}
+	return &Egress{cfg: cfg, log: cfg.Logger, boxes: map[string]*box{}}, nil
+}
+
+// HostResolvers reads the nameservers of a resolv.conf.
+func HostResolvers(path string) []string {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, s := range cc.Servers {
+		out = append(out, net.JoinHostPort(s, cc.Port))
+	}
+	return out
+}
+
+func (e *Egress) dir(id string) string { return filepath.Join(e.cfg.StateDir, id) }
+
+// Prepare makes the sandbox's state dir and CA (kept if present) and
+// returns the CA certificate (PEM) to install in the sandbox.
+func (e *Egress) Prepare(id string) ([]byte, error) {
+	if err := validID(id); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(e.dir(id), 0o700); err != nil {
+		return nil, fmt.Errorf("egress state for %s: %w", id, err)
+	}
+	ca, err := loadOrCreateCA(e.dir(id), id)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %s CA: %w", id, err)
+	}
+	return ca.pem, nil
+}
+
+// Start runs the sandbox's resolver and proxy on hostIP with policy p
+// (persisted, so a restarted daemon can Start it again with LoadPolicy).
+func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p Policy) error {
+	c, err := Compile(p)
+	if err != nil {
+		return err
+	}
+	if _, err := e.Prepare(id); err != nil {
+		return err
+	}
+	ca, err := loadOrCreateCA(e.dir(id), id)
+	if err != nil {
+		return err
+	}
+	if err := e.savePolicy(id, c.Policy); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old := e.boxes[id]; old != nil {
+		old.close()
+		delete(e.boxes, id)
+	}
+	b := &box{id: id, hostIP: hostIP, ca: ca, e: e, conns: map[net.Conn]bool{}}
+	b.policy.Store(c)
+	lc := net.ListenConfig{}
+	ln, err := lc.Listen(ctx, "tcp4", netip.AddrPortFrom(hostIP, e.cfg.ProxyPort).String())
+	if err != nil {
+		return fmt.Errorf("sandbox %s egress proxy: %w", id, err)
+	}
+	b.ln = ln
+	dnsAddr := netip.AddrPortFrom(hostIP, 53).String()
+	pc, err := lc.ListenPacket(ctx, "udp4", dnsAddr)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("sandbox %s resolver: %w", id, err)
+	}
+	tl, err := lc.Listen(ctx, "tcp4", dnsAddr)
+	if err != nil {
+		ln.Close()
+		pc.Close()
+		return fmt.Errorf("sandbox %s resolver: %w", id, err)
+	}
+	b.dnsUDP = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(b.serveDNS)}
+	b.dnsTCP = &dns.Server{Listener: tl, Handler: dns.HandlerFunc(b.serveDNS), ReadTimeout: 5 * time.Second}
+	b.wg.Add(3)
+	go func() { defer b.wg.Done(); b.dnsUDP.ActivateAndServe() }()
+	go func() { defer b.wg.Done(); b.dnsTCP.ActivateAndServe() }()
+	go func() { defer b.wg.Done(); b.accept() }()
+	e.boxes[id] = b
+	return nil
+}
+
+// SetPolicy replaces the sandbox's policy for new connections and
+// queries. An invalid policy changes nothing.
+func (e *Egress) SetPolicy(id string, p Policy) error {
+	c, err := Compile(p)
+	if err != nil {
+		return err
+	}
+	e.mu.Lock()
+	b := e.boxes[id]
+	e.mu.Unlock()
+	if b == nil {
+		return fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
+	}
+	if err := e.savePolicy(id, c.Policy); err != nil {
+		return err
+	}
+	b.policy.Store(c)
+	return nil
+}
+
+// Policy returns the sandbox's policy in force.
+func (e *Egress) Policy(id string) (Policy, error) {
+	e.mu.Lock()
+	b := e.boxes[id]
+	e.mu.Unlock()
+	if b == nil {
+		return Policy{}, fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
+	}
+	return b.policy.Load().Policy, nil
+}
+
+// LoadPolicy reads a sandbox's persisted policy (after a restart).
+func (e *Egress) LoadPolicy(id string) (Policy, error) {
+	if err := validID(id); err != nil {
+		return Policy{}, err
+	}
+	data, err := os.ReadFile(filepath.Join(e.dir(id), "policy.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return Policy{}, fmt.Errorf("sandbox %s policy: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return Policy{}, err
+	}
+	var p Policy
+	if err := json.Unmarshal(data, &p); err != nil {
+		return Policy{}, fmt.Errorf("sandbox %s policy: %w", id, err)
+	}
+	return p, p.Validate()
+}
+
+func (e *Egress) savePolicy(id string, p Policy) error {
+	data, err := json.Marshal(p)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(e.dir(id), "policy.json"), data, 0o600); err != nil {
+		return fmt.Errorf("save sandbox %s policy: %w", id, err)
+	}
+	return nil
+}
+
+// Stop closes the sandbox's listeners and connections; its state stays.
+func (e *Egress) Stop(id string) {
+	e.mu.Lock()
+	b := e.boxes[id]
+	delete(e.boxes, id)
+	e.mu.Unlock()
+	if b != nil {
+		b.close()
+	}
+}
+
+// Remove stops the sandbox's services and deletes its state (CA key
+// included). Removing an unknown id is not an error.
+func (e *Egress) Remove(id string) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	e.Stop(id)
+	e.cfg.Audit.Close(id)
+	if err := os.RemoveAll(e.dir(id)); err != nil {
+		return fmt.Errorf("remove sandbox %s egress state: %w", id, err)
+	}
+	return nil
+}
+
+// List returns the ids that have egress state on disk.
+func (e *Egress) List() ([]string, error) {
+	ents, err := os.ReadDir(e.cfg.StateDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, d := range ents {
+		if d.IsDir() && validID(d.Name()) == nil {
+			out = append(out, d.Name())
+		}
+	}
+	return out, nil
+}
+
+// Close stops every sandbox's services (their state stays for a restart).
+func (e *Egress) Close() {
+	e.mu.Lock()
+	boxes := e.boxes
+	e.boxes = map[string]*box{}
+	e.mu.Unlock()
+	for _, b := range boxes {
+		b.close()
+	}
+}
+
+func (b *box) close() {
+	b.mu.Lock()
+	b.closed = true
+	for c := range b.conns {
+		c.Close()
+	}
+	b.mu.Unlock()
+	b.ln.Close()
+	b.dnsUDP.Shutdown()
+	b.dnsTCP.Shutdown()
+	b.wg.Wait()
+}
+
+func (b *box) track(c net.Conn) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return false
+	}
+	b.conns[c] = true
+	return true
+}
+
+func (b *box) untrack(c net.Conn) {
+	b.mu.Lock()
+	delete(b.conns, c)
+	b.mu.Unlock()
+}
+
+func (b *box) audit(r audit.Record) {
+	r.Sandbox = b.id
+	b.e.cfg.Audit.Append(r)
+}
+
+// serveDNS answers allowed names from upstream, minus answers that point
+// at forbidden addresses, and refuses the rest.
+func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
+	resp := new(dns.Msg)
+	resp.SetReply(req)
+	if len(req.Question) != 1 || req.Opcode != dns.OpcodeQuery {
+		resp.Rcode = dns.RcodeRefused
+		w.WriteMsg(resp)
+		return
+	}
+	q := req.Question[0]
+	name := dns.CanonicalName(q.Name)
+	host := name[:max(len(name)-1, 0)]
+	pol := b.policy.Load()
+	d := pol.DecideName(host)
+	rec := audit.Record{Proto: "dns", Name: host, Rule: d.Rule, Decision: "deny"}
+	if !d.Allow {
+		resp.Rcode = dns.RcodeRefused
+		w.WriteMsg(resp)
+		b.audit(rec)
+		return
+	}
+	rec.Decision = "allow"
+	switch q.Qtype {
+	case dns.TypeAAAA:
+		// The sandbox has no IPv6; an empty answer makes clients use A.
+		w.WriteMsg(resp)
+		b.audit(rec)
+		return
+	case dns.TypeA, dns.TypeCNAME, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeTXT, dns.TypeMX, dns.TypeSRV, dns.TypeCAA:
+	default:
+		resp.Rcode = dns.RcodeRefused
+		w.WriteMsg(resp)
+		rec.Decision, rec.Reason = "deny", "query type "+dns.TypeToString[q.Qtype]
+		b.audit(rec)
+		return
+	}
+	up := new(dns.Msg)
+	up.SetQuestion(name, q.Qtype)
+	up.RecursionDesired = true
+	in, err := b.e.exchange(context.Background(), up)
+	if err != nil {
+		resp.Rcode = dns.RcodeServerFailure
+		w.WriteMsg(resp)
+		rec.Reason = "upstream: " + err.Error()
+		b.audit(rec)
+		return
+	}
+	resp.Rcode = in.Rcode
+	var ips []string
+	for _, rr := range in.Answer {
+		if ip, ok := rrAddr(rr); ok {
+			if bad, _ := b.e.cfg.Guard.Forbidden(ip); bad {
+				rec.Reason = "dropped forbidden answer " + ip.String()
+				continue
+			}
+			ips = append(ips, ip.String())
+		}
+		resp.Answer = append(resp.Answer, rr)
+	}
+	if len(ips) > 0 {
+		rec.IP = ips[0]
+	}
+	w.WriteMsg(resp)
+	b.audit(rec)
+}
+
+func rrAddr(rr dns.RR) (netip.Addr, bool) {
+	switch v := rr.(type) {
+	case *dns.A:
+		a, ok := netip.AddrFromSlice(v.A.To4())
+		return a, ok
+	case *dns.AAAA:
+		a, ok := netip.AddrFromSlice(v.AAAA)
+		return a, ok
+	}
+	return netip.Addr{}, false
+}
+
+// exchange asks the upstream servers in turn (UDP, then TCP if truncated).
+func (e *Egress) exchange(ctx context.Context, m *dns.Msg) (*dns.Msg, error) {
+	if len(e.cfg.Upstream) == 0 {
+		return nil, errors.New("no upstream DNS server configured")
+	}
+	var last error
+	for _, up := range e.cfg.Upstream {
+		c := &dns.Client{Timeout: 3 * time.Second}
+		in, _, err := c.ExchangeContext(ctx, m, up)
+		if err == nil && in.Truncated {
+			c.Net = "tcp"
+			in, _, err = c.ExchangeContext(ctx, m, up)
+		}
+		if err == nil {
+			return in, nil
+		}
+		last = err
+	}
+	return nil, last
+}
+
+// resolve looks name up (A and AAAA) through the upstream servers.
+func (e *Egress) resolve(ctx context.Context, name string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	var last error
+	for _, t := range []uint16{dns.TypeA, dns.TypeAAAA} {
+		m := new(dns.Msg)
+		m.SetQuestion(dns.Fqdn(name), t)
+		m.RecursionDesired = true
+		in, err := e.exchange(ctx, m)
+		if err != nil {
+			last = err
+			continue
+		}
+		for _, rr := range in.Answer {
+			if ip, ok := rrAddr(rr); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	if len(out) == 0 && last != nil {
+		return nil, last
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%s has no address", name)
+	}
+	return out, nil
+}
+
+func portString(p uint16) string { return strconv.Itoa(int(p)) }

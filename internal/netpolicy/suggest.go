@@ -1,0 +1,48 @@
+package netpolicy
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/berth-sandbox/berth/internal/audit"
+)
+
+// Suggest returns the smallest allow policy that would have let through
+// every denied attempt in recs: each denied name (DNS question, SNI or
+// Host) as an exact domain rule, and each denied nameless connection as
+// its address and port. Attempts no policy can allow (forbidden
+// addresses, malformed traffic) are left out.
+func Suggest(recs []audit.Record) Policy {
+	names := map[string]bool{}
+	addrs := map[string]bool{}
+	for _, r := range recs {
+		if !r.Denied() || r.Rule == "proxy" || strings.Contains(r.Reason, "non-public") ||
+			strings.Contains(r.Reason, "host's own") || strings.Contains(r.Reason, "metadata") {
+			continue
+		}
+		if r.Name != "" {
+			if ValidDomain(r.Name) {
+				names[strings.ToLower(r.Name)] = true
+			}
+			continue
+		}
+		ip, err := netip.ParseAddr(r.IP)
+		if err != nil || r.Port == 0 {
+			continue
+		}
+		addrs[netip.PrefixFrom(ip, ip.BitLen()).String()+":"+portString(r.Port)] = true
+	}
+	p := Policy{Mode: ModeAllow}
+	for n := range names {
+		p.Allow = append(p.Allow, n)
+	}
+	slices.Sort(p.Allow)
+	var as []string
+	for a := range addrs {
+		as = append(as, a)
+	}
+	slices.Sort(as)
+	p.Allow = append(p.Allow, as...)
+	return p
+}

@@ -1,0 +1,318 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
+)
+
+// Egress is what the Manager needs from the host-side egress services
+// (netpolicy.Egress): per-sandbox resolver, proxy, policy and CA.
+type Egress interface {
+	Prepare(id string) ([]byte, error)
+	Start(ctx context.Context, id string, hostIP netip.Addr, p netpolicy.Policy) error
+	SetPolicy(id string, p netpolicy.Policy) error
+	Policy(id string) (netpolicy.Policy, error)
+	LoadPolicy(id string) (netpolicy.Policy, error)
+	Remove(id string) error
+	List() ([]string, error)
+}
+
+// AuditLog is the egress decision record.
+type AuditLog interface {
+	Read(id string, f audit.Filter) ([]audit.Record, error)
+	Follow(ctx context.Context, id string, f audit.Filter, fn func(audit.Record) error) error
+}
+
+// modeSetter is the Network's firewall side of a policy.
+type modeSetter interface {
+	SetMode(ctx context.Context, id string, mode netpolicy.Mode) error
+}
+
+// Where the sandbox finds its egress CA: on its own, and appended to the
+// system bundle (what OpenSSL-, Python-, git- and Go-based clients read
+// through the variables below).
+const (
+	egressCAPath     = "/etc/berth/egress-ca.pem"
+	egressBundlePath = "/etc/berth/ca-bundle.pem"
+	systemBundlePath = "/etc/ssl/certs/ca-certificates.crt"
+	debianCAPath     = "/usr/local/share/ca-certificates/berth-egress.crt"
+)
+
+// egressEnv points TLS clients at the bundle holding the sandbox's CA,
+// unless the request set the variable itself.
+func (m *Manager) egressEnv(env []string) []string {
+	if m.deps.Egress == nil {
+		return env
+	}
+	vars := []string{
+		"SSL_CERT_FILE=" + egressBundlePath,
+		"REQUESTS_CA_BUNDLE=" + egressBundlePath,
+		"CURL_CA_BUNDLE=" + egressBundlePath,
+		"GIT_SSL_CAINFO=" + egressBundlePath,
+		"NODE_EXTRA_CA_CERTS=" + egressCAPath,
+	}
+next:
+	for _, v := range vars {
+		key := v[:strings.IndexByte(v, '=')+1]
+		for _, have := range env {
+			if strings.HasPrefix(have, key) {
+				continue next
+			}
+		}
+		env = append(env, v)
+	}
+	return env
+}
+
+// policyField turns a policy validation error into a FieldError naming
+// the entry ("network.allow[2]").
+func policyField(err error) error {
+	var re *netpolicy.RuleError
+	if errors.As(err, &re) {
+		return &FieldError{Field: "network." + re.Field, Err: err}
+	}
+	return &FieldError{Field: "network", Err: err}
+}
+
+// startEgress applies p to a sandbox whose agent answers: its resolver
+// and proxy, its firewall mode, and its resolv.conf and trust store.
+func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy, install bool) error {
+	if m.deps.Egress == nil {
+		if p.Mode != "" && p.Mode != netpolicy.ModeNone {
+			return fmt.Errorf("egress policy %s: this daemon has no egress services: %w", p.Mode, errdefs.ErrFailedPrecondition)
+		}
+		return nil
+	}
+	ca, err := m.deps.Egress.Prepare(e.rec.ID)
+	if err != nil {
+		return err
+	}
+	if err := m.deps.Egress.Start(ctx, e.rec.ID, e.att.HostIP, p); err != nil {
+		return err
+	}
+	if ms, ok := m.deps.Network.(modeSetter); ok {
+		if err := ms.SetMode(ctx, e.rec.ID, p.Normalize().Mode); err != nil {
+			return err
+		}
+	}
+	if !install {
+		return nil
+	}
+	return m.installEgressFiles(ctx, e, ca)
+}
+
+// installEgressFiles writes resolv.conf (the gateway is the resolver) and
+// the CA into the sandbox through its agent.
+func (m *Manager) installEgressFiles(ctx context.Context, e *entry, ca []byte) error {
+	addr := agentAddr(e.att)
+	bundle := m.agentRead(ctx, addr, e.rec.Token, systemBundlePath)
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	files := []struct {
+		path string
+		body []byte
+	}{
+		{"/etc/resolv.conf", []byte("# written by berth: the sandbox's filtering resolver\nnameserver " + e.att.HostIP.String() + "\noptions edns0\n")},
+		{egressCAPath, ca},
+		{debianCAPath, ca},
+		{egressBundlePath, append(bundle, ca...)},
+	}
+	for _, f := range files {
+		if err := m.agentWrite(ctx, addr, e.rec.Token, f.path, f.body); err != nil {
+			return fmt.Errorf("write %s in the sandbox: %w", f.path, err)
+		}
+	}
+	return nil
+}
+
+// agentHTTP is a one-off client: these few calls per sandbox must not
+// leave idle connections into it.
+func agentHTTP() *http.Client {
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
+func (m *Manager) agentWrite(ctx context.Context, addr, token, path string, body []byte) error {
+	u := "http://" + addr + "/files?username=root&path=" + url.QueryEscape(path)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("X-Access-Token", token)
+	resp, err := agentHTTP().Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("agent answered %s: %s", resp.Status, msg)
+	}
+	return nil
+}
+
+// agentRead returns a file's content, or nil when it cannot be read.
+func (m *Manager) agentRead(ctx context.Context, addr, token, path string) []byte {
+	u := "http://" + addr + "/files?username=root&path=" + url.QueryEscape(path)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil
+	}
+	req.Header.Set("X-Access-Token", token)
+	resp, err := agentHTTP().Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil
+	}
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
+	return b
+}
+
+// removeEgress drops the sandbox's egress services and state (CA key).
+func (m *Manager) removeEgress(id string) error {
+	if m.deps.Egress == nil {
+		return nil
+	}
+	return m.deps.Egress.Remove(id)
+}
+
+// readoptEgress restarts an adopted sandbox's resolver and proxy with its
+// persisted policy and rewrites its firewall mode.
+func (m *Manager) readoptEgress(ctx context.Context, e *entry) error {
+	if m.deps.Egress == nil {
+		return nil
+	}
+	p, err := m.deps.Egress.LoadPolicy(e.rec.ID)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		p = netpolicy.Policy{Mode: netpolicy.ModeNone}
+	} else if err != nil {
+		return err
+	}
+	return m.startEgress(ctx, e, p, false)
+}
+
+// readyEntry returns a live, ready sandbox's entry (op not held).
+func (m *Manager) readyEntry(ctx context.Context, id string) (*entry, error) {
+	e, ok := m.lookup(id)
+	if !ok {
+		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return e, nil
+}
+
+// NetworkPolicy returns a running sandbox's egress policy.
+func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+	if _, err := m.readyEntry(ctx, id); err != nil {
+		return netpolicy.Policy{}, err
+	}
+	if m.deps.Egress == nil {
+		return netpolicy.Policy{Mode: netpolicy.ModeNone}, nil
+	}
+	return m.deps.Egress.Policy(id)
+}
+
+// SetNetworkPolicy replaces a running sandbox's egress policy; it applies
+// to new connections at once. An invalid policy changes nothing.
+func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
+	if err := p.Validate(); err != nil {
+		return netpolicy.Policy{}, policyField(err)
+	}
+	p = p.Normalize()
+	e, err := m.readyEntry(ctx, id)
+	if err != nil {
+		return netpolicy.Policy{}, err
+	}
+	e.op.Lock()
+	defer e.op.Unlock()
+	if e.closed || e.rec.State != StateReady {
+		return netpolicy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+	}
+	if m.deps.Egress == nil {
+		return netpolicy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
+	}
+	old, err := m.deps.Egress.Policy(id)
+	if err != nil {
+		return netpolicy.Policy{}, err
+	}
+	// Firewall first when opening, proxy first when closing, so neither
+	// step is ever more open than both policies.
+	ms, _ := m.deps.Network.(modeSetter)
+	closing := p.Mode == netpolicy.ModeNone
+	if closing {
+		if ms != nil {
+			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
+				return netpolicy.Policy{}, err
+			}
+		}
+		if err := m.deps.Egress.SetPolicy(id, p); err != nil {
+			return netpolicy.Policy{}, err
+		}
+	} else {
+		if err := m.deps.Egress.SetPolicy(id, p); err != nil {
+			return netpolicy.Policy{}, err
+		}
+		if ms != nil {
+			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
+				m.deps.Egress.SetPolicy(id, old)
+				return netpolicy.Policy{}, err
+			}
+		}
+	}
+	m.event(ctx, id, EventNetworkPolicy, "egress policy "+string(p.Mode))
+	return p, nil
+}
+
+// EventNetworkPolicy records a policy change.
+const EventNetworkPolicy = "network_policy"
+
+// NetworkLog returns a sandbox's egress decisions (also after it ended).
+func (m *Manager) NetworkLog(ctx context.Context, id string, f audit.Filter) ([]audit.Record, error) {
+	if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+		return nil, err
+	}
+	if m.deps.Audit == nil {
+		return nil, nil
+	}
+	return m.deps.Audit.Read(id, f)
+}
+
+// FollowNetworkLog streams a sandbox's egress decisions until ctx ends.
+func (m *Manager) FollowNetworkLog(ctx context.Context, id string, f audit.Filter, fn func(audit.Record) error) error {
+	if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+		return err
+	}
+	if m.deps.Audit == nil {
+		<-ctx.Done()
+		return nil
+	}
+	return m.deps.Audit.Follow(ctx, id, f, fn)
+}
+
+// SuggestPolicy proposes the smallest allow policy covering what the
+// sandbox was denied.
+func (m *Manager) SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+	recs, err := m.NetworkLog(ctx, id, audit.Filter{DeniedOnly: true})
+	if err != nil {
+		return netpolicy.Policy{}, err
+	}
+	return netpolicy.Suggest(recs), nil
+}

@@ -1,0 +1,113 @@
+// files.* through the unchanged SDK.
+import { test, before } from 'node:test'
+import assert from 'node:assert/strict'
+import { FileType, FilesystemEventType, NotFoundError } from 'e2b'
+import { newSandbox, waitFor } from './helpers.mjs'
+
+let sbx
+before(async () => {
+  sbx = await newSandbox()
+})
+
+test('write and read: text, bytes, blob, stream', async () => {
+  const info = await sbx.files.write('/home/user/hello.txt', 'hello, world')
+  assert.equal(info.path, '/home/user/hello.txt')
+  assert.equal(info.name, 'hello.txt')
+  assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello, world')
+  const bytes = await sbx.files.read('/home/user/hello.txt', { format: 'bytes' })
+  assert.deepEqual(Buffer.from(bytes), Buffer.from('hello, world'))
+  const blob = await sbx.files.read('/home/user/hello.txt', { format: 'blob' })
+  assert.equal(await blob.text(), 'hello, world')
+  const stream = await sbx.files.read('/home/user/hello.txt', { format: 'stream' })
+  const chunks = []
+  for await (const c of stream) chunks.push(Buffer.from(c))
+  assert.equal(Buffer.concat(chunks).toString(), 'hello, world')
+  // Written as the default user.
+  const r = await sbx.commands.run('stat -c %U /home/user/hello.txt')
+  assert.equal(r.stdout, 'user\n')
+  await assert.rejects(sbx.files.read('/home/user/missing'), NotFoundError)
+})
+
+test('write many and large files', async () => {
+  const infos = await sbx.files.write([
+    { path: '/tmp/many/a.txt', data: 'A' },
+    { path: '/tmp/many/sub/b.bin', data: new Uint8Array([0, 1, 2, 255]) },
+  ])
+  assert.deepEqual(infos.map((i) => i.path).sort(), ['/tmp/many/a.txt', '/tmp/many/sub/b.bin'])
+  assert.equal(await sbx.files.read('/tmp/many/a.txt'), 'A')
+  assert.deepEqual([...(await sbx.files.read('/tmp/many/sub/b.bin', { format: 'bytes' }))], [0, 1, 2, 255])
+
+  const big = Buffer.alloc(20 << 20)
+  for (let i = 0; i < big.length; i += 4096) big[i] = i % 251
+  await sbx.files.write('/tmp/big.bin', big)
+  const r = await sbx.commands.run('stat -c %s /tmp/big.bin')
+  assert.equal(r.stdout, `${big.length}\n`)
+  const back = Buffer.from(await sbx.files.read('/tmp/big.bin', { format: 'bytes' }))
+  assert.ok(back.equals(big), 'large file read back differs')
+})
+
+test('list with depth, exists, getInfo, makeDir, rename, remove', async () => {
+  assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), true)
+  assert.equal(await sbx.files.makeDir('/tmp/tree/a/b'), false, 'makeDir of an existing dir reports false')
+  await sbx.files.write('/tmp/tree/top.txt', 'top')
+  await sbx.files.write('/tmp/tree/a/b/deep.txt', 'deep')
+  const shallow = await sbx.files.list('/tmp/tree')
+  assert.deepEqual(shallow.map((e) => e.name).sort(), ['a', 'top.txt'])
+  const deep = await sbx.files.list('/tmp/tree', { depth: 3 })
+  assert.deepEqual(deep.map((e) => e.path).sort(), ['/tmp/tree/a', '/tmp/tree/a/b', '/tmp/tree/a/b/deep.txt', '/tmp/tree/top.txt'])
+
+  assert.equal(await sbx.files.exists('/tmp/tree/top.txt'), true)
+  assert.equal(await sbx.files.exists('/tmp/tree/nope'), false)
+  const fi = await sbx.files.getInfo('/tmp/tree/top.txt')
+  assert.equal(fi.type, FileType.FILE)
+  assert.equal(fi.size, 3)
+  assert.equal(fi.owner, 'user')
+  assert.equal((await sbx.files.getInfo('/tmp/tree/a')).type, FileType.DIR)
+
+  const moved = await sbx.files.rename('/tmp/tree/top.txt', '/tmp/tree/a/moved.txt')
+  assert.equal(moved.path, '/tmp/tree/a/moved.txt')
+  assert.equal(await sbx.files.read('/tmp/tree/a/moved.txt'), 'top')
+  assert.equal(await sbx.files.exists('/tmp/tree/top.txt'), false)
+  await sbx.files.remove('/tmp/tree/a')
+  assert.equal(await sbx.files.exists('/tmp/tree/a'), false)
+})
+
+test('watchDir recursive reports creates, writes and removes', async () => {
+  await sbx.files.makeDir('/tmp/watched/sub')
+  const events = []
+  const handle = await sbx.files.watchDir('/tmp/watched', (e) => events.push(e), { recursive: true })
+  try {
+    await sbx.files.write('/tmp/watched/sub/new.txt', 'x')
+    await sbx.commands.run('echo more >> /tmp/watched/sub/new.txt; rm /tmp/watched/sub/new.txt')
+    await waitFor('a remove event', () => events.some((e) => e.type === FilesystemEventType.REMOVE)).catch((err) => {
+      throw new Error(`${err.message}; events so far: ${JSON.stringify(events)}`)
+    })
+  } finally {
+    await handle.stop()
+  }
+  const forFile = events.filter((e) => e.name === 'sub/new.txt')
+  const types = new Set(forFile.map((e) => e.type))
+  assert.ok(types.has(FilesystemEventType.CREATE), `events ${JSON.stringify(events)}`)
+  assert.ok(types.has(FilesystemEventType.WRITE), `events ${JSON.stringify(events)}`)
+  assert.ok(types.has(FilesystemEventType.REMOVE), `events ${JSON.stringify(events)}`)
+})
+
+test('uploadUrl and downloadUrl carry signatures that work without the token', async () => {
+  const up = await sbx.uploadUrl('/tmp/signed.txt')
+  assert.match(up, /signature=v1_/)
+  const form = new FormData()
+  form.append('file', new Blob(['signed upload']), 'signed.txt')
+  const put = await fetch(up, { method: 'POST', body: form, headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983' } })
+  assert.equal(put.status, 200, await put.clone().text())
+  assert.equal(await sbx.files.read('/tmp/signed.txt'), 'signed upload')
+
+  const down = await sbx.downloadUrl('/tmp/signed.txt')
+  const get = await fetch(down, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
+  assert.equal(get.status, 200)
+  assert.equal(await get.text(), 'signed upload')
+
+  // A signature for another path is refused.
+  const forged = down.replace('signed.txt', 'other.txt')
+  const bad = await fetch(forged, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
+  assert.equal(bad.status, 401)
+})

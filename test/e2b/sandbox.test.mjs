@@ -1,0 +1,176 @@
+// Control plane through the unchanged SDK: create, connect, list, getInfo,
+// setTimeout, kill, isRunning, getMetrics, keys, network, pause.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { execFile } from 'node:child_process'
+import { readFile } from 'node:fs/promises'
+import { promisify } from 'node:util'
+import { Sandbox, AuthenticationError, SandboxNotFoundError } from 'e2b'
+import { newSandbox, api, waitFor, domain } from './helpers.mjs'
+
+test('Sandbox.create with timeoutMs, envs and metadata; getInfo reports them', async () => {
+  const run = Date.now().toString()
+  const sbx = await newSandbox({ timeoutMs: 90_000, envs: { GREETING: 'hi there' }, metadata: { run, 'free form/key': 'any value: ok' } })
+  assert.match(sbx.sandboxId, /^[a-z0-9]+$/)
+  assert.equal(sbx.sandboxDomain, domain)
+  const info = await sbx.getInfo()
+  assert.equal(info.sandboxId, sbx.sandboxId)
+  assert.equal(info.templateId, 'base')
+  assert.equal(info.state, 'running')
+  assert.deepEqual(info.metadata, { run, 'free form/key': 'any value: ok' })
+  assert.equal(info.envdVersion, '0.6.13')
+  const life = info.endAt.getTime() - info.startedAt.getTime()
+  assert.ok(Math.abs(life - 90_000) < 2_000, `endAt - startedAt = ${life} ms, want about 90000`)
+  const r = await sbx.commands.run('echo "$GREETING"')
+  assert.equal(r.stdout, 'hi there\n')
+})
+
+test('Sandbox.connect reaches the same running sandbox', async () => {
+  const sbx = await newSandbox()
+  await sbx.files.write('/tmp/marker', 'same sandbox')
+  const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 200_000 })
+  assert.equal(again.sandboxId, sbx.sandboxId)
+  assert.equal(await again.files.read('/tmp/marker'), 'same sandbox')
+  // connect with a longer timeout extends the deadline.
+  const info = await again.getInfo()
+  assert.ok(info.endAt.getTime() - Date.now() > 150_000, `endAt ${info.endAt.toISOString()} was not extended`)
+  await assert.rejects(Sandbox.connect('nosuchsandbox0000000'), SandboxNotFoundError)
+})
+
+test('Sandbox.list filters by metadata and paginates', async () => {
+  const run = 'list' + Date.now()
+  const sbs = await Promise.all([0, 1, 2].map((i) => newSandbox({ metadata: { run, idx: String(i) } })))
+  const other = await newSandbox({ metadata: { run: run + 'x' } })
+
+  const one = await Sandbox.list({ query: { metadata: { run, idx: '1' } } }).nextItems()
+  assert.deepEqual(one.map((s) => s.sandboxId), [sbs[1].sandboxId])
+  assert.deepEqual(one[0].metadata, { run, idx: '1' })
+  assert.equal(one[0].state, 'running')
+
+  const pager = Sandbox.list({ query: { metadata: { run } }, limit: 2 })
+  const first = await pager.nextItems()
+  assert.equal(first.length, 2)
+  assert.ok(pager.hasNext, 'want a next page after 2 of 3')
+  const second = await pager.nextItems()
+  assert.equal(second.length, 1)
+  assert.equal(pager.hasNext, false)
+  const ids = [...first, ...second].map((s) => s.sandboxId).sort()
+  assert.deepEqual(ids, sbs.map((s) => s.sandboxId).sort())
+  assert.ok(!ids.includes(other.sandboxId))
+})
+
+test('setTimeout moves the deadline and the sandbox dies at it', async () => {
+  const sbx = await newSandbox()
+  await sbx.setTimeout(3_000)
+  const info = await sbx.getInfo()
+  assert.ok(info.endAt.getTime() - Date.now() < 4_000, `endAt ${info.endAt.toISOString()} not within 4 s`)
+  await waitFor('the sandbox to stop at its deadline', async () => !(await sbx.isRunning()), 15_000)
+  await assert.rejects(sbx.getInfo(), SandboxNotFoundError)
+})
+
+test('kill and isRunning', async () => {
+  const sbx = await newSandbox()
+  assert.equal(await sbx.isRunning(), true)
+  await sbx.kill()
+  assert.equal(await sbx.isRunning(), false)
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false, 'killing twice reports not found')
+})
+
+test('getMetrics reports usage', async () => {
+  const sbx = await newSandbox()
+  await sbx.commands.run('head -c 20000000 /dev/zero > /tmp/blob')
+  const ms = await sbx.getMetrics()
+  assert.equal(ms.length, 1)
+  const m = ms[0]
+  assert.equal(m.cpuCount, 1)
+  assert.ok(m.memTotal >= 256 << 20, `memTotal ${m.memTotal}`)
+  assert.ok(m.memUsed > 0 && m.memUsed < m.memTotal, `memUsed ${m.memUsed}`)
+  assert.ok(m.diskUsed >= 20_000_000, `diskUsed ${m.diskUsed} after writing 20 MB`)
+  assert.ok(m.diskTotal > m.diskUsed, `diskTotal ${m.diskTotal}`)
+  assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
+  assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp))
+})
+
+test('requests without a valid API key get 401 in the E2B error shape', async () => {
+  await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_0000000000000000000000000000000000000000' }), AuthenticationError)
+  for (const key of [null, 'e2b_00', 'not-a-key']) {
+    const r = await api('GET', '/v2/sandboxes', { key })
+    assert.equal(r.status, 401)
+    assert.equal(r.body.code, 401)
+    assert.match(r.body.message, /API key/)
+  }
+  const health = await fetch(process.env.E2B_API_URL + '/health')
+  assert.equal(health.status, 204)
+})
+
+test('a key sees and touches only its own sandboxes', { skip: !process.env.E2B_API_KEY_2 }, async () => {
+  const mine = await newSandbox({ metadata: { owner: 'key1' } })
+  const other = { apiKey: process.env.E2B_API_KEY_2 }
+  const theirs = await Sandbox.list({ ...other, query: { metadata: { owner: 'key1' } } }).nextItems()
+  assert.deepEqual(theirs, [])
+  await assert.rejects(Sandbox.getInfo(mine.sandboxId, other), SandboxNotFoundError)
+  await assert.rejects(Sandbox.connect(mine.sandboxId, other), SandboxNotFoundError)
+  assert.equal(await Sandbox.kill(mine.sandboxId, other), false)
+  await assert.rejects(Sandbox.setTimeout(mine.sandboxId, 5_000, other), SandboxNotFoundError)
+  assert.equal(await mine.isRunning(), true)
+  // The data plane needs the sandbox's own token (or the owning key).
+  const res = await fetch(process.env.E2B_SANDBOX_URL + '/envs', {
+    headers: { 'E2b-Sandbox-Id': mine.sandboxId, 'X-API-Key': process.env.E2B_API_KEY_2 },
+  })
+  assert.equal(res.status, 401)
+  const byOwner = await fetch(process.env.E2B_SANDBOX_URL + '/envs', {
+    headers: { 'E2b-Sandbox-Id': mine.sandboxId, 'X-API-Key': process.env.E2B_API_KEY },
+  })
+  assert.equal(byOwner.status, 200)
+})
+
+test('pause and resume answer "not supported yet", never a silent success', async () => {
+  const sbx = await newSandbox()
+  await assert.rejects(sbx.pause(), (err) => {
+    assert.match(err.message, /not supported by Berth yet/)
+    return true
+  })
+  const r = await api('POST', `/sandboxes/${sbx.sandboxId}/resume`, { body: {} })
+  assert.equal(r.status, 501)
+  assert.equal(r.body.code, 501)
+  assert.equal(await sbx.isRunning(), true)
+  await assert.rejects(newSandbox({ lifecycle: { onTimeout: 'pause' } }), /autoPause .*not supported/)
+})
+
+test('network options: no egress is accepted, egress is refused until the policy lands', async () => {
+  const sbx = await newSandbox({ allowInternetAccess: false, network: { denyOut: ['0.0.0.0/0'] } })
+  assert.equal((await sbx.getInfo()).allowInternetAccess, false)
+  assert.deepEqual((await sbx.getInfo()).network.denyOut, ['0.0.0.0/0'])
+  await assert.rejects(newSandbox({ allowInternetAccess: true }), /egress policy is not available/)
+  await assert.rejects(newSandbox({ network: { allowOut: ['1.1.1.1'] } }), /network.allowOut: egress policy is not available/)
+  await sbx.updateNetwork({ denyOut: ['10.0.0.0/8'] })
+  assert.deepEqual((await sbx.getInfo()).network.denyOut, ['10.0.0.0/8'])
+  await assert.rejects(sbx.updateNetwork({ allowOut: ['example.com'] }), /egress policy is not available/)
+})
+
+test('unknown fields are accepted; fields Berth cannot honour are refused by name', async () => {
+  const ok = await api('POST', '/sandboxes', { body: { templateID: 'base', timeout: 30, someFutureField: { x: 1 } } })
+  assert.equal(ok.status, 201, JSON.stringify(ok.body))
+  assert.ok(ok.body.envdAccessToken)
+  await api('DELETE', `/sandboxes/${ok.body.sandboxID}`)
+  for (const [body, want] of [
+    [{ templateID: 'base', autoPause: true }, /autoPause/],
+    [{ templateID: 'base', mcp: { x: {} } }, /mcp/],
+    [{ templateID: 'base', secure: false }, /secure: false/],
+    [{ templateID: 'base', network: { maskRequestHost: 'x' } }, /maskRequestHost/],
+    [{ templateID: 'nosuchtemplate' }, /nosuchtemplate/],
+  ]) {
+    const r = await api('POST', '/sandboxes', { body })
+    assert.ok(r.status === 400 || r.status === 404, `${JSON.stringify(body)}: status ${r.status}`)
+    assert.equal(r.body.code, r.status)
+    assert.match(r.body.message, want)
+  }
+})
+
+test('the README example runs as shown', async () => {
+  const example = await readFile(new URL('./readme-example.mjs', import.meta.url), 'utf8')
+  const readme = await readFile(new URL('../../README.md', import.meta.url), 'utf8')
+  assert.ok(readme.includes(example), 'README.md must contain test/e2b/readme-example.mjs verbatim')
+  const { stdout } = await promisify(execFile)(process.execPath, ['readme-example.mjs'], { cwd: new URL('.', import.meta.url) })
+  assert.match(stdout, /^hello from berth-[a-z0-9]+\n/)
+})

@@ -1,0 +1,136 @@
+package e2e
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// TestE2BSDK runs the official npm e2b SDK (pinned in test/e2b) against a
+// live daemon: the Node suite in test/e2b drives every SDK call Berth
+// supports and asserts real outputs. It needs node and `npm ci` in test/e2b
+// (scripts/test.sh runs it) and the base template's debootstrap cache.
+func TestE2BSDK(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: the E2B SDK tests need Node.js 20 or later")
+	}
+	dir := filepath.Join(repoRootDir(t), "test", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		t.Fatalf("the e2b npm package is not installed: run `npm ci` in %s (scripts/test.sh does)", dir)
+	}
+	if os.Getenv("BERTH_TEST_BASE") != "1" {
+		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
+			t.Skip("the E2B SDK tests need the base template (debootstrap's result): set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
+		}
+	}
+	d := StartDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
+		t.Fatalf("build base: %v", err)
+	}
+	key1 := createKey(t, d, "e2b-test")
+	key2 := createKey(t, d, "e2b-test-other")
+
+	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=dot")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(),
+		"E2B_API_URL="+d.URL,
+		"E2B_SANDBOX_URL="+d.URL,
+		"E2B_API_KEY="+key1,
+		"E2B_API_KEY_2="+key2,
+		"E2B_DOMAIN=berth.localhost",
+		"NO_COLOR=1",
+	)
+	// Node's report goes to the test log only when it fails (or with -v),
+	// so `go test`'s summary stays readable.
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --test in test/e2b failed: %v\n%s\n--- daemon log (tail) ---\n%s", err, out, tail(d.Logs(), 60))
+	}
+	t.Logf("node --test:\n%s", out)
+
+	// Revoked keys stop working at once.
+	if _, errOut, code := d.CLI(t, nil, "apikey", "revoke", keyID(t, d, "e2b-test-other")); code != 0 {
+		t.Fatalf("apikey revoke: %s", errOut)
+	}
+	status, body := getWithKey(t, d.URL+"/v2/sandboxes", key2)
+	if status != 401 || !strings.Contains(body, `"code":401`) {
+		t.Errorf("list with a revoked key = %d %s, want 401 in the E2B error shape", status, body)
+	}
+	AssertNoLeaks(t, d)
+}
+
+func createKey(t *testing.T, d *Daemon, name string) string {
+	t.Helper()
+	out, errOut, code := d.CLI(t, nil, "apikey", "create", "--name", name)
+	key := strings.TrimSpace(out)
+	if code != 0 || !strings.HasPrefix(key, "e2b_") {
+		t.Fatalf("apikey create = %q, %q, %d", out, errOut, code)
+	}
+	return key
+}
+
+func keyID(t *testing.T, d *Daemon, name string) string {
+	t.Helper()
+	out, errOut, code := d.CLI(t, nil, "apikey", "ls")
+	if code != 0 {
+		t.Fatalf("apikey ls: %s", errOut)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && f[1] == name {
+			return f[0]
+		}
+	}
+	t.Fatalf("apikey ls has no key named %s:\n%s", name, out)
+	return ""
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func repoRootDir(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for d := wd; d != "/"; d = filepath.Dir(d) {
+		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
+			return d
+		}
+	}
+	t.Fatal("no go.mod above " + wd)
+	return ""
+}
+
+func getWithKey(t *testing.T, url, key string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, strings.ReplaceAll(string(b), " ", "")
+}

@@ -1,0 +1,218 @@
+package hostile
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// Sandbox uid range of the daemon's default config: host uids a sandbox
+// process may have. A process with one of them outside every sandbox
+// cgroup has escaped its sandbox.
+const (
+	uidBase  = 1000000
+	uidCount = 65536
+)
+
+// lab is one daemon with an attacker sandbox and a neighbour, plus what
+// the host looked like before the attacks.
+type lab struct {
+	d        *harness.Daemon
+	sb       *client.Sandbox // the attacker
+	nb       *client.Sandbox // the neighbour, whose data must survive
+	nbMarker string          // content of the neighbour's /root/marker
+
+	canaryDir string // host directory with a planted file
+	canary    string // host file the sandbox must neither read nor change
+	canarySum string
+	agentSum  string
+	mounts    map[string]bool
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func fileSum(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("hash %s: %v", p, err)
+	}
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// newLab starts a daemon and two sandboxes; req shapes the attacker's.
+func newLab(t *testing.T, req client.CreateRequest, extra ...string) *lab {
+	t.Helper()
+	d := harness.StartDaemon(t, bin, extra...)
+	l := &lab{d: d}
+	dir, err := os.MkdirTemp("/tmp", "berth-hostile-canary-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// World-readable on purpose: only the namespaces keep it out of reach.
+	os.Chmod(dir, 0o777)
+	l.canaryDir, l.canary = dir, filepath.Join(dir, "secret")
+	if err := os.WriteFile(l.canary, []byte("host-only "+randHex(8)), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	l.canarySum = fileSum(t, l.canary)
+	l.agentSum = fileSum(t, bin.Agent)
+	l.mounts = hostMounts(d)
+
+	l.sb = d.Create(t, req)
+	l.nb = d.Create(t, client.CreateRequest{})
+	l.nbMarker = "neighbour " + randHex(8)
+	harness.MustRun(t, l.nb, "mkdir -p /root && echo '"+l.nbMarker+"' > /root/marker")
+	if _, err := l.nb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "sleep 100000; : neighbour-sleeper"}}); err != nil {
+		t.Fatalf("start neighbour process: %v", err)
+	}
+	l.copyAttacker(t, l.sb)
+	return l
+}
+
+// copyAttacker puts the attack tool at /tmp/attacker in sb.
+func (l *lab) copyAttacker(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	f, err := os.Open(attackerBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := sb.WriteFile(t.Context(), "/tmp/attacker", f); err != nil {
+		t.Fatalf("copy attacker: %v", err)
+	}
+	harness.MustRun(t, sb, "chmod 755 /tmp/attacker")
+}
+
+// attack runs the attack tool's subcommand in the attacker sandbox and
+// asserts that the sandbox held.
+func (l *lab) attack(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	o, e, code := l.exec(t, l.sb, "/tmp/attacker", append([]string{name}, args...)...)
+	if code != 0 || !strings.Contains(o, "blocked:") || strings.Contains(o, "ESCAPED") {
+		t.Errorf("attack %s: exit %d\nstdout: %s\nstderr: %s", name, code, o, e)
+	}
+	t.Logf("%s: %s", name, strings.TrimSpace(o))
+	return o
+}
+
+func (l *lab) exec(t *testing.T, sb *client.Sandbox, cmd string, args ...string) (string, string, int) {
+	t.Helper()
+	var o, e bytes.Buffer
+	ctx, cancel := context.WithTimeout(t.Context(), 120*time.Second)
+	defer cancel()
+	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: cmd, Args: args, Stdout: &o, Stderr: &e})
+	if err != nil {
+		t.Fatalf("exec %s %q: %v\n%s", cmd, args, err, l.d.Logs())
+	}
+	return o.String(), e.String(), code
+}
+
+// shell runs script in the attacker sandbox; it must exit 0 (the script
+// itself checks that the attack failed and exits non-zero otherwise).
+func (l *lab) shell(t *testing.T, script string) string {
+	t.Helper()
+	o, e, code := l.exec(t, l.sb, "/bin/sh", "-c", script)
+	if code != 0 {
+		t.Errorf("attack script exited %d\nscript: %s\nstdout: %s\nstderr: %s", code, script, o, e)
+	}
+	return o
+}
+
+// check asserts that the host and the neighbour are as they were.
+func (l *lab) check(t *testing.T) {
+	t.Helper()
+	if got := fileSum(t, l.canary); got != l.canarySum {
+		t.Errorf("host canary %s changed", l.canary)
+	}
+	if ents, _ := os.ReadDir(l.canaryDir); len(ents) != 1 {
+		t.Errorf("host canary dir %s has %d entries, want 1", l.canaryDir, len(ents))
+	}
+	if got := fileSum(t, bin.Agent); got != l.agentSum {
+		t.Errorf("host agent binary %s changed", bin.Agent)
+	}
+	var got bytes.Buffer
+	if err := l.nb.ReadFile(t.Context(), "/root/marker", &got); err != nil || strings.TrimSpace(got.String()) != l.nbMarker {
+		t.Errorf("neighbour's /root/marker = %q, %v; want %q", got.String(), err, l.nbMarker)
+	}
+	for m := range hostMounts(l.d) {
+		if !l.mounts[m] {
+			t.Errorf("new host mount %s", m)
+		}
+	}
+	for _, p := range escapedProcs() {
+		t.Errorf("escaped process: %s", p)
+	}
+}
+
+// hostMounts lists the host's mount points that are not sandbox mounts.
+func hostMounts(d *harness.Daemon) map[string]bool {
+	out := map[string]bool{}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return out
+	}
+	sc := bufio.NewScanner(bytes.NewReader(mi))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		// Sandbox mounts come and go: this daemon's and those of any
+		// other daemon on the host (their data dirs all hold
+		// sandboxes/<id>/…), and network namespaces.
+		if len(f) < 5 || strings.Contains(f[4], d.DataDir) || strings.Contains(f[4], d.Instance) ||
+			strings.Contains(f[4], "/sandboxes/") || strings.Contains(f[4], "/netns/") {
+			continue
+		}
+		out[f[4]] = true
+	}
+	return out
+}
+
+// escapedProcs lists host processes running as a sandbox uid outside every
+// berth cgroup.
+func escapedProcs() []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue
+		}
+		uid := -1
+		for _, line := range strings.Split(string(st), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				uid, _ = strconv.Atoi(f[1])
+			}
+		}
+		if uid < uidBase || uid >= uidBase+uidCount {
+			continue
+		}
+		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if strings.Contains(string(cg), "/berth-") {
+			continue
+		}
+		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+	}
+	return out
+}
