@@ -142,6 +142,7 @@ type uploadEntry struct {
 }
 
 func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
+	w = closeOnError{w}
 	if err := s.authorizeFiles(r, "write"); err != nil {
 		jsonError(w, http.StatusUnauthorized, err)
 		return
@@ -282,4 +283,17 @@ func writeFile(path string, r io.Reader, u *user) (int, error) {
 		return http.StatusInternalServerError, fmt.Errorf("write %q: %w", path, err)
 	}
 	return http.StatusOK, nil
+}
+
+// closeOnError ends the connection after an error answer to an upload: the
+// rest of the request body was never read, so the connection cannot carry
+// another request, and a client (or the daemon's proxy) that reused it
+// would see its next request fail.
+type closeOnError struct{ http.ResponseWriter }
+
+func (c closeOnError) WriteHeader(code int) {
+	if code >= 400 {
+		c.Header().Set("Connection", "close")
+	}
+	c.ResponseWriter.WriteHeader(code)
 }

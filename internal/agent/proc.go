@@ -332,12 +332,13 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 	}
 
 	pid, status, err := t.spawner.spawn(func() (int, error) {
+		// The child inherits the agent's oom_score_adj at fork; see
+		// workloadOOMScoreAdj.
+		restore := t.oomForFork()
+		defer restore()
 		if err := cmd.Start(); err != nil {
 			return 0, err
 		}
-		// Still under the reaper's lock, so the pid cannot have been
-		// reaped and reused yet.
-		raiseOOMScore(cmd.Process.Pid, t.logger)
 		return cmd.Process.Pid, nil
 	})
 	closeAll(childEnds)
@@ -388,18 +389,39 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 // workloadOOMScoreAdj is the oom_score_adj of every process the agent
 // starts: the highest, so that when the sandbox's memory cgroup runs out the
 // kernel kills the workload and not the agent (which the runtime starts at
-// a lower score), and the sandbox stays reachable to report the OOM. Raising
-// a score needs no privilege; the workload cannot lower it back below what
-// the host set for the agent. Children the process forks before the write
-// lands (a window of microseconds after exec) keep the agent's score.
+// a lower score), and the sandbox stays reachable to report the OOM.
+//
+// Writing the child's /proc/<pid>/oom_score_adj after start leaves a window
+// in which the child, already running, forks with the old score (the hostile
+// suite's oom-score attack caught a shell's first child there). So the agent
+// raises its own score around the fork instead and the child is born with
+// it. Raising needs no privilege, and going back down is allowed as far as
+// the floor the host set when it started the agent (oom_score_adj_min);
+// forks are serialized so no other child sees the raised value by chance.
+// The same floor lets a workload lower itself to the agent's score, never
+// below: it can make itself as likely a victim as the agent, not less.
 const workloadOOMScoreAdj = "1000"
 
-// raiseOOMScore sets pid's oom_score_adj to workloadOOMScoreAdj. Failure is
-// logged, not fatal: outside a sandbox (tests) /proc may refuse it.
-func raiseOOMScore(pid int, log *slog.Logger) {
-	p := "/proc/" + strconv.Itoa(pid) + "/oom_score_adj"
-	if err := os.WriteFile(p, []byte(workloadOOMScoreAdj), 0); err != nil {
-		log.Warn("oom_score_adj_failed", "pid", pid, "err", err)
+const selfOOMScoreAdj = "/proc/self/oom_score_adj"
+
+// oomForFork raises the agent's oom_score_adj for the fork that follows and
+// returns the function that puts it back. Failures are logged, not fatal:
+// outside a sandbox (tests) /proc may refuse.
+func (t *procTable) oomForFork() (restore func()) {
+	t.forkMu.Lock()
+	old, err := os.ReadFile(selfOOMScoreAdj)
+	if err == nil {
+		err = os.WriteFile(selfOOMScoreAdj, []byte(workloadOOMScoreAdj), 0)
+	}
+	if err != nil {
+		t.logger.Warn("oom_score_adj_failed", "err", err)
+		return t.forkMu.Unlock
+	}
+	return func() {
+		if err := os.WriteFile(selfOOMScoreAdj, old, 0); err != nil {
+			t.logger.Warn("oom_score_adj_restore_failed", "err", err)
+		}
+		t.forkMu.Unlock()
 	}
 }
 
@@ -438,6 +460,9 @@ func lookPath(file string, env []string) (string, error) {
 type procTable struct {
 	spawner spawner
 	logger  *slog.Logger
+	// forkMu serializes forks while the agent's oom_score_adj is raised
+	// for them (oomForFork).
+	forkMu sync.Mutex
 
 	mu    sync.Mutex
 	byPID map[int]*proc

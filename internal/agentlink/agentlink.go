@@ -76,3 +76,16 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 
 // CloseIdle drops idle connections to agents (after a sandbox ends).
 func (l *Link) CloseIdle() { l.transport.CloseIdleConnections() }
+
+// CloseAfterRefusal is a ReverseProxy ModifyResponse hook: when the agent
+// refuses a request that carries a body (an upload to a full disk, say),
+// the client may still be sending that body, so the client's connection to
+// the daemon cannot be reused; Connection: close tells both the daemon's
+// server and the client so, instead of leaving the client to discover it
+// with its next request.
+func CloseAfterRefusal(resp *http.Response) error {
+	if resp.StatusCode >= 400 && resp.Request != nil && resp.Request.ContentLength != 0 && resp.Request.Body != nil && resp.Request.Body != http.NoBody {
+		resp.Header.Set("Connection", "close")
+	}
+	return nil
+}

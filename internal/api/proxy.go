@@ -9,6 +9,7 @@ import (
 	"net/url"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
 )
 
 type agentTarget struct {
@@ -32,7 +33,8 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 		},
 		Transport: s.cfg.Transport,
 		// Stream process output and watch events as they come.
-		FlushInterval: -1,
+		FlushInterval:  -1,
+		ModifyResponse: agentlink.CloseAfterRefusal,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return

@@ -26,6 +26,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/netpolicy/egress"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
@@ -298,7 +299,7 @@ func installAgent(cfg Config) (string, error) {
 }
 
 // newEgress builds the audit log and the egress services from cfg.
-func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*netpolicy.Egress, *audit.Log, error) {
+func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, *audit.Log, error) {
 	guard := &netpolicy.Guard{}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
@@ -324,7 +325,7 @@ func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*netpolicy.Egres
 	if err != nil {
 		return nil, nil, err
 	}
-	eg, err := netpolicy.NewEgress(netpolicy.EgressConfig{
+	eg, err := egress.New(egress.Config{
 		StateDir:      filepath.Join(cfg.DataDir, "egress"),
 		Upstream:      cfg.DNSUpstream,
 		Guard:         guard,

@@ -220,6 +220,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	policy, err := egressPolicy(net)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
 	timeout := defaultTimeout
 	if in.Timeout != nil {
 		if *in.Timeout <= 0 {
@@ -235,6 +240,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Owner:    keyOf(r).ID,
 		Metadata: in.Metadata,
 		User:     DefaultUser,
+		Network:  &policy,
 	})
 	if err != nil {
 		writeErr(w, err)
@@ -551,6 +557,15 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	// Only egress is updatable (as on E2B): public traffic stays as created.
 	in.AllowPublicTraffic, in.MaskRequestHost, in.HTTPSPorts = nil, nil, nil
 	if err := applyNetwork(in); err != nil {
+		writeErr(w, err)
+		return
+	}
+	policy, err := egressPolicy(in)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if _, err := s.cfg.Manager.SetNetworkPolicy(r.Context(), sb.ID, policy); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"strconv"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
 )
 
 // TrafficTokenHeader carries a sandbox's traffic access token on preview
@@ -55,7 +56,8 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 		},
 		Transport: s.cfg.Transport,
 		// Stream process output and watch events as they come.
-		FlushInterval: -1,
+		FlushInterval:  -1,
+		ModifyResponse: agentlink.CloseAfterRefusal,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return

@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agent"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 )
@@ -92,8 +93,8 @@ func TestApplyNetwork(t *testing.T) {
 		{"no internet", networkConfig{AllowInternetAccess: &no}, true},
 		{"deny list", networkConfig{DenyOut: []string{"0.0.0.0/0", "10.1.2.3"}}, true},
 		{"private traffic", networkConfig{AllowPublicTraffic: &no}, true},
-		{"internet", networkConfig{AllowInternetAccess: &yes}, false},
-		{"allow list", networkConfig{AllowOut: []string{"1.1.1.1"}}, false},
+		{"internet", networkConfig{AllowInternetAccess: &yes}, true},
+		{"allow list", networkConfig{AllowOut: []string{"198.51.100.1"}}, true},
 		{"deny a domain", networkConfig{DenyOut: []string{"example.com"}}, false},
 		{"rules", networkConfig{Rules: json.RawMessage(`{"a.com":[{}]}`)}, false},
 		{"proxy", networkConfig{EgressProxy: json.RawMessage(`{"address":"p:1"}`)}, false},
@@ -112,6 +113,10 @@ func TestApplyNetwork(t *testing.T) {
 
 // fakeManager holds sandboxes in memory.
 type fakeManager struct{ sbs map[string]sandbox.Sandbox }
+
+func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
+	return p, nil
+}
 
 func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	sb := sandbox.Sandbox{Sandbox: store.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: sandbox.StateReady, Template: req.Template,
@@ -216,5 +221,38 @@ func TestControlPlaneAuth(t *testing.T) {
 	}
 	if code, _ := do("DELETE", "/sandboxes/"+id, k1, ""); code != 204 {
 		t.Errorf("delete with the owner's key = %d, want 204", code)
+	}
+}
+
+func TestEgressPolicy(t *testing.T) {
+	yes, no := true, false
+	tests := []struct {
+		in      networkConfig
+		mode    netpolicy.Mode
+		allow   string
+		deny    string
+		wantErr bool
+	}{
+		{networkConfig{}, netpolicy.ModeNone, "", "", false},
+		{networkConfig{AllowInternetAccess: &no}, netpolicy.ModeNone, "", "", false},
+		{networkConfig{AllowInternetAccess: &yes}, netpolicy.ModeOpen, "", "", false},
+		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, netpolicy.ModeOpen, "", "198.51.100.7/32", false},
+		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, netpolicy.ModeNone, "", "", false},
+		{networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, netpolicy.ModeAllow, "example.com,198.51.100.0/24", "", false},
+		{networkConfig{DenyOut: []string{"not-an-ip"}}, "", "", "", true},
+		{networkConfig{AllowOut: []string{"bad domain!"}}, "", "", "", true},
+		{networkConfig{Rules: []byte(`{"x":1}`)}, "", "", "", true},
+	}
+	for _, tt := range tests {
+		p, err := egressPolicy(tt.in)
+		if tt.wantErr {
+			if err == nil {
+				t.Errorf("egressPolicy(%+v) = %+v, want an error", tt.in, p)
+			}
+			continue
+		}
+		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny {
+			t.Errorf("egressPolicy(%+v) = %+v, %v; want mode %s allow %q deny %q", tt.in, p, err, tt.mode, tt.allow, tt.deny)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
 )
 
 // networkConfig is E2B's network settings: the network object of a create
@@ -30,46 +31,66 @@ func (n networkConfig) storeJSON() string {
 	return string(b)
 }
 
-// egress is the egress a sandbox asks for, in Berth's terms.
-type egress struct {
-	// Allow and Deny are destinations (CIDR, IP or domain); deny wins.
-	Allow, Deny []string
-}
-
-// SEAM(issue 3, egress policy): egressPolicy maps E2B's network settings
-// onto Berth's egress policy. Until the Manager exposes a policy API a
-// sandbox can reach nothing, so every setting that asks for egress is
-// refused here with a clear message, and settings that only restrict (deny
-// lists, allow_internet_access: false) are accepted as already true. When
-// the policy lands: return the policy from here, pass it to Manager.Create
-// (create) and to the Manager's policy update (PUT .../network), and drop
-// the refusals that it makes true.
-func egressPolicy(n networkConfig) (egress, error) {
-	refuse := func(what string) (egress, error) {
-		return egress{}, fmt.Errorf("%s: egress policy is not available in Berth yet; sandboxes have no outbound network access (omit it, or set allowInternetAccess: false): %w", what, errdefs.ErrInvalidArgument)
-	}
-	var e egress
-	if n.AllowInternetAccess != nil && *n.AllowInternetAccess {
-		return refuse("allow_internet_access: true")
-	}
-	if len(n.AllowOut) > 0 {
-		return refuse("network.allowOut")
-	}
+// egressPolicy maps E2B's network settings onto Berth's egress policy:
+//
+//   - allow_internet_access: true → mode open (the public internet; Berth
+//     still never lets a sandbox reach private, loopback, link-local or
+//     metadata addresses), narrowed by denyOut;
+//   - allowOut entries (CIDR, IP or domain) → mode allow with those rules;
+//     a denyOut of 0.0.0.0/0 next to them is E2B's way of saying "only
+//     these", which allow mode already means;
+//   - otherwise → mode none. Berth's default is no egress, where E2B's
+//     own default is internet access: a sandbox that needs the internet
+//     says so (allowInternetAccess: true), and the operator's logs show it.
+//
+// Rules and egress proxies of E2B's own (network.rules, egressProxy) have
+// no Berth equivalent yet and are refused by name.
+func egressPolicy(n networkConfig) (netpolicy.Policy, error) {
 	if present(n.Rules) && string(n.Rules) != "{}" {
-		return refuse("network.rules")
+		return netpolicy.Policy{}, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.EgressProxy) {
-		return refuse("network.egressProxy")
+		return netpolicy.Policy{}, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
 	}
+	everything := func(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
+	var p netpolicy.Policy
+	denyAll := false
 	for _, d := range n.DenyOut {
+		if everything(d) {
+			denyAll = true
+			continue
+		}
 		if _, err := netip.ParsePrefix(d); err != nil {
 			if _, err := netip.ParseAddr(d); err != nil {
-				return egress{}, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
+				return netpolicy.Policy{}, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
 			}
 		}
-		e.Deny = append(e.Deny, d)
+		p.Deny = append(p.Deny, hostCIDR(d))
 	}
-	return e, nil
+	switch {
+	case len(n.AllowOut) > 0:
+		p.Mode = netpolicy.ModeAllow
+		for _, a := range n.AllowOut {
+			p.Allow = append(p.Allow, hostCIDR(a))
+		}
+	case n.AllowInternetAccess != nil && *n.AllowInternetAccess && !denyAll:
+		p.Mode = netpolicy.ModeOpen
+	default:
+		p.Mode, p.Deny = netpolicy.ModeNone, nil
+	}
+	if err := p.Validate(); err != nil {
+		return netpolicy.Policy{}, fmt.Errorf("network: %w", err)
+	}
+	return p.Normalize(), nil
+}
+
+// hostCIDR turns a bare IP address into its one-address prefix; CIDRs and
+// domains pass as they are.
+func hostCIDR(s string) string {
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen()).String()
+	}
+	return s
 }
 
 // applyNetwork checks a network config: its egress through the seam above,

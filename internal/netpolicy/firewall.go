@@ -50,11 +50,11 @@ import (
 //
 // Egress policy (SetPolicy) appends to sbx-<id>, for every mode but none:
 //
-//	  ip daddr <host ip> udp dport 53 accept     # the sandbox's resolver
-//	  ip daddr <host ip> tcp dport 53 accept
-//	  udp dport 53 counter drop                  # DNS to anyone else
-//	  tcp dport { 53, 853 } counter drop         # … and DNS-over-TLS
-//	  meta l4proto tcp accept                    # to the proxy, see below
+//	ip daddr <host ip> udp dport 53 accept     # the sandbox's resolver
+//	ip daddr <host ip> tcp dport 53 accept
+//	udp dport 53 counter drop                  # DNS to anyone else
+//	tcp dport { 53, 853 } counter drop         # … and DNS-over-TLS
+//	tcp flags & (fin|syn|rst|ack) == syn accept # to the proxy, see below
 //
 // and chain nat-prerouting (nat hook prerouting priority dstnat) redirects
 // every new TCP connection from our veths (but DNS to the resolver) to the
@@ -220,9 +220,14 @@ func policyRules(hostIP netip.Addr, mode Mode) [][]expr.Any {
 		dropPort(unix.IPPROTO_UDP, 53),
 		dropPort(unix.IPPROTO_TCP, 53),
 		dropPort(unix.IPPROTO_TCP, 853),
+		// Only a connection's opening SYN: a stray mid-stream segment
+		// conntrack would call new must not be redirected or let through.
 		{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}},
 			&expr.Verdict{Kind: expr.VerdictAccept},
 		},
 	}

@@ -349,6 +349,15 @@ type Decision struct {
 
 func deny(rule string) Decision { return Decision{Rule: rule} }
 
+// Deny is a denial by rule.
+func Deny(rule string) Decision { return deny(rule) }
+
+// Truncate shortens s to n bytes for logs and audit records.
+func Truncate(s string, n int) string { return truncate(s, n) }
+
+// ValidID reports whether id can name a sandbox's kernel objects and files.
+func ValidID(id string) error { return validID(id) }
+
 // baseline decides by mode alone when no rule matched.
 func (c *Compiled) baseline() Decision {
 	switch c.Policy.Mode {

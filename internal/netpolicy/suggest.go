@@ -3,6 +3,7 @@ package netpolicy
 import (
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/berth-sandbox/berth/internal/audit"
@@ -31,7 +32,7 @@ func Suggest(recs []audit.Record) Policy {
 		if err != nil || r.Port == 0 {
 			continue
 		}
-		addrs[netip.PrefixFrom(ip, ip.BitLen()).String()+":"+portString(r.Port)] = true
+		addrs[netip.PrefixFrom(ip, ip.BitLen()).String()+":"+strconv.Itoa(int(r.Port))] = true
 	}
 	p := Policy{Mode: ModeAllow}
 	for n := range names {

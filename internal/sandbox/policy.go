@@ -1,16 +1,11 @@
 package sandbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"net/netip"
-	"net/url"
 	"strings"
-	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
@@ -27,6 +22,9 @@ type Egress interface {
 	LoadPolicy(id string) (netpolicy.Policy, error)
 	Remove(id string) error
 	List() ([]string, error)
+	// Install writes resolv.conf (gateway as resolver) and the CA into
+	// the sandbox through its agent.
+	Install(ctx context.Context, agentAddr, token string, gateway netip.Addr, ca []byte) error
 }
 
 // AuditLog is the egress decision record.
@@ -40,14 +38,10 @@ type modeSetter interface {
 	SetMode(ctx context.Context, id string, mode netpolicy.Mode) error
 }
 
-// Where the sandbox finds its egress CA: on its own, and appended to the
-// system bundle (what OpenSSL-, Python-, git- and Go-based clients read
-// through the variables below).
+// Where the sandbox finds its egress CA (egress.Install writes them).
 const (
 	egressCAPath     = "/etc/berth/egress-ca.pem"
 	egressBundlePath = "/etc/berth/ca-bundle.pem"
-	systemBundlePath = "/etc/ssl/certs/ca-certificates.crt"
-	debianCAPath     = "/usr/local/share/ca-certificates/berth-egress.crt"
 )
 
 // egressEnv points TLS clients at the bundle holding the sandbox's CA,
@@ -110,78 +104,7 @@ func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy,
 	if !install {
 		return nil
 	}
-	return m.installEgressFiles(ctx, e, ca)
-}
-
-// installEgressFiles writes resolv.conf (the gateway is the resolver) and
-// the CA into the sandbox through its agent.
-func (m *Manager) installEgressFiles(ctx context.Context, e *entry, ca []byte) error {
-	addr := agentAddr(e.att)
-	bundle := m.agentRead(ctx, addr, e.rec.Token, systemBundlePath)
-	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
-		bundle = append(bundle, '\n')
-	}
-	files := []struct {
-		path string
-		body []byte
-	}{
-		{"/etc/resolv.conf", []byte("# written by berth: the sandbox's filtering resolver\nnameserver " + e.att.HostIP.String() + "\noptions edns0\n")},
-		{egressCAPath, ca},
-		{debianCAPath, ca},
-		{egressBundlePath, append(bundle, ca...)},
-	}
-	for _, f := range files {
-		if err := m.agentWrite(ctx, addr, e.rec.Token, f.path, f.body); err != nil {
-			return fmt.Errorf("write %s in the sandbox: %w", f.path, err)
-		}
-	}
-	return nil
-}
-
-// agentHTTP is a one-off client: these few calls per sandbox must not
-// leave idle connections into it.
-func agentHTTP() *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-}
-
-func (m *Manager) agentWrite(ctx context.Context, addr, token, path string, body []byte) error {
-	u := "http://" + addr + "/files?username=root&path=" + url.QueryEscape(path)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/octet-stream")
-	req.Header.Set("X-Access-Token", token)
-	resp, err := agentHTTP().Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode/100 != 2 {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("agent answered %s: %s", resp.Status, msg)
-	}
-	return nil
-}
-
-// agentRead returns a file's content, or nil when it cannot be read.
-func (m *Manager) agentRead(ctx context.Context, addr, token, path string) []byte {
-	u := "http://" + addr + "/files?username=root&path=" + url.QueryEscape(path)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return nil
-	}
-	req.Header.Set("X-Access-Token", token)
-	resp, err := agentHTTP().Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil
-	}
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 8<<20))
-	return b
+	return m.deps.Egress.Install(ctx, agentAddr(e.att), e.rec.Token, e.att.HostIP, ca)
 }
 
 // removeEgress drops the sandbox's egress services and state (CA key).

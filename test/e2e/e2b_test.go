@@ -32,7 +32,10 @@ func TestE2BSDK(t *testing.T) {
 			t.Skip("the E2B SDK tests need the base template (debootstrap's result): set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
 		}
 	}
-	d := StartDaemon(t)
+	// A stand-in internet, so the SDK's network options are checked
+	// against real egress (the daemon treats it as public).
+	tn := harness.StartTestNet(t)
+	d := StartDaemon(t, tn.ConfigFile(t)...)
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
@@ -49,6 +52,7 @@ func TestE2BSDK(t *testing.T) {
 		"E2B_API_KEY="+key1,
 		"E2B_API_KEY_2="+key2,
 		"E2B_DOMAIN=berth.localhost",
+		"BERTH_TEST_NET_IP="+tn.IP.String(),
 		"NO_COLOR=1",
 	)
 	// Node's report goes to the test log only when it fails (or with -v),

@@ -24,7 +24,7 @@ type egressEnv struct {
 	probe string
 }
 
-func startEgress(t *testing.T) *egressEnv {
+func startEgress(t testing.TB) *egressEnv {
 	t.Helper()
 	harness.RequireHost(t)
 	tn := harness.StartTestNet(t)
@@ -35,11 +35,11 @@ func startEgress(t *testing.T) *egressEnv {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build egressprobe: %v\n%s", err, out)
 	}
-	d := StartDaemon(t, tn.ConfigFile(t)...)
+	d := harness.StartDaemon(t, bin, tn.ConfigFile(t)...)
 	return &egressEnv{d: d, tn: tn, probe: probe}
 }
 
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	wd, _ := os.Getwd()
 	for d := wd; d != "/"; d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
@@ -59,7 +59,7 @@ func (env *egressEnv) sandbox(t *testing.T, p *client.NetworkPolicy) *client.San
 	return sb
 }
 
-func (env *egressEnv) install(t *testing.T, sb *client.Sandbox) {
+func (env *egressEnv) install(t testing.TB, sb *client.Sandbox) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -85,7 +85,9 @@ func probe(t *testing.T, sb *client.Sandbox, args string) (string, int) {
 
 func expect(t *testing.T, sb *client.Sandbox, args string, wantCode int, wantOut string) {
 	t.Helper()
+	start := time.Now()
 	out, code := probe(t, sb, args)
+	t.Logf("%s probe %s: %d %q (%s)", start.Format("15:04:05.000"), args, code, out, time.Since(start))
 	if code != wantCode || !strings.Contains(out, wantOut) {
 		t.Errorf("egressprobe %s: exit %d, output %q; want exit %d containing %q", args, code, out, wantCode, wantOut)
 	}
@@ -95,16 +97,18 @@ const testCA = " -ca /tmp/testca.pem"
 
 func TestEgressDefaultNone(t *testing.T) {
 	env := startEgress(t)
+	ip1, ip2, hostIP := env.tn.IP.String(), env.tn.IP2.String(), env.tn.HostIP.String()
+	_, _, _ = ip1, ip2, hostIP
 	sb := env.sandbox(t, nil)
 	p, err := env.d.Client.NetworkPolicy(context.Background(), sb.ID)
 	if err != nil || p.Mode != client.NetNone {
 		t.Fatalf("default policy = %+v, %v; want mode none", p, err)
 	}
 	expect(t, sb, "dns allowed.test", 1, "")
-	expect(t, sb, "dns allowed.test -server 198.51.100.1:53", 1, "")
-	expect(t, sb, "https allowed.test -connect 198.51.100.1:443"+testCA, 1, "")
-	expect(t, sb, "tcp 198.51.100.1:7", 1, "")
-	expect(t, sb, "udp 198.51.100.1:443", 1, "")
+	expect(t, sb, "dns allowed.test -server "+ip1+":53", 1, "")
+	expect(t, sb, "https allowed.test -connect "+ip1+":443"+testCA, 1, "")
+	expect(t, sb, "tcp "+ip1+":7", 1, "")
+	expect(t, sb, "udp "+ip1+":443", 1, "")
 	// The sandbox trusts its egress CA through the usual variables.
 	env1 := MustRun(t, sb, "env")
 	for _, v := range []string{"SSL_CERT_FILE=", "REQUESTS_CA_BUNDLE=", "NODE_EXTRA_CA_CERTS=", "GIT_SSL_CAINFO="} {
@@ -119,9 +123,11 @@ func TestEgressDefaultNone(t *testing.T) {
 
 func TestEgressAllow(t *testing.T) {
 	env := startEgress(t)
+	ip1, ip2, hostIP := env.tn.IP.String(), env.tn.IP2.String(), env.tn.HostIP.String()
+	_, _, _ = ip1, ip2, hostIP
 	pol := &client.NetworkPolicy{
 		Mode:  client.NetAllow,
-		Allow: []string{"allowed.test", "*.wild.test", "rebind.test", "meta.test", "198.51.100.1:7"},
+		Allow: []string{"allowed.test", "*.wild.test", "rebind.test", "meta.test", ip1 + ":7"},
 		Deny:  []string{"bad.wild.test"},
 		HTTP:  []client.HTTPRule{{Host: "api.test", Methods: []string{"GET", "HEAD"}, Path: "/v1/"}},
 	}
@@ -130,29 +136,29 @@ func TestEgressAllow(t *testing.T) {
 
 	// DNS: allowed names resolve through the gateway, others are refused,
 	// forbidden answers are stripped, other servers are unreachable.
-	expect(t, sb, "dns allowed.test", 0, "198.51.100.1")
+	expect(t, sb, "dns allowed.test", 0, ip1)
 	expect(t, sb, "dns other.test", 1, "")
 	expect(t, sb, "dns rebind.test", 1, "")
-	expect(t, sb, "dns allowed.test -server 198.51.100.1:53", 1, "")
+	expect(t, sb, "dns allowed.test -server "+ip1+":53", 1, "")
 	expect(t, sb, "dns allowed.test -server 8.8.8.8:53", 1, "")
 
 	// HTTPS pass-through by SNI (the test net's own certificate).
 	expect(t, sb, "https allowed.test"+testCA, 0, "host=allowed.test method=GET path=/ tls=true")
-	expect(t, sb, "https sub.wild.test -connect 198.51.100.1:443"+testCA, 0, "host=sub.wild.test")
-	expect(t, sb, "https wild.test -connect 198.51.100.1:443"+testCA, 1, "")     // apex of a wildcard
-	expect(t, sb, "https bad.wild.test -connect 198.51.100.1:443"+testCA, 1, "") // deny wins
-	expect(t, sb, "https other.test -connect 198.51.100.1:443"+testCA, 1, "")
+	expect(t, sb, "https sub.wild.test -connect "+ip1+":443"+testCA, 0, "host=sub.wild.test")
+	expect(t, sb, "https wild.test -connect "+ip1+":443"+testCA, 1, "")     // apex of a wildcard
+	expect(t, sb, "https bad.wild.test -connect "+ip1+":443"+testCA, 1, "") // deny wins
+	expect(t, sb, "https other.test -connect "+ip1+":443"+testCA, 1, "")
 	// IP literals: no SNI, or an address as the name, decide by CIDR.
-	expect(t, sb, "https 198.51.100.1"+testCA, 1, "")
-	expect(t, sb, "https 198.51.100.1 -sni ''", 1, "")
+	expect(t, sb, "https "+ip1+testCA, 1, "")
+	expect(t, sb, "https "+ip1+" -sni ''", 1, "")
 	// Rebinding: the proxy resolves rebind.test itself, finds 127.0.0.1, refuses.
-	expect(t, sb, "https rebind.test -connect 198.51.100.1:443"+testCA, 1, "")
-	expect(t, sb, "http meta.test -connect 198.51.100.1:80", 2, "403")
+	expect(t, sb, "https rebind.test -connect "+ip1+":443"+testCA, 1, "")
+	expect(t, sb, "http meta.test -connect "+ip1+":80", 2, "403")
 	// Plain HTTP by Host.
-	expect(t, sb, "http allowed.test -connect 198.51.100.1:80", 0, "host=allowed.test method=GET path=/ tls=false")
-	expect(t, sb, "http other.test -connect 198.51.100.1:80", 2, "403")
-	expect(t, sb, "http 198.51.100.1 -connect 198.51.100.1:80", 2, "403")
-	expect(t, sb, "http [2001:db8::1] -connect 198.51.100.1:80", 2, "403")
+	expect(t, sb, "http allowed.test -connect "+ip1+":80", 0, "host=allowed.test method=GET path=/ tls=false")
+	expect(t, sb, "http other.test -connect "+ip1+":80", 2, "403")
+	expect(t, sb, "http "+ip1+" -connect "+ip1+":80", 2, "403")
+	expect(t, sb, "http [2001:db8::1] -connect "+ip1+":80", 2, "403")
 	// IPv6 literals: the sandbox has no IPv6 at all.
 	expect(t, sb, "https [2001:db8::1]"+testCA, 1, "")
 	// Intercepted HTTPS: the sandbox's CA, method and path rules, Host = SNI.
@@ -163,18 +169,18 @@ func TestEgressAllow(t *testing.T) {
 	expect(t, sb, "https api.test -host allowed.test -path /v1/", 2, "421")
 	// Host ≠ SNI on pass-through cannot be checked, but a mismatched SNI
 	// with an allowed Host is decided on the SNI.
-	expect(t, sb, "https other.test -connect 198.51.100.1:443 -host allowed.test"+testCA, 1, "")
+	expect(t, sb, "https other.test -connect "+ip1+":443 -host allowed.test"+testCA, 1, "")
 	// Other TCP ports only by CIDR:port.
-	expect(t, sb, "tcp 198.51.100.1:7", 0, "ping")
-	expect(t, sb, "tcp 198.51.100.2:7", 1, "")
+	expect(t, sb, "tcp "+ip1+":7", 0, "ping")
+	expect(t, sb, "tcp "+ip2+":7", 1, "")
 	// QUIC and DNS-over-TLS never leave.
-	expect(t, sb, "udp 198.51.100.1:443", 1, "")
-	expect(t, sb, "tcp 198.51.100.1:853", 1, "")
+	expect(t, sb, "udp "+ip1+":443", 1, "")
+	expect(t, sb, "tcp "+ip1+":853", 1, "")
 	// The gateway, the host's services, metadata and other sandboxes.
 	gw := strings.TrimSpace(MustRun(t, sb, "ip route | awk '/default/ {print $3}'"))
 	otherIP := strings.TrimSpace(MustRun(t, other, "ip -4 -o addr show eth0 | awk '{print $4}' | cut -d/ -f1"))
 	for _, target := range []string{gw + ":22", gw + ":15001", gw + ":49983", "127.0.0.1:" + strings.Split(env.d.Addr, ":")[1],
-		"198.51.100.254:7", "169.254.169.254:80", otherIP + ":49983"} {
+		hostIP + ":7", "169.254.169.254:80", otherIP + ":49983"} {
 		expect(t, sb, "tcp "+target, 1, "")
 	}
 	expect(t, sb, "http "+gw+" -connect "+gw+":80", 2, "403")
@@ -205,7 +211,7 @@ func TestEgressAllow(t *testing.T) {
 	}
 	if r := find(func(r client.NetworkRecord) bool {
 		return r.Proto == "tls" && r.Name == "allowed.test" && r.Decision == "allow"
-	}); r == nil || r.BytesIn == 0 || r.BytesOut == 0 || r.Rule != "allow allowed.test" || r.IP != "198.51.100.1" || r.Port != 443 {
+	}); r == nil || r.BytesIn == 0 || r.BytesOut == 0 || r.Rule != "allow allowed.test" || r.IP != ip1 || r.Port != 443 {
 		t.Errorf("audit record for allowed.test = %+v", r)
 	}
 	if r := find(func(r client.NetworkRecord) bool {
@@ -221,13 +227,15 @@ func TestEgressAllow(t *testing.T) {
 		t.Errorf("denied-only log: %d of %d records, %v", len(denied), len(recs), err)
 	}
 	stdout, _, code := env.d.CLI(t, nil, "net", "log", sb.ID, "--denied")
-	if code != 0 || !strings.Contains(stdout, "other.test") || strings.Contains(stdout, "allow ") {
+	if code != 0 || !strings.Contains(stdout, "other.test") || strings.Contains(stdout, "Z  allow ") {
 		t.Errorf("berth net log --denied: exit %d\n%s", code, stdout)
 	}
 }
 
 func TestEgressSetAtRuntime(t *testing.T) {
 	env := startEgress(t)
+	ip1, ip2, hostIP := env.tn.IP.String(), env.tn.IP2.String(), env.tn.HostIP.String()
+	_, _, _ = ip1, ip2, hostIP
 	ctx := context.Background()
 	sb := env.sandbox(t, &client.NetworkPolicy{Mode: client.NetAllow, Allow: []string{"allowed.test"}})
 	expect(t, sb, "https allowed.test"+testCA, 0, "host=allowed.test")
@@ -240,7 +248,7 @@ func TestEgressSetAtRuntime(t *testing.T) {
 	for _, bad := range []client.NetworkPolicy{
 		{Mode: "sometimes"},
 		{Mode: client.NetAllow, Allow: []string{"198.51.100.0/33"}},
-		{Mode: client.NetAllow, Allow: []string{"198.51.100.1:99999"}},
+		{Mode: client.NetAllow, Allow: []string{ip1 + ":99999"}},
 		{Mode: client.NetAllow, HTTP: []client.HTTPRule{{Host: "a.test", Methods: []string{"G T"}, Path: "/"}}},
 		{Mode: client.NetAllow, HTTP: []client.HTTPRule{{Host: "a.test", Methods: []string{"GET"}, Path: "nope"}}},
 	} {
@@ -264,7 +272,7 @@ func TestEgressSetAtRuntime(t *testing.T) {
 	if d := time.Since(start); d > 100*time.Millisecond {
 		t.Errorf("policy change took %s, want at most 100ms", d)
 	}
-	expect(t, sb, "https allowed.test -connect 198.51.100.1:443"+testCA, 1, "")
+	expect(t, sb, "https allowed.test -connect "+ip1+":443"+testCA, 1, "")
 	expect(t, sb, "dns allowed.test", 1, "")
 
 	// Open: the public (test) internet, never loopback or metadata.
@@ -276,11 +284,11 @@ func TestEgressSetAtRuntime(t *testing.T) {
 		t.Errorf("net set printed %q", stdout)
 	}
 	expect(t, sb, "https other.test"+testCA, 0, "host=other.test")
-	expect(t, sb, "tcp 198.51.100.2:7", 0, "ping")
-	expect(t, sb, "https second.test -connect 198.51.100.2:443"+testCA, 1, "")
-	expect(t, sb, "https rebind.test -connect 198.51.100.1:443"+testCA, 1, "")
+	expect(t, sb, "tcp "+ip2+":7", 0, "ping")
+	expect(t, sb, "https second.test -connect "+ip2+":443"+testCA, 1, "")
+	expect(t, sb, "https rebind.test -connect "+ip1+":443"+testCA, 1, "")
 	expect(t, sb, "tcp 169.254.169.254:80", 1, "")
-	expect(t, sb, "udp 198.51.100.1:443", 1, "")
+	expect(t, sb, "udp "+ip1+":443", 1, "")
 	stdout, _, code = env.d.CLI(t, nil, "net", "show", sb.ID)
 	if code != 0 || !strings.Contains(stdout, "mode: open") || !strings.Contains(stdout, "second.test") {
 		t.Errorf("berth net show: %d\n%s", code, stdout)
@@ -289,6 +297,8 @@ func TestEgressSetAtRuntime(t *testing.T) {
 
 func TestEgressLearnSuggest(t *testing.T) {
 	env := startEgress(t)
+	ip1, ip2, hostIP := env.tn.IP.String(), env.tn.IP2.String(), env.tn.HostIP.String()
+	_, _, _ = ip1, ip2, hostIP
 	stdout, stderr, code := env.d.CLI(t, nil, "create", "--template", "minimal", "--net", "learn")
 	if code != 0 {
 		t.Fatalf("berth create --net learn: %d %s", code, stderr)
@@ -296,15 +306,15 @@ func TestEgressLearnSuggest(t *testing.T) {
 	sb := env.d.Client.Sandbox(strings.TrimSpace(stdout))
 	env.install(t, sb)
 	expect(t, sb, "https learned.test"+testCA, 1, "")
-	expect(t, sb, "https other.test -connect 198.51.100.1:443"+testCA, 1, "")
-	expect(t, sb, "tcp 198.51.100.1:7", 1, "")
+	expect(t, sb, "https other.test -connect "+ip1+":443"+testCA, 1, "")
+	expect(t, sb, "tcp "+ip1+":7", 1, "")
 	expect(t, sb, "tcp 127.0.0.1:1", 1, "") // loopback inside: never suggested
 
 	stdout, stderr, code = env.d.CLI(t, nil, "net", "suggest", sb.ID)
 	if code != 0 {
 		t.Fatalf("berth net suggest: %d %s", code, stderr)
 	}
-	for _, want := range []string{"mode: allow", "learned.test", "other.test", "198.51.100.1/32:7"} {
+	for _, want := range []string{"mode: allow", "learned.test", "other.test", ip1 + "/32:7"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("suggestion lacks %q:\n%s", want, stdout)
 		}
@@ -316,12 +326,14 @@ func TestEgressLearnSuggest(t *testing.T) {
 		t.Fatalf("berth net set --net-policy: %d %s", code, stderr)
 	}
 	expect(t, sb, "https learned.test"+testCA, 0, "host=learned.test")
-	expect(t, sb, "tcp 198.51.100.1:7", 0, "ping")
-	expect(t, sb, "https allowed.test -connect 198.51.100.1:443"+testCA, 1, "")
+	expect(t, sb, "tcp "+ip1+":7", 0, "ping")
+	expect(t, sb, "https allowed.test -connect "+ip1+":443"+testCA, 1, "")
 }
 
 func TestEgressRestartAndLeaks(t *testing.T) {
 	env := startEgress(t)
+	ip1, ip2, hostIP := env.tn.IP.String(), env.tn.IP2.String(), env.tn.HostIP.String()
+	_, _, _ = ip1, ip2, hostIP
 	ctx := context.Background()
 	sb := env.sandbox(t, &client.NetworkPolicy{Mode: client.NetAllow, Allow: []string{"allowed.test"},
 		HTTP: []client.HTTPRule{{Host: "api.test", Methods: []string{"GET"}, Path: "/"}}})
@@ -334,10 +346,10 @@ func TestEgressRestartAndLeaks(t *testing.T) {
 	// SIGKILL and restart: the policy, resolver and proxy come back.
 	env.d.Kill9()
 	env.d.Start()
-	expect(t, sb, "dns allowed.test", 0, "198.51.100.1")
+	expect(t, sb, "dns allowed.test", 0, ip1)
 	expect(t, sb, "https allowed.test"+testCA, 0, "host=allowed.test")
 	expect(t, sb, "https api.test", 0, "issuer=Berth egress CA")
-	expect(t, sb, "https other.test -connect 198.51.100.1:443"+testCA, 1, "")
+	expect(t, sb, "https other.test -connect "+ip1+":443"+testCA, 1, "")
 	if p, err := env.d.Client.NetworkPolicy(ctx, sb.ID); err != nil || p.Mode != client.NetAllow {
 		t.Errorf("policy after restart = %+v, %v", p, err)
 	}
@@ -362,4 +374,3 @@ func TestEgressRestartAndLeaks(t *testing.T) {
 		t.Errorf("egress state dir not empty: %v", ents)
 	}
 }
-

@@ -21,6 +21,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/miekg/dns"
@@ -29,7 +30,7 @@ import (
 )
 
 // TestNet is a stand-in internet for egress tests: a network namespace
-// holding TEST-NET-2 (198.51.100.0/24) and 2001:db8::/32 addresses, routed
+// holding a /28 of TEST-NET-2 (198.51.100.0/24) and 2001:db8::/32 addresses, routed
 // from the host over a veth, running HTTP (80), HTTPS (443, certificates
 // from its own CA), DNS (53), a TCP echo (7) and a UDP echo on 443 (to
 // prove QUIC would be answered if it got out). Tests send traffic only
@@ -39,8 +40,9 @@ type TestNet struct {
 	HostIP  netip.Addr // host side of the veth
 	IP      netip.Addr // the servers' main address (198.51.100.1)
 	IP2     netip.Addr // a second server address (198.51.100.2)
-	IP6     netip.Addr // 2001:db8::1
-	CAPEM   []byte     // the test CA, for clients and the daemon's proxy
+	IP6     netip.Addr // 2001:db8:<slot>::1
+	Prefix  netip.Prefix
+	CAPEM   []byte // the test CA, for clients and the daemon's proxy
 	CAFile  string
 	DNSAddr string // host:port of its DNS server
 
@@ -52,23 +54,49 @@ type TestNet struct {
 	Zone map[string]string
 }
 
-// TestNetZone is the DNS zone every TestNet serves.
-func TestNetZone() map[string]string {
-	return map[string]string{
-		"allowed.test":   "198.51.100.1",
-		"other.test":     "198.51.100.1",
-		"api.test":       "198.51.100.1",
-		"sub.wild.test":  "198.51.100.1",
-		"bad.wild.test":  "198.51.100.1",
-		"wild.test":      "198.51.100.1",
-		"rebind.test":    "127.0.0.1",
-		"meta.test":      "169.254.169.254",
-		"second.test":    "198.51.100.2",
-		"learned.test":   "198.51.100.1",
-		"bench.test":     "198.51.100.1",
-		"benchapi.test":  "198.51.100.1",
-		"intercept.test": "198.51.100.1",
+// TestNetZone is the DNS zone a TestNet with servers at ip and ip2 serves.
+func TestNetZone(ip, ip2 string) map[string]string {
+	z := map[string]string{"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "second.test": ip2}
+	for _, n := range []string{"allowed.test", "other.test", "api.test", "sub.wild.test", "bad.wild.test", "wild.test", "learned.test", "bench.test", "benchapi.test"} {
+		z[n] = ip
 	}
+	return z
+}
+
+// testNetSlot picks a /28 of 198.51.100.0/24 no host address is in, so
+// concurrent test runs on one host get test nets of their own. It holds a
+// host-wide lock until the returned unlock, which must come after the
+// host address is configured.
+func testNetSlot() (int, func(), error) {
+	f, err := os.OpenFile("/run/berth-testnet.lock", os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return 0, nil, err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return 0, nil, err
+	}
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		f.Close()
+		return 0, nil, err
+	}
+	used := map[int]bool{}
+	for _, a := range addrs {
+		if ip4 := a.IP.To4(); ip4 != nil && ip4[0] == 198 && ip4[1] == 51 && ip4[2] == 100 {
+			used[int(ip4[3])/16] = true
+		}
+	}
+	b := make([]byte, 1)
+	rand.Read(b)
+	for i := range 16 {
+		slot := (int(b[0]) + i) % 16
+		if !used[slot] {
+			return slot, func() { f.Close() }, nil
+		}
+	}
+	f.Close()
+	return 0, nil, fmt.Errorf("no free /28 in 198.51.100.0/24")
 }
 
 // StartTestNet builds the namespace and servers; everything is removed
@@ -77,18 +105,26 @@ func StartTestNet(t TB) *TestNet {
 	t.Helper()
 	RequireHost(t)
 	id := randName(6)
+	slot, unlock, err := testNetSlot()
+	if err != nil {
+		t.Fatalf("test net: %v", err)
+	}
+	base := 16 * slot
 	tn := &TestNet{
 		Name:     "berthtn-" + id,
-		HostIP:   netip.MustParseAddr("198.51.100.254"),
-		IP:       netip.MustParseAddr("198.51.100.1"),
-		IP2:      netip.MustParseAddr("198.51.100.2"),
-		IP6:      netip.MustParseAddr("2001:db8::1"),
+		HostIP:   netip.AddrFrom4([4]byte{198, 51, 100, byte(base + 14)}),
+		IP:       netip.AddrFrom4([4]byte{198, 51, 100, byte(base + 1)}),
+		IP2:      netip.AddrFrom4([4]byte{198, 51, 100, byte(base + 2)}),
+		IP6:      netip.MustParseAddr(fmt.Sprintf("2001:db8:%x::1", slot+1)),
+		Prefix:   netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 51, 100, byte(base)}), 28),
 		hostLink: "btn" + id,
-		Zone:     TestNetZone(),
 	}
+	tn.Zone = TestNetZone(tn.IP.String(), tn.IP2.String())
 	tn.DNSAddr = net.JoinHostPort(tn.IP.String(), "53")
 	t.Cleanup(tn.Close)
-	if err := tn.setup(t); err != nil {
+	err = tn.setup(t)
+	unlock()
+	if err != nil {
 		t.Fatalf("test net: %v", err)
 	}
 	return tn
@@ -110,12 +146,12 @@ func (tn *TestNet) setup(t TB) error {
 	steps := [][]string{
 		{"ip", "link", "add", tn.hostLink, "type", "veth", "peer", "name", peer},
 		{"ip", "link", "set", peer, "netns", tn.Name},
-		{"ip", "addr", "add", tn.HostIP.String() + "/24", "dev", tn.hostLink},
-		{"ip", "-6", "addr", "add", "2001:db8::fe/64", "dev", tn.hostLink, "nodad"},
+		{"ip", "addr", "add", tn.HostIP.String() + "/28", "dev", tn.hostLink},
+		{"ip", "-6", "addr", "add", tn.IP6.Prev().Prev().String() + "/64", "dev", tn.hostLink, "nodad"},
 		{"ip", "link", "set", tn.hostLink, "up"},
 		{"ip", "netns", "exec", tn.Name, "ip", "link", "set", "lo", "up"},
-		{"ip", "netns", "exec", tn.Name, "ip", "addr", "add", tn.IP.String() + "/24", "dev", peer},
-		{"ip", "netns", "exec", tn.Name, "ip", "addr", "add", tn.IP2.String() + "/24", "dev", peer},
+		{"ip", "netns", "exec", tn.Name, "ip", "addr", "add", tn.IP.String() + "/28", "dev", peer},
+		{"ip", "netns", "exec", tn.Name, "ip", "addr", "add", tn.IP2.String() + "/28", "dev", peer},
 		{"ip", "netns", "exec", tn.Name, "ip", "-6", "addr", "add", tn.IP6.String() + "/64", "dev", peer, "nodad"},
 		{"ip", "netns", "exec", tn.Name, "ip", "link", "set", peer, "up"},
 	}
@@ -133,7 +169,7 @@ func (tn *TestNet) setup(t TB) error {
 	if err := os.WriteFile(tn.CAFile, caPEM, 0o644); err != nil {
 		return err
 	}
-	leaf, err := testLeaf(ca, caKey)
+	leaf, err := testLeaf(ca, caKey, tn)
 	if err != nil {
 		return err
 	}
@@ -295,7 +331,7 @@ func (tn *TestNet) HostLinkExists() bool {
 func (tn *TestNet) ConfigFile(t TB) []string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "egress-config.yaml")
-	cfg := fmt.Sprintf("dns_upstream: [%q]\npublic_test_nets: [\"198.51.100.0/24\", \"2001:db8::/32\"]\negress_ca_file: %q\n", tn.DNSAddr, tn.CAFile)
+	cfg := fmt.Sprintf("dns_upstream: [%q]\npublic_test_nets: [%q, \"2001:db8::/32\"]\negress_ca_file: %q\n", tn.DNSAddr, tn.Prefix, tn.CAFile)
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatalf("%v", err)
 	}
@@ -336,13 +372,13 @@ func newTestCA() ([]byte, *x509.Certificate, *ecdsa.PrivateKey, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), cert, key, nil
 }
 
-func testLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (tls.Certificate, error) {
+func testLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, tn *TestNet) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, err
 	}
 	var names []string
-	for n := range TestNetZone() {
+	for n := range tn.Zone {
 		names = append(names, n)
 	}
 	tmpl := &x509.Certificate{
@@ -350,7 +386,7 @@ func testLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (tls.Certificate, e
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 		DNSNames:    append(names, "*.wild.test"),
-		IPAddresses: []net.IP{net.ParseIP("198.51.100.1"), net.ParseIP("198.51.100.2"), net.ParseIP("2001:db8::1")},
+		IPAddresses: []net.IP{tn.IP.AsSlice(), tn.IP2.AsSlice(), tn.IP6.AsSlice()},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {

@@ -174,10 +174,12 @@ func hostMounts(d *harness.Daemon) map[string]bool {
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		// Sandbox mounts come and go: this daemon's and those of any
-		// other daemon on the host (their data dirs all hold
-		// sandboxes/<id>/…), and network namespaces.
+		// other daemon or runtime test on the host (each sandbox's rootfs
+		// and disk, under sandboxes/<id>/ or a state dir), and network
+		// namespaces.
 		if len(f) < 5 || strings.Contains(f[4], d.DataDir) || strings.Contains(f[4], d.Instance) ||
-			strings.Contains(f[4], "/sandboxes/") || strings.Contains(f[4], "/netns/") {
+			strings.Contains(f[4], "/sandboxes/") || strings.Contains(f[4], "/netns/") ||
+			strings.HasSuffix(f[4], "/rootfs") || strings.HasSuffix(f[4], "/disk") {
 			continue
 		}
 		out[f[4]] = true
@@ -186,16 +188,36 @@ func hostMounts(d *harness.Daemon) map[string]bool {
 }
 
 // escapedProcs lists host processes running as a sandbox uid outside every
-// berth cgroup.
+// berth cgroup. A process being set up by runc on the host is briefly in
+// that state too (and other runtime tests may run beside this one), so a
+// candidate counts only if it is still there, alive and outside, a moment
+// later.
 func escapedProcs() []string {
+	first := outsideProcs()
+	if len(first) == 0 {
+		return nil
+	}
+	time.Sleep(500 * time.Millisecond) // a grace period, not a wait for an event
 	var out []string
+	for pid, desc := range outsideProcs() {
+		if _, ok := first[pid]; ok {
+			out = append(out, pid+" "+desc)
+		}
+	}
+	return out
+}
+
+// outsideProcs maps pid to command line and cgroups of live processes with
+// a sandbox uid outside every berth cgroup.
+func outsideProcs() map[string]string {
+	out := map[string]string{}
 	ents, _ := os.ReadDir("/proc")
 	for _, e := range ents {
 		if _, err := strconv.Atoi(e.Name()); err != nil {
 			continue
 		}
 		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil {
+		if err != nil || strings.Contains(string(st), "State:\tZ") {
 			continue
 		}
 		uid := -1
@@ -212,7 +234,7 @@ func escapedProcs() []string {
 			continue
 		}
 		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		out = append(out, e.Name()+" "+strings.ReplaceAll(string(cmd), "\x00", " "))
+		out[e.Name()] = strings.ReplaceAll(string(cmd), "\x00", " ") + " cgroups: " + strings.ReplaceAll(string(cg), "\n", " ")
 	}
 	return out
 }

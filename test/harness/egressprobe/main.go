@@ -9,6 +9,7 @@
 //	egressprobe tcp   IP:PORT
 //	egressprobe udp   IP:PORT
 //	egressprobe bulk  URL   (downloads, prints bytes)
+//	egressprobe lat   NAME -n N [-path P] [-ca FILE]  (N fresh HTTPS requests, prints the median in µs)
 package main
 
 import (
@@ -21,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -39,13 +41,31 @@ func main() {
 	caFile := fs.String("ca", "", "extra CA file")
 	server := fs.String("server", "", "DNS server")
 	sni := fs.String("sni", "\x00", "TLS server name (default TARGET)")
+	n := fs.Int("n", 20, "requests (lat)")
 	fs.Parse(os.Args[3:])
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+	timeout := 8 * time.Second
+	if kind == "bulk" {
+		timeout = 2 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var err error
 	switch kind {
 	case "https", "http", "bulk":
 		err = doHTTP(ctx, kind, target, *connect, *host, *method, *path, *caFile, *sni)
+	case "lat":
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		var ds []time.Duration
+		for i := 0; i < *n && err == nil; i++ {
+			start := time.Now()
+			err = doHTTP(ctx, "lat", target, *connect, *host, *method, *path, *caFile, *sni)
+			ds = append(ds, time.Since(start))
+		}
+		if err == nil {
+			slices.Sort(ds)
+			fmt.Printf("median_us=%d\n", ds[len(ds)/2].Microseconds())
+		}
 	case "dns":
 		err = doDNS(ctx, target, *server)
 	case "tcp":
@@ -115,12 +135,18 @@ func doHTTP(ctx context.Context, kind, target, connect, host, method, path, caFi
 	}
 	defer resp.Body.Close()
 	if kind == "bulk" {
+		start := time.Now()
 		n, err := io.Copy(io.Discard, resp.Body)
-		fmt.Println(n)
+		fmt.Printf("bytes=%d mbps=%.0f\n", n, float64(n)*8/1e6/time.Since(start).Seconds())
 		return err
 	}
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-	fmt.Print(string(body))
+	if kind != "lat" {
+		fmt.Print(string(body))
+	}
+	if kind == "lat" {
+		return nil
+	}
 	if resp.TLS != nil && len(resp.TLS.PeerCertificates) > 0 {
 		fmt.Println("issuer=" + resp.TLS.PeerCertificates[0].Issuer.CommonName)
 	}

@@ -1,4 +1,10 @@
-package netpolicy
+// Package egress runs the host side of sandboxes' egress policy: per
+// sandbox, a filtering DNS resolver and a transparent egress proxy on the
+// host address of its veth (the firewall in package netpolicy sends the
+// sandbox's DNS and TCP there), its CA for intercepted TLS, and the
+// installation of resolv.conf and the CA inside the sandbox. Every decision
+// goes to the audit log.
+package egress
 
 import (
 	"context"
@@ -20,10 +26,11 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
 )
 
-// EgressConfig configures the host-side egress services.
-type EgressConfig struct {
+// Config configures the host-side egress services.
+type Config struct {
 	// StateDir holds one directory per sandbox (its policy and CA key),
 	// 0700, removed with the sandbox.
 	StateDir string
@@ -31,7 +38,7 @@ type EgressConfig struct {
 	// ask; default: the nameservers of the host's /etc/resolv.conf.
 	Upstream []string
 	// Guard decides which addresses are public.
-	Guard *Guard
+	Guard *netpolicy.Guard
 	// Audit receives every decision.
 	Audit *audit.Log
 	// UpstreamRoots verify servers behind intercepted TLS (nil: the host's
@@ -44,10 +51,10 @@ type EgressConfig struct {
 }
 
 // Egress runs, per sandbox, a filtering DNS resolver and a transparent
-// egress proxy on the host side of its veth, and holds its policy. Policy
+// egress proxy on the host side of its veth, and holds its policy. netpolicy.Policy
 // swaps are atomic and take effect for the next connection or query.
 type Egress struct {
-	cfg EgressConfig
+	cfg Config
 	log *slog.Logger
 
 	mu    sync.Mutex
@@ -58,7 +65,7 @@ type Egress struct {
 type box struct {
 	id     string
 	hostIP netip.Addr
-	policy atomic.Pointer[Compiled]
+	policy atomic.Pointer[netpolicy.Compiled]
 	ca     *sandboxCA
 	e      *Egress
 
@@ -72,16 +79,16 @@ type box struct {
 	wg     sync.WaitGroup
 }
 
-// NewEgress prepares the egress services.
-func NewEgress(cfg EgressConfig) (*Egress, error) {
+// New prepares the egress services.
+func New(cfg Config) (*Egress, error) {
 	if cfg.StateDir == "" || cfg.Audit == nil {
 		return nil, fmt.Errorf("egress: state dir and audit log are required: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Guard == nil {
-		cfg.Guard = &Guard{}
+		cfg.Guard = &netpolicy.Guard{}
 	}
 	if cfg.ProxyPort == 0 {
-		cfg.ProxyPort = DefaultProxyPort
+		cfg.ProxyPort = netpolicy.DefaultProxyPort
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
@@ -121,7 +128,7 @@ func (e *Egress) dir(id string) string { return filepath.Join(e.cfg.StateDir, id
 // Prepare makes the sandbox's state dir and CA (kept if present) and
 // returns the CA certificate (PEM) to install in the sandbox.
 func (e *Egress) Prepare(id string) ([]byte, error) {
-	if err := validID(id); err != nil {
+	if err := netpolicy.ValidID(id); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(e.dir(id), 0o700); err != nil {
@@ -136,8 +143,8 @@ func (e *Egress) Prepare(id string) ([]byte, error) {
 
 // Start runs the sandbox's resolver and proxy on hostIP with policy p
 // (persisted, so a restarted daemon can Start it again with LoadPolicy).
-func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p Policy) error {
-	c, err := Compile(p)
+func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p netpolicy.Policy) error {
+	c, err := netpolicy.Compile(p)
 	if err != nil {
 		return err
 	}
@@ -189,8 +196,8 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p Poli
 
 // SetPolicy replaces the sandbox's policy for new connections and
 // queries. An invalid policy changes nothing.
-func (e *Egress) SetPolicy(id string, p Policy) error {
-	c, err := Compile(p)
+func (e *Egress) SetPolicy(id string, p netpolicy.Policy) error {
+	c, err := netpolicy.Compile(p)
 	if err != nil {
 		return err
 	}
@@ -207,37 +214,37 @@ func (e *Egress) SetPolicy(id string, p Policy) error {
 	return nil
 }
 
-// Policy returns the sandbox's policy in force.
-func (e *Egress) Policy(id string) (Policy, error) {
+// netpolicy.Policy returns the sandbox's policy in force.
+func (e *Egress) Policy(id string) (netpolicy.Policy, error) {
 	e.mu.Lock()
 	b := e.boxes[id]
 	e.mu.Unlock()
 	if b == nil {
-		return Policy{}, fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
+		return netpolicy.Policy{}, fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
 	}
 	return b.policy.Load().Policy, nil
 }
 
 // LoadPolicy reads a sandbox's persisted policy (after a restart).
-func (e *Egress) LoadPolicy(id string) (Policy, error) {
-	if err := validID(id); err != nil {
-		return Policy{}, err
+func (e *Egress) LoadPolicy(id string) (netpolicy.Policy, error) {
+	if err := netpolicy.ValidID(id); err != nil {
+		return netpolicy.Policy{}, err
 	}
 	data, err := os.ReadFile(filepath.Join(e.dir(id), "policy.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return Policy{}, fmt.Errorf("sandbox %s policy: %w", id, errdefs.ErrNotFound)
+		return netpolicy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return Policy{}, err
+		return netpolicy.Policy{}, err
 	}
-	var p Policy
+	var p netpolicy.Policy
 	if err := json.Unmarshal(data, &p); err != nil {
-		return Policy{}, fmt.Errorf("sandbox %s policy: %w", id, err)
+		return netpolicy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, err)
 	}
 	return p, p.Validate()
 }
 
-func (e *Egress) savePolicy(id string, p Policy) error {
+func (e *Egress) savePolicy(id string, p netpolicy.Policy) error {
 	data, err := json.Marshal(p)
 	if err != nil {
 		return err
@@ -262,7 +269,7 @@ func (e *Egress) Stop(id string) {
 // Remove stops the sandbox's services and deletes its state (CA key
 // included). Removing an unknown id is not an error.
 func (e *Egress) Remove(id string) error {
-	if err := validID(id); err != nil {
+	if err := netpolicy.ValidID(id); err != nil {
 		return err
 	}
 	e.Stop(id)
@@ -281,7 +288,7 @@ func (e *Egress) List() ([]string, error) {
 	}
 	var out []string
 	for _, d := range ents {
-		if d.IsDir() && validID(d.Name()) == nil {
+		if d.IsDir() && netpolicy.ValidID(d.Name()) == nil {
 			out = append(out, d.Name())
 		}
 	}

@@ -1,4 +1,4 @@
-package netpolicy
+package egress
 
 import (
 	"crypto/ecdsa"

@@ -1,4 +1,4 @@
-package netpolicy
+package egress
 
 import (
 	"bufio"
@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
 )
 
 // The egress proxy receives every TCP connection a sandbox opens (the
@@ -158,7 +159,7 @@ type replayConn struct {
 
 func (r *replayConn) Read(p []byte) (int, error) { return r.r.Read(p) }
 
-func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, pol *Compiled) {
+func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, pol *netpolicy.Compiled) {
 	sni, hello, err := peekSNI(c, br)
 	rec := audit.Record{Proto: "tls", Name: strings.ToLower(sni), IP: orig.Addr().String(), Port: orig.Port()}
 	if err != nil {
@@ -179,14 +180,14 @@ func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, p
 
 // decideTarget decides a connection naming name (SNI or Host; "" when
 // none) and returns the vetted addresses to dial.
-func (b *box) decideTarget(name string, orig netip.AddrPort, pol *Compiled) (Decision, []netip.Addr, string) {
-	byAddr := func(ip netip.Addr) (Decision, []netip.Addr, string) {
+func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Compiled) (netpolicy.Decision, []netip.Addr, string) {
+	byAddr := func(ip netip.Addr) (netpolicy.Decision, []netip.Addr, string) {
 		d := pol.DecideAddr(ip, orig.Port())
 		if !d.Allow {
 			return d, nil, ""
 		}
 		if bad, why := b.e.cfg.Guard.Forbidden(ip); bad {
-			return Decision{Rule: d.Rule}, nil, ip.String() + ": " + why
+			return netpolicy.Decision{Rule: d.Rule}, nil, ip.String() + ": " + why
 		}
 		return d, []netip.Addr{ip.Unmap()}, ""
 	}
@@ -196,8 +197,8 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *Compiled) (Dec
 	if ip, err := netip.ParseAddr(strings.Trim(name, "[]")); err == nil {
 		return byAddr(ip)
 	}
-	if !ValidDomain(name) {
-		return deny("proxy"), nil, "invalid name"
+	if !netpolicy.ValidDomain(name) {
+		return netpolicy.Deny("proxy"), nil, "invalid name"
 	}
 	d := pol.DecideName(name)
 	if !d.Allow {
@@ -207,7 +208,7 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *Compiled) (Dec
 	defer cancel()
 	ips, err := b.e.resolve(ctx, name)
 	if err != nil {
-		return Decision{Rule: d.Rule}, nil, "resolve: " + err.Error()
+		return netpolicy.Decision{Rule: d.Rule}, nil, "resolve: " + err.Error()
 	}
 	var ok []netip.Addr
 	var why string
@@ -223,7 +224,7 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *Compiled) (Dec
 		ok = append(ok, ip.Unmap())
 	}
 	if len(ok) == 0 {
-		return Decision{Rule: d.Rule}, nil, why
+		return netpolicy.Decision{Rule: d.Rule}, nil, why
 	}
 	return d, ok, ""
 }
@@ -249,7 +250,7 @@ func (b *box) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.Co
 
 // relayTo applies decision d: on allow it dials addrs and copies both
 // ways, writing pre (already read from the client) first.
-func (b *box) relayTo(client net.Conn, pre []byte, rec audit.Record, d Decision, addrs []netip.Addr, port uint16) {
+func (b *box) relayTo(client net.Conn, pre []byte, rec audit.Record, d netpolicy.Decision, addrs []netip.Addr, port uint16) {
 	rec.Rule = d.Rule
 	if !d.Allow || len(addrs) == 0 {
 		rec.Decision = "deny"
@@ -321,7 +322,7 @@ func closeWrite(c net.Conn) {
 
 // intercept terminates TLS for name with the sandbox's CA and serves the
 // HTTP requests inside, each checked against the HTTP rules.
-func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig netip.AddrPort, pol *Compiled) {
+func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig netip.AddrPort, pol *netpolicy.Compiled) {
 	cfg := &tls.Config{
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -353,7 +354,7 @@ func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig n
 // handleHTTP serves HTTP/1.x requests from client one by one. sni is the
 // TLS name for intercepted connections ("" for plain HTTP); dialUp, when
 // set, dials the upstream (intercepted TLS).
-func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort, pol *Compiled, sni string, dialUp func(context.Context) (net.Conn, error)) {
+func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort, pol *netpolicy.Compiled, sni string, dialUp func(context.Context) (net.Conn, error)) {
 	proto := "http"
 	if sni != "" {
 		proto = "https"
@@ -380,8 +381,8 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			host = h
 		}
 		host = strings.TrimSuffix(host, ".")
-		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: truncate(req.URL.Path, 512)}
-		refuse := func(status int, d Decision, reason string) {
+		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: netpolicy.Truncate(req.URL.Path, 512)}
+		refuse := func(status int, d netpolicy.Decision, reason string) {
 			rec.Decision, rec.Rule, rec.Reason = "deny", d.Rule, reason
 			body := "berth egress: " + status2text(status) + ": " + reason + "\n"
 			resp := &http.Response{StatusCode: status, ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{"Content-Type": {"text/plain"}, "Connection": {"close"}},
@@ -389,16 +390,16 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			resp.Write(client)
 			b.audit(rec)
 		}
-		var d Decision
+		var d netpolicy.Decision
 		switch {
 		case sni != "" && host != sni:
-			refuse(http.StatusMisdirectedRequest, deny("proxy"), fmt.Sprintf("Host %q differs from TLS server name %q", host, sni))
+			refuse(http.StatusMisdirectedRequest, netpolicy.Deny("proxy"), fmt.Sprintf("Host %q differs from TLS server name %q", host, sni))
 			return
 		case firstHost != "" && host != firstHost:
-			refuse(http.StatusMisdirectedRequest, deny("proxy"), fmt.Sprintf("Host %q differs from this connection's first Host %q", host, firstHost))
+			refuse(http.StatusMisdirectedRequest, netpolicy.Deny("proxy"), fmt.Sprintf("Host %q differs from this connection's first Host %q", host, firstHost))
 			return
 		case req.Header.Get("Upgrade") != "" && sni != "":
-			refuse(http.StatusForbidden, deny("proxy"), "protocol upgrades are not supported on intercepted connections")
+			refuse(http.StatusForbidden, netpolicy.Deny("proxy"), "protocol upgrades are not supported on intercepted connections")
 			return
 		}
 		var addrs []netip.Addr
