@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -105,11 +106,24 @@ func FuzzDecodeCreate(f *testing.F) {
 	})
 }
 
+// routeSource is every non-test Go file of the package: routes are
+// registered in several of them.
 func routeSource(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("server.go")
+	files, err := filepath.Glob("*.go")
 	if err != nil {
 		t.Fatal(err)
 	}
-	return string(b)
+	var all strings.Builder
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		all.Write(b)
+	}
+	return all.String()
 }
