@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"errors"
 	"net"
+	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -58,6 +59,8 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 		// Stream process output and watch events as they come.
 		FlushInterval:  -1,
 		ModifyResponse: agentlink.CloseAfterRefusal,
+		// A client that goes away mid-stream is routine, not an error.
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if errors.Is(err, context.Canceled) {
 				return

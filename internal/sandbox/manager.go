@@ -399,6 +399,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{Sandbox: e.rec}, err
 	}
 
+	type egressResult struct {
+		ca  []byte
+		err error
+	}
+	egress := make(chan egressResult, 1)
+	egressStarted := false
 	spec := runtime.Spec{
 		ID:          rec.ID,
 		Layers:      tpl.Layers,
@@ -419,19 +425,40 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 				return fmt.Errorf("network: %w", err)
 			}
 			e.att = att
+			// The egress services need the attachment, not the agent:
+			// they come up while the agent starts.
+			go func() {
+				ca, err := m.prepareEgress(cctx, e, policy)
+				egress <- egressResult{ca, err}
+			}()
+			egressStarted = true
 			return nil
 		},
 	}
+	// waitEgress collects the egress preparation, if it was started, so
+	// no failure path tears down under its feet.
+	waitEgress := func() egressResult {
+		if !egressStarted {
+			return egressResult{err: errors.New("egress was never prepared")}
+		}
+		egressStarted = false
+		return <-egress
+	}
 	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
+		waitEgress()
 		return fail("runtime", err)
 	}
 	rctx, rcancel := context.WithTimeout(cctx, m.cfg.ReadyTimeout)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	rcancel()
+	eg := waitEgress()
 	if err != nil {
 		return fail("agent did not become ready", err)
 	}
-	if err := m.startEgress(cctx, e, policy, true); err != nil {
+	if eg.err != nil {
+		return fail("network policy", eg.err)
+	}
+	if err := m.installEgress(cctx, e, eg.ca); err != nil {
 		return fail("network policy", err)
 	}
 	e.rec.State = StateReady

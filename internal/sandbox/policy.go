@@ -83,25 +83,42 @@ func policyField(err error) error {
 // startEgress applies p to a sandbox whose agent answers: its resolver
 // and proxy, its firewall mode, and its resolv.conf and trust store.
 func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy, install bool) error {
+	ca, err := m.prepareEgress(ctx, e, p)
+	if err != nil || !install {
+		return err
+	}
+	return m.installEgress(ctx, e, ca)
+}
+
+// prepareEgress makes the sandbox's CA, starts its resolver and proxy and
+// sets its firewall mode: everything that needs the network attachment but
+// not the agent, so create runs it while the agent starts.
+func (m *Manager) prepareEgress(ctx context.Context, e *entry, p netpolicy.Policy) (ca []byte, err error) {
 	if m.deps.Egress == nil {
 		if p.Mode != "" && p.Mode != netpolicy.ModeNone {
-			return fmt.Errorf("egress policy %s: this daemon has no egress services: %w", p.Mode, errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("egress policy %s: this daemon has no egress services: %w", p.Mode, errdefs.ErrFailedPrecondition)
 		}
-		return nil
+		return nil, nil
 	}
-	ca, err := m.deps.Egress.Prepare(e.rec.ID)
+	ca, err = m.deps.Egress.Prepare(e.rec.ID)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := m.deps.Egress.Start(ctx, e.rec.ID, e.att.HostIP, p); err != nil {
-		return err
+		return nil, err
 	}
 	if ms, ok := m.deps.Network.(modeSetter); ok {
 		if err := ms.SetMode(ctx, e.rec.ID, p.Normalize().Mode); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if !install {
+	return ca, nil
+}
+
+// installEgress writes the CA and resolver settings into the sandbox
+// through its agent.
+func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error {
+	if m.deps.Egress == nil {
 		return nil
 	}
 	return m.deps.Egress.Install(ctx, agentAddr(e.att), e.rec.Token, e.att.HostIP, ca)

@@ -50,6 +50,12 @@ var capabilities = []string{
 // nofileLimit is the sandbox's RLIMIT_NOFILE. runc applies rlimits from
 // inside the user namespace, where a hard limit can only be lowered, so it
 // is capped at the daemon's own.
+// ociVersion is the runtime-spec version the config declares. Every field
+// Berth uses exists in 1.0.2, which Debian's runc 1.1 and crun 1.8 accept;
+// crun refuses a newer version string than it knows, even for a config
+// that uses nothing new.
+const ociVersion = "1.0.2"
+
 func nofileLimit() uint64 {
 	nofile := uint64(65536)
 	var lim unix.Rlimit
@@ -130,7 +136,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
 	}
 
 	return &specs.Spec{
-		Version: specs.Version,
+		Version: ociVersion,
 		Root:    &specs.Root{Path: rootfs},
 		Process: &specs.Process{
 			Terminal: false,
