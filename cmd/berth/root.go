@@ -109,6 +109,12 @@ func newRootCmd(a *app) *cobra.Command {
 		newTimeoutCmd(a),
 		newTemplateCmd(a),
 		newAPIKeyCmd(a),
+		newEnvCmd(a),
+		newSecretCmd(a),
+		newWorklogCmd(a),
+		newDiffCmd(a),
+		newExportCmd(a),
+		newCommitCmd(a),
 		newVersionCmd(a),
 	)
 	return root

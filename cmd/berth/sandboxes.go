@@ -33,6 +33,7 @@ func newCreateCmd(a *app) *cobra.Command {
 		env, labels []string
 		asJSON      bool
 		pf          policyFlags
+		ws          workspaceFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -85,6 +86,9 @@ func newCreateCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if ws.repo != "" {
+				return a.createWorkspace(cmd, c, req, ws, asJSON)
+			}
 			sb, err := c.Create(cmd.Context(), req)
 			if err != nil {
 				return err
@@ -106,6 +110,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	pf.register(f)
+	ws.register(f)
 	return cmd
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/worklog"
 )
 
 type agentTarget struct {
@@ -63,5 +64,5 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 	// off once response headers are flushed.
 	http.NewResponseController(w).EnableFullDuplex()
 	t := agentTarget{addr: addr, token: token, path: "/" + r.PathValue("rest")}
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(r.Context(), id, "native"), targetKey{}, t)))
 }

@@ -33,6 +33,12 @@ type Config struct {
 	Transport http.RoundTripper
 	// APIKeys, when set, serves /v1/apikeys (keys of the E2B API).
 	APIKeys APIKeys
+	// Workspaces, when set, serves workspaces, environments and secrets.
+	Workspaces Workspaces
+	// Worklog and Review, when set, serve the work log, diff, export and
+	// commit endpoints.
+	Worklog Worklog
+	Review  Reviewer
 	Version string
 	Logger  *slog.Logger
 }
@@ -77,6 +83,8 @@ func (s *Server) routes() {
 	m.HandleFunc("GET /v1/templates", s.listTemplates)
 	m.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
 	s.apiKeyRoutes()
+	s.workspaceRoutes()
+	s.reviewRoutes()
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notFoundRoute(r))
 	})

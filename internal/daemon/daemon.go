@@ -27,10 +27,12 @@ import (
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/netpolicy/egress"
+	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
+	"github.com/berth-sandbox/berth/internal/worklog"
 )
 
 // DefaultListen is the API's default address.
@@ -65,6 +67,9 @@ type Config struct {
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
+	// CommitAuthor, "Name <email>", signs `berth commit` when the request
+	// names no author (default "Berth <berth@localhost>").
+	CommitAuthor string `json:"commit_author" yaml:"commit_author"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -201,11 +206,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer mgr.Close()
 
 	keys := e2bcompat.NewKeys(db)
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: link.Transport(), APIKeys: keys, Version: cfg.Version, Logger: log.With("component", "api")})
+	// Both data-plane proxies carry agent traffic through the work log.
+	wl, err := worklog.New(worklog.Config{Dir: filepath.Join(cfg.DataDir, "worklog"), AgentPort: sandbox.AgentPort, Logger: log.With("component", "worklog")})
+	if err != nil {
+		return err
+	}
+	defer wl.CloseAll()
+	agentTransport := wl.Transport(link.Transport())
+	rev, err := review.New(review.Config{Agents: mgr, Transport: agentTransport, Author: cfg.CommitAuthor, Logger: log.With("component", "review")})
+	if err != nil {
+		return err
+	}
+	ws, err := newWorkspaces(cfg, mgr, link, tpl, log)
+	if err != nil {
+		return err
+	}
+	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
-		Manager: mgr, Store: db, Keys: keys, Transport: link.Transport(), Domain: cfg.E2BDomain,
+		Manager: mgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)

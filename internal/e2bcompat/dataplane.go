@@ -13,6 +13,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/worklog"
 )
 
 // TrafficTokenHeader carries a sandbox's traffic access token on preview
@@ -140,7 +141,7 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		s.log.Debug("full_duplex_unavailable", "err", err)
 	}
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(r.Context(), id, "e2b"), targetKey{}, t)))
 }
 
 // ownerKey reports whether the request carries the API key that owns

@@ -201,6 +201,12 @@ type CreateRequest struct {
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *netpolicy.Policy
+
+	// layers, when set, replace the template's layers (a cached workspace
+	// environment on top of them); setup runs once the agent answers and
+	// before the sandbox turns ready (workspace.go).
+	layers []string
+	setup  func(ctx context.Context, e *entry) error
 }
 
 // Sandbox is the Manager's view of one sandbox.
@@ -444,6 +450,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		egressStarted = false
 		return <-egress
 	}
+	if req.layers != nil {
+		spec.Layers = req.layers
+	}
 	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
 		waitEgress()
 		return fail("runtime", err)
@@ -460,6 +469,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	if err := m.installEgress(cctx, e, eg.ca); err != nil {
 		return fail("network policy", err)
+	}
+	if req.setup != nil {
+		// Setup may outlast cctx's budget; what follows gets a fresh one.
+		serr := req.setup(ctx, e)
+		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+		defer cancel()
+		if serr != nil {
+			return fail("setup", serr)
+		}
 	}
 	e.rec.State = StateReady
 	if err := m.deps.Store.PutSandbox(cctx, e.rec); err != nil {

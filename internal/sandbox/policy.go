@@ -189,9 +189,25 @@ func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.P
 	if m.deps.Egress == nil {
 		return netpolicy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
 	}
+	if err := m.applyPolicy(ctx, id, p); err != nil {
+		return netpolicy.Policy{}, err
+	}
+	m.event(ctx, id, EventNetworkPolicy, "egress policy "+string(p.Mode))
+	return p, nil
+}
+
+// applyPolicy switches a live sandbox's egress policy; the caller holds
+// its op lock and has validated and normalised p.
+func (m *Manager) applyPolicy(ctx context.Context, id string, p netpolicy.Policy) error {
+	if m.deps.Egress == nil {
+		if p.Mode == netpolicy.ModeNone {
+			return nil
+		}
+		return fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
+	}
 	old, err := m.deps.Egress.Policy(id)
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return err
 	}
 	// Firewall first when opening, proxy first when closing, so neither
 	// step is ever more open than both policies.
@@ -200,25 +216,21 @@ func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.P
 	if closing {
 		if ms != nil {
 			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
-				return netpolicy.Policy{}, err
+				return err
 			}
 		}
-		if err := m.deps.Egress.SetPolicy(id, p); err != nil {
-			return netpolicy.Policy{}, err
-		}
-	} else {
-		if err := m.deps.Egress.SetPolicy(id, p); err != nil {
-			return netpolicy.Policy{}, err
-		}
-		if ms != nil {
-			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
-				m.deps.Egress.SetPolicy(id, old)
-				return netpolicy.Policy{}, err
-			}
+		return m.deps.Egress.SetPolicy(id, p)
+	}
+	if err := m.deps.Egress.SetPolicy(id, p); err != nil {
+		return err
+	}
+	if ms != nil {
+		if err := ms.SetMode(ctx, id, p.Mode); err != nil {
+			m.deps.Egress.SetPolicy(id, old)
+			return err
 		}
 	}
-	m.event(ctx, id, EventNetworkPolicy, "egress policy "+string(p.Mode))
-	return p, nil
+	return nil
 }
 
 // EventNetworkPolicy records a policy change.

@@ -1,0 +1,397 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/secret"
+	"github.com/berth-sandbox/berth/internal/template"
+	"github.com/berth-sandbox/berth/internal/workspace"
+)
+
+// Workspace events, recorded while a workspace sandbox is still creating.
+const (
+	EventSetupStarted = "setup_started"
+	EventSetupStep    = "setup_step"
+	EventSetupDone    = "setup_done"
+	EventSetupCached  = "setup_cached"
+)
+
+// WorkspaceDir is where the repository is checked out in the sandbox.
+const WorkspaceDir = "/workspace"
+
+// AgentExec runs commands and writes files in a sandbox through its agent
+// (agentlink.Link).
+type AgentExec interface {
+	Exec(ctx context.Context, addr, token, user, cwd string, argv []string, env map[string]string, out io.Writer) (int, error)
+	WriteFile(ctx context.Context, addr, token, path string, r io.Reader) error
+}
+
+// Secrets is the host-side secret store (secret.Store): setup reads
+// values; the API manages names.
+type Secrets interface {
+	Get(name string) ([]byte, error)
+	Has(name string) bool
+	Set(name string, value []byte) error
+	List() ([]secret.Info, error)
+	Remove(name string) error
+}
+
+// EnvCache keeps cached environments (template.Store).
+type EnvCache interface {
+	Environment(ctx context.Context, key string) (template.Environment, error)
+	AddEnvironment(ctx context.Context, key string, base template.Template, repo, commit, src string) (template.Environment, error)
+	TouchEnvironment(key string)
+	Environments(ctx context.Context) ([]template.Environment, error)
+	PruneEnvironments(ctx context.Context, key string) ([]string, error)
+}
+
+// pauser is the runtime's optional ability to freeze a sandbox.
+type pauser interface {
+	Pause(ctx context.Context, id string) error
+	Resume(ctx context.Context, id string) error
+}
+
+// WorkspaceConfig wires workspace creation.
+type WorkspaceConfig struct {
+	Agent   AgentExec
+	Secrets Secrets
+	// Cache, with UpperDir, enables cached environments.
+	Cache EnvCache
+	// UpperDir is the host path of a sandbox's writable layer.
+	UpperDir func(id string) string
+	// Git is the host git used for file:// repositories (default "git").
+	Git    string
+	Logger *slog.Logger
+}
+
+// Workspaces creates sandboxes that hold a repository at a commit, set up
+// by its environment file: clone, setup steps under the setup policy, then
+// the agent-phase policy. It drives the Manager's create with a setup hook
+// so the sandbox stays creating until setup is done.
+type Workspaces struct {
+	m   *Manager
+	cfg WorkspaceConfig
+	log *slog.Logger
+}
+
+// NewWorkspaces returns the workspace side of m.
+func NewWorkspaces(m *Manager, cfg WorkspaceConfig) (*Workspaces, error) {
+	if m == nil || cfg.Agent == nil || cfg.Secrets == nil {
+		return nil, fmt.Errorf("workspaces: manager, agent and secrets are required: %w", errdefs.ErrInvalidArgument)
+	}
+	if cfg.Git == "" {
+		cfg.Git = "git"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = m.log
+	}
+	return &Workspaces{m: m, cfg: cfg, log: cfg.Logger}, nil
+}
+
+// WorkspaceRequest asks for a workspace sandbox.
+type WorkspaceRequest struct {
+	Repo string
+	Ref  string
+	// Environment is an environment file's content; nil means the
+	// repository's own .berth/environment.yaml (none: no setup).
+	Environment []byte
+	// Sandbox carries limits, timeout, labels and env; its Network is
+	// ignored (the environment file's policies apply). Limits it sets win
+	// over the file's resources.
+	Sandbox CreateRequest
+	// NoCache skips the environment cache (neither used nor filled).
+	NoCache bool
+}
+
+// Progress is one line of a workspace create's stream.
+type Progress struct {
+	// Type is an event type (setup_started, setup_step, setup_done,
+	// setup_cached) or "log" for step output.
+	Type    string
+	Message string
+	// Step is the 1-based setup step, 0 outside steps.
+	Step int
+}
+
+var refPattern = regexp.MustCompile(`^[A-Za-z0-9._/@+-]{1,255}$`)
+
+// source is a validated repository and ref.
+type source struct {
+	url, ref string
+	// local is the host path of a file:// repository.
+	local string
+	// commit is known before the sandbox exists for local repositories.
+	commit string
+}
+
+func parseSource(repo, ref string) (source, error) {
+	if ref == "" {
+		ref = "HEAD"
+	}
+	if !refPattern.MatchString(ref) || strings.HasPrefix(ref, "-") || strings.Contains(ref, "..") {
+		return source{}, &FieldError{Field: "ref", Err: fmt.Errorf("ref %q is not a branch, tag or commit name: %w", ref, errdefs.ErrInvalidArgument)}
+	}
+	u, err := url.Parse(repo)
+	if err != nil || repo == "" {
+		return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q is not a URL: %w", repo, errdefs.ErrInvalidArgument)}
+	}
+	src := source{url: repo, ref: ref}
+	switch u.Scheme {
+	case "file":
+		if u.Host != "" || !strings.HasPrefix(u.Path, "/") {
+			return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want file:///absolute/path: %w", repo, errdefs.ErrInvalidArgument)}
+		}
+		src.local = u.Path
+	case "http", "https":
+		if u.Host == "" || u.User != nil {
+			return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want http(s)://host/path without credentials (use a secret): %w", repo, errdefs.ErrInvalidArgument)}
+		}
+	default:
+		return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: scheme %q is not supported (file, http, https): %w", repo, u.Scheme, errdefs.ErrInvalidArgument)}
+	}
+	return src, nil
+}
+
+// git runs the host git on a local repository.
+func (w *Workspaces) git(ctx context.Context, dir string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, w.cfg.Git, append([]string{"-C", dir}, args...)...)
+	// The operator's global config and hooks must not change what we read.
+	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0")
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("git %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// resolveLocal finds the commit of a file:// repository's ref and, when
+// asked, its environment file at that commit.
+func (w *Workspaces) resolveLocal(ctx context.Context, src *source, wantEnv bool) ([]byte, error) {
+	if _, err := w.git(ctx, src.local, "rev-parse", "--git-dir"); err != nil {
+		return nil, &FieldError{Field: "repo", Err: fmt.Errorf("repo %s is not a reachable git repository: %w", src.url, errdefs.ErrInvalidArgument)}
+	}
+	var commit string
+	for _, cand := range []string{"refs/heads/" + src.ref, "refs/tags/" + src.ref, src.ref} {
+		if c, err := w.git(ctx, src.local, "rev-parse", "--verify", "--quiet", "--end-of-options", cand+"^{commit}"); err == nil && c != "" {
+			commit = c
+			break
+		}
+	}
+	if commit == "" {
+		return nil, &FieldError{Field: "ref", Err: fmt.Errorf("ref %q not found in %s: %w", src.ref, src.url, errdefs.ErrNotFound)}
+	}
+	src.commit = commit
+	if !wantEnv {
+		return nil, nil
+	}
+	data, err := w.git(ctx, src.local, "show", commit+":"+workspace.DefaultPath)
+	if err != nil {
+		return nil, nil // no environment file: no setup
+	}
+	return []byte(data + "\n"), nil
+}
+
+// Create makes a workspace sandbox. progress (which may be nil) receives
+// setup events and step output as they happen. On failure the sandbox, if
+// one was made, is torn down and left failed with the reason, which names
+// the step, its exit code and the tail of its log.
+func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress func(Progress)) (Sandbox, error) {
+	if progress == nil {
+		progress = func(Progress) {}
+	}
+	src, err := parseSource(req.Repo, req.Ref)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	envFile := req.Environment
+	if src.local != "" {
+		found, err := w.resolveLocal(ctx, &src, envFile == nil)
+		if err != nil {
+			return Sandbox{}, err
+		}
+		if envFile == nil {
+			envFile = found
+		}
+	}
+	var env *workspace.Environment
+	if envFile != nil {
+		if env, err = parseEnv(envFile); err != nil {
+			return Sandbox{}, err
+		}
+		if err := w.checkSecrets(env); err != nil {
+			return Sandbox{}, err
+		}
+	}
+	sreq := req.Sandbox
+	sreq.Network = nil
+	tplName := sreq.Template
+	if env != nil {
+		applyResources(&sreq, env)
+		if env.Template != "" {
+			tplName = env.Template
+		}
+	}
+	if tplName == "" {
+		tplName = w.m.cfg.DefaultTemplate
+	}
+	sreq.Template = tplName
+	if sreq.Labels == nil {
+		sreq.Labels = map[string]string{}
+	}
+	sreq.Labels["berth.workspace/commit"] = src.commit
+
+	// A local repository's commit is known now: a cached environment
+	// skips setup entirely.
+	var key string
+	var tpl template.Template
+	if w.cfg.Cache != nil && w.cfg.UpperDir != nil && !req.NoCache && src.commit != "" {
+		if tpl, err = w.m.deps.Templates.Get(ctx, tplName); err != nil {
+			return Sandbox{}, &FieldError{Field: "template", Err: err}
+		}
+		key = workspace.Key{Template: tpl.Name, TemplateBuilt: tpl.BuiltAt, Repo: src.url, Commit: src.commit, EnvFile: envFile}.Hash()
+		if cached, err := w.cfg.Cache.Environment(ctx, key); err == nil {
+			return w.createCached(ctx, sreq, env, cached, progress)
+		}
+	}
+	if src.commit == "" {
+		delete(sreq.Labels, "berth.workspace/commit")
+	}
+	sp := setupPolicy(env, src)
+	sreq.Network = &sp
+	run := &setupRun{w: w, src: src, env: env, envFile: envFile, key: key, tpl: tpl, progress: progress}
+	sreq.setup = run.run
+	return w.m.Create(ctx, sreq)
+}
+
+func parseEnv(data []byte) (*workspace.Environment, error) {
+	env, err := workspace.Parse(data)
+	if err != nil {
+		return nil, &FieldError{Field: "environment", Err: err}
+	}
+	return env, nil
+}
+
+func (w *Workspaces) checkSecrets(env *workspace.Environment) error {
+	for _, s := range env.Secrets {
+		if !w.cfg.Secrets.Has(s) {
+			return &FieldError{Field: "environment", Err: fmt.Errorf("secret %s named by the environment file is not set (berth secret set %s): %w", s, s, errdefs.ErrNotFound)}
+		}
+	}
+	return nil
+}
+
+// applyResources fills the limits the request left at zero from the file.
+func applyResources(req *CreateRequest, env *workspace.Environment) {
+	r := env.Resources
+	if req.Limits.CPUMillis == 0 {
+		req.Limits.CPUMillis = r.CPUMillis
+	}
+	if req.Limits.MemoryBytes == 0 {
+		req.Limits.MemoryBytes = r.MemoryBytes
+	}
+	if req.Limits.DiskBytes == 0 {
+		req.Limits.DiskBytes = r.DiskBytes
+	}
+	if req.Timeout == 0 {
+		req.Timeout = r.Timeout
+	}
+	if req.Env == nil {
+		req.Env = map[string]string{}
+	}
+	for k, v := range env.Env {
+		if _, ok := req.Env[k]; !ok {
+			req.Env[k] = v
+		}
+	}
+}
+
+// setupPolicy is the environment's setup policy; a remote repository's host
+// is added so the clone can reach it.
+func setupPolicy(env *workspace.Environment, src source) netpolicy.Policy {
+	var p netpolicy.Policy
+	if env != nil {
+		p = env.SetupPolicy
+	}
+	if src.local != "" {
+		return p.Normalize()
+	}
+	u, _ := url.Parse(src.url)
+	switch p.Mode {
+	case "", netpolicy.ModeNone, netpolicy.ModeLearn:
+		p = netpolicy.Policy{Mode: netpolicy.ModeAllow, Allow: []string{u.Hostname()}}
+	case netpolicy.ModeAllow:
+		p.Allow = append(append([]string(nil), p.Allow...), u.Hostname())
+	}
+	return p.Normalize()
+}
+
+func agentPolicy(env *workspace.Environment) netpolicy.Policy {
+	if env == nil {
+		return netpolicy.Policy{Mode: netpolicy.ModeNone}
+	}
+	return env.AgentPolicy.Normalize()
+}
+
+// createCached starts a sandbox from a cached environment: its layers
+// already hold the checkout and what setup made.
+func (w *Workspaces) createCached(ctx context.Context, sreq CreateRequest, env *workspace.Environment, cached template.Environment, progress func(Progress)) (Sandbox, error) {
+	ap := agentPolicy(env)
+	sreq.Network = &ap
+	sreq.layers = cached.Layers
+	sreq.setup = func(ctx context.Context, e *entry) error {
+		msg := "cached environment " + cached.Key + " (commit " + cached.Commit + "): setup skipped"
+		w.m.event(ctx, e.rec.ID, EventSetupCached, msg)
+		progress(Progress{Type: EventSetupCached, Message: msg})
+		return nil
+	}
+	sb, err := w.m.Create(ctx, sreq)
+	if err == nil {
+		w.cfg.Cache.TouchEnvironment(cached.Key)
+	}
+	return sb, err
+}
+
+var errInvalid = errdefs.ErrInvalidArgument
+
+// SetSecret stores a secret's value.
+func (w *Workspaces) SetSecret(name string, value []byte) error {
+	return w.cfg.Secrets.Set(name, value)
+}
+
+// HasSecret reports whether a secret is set.
+func (w *Workspaces) HasSecret(name string) bool { return w.cfg.Secrets.Has(name) }
+
+// ListSecrets lists secret names, never values.
+func (w *Workspaces) ListSecrets() ([]secret.Info, error) { return w.cfg.Secrets.List() }
+
+// RemoveSecret deletes a secret.
+func (w *Workspaces) RemoveSecret(name string) error { return w.cfg.Secrets.Remove(name) }
+
+// Environments lists the cached environments.
+func (w *Workspaces) Environments(ctx context.Context) ([]template.Environment, error) {
+	if w.cfg.Cache == nil {
+		return nil, nil
+	}
+	return w.cfg.Cache.Environments(ctx)
+}
+
+// PruneEnvironments removes cached environments no sandbox uses (all, or
+// the one named by key).
+func (w *Workspaces) PruneEnvironments(ctx context.Context, key string) ([]string, error) {
+	if w.cfg.Cache == nil {
+		return nil, nil
+	}
+	return w.cfg.Cache.PruneEnvironments(ctx, key)
+}

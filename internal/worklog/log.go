@@ -1,0 +1,319 @@
+// Package worklog keeps the host-side record of what was done in a sandbox
+// through the API: every command started (argv, cwd, user, environment
+// variable names, pid, start and end, exit status, output sizes and the
+// first and last KiB of each stream) and every file written. The daemon
+// builds the record by observing the traffic its proxies carry to the
+// sandbox's agent, so nothing inside the sandbox can shape or erase it. One
+// JSONL file per sandbox under the data dir, rotated by size; it outlives
+// the sandbox.
+package worklog
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Entry kinds.
+const (
+	KindExec   = "exec"   // process.Process/Start
+	KindAttach = "attach" // process.Process/Connect to a running process
+	KindWrite  = "write"  // POST /files
+	KindMkdir  = "mkdir"  // filesystem.Filesystem/MakeDir
+	KindMove   = "move"   // filesystem.Filesystem/Move
+	KindRemove = "remove" // filesystem.Filesystem/Remove
+)
+
+// Stream summarises one output stream of a command.
+type Stream struct {
+	Bytes int64 `json:"bytes"`
+	// Head and Tail are the first and last KiB (they overlap when the
+	// stream is shorter than 2 KiB). Encoded as base64 in JSON: output
+	// need not be text.
+	Head []byte `json:"head,omitempty"`
+	Tail []byte `json:"tail,omitempty"`
+}
+
+// Entry is one recorded action.
+type Entry struct {
+	// ID identifies the action; a command is written twice (when it
+	// starts and when it ends) under one ID, and Read keeps the last.
+	ID      string    `json:"id"`
+	Time    time.Time `json:"time"`
+	Sandbox string    `json:"sandbox"`
+	Kind    string    `json:"kind"`
+	// API is the surface the request came through: native, e2b or berth
+	// (the daemon's own review operations).
+	API string `json:"api,omitempty"`
+	// User is the user named by the request ("" means the sandbox's
+	// default user).
+	User string `json:"user,omitempty"`
+
+	// Commands.
+	Cmd  string   `json:"cmd,omitempty"`
+	Args []string `json:"args,omitempty"`
+	Cwd  string   `json:"cwd,omitempty"`
+	// EnvNames lists the names of the variables set; values may be
+	// secrets and are never recorded.
+	EnvNames []string  `json:"env_names,omitempty"`
+	Tag      string    `json:"tag,omitempty"`
+	PTY      bool      `json:"pty,omitempty"`
+	PID      uint32    `json:"pid,omitempty"`
+	End      time.Time `json:"end,omitzero"`
+	// Done is set once the end event was seen; a command whose client
+	// went away earlier has Done false (it may still run).
+	Done     bool   `json:"done,omitempty"`
+	ExitCode int32  `json:"exit_code"`
+	Exited   bool   `json:"exited,omitempty"`
+	Status   string `json:"status,omitempty"`
+	Error    string `json:"error,omitempty"`
+	Stdout   Stream `json:"stdout,omitzero"`
+	Stderr   Stream `json:"stderr,omitzero"`
+	PTYOut   Stream `json:"pty_out,omitzero"`
+
+	// Files.
+	Path string `json:"path,omitempty"`
+	// Paths are the files one upload wrote, as the agent reported them.
+	Paths []string `json:"paths,omitempty"`
+	Dest  string   `json:"dest,omitempty"`
+	// Size is the request body's size in bytes (for a multipart upload
+	// of several files, their total with the form's framing).
+	Size int64 `json:"size,omitempty"`
+	// HTTPStatus is the agent's answer (200 when the write happened).
+	HTTPStatus int `json:"http_status,omitempty"`
+}
+
+// Config configures a Log.
+type Config struct {
+	// Dir holds <sandbox>.jsonl and its rotations <sandbox>.jsonl.1 ….
+	Dir string
+	// MaxBytes rotates a file once it grows past this (default 16 MiB).
+	MaxBytes int64
+	// Keep is how many rotated files to keep (default 3).
+	Keep int
+	// AgentPort is the agent's port; only traffic to it is recorded
+	// (default 49983).
+	AgentPort int
+	Logger    *slog.Logger
+}
+
+// Log appends and reads work log entries.
+type Log struct {
+	cfg Config
+	log *slog.Logger
+
+	mu    sync.Mutex
+	files map[string]*file
+}
+
+type file struct {
+	f    *os.File
+	w    *bufio.Writer
+	size int64
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+// New opens the work log in cfg.Dir (created 0700).
+func New(cfg Config) (*Log, error) {
+	if cfg.MaxBytes <= 0 {
+		cfg.MaxBytes = 16 << 20
+	}
+	if cfg.Keep <= 0 {
+		cfg.Keep = 3
+	}
+	if cfg.AgentPort == 0 {
+		cfg.AgentPort = 49983
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("worklog dir: %w", err)
+	}
+	return &Log{cfg: cfg, log: cfg.Logger, files: map[string]*file{}}, nil
+}
+
+func (l *Log) path(id string) string { return filepath.Join(l.cfg.Dir, id+".jsonl") }
+
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Append writes e to its sandbox's file. It never fails the caller's
+// request: errors are logged.
+func (l *Log) Append(e Entry) {
+	if !idRE.MatchString(e.Sandbox) {
+		return
+	}
+	if e.ID == "" {
+		e.ID = newID()
+	}
+	if e.Time.IsZero() {
+		e.Time = time.Now()
+	}
+	e.Time = e.Time.UTC()
+	if !e.End.IsZero() {
+		e.End = e.End.UTC()
+	}
+	line, err := json.Marshal(e)
+	if err != nil {
+		return
+	}
+	line = append(line, '\n')
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.write(e.Sandbox, line); err != nil {
+		l.log.Error("worklog_append_failed", "sandbox_id", e.Sandbox, "error", err)
+	}
+}
+
+func (l *Log) write(id string, line []byte) error {
+	f := l.files[id]
+	if f == nil {
+		fd, err := os.OpenFile(l.path(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		st, err := fd.Stat()
+		if err != nil {
+			fd.Close()
+			return err
+		}
+		f = &file{f: fd, w: bufio.NewWriter(fd), size: st.Size()}
+		l.files[id] = f
+	}
+	if f.size > 0 && f.size+int64(len(line)) > l.cfg.MaxBytes {
+		if err := l.rotate(id, f); err != nil {
+			return err
+		}
+		return l.write(id, line)
+	}
+	if _, err := f.w.Write(line); err != nil {
+		return err
+	}
+	f.size += int64(len(line))
+	// Flushed per entry: a reader (or a crash) must see every action.
+	return f.w.Flush()
+}
+
+func (l *Log) rotate(id string, f *file) error {
+	f.w.Flush()
+	f.f.Close()
+	delete(l.files, id)
+	base := l.path(id)
+	os.Remove(fmt.Sprintf("%s.%d", base, l.cfg.Keep))
+	for i := l.cfg.Keep - 1; i >= 1; i-- {
+		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
+	}
+	return os.Rename(base, base+".1")
+}
+
+// Close closes the sandbox's file (it stays on disk: it is the record).
+func (l *Log) Close(id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if f := l.files[id]; f != nil {
+		f.w.Flush()
+		f.f.Close()
+		delete(l.files, id)
+	}
+}
+
+// CloseAll closes every open file.
+func (l *Log) CloseAll() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for id, f := range l.files {
+		f.w.Flush()
+		f.f.Close()
+		delete(l.files, id)
+	}
+}
+
+// Read returns the sandbox's entries in the order the actions started,
+// including rotated files; of a command written at start and at end, the
+// last version is kept. An unknown sandbox has no entries (not an error).
+func (l *Log) Read(ctx context.Context, id string) ([]Entry, error) {
+	if !idRE.MatchString(id) {
+		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	}
+	// No lock: Append runs in the proxied stream's path and must not wait
+	// for a reader. Each line is written whole, so a read sees complete
+	// entries; one racing a rotation may miss the newest.
+	var out []Entry
+	pos := map[string]int{}
+	for i := l.cfg.Keep; i >= 0; i-- {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		p := l.path(id)
+		if i > 0 {
+			p = fmt.Sprintf("%s.%d", p, i)
+		}
+		if err := readFile(p, func(e Entry) {
+			if j, ok := pos[e.ID]; ok {
+				out[j] = e
+				return
+			}
+			pos[e.ID] = len(out)
+			out = append(out, e)
+		}); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func readFile(path string, fn func(Entry)) error {
+	fd, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer fd.Close()
+	br := bufio.NewReader(fd)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return nil // a partial last line is still being written
+		}
+		var e Entry
+		if json.Unmarshal(line, &e) == nil {
+			fn(e)
+		}
+	}
+}
+
+type ctxKey struct{}
+
+type origin struct{ sandbox, api string }
+
+// WithSandbox marks a proxied request's context with the sandbox it goes
+// to and the API it came through; the Transport records only requests so
+// marked.
+func WithSandbox(ctx context.Context, sandbox, api string) context.Context {
+	return context.WithValue(ctx, ctxKey{}, origin{sandbox, api})
+}
+
+func originOf(r *http.Request) (origin, bool) {
+	o, ok := r.Context().Value(ctxKey{}).(origin)
+	return o, ok && o.sandbox != ""
+}
