@@ -166,12 +166,15 @@ func (r *setupRun) clone(ctx context.Context, e *entry) (string, error) {
 		}
 		gitEnv["COMMIT"] = r.src.commit
 		gitEnv["BUNDLE"] = bundlePath
+		// .git/berth-base records the checked-out commit: the base that
+		// `berth diff` and `berth export` compare against.
 		script = `set -e
 git clone --quiet --no-checkout "$BUNDLE" /workspace
 rm -f "$BUNDLE"
 cd /workspace
 git -c advice.detachedHead=false checkout --quiet --detach "$COMMIT"
 git remote set-url origin "$URL"
+git rev-parse HEAD > "$(git rev-parse --git-dir)/berth-base"
 git rev-parse HEAD`
 	} else {
 		script = `set -e
@@ -179,6 +182,7 @@ git clone --quiet --no-checkout -- "$URL" /workspace
 cd /workspace
 c=$(git rev-parse --verify --quiet "refs/remotes/origin/$REF^{commit}" || git rev-parse --verify --quiet "refs/tags/$REF^{commit}" || git rev-parse --verify --quiet "$REF^{commit}") || { echo "berth: ref $REF not found in $URL" >&2; exit 3; }
 git -c advice.detachedHead=false checkout --quiet --detach "$c"
+git rev-parse HEAD > "$(git rev-parse --git-dir)/berth-base"
 git rev-parse HEAD`
 	}
 	code, err := r.exec(ctx, e, "/", []string{"/bin/sh", "-c", script}, gitEnv, out)

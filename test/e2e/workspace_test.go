@@ -127,6 +127,10 @@ network:
 	if got := strings.TrimSpace(MustRun(t, sb, "git -C /workspace rev-parse HEAD")); got != commit {
 		t.Errorf("checked out %s, want %s", got, commit)
 	}
+	// The checkout records its base, which diff and export compare with.
+	if got := strings.TrimSpace(MustRun(t, sb, "cat /workspace/.git/berth-base")); got != commit {
+		t.Errorf(".git/berth-base = %q, want %s", got, commit)
+	}
 	if got := strings.TrimSpace(MustRun(t, sb, "cat /workspace/built.txt; echo $GREETING")); got != "built\nhi" {
 		t.Errorf("setup result = %q", got)
 	}
