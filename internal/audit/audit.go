@@ -5,15 +5,11 @@
 package audit
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
-	"regexp"
 	"sync"
 	"time"
 
@@ -60,18 +56,15 @@ type Log struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	files map[string]*file
-	subs  map[string]map[chan struct{}]bool
+	files *Files
+
+	// mu orders appends with followers' reads, so a follower misses no
+	// record and sees none twice.
+	mu   sync.Mutex
+	subs map[string]map[chan struct{}]bool
 }
 
-type file struct {
-	f    *os.File
-	w    *bufio.Writer
-	size int64
-}
-
-var idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+var idRE = ValidID
 
 // New opens the audit log in cfg.Dir (created 0700).
 func New(cfg Config) (*Log, error) {
@@ -84,13 +77,14 @@ func New(cfg Config) (*Log, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("audit dir: %w", err)
+	files, err := NewFiles(cfg.Dir, cfg.MaxBytes, cfg.Keep)
+	if err != nil {
+		return nil, fmt.Errorf("audit: %w", err)
 	}
-	return &Log{cfg: cfg, log: cfg.Logger, files: map[string]*file{}, subs: map[string]map[chan struct{}]bool{}}, nil
+	return &Log{cfg: cfg, log: cfg.Logger, files: files, subs: map[string]map[chan struct{}]bool{}}, nil
 }
 
-func (l *Log) path(id string) string { return filepath.Join(l.cfg.Dir, id+".jsonl") }
+func (l *Log) path(id string) string { return l.files.Path(id) }
 
 // Append writes r to its sandbox's file. It never fails the caller's
 // connection: errors are logged.
@@ -109,7 +103,7 @@ func (l *Log) Append(r Record) {
 	line = append(line, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.write(r.Sandbox, line); err != nil {
+	if err := l.files.Append(r.Sandbox, line); err != nil {
 		l.log.Error("audit_append_failed", "sandbox_id", r.Sandbox, "error", err)
 	}
 	for ch := range l.subs[r.Sandbox] {
@@ -120,57 +114,8 @@ func (l *Log) Append(r Record) {
 	}
 }
 
-func (l *Log) write(id string, line []byte) error {
-	f := l.files[id]
-	if f == nil {
-		fd, err := os.OpenFile(l.path(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-		if err != nil {
-			return err
-		}
-		st, err := fd.Stat()
-		if err != nil {
-			fd.Close()
-			return err
-		}
-		f = &file{f: fd, w: bufio.NewWriter(fd), size: st.Size()}
-		l.files[id] = f
-	}
-	if f.size > 0 && f.size+int64(len(line)) > l.cfg.MaxBytes {
-		if err := l.rotate(id, f); err != nil {
-			return err
-		}
-		return l.write(id, line)
-	}
-	if _, err := f.w.Write(line); err != nil {
-		return err
-	}
-	f.size += int64(len(line))
-	// Flushed per record: a reader (or a crash) must see every decision.
-	return f.w.Flush()
-}
-
-func (l *Log) rotate(id string, f *file) error {
-	f.w.Flush()
-	f.f.Close()
-	delete(l.files, id)
-	base := l.path(id)
-	os.Remove(fmt.Sprintf("%s.%d", base, l.cfg.Keep))
-	for i := l.cfg.Keep - 1; i >= 1; i-- {
-		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
-	}
-	return os.Rename(base, base+".1")
-}
-
 // Close closes the sandbox's file (it stays on disk).
-func (l *Log) Close(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if f := l.files[id]; f != nil {
-		f.w.Flush()
-		f.f.Close()
-		delete(l.files, id)
-	}
-}
+func (l *Log) Close(id string) { l.files.Close(id) }
 
 // Filter selects records.
 type Filter struct {
@@ -186,11 +131,7 @@ func (l *Log) Read(id string, f Filter) ([]Record, error) {
 		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	var out []Record
-	for i := l.cfg.Keep; i >= 0; i-- {
-		p := l.path(id)
-		if i > 0 {
-			p = fmt.Sprintf("%s.%d", p, i)
-		}
+	for _, p := range l.files.Paths(id) {
 		recs, _, err := readFrom(p, 0)
 		if err != nil {
 			return nil, err
@@ -207,31 +148,14 @@ func (l *Log) Read(id string, f Filter) ([]Record, error) {
 // readFrom decodes whole lines of path from offset and returns the offset
 // after the last whole line.
 func readFrom(path string, off int64) ([]Record, int64, error) {
-	fd, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, off, nil
-	}
-	if err != nil {
-		return nil, off, err
-	}
-	defer fd.Close()
-	if _, err := fd.Seek(off, 0); err != nil {
-		return nil, off, err
-	}
 	var out []Record
-	br := bufio.NewReader(fd)
-	for {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			break // a partial last line is read next time
-		}
-		off += int64(len(line))
+	next, err := ReadLines(path, off, func(line []byte) {
 		var r Record
 		if json.Unmarshal(line, &r) == nil {
 			out = append(out, r)
 		}
-	}
-	return out, off, nil
+	})
+	return out, next, err
 }
 
 // Follow calls fn for every record (history first, then new ones as they

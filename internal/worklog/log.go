@@ -9,22 +9,17 @@
 package worklog
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
-	"regexp"
-	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/audit"
 )
 
 // Entry kinds.
@@ -115,17 +110,10 @@ type Log struct {
 	cfg Config
 	log *slog.Logger
 
-	mu    sync.Mutex
-	files map[string]*file
+	files *audit.Files
 }
 
-type file struct {
-	f    *os.File
-	w    *bufio.Writer
-	size int64
-}
-
-var idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+var idRE = audit.ValidID
 
 // New opens the work log in cfg.Dir (created 0700).
 func New(cfg Config) (*Log, error) {
@@ -141,13 +129,12 @@ func New(cfg Config) (*Log, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
-		return nil, fmt.Errorf("worklog dir: %w", err)
+	files, err := audit.NewFiles(cfg.Dir, cfg.MaxBytes, cfg.Keep)
+	if err != nil {
+		return nil, fmt.Errorf("worklog: %w", err)
 	}
-	return &Log{cfg: cfg, log: cfg.Logger, files: map[string]*file{}}, nil
+	return &Log{cfg: cfg, log: cfg.Logger, files: files}, nil
 }
-
-func (l *Log) path(id string) string { return filepath.Join(l.cfg.Dir, id+".jsonl") }
 
 func newID() string {
 	var b [8]byte
@@ -176,75 +163,16 @@ func (l *Log) Append(e Entry) {
 		return
 	}
 	line = append(line, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if err := l.write(e.Sandbox, line); err != nil {
+	if err := l.files.Append(e.Sandbox, line); err != nil {
 		l.log.Error("worklog_append_failed", "sandbox_id", e.Sandbox, "error", err)
 	}
 }
 
-func (l *Log) write(id string, line []byte) error {
-	f := l.files[id]
-	if f == nil {
-		fd, err := os.OpenFile(l.path(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-		if err != nil {
-			return err
-		}
-		st, err := fd.Stat()
-		if err != nil {
-			fd.Close()
-			return err
-		}
-		f = &file{f: fd, w: bufio.NewWriter(fd), size: st.Size()}
-		l.files[id] = f
-	}
-	if f.size > 0 && f.size+int64(len(line)) > l.cfg.MaxBytes {
-		if err := l.rotate(id, f); err != nil {
-			return err
-		}
-		return l.write(id, line)
-	}
-	if _, err := f.w.Write(line); err != nil {
-		return err
-	}
-	f.size += int64(len(line))
-	// Flushed per entry: a reader (or a crash) must see every action.
-	return f.w.Flush()
-}
-
-func (l *Log) rotate(id string, f *file) error {
-	f.w.Flush()
-	f.f.Close()
-	delete(l.files, id)
-	base := l.path(id)
-	os.Remove(fmt.Sprintf("%s.%d", base, l.cfg.Keep))
-	for i := l.cfg.Keep - 1; i >= 1; i-- {
-		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
-	}
-	return os.Rename(base, base+".1")
-}
-
 // Close closes the sandbox's file (it stays on disk: it is the record).
-func (l *Log) Close(id string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if f := l.files[id]; f != nil {
-		f.w.Flush()
-		f.f.Close()
-		delete(l.files, id)
-	}
-}
+func (l *Log) Close(id string) { l.files.Close(id) }
 
 // CloseAll closes every open file.
-func (l *Log) CloseAll() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for id, f := range l.files {
-		f.w.Flush()
-		f.f.Close()
-		delete(l.files, id)
-	}
-}
+func (l *Log) CloseAll() { l.files.CloseAll() }
 
 // Read returns the sandbox's entries in the order the actions started,
 // including rotated files; of a command written at start and at end, the
@@ -258,48 +186,27 @@ func (l *Log) Read(ctx context.Context, id string) ([]Entry, error) {
 	// entries; one racing a rotation may miss the newest.
 	var out []Entry
 	pos := map[string]int{}
-	for i := l.cfg.Keep; i >= 0; i-- {
+	for _, p := range l.files.Paths(id) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		p := l.path(id)
-		if i > 0 {
-			p = fmt.Sprintf("%s.%d", p, i)
-		}
-		if err := readFile(p, func(e Entry) {
+		_, err := audit.ReadLines(p, 0, func(line []byte) {
+			var e Entry
+			if json.Unmarshal(line, &e) != nil {
+				return
+			}
 			if j, ok := pos[e.ID]; ok {
 				out[j] = e
 				return
 			}
 			pos[e.ID] = len(out)
 			out = append(out, e)
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
-}
-
-func readFile(path string, fn func(Entry)) error {
-	fd, err := os.Open(path)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	defer fd.Close()
-	br := bufio.NewReader(fd)
-	for {
-		line, err := br.ReadBytes('\n')
-		if err != nil {
-			return nil // a partial last line is still being written
-		}
-		var e Entry
-		if json.Unmarshal(line, &e) == nil {
-			fn(e)
-		}
-	}
 }
 
 type ctxKey struct{}

@@ -1,0 +1,159 @@
+package audit
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sync"
+)
+
+// ValidID matches the sandbox IDs a file may be named after.
+var ValidID = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+
+// Files is a set of append-only JSONL files, one per sandbox, each rotated
+// by size: <id>.jsonl, then <id>.jsonl.1 (newest) … <id>.jsonl.<keep>. The
+// egress audit log and the work log both keep their records in one.
+type Files struct {
+	dir      string
+	maxBytes int64
+	keep     int
+
+	mu    sync.Mutex
+	files map[string]*file
+}
+
+type file struct {
+	f    *os.File
+	w    *bufio.Writer
+	size int64
+}
+
+// NewFiles opens dir (created 0700); zero maxBytes and keep take 16 MiB
+// and 3.
+func NewFiles(dir string, maxBytes int64, keep int) (*Files, error) {
+	if maxBytes <= 0 {
+		maxBytes = 16 << 20
+	}
+	if keep <= 0 {
+		keep = 3
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("log dir: %w", err)
+	}
+	return &Files{dir: dir, maxBytes: maxBytes, keep: keep, files: map[string]*file{}}, nil
+}
+
+// Path is the current file of id.
+func (fs *Files) Path(id string) string { return filepath.Join(fs.dir, id+".jsonl") }
+
+// Paths are every file of id, oldest first, whether or not they exist.
+func (fs *Files) Paths(id string) []string {
+	out := make([]string, 0, fs.keep+1)
+	for i := fs.keep; i >= 1; i-- {
+		out = append(out, fmt.Sprintf("%s.%d", fs.Path(id), i))
+	}
+	return append(out, fs.Path(id))
+}
+
+// Append writes one line (ending in '\n') to id's file, rotating first if
+// it would grow past the limit. Each line is flushed at once: a reader, or
+// a crash, sees every record.
+func (fs *Files) Append(id string, line []byte) error {
+	if !ValidID.MatchString(id) {
+		return fmt.Errorf("log for sandbox id %q: invalid id", id)
+	}
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	return fs.write(id, line)
+}
+
+func (fs *Files) write(id string, line []byte) error {
+	f := fs.files[id]
+	if f == nil {
+		fd, err := os.OpenFile(fs.Path(id), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+		if err != nil {
+			return err
+		}
+		st, err := fd.Stat()
+		if err != nil {
+			fd.Close()
+			return err
+		}
+		f = &file{f: fd, w: bufio.NewWriter(fd), size: st.Size()}
+		fs.files[id] = f
+	}
+	if f.size > 0 && f.size+int64(len(line)) > fs.maxBytes {
+		if err := fs.rotate(id, f); err != nil {
+			return err
+		}
+		return fs.write(id, line)
+	}
+	if _, err := f.w.Write(line); err != nil {
+		return err
+	}
+	f.size += int64(len(line))
+	return f.w.Flush()
+}
+
+func (fs *Files) rotate(id string, f *file) error {
+	f.w.Flush()
+	f.f.Close()
+	delete(fs.files, id)
+	base := fs.Path(id)
+	os.Remove(fmt.Sprintf("%s.%d", base, fs.keep))
+	for i := fs.keep - 1; i >= 1; i-- {
+		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
+	}
+	return os.Rename(base, base+".1")
+}
+
+// Close closes id's open file (it stays on disk: it is the record).
+func (fs *Files) Close(id string) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if f := fs.files[id]; f != nil {
+		f.w.Flush()
+		f.f.Close()
+		delete(fs.files, id)
+	}
+}
+
+// CloseAll closes every open file.
+func (fs *Files) CloseAll() {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	for id, f := range fs.files {
+		f.w.Flush()
+		f.f.Close()
+		delete(fs.files, id)
+	}
+}
+
+// ReadLines calls fn with each whole line of path from offset off and
+// returns the offset after the last whole line; a partial last line (still
+// being written) is left for the next read. A missing file has no lines.
+func ReadLines(path string, off int64, fn func([]byte)) (int64, error) {
+	fd, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return off, nil
+	}
+	if err != nil {
+		return off, err
+	}
+	defer fd.Close()
+	if _, err := fd.Seek(off, 0); err != nil {
+		return off, err
+	}
+	br := bufio.NewReader(fd)
+	for {
+		line, err := br.ReadBytes('\n')
+		if err != nil {
+			return off, nil
+		}
+		off += int64(len(line))
+		fn(line)
+	}
+}
