@@ -52,6 +52,9 @@ type TestNet struct {
 	// Zone maps names (no trailing dot) to A records; names absent answer
 	// NXDOMAIN.
 	Zone map[string]string
+	// hosts are extra HTTP handlers by Host (see Handle); other hosts get
+	// the echo handler.
+	hosts map[string]http.Handler
 }
 
 // TestNetZone is the DNS zone a TestNet with servers at ip and ip2 serves.
@@ -230,13 +233,13 @@ func (tn *TestNet) serve(leaf tls.Certificate) error {
 		if err != nil {
 			return err
 		}
-		hs := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 10 * time.Second}
+		hs := &http.Server{Handler: http.HandlerFunc(tn.route), ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(hl)
 		sl, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "443"))
 		if err != nil {
 			return err
 		}
-		ss := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 10 * time.Second,
+		ss := &http.Server{Handler: http.HandlerFunc(tn.route), ReadHeaderTimeout: 10 * time.Second,
 			TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf}}}
 		go ss.ServeTLS(sl, "", "")
 		el, err := net.Listen("tcp", net.JoinHostPort(ip.String(), "7"))
