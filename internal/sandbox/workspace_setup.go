@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/internal/workspace"
 )
@@ -177,8 +178,11 @@ git remote set-url origin "$URL"
 git rev-parse HEAD > "$(git rev-parse --git-dir)/berth-base"
 git rev-parse HEAD`
 	} else {
+		// Exit codes 127 (no git), 4 (the clone) and 3 (the ref) tell
+		// the caller's mistakes from other failures.
 		script = `set -e
-git clone --quiet --no-checkout -- "$URL" /workspace
+command -v git >/dev/null || { echo "git: not found" >&2; exit 127; }
+git clone --quiet --no-checkout -- "$URL" /workspace || exit 4
 cd /workspace
 c=$(git rev-parse --verify --quiet "refs/remotes/origin/$REF^{commit}" || git rev-parse --verify --quiet "refs/tags/$REF^{commit}" || git rev-parse --verify --quiet "$REF^{commit}") || { echo "berth: ref $REF not found in $URL" >&2; exit 3; }
 git -c advice.detachedHead=false checkout --quiet --detach "$c"
@@ -190,8 +194,13 @@ git rev-parse HEAD`
 	if err != nil {
 		return "", fmt.Errorf("clone %s: %w", r.src.url, err)
 	}
-	if code == 3 {
-		return "", fmt.Errorf("clone %s: ref %q not found", r.src.url, r.src.ref)
+	switch code {
+	case 3:
+		return "", fmt.Errorf("ref %q not found in %s: %w", r.src.ref, r.src.url, errdefs.ErrNotFound)
+	case 4:
+		return "", fmt.Errorf("repo %s is not a reachable git repository: %s: %w", r.src.url, tail, errInvalid)
+	case 127:
+		return "", fmt.Errorf("clone %s: template %q has no git (%s): use a template with git, such as base: %w", r.src.url, e.rec.Template, tail, errInvalid)
 	}
 	if code != 0 {
 		return "", fmt.Errorf("clone %s at %s: git exited with code %d: %s", r.src.url, r.src.ref, code, tail)
