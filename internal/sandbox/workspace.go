@@ -50,7 +50,7 @@ type Secrets interface {
 // EnvCache keeps cached environments (template.Store).
 type EnvCache interface {
 	Environment(ctx context.Context, key string) (template.Environment, error)
-	AddEnvironment(ctx context.Context, key string, base template.Template, repo, commit, src string) (template.Environment, error)
+	AddEnvironment(ctx context.Context, key string, base template.Template, repo, commit string, envFile []byte, src string) (template.Environment, error)
 	TouchEnvironment(key string)
 	Environments(ctx context.Context) ([]template.Environment, error)
 	PruneEnvironments(ctx context.Context, key string) ([]string, error)
@@ -135,6 +135,9 @@ type source struct {
 	commit string
 }
 
+// fullSHA matches a full (SHA-1) commit ID.
+var fullSHA = regexp.MustCompile(`^[0-9a-f]{40}$`)
+
 func parseSource(repo, ref string) (source, error) {
 	if ref == "" {
 		ref = "HEAD"
@@ -156,6 +159,13 @@ func parseSource(repo, ref string) (source, error) {
 	case "http", "https":
 		if u.Host == "" || u.User != nil {
 			return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want http(s)://host/path without credentials (use a secret): %w", repo, errdefs.ErrInvalidArgument)}
+		}
+		// A full commit ID pins the checkout without asking the remote,
+		// so a cached environment can serve it. Branches and tags are
+		// resolved only inside the sandbox (never by the host, which
+		// would let a create reach what the sandbox's policy forbids).
+		if fullSHA.MatchString(ref) {
+			src.commit = ref
 		}
 	default:
 		return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: scheme %q is not supported (file, http, https): %w", repo, u.Scheme, errdefs.ErrInvalidArgument)}
@@ -262,6 +272,14 @@ func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress 
 		}
 		key = workspace.Key{Template: tpl.Name, TemplateBuilt: tpl.BuiltAt, Repo: src.url, Commit: src.commit, EnvFile: envFile}.Hash()
 		if cached, err := w.cfg.Cache.Environment(ctx, key); err == nil {
+			if env == nil && len(cached.EnvFile) > 0 {
+				// A pinned remote commit: its environment file was
+				// recorded when the cache was filled.
+				if env, err = parseEnv(cached.EnvFile); err != nil {
+					return Sandbox{}, err
+				}
+				applyResources(&sreq, env)
+			}
 			return w.createCached(ctx, sreq, env, cached, progress)
 		}
 	}

@@ -26,13 +26,16 @@ const tailBytes = 2048
 // setupRun is one workspace setup, run by the Manager's create hook while
 // the sandbox is still creating and the create holds its op lock.
 type setupRun struct {
-	w        *Workspaces
-	src      source
-	env      *workspace.Environment
-	envFile  []byte
-	key      string
-	tpl      template.Template
-	progress func(Progress)
+	w       *Workspaces
+	src     source
+	env     *workspace.Environment
+	envFile []byte
+	// repoEnvFile is the repository's own environment file, when setup
+	// read it from the checkout; the cache keeps it for pinned commits.
+	repoEnvFile []byte
+	key         string
+	tpl         template.Template
+	progress    func(Progress)
 }
 
 func (r *setupRun) event(ctx context.Context, e *entry, typ, msg string, step int) {
@@ -252,6 +255,7 @@ func (r *setupRun) loadRepoEnv(ctx context.Context, e *entry) error {
 		return err
 	}
 	r.env = env
+	r.repoEnvFile = bytes.Clone(buf.Bytes())
 	// The file's setup policy replaces the clone-only one.
 	sp := setupPolicy(env, r.src)
 	return r.w.m.applyPolicy(ctx, e.rec.ID, sp)
@@ -283,7 +287,7 @@ func (r *setupRun) freeze(ctx context.Context, e *entry, commit string) {
 		r.w.log.Warn("freeze_environment", "sandbox_id", id, "err", err)
 		return
 	}
-	_, err := r.w.cfg.Cache.AddEnvironment(ctx, r.key, r.tpl, r.src.url, commit, r.w.cfg.UpperDir(id))
+	_, err := r.w.cfg.Cache.AddEnvironment(ctx, r.key, r.tpl, r.src.url, commit, r.repoEnvFile, r.w.cfg.UpperDir(id))
 	if rerr := p.Resume(context.WithoutCancel(ctx), id); rerr != nil {
 		r.w.log.Error("resume_after_freeze", "sandbox_id", id, "err", rerr)
 	}

@@ -41,6 +41,10 @@ type Environment struct {
 	LastUsed time.Time `json:"last_used"`
 	// SizeBytes is the size of the frozen layer alone.
 	SizeBytes int64 `json:"size_bytes"`
+	// EnvFile is the environment file setup ran with, when it came from
+	// the repository: a cache hit for a pinned commit needs its
+	// resources and agent-phase policy without cloning.
+	EnvFile []byte `json:"env_file,omitempty"`
 	// BaseLayers are the template's layers the environment sits on.
 	BaseLayers []string `json:"base_layers"`
 	// Layers are BaseLayers plus the environment's own, lowest first:
@@ -114,7 +118,7 @@ func (s *Store) TouchEnvironment(key string) {
 // environment key on top of base. The copy keeps ownership, modes, times,
 // xattrs (trusted.overlay.*), hard links and device nodes (whiteouts).
 // An environment that already exists is returned as it is.
-func (s *Store) AddEnvironment(ctx context.Context, key string, base Template, repo, commit, src string) (Environment, error) {
+func (s *Store) AddEnvironment(ctx context.Context, key string, base Template, repo, commit string, envFile []byte, src string) (Environment, error) {
 	if err := checkEnvKey(key); err != nil {
 		return Environment{}, err
 	}
@@ -151,7 +155,7 @@ func (s *Store) AddEnvironment(ctx context.Context, key string, base Template, r
 	}
 	size, _ := dirSize(layer)
 	now := time.Now().UTC()
-	e := Environment{Key: key, Template: base.Name, Repo: repo, Commit: commit, Created: now, LastUsed: now, SizeBytes: size, BaseLayers: base.Layers}
+	e := Environment{Key: key, Template: base.Name, Repo: repo, Commit: commit, Created: now, LastUsed: now, SizeBytes: size, BaseLayers: base.Layers, EnvFile: envFile}
 	b, err := json.MarshalIndent(e, "", "  ")
 	if err == nil {
 		err = writeFileAtomic(s.envMeta(key), b)

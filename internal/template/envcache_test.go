@@ -36,7 +36,7 @@ func TestEnvironmentKeepsOverlayMarkers(t *testing.T) {
 	os.Chown(filepath.Join(src, "file"), 100123, 100123)
 	key := "0123456789abcdef0123456789abcdef"
 	base := Template{Name: "base", Layers: []string{t.TempDir()}}
-	e, err := s.AddEnvironment(t.Context(), key, base, "file:///r", "abc", src)
+	e, err := s.AddEnvironment(t.Context(), key, base, "file:///r", "abc", nil, src)
 	if err != nil {
 		t.Fatalf("AddEnvironment: %v", err)
 	}

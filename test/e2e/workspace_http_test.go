@@ -62,9 +62,16 @@ func TestWorkspaceHTTP(t *testing.T) {
 	// template (the harness daemon's default, minimal, has no git).
 	base := client.CreateRequest{Template: "base"}
 
-	for _, tc := range []struct{ name, ref, want string }{
-		{"branch", "main", second},
-		{"sha", first, first},
+	for _, tc := range []struct {
+		name, ref, want string
+		cached          bool
+	}{
+		{"branch", "main", second, false},
+		{"sha", first, first, false},
+		// A full commit ID pins the checkout: the environment frozen by
+		// the previous case serves it without cloning or setup, and the
+		// agent phase gets the policy of the repository's own file.
+		{"sha again, cached", first, first, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
@@ -75,8 +82,15 @@ func TestWorkspaceHTTP(t *testing.T) {
 				t.Fatalf("CreateWorkspace %s at %s: %v\nprogress:\n%s", url, tc.ref, err, logs.String())
 			}
 			defer sb.Kill(context.WithoutCancel(ctx))
-			if sb.State != "ready" || !strings.Contains(logs.String(), "setup_done") {
-				t.Errorf("state %s, progress:\n%s", sb.State, logs.String())
+			want := "setup_done"
+			if tc.cached {
+				want = "setup_cached"
+				if strings.Contains(logs.String(), "setup_step") {
+					t.Errorf("a cached create ran setup:\n%s", logs.String())
+				}
+			}
+			if sb.State != "ready" || !strings.Contains(logs.String(), want) {
+				t.Errorf("state %s, want ready after %s; progress:\n%s", sb.State, want, logs.String())
 			}
 			if got := strings.TrimSpace(MustRun(t, sb, "git -C /workspace rev-parse HEAD")); got != tc.want {
 				t.Errorf("checked out %s, want %s", got, tc.want)
