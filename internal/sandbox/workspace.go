@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
@@ -262,6 +263,14 @@ func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress 
 	}
 	sreq.Labels["berth.workspace/commit"] = src.commit
 
+	// A remote branch or tag is resolved to its commit first when the
+	// cache holds anything of that repository, so a create can hit it.
+	if src.local == "" && src.commit == "" && w.cfg.Cache != nil && w.cfg.UpperDir != nil && !req.NoCache && w.cachedRepo(ctx, src.url) {
+		w.resolveRemote(ctx, &src, tplName, progress)
+		if src.commit != "" {
+			sreq.Labels["berth.workspace/commit"] = src.commit
+		}
+	}
 	// A local repository's commit is known now: a cached environment
 	// skips setup entirely.
 	var key string
@@ -360,6 +369,69 @@ func agentPolicy(env *workspace.Environment) netpolicy.Policy {
 		return netpolicy.Policy{Mode: netpolicy.ModeNone}
 	}
 	return env.AgentPolicy.Normalize()
+}
+
+// cachedRepo reports whether any cached environment comes from repo.
+func (w *Workspaces) cachedRepo(ctx context.Context, repo string) bool {
+	envs, err := w.cfg.Cache.Environments(ctx)
+	if err != nil {
+		return false
+	}
+	for _, e := range envs {
+		if e.Repo == repo {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveRemote finds the commit a remote branch or tag names with `git
+// ls-remote`, run in a short-lived sandbox whose policy lets it reach only
+// the repository's host: the host itself never contacts a repository a
+// request names. On success src pins that commit (the clone then checks
+// out exactly what the cache key says); on any failure src is left as it
+// was and the ordinary clone reports the problem.
+func (w *Workspaces) resolveRemote(ctx context.Context, src *source, tplName string, progress func(Progress)) {
+	p := setupPolicy(nil, *src)
+	sb, err := w.m.Create(ctx, CreateRequest{Template: tplName, Network: &p, Timeout: 2 * time.Minute,
+		Labels: map[string]string{"berth.workspace/resolver": "true"}})
+	if err != nil {
+		w.log.Warn("resolve_remote_ref", "repo", src.url, "err", err)
+		return
+	}
+	defer w.m.Destroy(context.WithoutCancel(ctx), sb.ID, "workspace ref resolved")
+	addr, token, err := w.m.Agent(ctx, sb.ID)
+	if err != nil {
+		return
+	}
+	var out bytes.Buffer
+	argv := []string{"git", "ls-remote", "--", src.url, "refs/heads/" + src.ref, "refs/tags/" + src.ref, "refs/tags/" + src.ref + "^{}"}
+	code, err := w.cfg.Agent.Exec(ctx, addr, token, "root", "/", argv, map[string]string{"GIT_TERMINAL_PROMPT": "0"}, &limitedBuffer{buf: &out, max: 1 << 20})
+	if err != nil || code != 0 {
+		return
+	}
+	if commit := pickRef(out.String(), src.ref); commit != "" {
+		progress(Progress{Type: "log", Message: "berth: " + src.ref + " is " + commit + "\n"})
+		src.commit, src.ref = commit, commit
+	}
+}
+
+// pickRef chooses the commit for ref from `git ls-remote` output: a peeled
+// annotated tag, then the tag, then the branch.
+func pickRef(lsRemote, ref string) string {
+	found := map[string]string{}
+	for _, line := range strings.Split(lsRemote, "\n") {
+		sha, name, ok := strings.Cut(strings.TrimSpace(line), "\t")
+		if ok && fullSHA.MatchString(sha) {
+			found[name] = sha
+		}
+	}
+	for _, name := range []string{"refs/tags/" + ref + "^{}", "refs/tags/" + ref, "refs/heads/" + ref} {
+		if sha := found[name]; sha != "" {
+			return sha
+		}
+	}
+	return ""
 }
 
 // createCached starts a sandbox from a cached environment: its layers

@@ -72,6 +72,12 @@ func TestWorkspaceHTTP(t *testing.T) {
 		// the previous case serves it without cloning or setup, and the
 		// agent phase gets the policy of the repository's own file.
 		{"sha again, cached", first, first, true},
+		// Once the cache holds something of the repository, a branch is
+		// resolved to its commit (inside a sandbox that may reach only
+		// the git host) before the create: the first time that fills the
+		// cache for main's commit, the second time it hits it.
+		{"branch, resolved", "main", second, false},
+		{"branch again, cached", "main", second, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs strings.Builder
