@@ -117,6 +117,9 @@ type entry struct {
 	timer  *time.Timer
 	ooms   int64
 	closed bool
+	// abort cancels a create still in progress; set before the entry is
+	// published and never changed, so it is read without the op lock.
+	abort context.CancelFunc
 }
 
 // New builds a Manager. Call Start to reconcile and begin monitoring.
@@ -207,6 +210,15 @@ type CreateRequest struct {
 	// before the sandbox turns ready (workspace.go).
 	layers []string
 	setup  func(ctx context.Context, e *entry) error
+}
+
+// setupTimeout is how long a create may spend in its setup hook: up to the
+// sandbox's whole lifetime (setup bounds itself by the deadline too).
+func (r CreateRequest) setupTimeout() time.Duration {
+	if r.setup == nil {
+		return 0
+	}
+	return r.Timeout
 }
 
 // Sandbox is the Manager's view of one sandbox.
@@ -374,16 +386,17 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if rec.Labels == nil {
 		rec.Labels = map[string]string{}
 	}
-	e := &entry{rec: rec}
+	// The sandbox must not die with the request that asked for it; a
+	// kill while it is still being made (a long workspace setup, say)
+	// aborts it through abort.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second+req.setupTimeout())
+	defer cancel()
+	e := &entry{rec: rec, abort: cancel}
 	e.op.Lock()
 	defer e.op.Unlock()
 	m.mu.Lock()
 	m.live[rec.ID] = e
 	m.mu.Unlock()
-
-	// The sandbox must not die with the request that asked for it.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second)
-	defer cancel()
 	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {
 		m.forget(rec.ID)
 		return Sandbox{}, err
@@ -471,8 +484,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return fail("network policy", err)
 	}
 	if req.setup != nil {
-		// Setup may outlast cctx's budget; what follows gets a fresh one.
-		serr := req.setup(ctx, e)
+		// Setup runs under cctx (budgeted for it, not tied to the request,
+		// cancelled by a kill); what follows gets a fresh budget.
+		serr := req.setup(cctx, e)
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 		defer cancel()
 		if serr != nil {
@@ -556,9 +570,21 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 }
 
 func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
-	e.op.Lock()
+	if !e.op.TryLock() {
+		// Busy: most likely still being created. Abort that, so a kill
+		// need not wait out a long setup; the create fails and tears
+		// down, and the kill below finds the sandbox ended.
+		if e.abort != nil {
+			m.log.Info("abort_create", "sandbox_id", e.rec.ID)
+			e.abort()
+		}
+		e.op.Lock()
+	}
 	defer e.op.Unlock()
-	if e.closed {
+	if e.closed || e.rec.State == StateFailed {
+		if e.rec.State == StateFailed {
+			return nil // it ended while being made (or was aborted by us)
+		}
 		return fmt.Errorf("sandbox %s is not running: %w", e.rec.ID, errdefs.ErrNotFound)
 	}
 	ctx = context.WithoutCancel(ctx)
@@ -619,9 +645,12 @@ func (m *Manager) track() bool {
 // Get returns a sandbox, with usage when it is live.
 func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
 	if e, ok := m.lookup(id); ok {
-		e.op.Lock()
-		rec := e.rec
-		e.op.Unlock()
+		rec, ok := m.snapshot(e)
+		if !ok {
+			// Busy (being created, set up or destroyed): what the store
+			// holds is the last state it reached.
+			return m.storeSandbox(ctx, id)
+		}
 		s := Sandbox{Sandbox: rec}
 		if sr, ok := m.deps.Runtime.(StatsReader); ok && rec.State == StateReady {
 			if st, err := sr.Stats(ctx, id); err == nil {
@@ -630,11 +659,26 @@ func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
 		}
 		return s, nil
 	}
+	return m.storeSandbox(ctx, id)
+}
+
+func (m *Manager) storeSandbox(ctx context.Context, id string) (Sandbox, error) {
 	rec, err := m.deps.Store.GetSandbox(ctx, id)
 	if err != nil {
 		return Sandbox{}, err
 	}
 	return Sandbox{Sandbox: rec}, nil
+}
+
+// snapshot reads a live sandbox's record without waiting for a lifecycle
+// operation in progress (a workspace setup can hold the lock for minutes):
+// ok is false while one runs.
+func (m *Manager) snapshot(e *entry) (store.Sandbox, bool) {
+	if !e.op.TryLock() {
+		return store.Sandbox{}, false
+	}
+	defer e.op.Unlock()
+	return e.rec, true
 }
 
 // ListOptions filter List.
@@ -658,9 +702,9 @@ next:
 			}
 		}
 		if e, ok := m.lookup(r.ID); ok {
-			e.op.Lock()
-			r = e.rec
-			e.op.Unlock()
+			if live, ok := m.snapshot(e); ok {
+				r = live
+			}
 		}
 		out = append(out, Sandbox{Sandbox: r})
 	}

@@ -32,7 +32,11 @@ func (m *Manager) monitor() {
 }
 
 func (m *Manager) check(ctx context.Context, e *entry) {
-	e.op.Lock()
+	// A sandbox busy with a lifecycle operation (a long workspace setup,
+	// a destroy) is sampled next time; the monitor never waits on one.
+	if !e.op.TryLock() {
+		return
+	}
 	if e.closed || e.rec.State != StateReady {
 		e.op.Unlock()
 		return

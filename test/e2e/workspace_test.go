@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -239,4 +240,53 @@ func TestWorkspaceCLI(t *testing.T) {
 	if _, _, code := d.CLI(t, nil, "secret", "rm", "API_KEY"); code == 0 {
 		t.Errorf("secret rm twice succeeded")
 	}
+}
+
+// TestWorkspaceKillDuringSetup: a kill does not wait out a long setup; it
+// aborts the create, which fails and leaves nothing behind.
+func TestWorkspaceKillDuringSetup(t *testing.T) {
+	d := StartDaemon(t)
+	requireBase(t, d)
+	ctx := t.Context()
+	repo, _ := makeRepo(t, map[string]string{
+		".berth/environment.yaml": "template: base\nsetup:\n  - name: slow\n    run: sleep 300\n",
+	})
+	started := make(chan struct{})
+	var once sync.Once
+	errc := make(chan error, 1)
+	go func() {
+		_, err := d.Client.CreateWorkspace(ctx, client.WorkspaceRequest{Repo: "file://" + repo, Ref: "main", NoCache: true}, func(p client.WorkspaceProgress) {
+			if p.Type == "setup_step" {
+				once.Do(func() { close(started) })
+			}
+		})
+		errc <- err
+	}()
+	select {
+	case <-started:
+	case err := <-errc:
+		t.Fatalf("create ended before its setup step ran: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("setup step did not start")
+	}
+	sbs, err := d.Client.List(ctx, client.ListOptions{State: client.StateCreating})
+	if err != nil || len(sbs) != 1 {
+		t.Fatalf("creating sandboxes = %+v, %v; want one", sbs, err)
+	}
+	if err := d.Client.Kill(ctx, sbs[0].ID); err != nil {
+		t.Fatalf("kill during setup: %v", err)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Error("the create succeeded although the sandbox was killed during setup")
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the create did not end after the kill")
+	}
+	got, err := d.Client.Get(ctx, sbs[0].ID)
+	if err != nil || (got.State != client.StateFailed && got.State != client.StateStopped) {
+		t.Errorf("after kill during setup: %+v, %v; want failed or stopped", got, err)
+	}
+	AssertNoLeaks(t, d)
 }
