@@ -159,6 +159,13 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 		d.DestroyAll()
 		d.Stop()
 		AssertNoLeaks(t, d)
+		// With no sandbox left, a stopped daemon leaves not even its
+		// (empty) cgroup parent behind.
+		for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+			if _, err := os.Stat(filepath.Join(root, "berth-"+d.Instance)); err == nil {
+				t.Errorf("leak: cgroup parent %s after the daemon stopped", filepath.Join(root, "berth-"+d.Instance))
+			}
+		}
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.Logs())
 		}

@@ -135,6 +135,12 @@ func (r *Runtime) Close() {
 	if r.pool != nil {
 		r.pool.close()
 	}
+	// The daemon's own cgroup parent goes once no sandbox is left under
+	// it; with sandboxes still running rmdir fails and it stays, for the
+	// next start to adopt them.
+	for _, m := range r.cg.mounts {
+		unix.Rmdir(filepath.Join(m, r.cfg.CgroupParent))
+	}
 }
 
 // validID matches sandbox IDs; it keeps IDs safe as path components,
