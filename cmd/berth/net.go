@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -114,17 +115,23 @@ func printPolicy(a *app, p *client.NetworkPolicy, asJSON bool) error {
 }
 
 func newNetShowCmd(a *app) *cobra.Command {
+	return newPolicyPrintCmd(a, "show ID", "Print a sandbox's egress policy (YAML, or --json)", (*client.Client).NetworkPolicy)
+}
+
+// newPolicyPrintCmd is a command that fetches one policy of a sandbox and
+// prints it (show, suggest).
+func newPolicyPrintCmd(a *app, use, short string, fetch func(*client.Client, context.Context, string) (*client.NetworkPolicy, error)) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
-		Use:   "show ID",
-		Short: "Print a sandbox's egress policy (YAML, or --json)",
+		Use:   use,
+		Short: short,
 		Args:  exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			p, err := c.NetworkPolicy(cmd.Context(), args[0])
+			p, err := fetch(c, cmd.Context(), args[0])
 			if err != nil {
 				return err
 			}
@@ -220,23 +227,5 @@ func newNetLogCmd(a *app) *cobra.Command {
 }
 
 func newNetSuggestCmd(a *app) *cobra.Command {
-	var asJSON bool
-	cmd := &cobra.Command{
-		Use:   "suggest ID",
-		Short: "Print the smallest allow policy covering what the sandbox was denied (feed it to net set --net-policy)",
-		Args:  exactArgs(1, "a sandbox ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			p, err := c.SuggestNetworkPolicy(cmd.Context(), args[0])
-			if err != nil {
-				return err
-			}
-			return printPolicy(a, p, asJSON)
-		},
-	}
-	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	return cmd
+	return newPolicyPrintCmd(a, "suggest ID", "Print the smallest allow policy covering what the sandbox was denied (feed it to net set --net-policy)", (*client.Client).SuggestNetworkPolicy)
 }
