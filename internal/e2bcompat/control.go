@@ -216,11 +216,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		net = *in.Network
 	}
 	net.AllowInternetAccess = in.AllowInternetAccess
-	if err := applyNetwork(net); err != nil {
-		writeErr(w, err)
-		return
-	}
-	policy, err := egressPolicy(net)
+	policy, err := applyNetwork(net)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -556,11 +552,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	}
 	// Only egress is updatable (as on E2B): public traffic stays as created.
 	in.AllowPublicTraffic, in.MaskRequestHost, in.HTTPSPorts = nil, nil, nil
-	if err := applyNetwork(in); err != nil {
-		writeErr(w, err)
-		return
-	}
-	policy, err := egressPolicy(in)
+	policy, err := applyNetwork(in)
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -101,7 +101,7 @@ func TestApplyNetwork(t *testing.T) {
 		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
 	}
 	for _, tt := range tests {
-		err := applyNetwork(tt.in)
+		_, err := applyNetwork(tt.in)
 		if (err == nil) != tt.ok {
 			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
 		}

@@ -93,15 +93,14 @@ func hostCIDR(s string) string {
 	return s
 }
 
-// applyNetwork checks a network config: its egress through the seam above,
-// and the ingress options Berth's preview routing honours.
-func applyNetwork(n networkConfig) error {
+// applyNetwork checks a network config (the ingress options Berth's
+// preview routing honours) and returns its egress policy.
+func applyNetwork(n networkConfig) (netpolicy.Policy, error) {
 	if n.MaskRequestHost != nil {
-		return fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
+		return netpolicy.Policy{}, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
-		return fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
+		return netpolicy.Policy{}, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
 	}
-	_, err := egressPolicy(n)
-	return err
+	return egressPolicy(n)
 }
