@@ -500,8 +500,12 @@ func testMemoryLimit(t *testing.T, h Harness) {
 		s, err = inst.Backend.Stats(t.Context(), id)
 		return err == nil && s.OOMKills > 0
 	})
-	if s.MemoryMax > s.MemoryLimit {
-		t.Errorf("peak memory %d over limit %d", s.MemoryMax, s.MemoryLimit)
+	// The kernel may force a charge past the limit while it OOM-kills (charges
+	// that must not fail, e.g. page tables of the dying task): cgroup v1's
+	// max_usage_in_bytes was seen one page over. Allow 1 %, far below what an
+	// unenforced limit would show (the hog allocates without bound).
+	if slack := s.MemoryLimit / 100; s.MemoryMax > s.MemoryLimit+slack {
+		t.Errorf("peak memory %d over limit %d (+%d slack)", s.MemoryMax, s.MemoryLimit, slack)
 	}
 	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != runtime.StatusRunning {
 		t.Errorf("Inspect after OOM = %+v, %v; want the agent still running", st, err)
