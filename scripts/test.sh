@@ -12,6 +12,8 @@ command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
 export BERTH_CACHE_DIR=${BERTH_CACHE_DIR:-/var/cache/berth}
 export BERTH_TEST_BASE=${BERTH_TEST_BASE:-1}
 go vet ./...
+# The CLI and the SDK are clients that also run on a laptop.
+GOOS=darwin go build -o /dev/null ./client ./cmd/berth
 # -p 1: the suites that need root share host-wide objects (uid range,
 # netfilter, cgroups) and their leak checks must see only their own.
 go test -p 1 -count=1 -timeout 25m "$@" ./...
