@@ -151,7 +151,7 @@ func (l *lab) neighbourTakes(t *testing.T, kind string) {
 			t.Errorf("neighbour's terminal failed: %v", err)
 			return
 		}
-		p.Kill(ctx)
+		p.Kill()
 	default:
 		o, e, code := l.exec(t, l.nb, "/tmp/attacker", "take-one", kind)
 		if code != 0 {
