@@ -55,12 +55,16 @@ func TestSharedKernelPools(t *testing.T) {
 		{"timers", 0, hostTimer, true},
 		{"mqueue", 0, hostMqueue, true},
 		{"pty", 256, hostPTY, false},
+		// Counted per host uid (user_struct), not per namespace.
+		{"pipes", 0, hostPipe, true},
+		{"scm", 0, hostRights, true},
 	}
 	for _, p := range pools {
 		t.Run("hog-"+p.kind, func(t *testing.T) {
 			if err := p.host(); err != nil {
 				t.Fatalf("host root cannot take a %s before the attack: %v", p.kind, err)
 			}
+			l.neighbourTakes(t, p.kind)
 			held := l.hog(t, p.kind)
 			if p.max > 0 && held > p.max {
 				t.Errorf("attacker holds %d of %s, want at most %d", held, p.kind, p.max)
@@ -275,4 +279,32 @@ func hostPTY() error {
 		return fmt.Errorf("posix_openpt: %w", err)
 	}
 	return unix.Close(fd)
+}
+
+// hostPipe is a 1 MiB pipe, the size fs.pipe-user-pages-soft counts.
+func hostPipe() error {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return fmt.Errorf("pipe: %w", err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if _, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, 1<<20); err != nil {
+		return fmt.Errorf("F_SETPIPE_SZ: %w", err)
+	}
+	return nil
+}
+
+// hostRights passes a descriptor over a unix socket (SCM_RIGHTS).
+func hostRights() error {
+	p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socketpair: %w", err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	if err := unix.Sendmsg(p[0], []byte{'x'}, unix.UnixRights(p[1]), nil, 0); err != nil {
+		return fmt.Errorf("sendmsg(SCM_RIGHTS): %w", err)
+	}
+	return nil
 }

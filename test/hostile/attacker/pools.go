@@ -25,6 +25,16 @@ func poolTable() map[string]func([]string) {
 	return map[string]func([]string){
 		"hog":     hog,
 		"hog-one": hogOne,
+		"take-one": func(a []string) {
+			// Not an attack: the neighbour's check that it still gets one.
+			if len(a) < 1 {
+				failed("take-one needs a pool")
+			}
+			if _, err := take(a[0], 1); err != nil {
+				failed("take one %s: %v", a[0], err)
+			}
+			fmt.Println("took one", a[0])
+		},
 		"fanotify": func([]string) {
 			// FAN_CLASS_NOTIF|FAN_REPORT_FID: the unprivileged mode.
 			_, err := unix.FanotifyInit(unix.FAN_CLASS_NOTIF|unix.FAN_REPORT_FID, unix.O_RDONLY)
@@ -130,6 +140,10 @@ func take(kind string, max int) (int, error) {
 			err = mqOpen(fmt.Sprintf("/take-%d-%d-%d", os.Getuid(), os.Getpid(), n))
 		case "pty":
 			_, err = unix.Open("/dev/ptmx", unix.O_RDWR|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+		case "pipes":
+			err = bigPipe()
+		case "scm":
+			err = sendRights()
 		default:
 			failed("no pool %q", kind)
 		}
@@ -160,4 +174,41 @@ func mqOpen(name string) error {
 	attr := [8]int64{0, 10, 8192}
 	_, _, e := unix.RawSyscall6(unix.SYS_MQ_OPEN, uintptr(unsafe.Pointer(p)), unix.O_CREAT|unix.O_RDWR|unix.O_CLOEXEC, 0o600, uintptr(unsafe.Pointer(&attr[0])), 0, 0)
 	return errno(0, 0, e)
+}
+
+// bigPipe makes a pipe of 1 MiB (256 pages), counted against the uid's
+// fs.pipe-user-pages-soft.
+func bigPipe() error {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return err
+	}
+	_, err := unix.FcntlInt(uintptr(p[0]), unix.F_SETPIPE_SZ, 1<<20)
+	return err
+}
+
+// scmSock is the sending end of the socket pair sendRights fills.
+var scmSock = -1
+
+// sendRights sends 253 descriptors (SCM_MAX_FD) over a unix socket and
+// never receives them: they stay in flight, counted against the sending
+// uid's RLIMIT_NOFILE. A full socket buffer moves on to a new pair.
+func sendRights() error {
+	if scmSock < 0 {
+		p, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		scmSock = p[0]
+	}
+	fds := make([]int, 253)
+	for i := range fds {
+		fds[i] = scmSock
+	}
+	err := unix.Sendmsg(scmSock, []byte{'x'}, unix.UnixRights(fds...), nil, 0)
+	if err == unix.EAGAIN {
+		scmSock = -1
+		return sendRights()
+	}
+	return err
 }
