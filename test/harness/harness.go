@@ -417,6 +417,7 @@ func Leaks(d *Daemon) []string {
 			}
 			out = append(out, "process "+p.Name())
 		}
+		out = append(out, userNSHolders(d, procs)...)
 	}
 	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
 		dir := filepath.Join(root, "berth-"+d.Instance)
@@ -436,6 +437,35 @@ func Leaks(d *Daemon) []string {
 	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "sandboxes")); err == nil {
 		for _, e := range ents {
 			out = append(out, "sandbox dir "+e.Name())
+		}
+	}
+	return out
+}
+
+// userNSHolders lists the daemon's children that hold a sandbox's user
+// namespace (unshare, then cat, run as the sandbox's root uid): each must
+// be gone once runc has joined the namespace or the create failed.
+func userNSHolders(d *Daemon, procs []os.DirEntry) []string {
+	var out []string
+	for _, p := range procs {
+		comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
+		if c := strings.TrimSpace(string(comm)); err != nil || (c != "cat" && c != "unshare") {
+			continue
+		}
+		st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
+		if err != nil || strings.Contains(string(st), "State:\tZ") {
+			continue
+		}
+		for _, line := range strings.Split(string(st), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || f[0] != "PPid:" {
+				continue
+			}
+			cmd, _ := os.ReadFile(filepath.Join("/proc", f[1], "cmdline"))
+			args := strings.Split(string(cmd), "\x00")
+			if len(args) > 1 && args[1] == "serve" && strings.Contains(string(cmd), "\x00"+d.DataDir+"\x00") {
+				out = append(out, "user namespace holder "+p.Name())
+			}
 		}
 	}
 	return out

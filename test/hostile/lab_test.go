@@ -230,11 +230,30 @@ func outsideProcs() map[string]string {
 			continue
 		}
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if strings.Contains(string(cg), "/berth-") {
+		if strings.Contains(string(cg), "/berth-") || userNSHolder(e.Name(), st) {
 			continue
 		}
 		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
 		out[e.Name()] = strings.ReplaceAll(string(cmd), "\x00", " ") + " cgroups: " + strings.ReplaceAll(string(cg), "\n", " ")
 	}
 	return out
+}
+
+// userNSHolder reports whether pid is the short-lived process a daemon
+// runs as a sandbox's root uid to make the sandbox's user namespace
+// (unshare, then cat, a direct child of `berth serve`) before runc joins
+// it.
+func userNSHolder(pid string, status []byte) bool {
+	comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
+	if c := strings.TrimSpace(string(comm)); c != "cat" && c != "unshare" {
+		return false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "PPid:" {
+			cmd, _ := os.ReadFile(filepath.Join("/proc", f[1], "cmdline"))
+			args := strings.Split(string(cmd), "\x00")
+			return len(args) > 1 && args[1] == "serve"
+		}
+	}
+	return false
 }

@@ -25,6 +25,7 @@ import (
 	"strings"
 	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -65,7 +66,10 @@ type Runtime struct {
 	swapAcct bool   // swap accounting exists, so memory+swap can be capped
 	nofile   uint64 // RLIMIT_NOFILE for sandboxes
 	nsNproc  bool   // the kernel counts RLIMIT_NPROC per user namespace
-	pool     *diskPool
+	// sigpending and msgqueue are the sandbox's RLIMIT_SIGPENDING and
+	// RLIMIT_MSGQUEUE (poolRlimits), capped at the daemon's own.
+	sigpending, msgqueue uint64
+	pool                 *diskPool
 }
 
 // New checks the configuration and the host and returns a Runtime.
@@ -110,6 +114,8 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("runc: %w", err)
 	}
 	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting(), nofile: nofileLimit(), nsNproc: nprocPerUserNS(kernelRelease())}
+	r.sigpending = cappedRlimit(unix.RLIMIT_SIGPENDING, sigpendingLimit)
+	r.msgqueue = cappedRlimit(unix.RLIMIT_MSGQUEUE, msgqueueLimit)
 	if cfg.DiskPoolDir != "" {
 		if cfg.DiskPoolDepth <= 0 {
 			cfg.DiskPoolDepth = 2
@@ -195,11 +201,22 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := r.prepareRootfs(ctx, spec, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := r.writeConfig(spec); err != nil {
+	sp := r.ociSpec(spec, r.rootfs(id))
+	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	// Once runc has made the sandbox's init, the namespace lives in it.
+	defer ns.close()
+	joinUserNS(sp, ns.path)
+	netns := inheritNetNS(sp)
+	rl := takeRlimits(sp)
+	phases.mark("userns")
+	if err := r.writeConfig(id, sp); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	phases.mark("config")
-	if err := r.runcRun(ctx, spec, &phases); err != nil {
+	if err := r.runcRun(ctx, spec, netns, rl, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
@@ -344,19 +361,21 @@ func (r *Runtime) writeIdentity(rootfs, hostname string) error {
 	return nil
 }
 
-func (r *Runtime) writeConfig(s runtime.Spec) error {
-	b, err := json.MarshalIndent(r.ociSpec(s, r.rootfs(s.ID)), "", "  ")
+func (r *Runtime) writeConfig(id string, sp *specs.Spec) error {
+	b, err := json.MarshalIndent(sp, "", "  ")
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(filepath.Join(r.dir(s.ID), "config.json"), b, 0o600)
+	return os.WriteFile(filepath.Join(r.dir(id), "config.json"), b, 0o600)
 }
 
 // runcRun starts the container detached. Without a BeforeStart hook it is
 // one `runc run --detach`; with one it is `runc create`, the hook, then
 // `runc start`. The agent's stdout and stderr go to AgentLog; runc's own
-// errors go to runc.log, whose tail is returned.
-func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, phases *phaseTimer) error {
+// errors go to runc.log, whose tail is returned. runc runs inside the
+// sandbox's network namespace netns, if it joins one, and under the
+// sandbox's rlimits rl (see inheritNetNS and takeRlimits).
+func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, rl []specs.POSIXRlimit, phases *phaseTimer) error {
 	id := spec.ID
 	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -366,7 +385,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, phases *phaseT
 	if spec.BeforeStart == nil {
 		cmd := r.command(ctx, id, "run", "--detach", "--bundle", r.dir(id), id)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := cmd.Run(); err != nil {
+		if err := runIn(netns, rl, cmd); err != nil {
 			return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
 		}
 		phases.mark("runc_run")
@@ -376,7 +395,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, phases *phaseT
 	pidFile := filepath.Join(r.dir(id), "init.pid")
 	cmd := r.command(ctx, id, "create", "--bundle", r.dir(id), "--pid-file", pidFile, id)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Run(); err != nil {
+	if err := runIn(netns, rl, cmd); err != nil {
 		return fmt.Errorf("runc create: %w%s", err, r.logTail(id))
 	}
 	phases.mark("runc_create")

@@ -25,6 +25,7 @@ const (
 	afPacket     = 17         // AF_PACKET
 	afINET       = 2          // AF_INET
 	afINET6      = 10         // AF_INET6
+	afVSOCK      = 40         // AF_VSOCK
 	sockRaw      = 3          // SOCK_RAW
 	sockTypeMask = 0xf        // type argument without SOCK_NONBLOCK/SOCK_CLOEXEC
 	tiocsti      = 0x5412     // TIOCSTI
@@ -76,6 +77,11 @@ var deniedGroups = []struct {
 	{"namespaces", []string{"setns"}},
 	// File handles bypass path-based access checks (the "shocker" escape).
 	{"file handles", []string{"name_to_handle_at", "open_by_handle_at"}},
+	// fanotify groups are a per-user kernel pool (max_fanotify_groups,
+	// charged up the user-namespace hierarchy) that file watching does not
+	// need: inotify covers it. Unprivileged fanotify (FAN_REPORT_FID, Linux
+	// 5.13+) would otherwise be open to every sandbox.
+	{"fanotify", []string{"fanotify_init", "fanotify_mark"}},
 	// Obsolete or host-administrative calls with no sandbox use.
 	{"obsolete and admin", []string{"quotactl", "quotactl_fd", "vhangup", "lookup_dcookie",
 		"nfsservctl", "uselib", "ustat", "sysfs", "_sysctl"}},
@@ -120,6 +126,26 @@ func seccompProfile() *specs.LinuxSeccomp {
 			Action:   specs.ActErrno,
 			ErrnoRet: ptr(uint(errnoEPERM)),
 			Args:     []specs.LinuxSeccompArg{int32Arg(0, afPacket)},
+		},
+		// vsock is not scoped by the network namespace: on a VM host it
+		// reaches the hypervisor's services (and other guests' where the
+		// host routes them) past the sandbox's netns and egress policy.
+		// socketpair(AF_VSOCK) has no use either.
+		specs.LinuxSyscall{
+			Names:    []string{"socket", "socketpair"},
+			Action:   specs.ActErrno,
+			ErrnoRet: ptr(uint(errnoEPERM)),
+			Args:     []specs.LinuxSeccompArg{int32Arg(0, afVSOCK)},
+		},
+		// Kernel AIO contexts come from one host-wide pool (fs.aio-max-nr)
+		// that any process can fill, after which every io_setup on the
+		// machine fails, the host's included. ENOSYS, as for a kernel
+		// without AIO: libaio users (databases, qemu) fall back to
+		// threads, and glibc's POSIX aio never used these calls.
+		specs.LinuxSyscall{
+			Names:    []string{"io_setup", "io_destroy", "io_submit", "io_cancel", "io_getevents", "io_pgetevents", "io_pgetevents_time64"},
+			Action:   specs.ActErrno,
+			ErrnoRet: ptr(uint(errnoENOSYS)),
 		},
 		// Raw IP sockets only: netlink sockets are SOCK_RAW too, and
 		// glibc's getifaddrs, getaddrinfo(AI_ADDRCONFIG) and `ip` need

@@ -82,7 +82,45 @@ func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
 	// No core dumps: a crashing workload's memory image is written into the
 	// sandbox's disk and fills it for nothing.
 	rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_CORE", Hard: 0, Soft: 0})
-	return rl
+	return append(rl, poolRlimits(r.sigpending, r.msgqueue)...)
+}
+
+// Per-user kernel pools a sandbox uid may use, below the sandbox-wide
+// ceilings of its user namespace (see userns.go).
+const (
+	// sigpendingLimit is queued signals (sigqueue, POSIX timers) per
+	// sandbox uid; the kernel's default for a small machine.
+	sigpendingLimit = 4096
+	// msgqueueLimit is POSIX message queue bytes per sandbox uid, the
+	// kernel's default.
+	msgqueueLimit = 819200
+)
+
+// poolRlimits bounds what one sandbox uid may take from kernel pools that
+// are counted per user (ucounts) and would otherwise be bounded only by
+// the daemon's own limits, which runc passes on.
+//
+// RLIMIT_RTPRIO and RLIMIT_NICE are 0: a real-time task is not subject to
+// the CPU cgroup's bandwidth limit, so a SCHED_FIFO spinner would take whole
+// host CPUs from its neighbours and the host.
+func poolRlimits(sigpending, msgqueue uint64) []specs.POSIXRlimit {
+	return []specs.POSIXRlimit{
+		{Type: "RLIMIT_SIGPENDING", Hard: sigpending, Soft: sigpending},
+		{Type: "RLIMIT_MSGQUEUE", Hard: msgqueue, Soft: msgqueue},
+		{Type: "RLIMIT_RTPRIO", Hard: 0, Soft: 0},
+		{Type: "RLIMIT_NICE", Hard: 0, Soft: 0},
+	}
+}
+
+// cappedRlimit returns want, or the daemon's own hard limit of resource if
+// that is lower: runc applies rlimits from inside the user namespace,
+// where a hard limit can only be lowered.
+func cappedRlimit(resource int, want uint64) uint64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(resource, &lim); err == nil && lim.Max < want {
+		return lim.Max
+	}
+	return want
 }
 
 // nprocPerUserNS reports whether the kernel release (uname -r) counts
@@ -220,7 +258,7 @@ func (r *Runtime) mounts(s runtime.Spec) []specs.Mount {
 	ms := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: devptsOptions()},
 		// Capped: /dev/shm is memory the memory cgroup charges, but a cap
 		// keeps one sandbox's shm from being its whole memory budget.
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=64m"}},
@@ -246,4 +284,17 @@ func (r *Runtime) mounts(s runtime.Spec) []specs.Mount {
 		specs.Mount{Destination: agentMount, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
 	return ms
+}
+
+// ptyMax is how many pseudo-terminals one sandbox may hold. PTYs come from
+// one host-wide pool (kernel.pty.max, 4096 by default, of which
+// kernel.pty.reserve, 1024, is kept for the host's own devpts): without a
+// per-instance cap one sandbox takes every PTY the other sandboxes' shells
+// need.
+const ptyMax = 256
+
+// devptsOptions are the mount options of the sandbox's own devpts
+// instance, capped at ptyMax terminals.
+func devptsOptions() []string {
+	return []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5", fmt.Sprintf("max=%d", ptyMax)}
 }

@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -21,6 +24,10 @@ func TestOCISpecGolden(t *testing.T) {
 		swapAcct: true,
 		nofile:   65536,
 		nsNproc:  true,
+		// The daemon's own limits cap these; the golden file pins the
+		// uncapped values.
+		sigpending: sigpendingLimit,
+		msgqueue:   msgqueueLimit,
 	}
 	cases := []struct {
 		name string
@@ -106,5 +113,29 @@ func TestNprocPerUserNS(t *testing.T) {
 		if got := nprocPerUserNS(c.release); got != c.want {
 			t.Errorf("nprocPerUserNS(%q) = %v, want %v", c.release, got, c.want)
 		}
+	}
+}
+
+// The pool and vsock rules: AF_VSOCK is matched on the low 32 bits of
+// socket's and socketpair's family, the AIO calls answer ENOSYS, fanotify
+// EPERM.
+func TestSeccompPoolRules(t *testing.T) {
+	var vsock, aio, fanotify bool
+	for _, sc := range seccompProfile().Syscalls {
+		names := strings.Join(sc.Names, ",")
+		switch {
+		case names == "socket,socketpair":
+			vsock = len(sc.Args) == 1 && sc.Args[0] == int32Arg(0, afVSOCK) && *sc.ErrnoRet == errnoEPERM
+		case strings.HasPrefix(names, "io_setup,"):
+			aio = *sc.ErrnoRet == errnoENOSYS && strings.Contains(names, "io_submit") && len(sc.Args) == 0
+		case names == "fanotify_init,fanotify_mark":
+			fanotify = *sc.ErrnoRet == errnoEPERM && len(sc.Args) == 0
+		}
+	}
+	if !vsock || !aio || !fanotify {
+		t.Errorf("rules: vsock %v, aio %v, fanotify %v", vsock, aio, fanotify)
+	}
+	if a := int32Arg(0, afVSOCK); a.Value != low32 || a.ValueTwo != 40 || a.Op != specs.OpMaskedEqual {
+		t.Errorf("vsock arg %+v", a)
 	}
 }

@@ -24,6 +24,9 @@ func main() {
 	}
 	fn, ok := table()[os.Args[1]]
 	if !ok {
+		fn, ok = poolTable()[os.Args[1]]
+	}
+	if !ok {
 		usage()
 	}
 	fn(os.Args[2:])
@@ -32,6 +35,9 @@ func main() {
 func usage() {
 	names := []string{}
 	for n := range table() {
+		names = append(names, n)
+	}
+	for n := range poolTable() {
 		names = append(names, n)
 	}
 	sort.Strings(names)
