@@ -173,6 +173,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// After the egress services stop: their last summaries are written.
+	defer auditLog.CloseAll()
 	defer egress.Close()
 	rt, err := runc.New(runc.Config{
 		Binary:       cfg.RuntimeBinary,
