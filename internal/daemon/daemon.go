@@ -169,6 +169,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer netw.Close(context.WithoutCancel(ctx))
+	// Headroom: the soft descriptor limit up to the hard one. What keeps
+	// one sandbox from using it up are the egress proxy's per-sandbox
+	// limits, sized from it (egress.Limits).
+	if n, err := egress.RaiseFDLimit(); err != nil {
+		log.Warn("fd_limit_raise_failed", "error", err)
+	} else {
+		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
+	}
 	egress, auditLog, err := newEgress(cfg, netw.ProxyPort(), log)
 	if err != nil {
 		return err
@@ -198,7 +206,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog})
+	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Meter: egressMeter{egress}})
 	if err != nil {
 		return err
 	}
@@ -318,6 +326,15 @@ func installAgent(cfg Config) (string, error) {
 		return "", err
 	}
 	return dst, nil
+}
+
+// egressMeter reports the egress services' per-sandbox work to the
+// Manager.
+type egressMeter struct{ e *egress.Egress }
+
+func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
+	u, ok := m.e.Usage(id)
+	return sandbox.DaemonUsage(u), ok
 }
 
 // newEgress builds the audit log and the egress services from cfg.
