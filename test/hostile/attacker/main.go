@@ -24,6 +24,9 @@ func main() {
 	}
 	fn, ok := table()[os.Args[1]]
 	if !ok {
+		fn, ok = floods()[os.Args[1]]
+	}
+	if !ok {
 		usage()
 	}
 	fn(os.Args[2:])
