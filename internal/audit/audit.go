@@ -173,7 +173,7 @@ func (l *Log) write(r Record) {
 // stays on disk).
 func (l *Log) Close(id string) {
 	l.mu.Lock()
-	l.flush(id, true)
+	l.forget(id)
 	l.mu.Unlock()
 	l.files.Close(id)
 }
@@ -182,7 +182,7 @@ func (l *Log) Close(id string) {
 func (l *Log) CloseAll() {
 	l.mu.Lock()
 	for id := range l.gates {
-		l.flush(id, true)
+		l.forget(id)
 	}
 	l.mu.Unlock()
 	l.files.CloseAll()
@@ -202,7 +202,7 @@ func (l *Log) Read(id string, f Filter) ([]Record, error) {
 		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	l.mu.Lock()
-	l.flush(id, false)
+	l.flush(id, true)
 	l.mu.Unlock()
 	return l.read(id, f)
 }
@@ -260,7 +260,7 @@ func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) e
 	// History and the offset to follow from are taken under the lock
 	// Append holds, so no record is missed or seen twice.
 	l.mu.Lock()
-	l.flush(id, false)
+	l.flush(id, true)
 	hist, err := l.read(id, f)
 	off := int64(0)
 	if fi, serr := os.Stat(l.path(id)); serr == nil {

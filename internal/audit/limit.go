@@ -151,12 +151,16 @@ func (l *Log) flushAggregate(id string, g *gate, k string, a *aggregate) {
 	}
 }
 
-// flush writes every pending summary of id (under l.mu).
-func (l *Log) flush(id string, final bool) {
+// flush writes id's summaries that are due, or all of them (a reader
+// wants every decision so far accounted for), under l.mu.
+func (l *Log) flush(id string, all bool) {
 	if g := l.gates[id]; g != nil {
-		l.sweep(id, g, l.now(), final)
-		if final {
-			delete(l.gates, id)
-		}
+		l.sweep(id, g, l.now(), all)
 	}
+}
+
+// forget flushes everything of id and drops its gate (its log closes).
+func (l *Log) forget(id string) {
+	l.flush(id, true)
+	delete(l.gates, id)
 }

@@ -145,8 +145,10 @@ exit 0
 		u := usage(t, l)
 		q, dropped := u.DNSQueries-u0.DNSQueries, u.DNSDropped-u0.DNSDropped
 		t.Logf("%s; resolver saw %d queries, dropped %d; daemon CPU %.2fs, sandbox CPU %.2fs", out, q, dropped, cpu, u.CPUSeconds-u0.CPUSeconds)
-		// Attributed: the daemon counts the flood against the sandbox.
-		if q < queries/2 || dropped < q/2 {
+		// Attributed: the daemon counts what reached it against the
+		// sandbox (the kernel drops what overflows the socket before the
+		// daemon sees it), and drops most of it unanswered.
+		if q == 0 || dropped < q/2 {
 			t.Errorf("usage attributes %d queries (%d dropped) of a %d-query flood", q, dropped, queries)
 		}
 		recs, err := l.d.Client.NetworkLog(t.Context(), l.sb.ID, true)
