@@ -138,6 +138,10 @@ func upload(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.Wr
 	}
 
 	if !fi.IsDir() {
+		if !fi.Mode().IsRegular() {
+			// Reading a FIFO would wait for a writer forever.
+			return fmt.Errorf("cp: %s is not a regular file, directory or symlink: %w", src, errdefs.ErrInvalidArgument)
+		}
 		if err := uploadFile(ctx, sb, src, target); err != nil {
 			return err
 		}
