@@ -194,11 +194,16 @@ func upload(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.Wr
 }
 
 func uploadFile(ctx context.Context, sb *client.Sandbox, src, dst string) error {
-	f, err := os.Open(src)
+	// O_NONBLOCK and a check of what was opened: a FIFO swapped in after
+	// the walk looked must not block the copy.
+	f, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return localErr(err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file: %w", src, errdefs.ErrInvalidArgument)
+	}
 	return sb.WriteFile(ctx, dst, f)
 }
 
