@@ -2,6 +2,11 @@
 // JSONL file per sandbox under the daemon's data dir, rotated by size,
 // readable and followable. Nothing inside a sandbox can reach these files;
 // they outlive the sandbox so its record can still be read and exported.
+// The sandbox decides how much it is audited, so repeats are aggregated,
+// each sandbox's records are rate-limited into counted summaries
+// (limit.go), and rotation keeps the earliest records and every denial
+// (files.go): a flood can neither grow the log without bound nor flush
+// its evidence away.
 package audit
 
 import (
