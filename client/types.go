@@ -37,8 +37,8 @@ type Usage struct {
 	PIDs            int64   `json:"pids"`
 	OOMKills        int64   `json:"oom_kills"`
 	// The daemon's own work for the sandbox (egress proxy and resolver),
-	// outside its cgroup: connections accepted, refused over a limit and
-	// open now, bytes relayed, DNS queries received and dropped over the
+	// outside its cgroup: connections accepted, refused over a limit
+	// (DNS-over-TCP ones included) and open now, bytes relayed, DNS queries received and dropped over the
 	// rate limit. Counted since the sandbox's network services started.
 	ProxyConnections int64 `json:"proxy_connections"`
 	ProxyRefused     int64 `json:"proxy_refused"`

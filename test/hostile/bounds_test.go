@@ -96,22 +96,33 @@ exit 0
 
 	t.Run("proxy-connection-flood", func(t *testing.T) {
 		fds0 := fdCount(pid)
-		ready := "/tmp/connflood.ready"
-		fpid, err := l.sb.Start(t.Context(), client.ExecRequest{Cmd: "/tmp/attacker", Args: []string{"connflood", "5000", tn.IP.String() + ":443", ready}})
-		if err != nil {
-			t.Fatal(err)
+		// 5000 to the proxy, 2000 to the resolver's TCP port.
+		var fpids []uint32
+		for _, f := range []struct{ n, addr, ready string }{
+			{"5000", tn.IP.String() + ":443", "/tmp/connflood.ready"},
+			{"2000", "dns", "/tmp/dnsflood.ready"},
+		} {
+			fpid, err := l.sb.Start(t.Context(), client.ExecRequest{Cmd: "/tmp/attacker", Args: []string{"connflood", f.n, f.addr, f.ready}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			fpids = append(fpids, fpid)
+			defer l.sb.Signal(context.WithoutCancel(t.Context()), fpid, 9)
 		}
-		defer l.sb.Signal(context.WithoutCancel(t.Context()), fpid, 9)
 		var msg strings.Builder
-		harness.WaitFor(t, 3*time.Minute, "the sandbox to open its 5000 connections", func() bool {
-			msg.Reset()
-			return l.sb.ReadFile(t.Context(), ready, &msg) == nil
-		})
+		for _, ready := range []string{"/tmp/connflood.ready", "/tmp/dnsflood.ready"} {
+			var m strings.Builder
+			harness.WaitFor(t, 3*time.Minute, "the sandbox to open its connections ("+ready+")", func() bool {
+				m.Reset()
+				return l.sb.ReadFile(t.Context(), ready, &m) == nil
+			})
+			msg.WriteString(strings.TrimSpace(m.String()) + "; ")
+		}
 		fds := fdCount(pid)
 		u := usage(t, l)
-		t.Logf("%s; daemon fds %d before, %d while they are held; usage: %d accepted, %d refused, %d open", strings.TrimSpace(msg.String()), fds0, fds, u.ProxyConnections, u.ProxyRefused, u.ProxyOpen)
-		// The daemon holds at most the sandbox's 256 connections (two
-		// descriptors each once dialed), not 5000.
+		t.Logf("%sdaemon fds %d before, %d while they are held; usage: %d accepted, %d refused, %d open", msg.String(), fds0, fds, u.ProxyConnections, u.ProxyRefused, u.ProxyOpen)
+		// The daemon holds at most the sandbox's 256 proxied connections
+		// (two descriptors each once dialed) and 8 DNS ones, not 7000.
 		if fds-fds0 > 600 {
 			t.Errorf("daemon descriptors grew by %d for one sandbox's idle connections", fds-fds0)
 		}
@@ -120,7 +131,9 @@ exit 0
 		}
 		healthUnderAttack(t, l)
 		neighbourFetch(t)
-		_ = l.sb.Signal(t.Context(), fpid, 9)
+		for _, fpid := range fpids {
+			_ = l.sb.Signal(t.Context(), fpid, 9)
+		}
 		harness.WaitFor(t, 60*time.Second, "the proxy to let go of the connections", func() bool { return usage(t, l).ProxyOpen == 0 })
 		l.check(t)
 	})

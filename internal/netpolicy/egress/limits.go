@@ -100,8 +100,8 @@ func RaiseFDLimit() (uint64, error) {
 // started.
 type Usage struct {
 	// ProxyConns are connections accepted; ProxyRefused those closed at
-	// once for being over a limit (or silent too long); ProxyOpen is how
-	// many are open now.
+	// once for being over a limit (or silent too long), DNS-over-TCP ones
+	// included; ProxyOpen is how many are open now.
 	ProxyConns   int64
 	ProxyRefused int64
 	ProxyOpen    int64

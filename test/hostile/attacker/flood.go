@@ -23,12 +23,17 @@ func floods() map[string]func([]string) {
 	return map[string]func([]string){
 		// connflood N ADDR READYFILE: open N TCP connections to ADDR, send
 		// nothing, write READYFILE once all were tried, and hold them.
+		// ADDR "dns" is the sandbox's resolver (DNS over TCP).
 		"connflood": func(a []string) {
 			n, _ := strconv.Atoi(arg(a, 0))
+			addr := arg(a, 1)
+			if addr == "dns" {
+				addr = resolver()
+			}
 			var conns []net.Conn
 			failed := 0
 			for range n {
-				c, err := net.DialTimeout("tcp", arg(a, 1), 5*time.Second)
+				c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 				if err != nil {
 					failed++
 					continue
