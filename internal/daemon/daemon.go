@@ -70,6 +70,10 @@ type Config struct {
 	// CommitAuthor, "Name <email>", signs `berth commit` when the request
 	// names no author (default "Berth <berth@localhost>").
 	CommitAuthor string `json:"commit_author" yaml:"commit_author"`
+	// AuditMaxBytes is the size at which a sandbox's audit log file
+	// rotates (default 16 MiB; three rotated files are kept, and the
+	// earliest records and every denial survive rotation).
+	AuditMaxBytes int64 `json:"audit_max_bytes" yaml:"audit_max_bytes"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -360,7 +364,7 @@ func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, 
 			return nil, nil, fmt.Errorf("egress_ca_file %s: no PEM certificates", cfg.EgressCAFile)
 		}
 	}
-	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), Logger: log.With("component", "audit")})
+	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
 	if err != nil {
 		return nil, nil, err
 	}

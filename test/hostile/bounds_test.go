@@ -31,8 +31,18 @@ import (
 // neighbours' traffic meanwhile.
 func TestDaemonBounds(t *testing.T) {
 	tn := harness.StartTestNet(t)
-	pol := &client.NetworkPolicy{Mode: client.NetAllow, Allow: []string{"allowed.test"}}
-	l := newLab(t, client.CreateRequest{Memory: "128M", Disk: "64M", CPU: 0.5, Network: pol}, tn.ConfigFile(t)...)
+	// Random names under flood.test are allowed (so a flood of them fills
+	// the audit log with allowed lookups); the audit log's files rotate
+	// at 64 KiB, so the flood rotates them many times over.
+	pol := &client.NetworkPolicy{Mode: client.NetAllow, Allow: []string{"allowed.test", "*.flood.test"}}
+	cfgArgs := tn.ConfigFile(t)
+	f, err := os.OpenFile(cfgArgs[1], os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(f, "audit_max_bytes: 65536")
+	f.Close()
+	l := newLab(t, client.CreateRequest{Memory: "128M", Disk: "64M", CPU: 0.5, Network: pol}, cfgArgs...)
 	pid := daemonPID(t, l.d)
 	// A neighbour with egress: the proxy and resolver must keep serving it.
 	nbe := l.d.Create(t, client.CreateRequest{Network: pol})
@@ -184,6 +194,14 @@ exit 0
 		t.Logf("denials in the audit log: %d records standing for %d decisions", len(recs), stood)
 		if !found {
 			t.Errorf("the denied lookup of evidence.denied.test is gone from the audit log after the flood")
+		}
+		// The flood did rotate the log: what survived did so by being
+		// kept, not by fitting.
+		kept, err := os.Stat(filepath.Join(l.d.DataDir, "audit", l.sb.ID+".jsonl.kept"))
+		if err != nil {
+			t.Errorf("no kept records after the flood: %v", err)
+		} else {
+			t.Logf("audit log rotated; %d bytes of earliest records and denials kept", kept.Size())
 		}
 		if stood < dropped {
 			t.Errorf("audit log accounts for %d denials, the resolver dropped %d", stood, dropped)
