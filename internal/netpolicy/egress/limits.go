@@ -30,6 +30,12 @@ type Limits struct {
 	// (default: what the daemon's descriptor limit leaves after a reserve
 	// for the API, the store and the agents; see FDBudget).
 	TotalConns int
+	// ConnRate and ConnBurst bound the connections a sandbox opens per
+	// second (default 100, burst 200): each costs the daemon a name
+	// resolution, a dial and, when intercepted, a TLS handshake, so
+	// opening and closing them fast must not be free either.
+	ConnRate  float64
+	ConnBurst int
 	// DNSRate and DNSBurst bound a sandbox's DNS queries per second
 	// (default 100, burst 200); queries past them are dropped unanswered,
 	// as a congested resolver would.
@@ -52,6 +58,12 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.TotalConns <= 0 {
 		l.TotalConns = FDBudget()
+	}
+	if l.ConnRate <= 0 {
+		l.ConnRate = 100
+	}
+	if l.ConnBurst <= 0 {
+		l.ConnBurst = 200
 	}
 	if l.DNSRate <= 0 {
 		l.DNSRate = 100
@@ -119,9 +131,30 @@ type meter struct {
 	bytesOut, bytesIn             atomic.Int64
 	queries, dropped              atomic.Int64
 
+	dns, conn bucket
+}
+
+// bucket is a token bucket: take reports whether one more event fits
+// rate per second with burst at once.
+type bucket struct {
 	mu       sync.Mutex
 	tokens   float64
 	refilled time.Time
+}
+
+func (b *bucket) take(now time.Time, rate float64, burst int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.refilled.IsZero() {
+		b.tokens = float64(burst)
+	}
+	b.tokens = min(float64(burst), b.tokens+now.Sub(b.refilled).Seconds()*rate)
+	b.refilled = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 func (m *meter) usage() Usage {
@@ -151,6 +184,10 @@ func (b *box) admitConn(c *net.TCPConn) (release func(), ok bool) {
 	lim := b.e.limits
 	m := &b.meter
 	m.conns.Add(1)
+	if !m.conn.take(time.Now(), lim.ConnRate, lim.ConnBurst) {
+		b.refuse(c, "over the sandbox's rate of new connections")
+		return nil, false
+	}
 	reason := ""
 	switch {
 	case m.open.Add(1) > int64(lim.MaxConns):
@@ -221,19 +258,7 @@ func (b *box) allowQuery(h dns.Header) dns.MsgAcceptAction {
 	m := &b.meter
 	m.queries.Add(1)
 	now := time.Now()
-	lim := b.e.limits
-	m.mu.Lock()
-	if m.refilled.IsZero() {
-		m.tokens = float64(lim.DNSBurst)
-	}
-	m.tokens = min(float64(lim.DNSBurst), m.tokens+now.Sub(m.refilled).Seconds()*lim.DNSRate)
-	m.refilled = now
-	ok := m.tokens >= 1
-	if ok {
-		m.tokens--
-	}
-	m.mu.Unlock()
-	if !ok {
+	if !m.dns.take(now, b.e.limits.DNSRate, b.e.limits.DNSBurst) {
 		m.dropped.Add(1)
 		b.audit(audit.Record{Time: now, Proto: "dns", Decision: "deny", Rule: "rate-limit", Reason: "query over the sandbox's DNS rate limit dropped"})
 		return dns.MsgIgnore
