@@ -23,6 +23,11 @@ const (
 	TypeFile    FileType = "file"
 	TypeDir     FileType = "dir"
 	TypeSymlink FileType = "symlink"
+	// FIFOs, sockets and devices: listed, never read (the agent refuses;
+	// reading a FIFO would wait for a writer).
+	TypeFIFO    FileType = "fifo"
+	TypeSocket  FileType = "socket"
+	TypeDevice  FileType = "device"
 	TypeUnknown FileType = ""
 )
 
@@ -73,6 +78,19 @@ func entryFromProto(e *filesystem.EntryInfo) EntryInfo {
 		out.Type = TypeDir
 	case filesystem.FileType_FILE_TYPE_SYMLINK:
 		out.Type = TypeSymlink
+	default:
+		// The wire has no type for special files: the first letter of
+		// the permissions string (as ls -l prints it) names them.
+		if p := e.GetPermissions(); p != "" {
+			switch p[0] {
+			case 'p':
+				out.Type = TypeFIFO
+			case 'S':
+				out.Type = TypeSocket
+			case 'D', 'c':
+				out.Type = TypeDevice
+			}
+		}
 	}
 	return out
 }

@@ -51,6 +51,11 @@ type NetworkRecord struct {
 	Reason   string    `json:"reason,omitempty"`
 	BytesOut int64     `json:"bytes_out"`
 	BytesIn  int64     `json:"bytes_in"`
+	// Count, when set, is how many decisions the record stands for
+	// (repeats aggregated, or decisions over the audit rate limit), from
+	// Time to Last.
+	Count int64     `json:"count,omitempty"`
+	Last  time.Time `json:"last,omitzero"`
 }
 
 // NetworkPolicy returns a running sandbox's egress policy.

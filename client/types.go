@@ -36,6 +36,17 @@ type Usage struct {
 	DiskUsedBytes   int64   `json:"disk_used_bytes"`
 	PIDs            int64   `json:"pids"`
 	OOMKills        int64   `json:"oom_kills"`
+	// The daemon's own work for the sandbox (egress proxy and resolver),
+	// outside its cgroup: connections accepted, refused over a limit
+	// (DNS-over-TCP ones included) and open now, bytes relayed, DNS queries received and dropped over the
+	// rate limit. Counted since the sandbox's network services started.
+	ProxyConnections int64 `json:"proxy_connections"`
+	ProxyRefused     int64 `json:"proxy_refused"`
+	ProxyOpen        int64 `json:"proxy_open"`
+	ProxyBytesOut    int64 `json:"proxy_bytes_out"`
+	ProxyBytesIn     int64 `json:"proxy_bytes_in"`
+	DNSQueries       int64 `json:"dns_queries"`
+	DNSDropped       int64 `json:"dns_dropped"`
 }
 
 // Sandbox is a sandbox as the daemon describes it. A Sandbox returned by a

@@ -100,7 +100,11 @@ ID:PATH.`,
 			if user != "" {
 				sb = sb.As(user)
 			}
-			return download(cmd.Context(), sb, from.path, to.path, a.err)
+			info, err := c.Get(cmd.Context(), from.id)
+			if err != nil {
+				return err
+			}
+			return download(cmd.Context(), sb, dataBudget(info), from.path, to.path, a.err)
 		},
 	}
 	cmd.Flags().StringVarP(&user, "user", "u", "", "user to read and write files as (default root)")
@@ -134,6 +138,10 @@ func upload(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.Wr
 	}
 
 	if !fi.IsDir() {
+		if !fi.Mode().IsRegular() {
+			// Reading a FIFO would wait for a writer forever.
+			return fmt.Errorf("cp: %s is not a regular file, directory or symlink: %w", src, errdefs.ErrInvalidArgument)
+		}
 		if err := uploadFile(ctx, sb, src, target); err != nil {
 			return err
 		}
@@ -186,11 +194,16 @@ func upload(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.Wr
 }
 
 func uploadFile(ctx context.Context, sb *client.Sandbox, src, dst string) error {
-	f, err := os.Open(src)
+	// O_NONBLOCK and a check of what was opened: a FIFO swapped in after
+	// the walk looked must not block the copy.
+	f, err := os.OpenFile(src, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return localErr(err)
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file: %w", src, errdefs.ErrInvalidArgument)
+	}
 	return sb.WriteFile(ctx, dst, f)
 }
 
@@ -234,7 +247,7 @@ func remoteRun(ctx context.Context, sb *client.Sandbox, cmd string, args ...stri
 const listDepth = 256
 
 // download copies src in the sandbox to local dst.
-func download(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.Writer) error {
+func download(ctx context.Context, sb *client.Sandbox, budget *int64, src, dst string, warn io.Writer) error {
 	st, err := sb.Stat(ctx, src)
 	if err != nil {
 		return err
@@ -249,7 +262,10 @@ func download(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.
 		target = filepath.Join(dst, path.Base(st.Path))
 	}
 	if !st.IsDir() {
-		return downloadFile(ctx, sb, st.Path, target, st.Mode.Perm())
+		if st.Type != client.TypeFile && st.Type != client.TypeSymlink {
+			return fmt.Errorf("cp: %s is a %s, not a regular file: %w", st.Path, kindName(st), errdefs.ErrInvalidArgument)
+		}
+		return downloadFile(ctx, sb, budget, st.Path, target, st.Mode.Perm())
 	}
 
 	entries, err := sb.ListDir(ctx, st.Path, listDepth)
@@ -277,7 +293,7 @@ func download(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.
 			}
 			dirs = append(dirs, chmodOp{e.Mode.Perm(), lp})
 		case client.TypeFile:
-			if err := downloadFile(ctx, sb, e.Path, lp, e.Mode.Perm()); err != nil {
+			if err := downloadFile(ctx, sb, budget, e.Path, lp, e.Mode.Perm()); err != nil {
 				return err
 			}
 		case client.TypeSymlink:
@@ -286,7 +302,9 @@ func download(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.
 			e.Path = lp
 			links = append(links, e)
 		default:
-			fmt.Fprintf(warn, "berth: skipping %s: not a file, directory or symlink\n", e.Path)
+			// A FIFO would block the read forever; a device is not
+			// content. Both are named and skipped.
+			fmt.Fprintf(warn, "berth: skipping %s: a %s, not a regular file, directory or symlink\n", e.Path, kindName(e))
 		}
 	}
 	for _, l := range links {
@@ -303,15 +321,40 @@ func download(ctx context.Context, sb *client.Sandbox, src, dst string, warn io.
 	return nil
 }
 
-func downloadFile(ctx context.Context, sb *client.Sandbox, src, dst string, mode fs.FileMode) error {
+// dataBudget is the most data a download from sb can carry: all its disk
+// and all its memory (tmpfs). Holes cost nothing. Nil when the sandbox
+// reports no limits.
+func dataBudget(sb *client.Sandbox) *int64 {
+	if sb.DiskBytes <= 0 || sb.MemoryBytes <= 0 {
+		return nil
+	}
+	n := sb.DiskBytes + sb.MemoryBytes
+	return &n
+}
+
+func downloadFile(ctx context.Context, sb *client.Sandbox, budget *int64, src, dst string, mode fs.FileMode) error {
 	// O_NOFOLLOW: never write through a symlink at the destination itself.
 	f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("cp: %w", localErr(err))
 	}
-	if err := sb.ReadFile(ctx, src, f); err != nil {
+	// Runs of zeros become holes, as cp --sparse does: a sparse file
+	// (1 GiB apparent in a 64 MiB sandbox) takes on the host no more
+	// than the data the sandbox could store.
+	sw := &sparseWriter{f: f, budget: budget}
+	if err := sb.ReadFile(ctx, src, sw); err != nil {
 		f.Close()
+		if errors.Is(err, errBudget) {
+			return fmt.Errorf("cp: %s: %w: %w", src, err, errdefs.ErrResourceExhausted)
+		}
 		return err
+	}
+	if err := sw.finish(); err != nil {
+		f.Close()
+		if errors.Is(err, errBudget) {
+			return fmt.Errorf("cp: %s: %w: %w", src, err, errdefs.ErrResourceExhausted)
+		}
+		return fmt.Errorf("cp: %w", localErr(err))
 	}
 	if err := f.Chmod(mode); err != nil {
 		f.Close()
@@ -321,6 +364,19 @@ func downloadFile(ctx context.Context, sb *client.Sandbox, src, dst string, mode
 		return fmt.Errorf("cp: %w", localErr(err))
 	}
 	return nil
+}
+
+// kindName names an entry's type for messages.
+func kindName(e client.EntryInfo) string {
+	switch e.Type {
+	case client.TypeFIFO:
+		return "FIFO"
+	case client.TypeSocket:
+		return "socket"
+	case client.TypeDevice:
+		return "device"
+	}
+	return "special file"
 }
 
 // localErr classes local file errors so they print with a useful code.

@@ -201,8 +201,14 @@ func newNetLogCmd(a *app) *cobra.Command {
 				if r.Reason != "" {
 					reason = " (" + r.Reason + ")"
 				}
-				_, err := fmt.Fprintf(a.out, "%s  %-5s %-5s %s%s  [%s]%s  out=%d in=%d\n",
-					r.Time.Local().Format(time.RFC3339), r.Decision, r.Proto, dest, req, r.Rule, reason, r.BytesOut, r.BytesIn)
+				times := ""
+				if r.Count > 0 {
+					// One line for many decisions (aggregated or over
+					// the audit rate limit).
+					times = fmt.Sprintf("  x%d until %s", r.Count, r.Last.Local().Format(time.RFC3339))
+				}
+				_, err := fmt.Fprintf(a.out, "%s  %-5s %-5s %s%s  [%s]%s  out=%d in=%d%s\n",
+					r.Time.Local().Format(time.RFC3339), r.Decision, r.Proto, dest, req, r.Rule, reason, r.BytesOut, r.BytesIn, times)
 				return err
 			}
 			if follow {

@@ -85,7 +85,10 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 		jsonError(w, http.StatusBadRequest, err)
 		return
 	}
-	f, err := os.Open(path)
+	// O_NONBLOCK: opening a FIFO for reading would otherwise wait for a
+	// writer forever (and a device could block too); what was opened is
+	// checked before a byte is read.
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		jsonError(w, httpStatus(err), fmt.Errorf("open %q: %w", path, err))
 		return
@@ -98,6 +101,10 @@ func (s *Server) getFile(w http.ResponseWriter, r *http.Request) {
 	}
 	if fi.IsDir() {
 		jsonError(w, http.StatusBadRequest, fmt.Errorf("path %q is a directory", path))
+		return
+	}
+	if !fi.Mode().IsRegular() {
+		jsonError(w, http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to read it", path, fileKind(fi.Mode())))
 		return
 	}
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("inline", map[string]string{"filename": filepath.Base(path)}))
@@ -261,12 +268,27 @@ func writeFile(path string, r io.Reader, u *user) (int, error) {
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
 		return http.StatusBadRequest, fmt.Errorf("path %q is a directory", path)
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
+		return http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
+	}
+	// O_NONBLOCK: a FIFO swapped in after the check must not block the
+	// open (it fails with ENXIO without a reader, or is refused below).
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NONBLOCK, 0o644)
 	if err != nil {
 		if errors.Is(err, unix.ENOSPC) {
 			return http.StatusInsufficientStorage, fmt.Errorf("not enough inodes available: %w", err)
 		}
+		if errors.Is(err, unix.ENXIO) {
+			return http.StatusBadRequest, fmt.Errorf("path %q is not a regular file: refusing to write it: %w", path, err)
+		}
 		return httpStatus(err), fmt.Errorf("open %q: %w", path, err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err != nil {
+			return http.StatusInternalServerError, err
+		}
+		return http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
 	}
 	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
 		f.Close()
@@ -296,4 +318,21 @@ func (c closeOnError) WriteHeader(code int) {
 		c.Header().Set("Connection", "close")
 	}
 	c.ResponseWriter.WriteHeader(code)
+}
+
+// fileKind names a non-regular file's type for error messages.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeNamedPipe != 0:
+		return "FIFO"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeCharDevice != 0:
+		return "character device"
+	case m&os.ModeDevice != 0:
+		return "block device"
+	case m.IsDir():
+		return "directory"
+	}
+	return "special file"
 }

@@ -356,3 +356,37 @@ func TestReaperReapsOrphans(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // polling /proc; no event to wait on
 	}
 }
+
+// A FIFO is listed as what it is and refused, at once, for reading and
+// writing: opening it plainly would wait for a peer forever.
+func TestFilesNonRegular(t *testing.T) {
+	e := newEnv(t, "")
+	fifo := filepath.Join(e.home, "pipe")
+	if err := unix.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := e.fs.ListDir(t.Context(), connect.NewRequest(&fspb.ListDirRequest{Path: e.home}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got *fspb.EntryInfo
+	for _, en := range ls.Msg.GetEntries() {
+		if en.GetName() == "pipe" {
+			got = en
+		}
+	}
+	if got == nil || got.GetType() != fspb.FileType_FILE_TYPE_UNSPECIFIED || !strings.HasPrefix(got.GetPermissions(), "p") {
+		t.Errorf("ListDir entry for a FIFO = %v, want type unspecified and permissions starting with p", got)
+	}
+	q := url.Values{"path": {fifo}}
+	resp := e.do(t, "GET", "/files", q, "", nil, nil)
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "FIFO") {
+		t.Errorf("GET /files on a FIFO = %d %s, want 400 naming the FIFO", resp.StatusCode, b)
+	}
+	resp = e.do(t, "POST", "/files", q, "application/octet-stream", strings.NewReader("x"), nil)
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "not a regular file") {
+		t.Errorf("POST /files onto a FIFO = %d %s, want 400", resp.StatusCode, b)
+	}
+}

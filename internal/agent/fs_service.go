@@ -62,8 +62,14 @@ func (s *Server) entryFromInfo(path string, fi fs.FileInfo) *pb.EntryInfo {
 		}
 	case fi.IsDir():
 		e.Type = pb.FileType_FILE_TYPE_DIRECTORY
-	default:
+	case fi.Mode().IsRegular():
 		e.Type = pb.FileType_FILE_TYPE_FILE
+	default:
+		// FIFOs, sockets and devices are not files: the wire (envd's)
+		// has no type for them, so they go out unspecified and the
+		// permissions string ("prw-r--r--") names the kind. A client that
+		// took them for files would block reading a FIFO forever.
+		e.Type = pb.FileType_FILE_TYPE_UNSPECIFIED
 	}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		e.Owner = idName(s.cfg.PasswdPath, st.Uid)

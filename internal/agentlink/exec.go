@@ -22,6 +22,9 @@ func basicUser(user string) string {
 	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))
 }
 
+// maxAgentMessage bounds one message read from an agent's stream.
+const maxAgentMessage = 1 << 20
+
 // Exec runs argv in the sandbox whose agent is at addr, as user (default
 // root) in cwd with env added, streams stdout and stderr to out (nil
 // discards) and returns the exit code. ctx's deadline is also the
@@ -37,7 +40,9 @@ func (l *Link) Exec(ctx context.Context, addr, token, user, cwd string, argv []s
 		Env            map[string]string
 		Output         io.Writer
 	}{argv[0], cwd, user, argv[1:], env, out}
-	pc := processconnect.NewProcessClient(&http.Client{Transport: l.transport}, "http://"+addr)
+	// The agent sends output in 32 KiB chunks; a larger message is an
+	// agent the sandbox subverted, refused before it is buffered.
+	pc := processconnect.NewProcessClient(&http.Client{Transport: l.transport}, "http://"+addr, connect.WithReadMaxBytes(maxAgentMessage))
 	stdin := false
 	cfg := &process.ProcessConfig{Cmd: c.Cmd, Args: c.Args, Envs: c.Env}
 	if c.Cwd != "" {

@@ -47,6 +47,14 @@ type usageJSON struct {
 	DiskUsedBytes   int64   `json:"disk_used_bytes"`
 	Pids            int64   `json:"pids"`
 	OOMKills        int64   `json:"oom_kills"`
+	// The daemon's own work for the sandbox, outside its cgroup.
+	ProxyConnections int64 `json:"proxy_connections"`
+	ProxyRefused     int64 `json:"proxy_refused"`
+	ProxyOpen        int64 `json:"proxy_open"`
+	ProxyBytesOut    int64 `json:"proxy_bytes_out"`
+	ProxyBytesIn     int64 `json:"proxy_bytes_in"`
+	DNSQueries       int64 `json:"dns_queries"`
+	DNSDropped       int64 `json:"dns_dropped"`
 }
 
 type sandboxJSON struct {
@@ -84,6 +92,15 @@ func toJSON(s sandbox.Sandbox) sandboxJSON {
 			Pids:            s.Usage.PidsCurrent,
 			OOMKills:        s.Usage.OOMKills,
 		}
+	}
+	if d := s.Daemon; d != nil {
+		if out.Usage == nil {
+			out.Usage = &usageJSON{}
+		}
+		u := out.Usage
+		u.ProxyConnections, u.ProxyRefused, u.ProxyOpen = d.ProxyConns, d.ProxyRefused, d.ProxyOpen
+		u.ProxyBytesOut, u.ProxyBytesIn = d.BytesOut, d.BytesIn
+		u.DNSQueries, u.DNSDropped = d.DNSQueries, d.DNSDropped
 	}
 	return out
 }

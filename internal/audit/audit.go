@@ -2,6 +2,11 @@
 // JSONL file per sandbox under the daemon's data dir, rotated by size,
 // readable and followable. Nothing inside a sandbox can reach these files;
 // they outlive the sandbox so its record can still be read and exported.
+// The sandbox decides how much it is audited, so repeats are aggregated,
+// each sandbox's records are rate-limited into counted summaries
+// (limit.go), and rotation keeps the earliest records and every denial
+// (files.go): a flood can neither grow the log without bound nor flush
+// its evidence away.
 package audit
 
 import (
@@ -35,6 +40,11 @@ type Record struct {
 	Reason   string `json:"reason,omitempty"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
+	// Count, when set, is how many decisions this one record stands for:
+	// repeats of an identical decision (aggregated) or decisions over the
+	// rate limit (Proto "audit", Rule "rate-limit"), from Time to Last.
+	Count int64     `json:"count,omitempty"`
+	Last  time.Time `json:"last,omitzero"`
 }
 
 // Denied reports whether the record is a denial.
@@ -47,8 +57,19 @@ type Config struct {
 	// MaxBytes rotates a file once it grows past this (default 16 MiB).
 	MaxBytes int64
 	// Keep is how many rotated files to keep (default 3).
-	Keep   int
-	Logger *slog.Logger
+	Keep int
+	// Rate and Burst bound the records one sandbox writes per second
+	// (default 100, burst 2000); Window is how long repeats of one
+	// decision are aggregated (default 10 s). See limit.go.
+	Rate   float64
+	Burst  int
+	Window time.Duration
+	// HeadBytes of a sandbox's earliest records and every denial are kept
+	// when their file rotates away, in up to KeptBytes (defaults 1 MiB and
+	// 64 MiB): the log is evidence.
+	HeadBytes int64
+	KeptBytes int64
+	Logger    *slog.Logger
 }
 
 // Log appends and reads audit records.
@@ -60,8 +81,10 @@ type Log struct {
 
 	// mu orders appends with followers' reads, so a follower misses no
 	// record and sees none twice.
-	mu   sync.Mutex
-	subs map[string]map[chan struct{}]bool
+	mu    sync.Mutex
+	subs  map[string]map[chan struct{}]bool
+	gates map[string]*gate
+	now   func() time.Time
 }
 
 var idRE = ValidID
@@ -74,6 +97,21 @@ func New(cfg Config) (*Log, error) {
 	if cfg.Keep <= 0 {
 		cfg.Keep = 3
 	}
+	if cfg.Rate <= 0 {
+		cfg.Rate = 100
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = 2000
+	}
+	if cfg.Window <= 0 {
+		cfg.Window = 10 * time.Second
+	}
+	if cfg.HeadBytes <= 0 {
+		cfg.HeadBytes = 1 << 20
+	}
+	if cfg.KeptBytes <= 0 {
+		cfg.KeptBytes = 64 << 20
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -81,28 +119,50 @@ func New(cfg Config) (*Log, error) {
 	if err != nil {
 		return nil, fmt.Errorf("audit: %w", err)
 	}
-	return &Log{cfg: cfg, log: cfg.Logger, files: files, subs: map[string]map[chan struct{}]bool{}}, nil
+	files.Retain(Retention{HeadBytes: cfg.HeadBytes, MaxBytes: cfg.KeptBytes, Keep: deniedLine})
+	return &Log{cfg: cfg, log: cfg.Logger, files: files, subs: map[string]map[chan struct{}]bool{}, gates: map[string]*gate{}, now: time.Now}, nil
+}
+
+// deniedLine reports whether a JSONL line records a denial (what rotation
+// must keep).
+func deniedLine(line []byte) bool {
+	var r struct {
+		Decision string `json:"decision"`
+	}
+	return json.Unmarshal(line, &r) == nil && r.Decision != "allow"
 }
 
 func (l *Log) path(id string) string { return l.files.Path(id) }
 
-// Append writes r to its sandbox's file. It never fails the caller's
+// Append records r in its sandbox's file, or counts it into an aggregate
+// or a rate-limit summary (limit.go). It never fails the caller's
 // connection: errors are logged.
 func (l *Log) Append(r Record) {
 	if !idRE.MatchString(r.Sandbox) {
 		return
 	}
 	if r.Time.IsZero() {
-		r.Time = time.Now()
+		r.Time = l.now()
 	}
 	r.Time = r.Time.UTC()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.admit(r) {
+		l.write(r)
+	}
+}
+
+// write appends one record (under l.mu) and wakes followers.
+func (l *Log) write(r Record) {
+	r.Time = r.Time.UTC()
+	if !r.Last.IsZero() {
+		r.Last = r.Last.UTC()
+	}
 	line, err := json.Marshal(r)
 	if err != nil {
 		return
 	}
 	line = append(line, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if err := l.files.Append(r.Sandbox, line); err != nil {
 		l.log.Error("audit_append_failed", "sandbox_id", r.Sandbox, "error", err)
 	}
@@ -114,8 +174,24 @@ func (l *Log) Append(r Record) {
 	}
 }
 
-// Close closes the sandbox's file (it stays on disk).
-func (l *Log) Close(id string) { l.files.Close(id) }
+// Close writes the sandbox's pending summaries and closes its file (it
+// stays on disk).
+func (l *Log) Close(id string) {
+	l.mu.Lock()
+	l.forget(id)
+	l.mu.Unlock()
+	l.files.Close(id)
+}
+
+// CloseAll writes every pending summary and closes every file.
+func (l *Log) CloseAll() {
+	l.mu.Lock()
+	for id := range l.gates {
+		l.forget(id)
+	}
+	l.mu.Unlock()
+	l.files.CloseAll()
+}
 
 // Filter selects records.
 type Filter struct {
@@ -130,6 +206,13 @@ func (l *Log) Read(id string, f Filter) ([]Record, error) {
 	if !idRE.MatchString(id) {
 		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
+	l.mu.Lock()
+	l.flush(id, true)
+	l.mu.Unlock()
+	return l.read(id, f)
+}
+
+func (l *Log) read(id string, f Filter) ([]Record, error) {
 	var out []Record
 	for _, p := range l.files.Paths(id) {
 		recs, _, err := readFrom(p, 0)
@@ -182,7 +265,8 @@ func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) e
 	// History and the offset to follow from are taken under the lock
 	// Append holds, so no record is missed or seen twice.
 	l.mu.Lock()
-	hist, err := l.Read(id, f)
+	l.flush(id, true)
+	hist, err := l.read(id, f)
 	off := int64(0)
 	if fi, serr := os.Stat(l.path(id)); serr == nil {
 		off = fi.Size()
@@ -207,6 +291,7 @@ func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) e
 		case <-tick.C:
 		}
 		l.mu.Lock()
+		l.flush(id, false)
 		if fi, err := os.Stat(l.path(id)); err == nil && fi.Size() < off {
 			off = 0 // rotated: the new file starts over
 		}

@@ -21,8 +21,21 @@ type Files struct {
 	maxBytes int64
 	keep     int
 
+	retain Retention
+
 	mu    sync.Mutex
 	files map[string]*file
+}
+
+// Retention says what survives rotation: when the oldest file would be
+// deleted, its first HeadBytes (only for a sandbox's very first file: its
+// earliest records) and the lines Keep selects are first appended to
+// <id>.jsonl.kept, up to MaxBytes in all. A log that is evidence must not
+// be flushed away by the traffic it records.
+type Retention struct {
+	HeadBytes int64
+	MaxBytes  int64
+	Keep      func(line []byte) bool
 }
 
 type file struct {
@@ -46,12 +59,20 @@ func NewFiles(dir string, maxBytes int64, keep int) (*Files, error) {
 	return &Files{dir: dir, maxBytes: maxBytes, keep: keep, files: map[string]*file{}}, nil
 }
 
+// Retain sets what survives rotation; call it before the first Append.
+func (fs *Files) Retain(r Retention) { fs.retain = r }
+
+func (fs *Files) keptPath(id string) string { return fs.Path(id) + ".kept" }
+
 // Path is the current file of id.
 func (fs *Files) Path(id string) string { return filepath.Join(fs.dir, id+".jsonl") }
 
 // Paths are every file of id, oldest first, whether or not they exist.
 func (fs *Files) Paths(id string) []string {
-	out := make([]string, 0, fs.keep+1)
+	out := make([]string, 0, fs.keep+2)
+	if fs.retain.MaxBytes > 0 {
+		out = append(out, fs.keptPath(id))
+	}
 	for i := fs.keep; i >= 1; i-- {
 		out = append(out, fmt.Sprintf("%s.%d", fs.Path(id), i))
 	}
@@ -103,11 +124,72 @@ func (fs *Files) rotate(id string, f *file) error {
 	f.f.Close()
 	delete(fs.files, id)
 	base := fs.Path(id)
-	os.Remove(fmt.Sprintf("%s.%d", base, fs.keep))
+	oldest := fmt.Sprintf("%s.%d", base, fs.keep)
+	if fs.retain.MaxBytes > 0 {
+		if err := fs.keepFrom(id, oldest); err != nil {
+			return fmt.Errorf("keep records of %s: %w", oldest, err)
+		}
+	}
+	os.Remove(oldest)
 	for i := fs.keep - 1; i >= 1; i-- {
 		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
 	}
 	return os.Rename(base, base+".1")
+}
+
+// keepFrom appends what the retention keeps of path (about to be
+// deleted) to id's kept file. The kept file does not exist before the
+// first file rotates away, so its absence marks path as holding the
+// sandbox's earliest records.
+func (fs *Files) keepFrom(id, path string) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	kp := fs.keptPath(id)
+	head := int64(0)
+	st, err := os.Stat(kp)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		head = fs.retain.HeadBytes
+	case err != nil:
+		return err
+	}
+	var size int64
+	if st != nil {
+		size = st.Size()
+	}
+	if size >= fs.retain.MaxBytes {
+		return nil
+	}
+	out, err := os.OpenFile(kp, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	w := bufio.NewWriter(out)
+	var werr error
+	_, err = ReadLines(path, 0, func(line []byte) {
+		keep := head > 0
+		if keep {
+			head -= int64(len(line))
+		} else {
+			keep = fs.retain.Keep != nil && fs.retain.Keep(line)
+		}
+		if !keep || werr != nil || size+int64(len(line)) > fs.retain.MaxBytes {
+			return
+		}
+		_, werr = w.Write(line)
+		size += int64(len(line))
+	})
+	if err == nil {
+		err = werr
+	}
+	if ferr := w.Flush(); err == nil {
+		err = ferr
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // Close closes id's open file (it stays on disk: it is the record).

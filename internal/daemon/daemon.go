@@ -70,6 +70,10 @@ type Config struct {
 	// CommitAuthor, "Name <email>", signs `berth commit` when the request
 	// names no author (default "Berth <berth@localhost>").
 	CommitAuthor string `json:"commit_author" yaml:"commit_author"`
+	// AuditMaxBytes is the size at which a sandbox's audit log file
+	// rotates (default 16 MiB; three rotated files are kept, and the
+	// earliest records and every denial survive rotation).
+	AuditMaxBytes int64 `json:"audit_max_bytes" yaml:"audit_max_bytes"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -169,10 +173,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer netw.Close(context.WithoutCancel(ctx))
+	// Headroom: the soft descriptor limit up to the hard one. What keeps
+	// one sandbox from using it up are the egress proxy's per-sandbox
+	// limits, sized from it (egress.Limits).
+	if n, err := egress.RaiseFDLimit(); err != nil {
+		log.Warn("fd_limit_raise_failed", "error", err)
+	} else {
+		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
+	}
 	egress, auditLog, err := newEgress(cfg, netw.ProxyPort(), log)
 	if err != nil {
 		return err
 	}
+	// After the egress services stop: their last summaries are written.
+	defer auditLog.CloseAll()
 	defer egress.Close()
 	rt, err := runc.New(runc.Config{
 		Binary:       cfg.RuntimeBinary,
@@ -196,7 +210,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog})
+	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Meter: egressMeter{egress}})
 	if err != nil {
 		return err
 	}
@@ -318,6 +332,15 @@ func installAgent(cfg Config) (string, error) {
 	return dst, nil
 }
 
+// egressMeter reports the egress services' per-sandbox work to the
+// Manager.
+type egressMeter struct{ e *egress.Egress }
+
+func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
+	u, ok := m.e.Usage(id)
+	return sandbox.DaemonUsage(u), ok
+}
+
 // newEgress builds the audit log and the egress services from cfg.
 func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, *audit.Log, error) {
 	guard := &netpolicy.Guard{}
@@ -341,7 +364,7 @@ func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, 
 			return nil, nil, fmt.Errorf("egress_ca_file %s: no PEM certificates", cfg.EgressCAFile)
 		}
 	}
-	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), Logger: log.With("component", "audit")})
+	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
 	if err != nil {
 		return nil, nil, err
 	}

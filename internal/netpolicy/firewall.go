@@ -29,6 +29,7 @@ import (
 //	chain sbx-<id> {
 //	  meta nfproto != ipv4 counter drop
 //	  meta nfproto ipv4 ip saddr != <sandbox ip> counter drop
+//	  udp dport 53 limit rate over 200/second burst 400 packets counter drop
 //	  ct state established,related accept }
 //
 // Every packet entering the host from one of our veths is decided in
@@ -233,6 +234,10 @@ func policyRules(hostIP netip.Addr, mode Mode) [][]expr.Any {
 	}
 }
 
+// dnsPacketRate is the DNS packets per second a sandbox may send before
+// the kernel drops them (twice the resolver's own query rate).
+const dnsPacketRate = 200
+
 func sandboxRules(ip netip.Addr) [][]expr.Any {
 	ip4 := ip.As4()
 	return [][]expr.Any{
@@ -252,6 +257,19 @@ func sandboxRules(ip netip.Addr) [][]expr.Any {
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
 			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: ip4[:]},
+			&expr.Counter{},
+			&expr.Verdict{Kind: expr.VerdictDrop},
+		},
+		// DNS past a rate is dropped here, in the kernel, before it costs
+		// the daemon's resolver anything (its own limit, lower, counts
+		// and audits what gets through). Ahead of the established accept:
+		// a flood from one socket is one established flow.
+		{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(53)},
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: dnsPacketRate, Unit: expr.LimitTimeSecond, Burst: 2 * dnsPacketRate, Over: true},
 			&expr.Counter{},
 			&expr.Verdict{Kind: expr.VerdictDrop},
 		},

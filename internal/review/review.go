@@ -9,6 +9,7 @@ package review
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -149,8 +150,14 @@ func (s *Service) Commit(ctx context.Context, id string, req CommitRequest) (Com
 	if _, _, err := ParseAuthor(author); err != nil {
 		return CommitResult{}, err
 	}
-	var out bytes.Buffer
-	if err := s.run(ctx, id, commitScript, []string{s.dir(req.Path), req.Message, req.Branch}, s.authorEnv(author), &out); err != nil {
+	// The answer is a commit id and a branch name; a sandbox (its git is
+	// its own) that prints more is refused once past the bound, not
+	// buffered.
+	out := &boundedBuffer{max: maxCommitOutput}
+	if err := s.run(ctx, id, commitScript, []string{s.dir(req.Path), req.Message, req.Branch}, s.authorEnv(author), out); err != nil {
+		if errors.Is(err, errTooLong) {
+			return CommitResult{}, fmt.Errorf("sandbox %s: commit printed more than %d bytes, not a commit id and branch: %w", id, maxCommitOutput, errdefs.ErrFailedPrecondition)
+		}
 		return CommitResult{}, err
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
@@ -176,6 +183,29 @@ func (s *Service) authorEnv(author string) map[string]string {
 	}
 }
 
+// MaxAgentMessage bounds one message read from an agent's process stream
+// (the agent sends output in 32 KiB chunks).
+const MaxAgentMessage = 1 << 20
+
+// maxCommitOutput bounds what Commit reads back: a commit id and a branch.
+const maxCommitOutput = 4 << 10
+
+var errTooLong = errors.New("output too long")
+
+// boundedBuffer keeps up to max bytes and fails the write past them, which
+// ends the stream (the process in the sandbox sees its pipe close).
+type boundedBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *boundedBuffer) Write(p []byte) (int, error) {
+	if b.Len()+len(p) > b.max {
+		return 0, errTooLong
+	}
+	return b.Buffer.Write(p)
+}
+
 // Exit codes of the scripts, mapped to error classes.
 const (
 	exitNoDir      = 3
@@ -193,7 +223,9 @@ func (s *Service) run(ctx context.Context, id, script string, args []string, env
 	if err != nil {
 		return err
 	}
-	pc := processconnect.NewProcessClient(s.hc, "http://"+addr)
+	// The agent is not trusted: a message may not be larger than its
+	// output chunks, so one message can never balloon the daemon.
+	pc := processconnect.NewProcessClient(s.hc, "http://"+addr, connect.WithReadMaxBytes(MaxAgentMessage))
 	stdin := false
 	req := connect.NewRequest(&process.StartRequest{
 		Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: append([]string{"-c", prelude + script, "berth-review"}, args...), Envs: env},
@@ -206,21 +238,21 @@ func (s *Service) run(ctx context.Context, id, script string, args []string, env
 	}
 	defer stream.Close()
 	var stderr bytes.Buffer
-	var werr error
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		if d := ev.GetData(); d != nil {
-			if b := d.GetStdout(); len(b) > 0 && werr == nil {
-				_, werr = w.Write(b)
+			if b := d.GetStdout(); len(b) > 0 {
+				// A failed write (the caller's bound, a client gone) ends
+				// the run at once rather than draining the sandbox's output.
+				if _, err := w.Write(b); err != nil {
+					return err
+				}
 			}
 			if b := d.GetStderr(); len(b) > 0 && stderr.Len() < 16<<10 {
-				stderr.Write(b)
+				stderr.Write(b[:min(len(b), 16<<10-stderr.Len())])
 			}
 		}
 		if end := ev.GetEnd(); end != nil {
-			if werr != nil {
-				return werr
-			}
 			return scriptError(id, end, strings.TrimSpace(stderr.String()))
 		}
 	}

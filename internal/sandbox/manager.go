@@ -87,6 +87,25 @@ type Deps struct {
 	// Egress and Audit, when set, run and record egress policy (policy.go).
 	Egress Egress
 	Audit  AuditLog
+	// Meter, when set, reports the daemon's own work for each sandbox.
+	Meter DaemonMeter
+}
+
+// DaemonUsage is work the daemon does for a sandbox outside its cgroup
+// (the egress proxy and resolver), counted so it is attributed.
+type DaemonUsage struct {
+	ProxyConns   int64
+	ProxyRefused int64
+	ProxyOpen    int64
+	BytesOut     int64
+	BytesIn      int64
+	DNSQueries   int64
+	DNSDropped   int64
+}
+
+// DaemonMeter reports a running sandbox's DaemonUsage.
+type DaemonMeter interface {
+	DaemonUsage(id string) (DaemonUsage, bool)
 }
 
 // Manager orchestrates sandboxes on one host.
@@ -225,6 +244,8 @@ func (r CreateRequest) setupTimeout() time.Duration {
 type Sandbox struct {
 	store.Sandbox
 	Usage *runtime.Stats
+	// Daemon is the daemon's work for the sandbox (while it runs).
+	Daemon *DaemonUsage
 }
 
 // newID returns a 20-character lowercase [a-z0-9] ID.
@@ -655,6 +676,11 @@ func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
 		if sr, ok := m.deps.Runtime.(StatsReader); ok && rec.State == StateReady {
 			if st, err := sr.Stats(ctx, id); err == nil {
 				s.Usage = &st
+			}
+		}
+		if m.deps.Meter != nil {
+			if u, ok := m.deps.Meter.DaemonUsage(id); ok {
+				s.Daemon = &u
 			}
 		}
 		return s, nil

@@ -47,15 +47,19 @@ type Config struct {
 	// ProxyPort must match the Network's.
 	ProxyPort   uint16
 	DialTimeout time.Duration
-	Logger      *slog.Logger
+	// Limits bound each sandbox's connections and queries (limits.go).
+	Limits Limits
+	Logger *slog.Logger
 }
 
 // Egress runs, per sandbox, a filtering DNS resolver and a transparent
 // egress proxy on the host side of its veth, and holds its policy. netpolicy.Policy
 // swaps are atomic and take effect for the next connection or query.
 type Egress struct {
-	cfg Config
-	log *slog.Logger
+	cfg    Config
+	log    *slog.Logger
+	limits Limits
+	open   atomic.Int64 // proxied connections of all sandboxes
 
 	mu    sync.Mutex
 	boxes map[string]*box
@@ -68,6 +72,8 @@ type box struct {
 	policy atomic.Pointer[netpolicy.Compiled]
 	ca     *sandboxCA
 	e      *Egress
+
+	meter meter
 
 	ln     net.Listener
 	dnsUDP *dns.Server
@@ -107,7 +113,7 @@ func New(cfg Config) (*Egress, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("egress state dir: %w", err)
 	}
-	return &Egress{cfg: cfg, log: cfg.Logger, boxes: map[string]*box{}}, nil
+	return &Egress{cfg: cfg, log: cfg.Logger, limits: cfg.Limits.withDefaults(), boxes: map[string]*box{}}, nil
 }
 
 // HostResolvers reads the nameservers of a resolv.conf.
@@ -184,8 +190,12 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p netp
 		pc.Close()
 		return fmt.Errorf("sandbox %s resolver: %w", id, err)
 	}
-	b.dnsUDP = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(b.serveDNS)}
-	b.dnsTCP = &dns.Server{Listener: tl, Handler: dns.HandlerFunc(b.serveDNS), ReadTimeout: 5 * time.Second}
+	b.dnsUDP = &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(b.serveDNS), MsgAcceptFunc: b.allowQuery}
+	b.dnsTCP = &dns.Server{
+		Listener: &limitListener{Listener: tl, sem: make(chan struct{}, e.limits.DNSTCPConns), b: b},
+		Handler:  dns.HandlerFunc(b.serveDNS), MsgAcceptFunc: b.allowQuery,
+		ReadTimeout: 5 * time.Second, IdleTimeout: func() time.Duration { return 5 * time.Second },
+	}
 	b.wg.Add(3)
 	go func() { defer b.wg.Done(); b.dnsUDP.ActivateAndServe() }()
 	go func() { defer b.wg.Done(); b.dnsTCP.ActivateAndServe() }()
@@ -337,6 +347,10 @@ func (b *box) untrack(c net.Conn) {
 
 func (b *box) audit(r audit.Record) {
 	r.Sandbox = b.id
+	// Every relayed connection and request ends in a record with its
+	// bytes: the sandbox's usage of the proxy is counted here.
+	b.meter.bytesOut.Add(r.BytesOut)
+	b.meter.bytesIn.Add(r.BytesIn)
 	b.e.cfg.Audit.Append(r)
 }
 

@@ -40,21 +40,42 @@ import (
 const peekTimeout = 10 * time.Second
 
 func (b *box) accept() {
+	backoff := time.Duration(0)
 	for {
 		c, err := b.ln.Accept()
 		if err != nil {
-			return
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of descriptors (EMFILE, ENFILE) or an aborted
+			// connection: the proxy must outlive it, not stop serving
+			// the sandbox for good. Back off so a full table is not spun on.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			b.e.log.Warn("egress_accept_failed", "sandbox_id", b.id, "error", err)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		tc := c.(*net.TCPConn)
+		release, ok := b.admitConn(tc)
+		if !ok {
+			continue
 		}
 		if !b.track(c) {
+			release()
 			c.Close()
 			return
 		}
 		b.wg.Add(1)
 		go func() {
 			defer b.wg.Done()
+			defer release()
 			defer b.untrack(c)
 			defer c.Close()
-			b.handle(c.(*net.TCPConn))
+			if !b.awaitFirstByte(tc) {
+				return
+			}
+			b.handle(tc)
 		}()
 	}
 }

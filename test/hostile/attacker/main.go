@@ -27,6 +27,9 @@ func main() {
 		fn, ok = poolTable()[os.Args[1]]
 	}
 	if !ok {
+		fn, ok = floods()[os.Args[1]]
+	}
+	if !ok {
 		usage()
 	}
 	fn(os.Args[2:])
