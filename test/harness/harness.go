@@ -438,5 +438,25 @@ func Leaks(d *Daemon) []string {
 			out = append(out, "sandbox dir "+e.Name())
 		}
 	}
+	out = append(out, UIDClaims(d)...)
+	return out
+}
+
+// SlotDir is where daemons claim sandbox host uid ranges (runc.Config
+// SlotDir's default).
+const SlotDir = "/run/berth/uid-slots"
+
+// UIDClaims lists the daemon's claims on host uid ranges: one file per
+// live sandbox, naming the daemon's state dir and the sandbox.
+func UIDClaims(d *Daemon) []string {
+	var out []string
+	ents, _ := os.ReadDir(SlotDir)
+	owner := filepath.Join(d.DataDir, "sandboxes") + "\n"
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(SlotDir, e.Name()))
+		if err == nil && strings.HasPrefix(string(b), owner) {
+			out = append(out, "uid range claim "+e.Name()+" ("+strings.TrimSpace(strings.TrimPrefix(string(b), owner))+")")
+		}
+	}
 	return out
 }
