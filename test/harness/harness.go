@@ -460,3 +460,13 @@ func UIDClaims(d *Daemon) []string {
 	}
 	return out
 }
+
+// Pid returns the daemon's process id, 0 when it is not running.
+func (d *Daemon) Pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
+}
