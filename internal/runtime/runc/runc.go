@@ -36,7 +36,8 @@ type Config struct {
 	// Binary is the OCI runtime CLI; default "runc".
 	Binary string
 	// StateDir holds one directory per sandbox: config.json, rootfs/,
-	// disk.img, disk/.
+	// disk.img, disk/, uid-slot (its uid range) and, while its overlay is
+	// being mounted, lower/ (the idmapped layers).
 	StateDir string
 	// RuncRoot is the runtime's own state directory (runc --root); it must
 	// be distinct per daemon.
