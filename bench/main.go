@@ -11,7 +11,12 @@
 //     (bench/e2b_tti.cjs, needs `npm ci` in test/e2b) against the same flow
 //     through the native Go SDK, on the base template.
 //
+// With -density N it instead holds N idle minimal sandboxes on one daemon
+// (created -density-batch at a time), checks each answers, and reports
+// sandboxes held and host memory per sandbox (bench/density.go).
+//
 // Run as root: go run ./bench [-n 50] [-exec-n 200] [-templates minimal,base] [-e2b=true]
+// or: go run ./bench -density 500 [-density-batch 25]
 package main
 
 import (
@@ -41,9 +46,17 @@ func main() {
 	execN := flag.Int("exec-n", 200, "exec round trips")
 	templates := flag.String("templates", "minimal,base", "templates to measure")
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
+	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
+	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
+	if *density > 0 {
+		if err := runDensity(tb, *density, *batch); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
 	if err := run(tb, *n, *execN, strings.Split(*templates, ","), *e2b); err != nil {
 		tb.Fatalf("%v", err)
 	}

@@ -72,7 +72,7 @@ const chainPrefix = "sbx-"
 // our prefix but no alias (should not happen: the alias is set in the same
 // message that creates the link) is keyed by its name so it is not lost.
 func (n *Network) ownLinks() (map[string]netlink.Link, error) {
-	links, err := netlink.LinkList()
+	links, err := redump(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -234,7 +234,7 @@ func deleteLink(l netlink.Link) error {
 
 // hostAddr returns the link's IPv4 address inside pool.
 func hostAddr(l netlink.Link, pool netip.Prefix) (netip.Addr, bool) {
-	addrs, err := netlink.AddrList(l, netlink.FAMILY_V4)
+	addrs, err := redump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
 		return netip.Addr{}, false
 	}
@@ -284,7 +284,7 @@ func allocateFrom(pool netip.Prefix, id string, used []netip.Prefix) (netip.Pref
 
 func usedPrefixes() ([]netip.Prefix, error) {
 	var used []netip.Prefix
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_V4)
+	addrs, err := redump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
@@ -295,7 +295,9 @@ func usedPrefixes() ([]netip.Prefix, error) {
 	}
 	// Every table, not only main: a policy-routing table may send part of
 	// the pool somewhere else.
-	routes, err := netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	routes, err := redump(func() ([]netlink.Route, error) {
+		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
+	})
 	if err != nil {
 		return nil, fmt.Errorf("list host routes: %w", err)
 	}

@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -23,7 +25,8 @@ import (
 // the same key stack on top of their template's layers instead of running
 // setup again. On disk, under Config.DataDir:
 //
-//	environments/<key>/layer/     the frozen upper dir (ownership shifted)
+//	environments/<key>/layer/     the frozen upper dir, owners moved from
+//	                              the sandbox's uid range to the canonical one
 //	environments/<key>/env.json   what it is; written last, so its presence
 //	                              means the layer is complete
 //
@@ -148,6 +151,19 @@ func (s *Store) AddEnvironment(ctx context.Context, key string, base Template, r
 	if err := cmd.Run(); err != nil {
 		os.RemoveAll(dir)
 		return Environment{}, fmt.Errorf("copy %s into environment %s: %w: %s", src, key, err, strings.TrimSpace(stderr.String()))
+	}
+	// The writable layer's top directory belongs to the sandbox's root:
+	// its owner is the start of the sandbox's host uid range.
+	var st unix.Stat_t
+	if err := unix.Lstat(src, &st); err != nil {
+		os.RemoveAll(dir)
+		return Environment{}, fmt.Errorf("add environment %s: %w", key, err)
+	}
+	if st.Uid != s.cfg.UIDBase {
+		if err := reown(ctx, layer, st.Uid, s.cfg.UIDBase); err != nil {
+			os.RemoveAll(dir)
+			return Environment{}, fmt.Errorf("add environment %s: %w", key, err)
+		}
 	}
 	if err := syncFS(layer); err != nil {
 		os.RemoveAll(dir)

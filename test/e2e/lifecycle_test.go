@@ -99,17 +99,19 @@ func TestIsolation(t *testing.T) {
 			t.Errorf("/proc/self/status lacks %q", want)
 		}
 	}
-	// uid 0 inside maps to an unprivileged host uid.
-	if got := MustRun(t, sb, "cat /proc/self/uid_map"); !strings.Contains(got, "1000000") {
-		t.Errorf("uid_map = %q, want root mapped to the host uid base", got)
-	}
+	// uid 0 inside maps to an unprivileged host uid of the sandbox's own
+	// range, above the canonical range (1000000..1065535) that owns the
+	// template layers; the other sandbox has a different one.
 	pid := MustAgentPid(t, d, sb.ID)
-	hostStatus, err := os.ReadFile("/proc/" + itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
+	uid := hostUID(t, pid)
+	if uid < 1000000+65536 {
+		t.Errorf("sandbox root is host uid %d, want one above the canonical range", uid)
 	}
-	if !strings.Contains(string(hostStatus), "Uid:\t1000000") {
-		t.Errorf("agent's host status does not show uid 1000000:\n%s", hostStatus)
+	if got := MustRun(t, sb, "cat /proc/self/uid_map"); strings.Join(strings.Fields(got), " ") != "0 "+itoa(uid)+" 65536" {
+		t.Errorf("uid_map = %q, want 0 %d 65536", got, uid)
+	}
+	if o := hostUID(t, MustAgentPid(t, d, other.ID)); o == uid {
+		t.Errorf("both sandboxes run as host uid %d", uid)
 	}
 	for _, ns := range []string{"mnt", "pid", "net", "ipc", "uts", "user"} {
 		host, _ := os.Readlink("/proc/self/ns/" + ns)

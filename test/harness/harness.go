@@ -439,6 +439,7 @@ func Leaks(d *Daemon) []string {
 			out = append(out, "sandbox dir "+e.Name())
 		}
 	}
+	out = append(out, UIDClaims(d)...)
 	return out
 }
 
@@ -469,4 +470,33 @@ func userNSHolders(d *Daemon, procs []os.DirEntry) []string {
 		}
 	}
 	return out
+}
+
+// SlotDir is where daemons claim sandbox host uid ranges (runc.Config
+// SlotDir's default).
+const SlotDir = "/run/berth/uid-slots"
+
+// UIDClaims lists the daemon's claims on host uid ranges: one file per
+// live sandbox, naming the daemon's state dir and the sandbox.
+func UIDClaims(d *Daemon) []string {
+	var out []string
+	ents, _ := os.ReadDir(SlotDir)
+	owner := filepath.Join(d.DataDir, "sandboxes") + "\n"
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(SlotDir, e.Name()))
+		if err == nil && strings.HasPrefix(string(b), owner) {
+			out = append(out, "uid range claim "+e.Name()+" ("+strings.TrimSpace(strings.TrimPrefix(string(b), owner))+")")
+		}
+	}
+	return out
+}
+
+// Pid returns the daemon's process id, 0 when it is not running.
+func (d *Daemon) Pid() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cmd == nil || d.cmd.Process == nil {
+		return 0
+	}
+	return d.cmd.Process.Pid
 }

@@ -18,9 +18,10 @@ import (
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
-// Sandbox uid range of the daemon's default config: host uids a sandbox
-// process may have. A process with one of them outside every sandbox
-// cgroup has escaped its sandbox.
+// The daemon's default canonical uid range (uid_base, uid_count): it owns
+// the template layers on disk, and every sandbox's own range lies above
+// it. A process with a uid from uidBase up outside every sandbox cgroup
+// has escaped its sandbox.
 const (
 	uidBase  = 1000000
 	uidCount = 65536
@@ -226,7 +227,7 @@ func outsideProcs() map[string]string {
 				uid, _ = strconv.Atoi(f[1])
 			}
 		}
-		if uid < uidBase || uid >= uidBase+uidCount {
+		if uid < uidBase || uid == 1<<32-1 {
 			continue
 		}
 		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))

@@ -117,68 +117,6 @@ func (r *Runtime) procsDir(id string) string {
 	return filepath.Join(r.cg.controllers["pids"], r.cgroupsPath(id))
 }
 
-// killCgroup SIGKILLs every process in the sandbox's cgroup (setsid and
-// double-forked ones included: cgroup membership cannot be escaped),
-// thawing it first so the signals are delivered, and waits until the
-// cgroup is empty.
-func (r *Runtime) killCgroup(id string) error {
-	dir := r.procsDir(id)
-	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if r.cg.v2 {
-		_ = os.WriteFile(filepath.Join(dir, "cgroup.freeze"), []byte("0"), 0)
-		// cgroup.kill (5.14+) kills the whole subtree atomically,
-		// including processes forked while we would be iterating.
-		_ = os.WriteFile(filepath.Join(dir, "cgroup.kill"), []byte("1"), 0)
-	} else if fz := r.cg.controllers["freezer"]; fz != "" {
-		// cgroup v1 has no cgroup.kill. A fork bomb refills the pids
-		// limit as fast as we kill, so freeze the cgroup (no task can
-		// fork while frozen), queue SIGKILL for every task, then thaw:
-		// each dies before it runs another instruction.
-		state := filepath.Join(fz, r.cgroupsPath(id), "freezer.state")
-		if err := os.WriteFile(state, []byte("FROZEN"), 0); err == nil {
-			waitFrozen(state, 2*time.Second)
-			if pids, err := cgroupProcs(dir); err == nil {
-				for _, pid := range pids {
-					_ = unix.Kill(pid, unix.SIGKILL)
-				}
-			}
-		}
-		_ = os.WriteFile(state, []byte("THAWED"), 0)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids, err := cgroupProcs(dir)
-		if err != nil {
-			return err
-		}
-		if len(pids) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("cgroup %s still has %d processes", dir, len(pids))
-		}
-		for _, pid := range pids {
-			_ = unix.Kill(pid, unix.SIGKILL)
-		}
-		time.Sleep(10 * time.Millisecond) // poll: dying processes leave the cgroup asynchronously
-	}
-}
-
-// waitFrozen polls a v1 freezer until it reports FROZEN or the timeout
-// passes (a task in uninterruptible sleep can hold it in FREEZING).
-func waitFrozen(state string, timeout time.Duration) {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		b, err := os.ReadFile(state)
-		if err != nil || strings.TrimSpace(string(b)) == "FROZEN" {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // cgroupProcs lists the pids in dir and all its descendants.
 func cgroupProcs(dir string) ([]int, error) {
 	var pids []int

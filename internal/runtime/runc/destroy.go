@@ -23,12 +23,13 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	}
 	start := time.Now()
 	phases := phaseTimer{last: start}
+	slot, hasSlot := r.slots.lookup(r.dir(id))
 	var errs []error
 	// Kill first, through the cgroup: it knows every process the sandbox
 	// ever forked (setsid and double-forked ones too), thaws a paused
 	// sandbox so SIGKILL lands, and is much faster than letting runc
 	// poll for its init to die.
-	if err := r.killCgroup(id); err != nil {
+	if err := r.killCgroup(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
 	phases.mark("kill")
@@ -59,6 +60,15 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	phases.mark("remove")
+	// The uid range goes back to the pool last, and only once everything
+	// above worked: processes with its ids must be gone before another
+	// sandbox can get them. A failed destroy keeps the claim for the next
+	// attempt (or the next start's orphan sweep).
+	if len(errs) == 0 {
+		if err := r.slots.release(id, slot, hasSlot); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	r.log.Debug("sandbox destroyed", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("destroy sandbox %s: %w", id, err)

@@ -37,7 +37,8 @@ type Config struct {
 	// Binary is the OCI runtime CLI; default "runc".
 	Binary string
 	// StateDir holds one directory per sandbox: config.json, rootfs/,
-	// disk.img, disk/.
+	// disk.img, disk/, uid-slot (its uid range) and, while its overlay is
+	// being mounted, lower/ (the idmapped layers).
 	StateDir string
 	// RuncRoot is the runtime's own state directory (runc --root); it must
 	// be distinct per daemon.
@@ -45,9 +46,15 @@ type Config struct {
 	// CgroupParent is the cgroup every sandbox's cgroup sits under, e.g.
 	// "berth-<instance>".
 	CgroupParent string
-	// UIDBase and UIDCount map sandbox uids/gids 0..UIDCount-1 to host
-	// UIDBase..; defaults 1000000 and 65536.
+	// UIDBase and UIDCount are the canonical range: template layers on
+	// disk are owned by UIDBase+uid for sandbox uids 0..UIDCount-1. No
+	// sandbox runs in it; each gets its own host range of UIDCount ids
+	// (uidslot.go) and sees the layers through idmapped mounts. Defaults
+	// 1000000 and 65536 (the most allowed).
 	UIDBase, UIDCount uint32
+	// SlotDir holds the host-wide claims on sandbox uid ranges; every
+	// daemon on a host must use the same one. Default /run/berth/uid-slots.
+	SlotDir string
 	// DiskPoolDir, when set, holds formatted disk images kept ready so a
 	// create skips mkfs; it must be on the same filesystem as StateDir and
 	// belongs to this Runtime alone (it is emptied at start).
@@ -70,6 +77,7 @@ type Runtime struct {
 	// RLIMIT_MSGQUEUE (poolRlimits), capped at the daemon's own.
 	sigpending, msgqueue uint64
 	pool                 *diskPool
+	slots                *slots
 }
 
 // New checks the configuration and the host and returns a Runtime.
@@ -82,6 +90,9 @@ func New(cfg Config) (*Runtime, error) {
 	}
 	if cfg.UIDCount == 0 {
 		cfg.UIDCount = 65536
+	}
+	if cfg.SlotDir == "" {
+		cfg.SlotDir = defaultSlotDir
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -113,9 +124,16 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runc: %w", err)
 	}
-	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting(), nofile: nofileLimit(), nsNproc: nprocPerUserNS(kernelRelease())}
+	sl, err := newSlots(cfg.SlotDir, cfg.StateDir, cfg.UIDBase, cfg.UIDCount)
+	if err != nil {
+		return nil, fmt.Errorf("runc: %w", err)
+	}
+	r := &Runtime{cfg: cfg, log: cfg.Logger, cg: cg, swapAcct: cg.swapAccounting(), nofile: nofileLimit(), nsNproc: nprocPerUserNS(kernelRelease()), slots: sl}
 	r.sigpending = cappedRlimit(unix.RLIMIT_SIGPENDING, sigpendingLimit)
 	r.msgqueue = cappedRlimit(unix.RLIMIT_MSGQUEUE, msgqueueLimit)
+	// Claims of a daemon killed between claiming a slot and making (or
+	// after removing) the sandbox's state dir.
+	sl.releaseOrphans(r.dir)
 	if cfg.DiskPoolDir != "" {
 		if cfg.DiskPoolDepth <= 0 {
 			cfg.DiskPoolDepth = 2
@@ -198,10 +216,16 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 			err = errors.Join(err, fmt.Errorf("undo: %w", cerr))
 		}
 	}()
-	if err := r.prepareRootfs(ctx, spec, &phases); err != nil {
+	slot, err := r.slots.claim(id, r.dir(id))
+	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	sp := r.ociSpec(spec, r.rootfs(id))
+	uid := hostBase(slot)
+	phases.mark("uid_slot")
+	if err := r.prepareRootfs(ctx, spec, uid, &phases); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	sp := r.ociSpec(spec, r.rootfs(id), uid)
 	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -262,8 +286,9 @@ func (r *Runtime) validate(s runtime.Spec) error {
 	return nil
 }
 
-// prepareRootfs makes the disk image, mounts it and the overlay on top.
-func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, phases *phaseTimer) error {
+// prepareRootfs makes the disk image, mounts it and the overlay on top,
+// for a sandbox whose root is host uid (and gid) uid.
+func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32, phases *phaseTimer) error {
 	for _, l := range s.Layers {
 		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
 			return fmt.Errorf("layer %q: not a directory: %w", l, errdefs.ErrInvalidArgument)
@@ -274,6 +299,25 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, phases *pha
 	}
 	id := s.ID
 	phases.mark("checks")
+	// The user namespace for the idmapped layers costs a fork (~10 ms):
+	// made while the disk image is prepared, and always collected before
+	// returning.
+	type nsResult struct {
+		f   *os.File
+		err error
+	}
+	nsc := make(chan nsResult, 1)
+	go func() {
+		f, err := usernsFD(r.cfg.UIDBase, uid, r.cfg.UIDCount)
+		nsc <- nsResult{f, err}
+	}()
+	defer func() {
+		if nsc != nil {
+			if res := <-nsc; res.f != nil {
+				res.f.Close()
+			}
+		}
+	}()
 	if r.pool == nil || !r.pool.take(s.DiskBytes, r.image(id)) {
 		if err := makeImage(ctx, r.image(id), s.DiskBytes); err != nil {
 			return err
@@ -295,17 +339,32 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, phases *pha
 		if err := os.Mkdir(d, 0o755); err != nil {
 			return err
 		}
-		if err := os.Chown(d, int(r.cfg.UIDBase), int(r.cfg.UIDBase)); err != nil {
+		if err := os.Chown(d, int(uid), int(uid)); err != nil {
 			return err
 		}
 	}
+	ns := <-nsc
+	nsc = nil
+	if ns.err != nil {
+		return ns.err
+	}
+	lowers, err := mountIdmappedLayers(s.Layers, filepath.Join(r.dir(id), "lower"), ns.f)
+	ns.f.Close()
+	if err != nil {
+		return err
+	}
+	phases.mark("idmap")
 	// The root of the overlay takes the upper dir's mode: 0755 owned by
 	// the sandbox's root.
-	if err := mountOverlay(s.Layers, upper, work, rootfs); err != nil {
+	err = mountOverlay(lowers, upper, work, rootfs)
+	if derr := detachLayers(lowers); err == nil {
+		err = derr
+	}
+	if err != nil {
 		return err
 	}
 	phases.mark("mount_overlay")
-	err := r.writeIdentity(rootfs, s.Hostname)
+	err = r.writeIdentity(rootfs, s.Hostname, int(uid))
 	phases.mark("identity")
 	return err
 }
@@ -314,7 +373,7 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, phases *pha
 // writable layer. Paths are resolved inside the rootfs (RESOLVE_IN_ROOT) so
 // a symlink planted in a template layer cannot redirect the write onto the
 // host.
-func (r *Runtime) writeIdentity(rootfs, hostname string) error {
+func (r *Runtime) writeIdentity(rootfs, hostname string, uid int) error {
 	if hostname == "" {
 		return nil
 	}
@@ -324,7 +383,6 @@ func (r *Runtime) writeIdentity(rootfs, hostname string) error {
 	}
 	defer root.Close()
 	rfd := int(root.Fd())
-	uid := int(r.cfg.UIDBase)
 	if err := unix.Mkdirat(rfd, "etc", 0o755); err == nil {
 		if err := unix.Fchownat(rfd, "etc", uid, uid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("chown /etc: %w", err)
@@ -383,7 +441,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	}
 	defer logf.Close()
 	if spec.BeforeStart == nil {
-		cmd := r.command(ctx, id, "run", "--detach", "--bundle", r.dir(id), id)
+		cmd := r.command(ctx, id, "run", "--detach", "--no-new-keyring", "--bundle", r.dir(id), id)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := runIn(netns, rl, cmd); err != nil {
 			return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
@@ -393,7 +451,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	}
 	// The pid file saves a `runc state` round trip (~20 ms).
 	pidFile := filepath.Join(r.dir(id), "init.pid")
-	cmd := r.command(ctx, id, "create", "--bundle", r.dir(id), "--pid-file", pidFile, id)
+	cmd := r.command(ctx, id, "create", "--no-new-keyring", "--bundle", r.dir(id), "--pid-file", pidFile, id)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := runIn(netns, rl, cmd); err != nil {
 		return fmt.Errorf("runc create: %w%s", err, r.logTail(id))

@@ -87,14 +87,14 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			}
 			return r2
 		},
-		Footprint: runtimetest.Footprint{StateDir: cfg.StateDir, RuncRoot: cfg.RuncRoot, CgroupParent: cfg.CgroupParent},
+		Footprint: runtimetest.Footprint{StateDir: cfg.StateDir, RuncRoot: cfg.RuncRoot, CgroupParent: cfg.CgroupParent, SlotDir: "/run/berth/uid-slots"},
 		Exec: func(ctx context.Context, id string, argv ...string) ([]byte, error) {
 			args := append([]string{"--root", cfg.RuncRoot, "exec", id}, argv...)
 			cmd := exec.CommandContext(ctx, "runc", args...)
 			cmd.WaitDelay = 10 * time.Second
 			return cmd.CombinedOutput()
 		},
-		UIDBase:       uidBase,
+		HostUID:       r.HostUID,
 		HostPidIsInit: true,
 	}
 }

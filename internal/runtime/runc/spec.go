@@ -143,8 +143,9 @@ func kernelRelease() string {
 }
 
 // ociSpec builds the OCI runtime config for one sandbox. rootfs is the
-// host path of its mounted overlay.
-func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
+// host path of its mounted overlay; uid is the first host uid (and gid) of
+// the sandbox's own range.
+func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec {
 	caps := append([]string(nil), capabilities...)
 	nofile := r.nofile
 	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}
@@ -194,8 +195,8 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string) *specs.Spec {
 		Hostname: s.Hostname,
 		Mounts:   r.mounts(s),
 		Linux: &specs.Linux{
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.cfg.UIDBase, Size: r.cfg.UIDCount}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: r.cfg.UIDBase, Size: r.cfg.UIDCount}},
+			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uid, Size: r.cfg.UIDCount}},
+			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uid, Size: r.cfg.UIDCount}},
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},

@@ -46,7 +46,7 @@ func TestOCISpecGolden(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := json.MarshalIndent(r.ociSpec(c.spec, "/state/"+c.spec.ID+"/rootfs"), "", "  ")
+			got, err := json.MarshalIndent(r.ociSpec(c.spec, "/state/"+c.spec.ID+"/rootfs", 1000000), "", "  ")
 			if err != nil {
 				t.Fatal(err)
 			}

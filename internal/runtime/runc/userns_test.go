@@ -28,7 +28,7 @@ func TestIDMaps(t *testing.T) {
 // its rlimits go to runc's own command line.
 func TestJoinSpec(t *testing.T) {
 	r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"}, nofile: 1024, sigpending: 16, msgqueue: 32}
-	sp := r.ociSpec(goldenSpec("/run/netns/x"), "/rootfs")
+	sp := r.ociSpec(goldenSpec("/run/netns/x"), "/rootfs", 1000000)
 	joinUserNS(sp, "/proc/42/ns/user")
 	if got := inheritNetNS(sp); got != "/run/netns/x" {
 		t.Errorf("inheritNetNS = %q", got)

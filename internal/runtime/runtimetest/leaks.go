@@ -19,6 +19,9 @@ type Footprint struct {
 	// CgroupParent is the cgroup every sandbox's cgroup sits under
 	// (without slashes), as in runc.Config.
 	CgroupParent string
+	// SlotDir holds host-wide claims on uid ranges, one file each whose
+	// content is "<StateDir>\n<id>\n" ("" if the backend has none).
+	SlotDir string
 }
 
 // AssertNoLeaks fails t if anything of sandbox id is left on the host: a
@@ -52,6 +55,9 @@ func Leaks(fp Footprint, id string) []string {
 			out = append(out, "runc state "+filepath.Join(fp.RuncRoot, id))
 		}
 	}
+	if fp.SlotDir != "" {
+		out = append(out, slotClaims(fp.SlotDir, fp.StateDir, id)...)
+	}
 	if fp.CgroupParent != "" {
 		cg := "/" + strings.Trim(fp.CgroupParent, "/") + "/" + id
 		for _, m := range cgroupMounts() {
@@ -61,6 +67,19 @@ func Leaks(fp Footprint, id string) []string {
 		}
 		for _, pid := range processesInCgroup(cg) {
 			out = append(out, "process "+pid)
+		}
+	}
+	return out
+}
+
+// slotClaims lists the uid range claims in dir held for id of stateDir.
+func slotClaims(dir, stateDir, id string) []string {
+	var out []string
+	ents, _ := os.ReadDir(dir)
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err == nil && string(b) == stateDir+"\n"+id+"\n" {
+			out = append(out, "uid range claim "+filepath.Join(dir, e.Name()))
 		}
 	}
 	return out

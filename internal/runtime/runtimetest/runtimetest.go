@@ -49,8 +49,9 @@ type Instance struct {
 	// Exec runs argv inside sandbox id and returns its combined output.
 	// Cases that need it are skipped when it is nil.
 	Exec func(ctx context.Context, id string, argv ...string) ([]byte, error)
-	// UIDBase is the host uid the sandbox's root maps to.
-	UIDBase uint32
+	// HostUID returns the host uid (and gid) sandbox id's root maps to.
+	// Every sandbox must get its own.
+	HostUID func(id string) (uint32, error)
 	// HostPidIsInit says State.Pid is the sandbox's init as a host
 	// process (containers), so the suite checks its credentials and
 	// namespaces through /proc.
@@ -88,6 +89,8 @@ func Run(t *testing.T, h Harness) {
 		{"DiskLimit", testDiskLimit},
 		{"MemoryLimit", testMemoryLimit},
 		{"PidsLimit", testPidsLimit},
+		{"DistinctUIDs", testDistinctUIDs},
+		{"DestroyForkBomb", testDestroyForkBomb},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
@@ -184,7 +187,14 @@ func testIsolation(t *testing.T, h Harness) {
 		t.Fatal(err)
 	}
 	status := procStatus(t, st.Pid)
-	uid := fmt.Sprint(inst.UIDBase)
+	hostUID, err := inst.HostUID(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hostUID == 0 {
+		t.Fatalf("sandbox %s root is host root", id)
+	}
+	uid := fmt.Sprint(hostUID)
 	for _, key := range []string{"Uid", "Gid"} {
 		if f := strings.Fields(status[key]); len(f) != 4 || slices.ContainsFunc(f, func(s string) bool { return s != uid }) {
 			t.Errorf("%s of init = %q, want all %s", key, status[key], uid)

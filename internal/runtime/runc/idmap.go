@@ -1,0 +1,119 @@
+package runc
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Template layers are stored once, owned by the canonical range
+// (UIDBase..). Each sandbox sees them through idmapped mounts (Linux 5.12;
+// overlayfs accepts idmapped lower layers since 5.19) that map the
+// canonical range onto the sandbox's slot, so nothing is copied or chowned
+// per sandbox and one sandbox's view of a layer says nothing about
+// another's.
+//
+// The idmapped mounts exist on the host only while the overlay is being
+// mounted: overlayfs takes a private clone of each lower layer's mount, so
+// the attached copies under StateDir/<id>/lower are detached right after.
+// A crash in between leaves them under the sandbox's state dir, where
+// Destroy's unmountAll finds them like any other mount.
+
+// usernsFD returns an open user namespace whose uid and gid maps send
+// inner..inner+count-1 to outer..outer+count-1: the mapping an idmapped
+// mount applies to on-disk ids. The namespace is made by a throwaway child
+// that is stopped (ptrace) at its first instruction after exec, never runs
+// and is killed once its namespace is open. A multithreaded Go process can
+// neither unshare a user namespace nor safely fork without exec.
+func usernsFD(inner, outer, count uint32) (*os.File, error) {
+	m := []syscall.SysProcIDMap{{ContainerID: int(inner), HostID: int(outer), Size: int(count)}}
+	cmd := exec.Command("/proc/self/exe")
+	cmd.Args = []string{"berth-userns"}
+	cmd.Env = []string{}
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:  syscall.CLONE_NEWUSER,
+		UidMappings: m,
+		GidMappings: m,
+		Ptrace:      true,
+		Pdeathsig:   syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("user namespace for idmap: %w", err)
+	}
+	defer func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+	}()
+	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	if err != nil {
+		return nil, fmt.Errorf("user namespace for idmap: %w", err)
+	}
+	return f, nil
+}
+
+// mountIdmappedLayers attaches an idmapped, read-only view of each layer
+// under dir (dir/0, dir/1, …) and returns their paths in the same order.
+func mountIdmappedLayers(layers []string, dir string, userns *os.File) (_ []string, err error) {
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(layers))
+	defer func() {
+		if err != nil {
+			detachLayers(out)
+		}
+	}()
+	for i, l := range layers {
+		target := filepath.Join(dir, strconv.Itoa(i))
+		if err := os.Mkdir(target, 0o700); err != nil {
+			return nil, err
+		}
+		if err := mountIdmapped(l, target, userns); err != nil {
+			return nil, err
+		}
+		out = append(out, target)
+	}
+	return out, nil
+}
+
+func mountIdmapped(src, target string, userns *os.File) error {
+	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("open_tree %s: %w", src, err)
+	}
+	defer unix.Close(fd)
+	attr := unix.MountAttr{
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
+		Userns_fd: uint64(userns.Fd()),
+	}
+	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
+		return fmt.Errorf("idmap %s (needs Linux 5.12+ and a filesystem that supports idmapped mounts): %w", src, err)
+	}
+	if err := unix.MoveMount(fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
+		return fmt.Errorf("move_mount %s: %w", target, err)
+	}
+	return nil
+}
+
+// detachLayers removes the attached idmapped views; an overlay built on
+// them keeps its own private clones.
+func detachLayers(paths []string) error {
+	var errs []error
+	for _, p := range paths {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
+			continue
+		}
+		os.Remove(p)
+	}
+	if len(paths) > 0 {
+		os.Remove(filepath.Dir(paths[0]))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,200 @@
+package hostile
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// TestSandboxUIDs: every sandbox runs as its own host uid range, also
+// across two daemons on one host, so a process of one sandbox that reached
+// another's files or processes would meet the kernel's ordinary uid checks:
+// it can neither read the other's private files nor signal its processes.
+// Each check has a positive control run as the owner's own uid. No kernel
+// key is charged to a sandbox uid (no session keyring per sandbox), and
+// the keyring calls stay denied inside. A SIGKILLed and restarted daemon
+// keeps every sandbox on its range.
+func TestSandboxUIDs(t *testing.T) {
+	l := newLab(t, client.CreateRequest{})
+	other := harness.StartDaemon(t, bin)
+	far := other.Create(t, client.CreateRequest{})
+
+	attacker := sandboxUID(t, l.d, l.sb.ID)
+	neighbour := sandboxUID(t, l.d, l.nb.ID)
+	farUID := sandboxUID(t, other, far.ID)
+	t.Logf("host uids: attacker %d, neighbour %d, other daemon's sandbox %d", attacker, neighbour, farUID)
+	if attacker == neighbour || attacker == farUID || neighbour == farUID {
+		t.Fatalf("sandboxes share a host uid: %d %d %d", attacker, neighbour, farUID)
+	}
+	for _, u := range []int{attacker, neighbour, farUID} {
+		// The canonical range owns the template layers on disk; no
+		// sandbox may run in it.
+		if u < uidBase+uidCount {
+			t.Errorf("sandbox host uid %d is in or below the canonical range %d..%d", u, uidBase, uidBase+uidCount-1)
+		}
+	}
+
+	// Files: the neighbour's private file, seen from the host.
+	harness.MustRun(t, l.nb, "echo private > /secret && chmod 600 /secret")
+	secret := filepath.Join(l.d.DataDir, "sandboxes", l.nb.ID, "disk", "upper", "secret")
+	if out, err := runAs(neighbour, "cat", secret); err != nil || strings.TrimSpace(out) != "private" {
+		t.Fatalf("control: the neighbour's uid reads its own file: %q, %v", out, err)
+	}
+	if out, err := runAs(attacker, "cat", secret); err == nil {
+		t.Errorf("the attacker's uid read the neighbour's private file: %q", out)
+	}
+	// Processes: signal 0 to the neighbour's agent.
+	nbAgent := strconv.Itoa(sandboxPids(t, l.d, l.nb.ID)[0])
+	if out, err := runAs(neighbour, "kill", "-0", nbAgent); err != nil {
+		t.Fatalf("control: the neighbour's uid signals its own agent: %q, %v", out, err)
+	}
+	if out, err := runAs(attacker, "kill", "-0", nbAgent); err == nil {
+		t.Errorf("the attacker's uid may signal the neighbour's agent: %q", out)
+	}
+	// Keys: nothing is charged to any sandbox uid, and the attacker
+	// cannot make a keyring of its own.
+	l.attack(t, "keyctl")
+	users := keyUsers(t)
+	for _, u := range []int{attacker, neighbour, farUID} {
+		if users[u] {
+			t.Errorf("host uid %d has kernel keys (/proc/key-users)", u)
+		}
+	}
+
+	// A SIGKILLed daemon's successor keeps each sandbox on its range.
+	l.d.Kill9()
+	l.d.Start()
+	if got := sandboxUID(t, l.d, l.nb.ID); got != neighbour {
+		t.Errorf("after restart the neighbour runs as %d, want %d", got, neighbour)
+	}
+	harness.MustRun(t, l.nb, "cat /secret")
+	if claims := harness.UIDClaims(l.d); len(claims) != 2 {
+		t.Errorf("uid range claims after restart = %v, want 2", claims)
+	}
+	l.check(t)
+}
+
+// sandboxPids lists the host pids in a sandbox's pids cgroup; the first is
+// its agent (the first process runc put there).
+func sandboxPids(t *testing.T, d *harness.Daemon, id string) []int {
+	t.Helper()
+	for _, f := range []string{"/sys/fs/cgroup/pids", "/sys/fs/cgroup"} {
+		b, err := os.ReadFile(filepath.Join(f, "berth-"+d.Instance, id, "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		var pids []int
+		for _, s := range strings.Fields(string(b)) {
+			if p, err := strconv.Atoi(s); err == nil {
+				pids = append(pids, p)
+			}
+		}
+		if len(pids) > 0 {
+			return pids
+		}
+	}
+	t.Fatalf("no processes found for sandbox %s", id)
+	return nil
+}
+
+// sandboxUID is the host uid of a sandbox's agent: its root's.
+func sandboxUID(t *testing.T, d *harness.Daemon, id string) int {
+	t.Helper()
+	pid := sandboxPids(t, d, id)[0]
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(st), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+			u, _ := strconv.Atoi(f[1])
+			return u
+		}
+	}
+	t.Fatalf("no Uid in /proc/%d/status", pid)
+	return 0
+}
+
+// runAs runs a host command as uid (and gid) uid.
+func runAs(uid int, name string, args ...string) (string, error) {
+	cmd := exec.Command(name, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+// keyUsers returns the host uids with keys charged to them.
+func keyUsers(t *testing.T) map[int]bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/key-users")
+	if err != nil {
+		t.Skipf("no /proc/key-users: %v", err)
+	}
+	out := map[int]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if u, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			if n, err := strconv.Atoi(u); err == nil {
+				out[n] = true
+			}
+		}
+	}
+	return out
+}
+
+// TestForkBombKill: a sandbox whose pids limit a fork bomb keeps full is
+// destroyed every time, through the API and through the CLI, with
+// nothing left on the host.
+func TestForkBombKill(t *testing.T) {
+	d := harness.StartDaemon(t, bin)
+	for i := range 4 {
+		// Half a CPU: the bomb spins, and the host is shared.
+		sb := d.Create(t, client.CreateRequest{CPU: 0.5})
+		got, err := d.Client.Get(t.Context(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The bomb of the issue: processes fork pipelines of copies of
+		// themselves as fast as they can, refilling the pids limit as it
+		// frees up.
+		if _, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "b() { while :; do b & done; }; b 2>/dev/null"}}); err != nil {
+			t.Fatal(err)
+		}
+		current := filepath.Join("/sys/fs/cgroup/pids", "berth-"+d.Instance, sb.ID, "pids.current")
+		if _, err := os.Stat(current); err != nil {
+			current = filepath.Join("/sys/fs/cgroup", "berth-"+d.Instance, sb.ID, "pids.current")
+		}
+		// Forks fail at RLIMIT_NPROC (the pids limit, counted per user
+		// namespace) a little before the pids cgroup refuses them, so
+		// the kernel's pids.events stays silent; its process count is
+		// what tells that the sandbox is full of bomb.
+		harness.WaitFor(t, 2*time.Minute, "the bomb to fill half the pids limit", func() bool {
+			b, err := os.ReadFile(current)
+			n, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+			return err == nil && int64(n) >= got.PIDsLimit/2
+		})
+		t.Logf("round %d: %d processes (limit %d)", i, sandboxProcs(d, sb.ID), got.PIDsLimit)
+		if i%2 == 0 {
+			if err := sb.Kill(t.Context()); err != nil {
+				t.Fatalf("round %d: kill via API: %v", i, err)
+			}
+		} else if o, e, code := d.CLI(t, nil, "kill", sb.ID); code != 0 {
+			t.Fatalf("round %d: berth kill: exit %d\n%s%s", i, code, o, e)
+		}
+		if n := sandboxProcs(d, sb.ID); n > 0 {
+			t.Errorf("round %d: %d processes left after kill", i, n)
+		}
+		harness.AssertNoLeaks(t, d)
+	}
+}
