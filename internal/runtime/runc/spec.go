@@ -69,8 +69,8 @@ func nofileLimit() uint64 {
 //
 // RLIMIT_NPROC is set only where the kernel counts it per user namespace
 // (Linux 5.14 and later, ucounts): before that it counted processes per
-// host uid, and every sandbox's uid 0 is the same host uid (UIDBase), so
-// one sandbox's processes would use up every other sandbox's allowance.
+// host uid, where a sandbox would also count the processes of whatever
+// else runs as its uids (a daemon of an older Berth on the same range).
 // Set to the pids limit it is a second wall behind the pids cgroup, for a
 // host whose pids controller is missing or misconfigured.
 func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
