@@ -35,6 +35,9 @@ type Record struct {
 	Reason   string `json:"reason,omitempty"`
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
+	// Count, when above 1, is how many attempts this one record stands
+	// for (the firewall's refusals to one destination, aggregated).
+	Count int `json:"count,omitempty"`
 }
 
 // Denied reports whether the record is a denial.
@@ -120,9 +123,13 @@ func (l *Log) Close(id string) { l.files.Close(id) }
 // Filter selects records.
 type Filter struct {
 	DeniedOnly bool
+	// Since, when set, keeps records from that time on.
+	Since time.Time
 }
 
-func (f Filter) match(r Record) bool { return !f.DeniedOnly || r.Denied() }
+func (f Filter) match(r Record) bool {
+	return (!f.DeniedOnly || r.Denied()) && (f.Since.IsZero() || !r.Time.Before(f.Since))
+}
 
 // Read returns the sandbox's records, oldest first, including rotated
 // files. An unknown sandbox has no records (not an error).
