@@ -207,7 +207,7 @@ func (f *firewall) policyRules(chain string, hostIP netip.Addr, mode Mode) [][]e
 	if mode != ModeNone && mode != "" {
 		rules = f.openRules(chain, hostIP)
 	}
-	return append(rules, f.refuse(chain, logReasonPolicy, nil)...)
+	return append(rules, f.refuse(chain, logReasonPolicy, 0, nil)...)
 }
 
 // Log prefixes name the sandbox chain and why the packet was refused.
@@ -226,10 +226,10 @@ const (
 )
 
 // refuse is the rules that log (rate-limited) and reject the packets match
-// selects: a TCP reset for TCP, ICMP port unreachable for UDP (so a
-// resolver or QUIC client gives up at once), admin-prohibited otherwise.
-func (f *firewall) refuse(chain, reason string, match []expr.Any) [][]expr.Any {
-	var rules [][]expr.Any
+// selects (of IP protocol proto; 0 for any): a TCP reset for TCP, ICMP port
+// unreachable for UDP (so a resolver or QUIC client gives up at once),
+// admin-prohibited otherwise.
+func (f *firewall) refuse(chain, reason string, proto byte, match []expr.Any) [][]expr.Any {
 	logged := append(slices.Clone(match), &expr.Counter{})
 	if f.logGroup != 0 {
 		logged = append(logged,
@@ -238,18 +238,25 @@ func (f *firewall) refuse(chain, reason string, match []expr.Any) [][]expr.Any {
 				Group: f.logGroup, Snaplen: logSnaplen, Data: []byte(chain + " " + reason)},
 		)
 	}
-	rules = append(rules, logged)
-	l4 := func(proto byte) []expr.Any {
+	tcpReset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
+	portUnreach := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}
+	switch proto {
+	case unix.IPPROTO_TCP:
+		return [][]expr.Any{logged, append(slices.Clone(match), tcpReset)}
+	case unix.IPPROTO_UDP:
+		return [][]expr.Any{logged, append(slices.Clone(match), portUnreach)}
+	}
+	l4 := func(proto byte, r expr.Any) []expr.Any {
 		return append(slices.Clone(match),
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}})
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}}, r)
 	}
-	rules = append(rules,
-		append(l4(unix.IPPROTO_TCP), &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}),
-		append(l4(unix.IPPROTO_UDP), &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}),
+	return [][]expr.Any{
+		logged,
+		l4(unix.IPPROTO_TCP, tcpReset),
+		l4(unix.IPPROTO_UDP, portUnreach),
 		append(slices.Clone(match), &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}),
-	)
-	return rules
+	}
 }
 
 // openRules let DNS to the sandbox's resolver and new TCP connections (to
@@ -279,9 +286,9 @@ func (f *firewall) openRules(chain string, hostIP netip.Addr) [][]expr.Any {
 	}
 	rules := [][]expr.Any{toHost(unix.IPPROTO_UDP, 53), toHost(unix.IPPROTO_TCP, 53)}
 	// DNS to anyone else, and DNS-over-TLS.
-	rules = append(rules, f.refuse(chain, logReasonDNS, port(unix.IPPROTO_UDP, 53))...)
-	rules = append(rules, f.refuse(chain, logReasonDNS, port(unix.IPPROTO_TCP, 53))...)
-	rules = append(rules, f.refuse(chain, logReasonDNS, port(unix.IPPROTO_TCP, 853))...)
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_UDP, port(unix.IPPROTO_UDP, 53))...)
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 53))...)
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 853))...)
 	// Only a connection's opening SYN: a stray mid-stream segment
 	// conntrack would call new must not be redirected or let through.
 	return append(rules, []expr.Any{
