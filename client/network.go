@@ -51,6 +51,27 @@ type NetworkRecord struct {
 	Reason   string    `json:"reason,omitempty"`
 	BytesOut int64     `json:"bytes_out"`
 	BytesIn  int64     `json:"bytes_in"`
+	// Count, when above 1, is how many attempts the record stands for
+	// (firewall refusals to one destination, aggregated).
+	Count int `json:"count,omitempty"`
+}
+
+// NetworkLogFilter selects egress decisions.
+type NetworkLogFilter struct {
+	// Denied keeps denials only.
+	Denied bool
+	// Since, when set, keeps records from that time on.
+	Since time.Time
+}
+
+func (f NetworkLogFilter) query(q url.Values) url.Values {
+	if f.Denied {
+		q.Set("denied", "true")
+	}
+	if !f.Since.IsZero() {
+		q.Set("since", f.Since.UTC().Format(time.RFC3339Nano))
+	}
+	return q
 }
 
 // NetworkPolicy returns a running sandbox's egress policy.
@@ -81,17 +102,19 @@ func (c *Client) SetNetworkPolicy(ctx context.Context, id string, p NetworkPolic
 
 // NetworkLog returns a sandbox's egress decisions, oldest first.
 func (c *Client) NetworkLog(ctx context.Context, id string, deniedOnly bool) ([]NetworkRecord, error) {
+	return c.NetworkLogFiltered(ctx, id, NetworkLogFilter{Denied: deniedOnly})
+}
+
+// NetworkLogFiltered returns the sandbox's egress decisions f selects,
+// oldest first.
+func (c *Client) NetworkLogFiltered(ctx context.Context, id string, f NetworkLogFilter) ([]NetworkRecord, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
 	var out struct {
 		Records []NetworkRecord `json:"records"`
 	}
-	q := url.Values{}
-	if deniedOnly {
-		q.Set("denied", "true")
-	}
-	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", f.query(url.Values{}), nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Records, nil
@@ -100,14 +123,15 @@ func (c *Client) NetworkLog(ctx context.Context, id string, deniedOnly bool) ([]
 // FollowNetworkLog calls fn for every decision, past and future, until
 // ctx ends or fn fails.
 func (c *Client) FollowNetworkLog(ctx context.Context, id string, deniedOnly bool, fn func(NetworkRecord) error) error {
+	return c.FollowNetworkLogFiltered(ctx, id, NetworkLogFilter{Denied: deniedOnly}, fn)
+}
+
+// FollowNetworkLogFiltered is FollowNetworkLog for the decisions f selects.
+func (c *Client) FollowNetworkLogFiltered(ctx context.Context, id string, f NetworkLogFilter, fn func(NetworkRecord) error) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	q := url.Values{"follow": {"true"}}
-	if deniedOnly {
-		q.Set("denied", "true")
-	}
-	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil)
+	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+"/network/log", f.query(url.Values{"follow": {"true"}}), nil)
 	if err != nil {
 		return err
 	}

@@ -380,8 +380,5 @@ func dropRecord(d netpolicy.Drop) audit.Record {
 	default:
 		r.Reason = "refused by the firewall (mode or policy)"
 	}
-	if d.Count > 1 {
-		r.Reason += fmt.Sprintf("; %d attempts", d.Count)
-	}
 	return r
 }
