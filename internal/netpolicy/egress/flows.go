@@ -23,8 +23,10 @@ type flow struct {
 	ip     netip.Addr
 	port   uint16
 	proto  string
-	client net.Conn
-	up     net.Conn
+	// passthrough: TLS relayed unread, so HTTP rules could not see it.
+	passthrough bool
+	client      net.Conn
+	up          net.Conn
 }
 
 // flows are a box's open proxied connections.
@@ -50,18 +52,42 @@ func (b *box) addFlow(f *flow) func() {
 // allowedUnder reports whether pol would still let f through, and if not,
 // the decision that refuses it.
 func (b *box) allowedUnder(pol *netpolicy.Compiled, f *flow) (netpolicy.Decision, bool) {
+	var d netpolicy.Decision
 	if f.name == "" {
-		d := pol.DecideAddr(f.ip, f.port)
-		return d, d.Allow
+		if d = pol.DecideAddr(f.ip, f.port); !d.Allow {
+			return d, false
+		}
+	} else {
+		if d = pol.DecideName(f.name); !d.Allow {
+			return d, false
+		}
+		if dd, denied := pol.DeniedAddr(f.ip, f.port); denied {
+			return dd, false
+		}
 	}
-	d := pol.DecideName(f.name)
-	if !d.Allow {
-		return d, false
-	}
-	if dd, denied := pol.DeniedAddr(f.ip, f.port); denied {
-		return dd, false
+	// TLS relayed unread to a name (or an address of a name) that now has
+	// HTTP rules would carry requests those rules never see.
+	if f.passthrough {
+		if f.name != "" && pol.Ruled(f.name) {
+			return netpolicy.Decision{Rule: d.Rule}, false
+		}
+		if ruled, ok := b.knownRuled(pol, f.ip); ok {
+			return netpolicy.Decision{Rule: "http rules for " + ruled}, false
+		}
 	}
 	return d, true
+}
+
+// knownRuled returns the ruled name ip was last seen to serve, if pol
+// still has rules for it (no lookups: the cache only).
+func (b *box) knownRuled(pol *netpolicy.Compiled, ip netip.Addr) (string, bool) {
+	b.ruled.mu.Lock()
+	defer b.ruled.mu.Unlock()
+	v, ok := b.ruled.addrs[ip.Unmap()]
+	if ok && time.Now().Before(v.until) && pol.Ruled(v.name) {
+		return v.name, true
+	}
+	return "", false
 }
 
 // enforce closes the flows pol refuses and records each as a denial.

@@ -308,7 +308,7 @@ func (b *box) relayTo(client net.Conn, rec audit.Record, d netpolicy.Decision, a
 		ip = ra.Addr().Unmap()
 		rec.IP = ip.String()
 	}
-	f := &flow{name: rec.Name, ip: ip, port: port, proto: rec.Proto, client: client, up: up}
+	f := &flow{name: rec.Name, ip: ip, port: port, proto: rec.Proto, passthrough: rec.Proto == "tls", client: client, up: up}
 	if _, literal := netip.ParseAddr(strings.Trim(rec.Name, "[]")); literal == nil {
 		f.name = ""
 	}
