@@ -19,10 +19,10 @@ import (
 
 // flow is one open proxied connection, with what it was decided on.
 type flow struct {
-	name   string // SNI or Host; "" when decided by address
-	ip     netip.Addr
-	port   uint16
-	proto  string
+	name  string // SNI or Host; "" when decided by address
+	ip    netip.Addr
+	port  uint16
+	proto string
 	// passthrough: TLS relayed unread, so HTTP rules could not see it.
 	passthrough bool
 	client      net.Conn
