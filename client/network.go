@@ -86,9 +86,10 @@ func (c *Client) NetworkPolicy(ctx context.Context, id string) (*NetworkPolicy, 
 	return &p, nil
 }
 
-// SetNetworkPolicy replaces a running sandbox's egress policy; new
-// connections follow it at once. A bad entry fails with invalid_argument
-// naming it, and the old policy stays.
+// SetNetworkPolicy replaces a running sandbox's egress policy. It is a
+// kill switch: new connections and every further HTTP request follow it at
+// once, and open connections it refuses are closed. A bad entry fails with
+// invalid_argument naming it, and the old policy stays.
 func (c *Client) SetNetworkPolicy(ctx context.Context, id string, p NetworkPolicy) (*NetworkPolicy, error) {
 	if err := checkID(id); err != nil {
 		return nil, err

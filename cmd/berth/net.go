@@ -146,7 +146,7 @@ func newNetSetCmd(a *app) *cobra.Command {
 	var pf policyFlags
 	cmd := &cobra.Command{
 		Use:   "set ID",
-		Short: "Replace a running sandbox's egress policy (applies to new connections at once)",
+		Short: "Replace a running sandbox's egress policy at once (a kill switch: open connections it refuses are closed)",
 		Args:  exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := pf.build(cmd.Flags(), func() ([]byte, error) { return io.ReadAll(a.in) })
