@@ -138,6 +138,11 @@ func TestEgressHostile(t *testing.T) {
 	waitRecord(t, env.d, open.ID, "denying the NAT64 form by the IPv4 rule", func(r client.NetworkRecord) bool {
 		return strings.Trim(r.Name, "[]") == nat64(ip2) && r.Decision == "deny" && r.Rule == "deny "+ip2
 	})
+	// … and so is a name whose only answer (AAAA) is one.
+	expect(t, open, "http nat64.test -connect "+ip1+":80", 2, "403")
+	waitRecord(t, env.d, open.ID, "denying a name that resolves to the NAT64 form", func(r client.NetworkRecord) bool {
+		return r.Name == "nat64.test" && r.Decision == "deny" && strings.Contains(r.Reason, "deny "+ip2)
+	})
 }
 
 // TestEgressKillSwitch: a policy change reaches open connections: every
