@@ -1,6 +1,7 @@
 package netpolicy
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"sync"
@@ -33,6 +34,27 @@ func TestDropLog(t *testing.T) {
 	if err := dialFrom(a.NetNSPath, target.String(), 5*time.Second); err == nil {
 		t.Fatal("sandbox connected in mode none")
 	}
+	// ICMP (an echo request), before the flood below uses up the
+	// logging burst.
+	err = inNetns(a.NetNSPath, func() error {
+		c, err := net.Dial("ip4:icmp", a.HostIP.String())
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		echo := []byte{8, 0, 0, 0, 0x12, 0x34, 0, 1}
+		sum := 0
+		for i := 0; i < len(echo); i += 2 {
+			sum += int(echo[i])<<8 | int(echo[i+1])
+		}
+		sum = (sum >> 16) + (sum & 0xffff)
+		echo[2], echo[3] = ^byte(sum>>8), ^byte(sum)
+		_, err = c.Write(echo)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	err = inNetns(a.NetNSPath, func() error {
 		c, err := net.Dial("udp4", netip.AddrPortFrom(a.HostIP, 443).String())
 		if err != nil {
@@ -63,14 +85,16 @@ func TestDropLog(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"tcp " + target.String() + " policy": false, "udp " + a.HostIP.String() + ":443 policy": false, "udp 198.51.100.77:53 dns": false}
+	want := map[string]bool{"tcp " + target.String() + " policy": false, "udp " + a.HostIP.String() + ":443 policy": false, "udp 198.51.100.77:53 dns": false, "icmp " + netip.AddrPortFrom(a.HostIP, 0).String() + " policy": false}
 	deadline := time.After(30 * time.Second)
 	for missing := len(want); missing > 0; {
 		select {
 		case <-ch:
 		case <-deadline:
 			mu.Lock()
-			t.Fatalf("drops seen: %+v; want %v", got, want)
+			seen := fmt.Sprintf("%+v", got)
+			mu.Unlock()
+			t.Fatalf("drops seen: %s; want %v", seen, want)
 		}
 		mu.Lock()
 		missing = 0
