@@ -52,10 +52,28 @@ type NetworkRecord struct {
 	BytesOut int64     `json:"bytes_out"`
 	BytesIn  int64     `json:"bytes_in"`
 	// Count, when set, is how many decisions the record stands for
-	// (repeats aggregated, or decisions over the audit rate limit), from
-	// Time to Last.
+	// (repeats aggregated, firewall refusals to one destination, or
+	// decisions over the audit rate limit), from Time to Last.
 	Count int64     `json:"count,omitempty"`
 	Last  time.Time `json:"last,omitzero"`
+}
+
+// NetworkLogFilter selects egress decisions.
+type NetworkLogFilter struct {
+	// Denied keeps denials only.
+	Denied bool
+	// Since, when set, keeps records from that time on.
+	Since time.Time
+}
+
+func (f NetworkLogFilter) query(q url.Values) url.Values {
+	if f.Denied {
+		q.Set("denied", "true")
+	}
+	if !f.Since.IsZero() {
+		q.Set("since", f.Since.UTC().Format(time.RFC3339Nano))
+	}
+	return q
 }
 
 // NetworkPolicy returns a running sandbox's egress policy.
@@ -70,9 +88,10 @@ func (c *Client) NetworkPolicy(ctx context.Context, id string) (*NetworkPolicy, 
 	return &p, nil
 }
 
-// SetNetworkPolicy replaces a running sandbox's egress policy; new
-// connections follow it at once. A bad entry fails with invalid_argument
-// naming it, and the old policy stays.
+// SetNetworkPolicy replaces a running sandbox's egress policy. It is a
+// kill switch: new connections and every further HTTP request follow it at
+// once, and open connections it refuses are closed. A bad entry fails with
+// invalid_argument naming it, and the old policy stays.
 func (c *Client) SetNetworkPolicy(ctx context.Context, id string, p NetworkPolicy) (*NetworkPolicy, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
@@ -86,17 +105,19 @@ func (c *Client) SetNetworkPolicy(ctx context.Context, id string, p NetworkPolic
 
 // NetworkLog returns a sandbox's egress decisions, oldest first.
 func (c *Client) NetworkLog(ctx context.Context, id string, deniedOnly bool) ([]NetworkRecord, error) {
+	return c.NetworkLogFiltered(ctx, id, NetworkLogFilter{Denied: deniedOnly})
+}
+
+// NetworkLogFiltered returns the sandbox's egress decisions f selects,
+// oldest first.
+func (c *Client) NetworkLogFiltered(ctx context.Context, id string, f NetworkLogFilter) ([]NetworkRecord, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
 	var out struct {
 		Records []NetworkRecord `json:"records"`
 	}
-	q := url.Values{}
-	if deniedOnly {
-		q.Set("denied", "true")
-	}
-	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", f.query(url.Values{}), nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Records, nil
@@ -105,14 +126,15 @@ func (c *Client) NetworkLog(ctx context.Context, id string, deniedOnly bool) ([]
 // FollowNetworkLog calls fn for every decision, past and future, until
 // ctx ends or fn fails.
 func (c *Client) FollowNetworkLog(ctx context.Context, id string, deniedOnly bool, fn func(NetworkRecord) error) error {
+	return c.FollowNetworkLogFiltered(ctx, id, NetworkLogFilter{Denied: deniedOnly}, fn)
+}
+
+// FollowNetworkLogFiltered is FollowNetworkLog for the decisions f selects.
+func (c *Client) FollowNetworkLogFiltered(ctx context.Context, id string, f NetworkLogFilter, fn func(NetworkRecord) error) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	q := url.Values{"follow": {"true"}}
-	if deniedOnly {
-		q.Set("denied", "true")
-	}
-	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+"/network/log", q, nil)
+	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+"/network/log", f.query(url.Values{"follow": {"true"}}), nil)
 	if err != nil {
 		return err
 	}

@@ -66,9 +66,23 @@ type Sandbox struct {
 	Deadline    time.Time         `json:"deadline"`
 	Reason      string            `json:"reason,omitempty"`
 	Usage       *Usage            `json:"usage,omitempty"`
+	// Network is where a live sandbox sits on the host's network (get and
+	// inspect only).
+	Network *SandboxNetwork `json:"network,omitempty"`
 
 	c    *Client
 	user string
+}
+
+// SandboxNetwork is a sandbox's network as the host sees it.
+type SandboxNetwork struct {
+	// Address is the sandbox's own address (its eth0).
+	Address string `json:"address"`
+	// Gateway is the host side of its veth: its route out, resolver and
+	// egress proxy.
+	Gateway string `json:"gateway"`
+	// HostLink is the host-side interface of its veth.
+	HostLink string `json:"host_link"`
 }
 
 // Event types.

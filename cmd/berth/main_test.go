@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -200,6 +201,26 @@ func TestHumanBytes(t *testing.T) {
 	for _, tt := range tests {
 		if got := humanBytes(tt.n); got != tt.want {
 			t.Errorf("humanBytes(%d) = %q, want %q", tt.n, got, tt.want)
+		}
+	}
+}
+
+// TestConfigKeysDocumented: serve --help lists every config key (from
+// daemon.Config's tags) and so must the README.
+func TestConfigKeysDocumented(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := configKeys()
+	for _, want := range []string{"listen", "dns_upstream", "public_test_nets", "egress_ca_file", "commit_author"} {
+		if !slices.Contains(keys, want) {
+			t.Errorf("configKeys() = %v, lacks %s", keys, want)
+		}
+	}
+	for _, k := range keys {
+		if !strings.Contains(string(readme), "`"+k+"`") {
+			t.Errorf("README does not list config key %s", k)
 		}
 	}
 }

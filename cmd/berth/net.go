@@ -146,7 +146,7 @@ func newNetSetCmd(a *app) *cobra.Command {
 	var pf policyFlags
 	cmd := &cobra.Command{
 		Use:   "set ID",
-		Short: "Replace a running sandbox's egress policy (applies to new connections at once)",
+		Short: "Replace a running sandbox's egress policy at once (a kill switch: open connections it refuses are closed)",
 		Args:  exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			p, err := pf.build(cmd.Flags(), func() ([]byte, error) { return io.ReadAll(a.in) })
@@ -173,6 +173,7 @@ func newNetSetCmd(a *app) *cobra.Command {
 
 func newNetLogCmd(a *app) *cobra.Command {
 	var follow, denied, asJSON bool
+	var since string
 	cmd := &cobra.Command{
 		Use:   "log ID",
 		Short: "Print a sandbox's egress decisions",
@@ -202,19 +203,28 @@ func newNetLogCmd(a *app) *cobra.Command {
 					reason = " (" + r.Reason + ")"
 				}
 				times := ""
-				if r.Count > 0 {
+				switch {
+				case r.Count > 0 && !r.Last.IsZero():
 					// One line for many decisions (aggregated or over
 					// the audit rate limit).
 					times = fmt.Sprintf("  x%d until %s", r.Count, r.Last.Local().Format(time.RFC3339))
+				case r.Count > 1:
+					times = fmt.Sprintf("  x%d", r.Count)
 				}
 				_, err := fmt.Fprintf(a.out, "%s  %-5s %-5s %s%s  [%s]%s  out=%d in=%d%s\n",
 					r.Time.Local().Format(time.RFC3339), r.Decision, r.Proto, dest, req, r.Rule, reason, r.BytesOut, r.BytesIn, times)
 				return err
 			}
-			if follow {
-				return c.FollowNetworkLog(cmd.Context(), args[0], denied, print)
+			f := client.NetworkLogFilter{Denied: denied}
+			if since != "" {
+				if f.Since, err = parseSince(since, time.Now()); err != nil {
+					return err
+				}
 			}
-			recs, err := c.NetworkLog(cmd.Context(), args[0], denied)
+			if follow {
+				return c.FollowNetworkLogFiltered(cmd.Context(), args[0], f, print)
+			}
+			recs, err := c.NetworkLogFiltered(cmd.Context(), args[0], f)
 			if err != nil {
 				return err
 			}
@@ -228,10 +238,22 @@ func newNetLogCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new decisions")
 	cmd.Flags().BoolVar(&denied, "denied", false, "only denials")
+	cmd.Flags().StringVar(&since, "since", "", "only decisions from this time on (RFC 3339, or a duration back from now such as 10m)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON record per line")
 	return cmd
 }
 
 func newNetSuggestCmd(a *app) *cobra.Command {
 	return newPolicyPrintCmd(a, "suggest ID", "Print the smallest allow policy covering what the sandbox was denied (feed it to net set --net-policy)", (*client.Client).SuggestNetworkPolicy)
+}
+
+// parseSince reads --since: an RFC 3339 time, or a duration back from now.
+func parseSince(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, invalidf("--since %q: want an RFC 3339 time or a duration such as 10m", v)
 }

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -32,9 +34,7 @@ func newServeCmd() *cobra.Command {
 templates in --data-dir, runc for isolation, the API on --listen.
 
 Settings come from the built-in defaults, then --config (a YAML or JSON file
-whose keys are listen, data_dir, cache_dir, instance, agent_path, runtime,
-pool, uid_base, uid_count, debian_mirror, default_template, e2b_domain), then
-flags.
+whose keys are ` + strings.Join(configKeys(), ", ") + `), then flags.
 SIGTERM or SIGINT stops the daemon; running sandboxes keep running and are
 re-adopted when it starts again.`,
 		Args: cobra.NoArgs,
@@ -95,4 +95,18 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
+}
+
+// configKeys are the config file's keys, read from daemon.Config's tags so
+// the help never misses one.
+func configKeys() []string {
+	var keys []string
+	t := reflect.TypeFor[daemon.Config]()
+	for i := range t.NumField() {
+		name, _, _ := strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+		if name != "" && name != "-" {
+			keys = append(keys, name)
+		}
+	}
+	return keys
 }

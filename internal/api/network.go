@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
@@ -107,6 +108,14 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("denied", fmt.Errorf("denied %q: want true or false: %w", v, errdefs.ErrInvalidArgument)))
 		return
 	}
+	if v := q.Get("since"); v != "" {
+		since, err := parseSince(v, time.Now())
+		if err != nil {
+			writeError(w, badField("since", err))
+			return
+		}
+		f.Since = since
+	}
 	switch v := q.Get("follow"); v {
 	case "", "false", "0":
 		recs, err := nm.NetworkLog(r.Context(), id, f)
@@ -155,4 +164,16 @@ func (s *Server) suggestNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, p)
+}
+
+// parseSince reads a log's since parameter: an RFC 3339 time, or a
+// duration (such as 10m) back from now.
+func parseSince(v string, now time.Time) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(v); err == nil && d >= 0 {
+		return now.Add(-d), nil
+	}
+	return time.Time{}, fmt.Errorf("since %q: want an RFC 3339 time or a duration such as 10m: %w", v, errdefs.ErrInvalidArgument)
 }

@@ -72,6 +72,14 @@ type sandboxJSON struct {
 	EndedAt     string            `json:"ended_at,omitempty"`
 	Reason      string            `json:"reason,omitempty"`
 	Usage       *usageJSON        `json:"usage,omitempty"`
+	Network     *networkJSON      `json:"network,omitempty"`
+}
+
+// networkJSON is where a live sandbox sits on the host's network.
+type networkJSON struct {
+	Address  string `json:"address"`
+	Gateway  string `json:"gateway"`
+	HostLink string `json:"host_link"`
 }
 
 func toJSON(s sandbox.Sandbox) sandboxJSON {
@@ -82,6 +90,9 @@ func toJSON(s sandbox.Sandbox) sandboxJSON {
 		Env: s.Env, Labels: s.Labels,
 		CreatedAt: rfc3339(s.CreatedAt), Deadline: rfc3339(s.Deadline), EndedAt: rfc3339(s.EndedAt),
 		Reason: s.Reason,
+	}
+	if n := s.Network; n != nil {
+		out.Network = &networkJSON{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
 	}
 	if s.Usage != nil {
 		out.Usage = &usageJSON{

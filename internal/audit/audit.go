@@ -41,8 +41,9 @@ type Record struct {
 	BytesOut int64  `json:"bytes_out"`
 	BytesIn  int64  `json:"bytes_in"`
 	// Count, when set, is how many decisions this one record stands for:
-	// repeats of an identical decision (aggregated) or decisions over the
-	// rate limit (Proto "audit", Rule "rate-limit"), from Time to Last.
+	// repeats of an identical decision (aggregated), the firewall's
+	// refusals to one destination, or decisions over the rate limit
+	// (Proto "audit", Rule "rate-limit"), from Time to Last.
 	Count int64     `json:"count,omitempty"`
 	Last  time.Time `json:"last,omitzero"`
 }
@@ -196,9 +197,13 @@ func (l *Log) CloseAll() {
 // Filter selects records.
 type Filter struct {
 	DeniedOnly bool
+	// Since, when set, keeps records from that time on.
+	Since time.Time
 }
 
-func (f Filter) match(r Record) bool { return !f.DeniedOnly || r.Denied() }
+func (f Filter) match(r Record) bool {
+	return (!f.DeniedOnly || r.Denied()) && (f.Since.IsZero() || !r.Time.Before(f.Since))
+}
 
 // Read returns the sandbox's records, oldest first, including rotated
 // files. An unknown sandbox has no records (not an error).

@@ -168,7 +168,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if _, err := tpl.Ensure(ctx, "minimal", io.Discard); err != nil {
 		return fmt.Errorf("build template minimal: %w", err)
 	}
-	netw, err := netpolicy.New(ctx, netpolicy.Config{Instance: cfg.Instance, Pool: pool, Logger: log.With("component", "netpolicy")})
+	auditLog, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
+	if err != nil {
+		return err
+	}
+	// Last, after the egress services and the drop log stop: their final
+	// summaries are written.
+	defer auditLog.CloseAll()
+	// The firewall's own refusals (UDP, ICMP, foreign DNS, all of mode
+	// none) reach the audit log through NFLOG.
+	drops, err := netpolicy.OpenDropLog(netpolicy.DropLogConfig{Instance: cfg.Instance, Logger: log.With("component", "droplog")},
+		func(d netpolicy.Drop) { auditLog.Append(dropRecord(d)) })
+	if err != nil {
+		return err
+	}
+	defer drops.Close()
+	netw, err := netpolicy.New(ctx, netpolicy.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), Logger: log.With("component", "netpolicy")})
 	if err != nil {
 		return err
 	}
@@ -181,12 +196,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	} else {
 		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
 	}
-	egress, auditLog, err := newEgress(cfg, netw.ProxyPort(), log)
+	egress, err := newEgress(cfg, netw.ProxyPort(), auditLog, log)
 	if err != nil {
 		return err
 	}
-	// After the egress services stop: their last summaries are written.
-	defer auditLog.CloseAll()
 	defer egress.Close()
 	rt, err := runc.New(runc.Config{
 		Binary:       cfg.RuntimeBinary,
@@ -341,13 +354,13 @@ func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
 	return sandbox.DaemonUsage(u), ok
 }
 
-// newEgress builds the audit log and the egress services from cfg.
-func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, *audit.Log, error) {
+// newEgress builds the egress services from cfg.
+func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
 	guard := &netpolicy.Guard{}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
-			return nil, nil, fmt.Errorf("public_test_nets %q: %w", s, err)
+			return nil, fmt.Errorf("public_test_nets %q: %w", s, err)
 		}
 		guard.Public = append(guard.Public, p.Masked())
 	}
@@ -355,18 +368,14 @@ func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, 
 	if cfg.EgressCAFile != "" {
 		pem, err := os.ReadFile(cfg.EgressCAFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("egress_ca_file: %w", err)
+			return nil, fmt.Errorf("egress_ca_file: %w", err)
 		}
 		if roots, err = x509.SystemCertPool(); err != nil {
 			roots = x509.NewCertPool()
 		}
 		if !roots.AppendCertsFromPEM(pem) {
-			return nil, nil, fmt.Errorf("egress_ca_file %s: no PEM certificates", cfg.EgressCAFile)
+			return nil, fmt.Errorf("egress_ca_file %s: no PEM certificates", cfg.EgressCAFile)
 		}
-	}
-	al, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
-	if err != nil {
-		return nil, nil, err
 	}
 	eg, err := egress.New(egress.Config{
 		StateDir:      filepath.Join(cfg.DataDir, "egress"),
@@ -378,7 +387,22 @@ func newEgress(cfg Config, proxyPort uint16, log *slog.Logger) (*egress.Egress, 
 		Logger:        log.With("component", "egress"),
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	return eg, al, nil
+	return eg, nil
+}
+
+// dropRecord is the audit record of a firewall refusal.
+func dropRecord(d netpolicy.Drop) audit.Record {
+	r := audit.Record{Time: d.Time, Sandbox: d.Sandbox, Proto: d.Proto, Port: d.Dst.Port(), Decision: "deny", Rule: "firewall", Count: int64(d.Count)}
+	if d.Dst.Addr().IsValid() {
+		r.IP = d.Dst.Addr().String()
+	}
+	switch d.Reason {
+	case "dns":
+		r.Reason = "DNS to a resolver other than the sandbox's own"
+	default:
+		r.Reason = "refused by the firewall (mode or policy)"
+	}
+	return r
 }

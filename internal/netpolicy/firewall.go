@@ -53,16 +53,26 @@ import (
 //
 //	ip daddr <host ip> udp dport 53 accept     # the sandbox's resolver
 //	ip daddr <host ip> tcp dport 53 accept
-//	udp dport 53 counter drop                  # DNS to anyone else
-//	tcp dport { 53, 853 } counter drop         # … and DNS-over-TLS
+//	udp dport 53 counter limit … log group G   # DNS to anyone else,
+//	udp dport 53 reject                        # refused and logged
+//	tcp dport { 53, 853 } …                    # … and DNS-over-TLS
 //	tcp flags & (fin|syn|rst|ack) == syn accept # to the proxy, see below
+//
+// and, in every mode, at the end of the chain, whatever was not accepted:
+//
+//	counter limit rate 20/second burst 40 packets log prefix "sbx-<id> policy" group G
+//	meta l4proto tcp reject with tcp reset
+//	meta l4proto udp reject with icmpx port-unreachable
+//	reject with icmpx admin-prohibited
+//
+// so denials fail fast and reach the audit log (DropLog reads group G).
 //
 // and chain nat-prerouting (nat hook prerouting priority dstnat) redirects
 // every new TCP connection from our veths (but DNS to the resolver) to the
 // egress proxy on the host side of the sandbox's veth, which decides by
 // SNI, Host, or the original destination and dials on the sandbox's behalf.
 // Everything else (UDP but DNS to the resolver, so QUIC; ICMP) falls
-// through to the drop. Nothing is forwarded: no host-wide forwarding or
+// through to the logged refusal. Nothing is forwarded: no host-wide forwarding or
 // masquerade is needed, and a missing redirect fails closed in forward.
 //
 // The forward chain drops anything routed from or to a sandbox: the host
@@ -72,6 +82,8 @@ type firewall struct {
 	table       string
 	ifacePrefix string
 	proxyPort   uint16
+	// logGroup is the NFLOG group refusals are logged to (0: not logged).
+	logGroup uint16
 }
 
 const (
@@ -186,11 +198,71 @@ func (f *firewall) natRules() [][]expr.Any {
 	}
 }
 
-// policyRules are the sandbox chain's rules for an egress mode.
-func policyRules(hostIP netip.Addr, mode Mode) [][]expr.Any {
-	if mode == ModeNone || mode == "" {
-		return nil
+// policyRules are the sandbox chain's rules for an egress mode. Whatever
+// they do not accept is refused at once (TCP reset, ICMP unreachable) and,
+// rate-limited, logged to the daemon's NFLOG group with the chain's name
+// as prefix (see DropLog), so a sandbox learns of a denial without waiting
+// out a timeout and the audit log has it.
+func (f *firewall) policyRules(chain string, hostIP netip.Addr, mode Mode) [][]expr.Any {
+	var rules [][]expr.Any
+	if mode != ModeNone && mode != "" {
+		rules = f.openRules(chain, hostIP)
 	}
+	return append(rules, f.refuse(chain, logReasonPolicy, 0, nil)...)
+}
+
+// Log prefixes name the sandbox chain and why the packet was refused.
+const (
+	logReasonPolicy = "policy"
+	logReasonDNS    = "dns"
+)
+
+// Refusals are logged at most this often per rule and sandbox; the daemon
+// aggregates what it gets per destination.
+const (
+	logRatePerSecond = 20
+	logBurst         = 40
+	// logSnaplen copies the IP header and the ports, nothing of the data.
+	logSnaplen = 96
+)
+
+// refuse is the rules that log (rate-limited) and reject the packets match
+// selects (of IP protocol proto; 0 for any): a TCP reset for TCP, ICMP port
+// unreachable for UDP (so a resolver or QUIC client gives up at once),
+// admin-prohibited otherwise.
+func (f *firewall) refuse(chain, reason string, proto byte, match []expr.Any) [][]expr.Any {
+	logged := append(slices.Clone(match), &expr.Counter{})
+	if f.logGroup != 0 {
+		logged = append(logged,
+			&expr.Limit{Type: expr.LimitTypePkts, Rate: logRatePerSecond, Unit: expr.LimitTimeSecond, Burst: logBurst},
+			&expr.Log{Key: 1<<unix.NFTA_LOG_GROUP | 1<<unix.NFTA_LOG_PREFIX | 1<<unix.NFTA_LOG_SNAPLEN,
+				Group: f.logGroup, Snaplen: logSnaplen, Data: []byte(chain + " " + reason)},
+		)
+	}
+	tcpReset := &expr.Reject{Type: unix.NFT_REJECT_TCP_RST}
+	portUnreach := &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_PORT_UNREACH}
+	switch proto {
+	case unix.IPPROTO_TCP:
+		return [][]expr.Any{logged, append(slices.Clone(match), tcpReset)}
+	case unix.IPPROTO_UDP:
+		return [][]expr.Any{logged, append(slices.Clone(match), portUnreach)}
+	}
+	l4 := func(proto byte, r expr.Any) []expr.Any {
+		return append(slices.Clone(match),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}}, r)
+	}
+	return [][]expr.Any{
+		logged,
+		l4(unix.IPPROTO_TCP, tcpReset),
+		l4(unix.IPPROTO_UDP, portUnreach),
+		append(slices.Clone(match), &expr.Reject{Type: unix.NFT_REJECT_ICMPX_UNREACH, Code: unix.NFT_REJECT_ICMPX_ADMIN_PROHIBITED}),
+	}
+}
+
+// openRules let DNS to the sandbox's resolver and new TCP connections (to
+// be redirected to the proxy) through, and refuse DNS to anyone else.
+func (f *firewall) openRules(chain string, hostIP netip.Addr) [][]expr.Any {
 	h := hostIP.As4()
 	toHost := func(proto byte, port uint16) []expr.Any {
 		return []expr.Any{
@@ -205,33 +277,29 @@ func policyRules(hostIP netip.Addr, mode Mode) [][]expr.Any {
 			&expr.Verdict{Kind: expr.VerdictAccept},
 		}
 	}
-	dropPort := func(proto byte, port uint16) []expr.Any {
+	port := func(proto byte, port uint16) []expr.Any {
 		return []expr.Any{
 			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
 			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
-			&expr.Counter{},
-			&expr.Verdict{Kind: expr.VerdictDrop},
 		}
 	}
-	return [][]expr.Any{
-		toHost(unix.IPPROTO_UDP, 53),
-		toHost(unix.IPPROTO_TCP, 53),
-		dropPort(unix.IPPROTO_UDP, 53),
-		dropPort(unix.IPPROTO_TCP, 53),
-		dropPort(unix.IPPROTO_TCP, 853),
-		// Only a connection's opening SYN: a stray mid-stream segment
-		// conntrack would call new must not be redirected or let through.
-		{
-			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}},
-			&expr.Verdict{Kind: expr.VerdictAccept},
-		},
-	}
+	rules := [][]expr.Any{toHost(unix.IPPROTO_UDP, 53), toHost(unix.IPPROTO_TCP, 53)}
+	// DNS to anyone else, and DNS-over-TLS.
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_UDP, port(unix.IPPROTO_UDP, 53))...)
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 53))...)
+	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 853))...)
+	// Only a connection's opening SYN: a stray mid-stream segment
+	// conntrack would call new must not be redirected or let through.
+	return append(rules, []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 13, Len: 1},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 1, Mask: []byte{0x17}, Xor: []byte{0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}},
+		&expr.Verdict{Kind: expr.VerdictAccept},
+	})
 }
 
 // dnsPacketRate is the DNS packets per second a sandbox may send before
@@ -318,7 +386,7 @@ func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode Mode, m
 			return fmt.Errorf("chain %s: %w", chain, err)
 		}
 		c.FlushChain(ch)
-		for _, exprs := range append(sandboxRules(ip), policyRules(ip.Prev(), mode)...) {
+		for _, exprs := range append(sandboxRules(ip), f.policyRules(chain, ip.Prev(), mode)...) {
 			c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 		}
 		return c.Flush()
@@ -341,7 +409,7 @@ func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode Mode, m
 	}
 	ch := c.AddChain(&nftables.Chain{Name: chain, Table: t})
 	c.FlushChain(ch)
-	for _, exprs := range append(sandboxRules(ip), policyRules(ip.Prev(), mode)...) {
+	for _, exprs := range append(sandboxRules(ip), f.policyRules(chain, ip.Prev(), mode)...) {
 		c.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 	}
 	err = c.SetAddElements(set, []nftables.SetElement{{

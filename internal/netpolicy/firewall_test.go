@@ -151,15 +151,24 @@ func renderExpr(e expr.Any) string {
 // TestFirewallGolden compares the rules of an instance with one sandbox
 // with testdata/firewall.golden; run with -update after an intended change.
 func TestFirewallGolden(t *testing.T) {
-	n := newTestNetwork(t, Config{})
+	n := newTestNetwork(t, Config{LogGroup: 4242})
 	att := mustAttach(t, n, "sb-golden")
+	// A second sandbox in mode allow shows the policy rules too.
+	open := mustAttach(t, n, "sb-golden-allow")
+	if err := n.SetMode(t.Context(), open.ID, ModeAllow); err != nil {
+		t.Fatal(err)
+	}
 	got := dumpFirewall(t, n)
+	oip4, ohost4 := open.SandboxIP.As4(), open.HostIP.As4()
 	ip4 := att.SandboxIP.As4()
 	got = strings.NewReplacer(
 		att.HostIface, "<host-iface>",
 		n.names.linkPrefix, "<link-prefix>",
 		n.names.table, "<table>",
 		"0x"+hex.EncodeToString(ip4[:]), "<sandbox-ip>",
+		open.HostIface, "<host-iface-2>",
+		"0x"+hex.EncodeToString(oip4[:]), "<sandbox-ip-2>",
+		"0x"+hex.EncodeToString(ohost4[:]), "<host-ip-2>",
 	).Replace(got)
 
 	path := filepath.Join("testdata", "firewall.golden")
@@ -191,6 +200,9 @@ func TestFirewallGolden(t *testing.T) {
 			"ip saddr != " + att.SandboxIP.String() + " counter",
 			"ct state established,related accept",
 			"type filter hook prerouting priority",
+			`log prefix "sbx-sb-golden policy" group 4242`,
+			"meta l4proto tcp reject with tcp reset",
+			"udp dport 53 counter",
 		} {
 			if !strings.Contains(string(out), want) {
 				t.Errorf("nft list table lacks %q", want)
@@ -199,8 +211,10 @@ func TestFirewallGolden(t *testing.T) {
 	}
 
 	// Detach leaves the base table exactly as New made it.
-	if err := n.Detach(t.Context(), att.ID); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{att.ID, open.ID} {
+		if err := n.Detach(t.Context(), id); err != nil {
+			t.Fatal(err)
+		}
 	}
 	after := dumpFirewall(t, n)
 	if strings.Contains(after, "elem") || strings.Contains(after, chainPrefix) {

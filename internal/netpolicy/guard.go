@@ -37,8 +37,6 @@ var metadataAddrs = []netip.Addr{
 	netip.MustParseAddr("100.100.100.200"), netip.MustParseAddr("168.63.129.16"),
 }
 
-var nat64 = netip.MustParsePrefix("64:ff9b::/96")
-
 func mustPrefixes(ss ...string) []netip.Prefix {
 	out := make([]netip.Prefix, len(ss))
 	for i, s := range ss {
@@ -69,12 +67,15 @@ func (g *Guard) Forbidden(ip netip.Addr) (bool, string) {
 	if !ip.IsValid() {
 		return true, "invalid address"
 	}
-	if ip.Is4In6() {
-		return g.Forbidden(ip.Unmap())
-	}
-	if nat64.Contains(ip) {
-		b := ip.As16()
-		return g.Forbidden(netip.AddrFrom4([4]byte{b[12], b[13], b[14], b[15]}))
+	// Every IPv4 address the IPv6 form embeds (NAT64, 6to4, Teredo,
+	// mapped) must be reachable too.
+	if forms := Embedded(ip); len(forms) > 1 || forms[0] != ip {
+		for _, f := range forms[1:] {
+			if bad, why := g.Forbidden(f); bad {
+				return true, why
+			}
+		}
+		ip = forms[0]
 	}
 	for _, m := range metadataAddrs {
 		if ip == m {

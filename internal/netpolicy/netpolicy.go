@@ -56,7 +56,10 @@ type Config struct {
 	// listens; the firewall redirects sandboxes' TCP there (default
 	// DefaultProxyPort).
 	ProxyPort uint16
-	Logger    *slog.Logger
+	// LogGroup is the NFLOG group the firewall logs its refusals to
+	// (DropLog.Group); 0 logs nothing.
+	LogGroup uint16
+	Logger   *slog.Logger
 }
 
 // DefaultProxyPort is the egress proxy's port on each veth's host address.
@@ -126,7 +129,7 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 		log:   cfg.Logger.With("netpolicy_instance", cfg.Instance),
 		names: newNaming(cfg.Instance),
 	}
-	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort}
+	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort, logGroup: cfg.LogGroup}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -195,19 +196,23 @@ func TestReachability(t *testing.T) {
 			if err == nil {
 				t.Fatalf("sandbox a -> %s (%s) connected, want failure", tt.addr, tt.name)
 			}
+			// Refused at once with a reset, not left to time out.
+			if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("sandbox a -> %s: %v, want connection refused", tt.addr, err)
+			}
 			if d := time.Since(start); d > 3*short {
 				t.Errorf("sandbox a -> %s took %v to fail", tt.addr, d)
 			}
 		})
 	}
-	// The same dial from the host side works, and the catch-all drop
-	// counted the sandbox's packets: the failures above are the firewall's
-	// doing, not a routing accident.
+	// The same dial from the host side works, and the sandbox chain's
+	// refusal counted the sandbox's packets: the failures above are the
+	// firewall's doing, not a routing accident.
 	if err := dialRead(net.JoinHostPort(a.HostIP.String(), hostPort), 2*time.Second); err != nil {
 		t.Errorf("host -> %s:%s: %v", a.HostIP, hostPort, err)
 	}
-	if got := dropCount(t, n, preroutingChain); got == 0 {
-		t.Errorf("prerouting catch-all drop counted %d packets, want > 0", got)
+	if got := dropCount(t, n, n.SandboxChain(a.ID)); got == 0 {
+		t.Errorf("sandbox chain refusal counted %d packets, want > 0", got)
 	}
 }
 

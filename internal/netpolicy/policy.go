@@ -396,38 +396,61 @@ func (c *Compiled) DecideName(host string) Decision {
 }
 
 // DecideAddr decides a connection to an address (no name, or an IP
-// literal as the name). It does not check whether ip is public; see Guard.
+// literal as the name). An IPv6 address that embeds an IPv4 one (NAT64,
+// 6to4, Teredo, mapped; see Embedded) is decided as both: any form a deny
+// rule covers denies it, any form an allow rule covers allows it. It does
+// not check whether ip is public; see Guard.
 func (c *Compiled) DecideAddr(ip netip.Addr, port uint16) Decision {
-	ip = ip.Unmap()
 	if c.Policy.Mode == ModeNone || c.Policy.Mode == ModeLearn {
 		return c.baseline()
 	}
 	if d, ok := c.DeniedAddr(ip, port); ok {
 		return d
 	}
+	forms := Embedded(ip)
 	for _, r := range c.allow {
-		if r.prefix.IsValid() && r.prefix.Contains(ip) && (r.port == 0 || r.port == port) {
+		if r.prefix.IsValid() && (r.port == 0 || r.port == port) && containsAny(r.prefix, forms) {
 			return Decision{Allow: true, Rule: "allow " + r.text}
 		}
 	}
 	return c.baseline()
 }
 
-// DeniedAddr reports the deny rule covering ip:port, if any; it also
-// filters resolved addresses of allowed names.
+// DeniedAddr reports the deny rule covering ip:port (or any IPv4 address
+// ip embeds), if any; it also filters resolved addresses of allowed names.
+// Port 0 asks about rules without a port only (DNS answers).
 func (c *Compiled) DeniedAddr(ip netip.Addr, port uint16) (Decision, bool) {
-	ip = ip.Unmap()
+	forms := Embedded(ip)
 	for _, r := range c.deny {
-		if r.prefix.IsValid() && r.prefix.Contains(ip) && (r.port == 0 || r.port == port) {
+		if r.prefix.IsValid() && (r.port == 0 || r.port == port) && containsAny(r.prefix, forms) {
 			return deny("deny " + r.text), true
 		}
 	}
 	return Decision{}, false
 }
 
-// DecideRequest decides one intercepted HTTP request to host.
+func containsAny(p netip.Prefix, addrs []netip.Addr) bool {
+	for _, a := range addrs {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// DecideRequest decides one HTTP request to host, with path the request's
+// NormalizePath form (the caller forwards exactly that form). A name with
+// HTTP rules is decided by them; any other name as DecideName does.
 func (c *Compiled) DecideRequest(host, method, path string) Decision {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	if c.Policy.Mode == ModeNone || c.Policy.Mode == ModeLearn {
+		return c.baseline()
+	}
+	for _, r := range c.deny {
+		if r.domain != "" && MatchDomain(r.domain, host) {
+			return deny("deny " + r.text)
+		}
+	}
 	matched := false
 	for _, r := range c.Policy.HTTP {
 		if !MatchDomain(r.Host, host) {
@@ -442,6 +465,18 @@ func (c *Compiled) DecideRequest(host, method, path string) Decision {
 		return c.DecideName(host)
 	}
 	return Decision{Rule: "no http rule for " + method + " " + truncate(path, 128), Intercept: true}
+}
+
+// Ruled reports whether name has HTTP rules (its connections are
+// intercepted).
+func (c *Compiled) Ruled(name string) bool {
+	name = strings.ToLower(strings.TrimSuffix(name, "."))
+	for _, r := range c.Policy.HTTP {
+		if MatchDomain(r.Host, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // HasDNS reports whether the sandbox gets a resolver at all.

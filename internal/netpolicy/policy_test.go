@@ -198,6 +198,10 @@ func TestSuggest(t *testing.T) {
 		{Proto: "tcp", IP: "198.51.100.9", Port: 22, Decision: "deny", Rule: "mode learn"},
 		{Proto: "tls", Name: "ok.com", Decision: "allow", Rule: "allow ok.com"},
 		{Proto: "tcp", IP: "127.0.0.1", Port: 80, Decision: "deny", Rule: "mode open", Reason: "127.0.0.1: non-public address 127.0.0.0/8"},
+		// The firewall's refusals: UDP and foreign DNS cannot be allowed.
+		{Proto: "udp", IP: "198.51.100.9", Port: 443, Decision: "deny", Rule: "firewall"},
+		{Proto: "udp", IP: "198.51.100.9", Port: 53, Decision: "deny", Rule: "firewall"},
+		{Proto: "tcp", IP: "198.51.100.9", Port: 853, Decision: "deny", Rule: "firewall"},
 	}
 	p := Suggest(recs)
 	got := strings.Join(p.Allow, " ")

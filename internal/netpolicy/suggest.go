@@ -13,13 +13,19 @@ import (
 // every denied attempt in recs: each denied name (DNS question, SNI or
 // Host) as an exact domain rule, and each denied nameless connection as
 // its address and port. Attempts no policy can allow (forbidden
-// addresses, malformed traffic) are left out.
+// addresses, malformed traffic, UDP, ICMP, DNS to other resolvers) are
+// left out.
 func Suggest(recs []audit.Record) Policy {
 	names := map[string]bool{}
 	addrs := map[string]bool{}
 	for _, r := range recs {
 		if !r.Denied() || r.Rule == "proxy" || strings.Contains(r.Reason, "non-public") ||
 			strings.Contains(r.Reason, "host's own") || strings.Contains(r.Reason, "metadata") {
+			continue
+		}
+		// The firewall's refusals of UDP, ICMP and foreign DNS: no policy
+		// lets those out.
+		if r.Rule == "firewall" && (r.Proto != "tcp" || r.Port == 53 || r.Port == 853) {
 			continue
 		}
 		if r.Name != "" {

@@ -246,6 +246,20 @@ type Sandbox struct {
 	Usage *runtime.Stats
 	// Daemon is the daemon's work for the sandbox (while it runs).
 	Daemon *DaemonUsage
+	// Network is where a live sandbox sits on the host's network, for
+	// operators (nil when it has no attachment or is busy).
+	Network *NetworkInfo
+}
+
+// NetworkInfo is a sandbox's network as the host sees it.
+type NetworkInfo struct {
+	// Address is the sandbox's own address (its eth0).
+	Address netip.Addr
+	// Gateway is the host side of its veth: its route out, resolver and
+	// egress proxy.
+	Gateway netip.Addr
+	// HostLink is the host-side interface of its veth (for tcpdump, nft).
+	HostLink string
 }
 
 // newID returns a 20-character lowercase [a-z0-9] ID.
@@ -672,7 +686,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
 			// holds is the last state it reached.
 			return m.storeSandbox(ctx, id)
 		}
-		s := Sandbox{Sandbox: rec}
+		s := Sandbox{Sandbox: rec, Network: m.networkInfo(e)}
 		if sr, ok := m.deps.Runtime.(StatsReader); ok && rec.State == StateReady {
 			if st, err := sr.Stats(ctx, id); err == nil {
 				s.Usage = &st
@@ -705,6 +719,19 @@ func (m *Manager) snapshot(e *entry) (store.Sandbox, bool) {
 	}
 	defer e.op.Unlock()
 	return e.rec, true
+}
+
+// networkInfo reads a live sandbox's attachment without waiting for a
+// lifecycle operation in progress (nil then, or without an attachment).
+func (m *Manager) networkInfo(e *entry) *NetworkInfo {
+	if !e.op.TryLock() {
+		return nil
+	}
+	defer e.op.Unlock()
+	if !e.att.SandboxIP.IsValid() {
+		return nil
+	}
+	return &NetworkInfo{Address: e.att.SandboxIP, Gateway: e.att.HostIP, HostLink: e.att.HostIface}
 }
 
 // ListOptions filter List.

@@ -171,7 +171,8 @@ func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Polic
 }
 
 // SetNetworkPolicy replaces a running sandbox's egress policy; it applies
-// to new connections at once. An invalid policy changes nothing.
+// at once, and closes open connections it refuses (a kill switch). An
+// invalid policy changes nothing.
 func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
 	if err := p.Validate(); err != nil {
 		return netpolicy.Policy{}, policyField(err)

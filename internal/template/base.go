@@ -29,15 +29,19 @@ const (
 )
 
 // basePackages is what --include adds to minbase: a shell, an interpreter,
-// the usual tools an agent reaches for, and TLS roots.
+// the usual tools an agent reaches for, TLS roots, and ip and nc so users
+// can see for themselves what the egress policy lets through. The list is
+// part of the debootstrap cache key (baseHash): changing it rebuilds.
 var basePackages = []string{
 	"bash",
 	"ca-certificates",
 	"coreutils",
 	"curl",
 	"git",
+	"iproute2",
 	"less",
 	"netbase",
+	"netcat-openbsd",
 	"procps",
 	"python3",
 	"xz-utils",

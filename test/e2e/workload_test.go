@@ -99,8 +99,9 @@ func TestBaseTemplate(t *testing.T) {
 		t.Errorf("template ls = %q %q", out, errOut)
 	}
 	sb := d.Create(t, client.CreateRequest{Template: "base"})
-	got := MustRun(t, sb, "bash -c 'echo $BASH_VERSION' >/dev/null && python3 -c 'print(6*7)' && git --version | cut -d' ' -f1 && curl --version | head -c 4 && echo && ps -o comm= -p 1 && id user")
-	for _, want := range []string{"42", "git", "curl", "berth-agent", "uid=1000(user)"} {
+	got := MustRun(t, sb, "bash -c 'echo $BASH_VERSION' >/dev/null && python3 -c 'print(6*7)' && git --version | cut -d' ' -f1 && curl --version | head -c 4 && echo && ps -o comm= -p 1 && id user && ip -V && command -v nc")
+	// ip and nc: users diagnose the egress policy from inside.
+	for _, want := range []string{"42", "git", "curl", "berth-agent", "uid=1000(user)", "iproute2", "/nc"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("base sandbox output %q lacks %q", got, want)
 		}

@@ -60,6 +60,11 @@ type TestNet struct {
 // TestNetZone is the DNS zone a TestNet with servers at ip and ip2 serves.
 func TestNetZone(ip, ip2 string) map[string]string {
 	z := map[string]string{"rebind.test": "127.0.0.1", "meta.test": "169.254.169.254", "second.test": ip2}
+	// nat64.test has only an AAAA record: the NAT64 form of ip2.
+	if a, err := netip.ParseAddr(ip2); err == nil && a.Is4() {
+		b := a.As4()
+		z["nat64.test"] = netip.AddrFrom16([16]byte{0, 0x64, 0xff, 0x9b, 10: 0, 11: 0, 12: b[0], 13: b[1], 14: b[2], 15: b[3]}).String()
+	}
 	for _, n := range []string{"allowed.test", "other.test", "api.test", "sub.wild.test", "bad.wild.test", "wild.test", "learned.test", "bench.test", "benchapi.test"} {
 		z[n] = ip
 	}
@@ -304,8 +309,10 @@ func (tn *TestNet) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		switch {
 		case !ok:
 			m.Rcode = dns.RcodeNameError
-		case q.Qtype == dns.TypeA:
+		case q.Qtype == dns.TypeA && !strings.Contains(ip, ":"):
 			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 5}, A: net.ParseIP(ip).To4()})
+		case q.Qtype == dns.TypeAAAA && strings.Contains(ip, ":"):
+			m.Answer = append(m.Answer, &dns.AAAA{Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: 5}, AAAA: net.ParseIP(ip)})
 		}
 	}
 	w.WriteMsg(m)

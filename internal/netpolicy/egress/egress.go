@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,8 +54,9 @@ type Config struct {
 }
 
 // Egress runs, per sandbox, a filtering DNS resolver and a transparent
-// egress proxy on the host side of its veth, and holds its policy. netpolicy.Policy
-// swaps are atomic and take effect for the next connection or query.
+// egress proxy on the host side of its veth, and holds its policy. Policy
+// swaps are atomic, take effect for the next connection, query or HTTP
+// request, and close open connections the new policy refuses.
 type Egress struct {
 	cfg    Config
 	log    *slog.Logger
@@ -83,6 +85,10 @@ type box struct {
 	conns  map[net.Conn]bool
 	closed bool
 	wg     sync.WaitGroup
+
+	flows flows      // open proxied connections, for SetPolicy's kill switch
+	ruled ruledAddrs // addresses of names with HTTP rules
+	dns   dnsDedup   // one audit record per lookup
 }
 
 // New prepares the egress services.
@@ -204,8 +210,9 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p netp
 	return nil
 }
 
-// SetPolicy replaces the sandbox's policy for new connections and
-// queries. An invalid policy changes nothing.
+// SetPolicy replaces the sandbox's policy: new connections, queries and
+// HTTP requests are decided by it at once, and open connections it would
+// refuse are closed (a kill switch). An invalid policy changes nothing.
 func (e *Egress) SetPolicy(id string, p netpolicy.Policy) error {
 	c, err := netpolicy.Compile(p)
 	if err != nil {
@@ -221,6 +228,7 @@ func (e *Egress) SetPolicy(id string, p netpolicy.Policy) error {
 		return err
 	}
 	b.policy.Store(c)
+	b.enforce(c)
 	return nil
 }
 
@@ -355,7 +363,9 @@ func (b *box) audit(r audit.Record) {
 }
 
 // serveDNS answers allowed names from upstream, minus answers that point
-// at forbidden addresses, and refuses the rest.
+// at forbidden or denied addresses, and refuses the rest. A name whose
+// every address was dropped is refused (and logged as a denial), so the
+// client fails at once instead of trying addresses that cannot work.
 func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	resp := new(dns.Msg)
 	resp.SetReply(req)
@@ -373,7 +383,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if !d.Allow {
 		resp.Rcode = dns.RcodeRefused
 		w.WriteMsg(resp)
-		b.audit(rec)
+		b.auditDNS(rec)
 		return
 	}
 	rec.Decision = "allow"
@@ -381,14 +391,14 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	case dns.TypeAAAA:
 		// The sandbox has no IPv6; an empty answer makes clients use A.
 		w.WriteMsg(resp)
-		b.audit(rec)
+		b.auditDNS(rec)
 		return
 	case dns.TypeA, dns.TypeCNAME, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeTXT, dns.TypeMX, dns.TypeSRV, dns.TypeCAA:
 	default:
 		resp.Rcode = dns.RcodeRefused
 		w.WriteMsg(resp)
 		rec.Decision, rec.Reason = "deny", "query type "+dns.TypeToString[q.Qtype]
-		b.audit(rec)
+		b.auditDNS(rec)
 		return
 	}
 	up := new(dns.Msg)
@@ -399,25 +409,78 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 		resp.Rcode = dns.RcodeServerFailure
 		w.WriteMsg(resp)
 		rec.Reason = "upstream: " + err.Error()
-		b.audit(rec)
+		b.auditDNS(rec)
 		return
 	}
 	resp.Rcode = in.Rcode
-	var ips []string
+	var ips []netip.Addr
+	var dropped []string
 	for _, rr := range in.Answer {
 		if ip, ok := rrAddr(rr); ok {
-			if bad, _ := b.e.cfg.Guard.Forbidden(ip); bad {
-				rec.Reason = "dropped forbidden answer " + ip.String()
+			if bad, why := b.e.cfg.Guard.Forbidden(ip); bad {
+				dropped = append(dropped, ip.String()+" ("+why+")")
 				continue
 			}
-			ips = append(ips, ip.String())
+			if dd, denied := pol.DeniedAddr(ip, 0); denied {
+				dropped = append(dropped, ip.String()+" ("+dd.Rule+")")
+				continue
+			}
+			ips = append(ips, ip)
 		}
 		resp.Answer = append(resp.Answer, rr)
 	}
+	if len(dropped) > 0 {
+		rec.Reason = "dropped forbidden answer " + strings.Join(dropped, ", ")
+	}
+	if len(dropped) > 0 && len(ips) == 0 {
+		resp.Rcode, resp.Answer = dns.RcodeRefused, nil
+		rec.Decision = "deny"
+		w.WriteMsg(resp)
+		b.auditDNS(rec)
+		return
+	}
 	if len(ips) > 0 {
-		rec.IP = ips[0]
+		rec.IP = ips[0].String()
+		if pol.Ruled(host) {
+			b.noteRuled(host, ips)
+		}
 	}
 	w.WriteMsg(resp)
+	b.auditDNS(rec)
+}
+
+// dnsDedup keeps a lookup's several queries (A and AAAA, retries, the
+// same name over UDP then TCP) to one audit record.
+type dnsDedup struct {
+	mu   sync.Mutex
+	seen map[audit.Record]time.Time
+}
+
+// dnsDedupWindow is how long an identical DNS decision is not recorded
+// again.
+const dnsDedupWindow = 2 * time.Second
+
+func (b *box) auditDNS(rec audit.Record) {
+	now := time.Now()
+	key := rec
+	key.IP = "" // the A and the (empty) AAAA answer of one lookup
+	b.dns.mu.Lock()
+	if b.dns.seen == nil {
+		b.dns.seen = map[audit.Record]time.Time{}
+	}
+	if t, ok := b.dns.seen[key]; ok && now.Sub(t) < dnsDedupWindow {
+		b.dns.mu.Unlock()
+		return
+	}
+	if len(b.dns.seen) > 1024 {
+		for k, t := range b.dns.seen {
+			if now.Sub(t) >= dnsDedupWindow {
+				delete(b.dns.seen, k)
+			}
+		}
+	}
+	b.dns.seen[key] = now
+	b.dns.mu.Unlock()
 	b.audit(rec)
 }
 

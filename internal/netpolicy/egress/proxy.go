@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -123,7 +124,7 @@ func (b *box) handle(c *net.TCPConn) {
 	if orig.Port() != 80 && orig.Port() != 443 {
 		d, addrs, why := b.decideTarget("", orig, pol)
 		rec.Reason = why
-		b.relayTo(c, nil, rec, d, addrs, orig.Port())
+		b.relayTo(c, rec, d, addrs, orig.Port())
 		return
 	}
 	c.SetReadDeadline(time.Now().Add(peekTimeout))
@@ -139,7 +140,7 @@ func (b *box) handle(c *net.TCPConn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	b.handleHTTP(c, br, orig, pol, "", nil)
+	b.handleHTTP(c, br, orig, "", nil)
 }
 
 // peekSNI reads the ClientHello through a throwaway TLS server and
@@ -191,12 +192,28 @@ func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, p
 	c.SetReadDeadline(time.Time{})
 	client := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), br)}
 	d, addrs, reason := b.decideTarget(rec.Name, orig, pol)
+	if d.Allow && !d.Intercept {
+		// HTTP rules must not end at a shared address: TLS under another
+		// name could carry a request for the ruled name. Such a connection
+		// is intercepted (its Host held to its SNI) or, without a name to
+		// intercept under, refused.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ruled, shared := b.sharedWithRuled(ctx, pol, addrs)
+		cancel()
+		switch {
+		case shared && netpolicy.ValidDomain(rec.Name):
+			d.Intercept = true
+		case shared:
+			d = netpolicy.Decision{Rule: d.Rule}
+			reason = fmt.Sprintf("address also serves %s, which has HTTP rules; connect by name", ruled)
+		}
+	}
 	if d.Allow && d.Intercept && rec.Name != "" {
-		b.intercept(client, rec.Name, addrs, orig, pol)
+		b.intercept(client, rec.Name, addrs, orig)
 		return
 	}
 	rec.Reason = reason
-	b.relayTo(client, nil, rec, d, addrs, orig.Port())
+	b.relayTo(client, rec, d, addrs, orig.Port())
 }
 
 // decideTarget decides a connection naming name (SNI or Host; "" when
@@ -247,6 +264,9 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Comp
 	if len(ok) == 0 {
 		return netpolicy.Decision{Rule: d.Rule}, nil, why
 	}
+	if d.Intercept {
+		b.noteRuled(name, ok)
+	}
 	return d, ok, ""
 }
 
@@ -270,25 +290,33 @@ func (b *box) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.Co
 }
 
 // relayTo applies decision d: on allow it dials addrs and copies both
-// ways, writing pre (already read from the client) first.
-func (b *box) relayTo(client net.Conn, pre []byte, rec audit.Record, d netpolicy.Decision, addrs []netip.Addr, port uint16) {
+// ways. A refusal is immediate: a TLS alert for TLS, a reset otherwise.
+func (b *box) relayTo(client net.Conn, rec audit.Record, d netpolicy.Decision, addrs []netip.Addr, port uint16) {
 	rec.Rule = d.Rule
-	if !d.Allow || len(addrs) == 0 {
+	refuse := func() {
 		rec.Decision = "deny"
 		b.audit(rec)
+		if rec.Proto == "tls" {
+			refuseTLS(client)
+		} else {
+			resetConn(client)
+		}
+	}
+	if !d.Allow || len(addrs) == 0 {
+		refuse()
 		return
 	}
 	if len(addrs) == 1 {
 		if bad, why := b.e.cfg.Guard.Forbidden(addrs[0]); bad {
-			rec.Decision, rec.Reason = "deny", why
-			b.audit(rec)
+			rec.Reason = why
+			refuse()
 			return
 		}
 	}
 	up, err := b.dial(context.Background(), addrs, port)
 	if err != nil {
-		rec.Decision, rec.Reason = "deny", "dial: "+err.Error()
-		b.audit(rec)
+		rec.Reason = "dial: " + err.Error()
+		refuse()
 		return
 	}
 	defer up.Close()
@@ -296,15 +324,24 @@ func (b *box) relayTo(client net.Conn, pre []byte, rec audit.Record, d netpolicy
 		return
 	}
 	defer b.untrack(up)
+	ip := addrs[0]
 	if ra, ok := netip.ParseAddrPort(up.RemoteAddr().String()); ok == nil {
-		rec.IP = ra.Addr().Unmap().String()
+		ip = ra.Addr().Unmap()
+		rec.IP = ip.String()
+	}
+	f := &flow{name: rec.Name, ip: ip, port: port, proto: rec.Proto, passthrough: rec.Proto == "tls", client: client, up: up}
+	if _, literal := netip.ParseAddr(strings.Trim(rec.Name, "[]")); literal == nil {
+		f.name = ""
+	}
+	defer b.addFlow(f)()
+	// A policy change between the decision and addFlow would miss it.
+	if _, ok := b.allowedUnder(b.policy.Load(), f); !ok {
+		rec.Reason = "policy changed"
+		refuse()
+		return
 	}
 	rec.Decision = "allow"
 	var n counted
-	if len(pre) > 0 {
-		w, _ := up.Write(pre)
-		n.out.Add(int64(w))
-	}
 	splice(client, up, &n)
 	rec.BytesOut, rec.BytesIn = n.out.Load(), n.in.Load()
 	b.audit(rec)
@@ -343,7 +380,7 @@ func closeWrite(c net.Conn) {
 
 // intercept terminates TLS for name with the sandbox's CA and serves the
 // HTTP requests inside, each checked against the HTTP rules.
-func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig netip.AddrPort, pol *netpolicy.Compiled) {
+func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig netip.AddrPort) {
 	cfg := &tls.Config{
 		NextProtos: []string{"http/1.1"},
 		GetCertificate: func(h *tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -369,19 +406,22 @@ func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig n
 		}
 		return uc, nil
 	}
-	b.handleHTTP(tc, bufio.NewReader(tc), orig, pol, name, dialUp)
+	b.handleHTTP(tc, bufio.NewReader(tc), orig, name, dialUp)
 }
 
-// handleHTTP serves HTTP/1.x requests from client one by one. sni is the
-// TLS name for intercepted connections ("" for plain HTTP); dialUp, when
-// set, dials the upstream (intercepted TLS).
-func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort, pol *netpolicy.Compiled, sni string, dialUp func(context.Context) (net.Conn, error)) {
+// handleHTTP serves HTTP/1.x requests from client one by one, each
+// decided against the policy in force when it arrives. sni is the TLS name
+// for intercepted connections ("" for plain HTTP); dialUp, when set, dials
+// the upstream (intercepted TLS). The path is decided in its normalized
+// form (netpolicy.NormalizePath) and forwarded in exactly that form.
+func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort, sni string, dialUp func(context.Context) (net.Conn, error)) {
 	proto := "http"
 	if sni != "" {
 		proto = "https"
 	}
 	var up net.Conn
 	var upr *bufio.Reader
+	var upIP netip.Addr
 	defer func() {
 		if up != nil {
 			up.Close()
@@ -397,12 +437,17 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			}
 			return
 		}
+		pol := b.policy.Load()
 		host := strings.ToLower(req.Host)
 		if h, _, err := net.SplitHostPort(host); err == nil {
 			host = h
 		}
 		host = strings.TrimSuffix(host, ".")
-		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: netpolicy.Truncate(req.URL.Path, 512)}
+		path, perr := requestPath(req)
+		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: netpolicy.Truncate(path, 512)}
+		if upIP.IsValid() {
+			rec.IP = upIP.String()
+		}
 		refuse := func(status int, d netpolicy.Decision, reason string) {
 			rec.Decision, rec.Rule, rec.Reason = "deny", d.Rule, reason
 			body := "berth egress: " + status2text(status) + ": " + reason + "\n"
@@ -413,6 +458,10 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 		}
 		var d netpolicy.Decision
 		switch {
+		case perr != nil:
+			rec.Path = netpolicy.Truncate(req.RequestURI, 512)
+			refuse(http.StatusBadRequest, netpolicy.Deny("proxy"), perr.Error())
+			return
 		case sni != "" && host != sni:
 			refuse(http.StatusMisdirectedRequest, netpolicy.Deny("proxy"), fmt.Sprintf("Host %q differs from TLS server name %q", host, sni))
 			return
@@ -435,12 +484,10 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 				return
 			}
 		}
-		if d.Intercept || sni != "" || up != nil {
-			d = pol.DecideRequest(host, req.Method, req.URL.Path)
-			if !d.Allow {
-				refuse(http.StatusForbidden, d, "not allowed by policy")
-				return
-			}
+		d = decideRequest(pol, host, req.Method, path, upIP, orig.Port())
+		if !d.Allow {
+			refuse(http.StatusForbidden, d, "not allowed by policy")
+			return
 		}
 		if up == nil {
 			firstHost = host
@@ -460,14 +507,28 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 				return
 			}
 			upr = bufio.NewReader(up)
+			upIP = addrs[0]
 			if ra, err := netip.ParseAddrPort(up.RemoteAddr().String()); err == nil {
-				rec.IP = ra.Addr().Unmap().String()
+				upIP = ra.Addr().Unmap()
+			}
+			rec.IP = upIP.String()
+			f := &flow{name: host, ip: upIP, port: orig.Port(), proto: proto, client: client, up: up}
+			if _, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+				f.name = ""
+			}
+			defer b.addFlow(f)()
+			// The policy may have changed while dialing.
+			if pol = b.policy.Load(); !decideRequest(pol, host, req.Method, path, upIP, orig.Port()).Allow {
+				refuse(http.StatusForbidden, d, "policy changed")
+				return
 			}
 		}
 		rec.Decision, rec.Rule = "allow", d.Rule
 		var n counted
 		cw := &countWriter{w: up, n: &n.out}
 		req.Header.Del("Proxy-Connection")
+		// Forward exactly the path that was decided on.
+		req.URL = &url.URL{Opaque: path, RawQuery: req.URL.RawQuery}
 		if err := req.Write(cw); err != nil {
 			rec.Reason = "upstream write: " + err.Error()
 			b.audit(rec)
@@ -487,6 +548,42 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			return
 		}
 	}
+}
+
+// decideRequest decides one HTTP request to host on a connection dialed
+// to ip (invalid before the dial): IP literals by address, names by their
+// HTTP rules or name rules, and the address against the deny rules.
+func decideRequest(pol *netpolicy.Compiled, host, method, path string, ip netip.Addr, port uint16) netpolicy.Decision {
+	if lit, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
+		return pol.DecideAddr(lit, port)
+	}
+	d := pol.DecideRequest(host, method, path)
+	if d.Allow && ip.IsValid() {
+		if dd, denied := pol.DeniedAddr(ip, port); denied {
+			return dd
+		}
+	}
+	return d
+}
+
+// requestPath is the normalized path of req's request target (origin or
+// absolute form), without the query.
+func requestPath(req *http.Request) (string, error) {
+	raw := req.RequestURI
+	if i := strings.IndexByte(raw, '?'); i >= 0 {
+		raw = raw[:i]
+	}
+	if !strings.HasPrefix(raw, "/") {
+		_, rest, ok := strings.Cut(raw, "://")
+		if !ok {
+			return "", fmt.Errorf("request target %q: %w", netpolicy.Truncate(raw, 64), netpolicy.ErrAmbiguousPath)
+		}
+		raw = "/"
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			raw = rest[i:]
+		}
+	}
+	return netpolicy.NormalizePath(raw)
 }
 
 type countWriter struct {

@@ -10,9 +10,15 @@
 //	egressprobe udp   IP:PORT
 //	egressprobe bulk  URL   (downloads, prints bytes)
 //	egressprobe lat   NAME -n N [-path P] [-ca FILE]  (N fresh HTTPS requests, prints the median in µs)
+//	egressprobe keepalive HOST -connect IP:PORT -path P -wait FILE
+//	    (two plain HTTP/1.1 requests on one connection, the second once
+//	    FILE exists; prints first=STATUS and second=STATUS or error)
+//	egressprobe tcpstream IP:PORT -wait FILE  (echo once, then again on the
+//	    same connection once FILE exists; prints first= and second=)
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -42,6 +48,7 @@ func main() {
 	server := fs.String("server", "", "DNS server")
 	sni := fs.String("sni", "\x00", "TLS server name (default TARGET)")
 	n := fs.Int("n", 20, "requests (lat)")
+	wait := fs.String("wait", "", "file whose appearance starts the second round")
 	fs.Parse(os.Args[3:])
 	timeout := 8 * time.Second
 	if kind == "bulk" {
@@ -72,6 +79,10 @@ func main() {
 		err = doTCP(ctx, target)
 	case "udp":
 		err = doUDP(target)
+	case "keepalive":
+		err = doKeepAlive(target, *connect, *path, *wait)
+	case "tcpstream":
+		err = doTCPStream(target, *wait)
 	default:
 		err = fmt.Errorf("unknown kind %s", kind)
 	}
@@ -215,5 +226,72 @@ func doUDP(addr string) error {
 		return fmt.Errorf("no reply: %w", err)
 	}
 	fmt.Println(string(buf[:n]))
+	return nil
+}
+
+// waitFile waits for path to exist (the test creates it once it changed
+// the policy), for at most a minute.
+func waitFile(path string) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("%s did not appear", path)
+}
+
+func doKeepAlive(host, connect, path, wait string) error {
+	c, err := net.DialTimeout("tcp", connect, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	round := func(name string) {
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			fmt.Printf("%s=error: %v\n", name, err)
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%s=%d\n", name, resp.StatusCode)
+	}
+	round("first")
+	if err := waitFile(wait); err != nil {
+		return err
+	}
+	round("second")
+	return nil
+}
+
+func doTCPStream(addr, wait string) error {
+	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	round := func(name string) {
+		c.SetDeadline(time.Now().Add(3 * time.Second))
+		buf := make([]byte, 5)
+		_, err := c.Write([]byte("ping\n"))
+		if err == nil {
+			_, err = io.ReadFull(c, buf)
+		}
+		if err != nil {
+			fmt.Printf("%s=error: %v\n", name, err)
+			return
+		}
+		fmt.Printf("%s=ok\n", name)
+	}
+	round("first")
+	if err := waitFile(wait); err != nil {
+		return err
+	}
+	round("second")
 	return nil
 }
