@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
@@ -134,6 +135,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := os.Chmod(cfg.DataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	if err := checkTraversable(cfg.DataDir); err != nil {
+		return err
+	}
 	unlock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
 		return err
@@ -168,7 +172,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer netw.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Runs after the runtime's Close: with no sandbox left, nothing
+		// of this instance stays in the host's firewall. With sandboxes
+		// left the table stays, guarding their veths until the next
+		// start re-adopts them.
+		tctx := context.WithoutCancel(ctx)
+		if err := netw.Teardown(tctx); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			log.Warn("netpolicy_teardown_failed", "error", err)
+		}
+		netw.Close(tctx)
+	}()
 	egress, auditLog, err := newEgress(cfg, netw.ProxyPort(), log)
 	if err != nil {
 		return err
@@ -248,6 +262,27 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		hs.Close()
 	}
 	return nil
+}
+
+// checkTraversable refuses a data dir that a sandbox's mapped root (an
+// unprivileged host uid) cannot reach: runc mounts the rootfs from inside
+// the user namespace, and a parent without the search bit for others (a
+// `mktemp -d` dir is 0700) would fail every create with runc's bare
+// "permission denied".
+func checkTraversable(dataDir string) error {
+	for dir := filepath.Dir(dataDir); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return fmt.Errorf("data dir %s: %w", dataDir, err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("data dir %s: its parent %s (mode %04o) is not searchable by other users, so sandboxes (which run as unprivileged host uids) cannot reach their root filesystems; run `chmod o+x %s` or choose a data dir under a searchable path: %w",
+				dataDir, dir, fi.Mode().Perm(), dir, errdefs.ErrFailedPrecondition)
+		}
+		if dir == "/" || dir == "." {
+			return nil
+		}
+	}
 }
 
 // lockDataDir makes sure one daemon at a time owns a data dir.

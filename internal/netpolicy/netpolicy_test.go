@@ -64,7 +64,7 @@ func TestAttachCreatesEverything(t *testing.T) {
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("host link %s is down", att.HostIface)
 	}
-	if got, ok := hostAddr(host, n.cfg.Pool); !ok || got != att.HostIP {
+	if got, ok, err := hostAddr(host, n.cfg.Pool); err != nil || !ok || got != att.HostIP {
 		t.Errorf("host link address = %s, want %s", got, att.HostIP)
 	}
 

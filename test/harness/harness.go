@@ -159,13 +159,7 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 		d.DestroyAll()
 		d.Stop()
 		AssertNoLeaks(t, d)
-		// With no sandbox left, a stopped daemon leaves not even its
-		// (empty) cgroup parent behind.
-		for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-			if _, err := os.Stat(filepath.Join(root, "berth-"+d.Instance)); err == nil {
-				t.Errorf("leak: cgroup parent %s after the daemon stopped", filepath.Join(root, "berth-"+d.Instance))
-			}
-		}
+		AssertStoppedClean(t, d)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.Logs())
 		}
@@ -368,7 +362,7 @@ func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
 
 // AssertNoLeaks checks that nothing of the daemon's sandboxes is left on
 // the host: mounts, network namespaces, links, cgroups, runc state,
-// processes in the sandbox uid range, nftables elements.
+// processes in the daemon's cgroups, nftables chains and map elements.
 func AssertNoLeaks(t TB, d *Daemon) {
 	t.Helper()
 	for _, l := range Leaks(d) {
@@ -376,9 +370,81 @@ func AssertNoLeaks(t TB, d *Daemon) {
 	}
 }
 
+// cgroupRoots are where a daemon's cgroup parent may live, on cgroup v1
+// (one hierarchy per controller), hybrid and v2 hosts.
+var cgroupRoots = []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}
+
+// NftTable is the daemon instance's nftables table (family inet).
+func (d *Daemon) NftTable() string { return "berth_" + d.Instance }
+
+// AssertStoppedClean checks, after the daemon stopped with no sandbox left,
+// that nothing of the instance itself is left either (StoppedLeaks).
+func AssertStoppedClean(t TB, d *Daemon) {
+	t.Helper()
+	for _, l := range StoppedLeaks(d) {
+		t.Errorf("leak after the daemon stopped: %s", l)
+	}
+}
+
+// StoppedLeaks lists the host objects a daemon instance keeps while it runs
+// and must remove when it stops with no sandbox left: its nftables table and
+// its cgroup parents. Everything per sandbox is Leaks' business.
+func StoppedLeaks(d *Daemon) []string {
+	var out []string
+	if nftTableExists(d.NftTable()) {
+		out = append(out, "nftables table inet "+d.NftTable())
+	}
+	for _, root := range cgroupRoots {
+		if _, err := os.Stat(filepath.Join(root, "berth-"+d.Instance)); err == nil {
+			out = append(out, "cgroup parent "+filepath.Join(root, "berth-"+d.Instance))
+		}
+	}
+	return out
+}
+
+func nftTableExists(table string) bool {
+	b, err := exec.Command("nft", "list", "tables", "inet").Output()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == table {
+			return true
+		}
+	}
+	return false
+}
+
+// nftSandboxEntries lists the per-sandbox objects in the instance's table:
+// sandbox chains and the interface map's elements.
+func nftSandboxEntries(d *Daemon) []string {
+	b, err := exec.Command("nft", "list", "table", "inet", d.NftTable()).Output()
+	if err != nil {
+		return nil // no table, nothing in it
+	}
+	var out []string
+	linkPrefix := `"b` + d.Instance + `-`
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "chain sbx-"):
+			out = append(out, "nftables "+strings.TrimSuffix(line, " {"))
+		case strings.Contains(line, ": jump "):
+			// map elements: "elements = { "bX-…" : jump sbx-…," or a
+			// continuation line holding the same.
+			for _, el := range strings.Split(line, ",") {
+				if i := strings.Index(el, linkPrefix); i >= 0 {
+					out = append(out, "nftables map element "+strings.Trim(el[i:], " }"))
+				}
+			}
+		}
+	}
+	return out
+}
+
 // Leaks lists what is left on the host of the daemon's sandboxes.
 func Leaks(d *Daemon) []string {
-	var out []string
+	out := nftSandboxEntries(d)
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(mi))
 		for sc.Scan() {
@@ -418,7 +484,7 @@ func Leaks(d *Daemon) []string {
 			out = append(out, "process "+p.Name())
 		}
 	}
-	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+	for _, root := range cgroupRoots {
 		dir := filepath.Join(root, "berth-"+d.Instance)
 		if ents, err := os.ReadDir(dir); err == nil {
 			for _, e := range ents {
