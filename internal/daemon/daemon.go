@@ -18,6 +18,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
@@ -118,7 +119,9 @@ func (c Config) WithDefaults() Config {
 		c.Defaults = sandbox.Limits{CPUMillis: 1000, MemoryBytes: 512 << 20, DiskBytes: 2 << 30, PidsLimit: 1024}
 	}
 	if c.Max == (sandbox.Limits{}) {
-		c.Max = sandbox.Limits{CPUMillis: 64_000, MemoryBytes: 64 << 30, DiskBytes: 512 << 30, PidsLimit: 65536}
+		// No sandbox gets more CPU than the host has: a quota of 64
+		// cores on a 2-core host is a typo, not a limit.
+		c.Max = sandbox.Limits{CPUMillis: hostCPUMillis(), MemoryBytes: 64 << 30, DiskBytes: 512 << 30, PidsLimit: 65536}
 	}
 	return c
 }
@@ -263,6 +266,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	return nil
 }
+
+// hostCPUMillis is the CPUs this daemon may run on (its affinity mask,
+// which a cpuset cgroup narrows), in millicores.
+func hostCPUMillis() int64 { return int64(goruntime.NumCPU()) * 1000 }
 
 // checkTraversable refuses a data dir that a sandbox's mapped root (an
 // unprivileged host uid) cannot reach: runc mounts the rootfs from inside
