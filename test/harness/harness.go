@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -470,19 +471,8 @@ func Leaks(d *Daemon) []string {
 	}
 	// Every sandbox process lives in a cgroup under the daemon's parent,
 	// which nothing inside can leave (cgroupfs is read-only there).
-	if procs, err := os.ReadDir("/proc"); err == nil {
-		for _, p := range procs {
-			cg, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
-			if err != nil || !strings.Contains(string(cg), "/berth-"+d.Instance+"/") {
-				continue
-			}
-			// A zombie holds nothing but its pid until its parent (the
-			// host's init, once runc has exited) reaps it.
-			if st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status")); err == nil && strings.Contains(string(st), "State:\tZ") {
-				continue
-			}
-			out = append(out, "process "+p.Name())
-		}
+	for _, p := range Procs(func(p Proc) bool { return strings.Contains(p.Cgroup, "/berth-"+d.Instance+"/") }) {
+		out = append(out, "process "+strconv.Itoa(p.PID)+" "+p.Cmdline)
 	}
 	for _, root := range cgroupRoots {
 		dir := filepath.Join(root, "berth-"+d.Instance)
@@ -505,4 +495,21 @@ func Leaks(d *Daemon) []string {
 		}
 	}
 	return out
+}
+
+// FirstOutput is an io.Writer whose channel C closes at the first byte
+// written: the event that a command printed something.
+type FirstOutput struct {
+	C    chan struct{}
+	once sync.Once
+}
+
+// NewFirstOutput returns a FirstOutput with C open.
+func NewFirstOutput() *FirstOutput { return &FirstOutput{C: make(chan struct{})} }
+
+func (f *FirstOutput) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		f.once.Do(func() { close(f.C) })
+	}
+	return len(p), nil
 }
