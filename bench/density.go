@@ -49,7 +49,7 @@ func runDensity(tb *runner, n, batch int) error {
 	if err != nil {
 		return err
 	}
-	rssBefore := rss(d.Pid())
+	rssBefore := rss(d.PID())
 	var (
 		sbs      []*client.Sandbox
 		failures []string
@@ -102,7 +102,7 @@ func runDensity(tb *runner, n, batch int) error {
 		return err
 	}
 	cg := cgroupMemory("berth-" + d.Instance)
-	rssAfter := rss(d.Pid())
+	rssAfter := rss(d.PID())
 	held := len(sbs)
 	for _, f := range failures[:min(len(failures), 5)] {
 		tb.Logf("density: create failed: %s", f)

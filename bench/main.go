@@ -9,13 +9,16 @@
 //   - E2B compatibility: Sandbox.create → result of the first
 //     commands.run('echo ok') through the official npm e2b SDK
 //     (bench/e2b_tti.cjs, needs `npm ci` in test/e2b) against the same flow
-//     through the native Go SDK, on the base template.
+//     through the native Go SDK, on the base template;
+//   - burst: -burst creates of the minimal template at once (latency of
+//     each, and creates per second), against the same number of raw
+//     `runc run`s of its rootfs at once.
 //
 // With -density N it instead holds N idle minimal sandboxes on one daemon
 // (created -density-batch at a time), checks each answers, and reports
 // sandboxes held and host memory per sandbox (bench/density.go).
 //
-// Run as root: go run ./bench [-n 50] [-exec-n 200] [-templates minimal,base] [-e2b=true]
+// Run as root: go run ./bench [-n 50] [-exec-n 200] [-burst 50] [-templates minimal,base] [-e2b=true]
 // or: go run ./bench -density 500 [-density-batch 25]
 package main
 
@@ -45,6 +48,7 @@ func main() {
 	n := flag.Int("n", 50, "sandboxes per template")
 	execN := flag.Int("exec-n", 200, "exec round trips")
 	templates := flag.String("templates", "minimal,base", "templates to measure")
+	burst := flag.Int("burst", 50, "concurrent creates in the burst row (0: skip)")
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
@@ -57,12 +61,12 @@ func main() {
 		}
 		return
 	}
-	if err := run(tb, *n, *execN, strings.Split(*templates, ","), *e2b); err != nil {
+	if err := run(tb, *n, *execN, *burst, strings.Split(*templates, ","), *e2b); err != nil {
 		tb.Fatalf("%v", err)
 	}
 }
 
-func run(tb *runner, n, execN int, templates []string, e2b bool) error {
+func run(tb *runner, n, execN, burst int, templates []string, e2b bool) error {
 	bin, cleanup, err := harness.Build()
 	if err != nil {
 		return err
@@ -72,6 +76,9 @@ func run(tb *runner, n, execN int, templates []string, e2b bool) error {
 	ctx := context.Background()
 	var rows []row
 	for _, name := range templates {
+		if name == "" {
+			continue
+		}
 		if _, err := d.Client.BuildTemplate(ctx, name, io.Discard); err != nil {
 			return fmt.Errorf("build template %s: %w", name, err)
 		}
@@ -98,6 +105,19 @@ func run(tb *runner, n, execN int, templates []string, e2b bool) error {
 	rows = append(rows,
 		row{"exec round trip (`true` through the daemon API)", rtt},
 		row{"floor: fork/exec of `true` on the host", fork})
+	if burst > 0 {
+		lat, rate, err := measureBurst(ctx, d, burst)
+		if err != nil {
+			return err
+		}
+		raw, rawRate, err := measureRawRuncBurst(ctx, d, burst)
+		if err != nil {
+			return err
+		}
+		rows = append(rows,
+			row{fmt.Sprintf("burst: %d concurrent creates, minimal (%.1f creates/s)", burst, rate), lat},
+			row{fmt.Sprintf("floor: %d concurrent raw `runc run`s of its rootfs (%.1f runs/s)", burst, rawRate), raw})
+	}
 	if e2b {
 		rs, err := measureE2B(ctx, d, n)
 		if err != nil {

@@ -28,13 +28,14 @@ func (c *Client) agentBase(id string) string {
 // failure the daemon itself answers (unknown sandbox, agent down) comes back
 // as our JSON error, which Connect would misread for streaming calls (404
 // becomes "unimplemented"); it is decoded here instead and returned as the
-// transport error, which Connect wraps and errors.As finds.
-type agentHTTP struct{ hc *http.Client }
+// transport error, which Connect wraps and errors.As finds. Failing to reach
+// the daemon reads the same as on the control plane.
+type agentHTTP struct{ c *Client }
 
 func (a agentHTTP) Do(req *http.Request) (*http.Response, error) {
-	resp, err := a.hc.Do(req)
+	resp, err := a.c.hc.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, a.c.unreachable(err)
 	}
 	if resp.StatusCode < 400 {
 		return resp, nil
@@ -52,7 +53,7 @@ func (s *Sandbox) processClient() (processconnect.ProcessClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return processconnect.NewProcessClient(agentHTTP{c.hc}, c.agentBase(s.ID)), nil
+	return processconnect.NewProcessClient(agentHTTP{c}, c.agentBase(s.ID)), nil
 }
 
 func (s *Sandbox) filesystemClient() (filesystemconnect.FilesystemClient, error) {
@@ -60,7 +61,7 @@ func (s *Sandbox) filesystemClient() (filesystemconnect.FilesystemClient, error)
 	if err != nil {
 		return nil, err
 	}
-	return filesystemconnect.NewFilesystemClient(agentHTTP{c.hc}, c.agentBase(s.ID)), nil
+	return filesystemconnect.NewFilesystemClient(agentHTTP{c}, c.agentBase(s.ID)), nil
 }
 
 // userOr returns user, or the handle's user when it is empty.
@@ -129,6 +130,8 @@ func codeForConnect(c connect.Code) string {
 		return errdefs.CodeDeadlineExceeded
 	case connect.CodeUnimplemented:
 		return errdefs.CodeNotImplemented
+	case connect.CodeCanceled:
+		return errdefs.CodeCanceled
 	}
 	return errdefs.CodeInternal
 }

@@ -5,7 +5,10 @@
 // both sides of the wire.
 package errdefs
 
-import "errors"
+import (
+	"context"
+	"errors"
+)
 
 // The error classes. Wrap them: fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound).
 var (
@@ -20,6 +23,10 @@ var (
 	ErrPermissionDenied   = errors.New("permission denied")
 	ErrNotImplemented     = errors.New("not implemented")
 	ErrDeadlineExceeded   = errors.New("deadline exceeded")
+	// ErrCanceled is context.Canceled itself: a call its caller gave up
+	// on (Ctrl-C on `berth exec`, a closed request) is the caller's doing,
+	// not a bug in Berth.
+	ErrCanceled = context.Canceled
 )
 
 // Stable wire codes, one per class; "internal" for anything unclassified.
@@ -35,6 +42,7 @@ const (
 	CodePermissionDenied   = "permission_denied"
 	CodeNotImplemented     = "not_implemented"
 	CodeDeadlineExceeded   = "deadline_exceeded"
+	CodeCanceled           = "canceled"
 	CodeInternal           = "internal"
 )
 
@@ -60,24 +68,37 @@ var classes = []class{
 	{ErrPermissionDenied, CodePermissionDenied, 403},
 	{ErrNotImplemented, CodeNotImplemented, 501},
 	{ErrDeadlineExceeded, CodeDeadlineExceeded, 504},
+	// 499: the client closed the request (nginx's convention; net/http
+	// has no name for it).
+	{ErrCanceled, CodeCanceled, 499},
+}
+
+// classOf finds err's class. A context's deadline is ErrDeadlineExceeded's
+// class too: a wait that ran out of time is not a bug.
+func classOf(err error) (class, bool) {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c, true
+		}
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return classOf(ErrDeadlineExceeded)
+	}
+	return class{}, false
 }
 
 // Code returns the stable wire code of err's class, or "internal".
 func Code(err error) string {
-	for _, c := range classes {
-		if errors.Is(err, c.err) {
-			return c.code
-		}
+	if c, ok := classOf(err); ok {
+		return c.code
 	}
 	return CodeInternal
 }
 
 // HTTPStatus returns the HTTP status for err's class, or 500.
 func HTTPStatus(err error) int {
-	for _, c := range classes {
-		if errors.Is(err, c.err) {
-			return c.status
-		}
+	if c, ok := classOf(err); ok {
+		return c.status
 	}
 	return 500
 }

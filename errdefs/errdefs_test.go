@@ -1,6 +1,7 @@
 package errdefs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -23,6 +24,12 @@ func TestRoundTrip(t *testing.T) {
 	}
 	if Code(errors.New("boom")) != CodeInternal || HTTPStatus(errors.New("boom")) != 500 {
 		t.Error("an unclassified error is not internal/500")
+	}
+	if got := Code(fmt.Errorf("wait: %w", context.DeadlineExceeded)); got != CodeDeadlineExceeded {
+		t.Errorf("Code(context deadline) = %q, want %q", got, CodeDeadlineExceeded)
+	}
+	if got := Code(fmt.Errorf("exec: %w", context.Canceled)); got != CodeCanceled {
+		t.Errorf("Code(context canceled) = %q, want %q", got, CodeCanceled)
 	}
 	if FromCode("no_such_code") != nil {
 		t.Error("FromCode(unknown) is not nil")

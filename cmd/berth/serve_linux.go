@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/daemon"
 )
 
@@ -70,7 +71,7 @@ re-adopted when it starts again.`,
 			}
 			cfg.Version = buildVersion()
 			if os.Geteuid() != 0 {
-				return fmt.Errorf("berth serve must run as root (it creates namespaces, mounts and firewall rules)")
+				return fmt.Errorf("berth serve must run as root (it creates namespaces, mounts and firewall rules): %w", errdefs.ErrPermissionDenied)
 			}
 			level := slog.LevelInfo
 			if debug {

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // workspaceFlags are create's repository flags.
@@ -83,10 +84,12 @@ func newEnvCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.out, "%s: valid: template %q, %d setup step(s), network setup %s / agent %s\n", args[0], res.Template, len(res.Steps), res.SetupNetwork, res.AgentNetwork)
+			// A file whose secrets this daemon lacks cannot run here: it
+			// is not "valid", and the fix is the user's.
 			if len(res.MissingSecrets) > 0 {
-				return fmt.Errorf("secrets not set on this daemon: %s (berth secret set NAME)", strings.Join(res.MissingSecrets, ", "))
+				return fmt.Errorf("%s: secrets not set on this daemon: %s (berth secret set NAME): %w", args[0], strings.Join(res.MissingSecrets, ", "), errdefs.ErrFailedPrecondition)
 			}
+			fmt.Fprintf(a.out, "%s: valid: template %q, %d setup step(s), network setup %s / agent %s\n", args[0], res.Template, len(res.Steps), res.SetupNetwork, res.AgentNetwork)
 			return nil
 		},
 	}

@@ -52,6 +52,9 @@ func TestParseCreate(t *testing.T) {
 		{createRequest{Timeout: "0s"}, "timeout"},
 		{createRequest{CPU: &neg}, "cpu"},
 		{createRequest{Pids: -3}, "pids"},
+		{createRequest{Memory: "0"}, "memory"},
+		{createRequest{Memory: "0M"}, "memory"},
+		{createRequest{Disk: "0"}, "disk"},
 	}
 	for _, tt := range tests {
 		got, err := parseCreate(tt.in)

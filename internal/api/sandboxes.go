@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -120,10 +121,15 @@ func toJSON(s sandbox.Sandbox) sandboxJSON {
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.Pids}, Network: in.Network}
 	if in.CPU != nil {
-		if *in.CPU <= 0 || *in.CPU > 1024 {
-			return out, badField("cpu", fmt.Errorf("cpu %v: want a number of cores above 0: %w", *in.CPU, errdefs.ErrInvalidArgument))
+		// The range (0.1 up to the host's cores) is the Manager's check;
+		// this one only keeps the conversion to millicores meaningful.
+		if !(*in.CPU > 0 && *in.CPU <= 1<<20) {
+			return out, badField("cpu", fmt.Errorf("cpu %v: want a number of cores, at least %v: %w",
+				*in.CPU, float64(sandbox.MinLimits.CPUMillis)/1000, errdefs.ErrInvalidArgument))
 		}
-		out.Limits.CPUMillis = int64(*in.CPU * 1000)
+		// Round up, so 0.0999 is refused as below 0.1 rather than
+		// passing as 0 millicores (the default).
+		out.Limits.CPUMillis = int64(math.Ceil(*in.CPU * 1000))
 	}
 	if in.Pids < 0 {
 		return out, badField("pids", fmt.Errorf("pids %d is negative: %w", in.Pids, errdefs.ErrInvalidArgument))
@@ -133,10 +139,18 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		if out.Limits.MemoryBytes, err = units.ParseSize(in.Memory); err != nil {
 			return out, badField("memory", fmt.Errorf("memory: %w", err))
 		}
+		// 0 would read as "unset" further in and silently become the
+		// default.
+		if out.Limits.MemoryBytes == 0 {
+			return out, badField("memory", fmt.Errorf("memory %q: want at least %s: %w", in.Memory, units.FormatSize(sandbox.MinLimits.MemoryBytes), errdefs.ErrInvalidArgument))
+		}
 	}
 	if in.Disk != "" {
 		if out.Limits.DiskBytes, err = units.ParseSize(in.Disk); err != nil {
 			return out, badField("disk", fmt.Errorf("disk: %w", err))
+		}
+		if out.Limits.DiskBytes == 0 {
+			return out, badField("disk", fmt.Errorf("disk %q: want at least %s: %w", in.Disk, units.FormatSize(sandbox.MinLimits.DiskBytes), errdefs.ErrInvalidArgument))
 		}
 	}
 	if in.Timeout != "" {

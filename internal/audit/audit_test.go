@@ -36,11 +36,11 @@ func TestAppendReadRotateFollow(t *testing.T) {
 	if _, err := l.Read("../x", Filter{}); err == nil {
 		t.Error("Read accepted a path as sandbox id")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	got := make(chan Record, 100)
 	go l.Follow(ctx, "sb2", Filter{}, func(r Record) error { got <- r; return nil })
-	deadline := time.Now().Add(3 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		l.Append(Record{Sandbox: "sb2", Proto: "dns", Decision: "allow"})
 		select {

@@ -18,9 +18,11 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
@@ -121,7 +123,9 @@ func (c Config) WithDefaults() Config {
 		c.Defaults = sandbox.Limits{CPUMillis: 1000, MemoryBytes: 512 << 20, DiskBytes: 2 << 30, PidsLimit: 1024}
 	}
 	if c.Max == (sandbox.Limits{}) {
-		c.Max = sandbox.Limits{CPUMillis: 64_000, MemoryBytes: 64 << 30, DiskBytes: 512 << 30, PidsLimit: 65536}
+		// No sandbox gets more CPU than the host has: a quota of 64
+		// cores on a 2-core host is a typo, not a limit.
+		c.Max = sandbox.Limits{CPUMillis: hostCPUMillis(), MemoryBytes: 64 << 30, DiskBytes: 512 << 30, PidsLimit: 65536}
 	}
 	return c
 }
@@ -137,6 +141,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	if err := os.Chmod(cfg.DataDir, 0o711); err != nil {
 		return fmt.Errorf("data dir: %w", err)
+	}
+	if err := checkTraversable(cfg.DataDir); err != nil {
+		return err
 	}
 	unlock, err := lockDataDir(cfg.DataDir)
 	if err != nil {
@@ -187,7 +194,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	defer netw.Close(context.WithoutCancel(ctx))
+	defer func() {
+		// Runs after the runtime's Close: with no sandbox left, nothing
+		// of this instance stays in the host's firewall. With sandboxes
+		// left the table stays, guarding their veths until the next
+		// start re-adopts them.
+		tctx := context.WithoutCancel(ctx)
+		if err := netw.Teardown(tctx); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			log.Warn("netpolicy_teardown_failed", "error", err)
+		}
+		netw.Close(tctx)
+	}()
 	// Headroom: the soft descriptor limit up to the hard one. What keeps
 	// one sandbox from using it up are the egress proxy's per-sandbox
 	// limits, sized from it (egress.Limits).
@@ -275,6 +292,31 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		hs.Close()
 	}
 	return nil
+}
+
+// hostCPUMillis is the CPUs this daemon may run on (its affinity mask,
+// which a cpuset cgroup narrows), in millicores.
+func hostCPUMillis() int64 { return int64(goruntime.NumCPU()) * 1000 }
+
+// checkTraversable refuses a data dir that a sandbox's mapped root (an
+// unprivileged host uid) cannot reach: runc mounts the rootfs from inside
+// the user namespace, and a parent without the search bit for others (a
+// `mktemp -d` dir is 0700) would fail every create with runc's bare
+// "permission denied".
+func checkTraversable(dataDir string) error {
+	for dir := filepath.Dir(dataDir); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return fmt.Errorf("data dir %s: %w", dataDir, err)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("data dir %s: its parent %s (mode %04o) is not searchable by other users, so sandboxes (which run as unprivileged host uids) cannot reach their root filesystems; run `chmod o+x %s` or choose a data dir under a searchable path: %w",
+				dataDir, dir, fi.Mode().Perm(), dir, errdefs.ErrFailedPrecondition)
+		}
+		if dir == "/" || dir == "." {
+			return nil
+		}
+	}
 }
 
 // lockDataDir makes sure one daemon at a time owns a data dir.

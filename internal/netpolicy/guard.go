@@ -114,7 +114,7 @@ func (g *Guard) hostAddrs() []netip.Addr {
 	if time.Since(g.fetched) < time.Second && g.cached != nil {
 		return g.cached
 	}
-	addrs, err := redump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
+	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
 	if err != nil {
 		return g.cached // keep the last good list
 	}

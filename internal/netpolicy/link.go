@@ -72,7 +72,7 @@ const chainPrefix = "sbx-"
 // our prefix but no alias (should not happen: the alias is set in the same
 // message that creates the link) is keyed by its name so it is not lost.
 func (n *Network) ownLinks() (map[string]netlink.Link, error) {
-	links, err := redump(netlink.LinkList)
+	links, err := dump(netlink.LinkList)
 	if err != nil {
 		return nil, fmt.Errorf("list links: %w", err)
 	}
@@ -232,19 +232,47 @@ func deleteLink(l netlink.Link) error {
 	return nil
 }
 
-// hostAddr returns the link's IPv4 address inside pool.
-func hostAddr(l netlink.Link, pool netip.Prefix) (netip.Addr, bool) {
-	addrs, err := redump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_V4) })
+// hostAddr returns the link's IPv4 address inside pool; ok is false if it
+// has none. Failing to read the addresses is an error, not "none": under
+// concurrent creates that difference was a spurious "link has no address".
+func hostAddr(l netlink.Link, pool netip.Prefix) (ip netip.Addr, ok bool, err error) {
+	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(l, netlink.FAMILY_V4) })
 	if err != nil {
-		return netip.Addr{}, false
+		return netip.Addr{}, false, fmt.Errorf("addresses of %s: %w", l.Attrs().Name, err)
 	}
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP.To4())
 		if ok && pool.Contains(ip) {
-			return ip, true
+			return ip, true, nil
 		}
 	}
-	return netip.Addr{}, false
+	return netip.Addr{}, false, nil
+}
+
+// dumpAttempts bounds the retries of an interrupted netlink dump. Each
+// retry is a fresh dump; an interruption means only that the table changed
+// while the kernel was writing it (another sandbox's link or address came
+// or went), which with many concurrent creates happens often but rarely
+// many times in a row.
+const dumpAttempts = 20
+
+// dump runs a netlink dump again while the kernel reports it interrupted
+// (NLM_F_DUMP_INTR: "results may be incomplete or inconsistent"). Those
+// results are never used: a missing entry would read as "no such link" or
+// "address free".
+func dump[T any](f func() (T, error)) (T, error) {
+	var (
+		out T
+		err error
+	)
+	for range dumpAttempts {
+		out, err = f()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return out, err
+		}
+	}
+	var zero T
+	return zero, fmt.Errorf("netlink dump interrupted %d times in a row: %w", dumpAttempts, errdefs.ErrUnavailable)
 }
 
 // allocate picks a free /30 from the pool. "Free" means it overlaps no
@@ -284,7 +312,7 @@ func allocateFrom(pool netip.Prefix, id string, used []netip.Prefix) (netip.Pref
 
 func usedPrefixes() ([]netip.Prefix, error) {
 	var used []netip.Prefix
-	addrs, err := redump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
+	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_V4) })
 	if err != nil {
 		return nil, fmt.Errorf("list host addresses: %w", err)
 	}
@@ -295,7 +323,7 @@ func usedPrefixes() ([]netip.Prefix, error) {
 	}
 	// Every table, not only main: a policy-routing table may send part of
 	// the pool somewhere else.
-	routes, err := redump(func() ([]netlink.Route, error) {
+	routes, err := dump(func() ([]netlink.Route, error) {
 		return netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_UNSPEC}, netlink.RT_FILTER_TABLE)
 	})
 	if err != nil {

@@ -265,7 +265,10 @@ func (n *Network) SetMode(ctx context.Context, id string, mode Mode) error {
 	if link == nil {
 		return fmt.Errorf("sandbox %s link: %w", id, errdefs.ErrNotFound)
 	}
-	host, ok := hostAddr(link, n.cfg.Pool)
+	host, ok, err := hostAddr(link, n.cfg.Pool)
+	if err != nil {
+		return fmt.Errorf("sandbox %s: %w", id, err)
+	}
 	if !ok {
 		return fmt.Errorf("sandbox %s link has no address: %w", id, errdefs.ErrNotFound)
 	}
@@ -303,7 +306,10 @@ func (n *Network) Lookup(ctx context.Context, id string) (Attachment, error) {
 		return Attachment{}, fmt.Errorf("sandbox %s link: %w", id, errdefs.ErrNotFound)
 	}
 	att.HostIface = link.Attrs().Name
-	host, ok := hostAddr(link, n.cfg.Pool)
+	host, ok, err := hostAddr(link, n.cfg.Pool)
+	if err != nil {
+		return Attachment{}, fmt.Errorf("sandbox %s: %w", id, err)
+	}
 	if !ok {
 		return Attachment{}, fmt.Errorf("sandbox %s link %s has no address in %s: %w", id, att.HostIface, n.cfg.Pool, errdefs.ErrNotFound)
 	}
@@ -335,7 +341,9 @@ func (n *Network) detach(_ context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	if link != nil {
-		if ip, ok := hostAddr(link, n.cfg.Pool); ok {
+		if ip, ok, err := hostAddr(link, n.cfg.Pool); err != nil {
+			errs = append(errs, err)
+		} else if ok {
 			// A later sandbox may get this address; stale flows must not
 			// make its packets look "established".
 			n.flushConntrack(ip.Next())

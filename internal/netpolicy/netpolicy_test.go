@@ -65,7 +65,7 @@ func TestAttachCreatesEverything(t *testing.T) {
 	if host.Attrs().Flags&net.FlagUp == 0 {
 		t.Errorf("host link %s is down", att.HostIface)
 	}
-	if got, ok := hostAddr(host, n.cfg.Pool); !ok || got != att.HostIP {
+	if got, ok, err := hostAddr(host, n.cfg.Pool); err != nil || !ok || got != att.HostIP {
 		t.Errorf("host link address = %s, want %s", got, att.HostIP)
 	}
 
@@ -179,7 +179,7 @@ func TestReachability(t *testing.T) {
 		}
 	}
 
-	const short = 300 * time.Millisecond
+	const short = 5 * time.Second // a refusal is immediate; only a drop would wait it out
 	tests := []struct {
 		name string
 		addr string
@@ -191,7 +191,8 @@ func TestReachability(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			start := time.Now()
+			// The dial's own timeout bounds it; how fast it fails under
+			// load is no part of the property.
 			err := dialFrom(a.NetNSPath, tt.addr, short)
 			if err == nil {
 				t.Fatalf("sandbox a -> %s (%s) connected, want failure", tt.addr, tt.name)
@@ -199,9 +200,6 @@ func TestReachability(t *testing.T) {
 			// Refused at once with a reset, not left to time out.
 			if !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("sandbox a -> %s: %v, want connection refused", tt.addr, err)
-			}
-			if d := time.Since(start); d > 3*short {
-				t.Errorf("sandbox a -> %s took %v to fail", tt.addr, d)
 			}
 		})
 	}

@@ -301,15 +301,15 @@ func (m *Manager) validate(req *CreateRequest) error {
 		field     string
 		v, lo, hi int64
 	}{
-		{"cpu", req.Limits.CPUMillis, 10, m.cfg.Max.CPUMillis},
-		{"memory", req.Limits.MemoryBytes, 16 << 20, m.cfg.Max.MemoryBytes},
-		{"disk", req.Limits.DiskBytes, 64 << 20, m.cfg.Max.DiskBytes},
-		{"pids", req.Limits.PidsLimit, 16, m.cfg.Max.PidsLimit},
+		{"cpu", req.Limits.CPUMillis, MinLimits.CPUMillis, m.cfg.Max.CPUMillis},
+		{"memory", req.Limits.MemoryBytes, MinLimits.MemoryBytes, m.cfg.Max.MemoryBytes},
+		{"disk", req.Limits.DiskBytes, MinLimits.DiskBytes, m.cfg.Max.DiskBytes},
+		{"pids", req.Limits.PidsLimit, MinLimits.PidsLimit, m.cfg.Max.PidsLimit},
 		{"timeout", int64(req.Timeout), int64(time.Second), int64(m.cfg.MaxTimeout)},
 	}
 	for _, c := range checks {
 		if c.v < c.lo || (c.hi > 0 && c.v > c.hi) {
-			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range [%s, %s]: %w",
+			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range: want %s to %s: %w",
 				c.field, fmtLimit(c.field, c.v), fmtLimit(c.field, c.lo), fmtLimit(c.field, c.hi), errdefs.ErrInvalidArgument)}
 		}
 	}
@@ -326,12 +326,35 @@ func (m *Manager) validate(req *CreateRequest) error {
 	return validateOwned(req)
 }
 
+// MinLimits are the smallest limits a sandbox may ask for: below them it
+// cannot start its agent (memory, pids), hold a filesystem (disk), or get
+// a useful share of a core (cpu, 0.1). Zero in a request means "the
+// default", so the API refuses an explicit 0 itself.
+var MinLimits = Limits{CPUMillis: 100, MemoryBytes: 16 << 20, DiskBytes: 64 << 20, PidsLimit: 16}
+
+// fmtBytes renders a size in the largest binary unit that holds it exactly
+// ("16MiB", "1KiB", "1000B"), so a tiny value is not shown as 0MiB.
+func fmtBytes(v int64) string {
+	if v == 0 {
+		return "unbounded"
+	}
+	for _, u := range []struct {
+		s string
+		m int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if v%u.m == 0 {
+			return strconv.FormatInt(v/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(v, 10) + "B"
+}
+
 func fmtLimit(field string, v int64) string {
 	switch field {
 	case "cpu":
 		return strconv.FormatFloat(float64(v)/1000, 'f', -1, 64)
 	case "memory", "disk":
-		return strconv.FormatInt(v>>20, 10) + "MiB"
+		return fmtBytes(v)
 	case "timeout":
 		if v == 0 {
 			return "unbounded"

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -251,6 +252,21 @@ func TestValidation(t *testing.T) {
 		var fe *FieldError
 		if !errors.As(err, &fe) || fe.Field != tc.field {
 			t.Errorf("Create(%+v) = %v, want a %s field error", tc.req, err, tc.field)
+		}
+	}
+	// Out-of-range messages give the allowed range in the field's units.
+	for _, tc := range []struct {
+		limits Limits
+		want   string
+	}{
+		{Limits{CPUMillis: 50}, "cpu 0.05 is out of range: want 0.1 to 4"},
+		{Limits{CPUMillis: 64000}, "cpu 64 is out of range: want 0.1 to 4"},
+		{Limits{MemoryBytes: 1 << 10}, "memory 1KiB is out of range: want 16MiB to 4GiB"},
+		{Limits{DiskBytes: 1000}, "disk 1000B is out of range: want 64MiB to 8GiB"},
+	} {
+		_, err := f.m.Create(t.Context(), CreateRequest{Limits: tc.limits})
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Create(%+v) = %v, want invalid argument %q", tc.limits, err, tc.want)
 		}
 	}
 	if all, _ := f.m.List(t.Context(), ListOptions{}); len(all) != 0 {

@@ -116,7 +116,9 @@ func (r *setupRun) run(ctx context.Context, e *entry) error {
 			return fmt.Errorf("setup %s: %w; log tail:\n%s", label, err, out.tailString())
 		}
 		if code != 0 {
-			return fmt.Errorf("setup %s exited with code %d after %s; log tail:\n%s", label, code, time.Since(start).Round(time.Millisecond), out.tailString())
+			// The repository's own script failed: the user's to fix,
+			// not a bug in Berth.
+			return fmt.Errorf("setup %s exited with code %d after %s; log tail:\n%s: %w", label, code, time.Since(start).Round(time.Millisecond), out.tailString(), errdefs.ErrFailedPrecondition)
 		}
 	}
 	// Nothing started during setup outlives it: a background process would
@@ -206,7 +208,7 @@ git rev-parse HEAD`
 		return "", fmt.Errorf("clone %s: template %q has no git (%s): use a template with git, such as base: %w", r.src.url, e.rec.Template, tail, errInvalid)
 	}
 	if code != 0 {
-		return "", fmt.Errorf("clone %s at %s: git exited with code %d: %s", r.src.url, r.src.ref, code, tail)
+		return "", fmt.Errorf("clone %s at %s: git exited with code %d: %s: %w", r.src.url, r.src.ref, code, tail, errdefs.ErrFailedPrecondition)
 	}
 	lines := strings.Fields(tail)
 	if len(lines) == 0 {

@@ -266,13 +266,11 @@ func TestEgressSetAtRuntime(t *testing.T) {
 		t.Errorf("berth net set with a bad entry: exit %d, %s", code, stderr)
 	}
 
-	// Closing applies to the next connection, without a restart.
-	start := time.Now()
+	// Closing applies to the next connection, without a restart: the
+	// probes right after the call are the proof (how fast the call is,
+	// is bench's business).
 	if _, err := env.d.Client.SetNetworkPolicy(ctx, sb.ID, client.NetworkPolicy{Mode: client.NetNone}); err != nil {
 		t.Fatal(err)
-	}
-	if d := time.Since(start); d > 100*time.Millisecond {
-		t.Errorf("policy change took %s, want at most 100ms", d)
 	}
 	expect(t, sb, "https allowed.test -connect "+ip1+":443"+testCA, 1, "")
 	expect(t, sb, "dns allowed.test", 1, "")

@@ -178,9 +178,9 @@ func TestLimits(t *testing.T) {
 	if code == 0 {
 		t.Error("a 300 MB allocation in a 64 MiB sandbox succeeded")
 	}
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	waitFor(t, 15*time.Second, "an oom event", func() bool {
+	waitFor(t, time.Minute, "an oom event", func() bool {
 		evs, _ := d.Client.Events(ctx, sb.ID)
 		for _, e := range evs {
 			if e.Type == "oom" {

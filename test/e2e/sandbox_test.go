@@ -98,7 +98,7 @@ func TestBackgroundProcesses(t *testing.T) {
 		c, _ := sb.Attach(ctx, uint32(pid), &buf, &buf)
 		attached <- c
 	}()
-	waitFor(t, 10*time.Second, "output after attach", func() bool { return strings.Contains(buf.String(), "tick") })
+	waitFor(t, time.Minute, "output after attach", func() bool { return strings.Contains(buf.String(), "tick") })
 	if _, errOut, code = d.CLI(t, nil, "signal", sb.ID, strconv.Itoa(pid), "TERM"); code != 0 {
 		t.Fatalf("berth signal: %d %s", code, errOut)
 	}

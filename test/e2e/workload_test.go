@@ -41,7 +41,7 @@ func TestWatchDir(t *testing.T) {
 	}
 	MustRun(t, sb, "echo a > /tmp/w/a.txt; echo b > /tmp/w/sub/b.txt; mv /tmp/w/a.txt /tmp/w/c.txt; rm /tmp/w/sub/b.txt")
 	want := []string{"create a.txt", "write a.txt", "create sub/b.txt", "rename a.txt", "create c.txt", "remove sub/b.txt"}
-	waitFor(t, 10*time.Second, "watch events", func() bool {
+	waitFor(t, time.Minute, "watch events", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		got := strings.Join(seen, ",")

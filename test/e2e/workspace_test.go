@@ -150,7 +150,9 @@ network:
 		t.Errorf("the cached environment holds the secret in %s", p)
 	}
 
-	// Second create: same key, setup skipped, faster.
+	// Second create: same key, setup skipped. The daemon's setup_cached
+	// event is the proof of the cache hit; how much faster it was is
+	// bench's business (under load it may not be).
 	sb2, prog2, second := create()
 	cached := false
 	for _, p := range prog2 {
@@ -164,9 +166,6 @@ network:
 	}
 	if got := strings.TrimSpace(MustRun(t, sb2, "cat /workspace/built.txt; git -C /workspace rev-parse HEAD")); got != "built\n"+commit {
 		t.Errorf("cached sandbox = %q", got)
-	}
-	if second >= first {
-		t.Errorf("cached create took %s, first %s: want faster", second, first)
 	}
 	t.Logf("workspace create: first %s (clone + setup + freeze), cached %s", first.Round(time.Millisecond), second.Round(time.Millisecond))
 	envs, err := d.Client.Environments(ctx)
@@ -196,6 +195,10 @@ network:
 	var werr *client.WorkspaceError
 	if !errors.As(err, &werr) || werr.Sandbox == nil {
 		t.Fatalf("failing step: err = %v, want a WorkspaceError with the sandbox", err)
+	}
+	// The repository's script failed, not Berth.
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("failing step: err = %v (code %s), want failed_precondition", err, client.ErrorCode(err))
 	}
 	got, gerr := d.Client.Get(ctx, werr.Sandbox.ID)
 	if gerr != nil || got.State != "failed" || !strings.Contains(got.Reason, "breaks") || !strings.Contains(got.Reason, "code 7") || !strings.Contains(got.Reason, "failing-output") {
@@ -236,6 +239,12 @@ func TestWorkspaceCLI(t *testing.T) {
 	}
 	if _, errOut, code := d.CLI(t, nil, "secret", "rm", "API_KEY"); code != 0 {
 		t.Errorf("secret rm: exit %d: %s", code, errOut)
+	}
+	// Without its secret the file cannot run here: not "valid", and the
+	// user's to fix, not internal.
+	if out, errOut, code := d.CLI(t, nil, "env", "check", good); code != 1 || strings.Contains(out, "valid") ||
+		!strings.Contains(errOut, "API_KEY") || !strings.HasSuffix(errOut, "(failed_precondition)\n") {
+		t.Errorf("env check with a missing secret = %q %q (exit %d); want exit 1, no \"valid\", failed_precondition naming API_KEY", out, errOut, code)
 	}
 	if _, _, code := d.CLI(t, nil, "secret", "rm", "API_KEY"); code == 0 {
 		t.Errorf("secret rm twice succeeded")

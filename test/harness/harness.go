@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -159,13 +160,7 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 		d.DestroyAll()
 		d.Stop()
 		AssertNoLeaks(t, d)
-		// With no sandbox left, a stopped daemon leaves not even its
-		// (empty) cgroup parent behind.
-		for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
-			if _, err := os.Stat(filepath.Join(root, "berth-"+d.Instance)); err == nil {
-				t.Errorf("leak: cgroup parent %s after the daemon stopped", filepath.Join(root, "berth-"+d.Instance))
-			}
-		}
+		AssertStoppedClean(t, d)
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", d.Logs())
 		}
@@ -368,7 +363,7 @@ func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
 
 // AssertNoLeaks checks that nothing of the daemon's sandboxes is left on
 // the host: mounts, network namespaces, links, cgroups, runc state,
-// processes in the sandbox uid range, nftables elements.
+// processes in the daemon's cgroups, nftables chains and map elements.
 func AssertNoLeaks(t TB, d *Daemon) {
 	t.Helper()
 	for _, l := range Leaks(d) {
@@ -376,9 +371,81 @@ func AssertNoLeaks(t TB, d *Daemon) {
 	}
 }
 
+// cgroupRoots are where a daemon's cgroup parent may live, on cgroup v1
+// (one hierarchy per controller), hybrid and v2 hosts.
+var cgroupRoots = []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}
+
+// NftTable is the daemon instance's nftables table (family inet).
+func (d *Daemon) NftTable() string { return "berth_" + d.Instance }
+
+// AssertStoppedClean checks, after the daemon stopped with no sandbox left,
+// that nothing of the instance itself is left either (StoppedLeaks).
+func AssertStoppedClean(t TB, d *Daemon) {
+	t.Helper()
+	for _, l := range StoppedLeaks(d) {
+		t.Errorf("leak after the daemon stopped: %s", l)
+	}
+}
+
+// StoppedLeaks lists the host objects a daemon instance keeps while it runs
+// and must remove when it stops with no sandbox left: its nftables table and
+// its cgroup parents. Everything per sandbox is Leaks' business.
+func StoppedLeaks(d *Daemon) []string {
+	var out []string
+	if nftTableExists(d.NftTable()) {
+		out = append(out, "nftables table inet "+d.NftTable())
+	}
+	for _, root := range cgroupRoots {
+		if _, err := os.Stat(filepath.Join(root, "berth-"+d.Instance)); err == nil {
+			out = append(out, "cgroup parent "+filepath.Join(root, "berth-"+d.Instance))
+		}
+	}
+	return out
+}
+
+func nftTableExists(table string) bool {
+	b, err := exec.Command("nft", "list", "tables", "inet").Output()
+	if err != nil {
+		return false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[2] == table {
+			return true
+		}
+	}
+	return false
+}
+
+// nftSandboxEntries lists the per-sandbox objects in the instance's table:
+// sandbox chains and the interface map's elements.
+func nftSandboxEntries(d *Daemon) []string {
+	b, err := exec.Command("nft", "list", "table", "inet", d.NftTable()).Output()
+	if err != nil {
+		return nil // no table, nothing in it
+	}
+	var out []string
+	linkPrefix := `"b` + d.Instance + `-`
+	for _, line := range strings.Split(string(b), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "chain sbx-"):
+			out = append(out, "nftables "+strings.TrimSuffix(line, " {"))
+		case strings.Contains(line, ": jump "):
+			// map elements: "elements = { "bX-…" : jump sbx-…," or a
+			// continuation line holding the same.
+			for _, el := range strings.Split(line, ",") {
+				if i := strings.Index(el, linkPrefix); i >= 0 {
+					out = append(out, "nftables map element "+strings.Trim(el[i:], " }"))
+				}
+			}
+		}
+	}
+	return out
+}
+
 // Leaks lists what is left on the host of the daemon's sandboxes.
 func Leaks(d *Daemon) []string {
-	var out []string
+	out := nftSandboxEntries(d)
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		sc := bufio.NewScanner(bytes.NewReader(mi))
 		for sc.Scan() {
@@ -404,22 +471,11 @@ func Leaks(d *Daemon) []string {
 	}
 	// Every sandbox process lives in a cgroup under the daemon's parent,
 	// which nothing inside can leave (cgroupfs is read-only there).
-	if procs, err := os.ReadDir("/proc"); err == nil {
-		for _, p := range procs {
-			cg, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cgroup"))
-			if err != nil || !strings.Contains(string(cg), "/berth-"+d.Instance+"/") {
-				continue
-			}
-			// A zombie holds nothing but its pid until its parent (the
-			// host's init, once runc has exited) reaps it.
-			if st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status")); err == nil && strings.Contains(string(st), "State:\tZ") {
-				continue
-			}
-			out = append(out, "process "+p.Name())
-		}
-		out = append(out, userNSHolders(d, procs)...)
+	for _, p := range Procs(func(p Proc) bool { return strings.Contains(p.Cgroup, "/berth-"+d.Instance+"/") }) {
+		out = append(out, "process "+strconv.Itoa(p.PID)+" "+p.Cmdline)
 	}
-	for _, root := range []string{"/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/cpu", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"} {
+	out = append(out, userNSHolders(d)...)
+	for _, root := range cgroupRoots {
 		dir := filepath.Join(root, "berth-"+d.Instance)
 		if ents, err := os.ReadDir(dir); err == nil {
 			for _, e := range ents {
@@ -446,28 +502,17 @@ func Leaks(d *Daemon) []string {
 // userNSHolders lists the daemon's children that hold a sandbox's user
 // namespace (unshare, then cat, run as the sandbox's root uid): each must
 // be gone once runc has joined the namespace or the create failed.
-func userNSHolders(d *Daemon, procs []os.DirEntry) []string {
+func userNSHolders(d *Daemon) []string {
+	pid := d.PID()
+	if pid == 0 {
+		// A holder exits when the daemon does (its stdin closes).
+		return nil
+	}
 	var out []string
-	for _, p := range procs {
-		comm, err := os.ReadFile(filepath.Join("/proc", p.Name(), "comm"))
-		if c := strings.TrimSpace(string(comm)); err != nil || (c != "cat" && c != "unshare") {
-			continue
-		}
-		st, err := os.ReadFile(filepath.Join("/proc", p.Name(), "status"))
-		if err != nil || strings.Contains(string(st), "State:\tZ") {
-			continue
-		}
-		for _, line := range strings.Split(string(st), "\n") {
-			f := strings.Fields(line)
-			if len(f) < 2 || f[0] != "PPid:" {
-				continue
-			}
-			cmd, _ := os.ReadFile(filepath.Join("/proc", f[1], "cmdline"))
-			args := strings.Split(string(cmd), "\x00")
-			if len(args) > 1 && args[1] == "serve" && strings.Contains(string(cmd), "\x00"+d.DataDir+"\x00") {
-				out = append(out, "user namespace holder "+p.Name())
-			}
-		}
+	for _, p := range Procs(func(p Proc) bool {
+		return p.PPID == pid && (p.Comm == "cat" || p.Comm == "unshare")
+	}) {
+		out = append(out, "user namespace holder "+strconv.Itoa(p.PID))
 	}
 	return out
 }
@@ -491,12 +536,19 @@ func UIDClaims(d *Daemon) []string {
 	return out
 }
 
-// Pid returns the daemon's process id, 0 when it is not running.
-func (d *Daemon) Pid() int {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.cmd == nil || d.cmd.Process == nil {
-		return 0
+// FirstOutput is an io.Writer whose channel C closes at the first byte
+// written: the event that a command printed something.
+type FirstOutput struct {
+	C    chan struct{}
+	once sync.Once
+}
+
+// NewFirstOutput returns a FirstOutput with C open.
+func NewFirstOutput() *FirstOutput { return &FirstOutput{C: make(chan struct{})} }
+
+func (f *FirstOutput) Write(p []byte) (int, error) {
+	if len(p) > 0 {
+		f.once.Do(func() { close(f.C) })
 	}
-	return d.cmd.Process.Pid
+	return len(p), nil
 }

@@ -43,7 +43,7 @@ func TestDaemonBounds(t *testing.T) {
 	fmt.Fprintln(f, "audit_max_bytes: 65536")
 	f.Close()
 	l := newLab(t, client.CreateRequest{Memory: "128M", Disk: "64M", CPU: 0.5, Network: pol}, cfgArgs...)
-	pid := daemonPID(t, l.d)
+	pid := l.d.PID()
 	// A neighbour with egress: the proxy and resolver must keep serving it.
 	nbe := l.d.Create(t, client.CreateRequest{Network: pol})
 	l.copyAttacker(t, nbe)

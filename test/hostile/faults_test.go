@@ -49,7 +49,7 @@ func TestDaemonFaults(t *testing.T) {
 			_, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
 			errc <- err
 		}()
-		harness.WaitFor(t, 30*time.Second, "the create to start", func() bool { return sandboxDirs() > before })
+		harness.WaitFor(t, time.Minute, "the create to start", func() bool { return sandboxDirs() > before })
 		restart(t)
 		t.Logf("interrupted create returned: %v", <-errc)
 		// The half-made sandbox is not left ready-looking.
@@ -66,13 +66,21 @@ func TestDaemonFaults(t *testing.T) {
 
 	t.Run("kill-during-exec", func(t *testing.T) {
 		errc := make(chan error, 1)
+		started := harness.NewFirstOutput()
 		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			defer cancel()
-			_, err := l.sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "echo started; sleep 30"}, Stdout: io.Discard})
+			_, err := l.sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "echo started; sleep 30"}, Stdout: started})
 			errc <- err
 		}()
-		harness.WaitFor(t, 10*time.Second, "the exec to run", func() bool { return len(hostProcsWith("sleep 30")) > 0 })
+		// The command's first output is the event that it runs.
+		select {
+		case <-started.C:
+		case err := <-errc:
+			t.Fatalf("exec ended before it printed: %v", err)
+		case <-time.After(2 * time.Minute):
+			t.Fatal("the exec printed nothing within 2 minutes")
+		}
 		restart(t)
 		if err := <-errc; err == nil {
 			t.Errorf("exec through a killed daemon reported success")
@@ -111,7 +119,7 @@ func TestDaemonFaults(t *testing.T) {
 			defer cancel()
 			errc <- victim.Kill(ctx)
 		}()
-		harness.WaitFor(t, 10*time.Second, "the destroy to start", func() bool {
+		harness.WaitFor(t, time.Minute, "the destroy to start", func() bool {
 			sb, err := d.Client.Get(context.Background(), victim.ID)
 			return err != nil || sb.State != client.StateReady
 		})
@@ -119,6 +127,6 @@ func TestDaemonFaults(t *testing.T) {
 		t.Logf("interrupted destroy returned: %v", <-errc)
 		// Whatever state the restart found, a destroy now finishes it.
 		_ = victim.Kill(t.Context())
-		harness.WaitFor(t, 30*time.Second, "the victim's processes to be gone", func() bool { return sandboxProcs(d, victim.ID) == 0 })
+		harness.WaitFor(t, 2*time.Minute, "the victim's cgroup (and so every process in it) to be gone", func() bool { return d.CgroupGone(victim.ID) })
 	})
 }

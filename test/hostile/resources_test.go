@@ -25,18 +25,28 @@ func TestResourceExhaustion(t *testing.T) {
 
 	t.Run("fork-bomb", func(t *testing.T) {
 		sb := l.d.Create(t, client.CreateRequest{})
+		events := l.d.CgroupFile(sb.ID, "pids", "pids.events")
+		if events == "" {
+			t.Fatalf("sandbox %s has no pids.events", sb.ID)
+		}
 		pid, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "f() { f | f & }; f; sleep 1000"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		got, _ := l.d.Client.Get(t.Context(), sb.ID)
-		// The bomb fills the pids cgroup; the host's process count must
-		// not follow past the limit.
-		harness.WaitFor(t, 30*time.Second, "the bomb to reach the pids limit", func() bool {
-			return sandboxProcs(l.d, sb.ID) >= int(got.PIDsLimit)*8/10
+		limit, err := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.max"))
+		if err != nil || limit != got.PIDsLimit {
+			t.Fatalf("pids.max = %d, %v; want the sandbox's limit %d", limit, err, got.PIDsLimit)
+		}
+		// The bomb has hit the wall once the kernel reports it: the pids
+		// cgroup counts each fork it refused in pids.events ("max").
+		harness.WaitFor(t, 2*time.Minute, "the kernel to refuse a fork at the pids limit (pids.events max > 0)", func() bool {
+			n, err := harness.CgroupKV(events, "max")
+			return err == nil && n > 0
 		})
-		if n := sandboxProcs(l.d, sb.ID); n > int(got.PIDsLimit) {
-			t.Errorf("sandbox has %d processes, limit %d", n, got.PIDsLimit)
+		// The host's process count does not follow past the limit.
+		if n, err := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.current")); err != nil || n > got.PIDsLimit {
+			t.Errorf("pids.current = %d, %v; want at most %d", n, err, got.PIDsLimit)
 		}
 		// The neighbour is unaffected; the bombed sandbox's agent still
 		// answers (listing processes needs no fork).
@@ -48,7 +58,11 @@ func TestResourceExhaustion(t *testing.T) {
 		if err := sb.Kill(t.Context()); err != nil {
 			t.Errorf("destroy bombed sandbox: %v", err)
 		}
-		harness.WaitFor(t, 30*time.Second, "the bomb's processes to be gone", func() bool { return sandboxProcs(l.d, sb.ID) == 0 })
+		// Destroy returns once the sandbox's cgroups are removed, which
+		// the kernel allows only when no process is left in them.
+		if !l.d.CgroupGone(sb.ID) {
+			t.Errorf("the bombed sandbox's cgroup outlived its destroy")
+		}
 		l.check(t)
 	})
 
@@ -63,7 +77,7 @@ func TestResourceExhaustion(t *testing.T) {
 		if !strings.HasPrefix(o, "alive") {
 			t.Errorf("sandbox after OOM: %q", o)
 		}
-		harness.WaitFor(t, 10*time.Second, "the OOM kill to show in usage", func() bool {
+		harness.WaitFor(t, time.Minute, "the OOM kill to show in usage", func() bool {
 			sb, err := l.d.Client.Get(t.Context(), l.sb.ID)
 			return err == nil && sb.Usage != nil && sb.Usage.OOMKills > 0
 		})
@@ -82,7 +96,7 @@ func TestResourceExhaustion(t *testing.T) {
 		// part-way (the unread body poisons it), so the daemon's pooled
 		// connections stay usable: the next request works at once.
 		tries := 0
-		harness.WaitFor(t, 10*time.Second, "cleanup after the disk fill", func() bool {
+		harness.WaitFor(t, time.Minute, "cleanup after the disk fill", func() bool {
 			tries++
 			code, err := l.sb.Exec(t.Context(), client.ExecRequest{Cmd: "rm", Args: []string{"-f", "/tmp/fill", "/tmp/more"}})
 			if err != nil {
@@ -118,7 +132,7 @@ func TestResourceExhaustion(t *testing.T) {
 	})
 
 	t.Run("stdout-flood", func(t *testing.T) {
-		pid := daemonPID(t, l.d)
+		pid := l.d.PID()
 		base := rssKiB(pid)
 		var peak atomic.Int64
 		stop := make(chan struct{})
@@ -169,33 +183,48 @@ func TestResourceExhaustion(t *testing.T) {
 			return time.Since(start)
 		}
 		idle := timeIt()
+		// The kernel holds the sandbox to its 0.5 CPU: the quota is set
+		// on its cgroup.
+		quota := ""
+		if p := l.d.CgroupFile(l.sb.ID, "cpu", "cpu.cfs_quota_us"); p != "" {
+			q, err1 := harness.CgroupInt(p)
+			period, err2 := harness.CgroupInt(l.d.CgroupFile(l.sb.ID, "cpu", "cpu.cfs_period_us"))
+			if err1 != nil || err2 != nil {
+				t.Fatalf("cpu quota: %v %v", err1, err2)
+			}
+			quota = fmt.Sprintf("%d %d", q, period)
+		} else if p := l.d.CgroupFile(l.sb.ID, "cpu", "cpu.max"); p != "" {
+			b, _ := os.ReadFile(p)
+			quota = strings.TrimSpace(string(b))
+		}
+		if quota != "50000 100000" {
+			t.Errorf("sandbox cpu quota = %q, want 50000 per 100000 (0.5 CPU)", quota)
+		}
 		pid, err := l.sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "for i in $(seq 16); do (while :; do :; done) & done; wait"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.sb.Signal(context.WithoutCancel(t.Context()), pid, 9)
-		harness.WaitFor(t, 10*time.Second, "the spinners to start", func() bool { return sandboxProcs(l.d, l.sb.ID) > 16 })
+		current := l.d.CgroupFile(l.sb.ID, "pids", "pids.current")
+		harness.WaitFor(t, 2*time.Minute, "the spinners to start (pids.current > 16)", func() bool {
+			n, err := harness.CgroupInt(current)
+			return err == nil && n > 16
+		})
 		before := cpuSeconds(t, l)
 		busy := timeIt()
 		spent := cpuSeconds(t, l) - before
+		// The neighbour finished its work beside them; how much slower it
+		// got depends on whatever else the host runs, so it is logged.
 		t.Logf("neighbour loop: %v idle, %v next to 16 spinning threads; spinner used %.2fs CPU in that time", idle, busy, spent)
-		if busy > 3*idle+time.Second {
-			t.Errorf("neighbour slowed from %v to %v by a spinning sandbox", idle, busy)
-		}
-		// 0.5 CPU allowed; generous for accounting granularity.
+		// An upper bound only, which load on the host can only make
+		// easier to meet: the spinners got no more than their quota
+		// (generous for accounting granularity).
 		if limit := 0.5*busy.Seconds()*1.5 + 0.3; spent > limit {
 			t.Errorf("spinner used %.2fs CPU in %v, above its 0.5 CPU share", spent, busy)
 		}
 		_ = l.sb.Signal(t.Context(), pid, 9)
 		l.check(t)
 	})
-}
-
-type countWriter struct{ n atomic.Int64 }
-
-func (c *countWriter) Write(p []byte) (int, error) {
-	c.n.Add(int64(len(p)))
-	return len(p), nil
 }
 
 func cpuSeconds(t *testing.T, l *lab) float64 {
@@ -207,45 +236,11 @@ func cpuSeconds(t *testing.T, l *lab) float64 {
 	return sb.Usage.CPUSeconds
 }
 
-// sandboxProcs counts live host processes in the sandbox's cgroup.
-func sandboxProcs(d *harness.Daemon, id string) int {
-	n := 0
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil || !strings.Contains(string(cg), "/berth-"+d.Instance+"/") || !strings.Contains(string(cg), id) {
-			continue
-		}
-		// A zombie is dead; it waits only for the host's init to reap it
-		// once runc has gone.
-		if st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status")); err == nil && strings.Contains(string(st), "State:\tZ") {
-			continue
-		}
-		n++
-	}
-	return n
-}
+type countWriter struct{ n atomic.Int64 }
 
-// daemonPID finds the daemon's process by its data dir.
-func daemonPID(t *testing.T, d *harness.Daemon) int {
-	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		args := strings.Split(string(cmd), "\x00")
-		if len(args) > 2 && args[1] == "serve" && strings.Contains(string(cmd), "\x00"+d.DataDir+"\x00") {
-			return pid
-		}
-	}
-	t.Fatalf("daemon process for %s not found", d.DataDir)
-	return 0
+func (c *countWriter) Write(p []byte) (int, error) {
+	c.n.Add(int64(len(p)))
+	return len(p), nil
 }
 
 // rssKiB is a process's resident set from /proc/PID/status.

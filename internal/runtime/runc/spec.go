@@ -71,12 +71,16 @@ func nofileLimit() uint64 {
 // (Linux 5.14 and later, ucounts): before that it counted processes per
 // host uid, where a sandbox would also count the processes of whatever
 // else runs as its uids (a daemon of an older Berth on the same range).
-// Set to the pids limit it is a second wall behind the pids cgroup, for a
-// host whose pids controller is missing or misconfigured.
+// It is a second wall behind the pids cgroup, for a host whose pids
+// controller is missing or misconfigured, so it sits a little above the
+// pids limit: the kernel counts a fork against RLIMIT_NPROC before it
+// charges the cgroup, so at an equal value the rlimit refused the forks of
+// a fork bomb first, and the cgroup, whose pids.events is what reports a
+// sandbox hitting its limit, never saw one.
 func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
 	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
 	if r.nsNproc && s.PidsLimit > 0 {
-		n := uint64(s.PidsLimit)
+		n := uint64(s.PidsLimit) + uint64(s.PidsLimit)/8 + 16
 		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	// No core dumps: a crashing workload's memory image is written into the

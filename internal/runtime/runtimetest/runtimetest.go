@@ -228,7 +228,9 @@ func testIsolation(t *testing.T, h Harness) {
 	if inst.Exec == nil {
 		return
 	}
-	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x 2>&1; echo x > /proc/sys/kernel/domainname 2>&1; true")
+	// One stream (exec 2>&1): stdout and stderr are separate pipes, and
+	// under load the shell's error lines could overtake the first lines.
+	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "exec 2>&1; hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x; echo x > /proc/sys/kernel/domainname; true")
 	t.Logf("inside:\n%s", out)
 	if err != nil {
 		t.Fatalf("exec = %v", err)
