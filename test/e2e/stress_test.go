@@ -41,7 +41,8 @@ const (
 
 func TestOutputNeverLost(t *testing.T) {
 	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{})
+	// Outlive the default 10 minutes on a crowded machine.
+	sb := d.Create(t, client.CreateRequest{Timeout: "30m"})
 	big := seqBytes(stressBig)
 
 	t.Run("quiet", func(t *testing.T) {
