@@ -1,7 +1,7 @@
 // Output is never lost through the E2B SDK: the SDK's share of the stress
 // test whose CLI and Go SDK parts are test/e2e/stress_test.go (5,000
 // commands in all). Each command prints its own tokens on stdout and stderr
-// and exits with its own code; every 25th prints 1 MiB and exits at once.
+// and exits with its own code; every 50th prints 1 MiB and exits at once.
 // The second batch runs under a CPU hog on every core of the host.
 import { test, before, after } from 'node:test'
 import assert from 'node:assert/strict'
@@ -13,7 +13,7 @@ import { newSandbox } from './helpers.mjs'
 const QUIET = 1400
 const HOG = 200
 const PARALLEL = 8
-const BIG_EVERY = 25
+const BIG_EVERY = 50
 const BIG = 1 << 20
 
 // The first BIG bytes of `seq 1 200000`.

@@ -27,15 +27,16 @@ import (
 // The quiet run is the bulk (3,600 commands here, 1,400 through the E2B
 // SDK: 5,000); the run under a CPU hog on every core is a smaller batch
 // (600 here, 200 there) of the same mix, since a hog makes each command
-// several times slower and the suite must stay within minutes.
+// several times slower and the suite must stay within minutes. The CLI's
+// share is the smallest: each of its commands also starts a process.
 const (
-	stressSDK      = 2400
-	stressCLI      = 1200
+	stressSDK      = 2800
+	stressCLI      = 800
 	stressHogSDK   = 400
 	stressHogCLI   = 200
 	stressParallel = 8
 	// Every stressBigEvery-th command prints 1 MiB.
-	stressBigEvery = 25
+	stressBigEvery = 50
 	stressBig      = 1 << 20
 )
 
