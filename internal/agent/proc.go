@@ -157,13 +157,11 @@ func (p *proc) finish(end *pb.ProcessEvent) {
 // writing cannot hold the end back.
 func (p *proc) readOutput(f *os.File, kind string) {
 	defer p.readers.Done()
-	budget := -1 // bytes still allowed once the deadline passed; -1 before
+	late := false // the drain deadline passed once
+	budget := 0   // bytes still allowed since then
 	for {
 		buf := make([]byte, outputChunk)
 		n, err := f.Read(buf)
-		if budget >= 0 {
-			budget -= n
-		}
 		if n > 0 {
 			data := &pb.ProcessEvent_DataEvent{}
 			switch kind {
@@ -176,16 +174,24 @@ func (p *proc) readOutput(f *os.File, kind string) {
 			}
 			p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: data}})
 		}
+		if late {
+			if budget -= n; budget <= 0 {
+				return
+			}
+		}
 		if err == nil {
 			continue
 		}
 		if !errors.Is(err, os.ErrDeadlineExceeded) {
 			return
 		}
-		if budget < 0 {
-			budget = pipeCapacity(f)
+		if !late {
+			// What the process wrote before it exited and is still unread
+			// is at the front of the pipe, which holds no more than its
+			// capacity: reading that much more reads all of it.
+			late, budget = true, pipeCapacity(f)
 		}
-		if budget <= 0 || pending(f) <= 0 {
+		if pending(f) <= 0 {
 			return
 		}
 		// Bytes are waiting: a new deadline lets the next Read take them
