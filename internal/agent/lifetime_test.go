@@ -147,15 +147,18 @@ func TestConnectDeadlineLimitsProcess(t *testing.T) {
 	for stream.Receive() {
 	}
 	waitGone(t, pid)
-	list, err := e.proc.List(ctx, connect.NewRequest(&pb.ListRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range list.Msg.GetProcesses() {
-		if int(p.GetPid()) == pid {
-			t.Errorf("process %d still listed after its deadline", pid)
+	waitFor(t, "the process to leave the agent's table", func() bool {
+		list, err := e.proc.List(ctx, connect.NewRequest(&pb.ListRequest{}))
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
+		for _, p := range list.Msg.GetProcesses() {
+			if int(p.GetPid()) == pid {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // TestKillOnDisconnect: a Start stream with kill_on_disconnect takes its
