@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -28,7 +30,16 @@ type ExecRequest struct {
 	Stdout, Stderr io.Writer
 	// Tag names the process so it can be selected by tag later.
 	Tag string
+	// Timeout, when positive, is the command's time limit: the agent kills
+	// its process group when it passes and the command ends with exit code
+	// 124, as under coreutils' timeout. It is counted from the start in the
+	// sandbox and holds for background commands too. At most 49 days
+	// (whole milliseconds travel on the wire).
+	Timeout time.Duration
 }
+
+// maxTimeout is the longest Timeout the wire's uint32 milliseconds carry.
+const maxTimeout = time.Duration(math.MaxUint32) * time.Millisecond
 
 // stdinChunk is how much stdin goes in one SendInput call.
 const stdinChunk = 32 << 10
@@ -54,6 +65,15 @@ func (r *ExecRequest) startRequest() (*process.StartRequest, error) {
 		Process: &process.ProcessConfig{Cmd: r.Cmd, Args: r.Args, Envs: r.Env},
 		Stdin:   &stdin,
 	}
+	switch {
+	case r.Timeout < 0 || r.Timeout > maxTimeout:
+		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "timeout",
+			Message: fmt.Sprintf("exec: timeout %v: want 0 (none) up to %v", r.Timeout, maxTimeout)}
+	case r.Timeout > 0:
+		// Round up: a limit shorter than a millisecond is still a limit.
+		ms := uint32((r.Timeout + time.Millisecond - 1) / time.Millisecond)
+		req.TimeoutMs = &ms
+	}
 	if r.Cwd != "" {
 		req.Process.Cwd = &r.Cwd
 	}
@@ -65,8 +85,10 @@ func (r *ExecRequest) startRequest() (*process.StartRequest, error) {
 
 // Exec runs a command and waits for it, streaming its output to
 // req.Stdout and req.Stderr as it arrives. The exit code is the command's,
-// or 128+n when signal n ended it. A deadline on ctx is also the command's
-// time limit: the agent kills it when the deadline passes.
+// 128+n when signal n ended it, or 124 when req.Timeout passed. The command
+// lives only as long as its caller waits: when ctx is cancelled or its
+// deadline passes, or the connection to the daemon drops, the agent kills
+// the command's process group (and Exec returns ctx's error).
 func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	pc, err := s.processClient()
 	if err != nil {
@@ -76,6 +98,8 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (int, error) {
 	if err != nil {
 		return -1, err
 	}
+	kill := true
+	sr.KillOnDisconnect = &kill
 	user := s.userOr(req.User)
 	creq := connect.NewRequest(sr)
 	setHeaders(creq.Header(), user)
@@ -169,8 +193,9 @@ func forwardStdin(ctx context.Context, pc interface {
 
 // Start runs a command in the background and returns its pid once it has
 // started; its output is not collected (Attach to follow it). req.Stdin and
-// the output writers are ignored. Unlike Exec, ctx's deadline bounds only
-// the start, not the command.
+// the output writers are ignored. Unlike Exec, ctx bounds only the start,
+// not the command, which runs on after Start returns (until it exits, is
+// signalled, or req.Timeout passes).
 func (s *Sandbox) Start(ctx context.Context, req ExecRequest) (uint32, error) {
 	pc, err := s.processClient()
 	if err != nil {
@@ -183,8 +208,9 @@ func (s *Sandbox) Start(ctx context.Context, req ExecRequest) (uint32, error) {
 	}
 	creq := connect.NewRequest(sr)
 	setHeaders(creq.Header(), s.userOr(req.User))
-	// The agent turns a request deadline into the process's time limit, so
-	// the stream runs under a context without one, cancelled with ctx.
+	// The agent turns a request deadline into the process's time limit
+	// (Connect-Timeout-Ms, as envd does), so the stream runs under a
+	// context without one, cancelled with ctx.
 	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)

@@ -44,7 +44,9 @@ type PTY struct {
 }
 
 // StartPTY starts an interactive process on a terminal of cols×rows. The
-// process runs until it exits, Kill is called, or ctx ends.
+// process runs until it exits, Kill is called, or its client goes away: when
+// ctx ends, Close is called or the connection drops, the agent kills the
+// process's group, as a terminal's hangup would.
 func (s *Sandbox) StartPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
 	pc, err := s.processClient()
 	if err != nil {
@@ -60,6 +62,8 @@ func (s *Sandbox) StartPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
 		Process: &process.ProcessConfig{Cmd: req.Cmd, Args: req.Args, Envs: req.Env},
 		Pty:     &process.PTY{Size: &process.PTY_Size{Cols: uint32(req.Cols), Rows: uint32(req.Rows)}},
 	}
+	kill := true
+	sr.KillOnDisconnect = &kill
 	if req.Cwd != "" {
 		sr.Process.Cwd = &req.Cwd
 	}
@@ -164,8 +168,8 @@ func (p *PTY) Kill() error {
 	return nil
 }
 
-// Close stops following the process and waits for the reader goroutine. It
-// does not kill the process; call Kill first for that.
+// Close stops following the process and waits for the reader goroutine.
+// A process still running then is killed by the agent (its client left).
 func (p *PTY) Close() error {
 	p.closeOnce.Do(func() {
 		// Closing the read side first unblocks a goroutine stuck writing

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -46,7 +47,11 @@ func newExecCmd(a *app) *cobra.Command {
 		Use:   "exec ID [flags] -- CMD [ARG…]",
 		Short: "Run a command in a sandbox",
 		Long: `Run a command in a sandbox, streaming its stdout and stderr live, and exit
-with its exit code (128+n when signal n ended it).
+with its exit code (128+n when signal n ended it, 124 when --timeout passed).
+
+The command lives as long as berth waits for it: when berth is interrupted
+(Ctrl-C, SIGTERM) or loses its connection, the command's process group in
+the sandbox is killed. --background commands run on by themselves.
 
 Standard input is forwarded when it is not a terminal (a pipe or a file), or
 always with -i. From a terminal without -i the command gets an empty stdin,
@@ -82,6 +87,11 @@ so a stray "cat" does not wait for typing that is never meant for it.`,
 			}
 			req.Stdout, req.Stderr = a.out, a.err
 			code, err := sb.Exec(cmd.Context(), req)
+			if err != nil && cmd.Context().Err() != nil {
+				// SIGTERM (main's context) ended the wait, and with it
+				// the command; end as a process killed by it would.
+				return exitCodeError{128 + int(syscall.SIGTERM)}
+			}
 			if err != nil {
 				return err
 			}
@@ -98,6 +108,7 @@ so a stray "cat" does not wait for typing that is never meant for it.`,
 	f.BoolVarP(&background, "background", "d", false, "start in the background and print the pid")
 	f.BoolVarP(&interactive, "interactive", "i", false, "forward stdin even from a terminal")
 	f.StringVar(&req.Tag, "tag", "", "tag the process for later selection")
+	f.DurationVar(&req.Timeout, "timeout", 0, "kill the command after this long (e.g. 30s, 5m) and exit 124")
 	return cmd
 }
 

@@ -131,6 +131,8 @@ func TestLocalValidation(t *testing.T) {
 		{[]string{"create", "--cpu", "-1"}, "--cpu"},
 		{[]string{"exec", "sb1", "--env", "X", "--", "ls"}, "--env"},
 		{[]string{"exec", "sb1"}, "command"},
+		{[]string{"exec", "sb1", "--timeout", "soon", "--", "ls"}, "--timeout"},
+		{[]string{"exec", "sb1", "--timeout", "-1s", "--", "ls"}, "timeout"},
 		{[]string{"signal", "sb1", "12", "BOGUS"}, "BOGUS"},
 		{[]string{"signal", "sb1", "notapid"}, "pid"},
 		{[]string{"timeout", "sb1", "forever"}, "forever"},

@@ -37,7 +37,12 @@ func newShellCmd(a *app) *cobra.Command {
 		Long: `Open the user's login shell (falling back to /bin/sh) on a terminal in the
 sandbox. The local terminal is put in raw mode, so Ctrl-C and other keys
 reach the remote shell; exit the shell to leave. berth exits with the
-shell's exit code.`,
+shell's exit code.
+
+Without a terminal on standard input (echo ls | berth shell ID, or a script
+redirected in), there is nobody to type: the login shell runs the input
+non-interactively to its end, without a terminal, its output and errors
+going to berth's, and berth exits with its code.`,
 		Args: exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -61,11 +66,19 @@ shell's exit code.`,
 func runShell(ctx context.Context, a *app, sb *client.Sandbox, user string) (int, error) {
 	in, _ := a.in.(*os.File)
 	tty := in != nil && term.IsTerminal(int(in.Fd()))
-	var cols, rows int = 80, 24
-	if tty {
-		if w, h, err := term.GetSize(int(in.Fd())); err == nil {
-			cols, rows = w, h
-		}
+	if !tty {
+		// Piped input is a script, not keystrokes: a terminal would echo it,
+		// prompt between lines and leave end of input to a typed Ctrl-D
+		// the shell may not read as such. Run it as ssh does without a
+		// terminal.
+		return sb.Exec(ctx, client.ExecRequest{
+			Cmd: "/bin/sh", Args: []string{"-c", loginShell},
+			User: user, Stdin: a.in, Stdout: a.out, Stderr: a.err,
+		})
+	}
+	cols, rows := 80, 24
+	if w, h, err := term.GetSize(int(in.Fd())); err == nil {
+		cols, rows = w, h
 	}
 	termName := os.Getenv("TERM")
 	if termName == "" {
@@ -81,42 +94,33 @@ func runShell(ctx context.Context, a *app, sb *client.Sandbox, user string) (int
 	}
 	defer p.Close()
 
-	if tty {
-		old, err := term.MakeRaw(int(in.Fd()))
-		if err != nil {
-			return -1, err
-		}
-		defer term.Restore(int(in.Fd()), old)
+	old, err := term.MakeRaw(int(in.Fd()))
+	if err != nil {
+		return -1, err
+	}
+	defer term.Restore(int(in.Fd()), old)
 
-		winch := make(chan os.Signal, 1)
-		signal.Notify(winch, syscall.SIGWINCH)
-		defer signal.Stop(winch)
-		done := make(chan struct{})
-		defer close(done)
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-winch:
-					if w, h, err := term.GetSize(int(in.Fd())); err == nil {
-						_ = p.Resize(uint16(w), uint16(h))
-					}
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	defer signal.Stop(winch)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-winch:
+				if w, h, err := term.GetSize(int(in.Fd())); err == nil {
+					_ = p.Resize(uint16(w), uint16(h))
 				}
 			}
-		}()
-	}
+		}
+	}()
 
 	// Not waited for: a read from the terminal cannot be interrupted, and
 	// berth exits right after the shell does.
-	go func() {
-		_, _ = io.Copy(p, a.in)
-		if !tty {
-			// Input piped into the shell has ended: type Ctrl-D so the
-			// shell sees end of input as on a terminal.
-			_, _ = p.Write([]byte{4})
-		}
-	}()
+	go func() { _, _ = io.Copy(p, a.in) }()
 	if _, err := io.Copy(a.out, p); err != nil && !errors.Is(err, io.EOF) {
 		return -1, err
 	}

@@ -487,3 +487,20 @@ func TestFloodBoundedMemory(t *testing.T) {
 		t.Errorf("heap peaked at %d bytes while streaming", peak)
 	}
 }
+
+// TestFastOutputReachesStartStream: a command that prints and exits before
+// the Start handler goes on must still deliver its output on that stream.
+// The hook holds startProc's caller until the process ended and its output
+// was read, which is the worst case of the race: a stream that subscribed
+// only after startProc returned saw nothing.
+func TestFastOutputReachesStartStream(t *testing.T) {
+	e := newEnv(t, "")
+	e.srv.procs.afterStart = func(p *proc) { <-p.endedCh }
+	r := e.run(t, "", sh("echo tok-out; echo tok-err >&2"))
+	if r.stdout != "tok-out\n" || r.stderr != "tok-err\n" {
+		t.Errorf("output = %q/%q, want tok-out/tok-err", r.stdout, r.stderr)
+	}
+	if r.end.GetExitCode() != 0 || !r.end.GetExited() {
+		t.Errorf("end = %v, want exit 0", r.end)
+	}
+}

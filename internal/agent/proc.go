@@ -27,10 +27,19 @@ const (
 	// memory per process stays below subscribers × subscriberBuffer × outputChunk.
 	// With nobody listening, output is discarded, as envd does.
 	subscriberBuffer = 64
-	// drainGrace bounds how long output is read after the process exited; a
-	// background grandchild that keeps the pipe open must not hold the end
-	// event back forever.
+	// drainGrace is how long the readers wait for more output once the
+	// process exited: a background grandchild that keeps the pipe open must
+	// not hold the end event back forever. It bounds waiting only, never
+	// reading: what the process left in its pipe is read however late the
+	// reader gets to it (see readOutput).
 	drainGrace = 200 * time.Millisecond
+	// drainBudget bounds what is read once drainGrace ran out, when the
+	// pipe's capacity is not known (a PTY): a grandchild writing without
+	// pause must not keep the readers busy forever either.
+	drainBudget = 1 << 20
+	// timeoutExitCode is the exit code of a process killed at its time
+	// limit, as coreutils' timeout reports it.
+	timeoutExitCode = 124
 )
 
 // proc is one process the agent started.
@@ -51,6 +60,17 @@ type proc struct {
 
 	readers sync.WaitGroup
 	outputs []*os.File // read ends the readers drain
+
+	// limit is the time limit's timer; nil without one. timedOut is set
+	// (under mu) just before the limit's kill, so the end event can tell
+	// a kill at the limit from any other; limitCode says whether that end
+	// reports exit code 124 (Berth's timeout_ms) or the signal as envd
+	// does for Connect-Timeout-Ms.
+	limit     *time.Timer
+	exited    bool // the process's own status is in
+	timedOut  bool
+	limitCode bool
+	limitText string
 }
 
 // subscribe registers a stream for the process's further data events. The
@@ -76,7 +96,7 @@ func (p *proc) unsubscribe(ch chan *pb.ProcessEvent) {
 // publish hands ev to every subscriber, blocking on a full one: that is the
 // backpressure. A subscriber that leaves is removed under p.mu, so publish
 // re-checks membership while it waits.
-func (p *proc) publish(ev *pb.ProcessEvent, done <-chan struct{}) {
+func (p *proc) publish(ev *pb.ProcessEvent) {
 	p.mu.Lock()
 	subs := make([]chan *pb.ProcessEvent, 0, len(p.subs))
 	for ch := range p.subs {
@@ -84,11 +104,13 @@ func (p *proc) publish(ev *pb.ProcessEvent, done <-chan struct{}) {
 	}
 	p.mu.Unlock()
 	for _, ch := range subs {
-		p.sendTo(ch, ev, done)
+		p.sendTo(ch, ev)
 	}
 }
 
-func (p *proc) sendTo(ch chan *pb.ProcessEvent, ev *pb.ProcessEvent, done <-chan struct{}) {
+// sendTo waits as long as the subscriber stays: output is delivered to a
+// slow stream, never dropped; one that leaves stops the wait.
+func (p *proc) sendTo(ch chan *pb.ProcessEvent, ev *pb.ProcessEvent) {
 	select {
 	case ch <- ev:
 		return
@@ -99,8 +121,6 @@ func (p *proc) sendTo(ch chan *pb.ProcessEvent, ev *pb.ProcessEvent, done <-chan
 	for {
 		select {
 		case ch <- ev:
-			return
-		case <-done:
 			return
 		case <-tick.C:
 			p.mu.Lock()
@@ -128,8 +148,17 @@ func (p *proc) finish(end *pb.ProcessEvent) {
 	close(p.endedCh)
 }
 
-func (p *proc) readOutput(f *os.File, kind string, done <-chan struct{}) {
+// readOutput publishes what the process writes to f until every writer
+// closed it. Once the process exited, f has a read deadline (drainGrace
+// after the exit); when it passes, the reader goes on as long as the pipe
+// still holds bytes, up to the pipe's capacity more: everything the process
+// wrote before it exited is then read, however long the reader was kept from
+// it (a slow subscriber, a loaded CPU), while a grandchild that keeps
+// writing cannot hold the end back.
+func (p *proc) readOutput(f *os.File, kind string) {
 	defer p.readers.Done()
+	late := false // the drain deadline passed once
+	budget := 0   // bytes still allowed since then
 	for {
 		buf := make([]byte, outputChunk)
 		n, err := f.Read(buf)
@@ -143,12 +172,66 @@ func (p *proc) readOutput(f *os.File, kind string, done <-chan struct{}) {
 			default:
 				data.Output = &pb.ProcessEvent_DataEvent_Pty{Pty: buf[:n]}
 			}
-			p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: data}}, done)
+			p.publish(&pb.ProcessEvent{Event: &pb.ProcessEvent_Data{Data: data}})
 		}
-		if err != nil {
+		if late {
+			if budget -= n; budget <= 0 {
+				return
+			}
+		}
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			return
+		}
+		if !late {
+			// What the process wrote before it exited and is still unread
+			// is at the front of the pipe, which holds no more than its
+			// capacity: reading that much more reads all of it.
+			late, budget = true, pipeCapacity(f)
+		}
+		if pending(f) <= 0 {
+			return
+		}
+		// Bytes are waiting: a new deadline lets the next Read take them
+		// (one past due fails before reading).
+		if f.SetReadDeadline(time.Now().Add(drainGrace)) != nil {
 			return
 		}
 	}
+}
+
+// pending is how many bytes f's pipe or terminal holds unread
+// (TIOCINQ is FIONREAD: it answers for pipes and PTY masters alike).
+func pending(f *os.File) int {
+	n := 0
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	_ = rc.Control(func(fd uintptr) {
+		if v, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ); err == nil {
+			n = v
+		}
+	})
+	return n
+}
+
+// pipeCapacity is how many bytes f's pipe can hold, drainBudget for
+// anything that is not a pipe.
+func pipeCapacity(f *os.File) int {
+	n := drainBudget
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return n
+	}
+	_ = rc.Control(func(fd uintptr) {
+		if v, err := unix.FcntlInt(fd, unix.F_GETPIPE_SZ, 0); err == nil && v > 0 {
+			n = v
+		}
+	})
+	return n
 }
 
 // writeInput sends bytes to the process's stdin or PTY.
@@ -245,17 +328,25 @@ type startSpec struct {
 	user  *user
 	pty   *pb.PTY
 	stdin bool
+	// limit, when positive, is the process's time limit; limitCode makes
+	// a kill at the limit end with exit code 124 (timeout_ms) instead of
+	// reporting the signal (Connect-Timeout-Ms, as envd does).
+	limit     time.Duration
+	limitCode bool
 }
 
-// startProc forks the process and wires its output. ctx bounds nothing but
-// the setup: the process lives as long as it likes.
-func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, error) {
+// startProc forks the process and wires its output. The returned channel is
+// the caller's subscription to the process's events, registered before the
+// output readers start: a process may print and exit before startProc
+// returns, and none of that output may be published to nobody. The caller
+// unsubscribes when done.
+func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan *pb.ProcessEvent, error) {
 	cmd := exec.Command(spec.argv[0], spec.argv[1:]...)
 	cmd.Path = spec.argv[0]
 	if lp, err := lookPath(spec.argv[0], spec.env); err == nil {
 		cmd.Path = lp
 	} else {
-		return nil, fmt.Errorf("command %q: %w: %w", spec.argv[0], err, errNotFound)
+		return nil, nil, fmt.Errorf("command %q: %w: %w", spec.argv[0], err, errNotFound)
 	}
 	cmd.Args = spec.argv
 	cmd.Env = spec.env
@@ -284,7 +375,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 	if spec.pty != nil {
 		master, slave, err := pty.Open()
 		if err != nil {
-			return nil, fmt.Errorf("open pty: %w", err)
+			return nil, nil, fmt.Errorf("open pty: %w", err)
 		}
 		cols, rows := spec.pty.GetSize().GetCols(), spec.pty.GetSize().GetRows()
 		if cols == 0 {
@@ -295,7 +386,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 		}
 		if err := pty.Setsize(master, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)}); err != nil {
 			closeAll([]*os.File{master, slave})
-			return nil, fmt.Errorf("size pty: %w", err)
+			return nil, nil, fmt.Errorf("size pty: %w", err)
 		}
 		cmd.Stdin, cmd.Stdout, cmd.Stderr = slave, slave, slave
 		attr.Setctty = true
@@ -307,12 +398,12 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 	} else {
 		outR, outW, err := os.Pipe()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		errR, errW, err := os.Pipe()
 		if err != nil {
 			closeAll([]*os.File{outR, outW})
-			return nil, err
+			return nil, nil, err
 		}
 		cmd.Stdout, cmd.Stderr = outW, errW
 		childEnds = []*os.File{outW, errW}
@@ -322,7 +413,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 			inR, inW, err := os.Pipe()
 			if err != nil {
 				closeAll(append(childEnds, p.outputs...))
-				return nil, err
+				return nil, nil, err
 			}
 			cmd.Stdin = inR
 			childEnds = append(childEnds, inR)
@@ -347,29 +438,41 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 		if p.stdin != nil {
 			p.stdin.Close()
 		}
-		return nil, fmt.Errorf("start %q in %q: %w", spec.argv[0], spec.dir, classifyStartErr(err))
+		return nil, nil, fmt.Errorf("start %q in %q: %w", spec.argv[0], spec.dir, classifyStartErr(err))
 	}
 	// Statuses come from the reaper; the pidfd os.Process may hold is not needed.
 	_ = cmd.Process.Release()
 	p.pid = pid
 
-	done := make(chan struct{})
+	sub := p.subscribe()
+	if spec.limit > 0 {
+		p.mu.Lock()
+		p.limitCode = spec.limitCode
+		p.limitText = spec.limit.String()
+		p.limit = time.AfterFunc(spec.limit, p.expire)
+		p.mu.Unlock()
+	}
 	for i, f := range p.outputs {
 		p.readers.Add(1)
-		go p.readOutput(f, kinds[i], done)
+		go p.readOutput(f, kinds[i])
 	}
 	t.add(p)
 	go func() {
 		st := <-status
+		p.mu.Lock()
+		p.exited = true
+		if p.limit != nil {
+			p.limit.Stop()
+		}
+		p.mu.Unlock()
 		// Read what the process left in its pipes, but don't wait forever for
-		// descendants that inherited them.
+		// descendants that inherited them (readOutput).
 		for _, f := range p.outputs {
 			if err := f.SetReadDeadline(time.Now().Add(drainGrace)); err != nil {
 				f.Close()
 			}
 		}
-		waitTimeout(&p.readers, drainGrace+time.Second)
-		close(done)
+		p.readers.Wait()
 		for _, f := range p.outputs {
 			f.Close()
 		}
@@ -380,10 +483,43 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, erro
 		}
 		p.stdinMu.Unlock()
 		t.remove(p)
-		p.finish(endEvent(st))
+		p.finish(p.endEvent(st))
 		t.logger.Info("process_end", "pid", pid, "status", st.ws)
 	}()
-	return p, nil
+	if t.afterStart != nil {
+		t.afterStart(p)
+	}
+	return p, sub, nil
+}
+
+// expire kills the process's group at its time limit.
+func (p *proc) expire() {
+	p.mu.Lock()
+	if p.exited {
+		p.mu.Unlock()
+		return
+	}
+	p.timedOut = true
+	p.mu.Unlock()
+	_ = p.signal(unix.SIGKILL)
+}
+
+// endEvent renders st, reporting a kill at a timeout_ms limit as exit code
+// 124. A process that ended on its own just before the limit's kill landed
+// keeps its own status.
+func (p *proc) endEvent(st exitStatus) *pb.ProcessEvent {
+	p.mu.Lock()
+	timedOut, code, limit := p.timedOut, p.limitCode, p.limitText
+	p.mu.Unlock()
+	if !timedOut || !code || st.err != nil || !st.ws.Signaled() || st.ws.Signal() != unix.SIGKILL {
+		return endEvent(st)
+	}
+	msg := "timed out after " + limit
+	return &pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: &pb.ProcessEvent_EndEvent{
+		ExitCode: timeoutExitCode,
+		Status:   msg,
+		Error:    &msg,
+	}}}
 }
 
 // workloadOOMScoreAdj is the oom_score_adj of every process the agent
@@ -425,15 +561,6 @@ func (t *procTable) oomForFork() (restore func()) {
 	}
 }
 
-func waitTimeout(wg *sync.WaitGroup, d time.Duration) {
-	ch := make(chan struct{})
-	go func() { wg.Wait(); close(ch) }()
-	select {
-	case <-ch:
-	case <-time.After(d):
-	}
-}
-
 func classifyStartErr(err error) error {
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -466,6 +593,11 @@ type procTable struct {
 
 	mu    sync.Mutex
 	byPID map[int]*proc
+
+	// afterStart, when set (tests only), runs once a process's output
+	// readers are running, before startProc returns: a test holds it to
+	// let a fast process end before the caller goes on.
+	afterStart func(*proc)
 }
 
 func (t *procTable) add(p *proc) {

@@ -77,21 +77,54 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		pty:   req.Msg.Pty,
 		stdin: req.Msg.Stdin == nil || req.Msg.GetStdin(),
 	}
-	p, err := s.procs.startProc(spec, req.Msg)
+	if spec.limit, spec.limitCode, err = timeLimit(req.Header(), req.Msg); err != nil {
+		return rpcErr(err)
+	}
+	killOnClose := req.Msg.GetKillOnDisconnect()
+	if killOnClose && ctx.Err() != nil {
+		// The client is already gone: nobody wants this command.
+		return ctx.Err()
+	}
+	// startProc subscribes this stream before any output can be published.
+	p, ch, err := s.procs.startProc(spec, req.Msg)
 	if err != nil {
 		return rpcErr(err)
 	}
-	// The process outlives this stream; subscribe before anything is sent so
-	// no output is missed. startProc published nothing yet for anyone else.
-	ch := p.subscribe()
 	defer p.unsubscribe(ch)
 	s.log.Info("process_start", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "dir", dir)
-	if err := stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}}); err != nil {
-		return err
+	err = stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}})
+	if err == nil {
+		err = pump(ctx, p, ch, s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+			return stream.Send(&pb.StartResponse{Event: ev})
+		})
 	}
-	return pump(ctx, p, ch, s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
-		return stream.Send(&pb.StartResponse{Event: ev})
-	})
+	// The stream ended. Unless that was the end event's delivery, the client
+	// went away; a foreground command dies with its client.
+	if killOnClose && p.ended() == nil {
+		s.log.Info("process_client_gone", "pid", p.pid)
+		_ = p.signal(unix.SIGKILL)
+	}
+	return err
+}
+
+// timeLimit is the process's time limit from a Start request: timeout_ms
+// (ending with exit code 124) or the Connect deadline the client sent
+// (Connect-Timeout-Ms; envd kills the process when it passes and reports
+// the signal), whichever is shorter. 0 means none.
+func timeLimit(h http.Header, msg *pb.StartRequest) (limit time.Duration, code bool, err error) {
+	if v := h.Get("Connect-Timeout-Ms"); v != "" {
+		ms, perr := strconv.ParseInt(v, 10, 64)
+		if perr != nil || ms < 0 {
+			return 0, false, fmt.Errorf("Connect-Timeout-Ms %q: want milliseconds: %w", v, errInvalid)
+		}
+		limit = time.Duration(ms) * time.Millisecond
+	}
+	if ms := msg.GetTimeoutMs(); ms > 0 {
+		if d := time.Duration(ms) * time.Millisecond; limit == 0 || d <= limit {
+			return d, true, nil
+		}
+	}
+	return limit, false, nil
 }
 
 func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.ConnectRequest], stream *connect.ServerStream[pb.ConnectResponse]) error {

@@ -27,8 +27,9 @@ const maxAgentMessage = 1 << 20
 
 // Exec runs argv in the sandbox whose agent is at addr, as user (default
 // root) in cwd with env added, streams stdout and stderr to out (nil
-// discards) and returns the exit code. ctx's deadline is also the
-// command's limit. The host uses it for workspace clone and setup steps;
+// discards) and returns the exit code. The command dies with ctx: the
+// agent kills its process group when ctx's deadline passes or ctx is
+// cancelled. The host uses it for workspace clone and setup steps;
 // no shell is involved unless argv[0] is one.
 func (l *Link) Exec(ctx context.Context, addr, token, user, cwd string, argv []string, env map[string]string, out io.Writer) (int, error) {
 	if len(argv) == 0 {
@@ -48,7 +49,8 @@ func (l *Link) Exec(ctx context.Context, addr, token, user, cwd string, argv []s
 	if c.Cwd != "" {
 		cfg.Cwd = &c.Cwd
 	}
-	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin})
+	kill := true
+	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin, KillOnDisconnect: &kill})
 	req.Header().Set("X-Access-Token", token)
 	req.Header().Set("Authorization", basicUser(c.User))
 	req.Header().Set("Keepalive-Ping-Interval", "30")

@@ -332,9 +332,18 @@ type StartRequest struct {
 	Tag     *string                `protobuf:"bytes,3,opt,name=tag,proto3,oneof" json:"tag,omitempty"`
 	// Unset means true, for older clients; newer clients send false unless they
 	// want to write to stdin.
-	Stdin         *bool `protobuf:"varint,4,opt,name=stdin,proto3,oneof" json:"stdin,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stdin *bool `protobuf:"varint,4,opt,name=stdin,proto3,oneof" json:"stdin,omitempty"`
+	// timeout_ms is the process's time limit: when it passes, the agent kills
+	// the process's group and reports exit code 124, like coreutils' timeout.
+	// Unset or 0 means no limit.
+	TimeoutMs *uint32 `protobuf:"varint,1000,opt,name=timeout_ms,json=timeoutMs,proto3,oneof" json:"timeout_ms,omitempty"`
+	// kill_on_disconnect kills the process's group when this Start stream
+	// ends before the process does (the client went away). Foreground
+	// commands of the native SDK and CLI set it; without it the process
+	// outlives its stream, as envd's do.
+	KillOnDisconnect *bool `protobuf:"varint,1001,opt,name=kill_on_disconnect,json=killOnDisconnect,proto3,oneof" json:"kill_on_disconnect,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StartRequest) Reset() {
@@ -391,6 +400,20 @@ func (x *StartRequest) GetTag() string {
 func (x *StartRequest) GetStdin() bool {
 	if x != nil && x.Stdin != nil {
 		return *x.Stdin
+	}
+	return false
+}
+
+func (x *StartRequest) GetTimeoutMs() uint32 {
+	if x != nil && x.TimeoutMs != nil {
+		return *x.TimeoutMs
+	}
+	return 0
+}
+
+func (x *StartRequest) GetKillOnDisconnect() bool {
+	if x != nil && x.KillOnDisconnect != nil {
+		return *x.KillOnDisconnect
 	}
 	return false
 }
@@ -1731,15 +1754,20 @@ const file_process_process_proto_rawDesc = "" +
 	"\x03tag\x18\x03 \x01(\tH\x00R\x03tag\x88\x01\x01B\x06\n" +
 	"\x04_tag\"B\n" +
 	"\fListResponse\x122\n" +
-	"\tprocesses\x18\x01 \x03(\v2\x14.process.ProcessInfoR\tprocesses\"\xb1\x01\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x14.process.ProcessInfoR\tprocesses\"\xb0\x02\n" +
 	"\fStartRequest\x120\n" +
 	"\aprocess\x18\x01 \x01(\v2\x16.process.ProcessConfigR\aprocess\x12#\n" +
 	"\x03pty\x18\x02 \x01(\v2\f.process.PTYH\x00R\x03pty\x88\x01\x01\x12\x15\n" +
 	"\x03tag\x18\x03 \x01(\tH\x01R\x03tag\x88\x01\x01\x12\x19\n" +
-	"\x05stdin\x18\x04 \x01(\bH\x02R\x05stdin\x88\x01\x01B\x06\n" +
+	"\x05stdin\x18\x04 \x01(\bH\x02R\x05stdin\x88\x01\x01\x12#\n" +
+	"\n" +
+	"timeout_ms\x18\xe8\a \x01(\rH\x03R\ttimeoutMs\x88\x01\x01\x122\n" +
+	"\x12kill_on_disconnect\x18\xe9\a \x01(\bH\x04R\x10killOnDisconnect\x88\x01\x01B\x06\n" +
 	"\x04_ptyB\x06\n" +
 	"\x04_tagB\b\n" +
-	"\x06_stdin\"p\n" +
+	"\x06_stdinB\r\n" +
+	"\v_timeout_msB\x15\n" +
+	"\x13_kill_on_disconnect\"p\n" +
 	"\rUpdateRequest\x122\n" +
 	"\aprocess\x18\x01 \x01(\v2\x18.process.ProcessSelectorR\aprocess\x12#\n" +
 	"\x03pty\x18\x02 \x01(\v2\f.process.PTYH\x00R\x03pty\x88\x01\x01B\x06\n" +

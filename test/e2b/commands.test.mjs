@@ -95,3 +95,17 @@ test('commands.connect attaches to a running command', async () => {
   })
   assert.equal(seen.join(''), 'late output\n')
 })
+
+test('a background command outlives its closed stream (envd semantics)', async () => {
+  const flag = `/tmp/go-${Date.now()}`
+  const h = await sbx.commands.run(`while [ ! -e ${flag} ]; do sleep 0.05; done; echo survived`, { background: true })
+  await h.disconnect()
+  // A round trip later the agent has seen the stream go; the command runs on.
+  await sbx.commands.run('true')
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === h.pid), 'the command is still listed after its stream closed')
+  const again = await sbx.commands.connect(h.pid)
+  await sbx.files.write(flag, '')
+  const r = await again.wait()
+  assert.equal(r.stdout, 'survived\n')
+  assert.equal(r.exitCode, 0)
+})
