@@ -1,14 +1,13 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestDensityPastKeyQuota holds more sandboxes on one daemon than the
@@ -57,7 +56,7 @@ func TestDensityPastKeyQuota(t *testing.T) {
 			t.Fatalf("%d of %d creates failed with %d sandboxes live; first: %v", len(errs), k, len(sbs), errs[0])
 		}
 	}
-	keyed := keyUsers(t)
+	keyed := harness.KeyUsers(t)
 	uids := map[int]string{}
 	for _, sb := range sbs {
 		// Answering is the exec running to exit 0. Its output is only
@@ -89,33 +88,9 @@ func TestDensityPastKeyQuota(t *testing.T) {
 // hostUID is the real uid of a host process.
 func hostUID(t *testing.T, pid int) int {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	u, err := harness.ProcUID(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-			return atoi(f[1])
-		}
-	}
-	t.Fatalf("no Uid in /proc/%d/status", pid)
-	return 0
-}
-
-// keyUsers returns the host uids with kernel keys charged to them.
-func keyUsers(t *testing.T) map[int]bool {
-	t.Helper()
-	b, err := os.ReadFile("/proc/key-users")
-	if err != nil {
-		t.Skipf("no /proc/key-users: %v", err)
-	}
-	out := map[int]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if u, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			if n, err := strconv.Atoi(u); err == nil {
-				out[n] = true
-			}
-		}
-	}
-	return out
+	return u
 }

@@ -1,10 +1,12 @@
 package harness
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 )
 
 // Proc is one live host process as /proc describes it.
@@ -65,4 +67,37 @@ func (d *Daemon) PID() int {
 		return 0
 	}
 	return d.cmd.Process.Pid
+}
+
+// KeyUsers returns the host uids with kernel keys charged to them
+// (/proc/key-users).
+func KeyUsers(t testing.TB) map[int]bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/key-users")
+	if err != nil {
+		t.Skipf("no /proc/key-users: %v", err)
+	}
+	out := map[int]bool{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if u, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			if n, err := strconv.Atoi(u); err == nil {
+				out[n] = true
+			}
+		}
+	}
+	return out
+}
+
+// ProcUID is the real uid of a host process.
+func ProcUID(pid int) (int, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+			return strconv.Atoi(f[1])
+		}
+	}
+	return 0, fmt.Errorf("no Uid in /proc/%d/status", pid)
 }

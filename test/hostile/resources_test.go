@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -132,34 +131,13 @@ func TestResourceExhaustion(t *testing.T) {
 	})
 
 	t.Run("stdout-flood", func(t *testing.T) {
-		pid := l.d.PID()
-		base := rssKiB(pid)
-		var peak atomic.Int64
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(20 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				if r := rssKiB(pid); r > peak.Load() {
-					peak.Store(r)
-				}
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-			}
-		}()
+		done := watchRSS(l.d.PID())
 		const flood = 256 << 20
 		var n countWriter
 		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 		defer cancel()
 		code, err := l.sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "head -c " + strconv.Itoa(flood) + " /dev/zero; head -c 1000000 /dev/zero >&2"}, Stdout: &n, Stderr: &n})
-		close(stop)
-		wg.Wait()
+		base, peak := done()
 		if err != nil || code != 0 {
 			t.Fatalf("flood: %d, %v", code, err)
 		}
@@ -167,8 +145,8 @@ func TestResourceExhaustion(t *testing.T) {
 		if got := n.n.Load(); got != flood+1000000 {
 			t.Errorf("client got %d bytes, want %d", got, flood+1000000)
 		}
-		grow := peak.Load() - base
-		t.Logf("daemon RSS %d KiB before, peak %d KiB during a %d MiB flood", base, peak.Load(), flood>>20)
+		grow := peak - base
+		t.Logf("daemon RSS %d KiB before, peak %d KiB during a %d MiB flood", base, peak, flood>>20)
 		if grow > 64<<10 {
 			t.Errorf("daemon RSS grew by %d KiB during the flood", grow)
 		}

@@ -2,7 +2,6 @@ package hostile
 
 import (
 	"bytes"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +63,7 @@ func TestSandboxUIDs(t *testing.T) {
 	// Keys: nothing is charged to any sandbox uid, and the attacker
 	// cannot make a keyring of its own.
 	l.attack(t, "keyctl")
-	users := keyUsers(t)
+	users := harness.KeyUsers(t)
 	for _, u := range []int{attacker, neighbour, farUID} {
 		if users[u] {
 			t.Errorf("host uid %d has kernel keys (/proc/key-users)", u)
@@ -110,19 +109,11 @@ func sandboxPids(t *testing.T, d *harness.Daemon, id string) []int {
 // sandboxUID is the host uid of a sandbox's agent: its root's.
 func sandboxUID(t *testing.T, d *harness.Daemon, id string) int {
 	t.Helper()
-	pid := sandboxPids(t, d, id)[0]
-	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	u, err := harness.ProcUID(sandboxPids(t, d, id)[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(st), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-			u, _ := strconv.Atoi(f[1])
-			return u
-		}
-	}
-	t.Fatalf("no Uid in /proc/%d/status", pid)
-	return 0
+	return u
 }
 
 // runAs runs a host command as uid (and gid) uid.
@@ -133,24 +124,6 @@ func runAs(uid int, name string, args ...string) (string, error) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	return out.String(), err
-}
-
-// keyUsers returns the host uids with keys charged to them.
-func keyUsers(t *testing.T) map[int]bool {
-	t.Helper()
-	b, err := os.ReadFile("/proc/key-users")
-	if err != nil {
-		t.Skipf("no /proc/key-users: %v", err)
-	}
-	out := map[int]bool{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if u, _, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			if n, err := strconv.Atoi(u); err == nil {
-				out[n] = true
-			}
-		}
-	}
-	return out
 }
 
 // TestForkBombKill: a sandbox whose pids limit a fork bomb keeps full is
