@@ -262,6 +262,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+		// A poll interval between checks of the condition, not a wait
+		// for time to pass (test/harness.WaitFor is off limits to a unit
+		// test: it links the SDK and the daemon harness).
 		time.Sleep(10 * time.Millisecond)
 	}
 }

@@ -32,42 +32,37 @@ func sixToFour(ip4 string) string {
 	return fmt.Sprintf("2002:%02x%02x:%02x%02x::1", a, b, c, d)
 }
 
-// waitRecord polls the sandbox's audit log until a record matches, for at
-// most a minute.
+// waitRecord waits, at most a minute, for the daemon to report a record in
+// the sandbox's audit log that matches.
 func waitRecord(t *testing.T, d *Daemon, id string, what string, pred func(client.NetworkRecord) bool) client.NetworkRecord {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
+	var found client.NetworkRecord
+	waitFor(t, time.Minute, "audit record "+what, func() bool {
 		recs, err := d.Client.NetworkLog(context.Background(), id, false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, r := range recs {
 			if pred(r) {
-				return r
+				found = r
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no audit record %s in %d records: %+v", what, len(recs), recs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	})
+	return found
 }
 
-// waitOutput polls a file in the sandbox until it contains want.
+// waitOutput waits, at most a minute, for a file in the sandbox to contain
+// want (what a background command in the sandbox reports).
 func waitOutput(t *testing.T, sb *client.Sandbox, file, want string) string {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		out, _, _ := Run(t, sb, "cat "+file+" 2>/dev/null")
-		if strings.Contains(out, want) {
-			return out
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s never contained %q: %q", file, want, out)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var out string
+	waitFor(t, time.Minute, file+" to contain "+want, func() bool {
+		out, _, _ = Run(t, sb, "cat "+file+" 2>/dev/null")
+		return strings.Contains(out, want)
+	})
+	return out
 }
 
 func TestEgressHostile(t *testing.T) {

@@ -35,6 +35,9 @@ func TestDiskPool(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("pool holds %d images after 30s, want 2", n)
 		}
+		// A poll interval between checks of the condition, not a wait
+		// for time to pass (test/harness.WaitFor is off limits to a unit
+		// test: it links the SDK and the daemon harness).
 		time.Sleep(10 * time.Millisecond)
 	}
 	if !p.take(size, dst) {
