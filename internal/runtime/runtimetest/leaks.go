@@ -1,12 +1,12 @@
 package runtimetest
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
 )
 
 // Footprint says where a backend leaves traces of a sandbox on the host.
@@ -87,42 +87,25 @@ func slotClaims(dir, stateDir, id string) []string {
 
 // mountPoints returns every mount point in this mount namespace.
 func mountPoints() []string {
-	var out []string
-	eachMountinfo(func(fields []string) {
-		out = append(out, unescape(fields[4]))
-	})
-	return out
+	return mountPointsOf(mountinfo.GetMounts(nil))
 }
 
 // cgroupMounts returns the mount points of all cgroup hierarchies.
 func cgroupMounts() []string {
-	var out []string
-	eachMountinfo(func(fields []string) {
-		sep := slices.Index(fields, "-")
-		if sep > 0 && sep+1 < len(fields) && (fields[sep+1] == "cgroup" || fields[sep+1] == "cgroup2") {
-			out = append(out, unescape(fields[4]))
-		}
-	})
-	return out
+	return mountPointsOf(mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2")))
 }
 
-func eachMountinfo(fn func(fields []string)) {
-	f, err := os.Open("/proc/self/mountinfo")
+// mountPointsOf lists the mount points; a mount table that cannot be read
+// lists none, and the other checks still run.
+func mountPointsOf(mounts []*mountinfo.Info, err error) []string {
 	if err != nil {
-		return
+		return nil
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) >= 5 {
-			fn(fields)
-		}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.Mountpoint)
 	}
-}
-
-func unescape(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+	return out
 }
 
 // loopDevicesUnder returns loop devices whose backing file is below dir.
