@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	fspb "github.com/berth-sandbox/berth/proto/filesystem"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 func (e *env) do(t *testing.T, method, path string, q url.Values, ctype string, body io.Reader, hdr map[string]string) *http.Response {
@@ -344,17 +345,10 @@ func TestReaperReapsOrphans(t *testing.T) {
 		t.Fatalf("end = %v, want exit 5", res.end)
 	}
 	orphan := strings.TrimSpace(res.stdout)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile("/proc/" + orphan + "/stat")
-		if err != nil {
-			break // reaped
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("orphan %s not reaped: %s", orphan, b)
-		}
-		time.Sleep(20 * time.Millisecond) // polling /proc; no event to wait on
-	}
+	harness.WaitFor(t, 10*time.Second, "orphan "+orphan+" to be reaped", func() bool {
+		_, err := os.Stat("/proc/" + orphan)
+		return err != nil
+	})
 }
 
 // A FIFO is listed as what it is and refused, at once, for reading and

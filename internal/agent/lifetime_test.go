@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	pb "github.com/berth-sandbox/berth/proto/process"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestDrainReadsWhatThePipeHolds: a reader that comes to the pipe after the
@@ -147,7 +148,7 @@ func TestConnectDeadlineLimitsProcess(t *testing.T) {
 	for stream.Receive() {
 	}
 	waitGone(t, pid)
-	waitFor(t, "the process to leave the agent's table", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the process to leave the agent's table", func() bool {
 		list, err := e.proc.List(ctx, connect.NewRequest(&pb.ListRequest{}))
 		if err != nil {
 			t.Fatal(err)
@@ -202,7 +203,7 @@ func TestKillOnDisconnect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the agent to drop the closed stream", func() bool {
+	harness.WaitFor(t, 20*time.Second, "the agent to drop the closed stream", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		return len(p.subs) == 0
@@ -242,7 +243,7 @@ func atoiT(t *testing.T, s string) int {
 // PID 1 here, so an orphan waits for init to reap it).
 func waitGone(t *testing.T, pid int) {
 	t.Helper()
-	waitFor(t, "process "+strconv.Itoa(pid)+" to be gone", func() bool {
+	harness.WaitFor(t, 20*time.Second, "process "+strconv.Itoa(pid)+" to be gone", func() bool {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if errors.Is(err, os.ErrNotExist) {
 			return true
@@ -251,20 +252,4 @@ func waitGone(t *testing.T, pid int) {
 		i := bytes.LastIndexByte(b, ')')
 		return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'Z'
 	})
-}
-
-// waitFor polls cond until it holds, for at most 20 seconds (the limits
-// under test are far shorter; the processes sleep for 300).
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		// A poll interval between checks of the condition, not a wait
-		// for time to pass (test/harness.WaitFor is off limits to a unit
-		// test: it links the SDK and the daemon harness).
-		time.Sleep(10 * time.Millisecond)
-	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // fakeDebootstrap writes a stand-in for debootstrap that lays out a tiny
@@ -143,7 +144,7 @@ func TestBuildBaseCancelledDuringDebootstrap(t *testing.T) {
 		_, err := s.Build(ctx, "base", &log)
 		done <- err
 	}()
-	waitFor(t, 10*time.Second, "debootstrap to start", func() bool { return strings.Contains(log.String(), "I: Validating") })
+	harness.WaitFor(t, 10*time.Second, "debootstrap to start", func() bool { return strings.Contains(log.String(), "I: Validating") })
 	cancel()
 	select {
 	case err := <-done:

@@ -212,49 +212,23 @@ func escapedProcs() []string {
 // a sandbox uid outside every berth cgroup.
 func outsideProcs() map[string]string {
 	out := map[string]string{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil || strings.Contains(string(st), "State:\tZ") {
-			continue
-		}
-		uid := -1
-		for _, line := range strings.Split(string(st), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-				uid, _ = strconv.Atoi(f[1])
-			}
-		}
-		if uid < uidBase || uid == 1<<32-1 {
-			continue
-		}
-		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if strings.Contains(string(cg), "/berth-") || userNSHolder(e.Name(), st) {
-			continue
-		}
-		cmd, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		out[e.Name()] = strings.ReplaceAll(string(cmd), "\x00", " ") + " cgroups: " + strings.ReplaceAll(string(cg), "\n", " ")
+	for _, p := range harness.Procs(func(p harness.Proc) bool {
+		return p.UID >= uidBase && p.UID != 1<<32-1 && !strings.Contains(p.Cgroup, "/berth-") && !userNSHolder(p)
+	}) {
+		out[strconv.Itoa(p.PID)] = p.Cmdline + " cgroups: " + strings.ReplaceAll(p.Cgroup, "\n", " ")
 	}
 	return out
 }
 
-// userNSHolder reports whether pid is the short-lived process a daemon
+// userNSHolder reports whether p is the short-lived process a daemon
 // runs as a sandbox's root uid to make the sandbox's user namespace
 // (unshare, then cat, a direct child of `berth serve`) before runc joins
 // it.
-func userNSHolder(pid string, status []byte) bool {
-	comm, _ := os.ReadFile(filepath.Join("/proc", pid, "comm"))
-	if c := strings.TrimSpace(string(comm)); c != "cat" && c != "unshare" {
+func userNSHolder(p harness.Proc) bool {
+	if p.Comm != "cat" && p.Comm != "unshare" {
 		return false
 	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) > 1 && f[0] == "PPid:" {
-			cmd, _ := os.ReadFile(filepath.Join("/proc", f[1], "cmdline"))
-			args := strings.Split(string(cmd), "\x00")
-			return len(args) > 1 && args[1] == "serve"
-		}
-	}
-	return false
+	cmd, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p.PPID), "cmdline"))
+	args := strings.Split(string(cmd), "\x00")
+	return len(args) > 1 && args[1] == "serve"
 }

@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +28,7 @@ func TestSharedKernelPools(t *testing.T) {
 	l.copyAttacker(t, l.nb)
 	// Pools counted per host uid are the neighbour's own only when the
 	// neighbour's uids are not the attacker's (per-sandbox uid ranges).
-	ownUIDs := sandboxRootUID(t, l.d, l.sb.ID) != sandboxRootUID(t, l.d, l.nb.ID)
+	ownUIDs := sandboxUID(t, l.d, l.sb.ID) != sandboxUID(t, l.d, l.nb.ID)
 
 	// Calls the seccomp profile refuses, so the pools behind them are
 	// never the sandbox's to fill.
@@ -197,35 +195,6 @@ func (w *lineWaiter) all() string {
 }
 
 var _ io.Writer = (*lineWaiter)(nil)
-
-// sandboxRootUID is the host uid of a process of sandbox id (its agent
-// runs as sandbox root).
-func sandboxRootUID(t *testing.T, d *harness.Daemon, id string) int {
-	t.Helper()
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if _, err := strconv.Atoi(e.Name()); err != nil {
-			continue
-		}
-		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil || !strings.Contains(string(cg), "/berth-"+d.Instance+"/") || !strings.Contains(string(cg), id) {
-			continue
-		}
-		st, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(st), "\n") {
-			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
-				if uid, err := strconv.Atoi(f[1]); err == nil {
-					return uid
-				}
-			}
-		}
-	}
-	t.Fatalf("no process of sandbox %s on the host", id)
-	return -1
-}
 
 // The host root's own takes, one of each pool, released at once.
 

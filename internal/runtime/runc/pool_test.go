@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 func TestDiskPool(t *testing.T) {
@@ -24,22 +26,11 @@ func TestDiskPool(t *testing.T) {
 	if p.take(size, dst) {
 		t.Fatal("take from an empty pool succeeded")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	harness.WaitFor(t, 30*time.Second, "the pool to hold 2 images", func() bool {
 		p.mu.Lock()
-		n := len(p.ready[size])
-		p.mu.Unlock()
-		if n == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("pool holds %d images after 30s, want 2", n)
-		}
-		// A poll interval between checks of the condition, not a wait
-		// for time to pass (test/harness.WaitFor is off limits to a unit
-		// test: it links the SDK and the daemon harness).
-		time.Sleep(10 * time.Millisecond)
-	}
+		defer p.mu.Unlock()
+		return len(p.ready[size]) == 2
+	})
 	if !p.take(size, dst) {
 		t.Fatal("take from a full pool failed")
 	}

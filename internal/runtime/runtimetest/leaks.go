@@ -3,10 +3,13 @@ package runtimetest
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/moby/sys/mountinfo"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // Footprint says where a backend leaves traces of a sandbox on the host.
@@ -130,22 +133,16 @@ func loopDevicesUnder(dir string) []string {
 // sandbox's process tree (setsid, double fork) but not its cgroup.
 func processesInCgroup(cg string) []string {
 	var out []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
+	for _, p := range harness.Procs(func(p harness.Proc) bool {
+		for _, line := range strings.Split(p.Cgroup, "\n") {
 			parts := strings.SplitN(line, ":", 3)
 			if len(parts) == 3 && (parts[2] == cg || strings.HasPrefix(parts[2], cg+"/")) {
-				out = append(out, e.Name())
-				break
+				return true
 			}
 		}
+		return false
+	}) {
+		out = append(out, strconv.Itoa(p.PID))
 	}
 	return out
 }
