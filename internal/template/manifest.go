@@ -329,7 +329,7 @@ func flock(ctx context.Context, path string) (func(), error) {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			return func() {
-				unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 				f.Close()
 			}, nil
 		}
