@@ -253,7 +253,7 @@ func measureExec(ctx context.Context, d *harness.Daemon, n int) ([]time.Duration
 	if err != nil {
 		return nil, err
 	}
-	defer d.Client.Kill(ctx, sb.ID)
+	defer func() { _ = d.Client.Kill(ctx, sb.ID) }()
 	var out []time.Duration
 	for i := 0; i < n+5; i++ {
 		start := time.Now()

@@ -12,6 +12,8 @@ command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
 export BERTH_CACHE_DIR=${BERTH_CACHE_DIR:-/var/cache/berth}
 export BERTH_TEST_BASE=${BERTH_TEST_BASE:-1}
 go vet ./...
+# golangci-lint (.golangci.yml) and generated code up to date.
+./scripts/lint.sh
 # The CLI and the SDK are clients that also run on a laptop.
 GOOS=darwin go build -o /dev/null ./client ./cmd/berth
 # -p 1: the suites that need root share host-wide objects (uid range,

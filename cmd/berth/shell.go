@@ -98,7 +98,7 @@ func runShell(ctx context.Context, a *app, sb *client.Sandbox, user string) (int
 	if err != nil {
 		return -1, err
 	}
-	defer term.Restore(int(in.Fd()), old)
+	defer func() { _ = term.Restore(int(in.Fd()), old) }()
 
 	winch := make(chan os.Signal, 1)
 	signal.Notify(winch, syscall.SIGWINCH)

@@ -44,7 +44,7 @@ func (a *app) createWorkspace(cmd *cobra.Command, c *client.Client, req client.C
 	}
 	sb, err := c.CreateWorkspace(cmd.Context(), wr, func(p client.WorkspaceProgress) {
 		if p.Type == "log" {
-			io.WriteString(a.err, p.Message)
+			_, _ = io.WriteString(a.err, p.Message)
 			return
 		}
 		fmt.Fprintf(a.err, "==> %s: %s\n", p.Type, p.Message)

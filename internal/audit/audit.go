@@ -165,7 +165,7 @@ func (l *Log) write(r Record) {
 	}
 	line = append(line, '\n')
 	if err := l.files.Append(r.Sandbox, line); err != nil {
-		l.log.Error("audit_append_failed", "sandbox_id", r.Sandbox, "error", err)
+		l.log.Error("audit_append_failed", "sandbox_id", r.Sandbox, "err", err)
 	}
 	for ch := range l.subs[r.Sandbox] {
 		select {

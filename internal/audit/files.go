@@ -132,7 +132,8 @@ func (fs *Files) rotate(id string, f *file) error {
 	}
 	os.Remove(oldest)
 	for i := fs.keep - 1; i >= 1; i-- {
-		os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
+		// A gap in the chain (fewer files than keep so far) is no error.
+		_ = os.Rename(fmt.Sprintf("%s.%d", base, i), fmt.Sprintf("%s.%d", base, i+1))
 	}
 	return os.Rename(base, base+".1")
 }

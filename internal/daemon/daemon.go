@@ -201,7 +201,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// start re-adopts them.
 		tctx := context.WithoutCancel(ctx)
 		if err := netw.Teardown(tctx); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-			log.Warn("netpolicy_teardown_failed", "error", err)
+			log.Warn("netpolicy_teardown_failed", "err", err)
 		}
 		netw.Close(tctx)
 	}()
@@ -209,7 +209,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// one sandbox from using it up are the egress proxy's per-sandbox
 	// limits, sized from it (egress.Limits).
 	if n, err := egress.RaiseFDLimit(); err != nil {
-		log.Warn("fd_limit_raise_failed", "error", err)
+		log.Warn("fd_limit_raise_failed", "err", err)
 	} else {
 		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
 	}

@@ -249,7 +249,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
 		// Without its record the sandbox would be reachable in ways the
 		// client did not ask for: undo it.
-		s.cfg.Manager.Destroy(context.WithoutCancel(r.Context()), sb.ID, "e2b: could not store its settings")
+		if derr := s.cfg.Manager.Destroy(context.WithoutCancel(r.Context()), sb.ID, "e2b: could not store its settings"); derr != nil {
+			err = errors.Join(err, derr)
+		}
 		writeErr(w, err)
 		return
 	}
@@ -567,7 +569,8 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var prev networkConfig
-	json.Unmarshal([]byte(ext.Network), &prev)
+	// A record without network settings leaves prev at its zero value.
+	_ = json.Unmarshal([]byte(ext.Network), &prev)
 	in.AllowPublicTraffic = prev.AllowPublicTraffic
 	ext.Network = in.storeJSON()
 	if err := s.cfg.Store.PutE2BSandbox(r.Context(), ext); err != nil {

@@ -52,7 +52,7 @@ func baseHash(s *Store) (string, error) {
 	slices.Sort(pkgs)
 	h := sha256.New()
 	for _, part := range []string{baseRecipeVersion, baseSuite, baseVariant, s.cfg.Mirror, strings.Join(pkgs, ",")} {
-		io.WriteString(h, part+"\x00")
+		h.Write([]byte(part + "\x00"))
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
@@ -233,7 +233,7 @@ func (s *Store) runDebootstrap(ctx context.Context, target string, log io.Writer
 		if cmd.Process != nil {
 			// Anything left in the group (a dpkg that ignored SIGTERM,
 			// a child holding the output pipe) dies now.
-			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 		if cerr := ctx.Err(); cerr != nil {
 			return fmt.Errorf("debootstrap: %w", cerr)

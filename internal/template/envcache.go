@@ -113,7 +113,7 @@ func (s *Store) TouchEnvironment(key string) {
 	}
 	e.LastUsed = time.Now().UTC()
 	if b, err = json.MarshalIndent(e, "", "  "); err == nil {
-		writeFileAtomic(s.envMeta(key), b)
+		_ = writeFileAtomic(s.envMeta(key), b) // best effort: LastUsed is informational
 	}
 }
 

@@ -24,7 +24,7 @@ func TestEnvironmentKeepsOverlayMarkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := t.TempDir()
-	if err := unix.Mknod(filepath.Join(src, "gone"), unix.S_IFCHR|0o000, 0); err != nil {
+	if err := unix.Mknod(filepath.Join(src, "gone"), unix.S_IFCHR, 0); err != nil {
 		t.Fatal(err)
 	}
 	opaque := filepath.Join(src, "opaque")

@@ -1,7 +1,6 @@
 package template
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -15,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -301,11 +301,10 @@ func mountOptions() string {
 			return
 		}
 		defer f.Close()
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			b.WriteString(sc.Text())
-			b.WriteByte('\n')
+		mounts, _ := mountinfo.GetMountsFromReader(f, nil)
+		for _, m := range mounts {
+			// Overlay lower dirs are in the superblock options.
+			b.WriteString(m.Mountpoint + " " + m.Root + " " + m.Source + " " + m.VFSOptions + "\n")
 		}
 	}
 	add("self")
@@ -330,7 +329,7 @@ func flock(ctx context.Context, path string) (func(), error) {
 		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
 		if err == nil {
 			return func() {
-				unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 				f.Close()
 			}, nil
 		}

@@ -23,7 +23,7 @@ func minimalHash(s *Store) (string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	io.WriteString(h, minimalRecipeVersion+"\x00")
+	h.Write([]byte(minimalRecipeVersion + "\x00"))
 	if _, err := io.Copy(h, f); err != nil {
 		return "", fmt.Errorf("busybox: %w", err)
 	}

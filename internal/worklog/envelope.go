@@ -96,7 +96,7 @@ func ParseEnvelopes(data []byte) (flags []byte, msgs [][]byte, rest int) {
 		flags = append(flags, f)
 		msgs = append(msgs, bytes.Clone(m))
 	}}
-	p.Write(data)
+	_, _ = p.Write(data) // never fails
 	rest = p.nhdr
 	if p.nhdr == len(p.hdr) {
 		if p.size > maxMessage {

@@ -164,7 +164,7 @@ func (l *Log) Append(e Entry) {
 	}
 	line = append(line, '\n')
 	if err := l.files.Append(e.Sandbox, line); err != nil {
-		l.log.Error("worklog_append_failed", "sandbox_id", e.Sandbox, "error", err)
+		l.log.Error("worklog_append_failed", "sandbox_id", e.Sandbox, "err", err)
 	}
 }
 

@@ -246,7 +246,7 @@ type teeBody struct {
 func (b *teeBody) Read(p []byte) (int, error) {
 	n, err := b.rc.Read(p)
 	if n > 0 {
-		b.w.Write(p[:n])
+		_, _ = b.w.Write(p[:n])
 	}
 	if err != nil {
 		b.done()
@@ -431,7 +431,7 @@ type limitedWriter struct {
 func (l *limitedWriter) Write(p []byte) (int, error) {
 	if l.n > 0 {
 		k := min(len(p), l.n)
-		l.w.Write(p[:k])
+		_, _ = l.w.Write(p[:k])
 		l.n -= k
 	}
 	return len(p), nil

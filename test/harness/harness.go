@@ -5,7 +5,6 @@
 package harness
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -21,6 +20,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -446,12 +447,10 @@ func nftSandboxEntries(d *Daemon) []string {
 // Leaks lists what is left on the host of the daemon's sandboxes.
 func Leaks(d *Daemon) []string {
 	out := nftSandboxEntries(d)
-	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		sc := bufio.NewScanner(bytes.NewReader(mi))
-		for sc.Scan() {
-			f := strings.Fields(sc.Text())
-			if len(f) > 4 && (strings.HasPrefix(f[4], d.DataDir+"/") || strings.Contains(f[4], d.Instance)) {
-				out = append(out, "mount "+f[4])
+	if mounts, err := mountinfo.GetMounts(nil); err == nil {
+		for _, m := range mounts {
+			if strings.HasPrefix(m.Mountpoint, d.DataDir+"/") || strings.Contains(m.Mountpoint, d.Instance) {
+				out = append(out, "mount "+m.Mountpoint)
 			}
 		}
 	}

@@ -1,7 +1,6 @@
 package hostile
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/test/harness"
@@ -167,23 +168,22 @@ func (l *lab) check(t *testing.T) {
 // hostMounts lists the host's mount points that are not sandbox mounts.
 func hostMounts(d *harness.Daemon) map[string]bool {
 	out := map[string]bool{}
-	mi, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return out
 	}
-	sc := bufio.NewScanner(bytes.NewReader(mi))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
+	for _, m := range mounts {
+		mp := m.Mountpoint
 		// Sandbox mounts come and go: this daemon's and those of any
 		// other daemon or runtime test on the host (each sandbox's rootfs
 		// and disk, under sandboxes/<id>/ or a state dir), and network
 		// namespaces.
-		if len(f) < 5 || strings.Contains(f[4], d.DataDir) || strings.Contains(f[4], d.Instance) ||
-			strings.Contains(f[4], "/sandboxes/") || strings.Contains(f[4], "/netns/") ||
-			strings.HasSuffix(f[4], "/rootfs") || strings.HasSuffix(f[4], "/disk") {
+		if strings.Contains(mp, d.DataDir) || strings.Contains(mp, d.Instance) ||
+			strings.Contains(mp, "/sandboxes/") || strings.Contains(mp, "/netns/") ||
+			strings.HasSuffix(mp, "/rootfs") || strings.HasSuffix(mp, "/disk") {
 			continue
 		}
-		out[f[4]] = true
+		out[mp] = true
 	}
 	return out
 }

@@ -1,18 +1,17 @@
 package runc
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -40,22 +39,13 @@ func detectCgroups() (cgroupLayout, error) {
 		l.mounts = []string{l.unified}
 		return l, nil
 	}
-	f, err := os.Open("/proc/self/mountinfo")
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return l, err
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		// id parent maj:min root mountpoint opts [optional...] - fstype source superopts
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if sep < 0 || sep+3 >= len(fields) || len(fields) < 5 {
-			continue
-		}
-		mp := unescapeMountinfo(fields[4])
-		switch fields[sep+1] {
+	for _, m := range mounts {
+		mp := m.Mountpoint
+		switch m.FSType {
 		case "cgroup2":
 			if l.unified == "" {
 				l.unified = mp
@@ -63,15 +53,12 @@ func detectCgroups() (cgroupLayout, error) {
 			}
 		case "cgroup":
 			l.mounts = append(l.mounts, mp)
-			for _, opt := range strings.Split(fields[sep+3], ",") {
+			for _, opt := range strings.Split(m.VFSOptions, ",") {
 				if _, dup := l.controllers[opt]; !dup {
 					l.controllers[opt] = mp
 				}
 			}
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return l, err
 	}
 	if len(l.controllers) == 0 && l.unified == "" {
 		return l, errors.New("no cgroup hierarchy mounted")

@@ -47,8 +47,8 @@ func usernsFD(inner, outer, count uint32) (*os.File, error) {
 		return nil, fmt.Errorf("user namespace for idmap: %w", err)
 	}
 	defer func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
 	}()
 	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
 	if err != nil {
@@ -66,7 +66,7 @@ func mountIdmappedLayers(layers []string, dir string, userns *os.File) (_ []stri
 	out := make([]string, 0, len(layers))
 	defer func() {
 		if err != nil {
-			detachLayers(out)
+			_ = detachLayers(out) // the caller gets err; this is cleanup
 		}
 	}()
 	for i, l := range layers {

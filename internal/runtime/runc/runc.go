@@ -163,7 +163,7 @@ func (r *Runtime) Close() {
 	// it; with sandboxes still running rmdir fails and it stays, for the
 	// next start to adopt them.
 	for _, m := range r.cg.mounts {
-		unix.Rmdir(filepath.Join(m, r.cfg.CgroupParent))
+		_ = unix.Rmdir(filepath.Join(m, r.cfg.CgroupParent))
 	}
 }
 

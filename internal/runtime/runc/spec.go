@@ -47,15 +47,15 @@ var capabilities = []string{
 	"CAP_AUDIT_WRITE",
 }
 
-// nofileLimit is the sandbox's RLIMIT_NOFILE. runc applies rlimits from
-// inside the user namespace, where a hard limit can only be lowered, so it
-// is capped at the daemon's own.
 // ociVersion is the runtime-spec version the config declares. Every field
 // Berth uses exists in 1.0.2, which Debian's runc 1.1 and crun 1.8 accept;
 // crun refuses a newer version string than it knows, even for a config
 // that uses nothing new.
 const ociVersion = "1.0.2"
 
+// nofileLimit is the sandbox's RLIMIT_NOFILE. runc applies rlimits from
+// inside the user namespace, where a hard limit can only be lowered, so it
+// is capped at the daemon's own.
 func nofileLimit() uint64 {
 	nofile := uint64(65536)
 	var lim unix.Rlimit

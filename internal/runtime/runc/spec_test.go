@@ -82,20 +82,6 @@ func TestSeccompArches(t *testing.T) {
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	cases := []struct{ in, want string }{
-		{`/plain/path`, "/plain/path"},
-		{`/with\040space`, "/with space"},
-		{`/back\134slash`, `/back\slash`},
-		{`/trailing\04`, `/trailing\04`},
-	}
-	for _, c := range cases {
-		if got := unescapeMountinfo(c.in); got != c.want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}
-
 func TestNprocPerUserNS(t *testing.T) {
 	cases := []struct {
 		release string

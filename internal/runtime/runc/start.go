@@ -46,33 +46,31 @@ func (r *Runtime) start(ctx context.Context, id string, initPid int) error {
 	}()
 	timeout := time.NewTimer(10 * time.Second)
 	defer timeout.Stop()
-	for {
-		select {
-		case res := <-done:
-			os.Remove(fifo)
-			if res.err != nil {
-				return fmt.Errorf("start via exec fifo: %w", res.err)
-			}
-			if res.n == 0 {
-				return fmt.Errorf("start: init exited before it started its process%s", r.logTail(id))
-			}
-			return nil
-		case <-timeout.C:
-		case <-ctx.Done():
-		}
-		// Init died or never opened its end: unblock our reader by opening
-		// the writing end ourselves, then report the failure.
-		if w, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
-			w.Close()
-		}
-		<-done
+	select {
+	case res := <-done:
 		os.Remove(fifo)
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("start: %w", err)
+		if res.err != nil {
+			return fmt.Errorf("start via exec fifo: %w", res.err)
 		}
-		if unix.Kill(initPid, 0) != nil {
-			return errors.New("start: init is gone" + r.logTail(id))
+		if res.n == 0 {
+			return fmt.Errorf("start: init exited before it started its process%s", r.logTail(id))
 		}
-		return errors.New("start: init did not take the start signal within 10s")
+		return nil
+	case <-timeout.C:
+	case <-ctx.Done():
 	}
+	// Init died or never opened its end: unblock our reader by opening
+	// the writing end ourselves, then report the failure.
+	if w, err := os.OpenFile(fifo, os.O_WRONLY|unix.O_NONBLOCK, 0); err == nil {
+		w.Close()
+	}
+	<-done
+	os.Remove(fifo)
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	if unix.Kill(initPid, 0) != nil {
+		return errors.New("start: init is gone" + r.logTail(id))
+	}
+	return errors.New("start: init did not take the start signal within 10s")
 }

@@ -150,8 +150,8 @@ func newUserNS(ctx context.Context, uids, gids []specs.LinuxIDMapping) (*userNS,
 // process is in it.
 func (ns *userNS) close() {
 	ns.stdin.Close()
-	ns.cmd.Process.Kill()
-	ns.cmd.Wait()
+	_ = ns.cmd.Process.Kill()
+	_ = ns.cmd.Wait()
 }
 
 // hostID is the host id that container id 0 maps to.

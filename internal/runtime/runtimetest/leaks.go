@@ -1,12 +1,15 @@
 package runtimetest
 
 import (
-	"bufio"
 	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/moby/sys/mountinfo"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // Footprint says where a backend leaves traces of a sandbox on the host.
@@ -87,42 +90,25 @@ func slotClaims(dir, stateDir, id string) []string {
 
 // mountPoints returns every mount point in this mount namespace.
 func mountPoints() []string {
-	var out []string
-	eachMountinfo(func(fields []string) {
-		out = append(out, unescape(fields[4]))
-	})
-	return out
+	return mountPointsOf(mountinfo.GetMounts(nil))
 }
 
 // cgroupMounts returns the mount points of all cgroup hierarchies.
 func cgroupMounts() []string {
-	var out []string
-	eachMountinfo(func(fields []string) {
-		sep := slices.Index(fields, "-")
-		if sep > 0 && sep+1 < len(fields) && (fields[sep+1] == "cgroup" || fields[sep+1] == "cgroup2") {
-			out = append(out, unescape(fields[4]))
-		}
-	})
-	return out
+	return mountPointsOf(mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2")))
 }
 
-func eachMountinfo(fn func(fields []string)) {
-	f, err := os.Open("/proc/self/mountinfo")
+// mountPointsOf lists the mount points; a mount table that cannot be read
+// lists none, and the other checks still run.
+func mountPointsOf(mounts []*mountinfo.Info, err error) []string {
 	if err != nil {
-		return
+		return nil
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for sc.Scan() {
-		if fields := strings.Fields(sc.Text()); len(fields) >= 5 {
-			fn(fields)
-		}
+	out := make([]string, 0, len(mounts))
+	for _, m := range mounts {
+		out = append(out, m.Mountpoint)
 	}
-}
-
-func unescape(s string) string {
-	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
+	return out
 }
 
 // loopDevicesUnder returns loop devices whose backing file is below dir.
@@ -147,22 +133,16 @@ func loopDevicesUnder(dir string) []string {
 // sandbox's process tree (setsid, double fork) but not its cgroup.
 func processesInCgroup(cg string) []string {
 	var out []string
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil {
-			continue
-		}
-		for _, line := range strings.Split(string(b), "\n") {
+	for _, p := range harness.Procs(func(p harness.Proc) bool {
+		for _, line := range strings.Split(p.Cgroup, "\n") {
 			parts := strings.SplitN(line, ":", 3)
 			if len(parts) == 3 && (parts[2] == cg || strings.HasPrefix(parts[2], cg+"/")) {
-				out = append(out, e.Name())
-				break
+				return true
 			}
 		}
+		return false
+	}) {
+		out = append(out, strconv.Itoa(p.PID))
 	}
 	return out
 }

@@ -23,6 +23,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // Backend is what the suite drives: the runtime operations the Manager
@@ -137,7 +138,7 @@ func testLifecycle(t *testing.T, h Harness) {
 	}
 	// The agent may still be starting; poll until it has used some CPU.
 	var s runtime.Stats
-	waitFor(t, 5*time.Second, "non-zero stats", func() bool {
+	harness.WaitFor(t, 5*time.Second, "non-zero stats", func() bool {
 		s, err = b.Stats(ctx, id)
 		return err == nil && s.CPUUsage > 0 && s.MemoryBytes > 0 && s.PidsCurrent > 0
 	})
@@ -207,7 +208,9 @@ func testIsolation(t *testing.T, h Harness) {
 		}
 	}
 	var bnd uint64
-	fmt.Sscanf(status["CapBnd"], "%x", &bnd)
+	if _, err := fmt.Sscanf(status["CapBnd"], "%x", &bnd); err != nil {
+		t.Fatalf("CapBnd %q: %v", status["CapBnd"], err)
+	}
 	const capMknod, capNetRaw, capSysAdmin = 27, 13, 21
 	for _, c := range []uint{capMknod, capNetRaw, capSysAdmin} {
 		if bnd&(1<<c) != 0 {
@@ -304,7 +307,7 @@ func testBadLayer(t *testing.T, h Harness) {
 	spec := h.Spec(t, id)
 	spec.Layers = append(spec.Layers, filepath.Join(t.TempDir(), "missing"))
 	if err := inst.Backend.Create(t.Context(), spec); err == nil {
-		inst.Backend.Destroy(context.Background(), id)
+		_ = inst.Backend.Destroy(context.Background(), id)
 		t.Fatal("Create with a missing layer succeeded")
 	} else {
 		t.Logf("Create error: %v", err)
@@ -321,7 +324,7 @@ func testFailingStart(t *testing.T, h Harness) {
 	spec.NetNSPath = filepath.Join(t.TempDir(), "no-such-netns")
 	err := inst.Backend.Create(t.Context(), spec)
 	if err == nil {
-		inst.Backend.Destroy(context.Background(), id)
+		_ = inst.Backend.Destroy(context.Background(), id)
 		t.Fatal("Create with a missing netns succeeded")
 	}
 	t.Logf("Create error: %v", err)
@@ -344,7 +347,7 @@ func testFailingExec(t *testing.T, h Harness) {
 	spec.AgentPath = bad
 	err := inst.Backend.Create(t.Context(), spec)
 	if err == nil {
-		inst.Backend.Destroy(context.Background(), id)
+		_ = inst.Backend.Destroy(context.Background(), id)
 		t.Fatal("Create with a non-executable agent succeeded")
 	}
 	t.Logf("Create error: %v", err)
@@ -362,13 +365,13 @@ func testJoinNetNS(t *testing.T, h Harness) {
 	if out, err := exec.Command(ipBin, "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
-	t.Cleanup(func() { exec.Command(ipBin, "netns", "del", name).Run() })
+	t.Cleanup(func() { _ = exec.Command(ipBin, "netns", "del", name).Run() })
 	spec := h.Spec(t, id)
 	spec.NetNSPath = "/run/netns/" + name
 	if err := inst.Backend.Create(t.Context(), spec); err != nil {
 		t.Fatalf("Create with netns = %v", err)
 	}
-	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	t.Cleanup(func() { _ = inst.Backend.Destroy(context.Background(), id) })
 	if inst.HostPidIsInit {
 		st, err := inst.Backend.Inspect(t.Context(), id)
 		if err != nil {
@@ -432,7 +435,7 @@ func testEscaped(t *testing.T, h Harness) {
 	if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "setsid sh -c 'sleep 1000 & sleep 1000' >/dev/null 2>&1 &"); err != nil {
 		t.Fatalf("exec = %v: %s", err, out)
 	}
-	waitFor(t, 5*time.Second, "escaped processes running", func() bool {
+	harness.WaitFor(t, 5*time.Second, "escaped processes running", func() bool {
 		s, err := inst.Backend.Stats(t.Context(), id)
 		return err == nil && s.PidsCurrent >= 4
 	})
@@ -508,7 +511,7 @@ func testMemoryLimit(t *testing.T, h Harness) {
 		t.Fatalf("memory hog exited cleanly: %s", out)
 	}
 	var s runtime.Stats
-	waitFor(t, 5*time.Second, "an OOM kill in stats", func() bool {
+	harness.WaitFor(t, 5*time.Second, "an OOM kill in stats", func() bool {
 		s, err = inst.Backend.Stats(t.Context(), id)
 		return err == nil && s.OOMKills > 0
 	})
@@ -569,18 +572,4 @@ func procStatus(t *testing.T, pid int) map[string]string {
 		}
 	}
 	return m
-}
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // testDistinctUIDs: every sandbox gets its own host uid range, also
@@ -89,7 +90,7 @@ func testDestroyForkBomb(t *testing.T, h Harness) {
 		if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", bomb); err != nil {
 			t.Fatalf("start bomb: %v: %s", err, out)
 		}
-		waitFor(t, 2*time.Minute, "the bomb to fill the pids limit", func() bool {
+		harness.WaitFor(t, 2*time.Minute, "the bomb to fill the pids limit", func() bool {
 			s, err := inst.Backend.Stats(t.Context(), id)
 			return err == nil && s.PidsCurrent >= spec.PidsLimit
 		})

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Static checks: golangci-lint with .golangci.yml, then that the generated
+# protocol code is up to date (scripts/check-proto.sh). Part of
+# scripts/test.sh, and so of CI.
+#
+# golangci-lint is built from source through the Go module proxy at a pinned
+# version (no binary download) into
+# ${BERTH_CACHE_DIR:-/var/cache/berth}/tools/golangci-lint-<version>/, once;
+# the first build takes about 10 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
+GOLANGCI_LINT_VERSION=v2.15.0
+dir=${BERTH_CACHE_DIR:-/var/cache/berth}/tools/golangci-lint-${GOLANGCI_LINT_VERSION}
+if [ ! -x "$dir/golangci-lint" ]; then
+	echo "building golangci-lint ${GOLANGCI_LINT_VERSION} into $dir"
+	mkdir -p "$dir"
+	GOBIN=$dir go install "github.com/golangci/golangci-lint/v2/cmd/golangci-lint@${GOLANGCI_LINT_VERSION}"
+fi
+"$dir/golangci-lint" run ./...
+./scripts/check-proto.sh
