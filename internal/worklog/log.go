@@ -18,6 +18,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
 )
@@ -32,15 +33,11 @@ const (
 	KindRemove = "remove" // filesystem.Filesystem/Remove
 )
 
-// Stream summarises one output stream of a command.
-type Stream struct {
-	Bytes int64 `json:"bytes"`
-	// Head and Tail are the first and last KiB (they overlap when the
-	// stream is shorter than 2 KiB). Encoded as base64 in JSON: output
-	// need not be text.
-	Head []byte `json:"head,omitempty"`
-	Tail []byte `json:"tail,omitempty"`
-}
+// Stream summarises one output stream of a command: its size and first
+// and last KiB (they overlap when the stream is shorter than 2 KiB). It is
+// the wire type itself, so an Entry converts to types.WorklogEntry as it
+// is.
+type Stream = types.WorklogStream
 
 // Entry is one recorded action.
 type Entry struct {
