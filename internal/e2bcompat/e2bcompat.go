@@ -23,14 +23,8 @@ import (
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
-
-// EnvdVersion is the envd version Berth's agent implements; the SDKs gate
-// features on it. It must equal agent.Version (a test checks).
-const EnvdVersion = "0.6.13"
-
-// AgentPort is the port E2B clients name for the in-sandbox agent (envd).
-const AgentPort = 49983
 
 // DefaultDomain is the preview domain when the daemon configures none.
 const DefaultDomain = "berth.localhost"
@@ -105,7 +99,7 @@ func New(cfg Config) *Server {
 // first, then the native API under /v1, then the E2B control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		port := AgentPort
+		port := envd.Port
 		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
 			n, err := strconv.Atoi(p)
 			if err != nil || n < 1 || n > 65535 {

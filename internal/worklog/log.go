@@ -21,6 +21,7 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // Entry kinds.
@@ -121,7 +122,7 @@ func New(cfg Config) (*Log, error) {
 		cfg.Keep = 3
 	}
 	if cfg.AgentPort == 0 {
-		cfg.AgentPort = 49983
+		cfg.AgentPort = envd.Port
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
