@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -150,17 +151,8 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 	return id, port, true
 }
 
-func validID(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
+// validID is the sandbox-ID grammar every layer shares.
+func validID(id string) bool { return types.ValidSandboxID(id) == nil }
 
 // errorBody is E2B's error shape.
 type errorBody struct {

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
-	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -111,8 +110,6 @@ type Log struct {
 	files *audit.Files
 }
 
-var idRE = audit.ValidID
-
 // New opens the work log in cfg.Dir (created 0700).
 func New(cfg Config) (*Log, error) {
 	if cfg.MaxBytes <= 0 {
@@ -143,7 +140,7 @@ func newID() string {
 // Append writes e to its sandbox's file. It never fails the caller's
 // request: errors are logged.
 func (l *Log) Append(e Entry) {
-	if !idRE.MatchString(e.Sandbox) {
+	if types.ValidSandboxID(e.Sandbox) != nil {
 		return
 	}
 	if e.ID == "" {
@@ -176,8 +173,8 @@ func (l *Log) CloseAll() { l.files.CloseAll() }
 // including rotated files; of a command written at start and at end, the
 // last version is kept. An unknown sandbox has no entries (not an error).
 func (l *Log) Read(ctx context.Context, id string) ([]Entry, error) {
-	if !idRE.MatchString(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	if err := types.ValidSandboxID(id); err != nil {
+		return nil, err
 	}
 	// No lock: Append runs in the proxied stream's path and must not wait
 	// for a reader. Each line is written whole, so a read sees complete
