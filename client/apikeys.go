@@ -5,27 +5,20 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
-// APIKey is a key of the daemon's E2B-compatible API.
-type APIKey struct {
-	ID        string    `json:"id"`
-	Name      string    `json:"name"`
-	Mask      string    `json:"mask"`
-	CreatedAt time.Time `json:"created_at"`
-	RevokedAt time.Time `json:"revoked_at,omitzero"`
-	// Key is the secret ("e2b_…"), set only by CreateAPIKey: the daemon
-	// stores a hash and cannot show it again.
-	Key string `json:"key,omitempty"`
-}
+// APIKey is a key of the daemon's E2B-compatible API. Key, the secret
+// ("e2b_…"), is set only by CreateAPIKey: the daemon stores a hash and
+// cannot show it again.
+type APIKey = types.APIKey
 
 // CreateAPIKey issues an API key for the E2B-compatible API.
 func (c *Client) CreateAPIKey(ctx context.Context, name string) (*APIKey, error) {
 	var k APIKey
-	if err := c.doJSON(ctx, http.MethodPost, "/v1/apikeys", nil, map[string]string{"name": name}, &k); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/apikeys", nil, types.CreateAPIKeyRequest{Name: name}, &k); err != nil {
 		return nil, fmt.Errorf("create api key: %w", err)
 	}
 	return &k, nil
@@ -33,13 +26,11 @@ func (c *Client) CreateAPIKey(ctx context.Context, name string) (*APIKey, error)
 
 // ListAPIKeys returns every API key, revoked ones included.
 func (c *Client) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
-	var out struct {
-		Keys []APIKey `json:"api_keys"`
-	}
+	var out types.APIKeyList
 	if err := c.doJSON(ctx, http.MethodGet, "/v1/apikeys", nil, nil, &out); err != nil {
 		return nil, err
 	}
-	return out.Keys, nil
+	return out.APIKeys, nil
 }
 
 // RevokeAPIKey stops a key from authenticating.

@@ -18,6 +18,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -141,13 +142,6 @@ func (c *Client) doJSON(ctx context.Context, method, path string, q url.Values, 
 	return nil
 }
 
-// wireError is the daemon's error body.
-type wireError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-	Field   string `json:"field,omitempty"`
-}
-
 // maxErrorBody bounds how much of an error body we read.
 const maxErrorBody = 64 << 10
 
@@ -165,10 +159,10 @@ func decodeError(resp *http.Response) error {
 	if err := json.Unmarshal(b, &w); err == nil {
 		var code string
 		if json.Unmarshal(w.Code, &code) == nil && code != "" {
-			return wireError{Code: code, Message: w.Message, Field: w.Field}.toError()
+			return wireError(&types.Error{Code: code, Message: w.Message, Field: w.Field})
 		}
 		if w.Message != "" {
-			return wireError{Code: codeForStatus(resp.StatusCode), Message: w.Message, Field: w.Field}.toError()
+			return wireError(&types.Error{Code: codeForStatus(resp.StatusCode), Message: w.Message, Field: w.Field})
 		}
 	}
 	msg := strings.TrimSpace(string(b))
@@ -178,7 +172,9 @@ func decodeError(resp *http.Response) error {
 	return &errdefs.Error{Code: codeForStatus(resp.StatusCode), Message: msg}
 }
 
-func (w wireError) toError() *errdefs.Error {
+// wireError is the daemon's error body as an error: an *errdefs.Error
+// whose message is never empty.
+func wireError(w *types.Error) *errdefs.Error {
 	msg := w.Message
 	if msg == "" {
 		msg = w.Code

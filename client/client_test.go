@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -69,8 +70,8 @@ func (f *fakeDaemon) routes() http.Handler {
 		defer f.mu.Unlock()
 		f.lastBody = string(b)
 		f.next++
-		sb := &Sandbox{ID: fmt.Sprintf("sb%d", f.next), State: StateReady, Template: req.Template, CPU: req.CPU,
-			Labels: req.Labels, Env: req.Env, CreatedAt: time.Unix(1700000000, 0).UTC()}
+		sb := &Sandbox{Sandbox: types.Sandbox{ID: fmt.Sprintf("sb%d", f.next), State: StateReady, Template: req.Template, CPU: req.CPU,
+			Labels: req.Labels, Env: req.Env, CreatedAt: time.Unix(1700000000, 0).UTC()}}
 		f.sandboxes[sb.ID] = sb
 		writeJSON(w, 201, sb)
 	})

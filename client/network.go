@@ -7,56 +7,26 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/berth-sandbox/berth/api/types"
 )
 
 // Egress policy modes.
 const (
-	NetNone  = "none"  // nothing leaves the sandbox, DNS included (default)
-	NetAllow = "allow" // only what the rules allow
-	NetOpen  = "open"  // the public internet, never private or metadata addresses
-	NetLearn = "learn" // nothing, but every attempt is recorded for SuggestPolicy
+	NetNone  = types.NetNone  // nothing leaves the sandbox, DNS included (default)
+	NetAllow = types.NetAllow // only what the rules allow
+	NetOpen  = types.NetOpen  // the public internet, never private or metadata addresses
+	NetLearn = types.NetLearn // nothing, but every attempt is recorded for SuggestPolicy
 )
 
-// NetworkPolicy is a sandbox's egress policy. Allow and Deny hold domains
-// ("github.com"), wildcards ("*.pypi.org": subdomains only), addresses and
-// CIDRs with an optional port ("198.51.100.0/24:443"); deny wins. HTTP
-// rules restrict a host to methods and path prefixes (its TLS is
-// intercepted with the sandbox's own CA).
-type NetworkPolicy struct {
-	Mode  string     `json:"mode"`
-	Allow []string   `json:"allow,omitempty"`
-	Deny  []string   `json:"deny,omitempty"`
-	HTTP  []HTTPRule `json:"http,omitempty"`
-}
+// NetworkPolicy is a sandbox's egress policy (see types.NetworkPolicy).
+type NetworkPolicy = types.NetworkPolicy
 
 // HTTPRule allows Methods ("*" for any) on paths starting with Path at Host.
-type HTTPRule struct {
-	Host    string   `json:"host"`
-	Methods []string `json:"methods"`
-	Path    string   `json:"path"`
-}
+type HTTPRule = types.HTTPRule
 
 // NetworkRecord is one egress decision from the sandbox's audit log.
-type NetworkRecord struct {
-	Time     time.Time `json:"time"`
-	Sandbox  string    `json:"sandbox"`
-	Proto    string    `json:"proto"`
-	Name     string    `json:"name,omitempty"`
-	IP       string    `json:"ip,omitempty"`
-	Port     uint16    `json:"port,omitempty"`
-	Method   string    `json:"method,omitempty"`
-	Path     string    `json:"path,omitempty"`
-	Decision string    `json:"decision"`
-	Rule     string    `json:"rule"`
-	Reason   string    `json:"reason,omitempty"`
-	BytesOut int64     `json:"bytes_out"`
-	BytesIn  int64     `json:"bytes_in"`
-	// Count, when set, is how many decisions the record stands for
-	// (repeats aggregated, firewall refusals to one destination, or
-	// decisions over the audit rate limit), from Time to Last.
-	Count int64     `json:"count,omitempty"`
-	Last  time.Time `json:"last,omitzero"`
-}
+type NetworkRecord = types.NetworkRecord
 
 // NetworkLogFilter selects egress decisions.
 type NetworkLogFilter struct {
@@ -114,9 +84,7 @@ func (c *Client) NetworkLogFiltered(ctx context.Context, id string, f NetworkLog
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	var out struct {
-		Records []NetworkRecord `json:"records"`
-	}
+	var out types.NetworkRecordList
 	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/network/log", f.query(url.Values{}), nil, &out); err != nil {
 		return nil, err
 	}

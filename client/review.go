@@ -6,50 +6,15 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"time"
+
+	"github.com/berth-sandbox/berth/api/types"
 )
 
-// WorklogStream summarises one output stream of a recorded command: its
-// size and its first and last KiB.
-type WorklogStream struct {
-	Bytes int64  `json:"bytes"`
-	Head  []byte `json:"head,omitempty"`
-	Tail  []byte `json:"tail,omitempty"`
-}
+// WorklogStream summarises one output stream of a recorded command.
+type WorklogStream = types.WorklogStream
 
-// WorklogEntry is one action recorded in a sandbox's work log: a command
-// (Kind "exec", or "attach" for a connection to a running one) or a file
-// operation ("write", "mkdir", "move", "remove").
-type WorklogEntry struct {
-	ID       string        `json:"id"`
-	Time     time.Time     `json:"time"`
-	Sandbox  string        `json:"sandbox"`
-	Kind     string        `json:"kind"`
-	API      string        `json:"api,omitempty"`
-	User     string        `json:"user,omitempty"`
-	Cmd      string        `json:"cmd,omitempty"`
-	Args     []string      `json:"args,omitempty"`
-	Cwd      string        `json:"cwd,omitempty"`
-	EnvNames []string      `json:"env_names,omitempty"`
-	Tag      string        `json:"tag,omitempty"`
-	PTY      bool          `json:"pty,omitempty"`
-	PID      uint32        `json:"pid,omitempty"`
-	End      time.Time     `json:"end,omitzero"`
-	Done     bool          `json:"done,omitempty"`
-	ExitCode int32         `json:"exit_code"`
-	Exited   bool          `json:"exited,omitempty"`
-	Status   string        `json:"status,omitempty"`
-	Error    string        `json:"error,omitempty"`
-	Stdout   WorklogStream `json:"stdout,omitzero"`
-	Stderr   WorklogStream `json:"stderr,omitzero"`
-	PTYOut   WorklogStream `json:"pty_out,omitzero"`
-	Path     string        `json:"path,omitempty"`
-	Paths    []string      `json:"paths,omitempty"`
-	Dest     string        `json:"dest,omitempty"`
-	Size     int64         `json:"size,omitempty"`
-	// HTTPStatus is the agent's answer to a file operation.
-	HTTPStatus int `json:"http_status,omitempty"`
-}
+// WorklogEntry is one action recorded in a sandbox's work log.
+type WorklogEntry = types.WorklogEntry
 
 // Worklog returns the sandbox's work log, oldest first. It stays readable
 // after the sandbox is destroyed.
@@ -57,9 +22,7 @@ func (c *Client) Worklog(ctx context.Context, id string) ([]WorklogEntry, error)
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	var out struct {
-		Entries []WorklogEntry `json:"entries"`
-	}
+	var out types.WorklogEntryList
 	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/worklog", nil, nil, &out); err != nil {
 		return nil, err
 	}
@@ -68,8 +31,8 @@ func (c *Client) Worklog(ctx context.Context, id string) ([]WorklogEntry, error)
 
 // Export formats.
 const (
-	ExportPatch  = "patch"
-	ExportBundle = "bundle"
+	ExportPatch  = types.ExportPatch
+	ExportBundle = types.ExportBundle
 )
 
 // Diff writes the binary-safe git diff of the checkout at path (default
@@ -108,22 +71,10 @@ func (c *Client) stream(ctx context.Context, id, sub string, q url.Values, w io.
 }
 
 // CommitRequest commits everything in a sandbox's checkout.
-type CommitRequest struct {
-	// Path is the checkout (default /workspace).
-	Path    string `json:"path,omitempty"`
-	Message string `json:"message"`
-	// Branch, when set, is created from HEAD and receives the commit.
-	Branch string `json:"branch,omitempty"`
-	// Author is "Name <email>"; empty takes the daemon's commit_author.
-	Author string `json:"author,omitempty"`
-}
+type CommitRequest = types.CommitRequest
 
 // CommitResult is the commit made.
-type CommitResult struct {
-	Commit string `json:"commit"`
-	Branch string `json:"branch,omitempty"`
-	Author string `json:"author"`
-}
+type CommitResult = types.CommitResult
 
 // Commit stages everything in the checkout and commits it inside the
 // sandbox.

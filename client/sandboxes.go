@@ -12,6 +12,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -60,16 +61,15 @@ func (c *Client) List(ctx context.Context, opts ListOptions) ([]*Sandbox, error)
 	if opts.State != "" {
 		q.Set("state", opts.State)
 	}
-	var out struct {
-		Sandboxes []*Sandbox `json:"sandboxes"`
-	}
+	var out types.SandboxList
 	if err := c.doJSON(ctx, http.MethodGet, "/v1/sandboxes", q, nil, &out); err != nil {
 		return nil, err
 	}
-	for _, sb := range out.Sandboxes {
-		c.bind(sb)
+	sbs := make([]*Sandbox, len(out.Sandboxes))
+	for i := range out.Sandboxes {
+		sbs[i] = c.bind(&Sandbox{Sandbox: out.Sandboxes[i]})
 	}
-	return out.Sandboxes, nil
+	return sbs, nil
 }
 
 // Kill destroys a sandbox.
@@ -88,9 +88,7 @@ func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*S
 	if d <= 0 {
 		return nil, fmt.Errorf("timeout %v: must be positive: %w", d, errdefs.ErrInvalidArgument)
 	}
-	body := struct {
-		Timeout string `json:"timeout"`
-	}{d.String()}
+	body := types.SetTimeoutRequest{Timeout: d.String()}
 	var sb Sandbox
 	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id)+"/timeout", nil, body, &sb); err != nil {
 		return nil, err
@@ -103,9 +101,7 @@ func (c *Client) Events(ctx context.Context, id string) ([]Event, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
-	var out struct {
-		Events []Event `json:"events"`
-	}
+	var out types.EventList
 	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/events", nil, nil, &out); err != nil {
 		return nil, err
 	}
@@ -135,20 +131,11 @@ func (c *Client) FollowEvents(ctx context.Context, id string, fn func(Event) err
 
 // Templates lists the templates the daemon knows.
 func (c *Client) Templates(ctx context.Context) ([]Template, error) {
-	var out struct {
-		Templates []Template `json:"templates"`
-	}
+	var out types.TemplateList
 	if err := c.doJSON(ctx, http.MethodGet, "/v1/templates", nil, nil, &out); err != nil {
 		return nil, err
 	}
 	return out.Templates, nil
-}
-
-// buildLine is one line of a template build stream.
-type buildLine struct {
-	Log      *string    `json:"log,omitempty"`
-	Template *Template  `json:"template,omitempty"`
-	Error    *wireError `json:"error,omitempty"`
 }
 
 // BuildTemplate builds (or rebuilds) the named template, copying the build
@@ -164,13 +151,13 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Wr
 	defer resp.Body.Close()
 	var tmpl *Template
 	err = readNDJSON(resp.Body, func(line []byte) error {
-		var bl buildLine
+		var bl types.BuildLine
 		if err := json.Unmarshal(line, &bl); err != nil {
 			return fmt.Errorf("decode build line: %w", err)
 		}
 		switch {
 		case bl.Error != nil:
-			return bl.Error.toError()
+			return wireError(bl.Error)
 		case bl.Template != nil:
 			tmpl = bl.Template
 		case bl.Log != nil && logWriter != nil:
@@ -217,9 +204,11 @@ func readNDJSON(r io.Reader, fn func([]byte) error) error {
 
 func sandboxPath(id string) string { return "/v1/sandboxes/" + url.PathEscape(id) }
 
+// checkID refuses an ID the daemon would, before any request: the same
+// grammar, the same error body.
 func checkID(id string) error {
-	if id == "" {
-		return fmt.Errorf("sandbox id is empty: %w", errdefs.ErrInvalidArgument)
+	if err := types.ValidSandboxID(id); err != nil {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Message: err.Error(), Field: "id"}
 	}
 	return nil
 }
@@ -234,7 +223,7 @@ func (c *Client) bind(sb *Sandbox) *Sandbox {
 // Sandbox returns a data-plane handle for the sandbox id without asking the
 // daemon anything; only its ID field is set.
 func (c *Client) Sandbox(id string) *Sandbox {
-	return c.bind(&Sandbox{ID: id})
+	return c.bind(&Sandbox{Sandbox: types.Sandbox{ID: id}})
 }
 
 // As returns a copy of the handle whose data-plane calls run as user.

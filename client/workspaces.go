@@ -8,36 +8,18 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // WorkspaceRequest asks for a sandbox holding a repository at a ref, set up
 // by an environment file (see docs/api.md, "Workspaces").
-type WorkspaceRequest struct {
-	CreateRequest
-	Repo string `json:"repo"`
-	Ref  string `json:"ref,omitempty"`
-	// Environment is an environment file's YAML; nil means the repository's
-	// own .berth/environment.yaml.
-	Environment *string `json:"environment,omitempty"`
-	// NoCache neither uses nor fills the environment cache.
-	NoCache bool `json:"no_cache,omitempty"`
-}
+type WorkspaceRequest = types.WorkspaceRequest
 
 // WorkspaceProgress is one line of a workspace create: a setup event
 // (setup_started, setup_step, setup_done, setup_cached) or step output
 // (Type "log").
-type WorkspaceProgress struct {
-	Type    string `json:"type"`
-	Message string `json:"message"`
-	Step    int    `json:"step,omitempty"`
-}
-
-type workspaceLine struct {
-	Progress *WorkspaceProgress `json:"progress,omitempty"`
-	Sandbox  *Sandbox           `json:"sandbox,omitempty"`
-	Error    *wireError         `json:"error,omitempty"`
-}
+type WorkspaceProgress = types.WorkspaceProgress
 
 // WorkspaceError is a failed workspace create; Sandbox, when set, is the
 // sandbox left in state failed (its Reason names the step, exit code and
@@ -63,18 +45,18 @@ func (c *Client) CreateWorkspace(ctx context.Context, req WorkspaceRequest, prog
 	var sb *Sandbox
 	var werr *WorkspaceError
 	err = readNDJSON(resp.Body, func(line []byte) error {
-		var l workspaceLine
+		var l types.WorkspaceLine
 		if err := json.Unmarshal(line, &l); err != nil {
 			return fmt.Errorf("decode workspace line: %w", err)
 		}
 		switch {
 		case l.Error != nil:
-			werr = &WorkspaceError{Err: l.Error.toError()}
+			werr = &WorkspaceError{Err: wireError(l.Error)}
 			if l.Sandbox != nil {
-				werr.Sandbox = c.bind(l.Sandbox)
+				werr.Sandbox = c.bind(&Sandbox{Sandbox: *l.Sandbox})
 			}
 		case l.Sandbox != nil:
-			sb = c.bind(l.Sandbox)
+			sb = c.bind(&Sandbox{Sandbox: *l.Sandbox})
 		case l.Progress != nil && progress != nil:
 			progress(*l.Progress)
 		}
@@ -93,43 +75,25 @@ func (c *Client) CreateWorkspace(ctx context.Context, req WorkspaceRequest, prog
 }
 
 // EnvironmentCheck is what the daemon found in a valid environment file.
-type EnvironmentCheck struct {
-	Valid          bool     `json:"valid"`
-	Template       string   `json:"template"`
-	Steps          []string `json:"steps"`
-	Secrets        []string `json:"secrets"`
-	MissingSecrets []string `json:"missing_secrets"`
-	SetupNetwork   string   `json:"setup_network"`
-	AgentNetwork   string   `json:"agent_network"`
-}
+type EnvironmentCheck = types.EnvironmentCheck
 
 // CheckEnvironment validates an environment file without running it. An
 // invalid file is an invalid-argument error listing every problem with its
 // line.
 func (c *Client) CheckEnvironment(ctx context.Context, yaml []byte) (*EnvironmentCheck, error) {
 	var out EnvironmentCheck
-	if err := c.doJSON(ctx, http.MethodPost, "/v1/environments/check", nil, map[string]string{"environment": string(yaml)}, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/environments/check", nil, types.EnvironmentCheckRequest{Environment: string(yaml)}, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil
 }
 
 // CachedEnvironment is a cached workspace environment.
-type CachedEnvironment struct {
-	Key       string `json:"key"`
-	Template  string `json:"template"`
-	Repo      string `json:"repo"`
-	Commit    string `json:"commit"`
-	Created   string `json:"created"`
-	LastUsed  string `json:"last_used"`
-	SizeBytes int64  `json:"size_bytes"`
-}
+type CachedEnvironment = types.CachedEnvironment
 
 // Environments lists the cached environments.
 func (c *Client) Environments(ctx context.Context) ([]CachedEnvironment, error) {
-	var out struct {
-		Environments []CachedEnvironment `json:"environments"`
-	}
+	var out types.EnvironmentList
 	err := c.doJSON(ctx, http.MethodGet, "/v1/environments", nil, nil, &out)
 	return out.Environments, err
 }
@@ -137,19 +101,13 @@ func (c *Client) Environments(ctx context.Context) ([]CachedEnvironment, error) 
 // PruneEnvironments removes cached environments no sandbox uses: all, or
 // only key when it is set. It returns the keys removed.
 func (c *Client) PruneEnvironments(ctx context.Context, key string) ([]string, error) {
-	var out struct {
-		Removed []string `json:"removed"`
-	}
-	err := c.doJSON(ctx, http.MethodPost, "/v1/environments/prune", nil, map[string]string{"key": key}, &out)
+	var out types.PruneResult
+	err := c.doJSON(ctx, http.MethodPost, "/v1/environments/prune", nil, types.PruneRequest{Key: key}, &out)
 	return out.Removed, err
 }
 
 // SecretInfo names a stored secret; values are never returned.
-type SecretInfo struct {
-	Name      string `json:"name"`
-	UpdatedAt string `json:"updated_at"`
-	SizeBytes int64  `json:"size_bytes"`
-}
+type SecretInfo = types.SecretInfo
 
 // SetSecret stores a secret on the daemon's host.
 func (c *Client) SetSecret(ctx context.Context, name string, value []byte) error {
@@ -171,9 +129,7 @@ func (c *Client) SetSecret(ctx context.Context, name string, value []byte) error
 
 // Secrets lists the stored secrets' names.
 func (c *Client) Secrets(ctx context.Context) ([]SecretInfo, error) {
-	var out struct {
-		Secrets []SecretInfo `json:"secrets"`
-	}
+	var out types.SecretList
 	err := c.doJSON(ctx, http.MethodGet, "/v1/secrets", nil, nil, &out)
 	return out.Secrets, err
 }

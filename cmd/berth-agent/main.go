@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/agent"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 func main() {
@@ -25,14 +26,14 @@ func main() {
 }
 
 func run() error {
-	listen := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", agent.Port), "address to serve on")
+	listen := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", envd.Port), "address to serve on")
 	user := flag.String("user", "root", "default user for requests that name none")
 	passwd := flag.String("passwd", "/etc/passwd", "passwd file of the sandbox")
 	group := flag.String("group", "/etc/group", "group file of the sandbox")
 	version := flag.Bool("version", false, "print the envd version the agent implements and exit")
 	flag.Parse()
 	if *version {
-		fmt.Println(agent.Version)
+		fmt.Println(envd.Version)
 		return nil
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
@@ -82,6 +83,6 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	logger.Info("agent_listening", "addr", l.Addr().String(), "version", agent.Version, "pid1", os.Getpid() == 1)
+	logger.Info("agent_listening", "addr", l.Addr().String(), "version", envd.Version, "pid1", os.Getpid() == 1)
 	return srv.Serve(ctx, l)
 }

@@ -19,18 +19,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/proto/envd"
 	"github.com/berth-sandbox/berth/proto/filesystem/filesystemconnect"
 	"github.com/berth-sandbox/berth/proto/process/processconnect"
 )
-
-// Port is where the agent listens inside every sandbox.
-const Port = 49983
-
-// Version is the envd version the agent is compatible with. The SDKs gate
-// features on it (default user 0.4.0, CloseStdin 0.5.2, octet-stream and gzip
-// uploads 0.5.7, watch entry info 0.6.3); control planes report it as
-// envdVersion.
-const Version = "0.6.13"
 
 // TokenEnv is the environment variable the agent reads its access token
 // from; the agent removes it from its environment so children never see it.
@@ -64,7 +56,7 @@ type Config struct {
 	KeepaliveInterval time.Duration
 	Logger            *slog.Logger
 	// Version is reported by nothing on the wire today but kept for logs;
-	// default Version.
+	// default envd.Version.
 	Version string
 }
 
@@ -86,7 +78,7 @@ type Server struct {
 // New builds a Server from cfg.
 func New(cfg Config) (*Server, error) {
 	if cfg.Listen == "" {
-		cfg.Listen = fmt.Sprintf("0.0.0.0:%d", Port)
+		cfg.Listen = fmt.Sprintf("0.0.0.0:%d", envd.Port)
 	}
 	if cfg.DefaultUser == "" {
 		cfg.DefaultUser = "root"
@@ -104,7 +96,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.KeepaliveInterval = 50 * time.Second
 	}
 	if cfg.Version == "" {
-		cfg.Version = Version
+		cfg.Version = envd.Version
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)

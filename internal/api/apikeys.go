@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/store"
 )
 
@@ -16,34 +17,12 @@ type APIKeys interface {
 	Revoke(ctx context.Context, id string) error
 }
 
-type apiKeyJSON struct {
-	ID        string `json:"id"`
-	Name      string `json:"name"`
-	Mask      string `json:"mask"`
-	CreatedAt string `json:"created_at"`
-	RevokedAt string `json:"revoked_at,omitempty"`
-	// Key is the secret, present only in the answer to create.
-	Key string `json:"key,omitempty"`
-}
-
-func apiKeyToJSON(k store.APIKey) apiKeyJSON {
-	return apiKeyJSON{ID: k.ID, Name: k.Name, Mask: k.Mask, CreatedAt: rfc3339(k.CreatedAt), RevokedAt: rfc3339(k.RevokedAt)}
-}
-
-// apiKeyRoutes mounts /v1/apikeys when the daemon manages keys.
-func (s *Server) apiKeyRoutes() {
-	if s.cfg.APIKeys == nil {
-		return
-	}
-	s.mux.HandleFunc("POST /v1/apikeys", s.createAPIKey)
-	s.mux.HandleFunc("GET /v1/apikeys", s.listAPIKeys)
-	s.mux.HandleFunc("DELETE /v1/apikeys/{id}", s.revokeAPIKey)
+func apiKeyToJSON(k store.APIKey) types.APIKey {
+	return types.APIKey{ID: k.ID, Name: k.Name, Mask: k.Mask, CreatedAt: utc(k.CreatedAt), RevokedAt: utc(k.RevokedAt)}
 }
 
 func (s *Server) createAPIKey(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		Name string `json:"name"`
-	}
+	var in types.CreateAPIKeyRequest
 	if err := decodeJSON(r, &in); err != nil {
 		writeError(w, err)
 		return
@@ -64,11 +43,11 @@ func (s *Server) listAPIKeys(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]apiKeyJSON, 0, len(keys))
+	out := types.APIKeyList{APIKeys: make([]types.APIKey, 0, len(keys))}
 	for _, k := range keys {
-		out = append(out, apiKeyToJSON(k))
+		out.APIKeys = append(out.APIKeys, apiKeyToJSON(k))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"api_keys": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) revokeAPIKey(w http.ResponseWriter, r *http.Request) {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
@@ -20,14 +21,6 @@ type NetworkManager interface {
 	NetworkLog(ctx context.Context, id string, f audit.Filter) ([]audit.Record, error)
 	FollowNetworkLog(ctx context.Context, id string, f audit.Filter, fn func(audit.Record) error) error
 	SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error)
-}
-
-func (s *Server) networkRoutes() {
-	m := s.mux
-	m.HandleFunc("GET /v1/sandboxes/{id}/network", s.getNetwork)
-	m.HandleFunc("PUT /v1/sandboxes/{id}/network", s.putNetwork)
-	m.HandleFunc("GET /v1/sandboxes/{id}/network/log", s.networkLog)
-	m.HandleFunc("GET /v1/sandboxes/{id}/network/suggest", s.suggestNetwork)
 }
 
 // netManager returns the Manager's network side, or writes an error.
@@ -55,7 +48,7 @@ func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, p)
+	writeJSON(w, http.StatusOK, policyToWire(p))
 }
 
 // putNetwork replaces the policy. The body is a policy document (JSON);
@@ -65,11 +58,12 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var p netpolicy.Policy
-	if err := decodeJSON(r, &p); err != nil {
+	var in types.NetworkPolicy
+	if err := decodeJSON(r, &in); err != nil {
 		writeError(w, err)
 		return
 	}
+	p := policyFromWire(in)
 	if err := p.Validate(); err != nil {
 		writeError(w, policyError(err))
 		return
@@ -79,7 +73,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, policyToWire(out))
 }
 
 // policyError names the bad entry of a policy in the error body.
@@ -123,10 +117,11 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		if recs == nil {
-			recs = []audit.Record{}
+		out := types.NetworkRecordList{Records: make([]types.NetworkRecord, 0, len(recs))}
+		for _, rec := range recs {
+			out.Records = append(out.Records, types.NetworkRecord(rec))
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"records": recs})
+		writeJSON(w, http.StatusOK, out)
 		return
 	case "true", "1":
 	default:
@@ -143,7 +138,7 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 	rc.Flush()
 	enc := json.NewEncoder(w)
 	err := nm.FollowNetworkLog(r.Context(), id, f, func(rec audit.Record) error {
-		if err := enc.Encode(rec); err != nil {
+		if err := enc.Encode(types.NetworkRecord(rec)); err != nil {
 			return err
 		}
 		return rc.Flush()
@@ -163,7 +158,7 @@ func (s *Server) suggestNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, p)
+	writeJSON(w, http.StatusOK, policyToWire(p))
 }
 
 // parseSince reads a log's since parameter: an RFC 3339 time, or a
@@ -176,4 +171,29 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 		return now.Add(-d), nil
 	}
 	return time.Time{}, fmt.Errorf("since %q: want an RFC 3339 time or a duration such as 10m: %w", v, errdefs.ErrInvalidArgument)
+}
+
+// policyFromWire and policyToWire carry a policy across the API edge; the
+// field-for-field conversion of HTTPRule breaks the build if the two
+// drift, and TestWireMirrorsInternal checks the JSON names.
+func policyFromWire(in types.NetworkPolicy) netpolicy.Policy {
+	p := netpolicy.Policy{Mode: netpolicy.Mode(in.Mode), Allow: in.Allow, Deny: in.Deny}
+	if in.HTTP != nil {
+		p.HTTP = make([]netpolicy.HTTPRule, len(in.HTTP))
+		for i, r := range in.HTTP {
+			p.HTTP[i] = netpolicy.HTTPRule(r)
+		}
+	}
+	return p
+}
+
+func policyToWire(p netpolicy.Policy) types.NetworkPolicy {
+	out := types.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow, Deny: p.Deny}
+	if p.HTTP != nil {
+		out.HTTP = make([]types.HTTPRule, len(p.HTTP))
+		for i, r := range p.HTTP {
+			out.HTTP[i] = types.HTTPRule(r)
+		}
+	}
+	return out
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/worklog"
@@ -23,14 +24,6 @@ type Reviewer interface {
 	Commit(ctx context.Context, id string, req review.CommitRequest) (review.CommitResult, error)
 }
 
-func (s *Server) reviewRoutes() {
-	m := s.mux
-	m.HandleFunc("GET /v1/sandboxes/{id}/worklog", s.getWorklog)
-	m.HandleFunc("GET /v1/sandboxes/{id}/diff", s.getDiff)
-	m.HandleFunc("GET /v1/sandboxes/{id}/export", s.getExport)
-	m.HandleFunc("POST /v1/sandboxes/{id}/commit", s.postCommit)
-}
-
 func (s *Server) getWorklog(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if err := validID(id); err != nil {
@@ -46,10 +39,11 @@ func (s *Server) getWorklog(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	if es == nil {
-		es = []worklog.Entry{}
+	out := types.WorklogEntryList{Entries: make([]types.WorklogEntry, 0, len(es))}
+	for _, e := range es {
+		out.Entries = append(out.Entries, types.WorklogEntry(e))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"entries": es})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // reviewer checks the id and that review operations are configured.
@@ -129,15 +123,15 @@ func (s *Server) postCommit(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var req review.CommitRequest
+	var req types.CommitRequest
 	if err := decodeJSON(r, &req); err != nil {
 		writeError(w, err)
 		return
 	}
-	res, err := rv.Commit(r.Context(), id, req)
+	res, err := rv.Commit(r.Context(), id, review.CommitRequest(req))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, res)
+	writeJSON(w, http.StatusOK, types.CommitResult(res))
 }

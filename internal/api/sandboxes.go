@@ -6,11 +6,12 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/units"
@@ -28,86 +29,38 @@ type Manager interface {
 	Agent(ctx context.Context, id string) (addr, token string, err error)
 }
 
+// createRequest is the wire CreateRequest with CPU as a pointer, so an
+// explicit 0 is refused rather than read as "the default".
 type createRequest struct {
-	Template string            `json:"template"`
-	CPU      *float64          `json:"cpu"`
-	Memory   string            `json:"memory"`
-	Disk     string            `json:"disk"`
-	Pids     int64             `json:"pids"`
-	Timeout  string            `json:"timeout"`
-	Env      map[string]string `json:"env"`
-	Labels   map[string]string `json:"labels"`
-	// Network is the egress policy (see internal/netpolicy.Policy).
-	Network *netpolicy.Policy `json:"network,omitempty"`
+	types.CreateRequest
+	CPU *float64 `json:"cpu"`
 }
 
-type usageJSON struct {
-	CPUSeconds      float64 `json:"cpu_seconds"`
-	MemoryBytes     int64   `json:"memory_bytes"`
-	MemoryPeakBytes int64   `json:"memory_peak_bytes"`
-	DiskUsedBytes   int64   `json:"disk_used_bytes"`
-	Pids            int64   `json:"pids"`
-	OOMKills        int64   `json:"oom_kills"`
-	// The daemon's own work for the sandbox, outside its cgroup.
-	ProxyConnections int64 `json:"proxy_connections"`
-	ProxyRefused     int64 `json:"proxy_refused"`
-	ProxyOpen        int64 `json:"proxy_open"`
-	ProxyBytesOut    int64 `json:"proxy_bytes_out"`
-	ProxyBytesIn     int64 `json:"proxy_bytes_in"`
-	DNSQueries       int64 `json:"dns_queries"`
-	DNSDropped       int64 `json:"dns_dropped"`
-}
-
-type sandboxJSON struct {
-	ID          string            `json:"id"`
-	State       string            `json:"state"`
-	Template    string            `json:"template"`
-	CPU         float64           `json:"cpu"`
-	MemoryBytes int64             `json:"memory_bytes"`
-	DiskBytes   int64             `json:"disk_bytes"`
-	PidsLimit   int64             `json:"pids_limit"`
-	Env         map[string]string `json:"env"`
-	Labels      map[string]string `json:"labels"`
-	CreatedAt   string            `json:"created_at"`
-	Deadline    string            `json:"deadline"`
-	EndedAt     string            `json:"ended_at,omitempty"`
-	Reason      string            `json:"reason,omitempty"`
-	Usage       *usageJSON        `json:"usage,omitempty"`
-	Network     *networkJSON      `json:"network,omitempty"`
-}
-
-// networkJSON is where a live sandbox sits on the host's network.
-type networkJSON struct {
-	Address  string `json:"address"`
-	Gateway  string `json:"gateway"`
-	HostLink string `json:"host_link"`
-}
-
-func toJSON(s sandbox.Sandbox) sandboxJSON {
-	out := sandboxJSON{
+func toJSON(s sandbox.Sandbox) types.Sandbox {
+	out := types.Sandbox{
 		ID: s.ID, State: s.State, Template: s.Template,
 		CPU:         float64(s.CPUMillis) / 1000,
-		MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PidsLimit: s.PidsLimit,
+		MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PIDsLimit: s.PidsLimit,
 		Env: s.Env, Labels: s.Labels,
-		CreatedAt: rfc3339(s.CreatedAt), Deadline: rfc3339(s.Deadline), EndedAt: rfc3339(s.EndedAt),
+		CreatedAt: utc(s.CreatedAt), Deadline: utc(s.Deadline), EndedAt: utc(s.EndedAt),
 		Reason: s.Reason,
 	}
 	if n := s.Network; n != nil {
-		out.Network = &networkJSON{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
+		out.Network = &types.SandboxNetwork{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
 	}
 	if s.Usage != nil {
-		out.Usage = &usageJSON{
+		out.Usage = &types.Usage{
 			CPUSeconds:      s.Usage.CPUUsage.Seconds(),
 			MemoryBytes:     s.Usage.MemoryBytes,
 			MemoryPeakBytes: s.Usage.MemoryMax,
 			DiskUsedBytes:   s.Usage.DiskUsedBytes,
-			Pids:            s.Usage.PidsCurrent,
+			PIDs:            s.Usage.PidsCurrent,
 			OOMKills:        s.Usage.OOMKills,
 		}
 	}
 	if d := s.Daemon; d != nil {
 		if out.Usage == nil {
-			out.Usage = &usageJSON{}
+			out.Usage = &types.Usage{}
 		}
 		u := out.Usage
 		u.ProxyConnections, u.ProxyRefused, u.ProxyOpen = d.ProxyConns, d.ProxyRefused, d.ProxyOpen
@@ -119,7 +72,11 @@ func toJSON(s sandbox.Sandbox) sandboxJSON {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.Pids}, Network: in.Network}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}}
+	if in.Network != nil {
+		p := policyFromWire(*in.Network)
+		out.Network = &p
+	}
 	if in.CPU != nil {
 		// The range (0.1 up to the host's cores) is the Manager's check;
 		// this one only keeps the conversion to millicores meaningful.
@@ -131,8 +88,8 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		// passing as 0 millicores (the default).
 		out.Limits.CPUMillis = int64(math.Ceil(*in.CPU * 1000))
 	}
-	if in.Pids < 0 {
-		return out, badField("pids", fmt.Errorf("pids %d is negative: %w", in.Pids, errdefs.ErrInvalidArgument))
+	if in.PIDs < 0 {
+		return out, badField("pids", fmt.Errorf("pids %d is negative: %w", in.PIDs, errdefs.ErrInvalidArgument))
 	}
 	var err error
 	if in.Memory != "" {
@@ -196,13 +153,11 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
-			switch one {
-			case sandbox.StateCreating, sandbox.StateReady, sandbox.StatePaused, sandbox.StateStopping, sandbox.StateStopped, sandbox.StateFailed:
-				opts.States = append(opts.States, one)
-			default:
-				writeError(w, badField("state", fmt.Errorf("state %q is not one of creating, ready, paused, stopping, stopped, failed: %w", one, errdefs.ErrInvalidArgument)))
+			if !slices.Contains(types.States, one) {
+				writeError(w, badField("state", fmt.Errorf("state %q is not one of %s: %w", one, strings.Join(types.States, ", "), errdefs.ErrInvalidArgument)))
 				return
 			}
+			opts.States = append(opts.States, one)
 		}
 	}
 	sbs, err := s.cfg.Manager.List(r.Context(), opts)
@@ -210,22 +165,17 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]sandboxJSON, 0, len(sbs))
+	out := types.SandboxList{Sandboxes: make([]types.Sandbox, 0, len(sbs))}
 	for _, sb := range sbs {
-		out = append(out, toJSON(sb))
+		out.Sandboxes = append(out.Sandboxes, toJSON(sb))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"sandboxes": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // validID checks a sandbox ID from a path before it reaches the Manager.
 func validID(id string) error {
-	if id == "" || len(id) > 64 {
-		return badField("id", fmt.Errorf("sandbox ID %q: want 1-64 characters of [a-z0-9]: %w", id, errdefs.ErrInvalidArgument))
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return badField("id", fmt.Errorf("sandbox ID %q: want only [a-z0-9]: %w", id, errdefs.ErrInvalidArgument))
-		}
+	if err := types.ValidSandboxID(id); err != nil {
+		return badField("id", err)
 	}
 	return nil
 }
@@ -263,9 +213,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	var in struct {
-		Timeout string `json:"timeout"`
-	}
+	var in types.SetTimeoutRequest
 	if err := decodeJSON(r, &in); err != nil {
 		writeError(w, err)
 		return
@@ -287,15 +235,8 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, toJSON(sb))
 }
 
-type eventJSON struct {
-	Time      string `json:"time"`
-	SandboxID string `json:"sandbox_id"`
-	Type      string `json:"type"`
-	Message   string `json:"message,omitempty"`
-}
-
-func eventToJSON(e store.Event) eventJSON {
-	return eventJSON{Time: rfc3339(e.Time), SandboxID: e.SandboxID, Type: e.Type, Message: e.Message}
+func eventToJSON(e store.Event) types.Event {
+	return types.Event{Time: utc(e.Time), SandboxID: e.SandboxID, Type: e.Type, Message: e.Message}
 }
 
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
@@ -312,11 +253,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		out := make([]eventJSON, 0, len(evs))
+		out := types.EventList{Events: make([]types.Event, 0, len(evs))}
 		for _, e := range evs {
-			out = append(out, eventToJSON(e))
+			out.Events = append(out.Events, eventToJSON(e))
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"events": out})
+		writeJSON(w, http.StatusOK, out)
 		return
 	case "true", "1":
 	default:

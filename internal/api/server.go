@@ -13,6 +13,7 @@ import (
 	"net/http/httputil"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -65,33 +66,13 @@ func New(cfg Config) *Server {
 // Handler returns the root HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
-func (s *Server) routes() {
-	m := s.mux
-	m.HandleFunc("GET /v1/health", s.health)
-	m.HandleFunc("GET /v1/openapi.json", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Write(openapiDoc)
-	})
-	m.HandleFunc("POST /v1/sandboxes", s.createSandbox)
-	m.HandleFunc("GET /v1/sandboxes", s.listSandboxes)
-	m.HandleFunc("GET /v1/sandboxes/{id}", s.getSandbox)
-	m.HandleFunc("DELETE /v1/sandboxes/{id}", s.deleteSandbox)
-	m.HandleFunc("POST /v1/sandboxes/{id}/timeout", s.setTimeout)
-	m.HandleFunc("GET /v1/sandboxes/{id}/events", s.events)
-	s.networkRoutes()
-	m.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent)
-	m.HandleFunc("GET /v1/templates", s.listTemplates)
-	m.HandleFunc("POST /v1/templates/{name}/build", s.buildTemplate)
-	s.apiKeyRoutes()
-	s.workspaceRoutes()
-	s.reviewRoutes()
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, notFoundRoute(r))
-	})
+func (s *Server) health(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: s.cfg.Version})
 }
 
-func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "version": s.cfg.Version})
+func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Write(openapiDoc)
 }
 
 func rfc3339(t time.Time) string {
@@ -99,4 +80,13 @@ func rfc3339(t time.Time) string {
 		return ""
 	}
 	return t.UTC().Format(time.RFC3339Nano)
+}
+
+// utc is t as the wire carries it: in UTC, the zero time kept zero (and so
+// left out by omitzero).
+func utc(t time.Time) time.Time {
+	if t.IsZero() {
+		return time.Time{}
+	}
+	return t.UTC()
 }

@@ -5,20 +5,13 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
-type templateJSON struct {
-	Name        string `json:"name"`
-	Description string `json:"description,omitempty"`
-	Built       bool   `json:"built"`
-	BuiltAt     string `json:"built_at,omitempty"`
-	SizeBytes   int64  `json:"size_bytes"`
-}
-
-func templateToJSON(t template.Template) templateJSON {
-	return templateJSON{Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: rfc3339(t.BuiltAt), SizeBytes: t.SizeBytes}
+func templateToJSON(t template.Template) types.Template {
+	return types.Template{Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: utc(t.BuiltAt), SizeBytes: t.SizeBytes}
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -27,11 +20,11 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]templateJSON, 0, len(ts))
+	out := types.TemplateList{Templates: make([]types.Template, 0, len(ts))}
 	for _, t := range ts {
-		out = append(out, templateToJSON(t))
+		out.Templates = append(out.Templates, templateToJSON(t))
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"templates": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // ndjsonLog turns build output into {"log": "..."} lines on a stream.
@@ -44,7 +37,8 @@ type ndjsonLog struct {
 func (l *ndjsonLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.enc.Encode(map[string]string{"log": string(p)}); err != nil {
+	line := string(p)
+	if err := l.enc.Encode(types.BuildLine{Log: &line}); err != nil {
 		return 0, err
 	}
 	l.rc.Flush()
@@ -66,8 +60,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	if err != nil {
-		log.enc.Encode(map[string]any{"error": errorBody{Code: errdefs.Code(err), Message: err.Error()}})
+		log.enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.Code(err), Message: err.Error()}})
 		return
 	}
-	log.enc.Encode(map[string]any{"template": templateToJSON(t)})
+	out := templateToJSON(t)
+	log.enc.Encode(types.BuildLine{Template: &out})
 }

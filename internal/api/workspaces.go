@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/secret"
@@ -28,34 +29,10 @@ type Workspaces interface {
 	RemoveSecret(name string) error
 }
 
-// workspaceRoutes mounts the workspace API when the daemon provides it.
-func (s *Server) workspaceRoutes() {
-	if s.cfg.Workspaces == nil {
-		return
-	}
-	m := s.mux
-	m.HandleFunc("POST /v1/workspaces", s.createWorkspace)
-	m.HandleFunc("POST /v1/environments/check", s.checkEnvironment)
-	m.HandleFunc("GET /v1/environments", s.listEnvironments)
-	m.HandleFunc("POST /v1/environments/prune", s.pruneEnvironments)
-	m.HandleFunc("GET /v1/secrets", s.listSecrets)
-	m.HandleFunc("PUT /v1/secrets/{name}", s.putSecret)
-	m.HandleFunc("DELETE /v1/secrets/{name}", s.deleteSecret)
-}
-
+// workspaceRequest is the wire WorkspaceRequest with createRequest's CPU.
 type workspaceRequest struct {
-	createRequest
-	Repo string `json:"repo"`
-	Ref  string `json:"ref"`
-	// Environment is an environment file's YAML; empty means the repo's.
-	Environment *string `json:"environment"`
-	NoCache     bool    `json:"no_cache"`
-}
-
-type progressJSON struct {
-	Type    string `json:"type"`
-	Message string `json:"message"`
-	Step    int    `json:"step,omitempty"`
+	types.WorkspaceRequest
+	CPU *float64 `json:"cpu"`
 }
 
 func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
@@ -72,7 +49,7 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("repo", fmt.Errorf("repo is required: %w", errdefs.ErrInvalidArgument)))
 		return
 	}
-	sreq, err := parseCreate(in.createRequest)
+	sreq, err := parseCreate(createRequest{CreateRequest: in.CreateRequest, CPU: in.CPU})
 	if err != nil {
 		writeError(w, err)
 		return
@@ -87,14 +64,14 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 	rc.Flush()
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
-	send := func(v any) {
+	send := func(v types.WorkspaceLine) {
 		mu.Lock()
 		defer mu.Unlock()
 		enc.Encode(v)
 		rc.Flush()
 	}
 	sb, err := s.cfg.Workspaces.Create(r.Context(), req, func(p sandbox.Progress) {
-		send(map[string]any{"progress": progressJSON{Type: p.Type, Message: p.Message, Step: p.Step}})
+		send(types.WorkspaceLine{Progress: &types.WorkspaceProgress{Type: p.Type, Message: p.Message, Step: p.Step}})
 	})
 	if err != nil {
 		body := errorBody{Code: errdefs.Code(err), Message: err.Error()}
@@ -102,27 +79,20 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &sfe) {
 			body.Field = sfe.Field
 		}
-		out := map[string]any{"error": body}
+		out := types.WorkspaceLine{Error: &body}
 		if sb.ID != "" {
-			out["sandbox"] = toJSON(sb)
+			failed := toJSON(sb)
+			out.Sandbox = &failed
 		}
 		send(out)
 		return
 	}
-	send(map[string]any{"sandbox": toJSON(sb)})
-}
-
-type problemJSON struct {
-	Line    int    `json:"line,omitempty"`
-	Column  int    `json:"column,omitempty"`
-	Field   string `json:"field,omitempty"`
-	Message string `json:"message"`
+	ready := toJSON(sb)
+	send(types.WorkspaceLine{Sandbox: &ready})
 }
 
 func (s *Server) checkEnvironment(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		Environment string `json:"environment"`
-	}
+	var in types.EnvironmentCheckRequest
 	if err := decodeJSON(r, &in); err != nil {
 		writeError(w, err)
 		return
@@ -134,12 +104,12 @@ func (s *Server) checkEnvironment(w http.ResponseWriter, r *http.Request) {
 			writeError(w, err)
 			return
 		}
-		out := make([]problemJSON, len(pe.Problems))
+		out := make([]types.EnvironmentProblem, len(pe.Problems))
 		for i, p := range pe.Problems {
-			out[i] = problemJSON{Line: p.Line, Column: p.Column, Field: p.Field, Message: p.Message}
+			out[i] = types.EnvironmentProblem{Line: p.Line, Column: p.Column, Field: p.Field, Message: p.Message}
 		}
-		writeJSON(w, http.StatusBadRequest, map[string]any{
-			"code": errdefs.CodeInvalidArgument, "message": err.Error(), "field": "environment", "problems": out,
+		writeJSON(w, http.StatusBadRequest, types.EnvironmentError{
+			Code: errdefs.CodeInvalidArgument, Message: err.Error(), Field: "environment", Problems: out,
 		})
 		return
 	}
@@ -153,20 +123,10 @@ func (s *Server) checkEnvironment(w http.ResponseWriter, r *http.Request) {
 	for i, st := range env.Setup {
 		steps[i] = st.Label(i)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
-		"valid": true, "template": env.Template, "steps": steps, "secrets": env.Secrets, "missing_secrets": missing,
-		"setup_network": env.SetupPolicy.Mode, "agent_network": env.AgentPolicy.Mode,
+	writeJSON(w, http.StatusOK, types.EnvironmentCheck{
+		Valid: true, Template: env.Template, Steps: steps, Secrets: env.Secrets, MissingSecrets: missing,
+		SetupNetwork: string(env.SetupPolicy.Mode), AgentNetwork: string(env.AgentPolicy.Mode),
 	})
-}
-
-type environmentJSON struct {
-	Key       string `json:"key"`
-	Template  string `json:"template"`
-	Repo      string `json:"repo"`
-	Commit    string `json:"commit"`
-	Created   string `json:"created"`
-	LastUsed  string `json:"last_used"`
-	SizeBytes int64  `json:"size_bytes"`
 }
 
 func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
@@ -175,17 +135,15 @@ func (s *Server) listEnvironments(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]environmentJSON, 0, len(envs))
+	out := types.EnvironmentList{Environments: make([]types.CachedEnvironment, 0, len(envs))}
 	for _, e := range envs {
-		out = append(out, environmentJSON{Key: e.Key, Template: e.Template, Repo: e.Repo, Commit: e.Commit, Created: rfc3339(e.Created), LastUsed: rfc3339(e.LastUsed), SizeBytes: e.SizeBytes})
+		out.Environments = append(out.Environments, types.CachedEnvironment{Key: e.Key, Template: e.Template, Repo: e.Repo, Commit: e.Commit, Created: rfc3339(e.Created), LastUsed: rfc3339(e.LastUsed), SizeBytes: e.SizeBytes})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"environments": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) pruneEnvironments(w http.ResponseWriter, r *http.Request) {
-	var in struct {
-		Key string `json:"key"`
-	}
+	var in types.PruneRequest
 	if err := decodeJSON(r, &in); err != nil {
 		writeError(w, err)
 		return
@@ -198,13 +156,7 @@ func (s *Server) pruneEnvironments(w http.ResponseWriter, r *http.Request) {
 	if removed == nil {
 		removed = []string{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"removed": removed})
-}
-
-type secretJSON struct {
-	Name      string `json:"name"`
-	UpdatedAt string `json:"updated_at"`
-	SizeBytes int64  `json:"size_bytes"`
+	writeJSON(w, http.StatusOK, types.PruneResult{Removed: removed})
 }
 
 func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
@@ -213,11 +165,11 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	out := make([]secretJSON, 0, len(list))
+	out := types.SecretList{Secrets: make([]types.SecretInfo, 0, len(list))}
 	for _, i := range list {
-		out = append(out, secretJSON{Name: i.Name, UpdatedAt: rfc3339(i.UpdatedAt), SizeBytes: i.SizeBytes})
+		out.Secrets = append(out.Secrets, types.SecretInfo{Name: i.Name, UpdatedAt: rfc3339(i.UpdatedAt), SizeBytes: i.SizeBytes})
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"secrets": out})
+	writeJSON(w, http.StatusOK, out)
 }
 
 // putSecret stores the raw request body as the secret's value; the answer
@@ -237,7 +189,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, secretJSON{Name: name, SizeBytes: int64(len(value))})
+	writeJSON(w, http.StatusOK, types.SecretInfo{Name: name, SizeBytes: int64(len(value))})
 }
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {

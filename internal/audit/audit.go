@@ -18,7 +18,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/api/types"
 )
 
 // Record is one decision.
@@ -88,8 +88,6 @@ type Log struct {
 	now   func() time.Time
 }
 
-var idRE = ValidID
-
 // New opens the audit log in cfg.Dir (created 0700).
 func New(cfg Config) (*Log, error) {
 	if cfg.MaxBytes <= 0 {
@@ -139,7 +137,7 @@ func (l *Log) path(id string) string { return l.files.Path(id) }
 // or a rate-limit summary (limit.go). It never fails the caller's
 // connection: errors are logged.
 func (l *Log) Append(r Record) {
-	if !idRE.MatchString(r.Sandbox) {
+	if types.ValidSandboxID(r.Sandbox) != nil {
 		return
 	}
 	if r.Time.IsZero() {
@@ -208,8 +206,8 @@ func (f Filter) match(r Record) bool {
 // Read returns the sandbox's records, oldest first, including rotated
 // files. An unknown sandbox has no records (not an error).
 func (l *Log) Read(id string, f Filter) ([]Record, error) {
-	if !idRE.MatchString(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	if err := types.ValidSandboxID(id); err != nil {
+		return nil, err
 	}
 	l.mu.Lock()
 	l.flush(id, true)
@@ -249,8 +247,8 @@ func readFrom(path string, off int64) ([]Record, int64, error) {
 // Follow calls fn for every record (history first, then new ones as they
 // are appended) until ctx ends or fn fails.
 func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) error) error {
-	if !idRE.MatchString(id) {
-		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	if err := types.ValidSandboxID(id); err != nil {
+		return err
 	}
 	ch := make(chan struct{}, 1)
 	l.mu.Lock()

@@ -6,12 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"sync"
-)
 
-// ValidID matches the sandbox IDs a file may be named after.
-var ValidID = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
+	"github.com/berth-sandbox/berth/api/types"
+)
 
 // Files is a set of append-only JSONL files, one per sandbox, each rotated
 // by size: <id>.jsonl, then <id>.jsonl.1 (newest) … <id>.jsonl.<keep>. The
@@ -83,8 +81,9 @@ func (fs *Files) Paths(id string) []string {
 // it would grow past the limit. Each line is flushed at once: a reader, or
 // a crash, sees every record.
 func (fs *Files) Append(id string, line []byte) error {
-	if !ValidID.MatchString(id) {
-		return fmt.Errorf("log for sandbox id %q: invalid id", id)
+	// Files are named after sandbox IDs: only the grammar's.
+	if err := types.ValidSandboxID(id); err != nil {
+		return fmt.Errorf("log for %w", err)
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()

@@ -35,6 +35,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/internal/worklog"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // DefaultListen is the API's default address.
@@ -251,7 +252,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 
 	keys := e2bcompat.NewKeys(db)
 	// Both data-plane proxies carry agent traffic through the work log.
-	wl, err := worklog.New(worklog.Config{Dir: filepath.Join(cfg.DataDir, "worklog"), AgentPort: sandbox.AgentPort, Logger: log.With("component", "worklog")})
+	wl, err := worklog.New(worklog.Config{Dir: filepath.Join(cfg.DataDir, "worklog"), AgentPort: envd.Port, Logger: log.With("component", "worklog")})
 	if err != nil {
 		return err
 	}

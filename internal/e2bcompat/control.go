@@ -16,6 +16,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // defaultTimeout is E2B's default sandbox lifetime when a create names none.
@@ -182,7 +183,7 @@ type sandboxBody struct {
 
 func (s *Server) sandboxBody(sb sandbox.Sandbox, ext store.E2BSandbox) sandboxBody {
 	b := sandboxBody{
-		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: EnvdVersion,
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: envd.Version,
 		EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
 	}
 	if ext.TrafficToken != "" {
@@ -285,7 +286,7 @@ func listed(sb sandbox.Sandbox) listedBody {
 		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID,
 		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), EndAt: sb.Deadline.UTC().Format(time.RFC3339Nano),
 		CPUCount: cpus, MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20,
-		Metadata: md, State: e2bState(sb.State), EnvdVersion: EnvdVersion, VolumeMounts: []struct{}{},
+		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/worklog"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // TrafficTokenHeader carries a sandbox's traffic access token on preview
@@ -112,7 +113,7 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 		return
 	}
 	t := target{addr: net.JoinHostPort(host, strconv.Itoa(port))}
-	if port == AgentPort {
+	if port == envd.Port {
 		switch {
 		case equal(r.Header.Get("X-Access-Token"), token), s.ownerKey(r, id):
 			t.token = token

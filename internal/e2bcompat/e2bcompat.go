@@ -19,18 +19,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
-
-// EnvdVersion is the envd version Berth's agent implements; the SDKs gate
-// features on it. It must equal agent.Version (a test checks).
-const EnvdVersion = "0.6.13"
-
-// AgentPort is the port E2B clients name for the in-sandbox agent (envd).
-const AgentPort = 49983
 
 // DefaultDomain is the preview domain when the daemon configures none.
 const DefaultDomain = "berth.localhost"
@@ -105,7 +100,7 @@ func New(cfg Config) *Server {
 // first, then the native API under /v1, then the E2B control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		port := AgentPort
+		port := envd.Port
 		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
 			n, err := strconv.Atoi(p)
 			if err != nil || n < 1 || n > 65535 {
@@ -156,17 +151,8 @@ func ParseHost(host, domain string) (id string, port int, ok bool) {
 	return id, port, true
 }
 
-func validID(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for _, c := range id {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			return false
-		}
-	}
-	return true
-}
+// validID is the sandbox-ID grammar every layer shares.
+func validID(id string) bool { return types.ValidSandboxID(id) == nil }
 
 // errorBody is E2B's error shape.
 type errorBody struct {

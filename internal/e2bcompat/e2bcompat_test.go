@@ -12,17 +12,11 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/agent"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
-
-func TestEnvdVersionMatchesAgent(t *testing.T) {
-	if EnvdVersion != agent.Version {
-		t.Errorf("EnvdVersion = %q, agent.Version = %q: report what the agent implements", EnvdVersion, agent.Version)
-	}
-}
 
 func TestParseHost(t *testing.T) {
 	tests := []struct {
@@ -198,7 +192,7 @@ func TestControlPlaneAuth(t *testing.T) {
 		t.Fatalf("create = %d %v", code, body)
 	}
 	id := body["sandboxID"].(string)
-	if body["envdAccessToken"] != "tok" || body["domain"] != DefaultDomain || body["envdVersion"] != EnvdVersion {
+	if body["envdAccessToken"] != "tok" || body["domain"] != DefaultDomain || body["envdVersion"] != envd.Version {
 		t.Errorf("create answered %v", body)
 	}
 	if code, _ := do("GET", "/sandboxes/"+id, k2, ""); code != 404 {

@@ -23,6 +23,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // States of the lifecycle state machine.
@@ -46,9 +47,6 @@ const (
 	EventDestroyed      = "destroyed"
 	EventFailed         = "failed"
 )
-
-// AgentPort is the port the in-sandbox agent serves on.
-const AgentPort = 49983
 
 // Limits are a sandbox's resource limits.
 type Limits struct {
@@ -578,7 +576,7 @@ func agentEnv(rec store.Sandbox) []string {
 }
 
 func agentAddr(att netpolicy.Attachment) string {
-	return netip.AddrPortFrom(att.SandboxIP, AgentPort).String()
+	return netip.AddrPortFrom(att.SandboxIP, envd.Port).String()
 }
 
 // teardown removes everything a sandbox has on the host. It is idempotent

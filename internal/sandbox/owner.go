@@ -8,6 +8,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // Bounds of CreateRequest.Metadata. Metadata is free-form (E2B's SDKs allow
@@ -53,7 +54,7 @@ func validUserName(u string) bool {
 // agentArgs are the agent's arguments for a sandbox: its listen address and,
 // when the sandbox has one, the default user for requests that name none.
 func agentArgs(rec store.Sandbox) []string {
-	args := []string{"--listen", "0.0.0.0:" + strconv.Itoa(AgentPort)}
+	args := []string{"--listen", "0.0.0.0:" + strconv.Itoa(envd.Port)}
 	if rec.User != "" {
 		args = append(args, "--user", rec.User)
 	}

@@ -18,8 +18,9 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // Entry kinds.
@@ -32,15 +33,11 @@ const (
 	KindRemove = "remove" // filesystem.Filesystem/Remove
 )
 
-// Stream summarises one output stream of a command.
-type Stream struct {
-	Bytes int64 `json:"bytes"`
-	// Head and Tail are the first and last KiB (they overlap when the
-	// stream is shorter than 2 KiB). Encoded as base64 in JSON: output
-	// need not be text.
-	Head []byte `json:"head,omitempty"`
-	Tail []byte `json:"tail,omitempty"`
-}
+// Stream summarises one output stream of a command: its size and first
+// and last KiB (they overlap when the stream is shorter than 2 KiB). It is
+// the wire type itself, so an Entry converts to types.WorklogEntry as it
+// is.
+type Stream = types.WorklogStream
 
 // Entry is one recorded action.
 type Entry struct {
@@ -113,8 +110,6 @@ type Log struct {
 	files *audit.Files
 }
 
-var idRE = audit.ValidID
-
 // New opens the work log in cfg.Dir (created 0700).
 func New(cfg Config) (*Log, error) {
 	if cfg.MaxBytes <= 0 {
@@ -124,7 +119,7 @@ func New(cfg Config) (*Log, error) {
 		cfg.Keep = 3
 	}
 	if cfg.AgentPort == 0 {
-		cfg.AgentPort = 49983
+		cfg.AgentPort = envd.Port
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -145,7 +140,7 @@ func newID() string {
 // Append writes e to its sandbox's file. It never fails the caller's
 // request: errors are logged.
 func (l *Log) Append(e Entry) {
-	if !idRE.MatchString(e.Sandbox) {
+	if types.ValidSandboxID(e.Sandbox) != nil {
 		return
 	}
 	if e.ID == "" {
@@ -178,8 +173,8 @@ func (l *Log) CloseAll() { l.files.CloseAll() }
 // including rotated files; of a command written at start and at end, the
 // last version is kept. An unknown sandbox has no entries (not an error).
 func (l *Log) Read(ctx context.Context, id string) ([]Entry, error) {
-	if !idRE.MatchString(id) {
-		return nil, fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
+	if err := types.ValidSandboxID(id); err != nil {
+		return nil, err
 	}
 	// No lock: Append runs in the proxied stream's path and must not wait
 	// for a reader. Each line is written whole, so a read sees complete

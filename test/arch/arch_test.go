@@ -62,6 +62,11 @@ func TestImportGraph(t *testing.T) {
 		{"internal/sandbox", []string{module + "/internal/runtime/runc", "net/http", module + "/internal/api"}, nil},
 		// The SDK is public: nothing under internal/.
 		{"client", []string{module + "/internal/"}, nil},
+		// The wire contract is a leaf both the daemon and the SDK import.
+		{"api/types", []string{module + "/"}, []string{module + "/api/types", module + "/errdefs"}},
+		// The agent protocol's constants are a leaf the agent may import
+		// (it may import proto/) as well as the daemon.
+		{"proto/envd", []string{module + "/"}, []string{module + "/proto/envd"}},
 		// Lower layers never call each other or upward.
 		{"internal/runtime/runc", []string{module + "/internal/sandbox", module + "/internal/netpolicy", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
 		{"internal/netpolicy", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},

@@ -4,17 +4,15 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 )
-
-var idRE = regexp.MustCompile(`^[a-z0-9]+$`)
 
 func TestCreateExecKill(t *testing.T) {
 	d := StartDaemon(t)
@@ -23,8 +21,8 @@ func TestCreateExecKill(t *testing.T) {
 		t.Fatalf("berth create exited %d: %s", code, errOut)
 	}
 	id := strings.TrimSpace(out)
-	if !idRE.MatchString(id) {
-		t.Fatalf("berth create printed %q, want a lowercase [a-z0-9] ID", id)
+	if err := types.ValidSandboxID(id); err != nil {
+		t.Fatalf("berth create printed %q: %v", id, err)
 	}
 	// Ready means the agent answers: exec works right away.
 	out, errOut, code = d.CLI(t, nil, "exec", id, "--", "sh", "-c", "echo out-$GREETING; echo err >&2; exit 7")

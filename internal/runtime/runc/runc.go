@@ -20,7 +20,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +27,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -167,16 +167,11 @@ func (r *Runtime) Close() {
 	}
 }
 
-// validID matches sandbox IDs; it keeps IDs safe as path components,
-// cgroup names and runc container IDs.
-var validID = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+// checkID holds IDs to the sandbox-ID grammar, which keeps them safe as
+// path components, cgroup names and runc container IDs.
+func checkID(id string) error { return types.ValidSandboxID(id) }
 
-func checkID(id string) error {
-	if !validID.MatchString(id) {
-		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func validID(id string) bool { return types.ValidSandboxID(id) == nil }
 
 func (r *Runtime) dir(id string) string     { return filepath.Join(r.cfg.StateDir, id) }
 func (r *Runtime) diskDir(id string) string { return filepath.Join(r.dir(id), "disk") }
@@ -586,7 +581,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			return nil, fmt.Errorf("list sandboxes: %w", err)
 		}
 		for _, e := range ents {
-			if e.IsDir() && validID.MatchString(e.Name()) {
+			if e.IsDir() && validID(e.Name()) {
 				seen[e.Name()] = true
 			}
 		}
@@ -600,7 +595,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 		if err != nil || rel == "." {
 			continue
 		}
-		if id := strings.SplitN(rel, "/", 2)[0]; validID.MatchString(id) {
+		if id := strings.SplitN(rel, "/", 2)[0]; validID(id) {
 			seen[id] = true
 		}
 	}

@@ -1,0 +1,29 @@
+package types
+
+import (
+	"fmt"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// MaxSandboxIDLen is the longest sandbox ID.
+const MaxSandboxIDLen = 64
+
+// ValidSandboxID checks id against the sandbox-ID grammar, 1 to 64
+// characters of [a-z0-9] (the daemon mints 20), and returns an
+// invalid-argument error naming it otherwise. The grammar is what lets
+// every layer use an ID as it is: in API paths, E2B host names
+// (<port>-<id>.<domain>), file and directory names, cgroup and runc
+// container names, and nftables chain names; so it is the one check all of
+// them make.
+func ValidSandboxID(id string) error {
+	if id == "" || len(id) > MaxSandboxIDLen {
+		return fmt.Errorf("sandbox ID %q: want 1-%d characters of [a-z0-9]: %w", id, MaxSandboxIDLen, errdefs.ErrInvalidArgument)
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
+			return fmt.Errorf("sandbox ID %q: want only [a-z0-9]: %w", id, errdefs.ErrInvalidArgument)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,207 @@
+// Package types is the wire contract of Berth's native REST API (/v1): the
+// JSON bodies the daemon answers and accepts, its event types and states,
+// and the sandbox-ID grammar. The daemon (internal/api) encodes these types
+// and the Go SDK (client) decodes them, so the two cannot drift apart; the
+// OpenAPI document the daemon serves describes the same shapes. It is a
+// leaf: it links nothing of Berth but errdefs, so any program may import it.
+package types
+
+import (
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Error is the JSON body of every error answer: a stable code, a message
+// and, for bad input, the field at fault.
+type Error = errdefs.Error
+
+// Health is the daemon's answer to GET /v1/health.
+type Health struct {
+	Status  string `json:"status"`
+	Version string `json:"version"`
+}
+
+// Sandbox states.
+const (
+	StateCreating = "creating"
+	StateReady    = "ready"
+	StatePaused   = "paused"
+	StateStopping = "stopping"
+	StateStopped  = "stopped"
+	StateFailed   = "failed"
+)
+
+// States lists every sandbox state, in lifecycle order.
+var States = []string{StateCreating, StateReady, StatePaused, StateStopping, StateStopped, StateFailed}
+
+// CreateRequest asks for a new sandbox (POST /v1/sandboxes). Every field is
+// optional; the daemon fills defaults (template "base", 1 CPU, "512M"
+// memory, "2G" disk, "10m" timeout). Sizes are strings such as "512M" or
+// "1.5G"; Timeout is a duration string such as "90s".
+type CreateRequest struct {
+	Template string  `json:"template,omitempty"`
+	CPU      float64 `json:"cpu,omitempty"`
+	Memory   string  `json:"memory,omitempty"`
+	Disk     string  `json:"disk,omitempty"`
+	// PIDs caps the sandbox's processes and threads; 0 takes the
+	// daemon's default.
+	PIDs    int64             `json:"pids,omitempty"`
+	Timeout string            `json:"timeout,omitempty"`
+	Env     map[string]string `json:"env,omitempty"`
+	Labels  map[string]string `json:"labels,omitempty"`
+	// Network is the egress policy; nil means mode none.
+	Network *NetworkPolicy `json:"network,omitempty"`
+}
+
+// SetTimeoutRequest moves a sandbox's deadline (POST
+// /v1/sandboxes/{id}/timeout) to Timeout (a duration string) from now.
+type SetTimeoutRequest struct {
+	Timeout string `json:"timeout"`
+}
+
+// Usage is what a sandbox has consumed so far.
+type Usage struct {
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	MemoryBytes     int64   `json:"memory_bytes"`
+	MemoryPeakBytes int64   `json:"memory_peak_bytes"`
+	DiskUsedBytes   int64   `json:"disk_used_bytes"`
+	PIDs            int64   `json:"pids"`
+	OOMKills        int64   `json:"oom_kills"`
+	// The daemon's own work for the sandbox (egress proxy and resolver),
+	// outside its cgroup: connections accepted, refused over a limit
+	// (DNS-over-TCP ones included) and open now, bytes relayed, DNS
+	// queries received and dropped over the rate limit. Counted since the
+	// sandbox's network services started.
+	ProxyConnections int64 `json:"proxy_connections"`
+	ProxyRefused     int64 `json:"proxy_refused"`
+	ProxyOpen        int64 `json:"proxy_open"`
+	ProxyBytesOut    int64 `json:"proxy_bytes_out"`
+	ProxyBytesIn     int64 `json:"proxy_bytes_in"`
+	DNSQueries       int64 `json:"dns_queries"`
+	DNSDropped       int64 `json:"dns_dropped"`
+}
+
+// Sandbox is a sandbox as the daemon describes it.
+type Sandbox struct {
+	ID          string            `json:"id"`
+	State       string            `json:"state"`
+	Template    string            `json:"template"`
+	CPU         float64           `json:"cpu"`
+	MemoryBytes int64             `json:"memory_bytes"`
+	DiskBytes   int64             `json:"disk_bytes"`
+	PIDsLimit   int64             `json:"pids_limit"`
+	Env         map[string]string `json:"env"`
+	Labels      map[string]string `json:"labels"`
+	CreatedAt   time.Time         `json:"created_at"`
+	// Deadline is when the daemon destroys the sandbox unless it is
+	// extended; absent once it no longer applies.
+	Deadline time.Time `json:"deadline,omitzero"`
+	// EndedAt is when a stopped or failed sandbox ended.
+	EndedAt time.Time `json:"ended_at,omitzero"`
+	Reason  string    `json:"reason,omitempty"`
+	Usage   *Usage    `json:"usage,omitempty"`
+	// Network is where a live sandbox sits on the host's network (get and
+	// inspect only).
+	Network *SandboxNetwork `json:"network,omitempty"`
+}
+
+// SandboxNetwork is a sandbox's network as the host sees it.
+type SandboxNetwork struct {
+	// Address is the sandbox's own address (its eth0).
+	Address string `json:"address"`
+	// Gateway is the host side of its veth: its route out, resolver and
+	// egress proxy.
+	Gateway string `json:"gateway"`
+	// HostLink is the host-side interface of its veth.
+	HostLink string `json:"host_link"`
+}
+
+// SandboxList is the answer to GET /v1/sandboxes.
+type SandboxList struct {
+	Sandboxes []Sandbox `json:"sandboxes"`
+}
+
+// Event types of a sandbox's lifecycle log.
+const (
+	EventCreated        = "created"
+	EventReady          = "ready"
+	EventAdopted        = "adopted"
+	EventOOM            = "oom"
+	EventTimeoutChanged = "timeout_changed"
+	EventDeadline       = "deadline"
+	EventDestroyed      = "destroyed"
+	EventFailed         = "failed"
+	// EventNetworkPolicy is a policy change through the API.
+	EventNetworkPolicy = "network_policy"
+	// Workspace setup: started, one step done, all done, or skipped by
+	// restoring a cached environment.
+	EventSetupStarted = "setup_started"
+	EventSetupStep    = "setup_step"
+	EventSetupDone    = "setup_done"
+	EventSetupCached  = "setup_cached"
+)
+
+// EventTypes lists every event type the daemon records.
+var EventTypes = []string{
+	EventCreated, EventReady, EventAdopted, EventOOM, EventTimeoutChanged, EventDeadline, EventDestroyed, EventFailed,
+	EventNetworkPolicy, EventSetupStarted, EventSetupStep, EventSetupDone, EventSetupCached,
+}
+
+// Event is one entry of a sandbox's lifecycle log.
+type Event struct {
+	Time      time.Time `json:"time"`
+	SandboxID string    `json:"sandbox_id"`
+	Type      string    `json:"type"`
+	Message   string    `json:"message,omitempty"`
+}
+
+// EventList is the answer to GET /v1/sandboxes/{id}/events; with
+// follow=true the events come one per line (NDJSON) instead.
+type EventList struct {
+	Events []Event `json:"events"`
+}
+
+// Template is a root filesystem sandboxes start from.
+type Template struct {
+	Name        string    `json:"name"`
+	Description string    `json:"description,omitempty"`
+	Built       bool      `json:"built"`
+	BuiltAt     time.Time `json:"built_at,omitzero"`
+	SizeBytes   int64     `json:"size_bytes"`
+}
+
+// TemplateList is the answer to GET /v1/templates.
+type TemplateList struct {
+	Templates []Template `json:"templates"`
+}
+
+// BuildLine is one line of a template build stream: build output, then
+// the built template or the error that ended the build.
+type BuildLine struct {
+	Log      *string   `json:"log,omitempty"`
+	Template *Template `json:"template,omitempty"`
+	Error    *Error    `json:"error,omitempty"`
+}
+
+// APIKey is a key of the daemon's E2B-compatible API.
+type APIKey struct {
+	ID        string    `json:"id"`
+	Name      string    `json:"name"`
+	Mask      string    `json:"mask"`
+	CreatedAt time.Time `json:"created_at"`
+	RevokedAt time.Time `json:"revoked_at,omitzero"`
+	// Key is the secret ("e2b_…"), present only in the answer to create:
+	// the daemon stores a hash and cannot show it again.
+	Key string `json:"key,omitempty"`
+}
+
+// CreateAPIKeyRequest names a new API key.
+type CreateAPIKeyRequest struct {
+	Name string `json:"name"`
+}
+
+// APIKeyList is the answer to GET /v1/apikeys.
+type APIKeyList struct {
+	APIKeys []APIKey `json:"api_keys"`
+}

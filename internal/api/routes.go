@@ -1,0 +1,70 @@
+package api
+
+import "net/http"
+
+// route is one endpoint of the native API. routeTable is the one list of
+// them: the mux is built from it, and a test holds openapi.json to it in
+// both directions.
+type route struct {
+	// method is "" for every method (the agent proxy).
+	method  string
+	pattern string
+	handler http.HandlerFunc
+	// on reports whether the daemon serves the route; nil means always.
+	// Routes of an unconfigured subsystem answer the catch-all not_found.
+	on func(Config) bool
+}
+
+func (r route) muxPattern() string {
+	if r.method == "" {
+		return r.pattern
+	}
+	return r.method + " " + r.pattern
+}
+
+func (s *Server) routeTable() []route {
+	apiKeys := func(c Config) bool { return c.APIKeys != nil }
+	workspaces := func(c Config) bool { return c.Workspaces != nil }
+	return []route{
+		{"GET", "/v1/health", s.health, nil},
+		{"GET", "/v1/openapi.json", s.openapi, nil},
+		{"POST", "/v1/sandboxes", s.createSandbox, nil},
+		{"GET", "/v1/sandboxes", s.listSandboxes, nil},
+		{"GET", "/v1/sandboxes/{id}", s.getSandbox, nil},
+		{"DELETE", "/v1/sandboxes/{id}", s.deleteSandbox, nil},
+		{"POST", "/v1/sandboxes/{id}/timeout", s.setTimeout, nil},
+		{"GET", "/v1/sandboxes/{id}/events", s.events, nil},
+		{"GET", "/v1/sandboxes/{id}/network", s.getNetwork, nil},
+		{"PUT", "/v1/sandboxes/{id}/network", s.putNetwork, nil},
+		{"GET", "/v1/sandboxes/{id}/network/log", s.networkLog, nil},
+		{"GET", "/v1/sandboxes/{id}/network/suggest", s.suggestNetwork, nil},
+		{"", "/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent, nil},
+		{"GET", "/v1/templates", s.listTemplates, nil},
+		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
+		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
+		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
+		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},
+		{"POST", "/v1/workspaces", s.createWorkspace, workspaces},
+		{"POST", "/v1/environments/check", s.checkEnvironment, workspaces},
+		{"GET", "/v1/environments", s.listEnvironments, workspaces},
+		{"POST", "/v1/environments/prune", s.pruneEnvironments, workspaces},
+		{"GET", "/v1/secrets", s.listSecrets, workspaces},
+		{"PUT", "/v1/secrets/{name}", s.putSecret, workspaces},
+		{"DELETE", "/v1/secrets/{name}", s.deleteSecret, workspaces},
+		{"GET", "/v1/sandboxes/{id}/worklog", s.getWorklog, nil},
+		{"GET", "/v1/sandboxes/{id}/diff", s.getDiff, nil},
+		{"GET", "/v1/sandboxes/{id}/export", s.getExport, nil},
+		{"POST", "/v1/sandboxes/{id}/commit", s.postCommit, nil},
+	}
+}
+
+func (s *Server) routes() {
+	for _, r := range s.routeTable() {
+		if r.on == nil || r.on(s.cfg) {
+			s.mux.HandleFunc(r.muxPattern(), r.handler)
+		}
+	}
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notFoundRoute(r))
+	})
+}

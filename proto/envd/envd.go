@@ -1,0 +1,17 @@
+// Package envd names the protocol Berth's in-sandbox agent speaks, E2B
+// envd's: the port it serves on inside every sandbox and the envd version
+// it implements. The agent, the daemon (which starts it, proxies to it and
+// reports it to E2B SDKs) and any client take them from here; it lives
+// beside the protocol's generated code because the agent may import
+// nothing host-side. It is hand-written, not generated.
+package envd
+
+// Port is where the agent listens inside every sandbox, and the port E2B
+// clients name for it.
+const Port = 49983
+
+// Version is the envd version the agent is compatible with. The SDKs gate
+// features on it (default user 0.4.0, CloseStdin 0.5.2, octet-stream and
+// gzip uploads 0.5.7, watch entry info 0.6.3); control planes report it as
+// envdVersion.
+const Version = "0.6.13"
