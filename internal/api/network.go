@@ -10,16 +10,16 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // NetworkManager is what the network endpoints need from the Manager.
 type NetworkManager interface {
-	NetworkPolicy(ctx context.Context, id string) (netpolicy.Policy, error)
-	SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error)
+	NetworkPolicy(ctx context.Context, id string) (policy.Policy, error)
+	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 	NetworkLog(ctx context.Context, id string, f audit.Filter) ([]audit.Record, error)
 	FollowNetworkLog(ctx context.Context, id string, f audit.Filter, fn func(audit.Record) error) error
-	SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error)
+	SuggestPolicy(ctx context.Context, id string) (policy.Policy, error)
 }
 
 func (s *Server) networkRoutes() {
@@ -65,7 +65,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var p netpolicy.Policy
+	var p policy.Policy
 	if err := decodeJSON(r, &p); err != nil {
 		writeError(w, err)
 		return
@@ -84,7 +84,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 
 // policyError names the bad entry of a policy in the error body.
 func policyError(err error) error {
-	var re *netpolicy.RuleError
+	var re *policy.RuleError
 	if errors.As(err, &re) {
 		return badField(re.Field, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/units"
@@ -37,8 +37,8 @@ type createRequest struct {
 	Timeout  string            `json:"timeout"`
 	Env      map[string]string `json:"env"`
 	Labels   map[string]string `json:"labels"`
-	// Network is the egress policy (see internal/netpolicy.Policy).
-	Network *netpolicy.Policy `json:"network,omitempty"`
+	// Network is the egress policy (see internal/policy.Policy).
+	Network *policy.Policy `json:"network,omitempty"`
 }
 
 type usageJSON struct {

@@ -29,6 +29,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/netpolicy/egress"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -240,7 +241,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Meter: egressMeter{egress}})
+	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Meter: egressMeter{egress}})
 	if err != nil {
 		return err
 	}
@@ -398,7 +399,7 @@ func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
 
 // newEgress builds the egress services from cfg.
 func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
-	guard := &netpolicy.Guard{}
+	guard := &policy.Guard{HostAddrs: new(netpolicy.HostAddrs).List}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {

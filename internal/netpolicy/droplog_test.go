@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // TestDropLog: the firewall's refusals (TCP, UDP, in mode none and in
@@ -70,7 +72,7 @@ func TestDropLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Mode allow: DNS to a foreign resolver.
-	if err := n.SetMode(t.Context(), a.ID, ModeAllow); err != nil {
+	if err := n.SetMode(t.Context(), a.ID, policy.ModeAllow); err != nil {
 		t.Fatal(err)
 	}
 	err = inNetns(a.NetNSPath, func() error {

@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -155,7 +157,7 @@ func TestFirewallGolden(t *testing.T) {
 	att := mustAttach(t, n, "sb-golden")
 	// A second sandbox in mode allow shows the policy rules too.
 	open := mustAttach(t, n, "sb-golden-allow")
-	if err := n.SetMode(t.Context(), open.ID, ModeAllow); err != nil {
+	if err := n.SetMode(t.Context(), open.ID, policy.ModeAllow); err != nil {
 		t.Fatal(err)
 	}
 	got := dumpFirewall(t, n)

@@ -23,6 +23,7 @@ import (
 	"sync"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // Defaults for Config fields left empty.
@@ -250,7 +251,7 @@ func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, 
 // firewall.go): none drops everything new, every other mode lets DNS to
 // the sandbox's resolver and TCP to the egress proxy through, which then
 // decide per name and address.
-func (n *Network) SetMode(ctx context.Context, id string, mode Mode) error {
+func (n *Network) SetMode(ctx context.Context, id string, mode policy.Mode) error {
 	if err := validID(id); err != nil {
 		return err
 	}

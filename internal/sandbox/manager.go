@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
 )
@@ -132,7 +132,7 @@ type entry struct {
 	// op serialises lifecycle operations on one sandbox.
 	op     sync.Mutex
 	rec    store.Sandbox
-	att    netpolicy.Attachment
+	att    Attachment
 	timer  *time.Timer
 	ooms   int64
 	closed bool
@@ -222,7 +222,7 @@ type CreateRequest struct {
 	Metadata map[string]string
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
-	Network *netpolicy.Policy
+	Network *policy.Policy
 
 	// layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them); setup runs once the agent answers and
@@ -409,7 +409,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.validate(&req); err != nil {
 		return Sandbox{}, err
 	}
-	var policy netpolicy.Policy
+	var policy policy.Policy
 	if req.Network != nil {
 		if err := req.Network.Validate(); err != nil {
 			return Sandbox{}, policyField(err)
@@ -577,7 +577,7 @@ func agentEnv(rec store.Sandbox) []string {
 	return append(env, "BERTH_AGENT_TOKEN="+rec.Token)
 }
 
-func agentAddr(att netpolicy.Attachment) string {
+func agentAddr(att Attachment) string {
 	return netip.AddrPortFrom(att.SandboxIP, AgentPort).String()
 }
 

@@ -9,17 +9,17 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // Egress is what the Manager needs from the host-side egress services
-// (netpolicy.Egress): per-sandbox resolver, proxy, policy and CA.
+// (egress.Egress): per-sandbox resolver, proxy, policy and CA.
 type Egress interface {
 	Prepare(id string) ([]byte, error)
-	Start(ctx context.Context, id string, hostIP netip.Addr, p netpolicy.Policy) error
-	SetPolicy(id string, p netpolicy.Policy) error
-	Policy(id string) (netpolicy.Policy, error)
-	LoadPolicy(id string) (netpolicy.Policy, error)
+	Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error
+	SetPolicy(id string, p policy.Policy) error
+	Policy(id string) (policy.Policy, error)
+	LoadPolicy(id string) (policy.Policy, error)
 	Remove(id string) error
 	List() ([]string, error)
 	// Install writes resolv.conf (gateway as resolver) and the CA into
@@ -35,7 +35,7 @@ type AuditLog interface {
 
 // modeSetter is the Network's firewall side of a policy.
 type modeSetter interface {
-	SetMode(ctx context.Context, id string, mode netpolicy.Mode) error
+	SetMode(ctx context.Context, id string, mode policy.Mode) error
 }
 
 // Where the sandbox finds its egress CA (egress.Install writes them).
@@ -73,7 +73,7 @@ next:
 // policyField turns a policy validation error into a FieldError naming
 // the entry ("network.allow[2]").
 func policyField(err error) error {
-	var re *netpolicy.RuleError
+	var re *policy.RuleError
 	if errors.As(err, &re) {
 		return &FieldError{Field: "network." + re.Field, Err: err}
 	}
@@ -82,7 +82,7 @@ func policyField(err error) error {
 
 // startEgress applies p to a sandbox whose agent answers: its resolver
 // and proxy, its firewall mode, and its resolv.conf and trust store.
-func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy, install bool) error {
+func (m *Manager) startEgress(ctx context.Context, e *entry, p policy.Policy, install bool) error {
 	ca, err := m.prepareEgress(ctx, e, p)
 	if err != nil || !install {
 		return err
@@ -93,9 +93,9 @@ func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy,
 // prepareEgress makes the sandbox's CA, starts its resolver and proxy and
 // sets its firewall mode: everything that needs the network attachment but
 // not the agent, so create runs it while the agent starts.
-func (m *Manager) prepareEgress(ctx context.Context, e *entry, p netpolicy.Policy) (ca []byte, err error) {
+func (m *Manager) prepareEgress(ctx context.Context, e *entry, p policy.Policy) (ca []byte, err error) {
 	if m.deps.Egress == nil {
-		if p.Mode != "" && p.Mode != netpolicy.ModeNone {
+		if p.Mode != "" && p.Mode != policy.ModeNone {
 			return nil, fmt.Errorf("egress policy %s: this daemon has no egress services: %w", p.Mode, errdefs.ErrFailedPrecondition)
 		}
 		return nil, nil
@@ -140,7 +140,7 @@ func (m *Manager) readoptEgress(ctx context.Context, e *entry) error {
 	}
 	p, err := m.deps.Egress.LoadPolicy(e.rec.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		p = netpolicy.Policy{Mode: netpolicy.ModeNone}
+		p = policy.Policy{Mode: policy.ModeNone}
 	} else if err != nil {
 		return err
 	}
@@ -160,12 +160,12 @@ func (m *Manager) readyEntry(ctx context.Context, id string) (*entry, error) {
 }
 
 // NetworkPolicy returns a running sandbox's egress policy.
-func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+func (m *Manager) NetworkPolicy(ctx context.Context, id string) (policy.Policy, error) {
 	if _, err := m.readyEntry(ctx, id); err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	if m.deps.Egress == nil {
-		return netpolicy.Policy{Mode: netpolicy.ModeNone}, nil
+		return policy.Policy{Mode: policy.ModeNone}, nil
 	}
 	return m.deps.Egress.Policy(id)
 }
@@ -173,25 +173,25 @@ func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Polic
 // SetNetworkPolicy replaces a running sandbox's egress policy; it applies
 // at once, and closes open connections it refuses (a kill switch). An
 // invalid policy changes nothing.
-func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
+func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error) {
 	if err := p.Validate(); err != nil {
-		return netpolicy.Policy{}, policyField(err)
+		return policy.Policy{}, policyField(err)
 	}
 	p = p.Normalize()
 	e, err := m.readyEntry(ctx, id)
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	e.op.Lock()
 	defer e.op.Unlock()
 	if e.closed || e.rec.State != StateReady {
-		return netpolicy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+		return policy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if m.deps.Egress == nil {
-		return netpolicy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
+		return policy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
 	}
 	if err := m.applyPolicy(ctx, id, p); err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	m.event(ctx, id, EventNetworkPolicy, "egress policy "+string(p.Mode))
 	return p, nil
@@ -199,9 +199,9 @@ func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.P
 
 // applyPolicy switches a live sandbox's egress policy; the caller holds
 // its op lock and has validated and normalised p.
-func (m *Manager) applyPolicy(ctx context.Context, id string, p netpolicy.Policy) error {
+func (m *Manager) applyPolicy(ctx context.Context, id string, p policy.Policy) error {
 	if m.deps.Egress == nil {
-		if p.Mode == netpolicy.ModeNone {
+		if p.Mode == policy.ModeNone {
 			return nil
 		}
 		return fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
@@ -213,7 +213,7 @@ func (m *Manager) applyPolicy(ctx context.Context, id string, p netpolicy.Policy
 	// Firewall first when opening, proxy first when closing, so neither
 	// step is ever more open than both policies.
 	ms, _ := m.deps.Network.(modeSetter)
-	closing := p.Mode == netpolicy.ModeNone
+	closing := p.Mode == policy.ModeNone
 	if closing {
 		if ms != nil {
 			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
@@ -262,10 +262,10 @@ func (m *Manager) FollowNetworkLog(ctx context.Context, id string, f audit.Filte
 
 // SuggestPolicy proposes the smallest allow policy covering what the
 // sandbox was denied.
-func (m *Manager) SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+func (m *Manager) SuggestPolicy(ctx context.Context, id string) (policy.Policy, error) {
 	recs, err := m.NetworkLog(ctx, id, audit.Filter{DeniedOnly: true})
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
-	return netpolicy.Suggest(recs), nil
+	return policy.Suggest(recs), nil
 }
