@@ -3,7 +3,7 @@ package daemon
 import (
 	"context"
 
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/hostnet"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
@@ -11,7 +11,7 @@ import (
 // with the Manager's own Attachment type, so package sandbox imports no
 // host networking (and links no netlink or nftables). SetMode, which the
 // Manager finds by type assertion, is promoted unchanged.
-type managerNet struct{ *netpolicy.Network }
+type managerNet struct{ *hostnet.Network }
 
 func (n managerNet) AttachTo(ctx context.Context, id, nsPath string) (sandbox.Attachment, error) {
 	a, err := n.Network.AttachTo(ctx, id, nsPath)

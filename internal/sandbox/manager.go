@@ -84,9 +84,11 @@ type Deps struct {
 	Templates Templates
 	Store     Store
 	Prober    Prober
-	// Egress and Audit, when set, run and record egress policy (policy.go).
+	// Egress and Audit, when set, run and record egress policy (policy.go);
+	// with Egress, Files installs its settings in each sandbox.
 	Egress Egress
 	Audit  AuditLog
+	Files  AgentFiles
 	// Meter, when set, reports the daemon's own work for each sandbox.
 	Meter DaemonMeter
 }
@@ -148,6 +150,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	if deps.Runtime == nil || deps.Network == nil || deps.Templates == nil || deps.Store == nil || deps.Prober == nil {
 		return nil, fmt.Errorf("sandbox manager: missing dependency: %w", errdefs.ErrInvalidArgument)
+	}
+	if deps.Egress != nil && deps.Files == nil {
+		return nil, fmt.Errorf("sandbox manager: egress needs agent files: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

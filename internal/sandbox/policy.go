@@ -1,9 +1,11 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
 
@@ -15,6 +17,8 @@ import (
 // Egress is what the Manager needs from the host-side egress services
 // (egress.Egress): per-sandbox resolver, proxy, policy and CA.
 type Egress interface {
+	// Prepare makes the sandbox's egress state and returns its CA
+	// certificate (PEM), which the sandbox must trust.
 	Prepare(id string) ([]byte, error)
 	Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error
 	SetPolicy(id string, p policy.Policy) error
@@ -22,9 +26,17 @@ type Egress interface {
 	LoadPolicy(id string) (policy.Policy, error)
 	Remove(id string) error
 	List() ([]string, error)
-	// Install writes resolv.conf (gateway as resolver) and the CA into
-	// the sandbox through its agent.
-	Install(ctx context.Context, agentAddr, token string, gateway netip.Addr, ca []byte) error
+	// ResolvConf is the sandbox's resolv.conf, naming its resolver on
+	// hostIP.
+	ResolvConf(hostIP netip.Addr) []byte
+}
+
+// AgentFiles reads and writes files in a sandbox through its agent
+// (agentlink.Link): the Manager installs the egress CA and resolver with
+// it.
+type AgentFiles interface {
+	ReadFile(ctx context.Context, addr, token, path string, max int64) ([]byte, error)
+	WriteFile(ctx context.Context, addr, token, path string, r io.Reader) error
 }
 
 // AuditLog is the egress decision record.
@@ -38,10 +50,19 @@ type modeSetter interface {
 	SetMode(ctx context.Context, id string, mode policy.Mode) error
 }
 
-// Where the sandbox finds its egress CA (egress.Install writes them).
+// Where the sandbox finds its egress CA (installEgress writes them): the
+// CA alone, in Debian's local trust store, and appended to the system
+// bundle (what OpenSSL-, Python-, git- and Go-based clients read through
+// SSL_CERT_FILE and friends; see egressEnv).
 const (
-	egressCAPath     = "/etc/berth/egress-ca.pem"
-	egressBundlePath = "/etc/berth/ca-bundle.pem"
+	egressCAPath       = "/etc/berth/egress-ca.pem"
+	egressBundlePath   = "/etc/berth/ca-bundle.pem"
+	egressDebianCAPath = "/usr/local/share/ca-certificates/berth-egress.crt"
+	systemBundlePath   = "/etc/ssl/certs/ca-certificates.crt"
+	resolvConfPath     = "/etc/resolv.conf"
+	// maxSystemBundle bounds the system bundle read back from the
+	// sandbox (Debian's is about 200 KiB); the agent is not trusted.
+	maxSystemBundle = 8 << 20
 )
 
 // egressEnv points TLS clients at the bundle holding the sandbox's CA,
@@ -115,13 +136,37 @@ func (m *Manager) prepareEgress(ctx context.Context, e *entry, p policy.Policy) 
 	return ca, nil
 }
 
-// installEgress writes the CA and resolver settings into the sandbox
+// installEgress writes the resolver settings and the CA into the sandbox
 // through its agent.
 func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error {
 	if m.deps.Egress == nil {
 		return nil
 	}
-	return m.deps.Egress.Install(ctx, agentAddr(e.att), e.rec.Token, e.att.HostIP, ca)
+	addr, token := agentAddr(e.att), e.rec.Token
+	// Without a system bundle (a template without ca-certificates) the
+	// bundle is the sandbox's CA alone.
+	bundle, err := m.deps.Files.ReadFile(ctx, addr, token, systemBundlePath, maxSystemBundle)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "error", err)
+	}
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	files := []struct {
+		path string
+		body []byte
+	}{
+		{resolvConfPath, m.deps.Egress.ResolvConf(e.att.HostIP)},
+		{egressCAPath, ca},
+		{egressDebianCAPath, ca},
+		{egressBundlePath, append(bundle, ca...)},
+	}
+	for _, f := range files {
+		if err := m.deps.Files.WriteFile(ctx, addr, token, f.path, bytes.NewReader(f.body)); err != nil {
+			return fmt.Errorf("install egress settings: %w", err)
+		}
+	}
+	return nil
 }
 
 // removeEgress drops the sandbox's egress services and state (CA key).

@@ -1,9 +1,11 @@
 // Package egress runs the host side of sandboxes' egress policy: per
 // sandbox, a filtering DNS resolver and a transparent egress proxy on the
-// host address of its veth (the firewall in package netpolicy sends the
+// host address of its veth (the firewall in package hostnet sends the
 // sandbox's DNS and TCP there), its CA for intercepted TLS, and the
-// installation of resolv.conf and the CA inside the sandbox. Every decision
-// goes to the audit log.
+// policy in force (package policy decides). Every decision goes to the
+// audit log. What the sandbox needs inside (its resolv.conf and CA) this
+// package only provides (Prepare, ResolvConf): the Manager writes it
+// through the sandbox's agent.
 package egress
 
 import (
@@ -135,7 +137,7 @@ func HostResolvers(path string) []string {
 func (e *Egress) dir(id string) string { return filepath.Join(e.cfg.StateDir, id) }
 
 // Prepare makes the sandbox's state dir and CA (kept if present) and
-// returns the CA certificate (PEM) to install in the sandbox.
+// returns the CA certificate (PEM) the sandbox must trust.
 func (e *Egress) Prepare(id string) ([]byte, error) {
 	if err := validID(id); err != nil {
 		return nil, err
@@ -148,6 +150,12 @@ func (e *Egress) Prepare(id string) ([]byte, error) {
 		return nil, fmt.Errorf("sandbox %s CA: %w", id, err)
 	}
 	return ca.pem, nil
+}
+
+// ResolvConf is the sandbox's /etc/resolv.conf: its resolver is on
+// hostIP, the host end of its veth, where Start listens.
+func (e *Egress) ResolvConf(hostIP netip.Addr) []byte {
+	return []byte("# written by berth: the sandbox's filtering resolver\nnameserver " + hostIP.String() + "\noptions edns0\n")
 }
 
 // Start runs the sandbox's resolver and proxy on hostIP with policy p

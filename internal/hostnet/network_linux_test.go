@@ -1,4 +1,4 @@
-package netpolicy
+package hostnet
 
 import (
 	"errors"
@@ -120,7 +120,7 @@ func TestAttachCreatesEverything(t *testing.T) {
 }
 
 // readForwarding reads the host's global forwarding switches, which
-// netpolicy must leave alone.
+// hostnet must leave alone.
 func readForwarding(t *testing.T) string {
 	t.Helper()
 	var out []string
