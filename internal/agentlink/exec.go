@@ -116,3 +116,35 @@ func (l *Link) WriteFile(ctx context.Context, addr, token, path string, r io.Rea
 	}
 	return nil
 }
+
+// ReadFile returns the file at path in the sandbox, read as root. A file
+// the agent does not find is ErrNotFound; one longer than max bytes is
+// ErrResourceExhausted (never a silently cut copy).
+func (l *Link) ReadFile(ctx context.Context, addr, token, path string, max int64) ([]byte, error) {
+	u := "http://" + addr + "/files?username=root&path=" + url.QueryEscape(path)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("X-Access-Token", token)
+	resp, err := (&http.Client{Transport: l.transport}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound {
+		return nil, fmt.Errorf("read %s: %w", path, errdefs.ErrNotFound)
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return nil, fmt.Errorf("read %s: agent answered %s: %s", path, resp.Status, msg)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, max+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if int64(len(b)) > max {
+		return nil, fmt.Errorf("read %s: longer than %d bytes: %w", path, max, errdefs.ErrResourceExhausted)
+	}
+	return b, nil
+}

@@ -11,16 +11,16 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // NetworkManager is what the network endpoints need from the Manager.
 type NetworkManager interface {
-	NetworkPolicy(ctx context.Context, id string) (netpolicy.Policy, error)
-	SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error)
+	NetworkPolicy(ctx context.Context, id string) (policy.Policy, error)
+	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 	NetworkLog(ctx context.Context, id string, f audit.Filter) ([]audit.Record, error)
 	FollowNetworkLog(ctx context.Context, id string, f audit.Filter, fn func(audit.Record) error) error
-	SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error)
+	SuggestPolicy(ctx context.Context, id string) (policy.Policy, error)
 }
 
 // netManager returns the Manager's network side, or writes an error.
@@ -78,7 +78,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 
 // policyError names the bad entry of a policy in the error body.
 func policyError(err error) error {
-	var re *netpolicy.RuleError
+	var re *policy.RuleError
 	if errors.As(err, &re) {
 		return badField(re.Field, err)
 	}
@@ -176,18 +176,18 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 // policyFromWire and policyToWire carry a policy across the API edge; the
 // field-for-field conversion of HTTPRule breaks the build if the two
 // drift, and TestWireMirrorsInternal checks the JSON names.
-func policyFromWire(in types.NetworkPolicy) netpolicy.Policy {
-	p := netpolicy.Policy{Mode: netpolicy.Mode(in.Mode), Allow: in.Allow, Deny: in.Deny}
+func policyFromWire(in types.NetworkPolicy) policy.Policy {
+	p := policy.Policy{Mode: policy.Mode(in.Mode), Allow: in.Allow, Deny: in.Deny}
 	if in.HTTP != nil {
-		p.HTTP = make([]netpolicy.HTTPRule, len(in.HTTP))
+		p.HTTP = make([]policy.HTTPRule, len(in.HTTP))
 		for i, r := range in.HTTP {
-			p.HTTP[i] = netpolicy.HTTPRule(r)
+			p.HTTP[i] = policy.HTTPRule(r)
 		}
 	}
 	return p
 }
 
-func policyToWire(p netpolicy.Policy) types.NetworkPolicy {
+func policyToWire(p policy.Policy) types.NetworkPolicy {
 	out := types.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow, Deny: p.Deny}
 	if p.HTTP != nil {
 		out.HTTP = make([]types.HTTPRule, len(p.HTTP))

@@ -9,7 +9,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
@@ -40,8 +40,8 @@ func TestWireMirrorsInternal(t *testing.T) {
 		{worklog.Entry{}, types.WorklogEntry{}},
 		{review.CommitRequest{}, types.CommitRequest{}},
 		{review.CommitResult{}, types.CommitResult{}},
-		{netpolicy.Policy{}, types.NetworkPolicy{}},
-		{netpolicy.HTTPRule{}, types.HTTPRule{}},
+		{policy.Policy{}, types.NetworkPolicy{}},
+		{policy.HTTPRule{}, types.HTTPRule{}},
 	}
 	for _, p := range pairs {
 		in, w := reflect.TypeOf(p.internal), reflect.TypeOf(p.wire)
@@ -66,7 +66,7 @@ func TestWireConstants(t *testing.T) {
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)
 	}
-	modes := []string{string(netpolicy.ModeNone), string(netpolicy.ModeAllow), string(netpolicy.ModeOpen), string(netpolicy.ModeLearn)}
+	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
 	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {
 		t.Errorf("policy modes %v, wire %v", modes, want)
 	}

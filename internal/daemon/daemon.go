@@ -27,8 +27,9 @@ import (
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
-	"github.com/berth-sandbox/berth/internal/netpolicy/egress"
+	"github.com/berth-sandbox/berth/internal/egress"
+	"github.com/berth-sandbox/berth/internal/hostnet"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -58,7 +59,7 @@ type Config struct {
 	UIDCount        uint32 `json:"uid_count" yaml:"uid_count"`
 	Mirror          string `json:"debian_mirror" yaml:"debian_mirror"`
 	DefaultTemplate string `json:"default_template" yaml:"default_template"`
-	// Egress (see internal/netpolicy): the DNS servers the sandboxes'
+	// Egress (internal/egress): the DNS servers the sandboxes'
 	// resolvers and the egress proxy ask (default: the host's
 	// /etc/resolv.conf); address ranges treated as public although
 	// special-purpose (tests declare their TEST-NET here; loopback,
@@ -185,13 +186,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer auditLog.CloseAll()
 	// The firewall's own refusals (UDP, ICMP, foreign DNS, all of mode
 	// none) reach the audit log through NFLOG.
-	drops, err := netpolicy.OpenDropLog(netpolicy.DropLogConfig{Instance: cfg.Instance, Logger: log.With("component", "droplog")},
-		func(d netpolicy.Drop) { auditLog.Append(dropRecord(d)) })
+	drops, err := hostnet.OpenDropLog(hostnet.DropLogConfig{Instance: cfg.Instance, Logger: log.With("component", "droplog")},
+		func(d hostnet.Drop) { auditLog.Append(dropRecord(d)) })
 	if err != nil {
 		return err
 	}
 	defer drops.Close()
-	netw, err := netpolicy.New(ctx, netpolicy.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), Logger: log.With("component", "netpolicy")})
+	netw, err := hostnet.New(ctx, hostnet.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), Logger: log.With("component", "hostnet")})
 	if err != nil {
 		return err
 	}
@@ -202,7 +203,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		// start re-adopts them.
 		tctx := context.WithoutCancel(ctx)
 		if err := netw.Teardown(tctx); err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
-			log.Warn("netpolicy_teardown_failed", "err", err)
+			log.Warn("hostnet_teardown_failed", "err", err)
 		}
 		netw.Close(tctx)
 	}()
@@ -241,7 +242,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: netw, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Meter: egressMeter{egress}})
+	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
 	if err != nil {
 		return err
 	}
@@ -399,7 +400,7 @@ func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
 
 // newEgress builds the egress services from cfg.
 func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
-	guard := &netpolicy.Guard{}
+	guard := &policy.Guard{HostAddrs: new(hostnet.HostAddrs).List}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
 		if err != nil {
@@ -436,7 +437,7 @@ func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*
 }
 
 // dropRecord is the audit record of a firewall refusal.
-func dropRecord(d netpolicy.Drop) audit.Record {
+func dropRecord(d hostnet.Drop) audit.Record {
 	r := audit.Record{Time: d.Time, Sandbox: d.Sandbox, Proto: d.Proto, Port: d.Dst.Port(), Decision: "deny", Rule: "firewall", Count: int64(d.Count)}
 	if d.Dst.Addr().IsValid() {
 		r.IP = d.Dst.Addr().String()

@@ -21,7 +21,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -42,7 +42,7 @@ type Manager interface {
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	Agent(ctx context.Context, id string) (addr, token string, err error)
-	SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error)
+	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 }
 
 // Store persists what only this API knows about a sandbox.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -108,7 +108,7 @@ func TestApplyNetwork(t *testing.T) {
 // fakeManager holds sandboxes in memory.
 type fakeManager struct{ sbs map[string]sandbox.Sandbox }
 
-func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
+func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error) {
 	return p, nil
 }
 
@@ -222,17 +222,17 @@ func TestEgressPolicy(t *testing.T) {
 	yes, no := true, false
 	tests := []struct {
 		in      networkConfig
-		mode    netpolicy.Mode
+		mode    policy.Mode
 		allow   string
 		deny    string
 		wantErr bool
 	}{
-		{networkConfig{}, netpolicy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &no}, netpolicy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes}, netpolicy.ModeOpen, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, netpolicy.ModeOpen, "", "198.51.100.7/32", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, netpolicy.ModeNone, "", "", false},
-		{networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, netpolicy.ModeAllow, "example.com,198.51.100.0/24", "", false},
+		{networkConfig{}, policy.ModeNone, "", "", false},
+		{networkConfig{AllowInternetAccess: &no}, policy.ModeNone, "", "", false},
+		{networkConfig{AllowInternetAccess: &yes}, policy.ModeOpen, "", "", false},
+		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, policy.ModeOpen, "", "198.51.100.7/32", false},
+		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeNone, "", "", false},
+		{networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeAllow, "example.com,198.51.100.0/24", "", false},
 		{networkConfig{DenyOut: []string{"not-an-ip"}}, "", "", "", true},
 		{networkConfig{AllowOut: []string{"bad domain!"}}, "", "", "", true},
 		{networkConfig{Rules: []byte(`{"x":1}`)}, "", "", "", true},

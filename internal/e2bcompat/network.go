@@ -6,7 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // networkConfig is E2B's network settings: the network object of a create
@@ -45,15 +45,15 @@ func (n networkConfig) storeJSON() string {
 //
 // Rules and egress proxies of E2B's own (network.rules, egressProxy) have
 // no Berth equivalent yet and are refused by name.
-func egressPolicy(n networkConfig) (netpolicy.Policy, error) {
+func egressPolicy(n networkConfig) (policy.Policy, error) {
 	if present(n.Rules) && string(n.Rules) != "{}" {
-		return netpolicy.Policy{}, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.EgressProxy) {
-		return netpolicy.Policy{}, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
 	}
 	everything := func(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
-	var p netpolicy.Policy
+	var p policy.Policy
 	denyAll := false
 	for _, d := range n.DenyOut {
 		if everything(d) {
@@ -62,24 +62,24 @@ func egressPolicy(n networkConfig) (netpolicy.Policy, error) {
 		}
 		if _, err := netip.ParsePrefix(d); err != nil {
 			if _, err := netip.ParseAddr(d); err != nil {
-				return netpolicy.Policy{}, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
+				return policy.Policy{}, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
 			}
 		}
 		p.Deny = append(p.Deny, hostCIDR(d))
 	}
 	switch {
 	case len(n.AllowOut) > 0:
-		p.Mode = netpolicy.ModeAllow
+		p.Mode = policy.ModeAllow
 		for _, a := range n.AllowOut {
 			p.Allow = append(p.Allow, hostCIDR(a))
 		}
 	case n.AllowInternetAccess != nil && *n.AllowInternetAccess && !denyAll:
-		p.Mode = netpolicy.ModeOpen
+		p.Mode = policy.ModeOpen
 	default:
-		p.Mode, p.Deny = netpolicy.ModeNone, nil
+		p.Mode, p.Deny = policy.ModeNone, nil
 	}
 	if err := p.Validate(); err != nil {
-		return netpolicy.Policy{}, fmt.Errorf("network: %w", err)
+		return policy.Policy{}, fmt.Errorf("network: %w", err)
 	}
 	return p.Normalize(), nil
 }
@@ -95,12 +95,12 @@ func hostCIDR(s string) string {
 
 // applyNetwork checks a network config (the ingress options Berth's
 // preview routing honours) and returns its egress policy.
-func applyNetwork(n networkConfig) (netpolicy.Policy, error) {
+func applyNetwork(n networkConfig) (policy.Policy, error) {
 	if n.MaskRequestHost != nil {
-		return netpolicy.Policy{}, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
-		return netpolicy.Policy{}, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
 	}
 	return egressPolicy(n)
 }

@@ -2,8 +2,8 @@ package sandbox
 
 import (
 	"context"
+	"net/netip"
 
-	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
@@ -22,13 +22,26 @@ type StatsReader interface {
 	Stats(ctx context.Context, id string) (runtime.Stats, error)
 }
 
-// Network is what the Manager needs from the per-sandbox network layer.
+// Network is what the Manager needs from the per-sandbox network layer
+// (hostnet.Network, which the daemon adapts to this Attachment so the
+// Manager links no netlink or nftables).
 type Network interface {
 	// AttachTo wires the sandbox's network into the namespace at nsPath.
-	AttachTo(ctx context.Context, id, nsPath string) (netpolicy.Attachment, error)
-	Lookup(ctx context.Context, id string) (netpolicy.Attachment, error)
+	AttachTo(ctx context.Context, id, nsPath string) (Attachment, error)
+	Lookup(ctx context.Context, id string) (Attachment, error)
 	Detach(ctx context.Context, id string) error
 	List(ctx context.Context) ([]string, error)
+}
+
+// Attachment is one sandbox's network as the Network layer found or made
+// it: its netns, the host end of its veth, and the two addresses of the
+// link (the host's is the sandbox's gateway, resolver and egress proxy).
+type Attachment struct {
+	ID        string
+	NetNSPath string
+	HostIface string
+	HostIP    netip.Addr
+	SandboxIP netip.Addr
 }
 
 // Templates resolves template names to layers.

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -82,9 +82,11 @@ type Deps struct {
 	Templates Templates
 	Store     Store
 	Prober    Prober
-	// Egress and Audit, when set, run and record egress policy (policy.go).
+	// Egress and Audit, when set, run and record egress policy (policy.go);
+	// with Egress, Files installs its settings in each sandbox.
 	Egress Egress
 	Audit  AuditLog
+	Files  AgentFiles
 	// Meter, when set, reports the daemon's own work for each sandbox.
 	Meter DaemonMeter
 }
@@ -130,7 +132,7 @@ type entry struct {
 	// op serialises lifecycle operations on one sandbox.
 	op     sync.Mutex
 	rec    store.Sandbox
-	att    netpolicy.Attachment
+	att    Attachment
 	timer  *time.Timer
 	ooms   int64
 	closed bool
@@ -146,6 +148,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	if deps.Runtime == nil || deps.Network == nil || deps.Templates == nil || deps.Store == nil || deps.Prober == nil {
 		return nil, fmt.Errorf("sandbox manager: missing dependency: %w", errdefs.ErrInvalidArgument)
+	}
+	if deps.Egress != nil && deps.Files == nil {
+		return nil, fmt.Errorf("sandbox manager: egress needs agent files: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -220,7 +225,7 @@ type CreateRequest struct {
 	Metadata map[string]string
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
-	Network *netpolicy.Policy
+	Network *policy.Policy
 
 	// layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them); setup runs once the agent answers and
@@ -407,7 +412,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.validate(&req); err != nil {
 		return Sandbox{}, err
 	}
-	var policy netpolicy.Policy
+	var policy policy.Policy
 	if req.Network != nil {
 		if err := req.Network.Validate(); err != nil {
 			return Sandbox{}, policyField(err)
@@ -575,7 +580,7 @@ func agentEnv(rec store.Sandbox) []string {
 	return append(env, "BERTH_AGENT_TOKEN="+rec.Token)
 }
 
-func agentAddr(att netpolicy.Attachment) string {
+func agentAddr(att Attachment) string {
 	return netip.AddrPortFrom(att.SandboxIP, envd.Port).String()
 }
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
@@ -74,20 +73,20 @@ type fakeNet struct {
 	ids map[string]bool
 }
 
-func (f *fakeNet) AttachTo(ctx context.Context, id, nsPath string) (netpolicy.Attachment, error) {
+func (f *fakeNet) AttachTo(ctx context.Context, id, nsPath string) (Attachment, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ids[id] = true
-	return netpolicy.Attachment{ID: id, SandboxIP: netip.MustParseAddr("198.18.0.2")}, nil
+	return Attachment{ID: id, SandboxIP: netip.MustParseAddr("198.18.0.2")}, nil
 }
 
-func (f *fakeNet) Lookup(ctx context.Context, id string) (netpolicy.Attachment, error) {
+func (f *fakeNet) Lookup(ctx context.Context, id string) (Attachment, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.ids[id] {
-		return netpolicy.Attachment{}, errdefs.ErrNotFound
+		return Attachment{}, errdefs.ErrNotFound
 	}
-	return netpolicy.Attachment{ID: id, SandboxIP: netip.MustParseAddr("198.18.0.2")}, nil
+	return Attachment{ID: id, SandboxIP: netip.MustParseAddr("198.18.0.2")}, nil
 }
 
 func (f *fakeNet) Detach(ctx context.Context, id string) error {

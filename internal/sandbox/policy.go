@@ -1,30 +1,42 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"strings"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // Egress is what the Manager needs from the host-side egress services
-// (netpolicy.Egress): per-sandbox resolver, proxy, policy and CA.
+// (egress.Egress): per-sandbox resolver, proxy, policy and CA.
 type Egress interface {
+	// Prepare makes the sandbox's egress state and returns its CA
+	// certificate (PEM), which the sandbox must trust.
 	Prepare(id string) ([]byte, error)
-	Start(ctx context.Context, id string, hostIP netip.Addr, p netpolicy.Policy) error
-	SetPolicy(id string, p netpolicy.Policy) error
-	Policy(id string) (netpolicy.Policy, error)
-	LoadPolicy(id string) (netpolicy.Policy, error)
+	Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error
+	SetPolicy(id string, p policy.Policy) error
+	Policy(id string) (policy.Policy, error)
+	LoadPolicy(id string) (policy.Policy, error)
 	Remove(id string) error
 	List() ([]string, error)
-	// Install writes resolv.conf (gateway as resolver) and the CA into
-	// the sandbox through its agent.
-	Install(ctx context.Context, agentAddr, token string, gateway netip.Addr, ca []byte) error
+	// ResolvConf is the sandbox's resolv.conf, naming its resolver on
+	// hostIP.
+	ResolvConf(hostIP netip.Addr) []byte
+}
+
+// AgentFiles reads and writes files in a sandbox through its agent
+// (agentlink.Link): the Manager installs the egress CA and resolver with
+// it.
+type AgentFiles interface {
+	ReadFile(ctx context.Context, addr, token, path string, max int64) ([]byte, error)
+	WriteFile(ctx context.Context, addr, token, path string, r io.Reader) error
 }
 
 // AuditLog is the egress decision record.
@@ -35,13 +47,22 @@ type AuditLog interface {
 
 // modeSetter is the Network's firewall side of a policy.
 type modeSetter interface {
-	SetMode(ctx context.Context, id string, mode netpolicy.Mode) error
+	SetMode(ctx context.Context, id string, mode policy.Mode) error
 }
 
-// Where the sandbox finds its egress CA (egress.Install writes them).
+// Where the sandbox finds its egress CA (installEgress writes them): the
+// CA alone, in Debian's local trust store, and appended to the system
+// bundle (what OpenSSL-, Python-, git- and Go-based clients read through
+// SSL_CERT_FILE and friends; see egressEnv).
 const (
-	egressCAPath     = "/etc/berth/egress-ca.pem"
-	egressBundlePath = "/etc/berth/ca-bundle.pem"
+	egressCAPath       = "/etc/berth/egress-ca.pem"
+	egressBundlePath   = "/etc/berth/ca-bundle.pem"
+	egressDebianCAPath = "/usr/local/share/ca-certificates/berth-egress.crt"
+	systemBundlePath   = "/etc/ssl/certs/ca-certificates.crt"
+	resolvConfPath     = "/etc/resolv.conf"
+	// maxSystemBundle bounds the system bundle read back from the
+	// sandbox (Debian's is about 200 KiB); the agent is not trusted.
+	maxSystemBundle = 8 << 20
 )
 
 // egressEnv points TLS clients at the bundle holding the sandbox's CA,
@@ -73,7 +94,7 @@ next:
 // policyField turns a policy validation error into a FieldError naming
 // the entry ("network.allow[2]").
 func policyField(err error) error {
-	var re *netpolicy.RuleError
+	var re *policy.RuleError
 	if errors.As(err, &re) {
 		return &FieldError{Field: "network." + re.Field, Err: err}
 	}
@@ -82,7 +103,7 @@ func policyField(err error) error {
 
 // startEgress applies p to a sandbox whose agent answers: its resolver
 // and proxy, its firewall mode, and its resolv.conf and trust store.
-func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy, install bool) error {
+func (m *Manager) startEgress(ctx context.Context, e *entry, p policy.Policy, install bool) error {
 	ca, err := m.prepareEgress(ctx, e, p)
 	if err != nil || !install {
 		return err
@@ -93,9 +114,9 @@ func (m *Manager) startEgress(ctx context.Context, e *entry, p netpolicy.Policy,
 // prepareEgress makes the sandbox's CA, starts its resolver and proxy and
 // sets its firewall mode: everything that needs the network attachment but
 // not the agent, so create runs it while the agent starts.
-func (m *Manager) prepareEgress(ctx context.Context, e *entry, p netpolicy.Policy) (ca []byte, err error) {
+func (m *Manager) prepareEgress(ctx context.Context, e *entry, p policy.Policy) (ca []byte, err error) {
 	if m.deps.Egress == nil {
-		if p.Mode != "" && p.Mode != netpolicy.ModeNone {
+		if p.Mode != "" && p.Mode != policy.ModeNone {
 			return nil, fmt.Errorf("egress policy %s: this daemon has no egress services: %w", p.Mode, errdefs.ErrFailedPrecondition)
 		}
 		return nil, nil
@@ -115,13 +136,37 @@ func (m *Manager) prepareEgress(ctx context.Context, e *entry, p netpolicy.Polic
 	return ca, nil
 }
 
-// installEgress writes the CA and resolver settings into the sandbox
+// installEgress writes the resolver settings and the CA into the sandbox
 // through its agent.
 func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error {
 	if m.deps.Egress == nil {
 		return nil
 	}
-	return m.deps.Egress.Install(ctx, agentAddr(e.att), e.rec.Token, e.att.HostIP, ca)
+	addr, token := agentAddr(e.att), e.rec.Token
+	// Without a system bundle (a template without ca-certificates) the
+	// bundle is the sandbox's CA alone.
+	bundle, err := m.deps.Files.ReadFile(ctx, addr, token, systemBundlePath, maxSystemBundle)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "error", err)
+	}
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	files := []struct {
+		path string
+		body []byte
+	}{
+		{resolvConfPath, m.deps.Egress.ResolvConf(e.att.HostIP)},
+		{egressCAPath, ca},
+		{egressDebianCAPath, ca},
+		{egressBundlePath, append(bundle, ca...)},
+	}
+	for _, f := range files {
+		if err := m.deps.Files.WriteFile(ctx, addr, token, f.path, bytes.NewReader(f.body)); err != nil {
+			return fmt.Errorf("install egress settings: %w", err)
+		}
+	}
+	return nil
 }
 
 // removeEgress drops the sandbox's egress services and state (CA key).
@@ -140,7 +185,7 @@ func (m *Manager) readoptEgress(ctx context.Context, e *entry) error {
 	}
 	p, err := m.deps.Egress.LoadPolicy(e.rec.ID)
 	if errors.Is(err, errdefs.ErrNotFound) {
-		p = netpolicy.Policy{Mode: netpolicy.ModeNone}
+		p = policy.Policy{Mode: policy.ModeNone}
 	} else if err != nil {
 		return err
 	}
@@ -160,12 +205,12 @@ func (m *Manager) readyEntry(ctx context.Context, id string) (*entry, error) {
 }
 
 // NetworkPolicy returns a running sandbox's egress policy.
-func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+func (m *Manager) NetworkPolicy(ctx context.Context, id string) (policy.Policy, error) {
 	if _, err := m.readyEntry(ctx, id); err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	if m.deps.Egress == nil {
-		return netpolicy.Policy{Mode: netpolicy.ModeNone}, nil
+		return policy.Policy{Mode: policy.ModeNone}, nil
 	}
 	return m.deps.Egress.Policy(id)
 }
@@ -173,25 +218,25 @@ func (m *Manager) NetworkPolicy(ctx context.Context, id string) (netpolicy.Polic
 // SetNetworkPolicy replaces a running sandbox's egress policy; it applies
 // at once, and closes open connections it refuses (a kill switch). An
 // invalid policy changes nothing.
-func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.Policy) (netpolicy.Policy, error) {
+func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error) {
 	if err := p.Validate(); err != nil {
-		return netpolicy.Policy{}, policyField(err)
+		return policy.Policy{}, policyField(err)
 	}
 	p = p.Normalize()
 	e, err := m.readyEntry(ctx, id)
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	e.op.Lock()
 	defer e.op.Unlock()
 	if e.closed || e.rec.State != StateReady {
-		return netpolicy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+		return policy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if m.deps.Egress == nil {
-		return netpolicy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
+		return policy.Policy{}, fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
 	}
 	if err := m.applyPolicy(ctx, id, p); err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
 	m.event(ctx, id, EventNetworkPolicy, "egress policy "+string(p.Mode))
 	return p, nil
@@ -199,9 +244,9 @@ func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p netpolicy.P
 
 // applyPolicy switches a live sandbox's egress policy; the caller holds
 // its op lock and has validated and normalised p.
-func (m *Manager) applyPolicy(ctx context.Context, id string, p netpolicy.Policy) error {
+func (m *Manager) applyPolicy(ctx context.Context, id string, p policy.Policy) error {
 	if m.deps.Egress == nil {
-		if p.Mode == netpolicy.ModeNone {
+		if p.Mode == policy.ModeNone {
 			return nil
 		}
 		return fmt.Errorf("this daemon has no egress services: %w", errdefs.ErrFailedPrecondition)
@@ -213,7 +258,7 @@ func (m *Manager) applyPolicy(ctx context.Context, id string, p netpolicy.Policy
 	// Firewall first when opening, proxy first when closing, so neither
 	// step is ever more open than both policies.
 	ms, _ := m.deps.Network.(modeSetter)
-	closing := p.Mode == netpolicy.ModeNone
+	closing := p.Mode == policy.ModeNone
 	if closing {
 		if ms != nil {
 			if err := ms.SetMode(ctx, id, p.Mode); err != nil {
@@ -262,10 +307,10 @@ func (m *Manager) FollowNetworkLog(ctx context.Context, id string, f audit.Filte
 
 // SuggestPolicy proposes the smallest allow policy covering what the
 // sandbox was denied.
-func (m *Manager) SuggestPolicy(ctx context.Context, id string) (netpolicy.Policy, error) {
+func (m *Manager) SuggestPolicy(ctx context.Context, id string) (policy.Policy, error) {
 	recs, err := m.NetworkLog(ctx, id, audit.Filter{DeniedOnly: true})
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
-	return netpolicy.Suggest(recs), nil
+	return policy.Suggest(recs), nil
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/secret"
 	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/internal/workspace"
@@ -346,8 +346,8 @@ func applyResources(req *CreateRequest, env *workspace.Environment) {
 
 // setupPolicy is the environment's setup policy; a remote repository's host
 // is added so the clone can reach it.
-func setupPolicy(env *workspace.Environment, src source) netpolicy.Policy {
-	var p netpolicy.Policy
+func setupPolicy(env *workspace.Environment, src source) policy.Policy {
+	var p policy.Policy
 	if env != nil {
 		p = env.SetupPolicy
 	}
@@ -356,17 +356,17 @@ func setupPolicy(env *workspace.Environment, src source) netpolicy.Policy {
 	}
 	u, _ := url.Parse(src.url)
 	switch p.Mode {
-	case "", netpolicy.ModeNone, netpolicy.ModeLearn:
-		p = netpolicy.Policy{Mode: netpolicy.ModeAllow, Allow: []string{u.Hostname()}}
-	case netpolicy.ModeAllow:
+	case "", policy.ModeNone, policy.ModeLearn:
+		p = policy.Policy{Mode: policy.ModeAllow, Allow: []string{u.Hostname()}}
+	case policy.ModeAllow:
 		p.Allow = append(append([]string(nil), p.Allow...), u.Hostname())
 	}
 	return p.Normalize()
 }
 
-func agentPolicy(env *workspace.Environment) netpolicy.Policy {
+func agentPolicy(env *workspace.Environment) policy.Policy {
 	if env == nil {
-		return netpolicy.Policy{Mode: netpolicy.ModeNone}
+		return policy.Policy{Mode: policy.ModeNone}
 	}
 	return env.AgentPolicy.Normalize()
 }

@@ -20,7 +20,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -51,8 +51,8 @@ type Environment struct {
 	Secrets   []string
 	Resources Resources
 	// SetupPolicy governs egress while setup runs; AgentPolicy after it.
-	SetupPolicy netpolicy.Policy
-	AgentPolicy netpolicy.Policy
+	SetupPolicy policy.Policy
+	AgentPolicy policy.Policy
 }
 
 // Step is one setup command, run by bash -e (sh when bash is missing).
@@ -387,9 +387,9 @@ func (p *parser) resources(n *yaml.Node) Resources {
 	return r
 }
 
-// policy checks a netpolicy.Policy node key by key (so an unknown key has
+// policy checks a policy.Policy node key by key (so an unknown key has
 // a line), decodes it and validates it, reporting a bad rule at its line.
-func (p *parser) policy(n *yaml.Node, field string) netpolicy.Policy {
+func (p *parser) policy(n *yaml.Node, field string) policy.Policy {
 	before := len(p.problems)
 	entries := map[string]*yaml.Node{}
 	p.mapping(n, field, func(key string, k, v *yaml.Node) {
@@ -410,23 +410,23 @@ func (p *parser) policy(n *yaml.Node, field string) netpolicy.Policy {
 		}
 	})
 	if len(p.problems) > before || n.Kind != yaml.MappingNode {
-		return netpolicy.Policy{}
+		return policy.Policy{}
 	}
-	var pol netpolicy.Policy
+	var pol policy.Policy
 	if err := n.Decode(&pol); err != nil {
 		p.add(n, field, "%v", err)
-		return netpolicy.Policy{}
+		return policy.Policy{}
 	}
 	if err := pol.Validate(); err != nil {
 		at := n
-		var re *netpolicy.RuleError
+		var re *policy.RuleError
 		if errors.As(err, &re) {
 			at = ruleNode(entries, re.Field, n)
 			p.add(at, field+"."+re.Field, "%q: %v", re.Entry, re.Err)
 		} else {
 			p.add(at, field, "%v", err)
 		}
-		return netpolicy.Policy{}
+		return policy.Policy{}
 	}
 	return pol.Normalize()
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 const full = `template: base
@@ -42,7 +42,7 @@ func TestParseFull(t *testing.T) {
 	if env.Resources != want {
 		t.Errorf("resources = %+v, want %+v", env.Resources, want)
 	}
-	if env.SetupPolicy.Mode != netpolicy.ModeAllow || len(env.SetupPolicy.Allow) != 1 || env.AgentPolicy.Mode != netpolicy.ModeNone {
+	if env.SetupPolicy.Mode != policy.ModeAllow || len(env.SetupPolicy.Allow) != 1 || env.AgentPolicy.Mode != policy.ModeNone {
 		t.Errorf("policies = %+v %+v", env.SetupPolicy, env.AgentPolicy)
 	}
 }

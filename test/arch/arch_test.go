@@ -68,10 +68,14 @@ func TestImportGraph(t *testing.T) {
 		// (it may import proto/) as well as the daemon.
 		{"proto/envd", []string{module + "/"}, []string{module + "/proto/envd"}},
 		// Lower layers never call each other or upward.
-		{"internal/runtime/runc", []string{module + "/internal/sandbox", module + "/internal/netpolicy", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
-		{"internal/netpolicy", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
-		{"internal/template", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/netpolicy", module + "/internal/store", module + "/internal/api"}, nil},
-		{"internal/store", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/netpolicy", module + "/internal/template", module + "/internal/api"}, nil},
+		{"internal/runtime/runc", []string{module + "/internal/sandbox", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
+		// The policy language is pure: no host networking, no kernel.
+		{"internal/policy", []string{module + "/internal/hostnet", module + "/internal/egress", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api",
+			"github.com/google/nftables", "github.com/vishvananda/netlink", "github.com/mdlayher/netlink", "golang.org/x/sys/unix"}, nil},
+		{"internal/hostnet", []string{module + "/internal/egress", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/egress", []string{module + "/internal/hostnet", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/template", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/store", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/api"}, nil},
 	}
 	for _, r := range rules {
 		cmd := exec.Command("go", "list", "-deps", module+"/"+r.pkg)

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // The egress proxy receives every TCP connection a sandbox opens (the
@@ -181,7 +181,7 @@ type replayConn struct {
 
 func (r *replayConn) Read(p []byte) (int, error) { return r.r.Read(p) }
 
-func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, pol *netpolicy.Compiled) {
+func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, pol *policy.Compiled) {
 	sni, hello, err := peekSNI(c, br)
 	rec := audit.Record{Proto: "tls", Name: strings.ToLower(sni), IP: orig.Addr().String(), Port: orig.Port()}
 	if err != nil {
@@ -201,10 +201,10 @@ func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, p
 		ruled, shared := b.sharedWithRuled(ctx, pol, addrs)
 		cancel()
 		switch {
-		case shared && netpolicy.ValidDomain(rec.Name):
+		case shared && policy.ValidDomain(rec.Name):
 			d.Intercept = true
 		case shared:
-			d = netpolicy.Decision{Rule: d.Rule}
+			d = policy.Decision{Rule: d.Rule}
 			reason = fmt.Sprintf("address also serves %s, which has HTTP rules; connect by name", ruled)
 		}
 	}
@@ -218,14 +218,14 @@ func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, p
 
 // decideTarget decides a connection naming name (SNI or Host; "" when
 // none) and returns the vetted addresses to dial.
-func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Compiled) (netpolicy.Decision, []netip.Addr, string) {
-	byAddr := func(ip netip.Addr) (netpolicy.Decision, []netip.Addr, string) {
+func (b *box) decideTarget(name string, orig netip.AddrPort, pol *policy.Compiled) (policy.Decision, []netip.Addr, string) {
+	byAddr := func(ip netip.Addr) (policy.Decision, []netip.Addr, string) {
 		d := pol.DecideAddr(ip, orig.Port())
 		if !d.Allow {
 			return d, nil, ""
 		}
 		if bad, why := b.e.cfg.Guard.Forbidden(ip); bad {
-			return netpolicy.Decision{Rule: d.Rule}, nil, ip.String() + ": " + why
+			return policy.Decision{Rule: d.Rule}, nil, ip.String() + ": " + why
 		}
 		return d, []netip.Addr{ip.Unmap()}, ""
 	}
@@ -235,8 +235,8 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Comp
 	if ip, err := netip.ParseAddr(strings.Trim(name, "[]")); err == nil {
 		return byAddr(ip)
 	}
-	if !netpolicy.ValidDomain(name) {
-		return netpolicy.Deny("proxy"), nil, "invalid name"
+	if !policy.ValidDomain(name) {
+		return policy.Decision{Rule: "proxy"}, nil, "invalid name"
 	}
 	d := pol.DecideName(name)
 	if !d.Allow {
@@ -246,7 +246,7 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Comp
 	defer cancel()
 	ips, err := b.e.resolve(ctx, name)
 	if err != nil {
-		return netpolicy.Decision{Rule: d.Rule}, nil, "resolve: " + err.Error()
+		return policy.Decision{Rule: d.Rule}, nil, "resolve: " + err.Error()
 	}
 	var ok []netip.Addr
 	var why string
@@ -262,7 +262,7 @@ func (b *box) decideTarget(name string, orig netip.AddrPort, pol *netpolicy.Comp
 		ok = append(ok, ip.Unmap())
 	}
 	if len(ok) == 0 {
-		return netpolicy.Decision{Rule: d.Rule}, nil, why
+		return policy.Decision{Rule: d.Rule}, nil, why
 	}
 	if d.Intercept {
 		b.noteRuled(name, ok)
@@ -291,7 +291,7 @@ func (b *box) dial(ctx context.Context, addrs []netip.Addr, port uint16) (net.Co
 
 // relayTo applies decision d: on allow it dials addrs and copies both
 // ways. A refusal is immediate: a TLS alert for TLS, a reset otherwise.
-func (b *box) relayTo(client net.Conn, rec audit.Record, d netpolicy.Decision, addrs []netip.Addr, port uint16) {
+func (b *box) relayTo(client net.Conn, rec audit.Record, d policy.Decision, addrs []netip.Addr, port uint16) {
 	rec.Rule = d.Rule
 	refuse := func() {
 		rec.Decision = "deny"
@@ -413,7 +413,7 @@ func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig n
 // decided against the policy in force when it arrives. sni is the TLS name
 // for intercepted connections ("" for plain HTTP); dialUp, when set, dials
 // the upstream (intercepted TLS). The path is decided in its normalized
-// form (netpolicy.NormalizePath) and forwarded in exactly that form.
+// form (policy.NormalizePath) and forwarded in exactly that form.
 func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort, sni string, dialUp func(context.Context) (net.Conn, error)) {
 	proto := "http"
 	if sni != "" {
@@ -444,11 +444,11 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 		}
 		host = strings.TrimSuffix(host, ".")
 		path, perr := requestPath(req)
-		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: netpolicy.Truncate(path, 512)}
+		rec := audit.Record{Proto: proto, Name: host, IP: orig.Addr().String(), Port: orig.Port(), Method: req.Method, Path: truncate(path, 512)}
 		if upIP.IsValid() {
 			rec.IP = upIP.String()
 		}
-		refuse := func(status int, d netpolicy.Decision, reason string) {
+		refuse := func(status int, d policy.Decision, reason string) {
 			rec.Decision, rec.Rule, rec.Reason = "deny", d.Rule, reason
 			body := "berth egress: " + status2text(status) + ": " + reason + "\n"
 			resp := &http.Response{StatusCode: status, ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{"Content-Type": {"text/plain"}, "Connection": {"close"}},
@@ -456,20 +456,20 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			resp.Write(client)
 			b.audit(rec)
 		}
-		var d netpolicy.Decision
+		var d policy.Decision
 		switch {
 		case perr != nil:
-			rec.Path = netpolicy.Truncate(req.RequestURI, 512)
-			refuse(http.StatusBadRequest, netpolicy.Deny("proxy"), perr.Error())
+			rec.Path = truncate(req.RequestURI, 512)
+			refuse(http.StatusBadRequest, policy.Decision{Rule: "proxy"}, perr.Error())
 			return
 		case sni != "" && host != sni:
-			refuse(http.StatusMisdirectedRequest, netpolicy.Deny("proxy"), fmt.Sprintf("Host %q differs from TLS server name %q", host, sni))
+			refuse(http.StatusMisdirectedRequest, policy.Decision{Rule: "proxy"}, fmt.Sprintf("Host %q differs from TLS server name %q", host, sni))
 			return
 		case firstHost != "" && host != firstHost:
-			refuse(http.StatusMisdirectedRequest, netpolicy.Deny("proxy"), fmt.Sprintf("Host %q differs from this connection's first Host %q", host, firstHost))
+			refuse(http.StatusMisdirectedRequest, policy.Decision{Rule: "proxy"}, fmt.Sprintf("Host %q differs from this connection's first Host %q", host, firstHost))
 			return
 		case req.Header.Get("Upgrade") != "" && sni != "":
-			refuse(http.StatusForbidden, netpolicy.Deny("proxy"), "protocol upgrades are not supported on intercepted connections")
+			refuse(http.StatusForbidden, policy.Decision{Rule: "proxy"}, "protocol upgrades are not supported on intercepted connections")
 			return
 		}
 		var addrs []netip.Addr
@@ -553,7 +553,7 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 // decideRequest decides one HTTP request to host on a connection dialed
 // to ip (invalid before the dial): IP literals by address, names by their
 // HTTP rules or name rules, and the address against the deny rules.
-func decideRequest(pol *netpolicy.Compiled, host, method, path string, ip netip.Addr, port uint16) netpolicy.Decision {
+func decideRequest(pol *policy.Compiled, host, method, path string, ip netip.Addr, port uint16) policy.Decision {
 	if lit, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
 		return pol.DecideAddr(lit, port)
 	}
@@ -576,14 +576,14 @@ func requestPath(req *http.Request) (string, error) {
 	if !strings.HasPrefix(raw, "/") {
 		_, rest, ok := strings.Cut(raw, "://")
 		if !ok {
-			return "", fmt.Errorf("request target %q: %w", netpolicy.Truncate(raw, 64), netpolicy.ErrAmbiguousPath)
+			return "", fmt.Errorf("request target %q: %w", truncate(raw, 64), policy.ErrAmbiguousPath)
 		}
 		raw = "/"
 		if i := strings.IndexByte(rest, '/'); i >= 0 {
 			raw = rest[i:]
 		}
 	}
-	return netpolicy.NormalizePath(raw)
+	return policy.NormalizePath(raw)
 }
 
 type countWriter struct {

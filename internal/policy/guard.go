@@ -1,12 +1,6 @@
-package netpolicy
+package policy
 
-import (
-	"net/netip"
-	"sync"
-	"time"
-
-	"github.com/vishvananda/netlink"
-)
+import "net/netip"
 
 // nonPublic are the ranges a sandbox never reaches, whatever its policy
 // says: IANA special-purpose blocks (private, loopback, link-local, CGNAT,
@@ -52,13 +46,11 @@ type Guard struct {
 	// net such as 198.51.100.0/24). Loopback, link-local, multicast and the
 	// metadata addresses stay forbidden regardless.
 	Public []netip.Prefix
-	// HostAddrs, when set, lists the host's own addresses; default: read
-	// from the kernel, cached for a second.
+	// HostAddrs lists the host's own addresses, which are forbidden too
+	// (the daemon passes hostnet.HostAddrs, read from the kernel). Nil
+	// means none beyond the non-public ranges, which is right only where
+	// the host has no public address of its own (tests).
 	HostAddrs func() []netip.Addr
-
-	mu      sync.Mutex
-	cached  []netip.Addr
-	fetched time.Time
 }
 
 // Forbidden reports whether ip may never be reached, and why.
@@ -106,24 +98,8 @@ func (g *Guard) Forbidden(ip netip.Addr) (bool, string) {
 }
 
 func (g *Guard) hostAddrs() []netip.Addr {
-	if g.HostAddrs != nil {
-		return g.HostAddrs()
+	if g.HostAddrs == nil {
+		return nil
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if time.Since(g.fetched) < time.Second && g.cached != nil {
-		return g.cached
-	}
-	addrs, err := dump(func() ([]netlink.Addr, error) { return netlink.AddrList(nil, netlink.FAMILY_ALL) })
-	if err != nil {
-		return g.cached // keep the last good list
-	}
-	out := make([]netip.Addr, 0, len(addrs))
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok {
-			out = append(out, ip.Unmap())
-		}
-	}
-	g.cached, g.fetched = out, time.Now()
-	return out
+	return g.HostAddrs()
 }

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // A policy change is a kill switch: SetPolicy closes every open connection
@@ -51,8 +51,8 @@ func (b *box) addFlow(f *flow) func() {
 
 // allowedUnder reports whether pol would still let f through, and if not,
 // the decision that refuses it.
-func (b *box) allowedUnder(pol *netpolicy.Compiled, f *flow) (netpolicy.Decision, bool) {
-	var d netpolicy.Decision
+func (b *box) allowedUnder(pol *policy.Compiled, f *flow) (policy.Decision, bool) {
+	var d policy.Decision
 	if f.name == "" {
 		if d = pol.DecideAddr(f.ip, f.port); !d.Allow {
 			return d, false
@@ -69,10 +69,10 @@ func (b *box) allowedUnder(pol *netpolicy.Compiled, f *flow) (netpolicy.Decision
 	// HTTP rules would carry requests those rules never see.
 	if f.passthrough {
 		if f.name != "" && pol.Ruled(f.name) {
-			return netpolicy.Decision{Rule: d.Rule}, false
+			return policy.Decision{Rule: d.Rule}, false
 		}
 		if ruled, ok := b.knownRuled(pol, f.ip); ok {
-			return netpolicy.Decision{Rule: "http rules for " + ruled}, false
+			return policy.Decision{Rule: "http rules for " + ruled}, false
 		}
 	}
 	return d, true
@@ -80,7 +80,7 @@ func (b *box) allowedUnder(pol *netpolicy.Compiled, f *flow) (netpolicy.Decision
 
 // knownRuled returns the ruled name ip was last seen to serve, if pol
 // still has rules for it (no lookups: the cache only).
-func (b *box) knownRuled(pol *netpolicy.Compiled, ip netip.Addr) (string, bool) {
+func (b *box) knownRuled(pol *policy.Compiled, ip netip.Addr) (string, bool) {
 	b.ruled.mu.Lock()
 	defer b.ruled.mu.Unlock()
 	v, ok := b.ruled.addrs[ip.Unmap()]
@@ -91,10 +91,10 @@ func (b *box) knownRuled(pol *netpolicy.Compiled, ip netip.Addr) (string, bool) 
 }
 
 // enforce closes the flows pol refuses and records each as a denial.
-func (b *box) enforce(pol *netpolicy.Compiled) {
+func (b *box) enforce(pol *policy.Compiled) {
 	b.flows.mu.Lock()
 	var kill []*flow
-	var why []netpolicy.Decision
+	var why []policy.Decision
 	for f := range b.flows.set {
 		if d, ok := b.allowedUnder(pol, f); !ok {
 			kill = append(kill, f)
@@ -193,7 +193,7 @@ func (b *box) noteRuled(name string, ips []netip.Addr) {
 // sharedWithRuled returns the ruled name any of ips also serves, if any.
 // It first resolves the exact ruled names it has not resolved lately, so
 // an address shared with one is known even if nobody asked for that name.
-func (b *box) sharedWithRuled(ctx context.Context, pol *netpolicy.Compiled, ips []netip.Addr) (string, bool) {
+func (b *box) sharedWithRuled(ctx context.Context, pol *policy.Compiled, ips []netip.Addr) (string, bool) {
 	if len(pol.Policy.HTTP) == 0 {
 		return "", false
 	}

@@ -9,7 +9,7 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // The resolver drops queries past the sandbox's rate before answering
@@ -22,14 +22,14 @@ func TestDNSRateLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Config{StateDir: t.TempDir(), Audit: al, Upstream: []string{"127.0.0.1:1"}, ProxyPort: 18080,
+	e, err := New(Config{StateDir: t.TempDir(), Audit: al, Upstream: []string{"127.0.0.1:1"}, Guard: &policy.Guard{}, ProxyPort: 18080,
 		Limits: Limits{DNSRate: 1, DNSBurst: 10}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	host := netip.MustParseAddr("127.77.0.1")
-	if err := e.Start(t.Context(), "sb1", host, netpolicy.Policy{Mode: netpolicy.ModeAllow}); err != nil {
+	if err := e.Start(t.Context(), "sb1", host, policy.Policy{Mode: policy.ModeAllow}); err != nil {
 		t.Skipf("cannot listen on %s: %v", host, err)
 	}
 	c, err := net.Dial("udp", netip.AddrPortFrom(host, 53).String())

@@ -1,20 +1,11 @@
-// Package netpolicy owns each sandbox's network: its network namespace, the
-// veth pair that links it to the host, the point-to-point addresses from a
-// host-wide pool, and the host-side nftables table that decides what a
-// sandbox may send. Until egress policy lands, the answer is "nothing": a
-// sandbox can only answer connections the host opened to it.
-//
-// All state is read back from the kernel (netns files, links and their
-// aliases, nftables objects), so a restarted daemon can re-adopt or clean up
-// what an earlier run left behind.
-package netpolicy
+package hostnet
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/berth-sandbox/berth/api/types"
 	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,56 +14,8 @@ import (
 	"sync"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
-
-// Defaults for Config fields left empty.
-const (
-	DefaultNetnsDir = "/var/run/netns"
-	DefaultLockPath = "/run/berth/netpool.lock"
-)
-
-// DefaultPool is RFC 2544's benchmarking range: never routed on the
-// internet and rarely configured on hosts.
-var DefaultPool = netip.MustParsePrefix("198.18.0.0/15")
-
-// Config configures a Network.
-type Config struct {
-	// Instance is the short name of this daemon, [a-z0-9]{1,8}; it goes into
-	// the nftables table name, the host link prefix and the netns prefix, so
-	// several daemons can share one host.
-	Instance string
-	// Pool is where the sandboxes' /30s come from (default DefaultPool).
-	// Daemons may share a pool: allocation skips every address already on
-	// the host.
-	Pool netip.Prefix
-	// NetnsDir is where the netns files are bind-mounted (default
-	// DefaultNetnsDir, where `ip netns` looks).
-	NetnsDir string
-	// LockPath is the host-wide lock file held while allocating an address
-	// and creating the link (default DefaultLockPath). Every daemon on a host
-	// must use the same one.
-	LockPath string
-	// ProxyPort is where, on each veth's host address, the egress proxy
-	// listens; the firewall redirects sandboxes' TCP there (default
-	// DefaultProxyPort).
-	ProxyPort uint16
-	// LogGroup is the NFLOG group the firewall logs its refusals to
-	// (DropLog.Group); 0 logs nothing.
-	LogGroup uint16
-	Logger   *slog.Logger
-}
-
-// DefaultProxyPort is the egress proxy's port on each veth's host address.
-const DefaultProxyPort = 15001
-
-// Attachment describes one sandbox's network as it exists in the kernel.
-type Attachment struct {
-	ID        string
-	NetNSPath string
-	HostIface string
-	HostIP    netip.Addr
-	SandboxIP netip.Addr
-}
 
 // Network manages the sandboxes' networks of one daemon instance.
 type Network struct {
@@ -94,8 +37,6 @@ type Network struct {
 
 var (
 	instanceRE = regexp.MustCompile(`^[a-z0-9]{1,8}$`)
-	// Sandbox ids become file names, chain names and link aliases.
-	idRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$`)
 )
 
 // New validates cfg and sets up this instance's nftables table and base
@@ -103,14 +44,14 @@ var (
 // base chains atomically and keeps per-sandbox entries.
 func New(ctx context.Context, cfg Config) (*Network, error) {
 	if !instanceRE.MatchString(cfg.Instance) {
-		return nil, fmt.Errorf("netpolicy instance %q must match %s: %w", cfg.Instance, instanceRE, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("hostnet instance %q must match %s: %w", cfg.Instance, instanceRE, errdefs.ErrInvalidArgument)
 	}
 	if !cfg.Pool.IsValid() {
 		cfg.Pool = DefaultPool
 	}
 	cfg.Pool = cfg.Pool.Masked()
 	if !cfg.Pool.Addr().Is4() || cfg.Pool.Bits() > 30 {
-		return nil, fmt.Errorf("netpolicy pool %s must be IPv4 and hold at least one /30: %w", cfg.Pool, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("hostnet pool %s must be IPv4 and hold at least one /30: %w", cfg.Pool, errdefs.ErrInvalidArgument)
 	}
 	if cfg.NetnsDir == "" {
 		cfg.NetnsDir = DefaultNetnsDir
@@ -126,7 +67,7 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	}
 	n := &Network{
 		cfg:   cfg,
-		log:   cfg.Logger.With("netpolicy_instance", cfg.Instance),
+		log:   cfg.Logger.With("hostnet_instance", cfg.Instance),
 		names: newNaming(cfg.Instance),
 	}
 	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort, logGroup: cfg.LogGroup}
@@ -137,10 +78,10 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 		return nil, err
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.LockPath), 0o755); err != nil {
-		return nil, fmt.Errorf("netpolicy lock dir: %w", err)
+		return nil, fmt.Errorf("hostnet lock dir: %w", err)
 	}
 	if err := n.fw.setup(); err != nil {
-		return nil, fmt.Errorf("netpolicy firewall setup: %w", err)
+		return nil, fmt.Errorf("hostnet firewall setup: %w", err)
 	}
 	return n, nil
 }
@@ -250,7 +191,7 @@ func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, 
 // firewall.go): none drops everything new, every other mode lets DNS to
 // the sandbox's resolver and TCP to the egress proxy through, which then
 // decide per name and address.
-func (n *Network) SetMode(ctx context.Context, id string, mode Mode) error {
+func (n *Network) SetMode(ctx context.Context, id string, mode policy.Mode) error {
 	if err := validID(id); err != nil {
 		return err
 	}
@@ -416,10 +357,10 @@ func (n *Network) Teardown(ctx context.Context) error {
 		return err
 	}
 	if len(ids) > 0 {
-		return fmt.Errorf("netpolicy teardown: %d sandboxes still attached: %w", len(ids), errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("hostnet teardown: %d sandboxes still attached: %w", len(ids), errdefs.ErrFailedPrecondition)
 	}
 	if err := n.fw.teardown(); err != nil {
-		return fmt.Errorf("netpolicy teardown: %w", err)
+		return fmt.Errorf("hostnet teardown: %w", err)
 	}
 	return nil
 }
@@ -492,12 +433,7 @@ func (n *Network) anyLeftover(id string) (bool, error) {
 	return false, nil
 }
 
-func validID(id string) error {
-	if !idRE.MatchString(id) {
-		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+func validID(id string) error { return types.ValidSandboxID(id) }
 
 func cutPrefix(s, prefix string) (string, bool) {
 	rest, ok := strings.CutPrefix(s, prefix)

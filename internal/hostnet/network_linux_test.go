@@ -1,4 +1,4 @@
-package netpolicy
+package hostnet
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ import (
 func TestAttachCreatesEverything(t *testing.T) {
 	n := newTestNetwork(t, Config{})
 	forwarding := readForwarding(t)
-	att := mustAttach(t, n, "sb-create")
+	att := mustAttach(t, n, "sbcreate")
 	if got := readForwarding(t); got != forwarding {
 		t.Errorf("host forwarding sysctls changed from %q to %q", forwarding, got)
 	}
@@ -59,7 +59,7 @@ func TestAttachCreatesEverything(t *testing.T) {
 	if err != nil {
 		t.Fatalf("host link: %v", err)
 	}
-	if got, want := host.Attrs().Alias, "berth/"+n.cfg.Instance+"/sb-create"; got != want {
+	if got, want := host.Attrs().Alias, "berth/"+n.cfg.Instance+"/sbcreate"; got != want {
 		t.Errorf("host link alias = %q, want %q", got, want)
 	}
 	if host.Attrs().Flags&net.FlagUp == 0 {
@@ -120,7 +120,7 @@ func TestAttachCreatesEverything(t *testing.T) {
 }
 
 // readForwarding reads the host's global forwarding switches, which
-// netpolicy must leave alone.
+// hostnet must leave alone.
 func readForwarding(t *testing.T) string {
 	t.Helper()
 	var out []string
@@ -136,12 +136,12 @@ func readForwarding(t *testing.T) string {
 
 func TestAttachRejects(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	mustAttach(t, n, "sb-dup")
+	mustAttach(t, n, "sbdup")
 	tests := []struct {
 		id   string
 		want error
 	}{
-		{"sb-dup", errdefs.ErrAlreadyExists},
+		{"sbdup", errdefs.ErrAlreadyExists},
 		{"", errdefs.ErrInvalidArgument},
 		{"../etc", errdefs.ErrInvalidArgument},
 		{"a/b", errdefs.ErrInvalidArgument},
@@ -158,8 +158,8 @@ func TestAttachRejects(t *testing.T) {
 // that nothing the sandbox starts gets anywhere.
 func TestReachability(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	a := mustAttach(t, n, "sb-a")
-	b := mustAttach(t, n, "sb-b")
+	a := mustAttach(t, n, "sba")
+	b := mustAttach(t, n, "sbb")
 	listenIn(t, a.NetNSPath, net.JoinHostPort(a.SandboxIP.String(), "49983"))
 	listenIn(t, b.NetNSPath, net.JoinHostPort(b.SandboxIP.String(), "49983"))
 
@@ -267,14 +267,14 @@ func TestTwoInstancesSharePool(t *testing.T) {
 
 func TestDetachRemovesEverything(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	att := mustAttach(t, n, "sb-gone")
+	att := mustAttach(t, n, "sbgone")
 	for i := range 2 { // idempotent
-		if err := n.Detach(t.Context(), "sb-gone"); err != nil {
+		if err := n.Detach(t.Context(), "sbgone"); err != nil {
 			t.Fatalf("Detach #%d: %v", i+1, err)
 		}
 	}
 	assertGone(t, n, att)
-	if _, err := n.Lookup(t.Context(), "sb-gone"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := n.Lookup(t.Context(), "sbgone"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Lookup after Detach = %v, want ErrNotFound", err)
 	}
 }
@@ -302,7 +302,7 @@ func assertGone(t *testing.T, n *Network, att Attachment) {
 
 func TestLookupAfterRestart(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	att := mustAttach(t, n, "sb-keep")
+	att := mustAttach(t, n, "sbkeep")
 	if err := n.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -311,7 +311,7 @@ func TestLookupAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := n2.Lookup(t.Context(), "sb-keep")
+	got, err := n2.Lookup(t.Context(), "sbkeep")
 	if err != nil {
 		t.Fatalf("Lookup after restart: %v", err)
 	}
@@ -323,14 +323,14 @@ func TestLookupAfterRestart(t *testing.T) {
 	if err := dialRead(net.JoinHostPort(att.SandboxIP.String(), "49983"), 2*time.Second); err != nil {
 		t.Errorf("host -> agent after restart: %v", err)
 	}
-	if _, err := n2.Lookup(t.Context(), "sb-never"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := n2.Lookup(t.Context(), "sbnever"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Lookup(unknown) = %v, want ErrNotFound", err)
 	}
 }
 
 func TestLookupRepairsFirewall(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	att := mustAttach(t, n, "sb-repair")
+	att := mustAttach(t, n, "sbrepair")
 	if err := n.fw.removeSandbox(n.SandboxChain(att.ID)); err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +352,7 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 			n.failpoint = func(s string) error {
 				if s == "link" {
 					// Remember the link so we can check it is gone.
-					if l, err := n.findLink("sb-fail"); err == nil && l != nil {
+					if l, err := n.findLink("sbfail"); err == nil && l != nil {
 						sawIface = l.Attrs().Name
 					}
 				}
@@ -361,23 +361,23 @@ func TestAttachFailureLeavesNothing(t *testing.T) {
 				}
 				return nil
 			}
-			if _, err := n.Attach(t.Context(), "sb-fail"); !errors.Is(err, injected) {
+			if _, err := n.Attach(t.Context(), "sbfail"); !errors.Is(err, injected) {
 				t.Fatalf("Attach with failure after %s = %v, want the injected error", step, err)
 			}
-			assertGone(t, n, Attachment{ID: "sb-fail", HostIface: sawIface})
+			assertGone(t, n, Attachment{ID: "sbfail", HostIface: sawIface})
 			n.failpoint = nil
-			mustAttach(t, n, "sb-fail") // the id is usable again
+			mustAttach(t, n, "sbfail") // the id is usable again
 		})
 	}
 }
 
 func TestTeardown(t *testing.T) {
 	n := newTestNetwork(t, Config{})
-	mustAttach(t, n, "sb-td")
+	mustAttach(t, n, "sbtd")
 	if err := n.Teardown(t.Context()); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Fatalf("Teardown with a sandbox attached = %v, want ErrFailedPrecondition", err)
 	}
-	if err := n.Detach(t.Context(), "sb-td"); err != nil {
+	if err := n.Detach(t.Context(), "sbtd"); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {
@@ -398,7 +398,7 @@ func TestIPv6Dropped(t *testing.T) {
 		t.Skip("kernel without IPv6")
 	}
 	n := newTestNetwork(t, Config{})
-	att := mustAttach(t, n, "sb-v6")
+	att := mustAttach(t, n, "sbv6")
 	hostV6 := netip.MustParsePrefix("fdb3:7a1e:9c00::1/126")
 	sbV6 := netip.MustParsePrefix("fdb3:7a1e:9c00::2/126")
 
@@ -459,7 +459,7 @@ func TestConcurrentAttachDetach(t *testing.T) {
 	var wg sync.WaitGroup
 	for i := range 8 {
 		wg.Go(func() {
-			id := fmt.Sprintf("sb-par-%d", i)
+			id := fmt.Sprintf("sbpar%d", i)
 			att, err := n.Attach(t.Context(), id)
 			if err != nil {
 				t.Errorf("Attach(%q): %v", id, err)

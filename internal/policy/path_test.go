@@ -1,4 +1,4 @@
-package netpolicy
+package policy
 
 import (
 	"errors"

@@ -1,9 +1,11 @@
 // Package egress runs the host side of sandboxes' egress policy: per
 // sandbox, a filtering DNS resolver and a transparent egress proxy on the
-// host address of its veth (the firewall in package netpolicy sends the
+// host address of its veth (the firewall in package hostnet sends the
 // sandbox's DNS and TCP there), its CA for intercepted TLS, and the
-// installation of resolv.conf and the CA inside the sandbox. Every decision
-// goes to the audit log.
+// policy in force (package policy decides). Every decision goes to the
+// audit log. What the sandbox needs inside (its resolv.conf and CA) this
+// package only provides (Prepare, ResolvConf): the Manager writes it
+// through the sandbox's agent.
 package egress
 
 import (
@@ -12,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/berth-sandbox/berth/api/types"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -27,7 +30,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/audit"
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // Config configures the host-side egress services.
@@ -38,14 +41,16 @@ type Config struct {
 	// Upstream are the DNS servers (host:port) the resolvers and the proxy
 	// ask; default: the nameservers of the host's /etc/resolv.conf.
 	Upstream []string
-	// Guard decides which addresses are public.
-	Guard *netpolicy.Guard
+	// Guard decides which addresses are public (required; give it the
+	// host's addresses, hostnet.HostAddrs).
+	Guard *policy.Guard
 	// Audit receives every decision.
 	Audit *audit.Log
 	// UpstreamRoots verify servers behind intercepted TLS (nil: the host's
 	// roots).
 	UpstreamRoots *x509.CertPool
-	// ProxyPort must match the Network's.
+	// ProxyPort is where the firewall redirects sandboxes' TCP
+	// (hostnet.Network.ProxyPort); required.
 	ProxyPort   uint16
 	DialTimeout time.Duration
 	// Limits bound each sandbox's connections and queries (limits.go).
@@ -71,7 +76,7 @@ type Egress struct {
 type box struct {
 	id     string
 	hostIP netip.Addr
-	policy atomic.Pointer[netpolicy.Compiled]
+	policy atomic.Pointer[policy.Compiled]
 	ca     *sandboxCA
 	e      *Egress
 
@@ -93,14 +98,8 @@ type box struct {
 
 // New prepares the egress services.
 func New(cfg Config) (*Egress, error) {
-	if cfg.StateDir == "" || cfg.Audit == nil {
-		return nil, fmt.Errorf("egress: state dir and audit log are required: %w", errdefs.ErrInvalidArgument)
-	}
-	if cfg.Guard == nil {
-		cfg.Guard = &netpolicy.Guard{}
-	}
-	if cfg.ProxyPort == 0 {
-		cfg.ProxyPort = netpolicy.DefaultProxyPort
+	if cfg.StateDir == "" || cfg.Audit == nil || cfg.Guard == nil || cfg.ProxyPort == 0 {
+		return nil, fmt.Errorf("egress: state dir, audit log, guard and proxy port are required: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.DialTimeout == 0 {
 		cfg.DialTimeout = 10 * time.Second
@@ -138,9 +137,9 @@ func HostResolvers(path string) []string {
 func (e *Egress) dir(id string) string { return filepath.Join(e.cfg.StateDir, id) }
 
 // Prepare makes the sandbox's state dir and CA (kept if present) and
-// returns the CA certificate (PEM) to install in the sandbox.
+// returns the CA certificate (PEM) the sandbox must trust.
 func (e *Egress) Prepare(id string) ([]byte, error) {
-	if err := netpolicy.ValidID(id); err != nil {
+	if err := validID(id); err != nil {
 		return nil, err
 	}
 	if err := os.MkdirAll(e.dir(id), 0o700); err != nil {
@@ -153,10 +152,16 @@ func (e *Egress) Prepare(id string) ([]byte, error) {
 	return ca.pem, nil
 }
 
+// ResolvConf is the sandbox's /etc/resolv.conf: its resolver is on
+// hostIP, the host end of its veth, where Start listens.
+func (e *Egress) ResolvConf(hostIP netip.Addr) []byte {
+	return []byte("# written by berth: the sandbox's filtering resolver\nnameserver " + hostIP.String() + "\noptions edns0\n")
+}
+
 // Start runs the sandbox's resolver and proxy on hostIP with policy p
 // (persisted, so a restarted daemon can Start it again with LoadPolicy).
-func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p netpolicy.Policy) error {
-	c, err := netpolicy.Compile(p)
+func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error {
+	c, err := policy.Compile(p)
 	if err != nil {
 		return err
 	}
@@ -213,8 +218,8 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p netp
 // SetPolicy replaces the sandbox's policy: new connections, queries and
 // HTTP requests are decided by it at once, and open connections it would
 // refuse are closed (a kill switch). An invalid policy changes nothing.
-func (e *Egress) SetPolicy(id string, p netpolicy.Policy) error {
-	c, err := netpolicy.Compile(p)
+func (e *Egress) SetPolicy(id string, p policy.Policy) error {
+	c, err := policy.Compile(p)
 	if err != nil {
 		return err
 	}
@@ -232,37 +237,37 @@ func (e *Egress) SetPolicy(id string, p netpolicy.Policy) error {
 	return nil
 }
 
-// netpolicy.Policy returns the sandbox's policy in force.
-func (e *Egress) Policy(id string) (netpolicy.Policy, error) {
+// Policy returns the sandbox's policy in force.
+func (e *Egress) Policy(id string) (policy.Policy, error) {
 	e.mu.Lock()
 	b := e.boxes[id]
 	e.mu.Unlock()
 	if b == nil {
-		return netpolicy.Policy{}, fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
+		return policy.Policy{}, fmt.Errorf("sandbox %s egress: %w", id, errdefs.ErrNotFound)
 	}
 	return b.policy.Load().Policy, nil
 }
 
 // LoadPolicy reads a sandbox's persisted policy (after a restart).
-func (e *Egress) LoadPolicy(id string) (netpolicy.Policy, error) {
-	if err := netpolicy.ValidID(id); err != nil {
-		return netpolicy.Policy{}, err
+func (e *Egress) LoadPolicy(id string) (policy.Policy, error) {
+	if err := validID(id); err != nil {
+		return policy.Policy{}, err
 	}
 	data, err := os.ReadFile(filepath.Join(e.dir(id), "policy.json"))
 	if errors.Is(err, os.ErrNotExist) {
-		return netpolicy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, errdefs.ErrNotFound)
+		return policy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return netpolicy.Policy{}, err
+		return policy.Policy{}, err
 	}
-	var p netpolicy.Policy
+	var p policy.Policy
 	if err := json.Unmarshal(data, &p); err != nil {
-		return netpolicy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, err)
+		return policy.Policy{}, fmt.Errorf("sandbox %s policy: %w", id, err)
 	}
 	return p, p.Validate()
 }
 
-func (e *Egress) savePolicy(id string, p netpolicy.Policy) error {
+func (e *Egress) savePolicy(id string, p policy.Policy) error {
 	data, err := json.Marshal(p)
 	if err != nil {
 		return err
@@ -287,7 +292,7 @@ func (e *Egress) Stop(id string) {
 // Remove stops the sandbox's services and deletes its state (CA key
 // included). Removing an unknown id is not an error.
 func (e *Egress) Remove(id string) error {
-	if err := netpolicy.ValidID(id); err != nil {
+	if err := validID(id); err != nil {
 		return err
 	}
 	e.Stop(id)
@@ -306,7 +311,7 @@ func (e *Egress) List() ([]string, error) {
 	}
 	var out []string
 	for _, d := range ents {
-		if d.IsDir() && netpolicy.ValidID(d.Name()) == nil {
+		if d.IsDir() && validID(d.Name()) == nil {
 			out = append(out, d.Name())
 		}
 	}
@@ -546,3 +551,16 @@ func (e *Egress) resolve(ctx context.Context, name string) ([]netip.Addr, error)
 }
 
 func portString(p uint16) string { return strconv.Itoa(int(p)) }
+
+// validID is the sandbox-ID grammar of the whole API: here IDs name
+// state directories, so nothing else may reach the file system.
+
+func validID(id string) error { return types.ValidSandboxID(id) }
+
+// truncate shortens s to n bytes for logs and audit records.
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "…"
+	}
+	return s
+}

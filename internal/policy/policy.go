@@ -1,4 +1,17 @@
-package netpolicy
+// Package policy is the egress policy language: what users write (YAML or
+// JSON), its validation with errors naming the bad entry, normalisation,
+// compilation, and the decisions the host's egress services take with it
+// (by name, by address, per HTTP request). It also holds what those
+// decisions rest on: the guard that keeps non-public addresses (in any
+// IPv6 spelling that embeds an IPv4 one) out of reach, the canonical form
+// of request paths, and Suggest, which proposes a policy from the audit
+// log.
+//
+// It is pure: no kernel state, no root, no Linux-only code, so it builds
+// everywhere and its parsers are fuzzed (see the Fuzz* targets). Host
+// networking (netns, veth, nftables) is package hostnet; the proxy and
+// resolver that apply these decisions are package egress.
+package policy
 
 import (
 	"bytes"
@@ -349,15 +362,6 @@ type Decision struct {
 
 func deny(rule string) Decision { return Decision{Rule: rule} }
 
-// Deny is a denial by rule.
-func Deny(rule string) Decision { return deny(rule) }
-
-// Truncate shortens s to n bytes for logs and audit records.
-func Truncate(s string, n int) string { return truncate(s, n) }
-
-// ValidID reports whether id can name a sandbox's kernel objects and files.
-func ValidID(id string) error { return validID(id) }
-
 // baseline decides by mode alone when no rule matched.
 func (c *Compiled) baseline() Decision {
 	switch c.Policy.Mode {
@@ -481,17 +485,6 @@ func (c *Compiled) Ruled(name string) bool {
 
 // HasDNS reports whether the sandbox gets a resolver at all.
 func (c *Compiled) HasDNS() bool { return c.Policy.Mode != ModeNone }
-
-// AddrRules are the allow rules with addresses, for the firewall.
-func (c *Compiled) addrRules() []rule {
-	var out []rule
-	for _, r := range c.allow {
-		if r.prefix.IsValid() {
-			out = append(out, r)
-		}
-	}
-	return out
-}
 
 func truncate(s string, n int) string {
 	if len(s) > n {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/berth-sandbox/berth/internal/netpolicy"
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 func TestRequestPath(t *testing.T) {
@@ -30,7 +30,7 @@ func TestRequestPath(t *testing.T) {
 		}
 		got, err := requestPath(req)
 		if tt.bad {
-			if !errors.Is(err, netpolicy.ErrAmbiguousPath) {
+			if !errors.Is(err, policy.ErrAmbiguousPath) {
 				t.Errorf("requestPath(%q) = %q, %v; want ErrAmbiguousPath", tt.line, got, err)
 			}
 			continue
@@ -42,8 +42,8 @@ func TestRequestPath(t *testing.T) {
 }
 
 func TestDecideRequestOnConnection(t *testing.T) {
-	pol, err := netpolicy.Compile(netpolicy.Policy{Mode: netpolicy.ModeOpen, Deny: []string{"198.51.100.7"},
-		HTTP: []netpolicy.HTTPRule{{Host: "api.test", Methods: []string{"GET"}, Path: "/public/"}}})
+	pol, err := policy.Compile(policy.Policy{Mode: policy.ModeOpen, Deny: []string{"198.51.100.7"},
+		HTTP: []policy.HTTPRule{{Host: "api.test", Methods: []string{"GET"}, Path: "/public/"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

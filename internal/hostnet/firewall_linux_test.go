@@ -1,4 +1,4 @@
-package netpolicy
+package hostnet
 
 import (
 	"encoding/hex"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -152,10 +154,10 @@ func renderExpr(e expr.Any) string {
 // with testdata/firewall.golden; run with -update after an intended change.
 func TestFirewallGolden(t *testing.T) {
 	n := newTestNetwork(t, Config{LogGroup: 4242})
-	att := mustAttach(t, n, "sb-golden")
+	att := mustAttach(t, n, "sbgolden")
 	// A second sandbox in mode allow shows the policy rules too.
-	open := mustAttach(t, n, "sb-golden-allow")
-	if err := n.SetMode(t.Context(), open.ID, ModeAllow); err != nil {
+	open := mustAttach(t, n, "sbgoldenallow")
+	if err := n.SetMode(t.Context(), open.ID, policy.ModeAllow); err != nil {
 		t.Fatal(err)
 	}
 	got := dumpFirewall(t, n)
@@ -200,7 +202,7 @@ func TestFirewallGolden(t *testing.T) {
 			"ip saddr != " + att.SandboxIP.String() + " counter",
 			"ct state established,related accept",
 			"type filter hook prerouting priority",
-			`log prefix "sbx-sb-golden policy" group 4242`,
+			`log prefix "sbx-sbgolden policy" group 4242`,
 			"meta l4proto tcp reject with tcp reset",
 			"udp dport 53 counter",
 		} {

@@ -1,4 +1,4 @@
-package netpolicy
+package hostnet
 
 import (
 	"fmt"
@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // TestDropLog: the firewall's refusals (TCP, UDP, in mode none and in
@@ -28,7 +30,7 @@ func TestDropLog(t *testing.T) {
 	}
 	t.Cleanup(dl.Close)
 	n := newTestNetwork(t, Config{LogGroup: dl.Group()})
-	a := mustAttach(t, n, "sb-log")
+	a := mustAttach(t, n, "sblog")
 	target := netip.AddrPortFrom(a.HostIP, 9)
 	// Mode none: a TCP connection and UDP datagrams, refused at once.
 	if err := dialFrom(a.NetNSPath, target.String(), 5*time.Second); err == nil {
@@ -70,7 +72,7 @@ func TestDropLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Mode allow: DNS to a foreign resolver.
-	if err := n.SetMode(t.Context(), a.ID, ModeAllow); err != nil {
+	if err := n.SetMode(t.Context(), a.ID, policy.ModeAllow); err != nil {
 		t.Fatal(err)
 	}
 	err = inNetns(a.NetNSPath, func() error {

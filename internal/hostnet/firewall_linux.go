@@ -1,4 +1,4 @@
-package netpolicy
+package hostnet
 
 import (
 	"encoding/binary"
@@ -14,6 +14,8 @@ import (
 	"github.com/google/nftables/expr"
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // The firewall is one nftables table (family inet, so IPv4 and IPv6 alike)
@@ -203,9 +205,9 @@ func (f *firewall) natRules() [][]expr.Any {
 // rate-limited, logged to the daemon's NFLOG group with the chain's name
 // as prefix (see DropLog), so a sandbox learns of a denial without waiting
 // out a timeout and the audit log has it.
-func (f *firewall) policyRules(chain string, hostIP netip.Addr, mode Mode) [][]expr.Any {
+func (f *firewall) policyRules(chain string, hostIP netip.Addr, mode policy.Mode) [][]expr.Any {
 	var rules [][]expr.Any
-	if mode != ModeNone && mode != "" {
+	if mode != policy.ModeNone && mode != "" {
 		rules = f.openRules(chain, hostIP)
 	}
 	return append(rules, f.refuse(chain, logReasonPolicy, 0, nil)...)
@@ -365,16 +367,16 @@ func ifnameKey(name string) []byte {
 // addSandbox (re)writes the sandbox chain and points the veth's map entry at
 // it, in one transaction.
 func (f *firewall) addSandbox(chain, iface string, ip netip.Addr) error {
-	return f.writeSandbox(chain, iface, ip, ModeNone, true)
+	return f.writeSandbox(chain, iface, ip, policy.ModeNone, true)
 }
 
 // setPolicy rewrites the sandbox chain's rules for mode in one
 // transaction, so there is no moment with neither the old nor new rules.
-func (f *firewall) setPolicy(chain string, ip netip.Addr, mode Mode) error {
+func (f *firewall) setPolicy(chain string, ip netip.Addr, mode policy.Mode) error {
 	return f.writeSandbox(chain, "", ip, mode, false)
 }
 
-func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode Mode, mapIface bool) error {
+func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode policy.Mode, mapIface bool) error {
 	c, err := conn()
 	if err != nil {
 		return err
