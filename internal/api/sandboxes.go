@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -23,8 +23,8 @@ type Manager interface {
 	List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error)
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
-	Events(ctx context.Context, id string) ([]store.Event, error)
-	FollowEvents(ctx context.Context, id string, fn func(store.Event) error) error
+	Events(ctx context.Context, id string) ([]core.Event, error)
+	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
 	Agent(ctx context.Context, id string) (addr, token string, err error)
 }
 
@@ -294,7 +294,7 @@ type eventJSON struct {
 	Message   string `json:"message,omitempty"`
 }
 
-func eventToJSON(e store.Event) eventJSON {
+func eventToJSON(e core.Event) eventJSON {
 	return eventJSON{Time: rfc3339(e.Time), SandboxID: e.SandboxID, Type: e.Type, Message: e.Message}
 }
 
@@ -332,7 +332,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.cfg.Manager.FollowEvents(r.Context(), id, func(e store.Event) error {
+	err := s.cfg.Manager.FollowEvents(r.Context(), id, func(e core.Event) error {
 		if err := enc.Encode(eventToJSON(e)); err != nil {
 			return err
 		}

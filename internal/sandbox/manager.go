@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/runtime"
-	"github.com/berth-sandbox/berth/internal/store"
 )
 
 // States of the lifecycle state machine.
@@ -131,7 +131,7 @@ type Manager struct {
 type entry struct {
 	// op serialises lifecycle operations on one sandbox.
 	op     sync.Mutex
-	rec    store.Sandbox
+	rec    core.Sandbox
 	att    netpolicy.Attachment
 	timer  *time.Timer
 	ooms   int64
@@ -242,7 +242,7 @@ func (r CreateRequest) setupTimeout() time.Duration {
 
 // Sandbox is the Manager's view of one sandbox.
 type Sandbox struct {
-	store.Sandbox
+	core.Sandbox
 	Usage *runtime.Stats
 	// Daemon is the daemon's work for the sandbox (while it runs).
 	Daemon *DaemonUsage
@@ -421,7 +421,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{}, &FieldError{Field: "template", Err: err}
 	}
 	now := time.Now().UTC()
-	rec := store.Sandbox{
+	rec := core.Sandbox{
 		ID:          newID(),
 		State:       StateCreating,
 		Template:    tpl.Name,
@@ -563,7 +563,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 
 // agentEnv is the environment of the agent, which becomes the base
 // environment of every process it starts (less the token it removes).
-func agentEnv(rec store.Sandbox) []string {
+func agentEnv(rec core.Sandbox) []string {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
@@ -736,9 +736,9 @@ func (m *Manager) storeSandbox(ctx context.Context, id string) (Sandbox, error) 
 // snapshot reads a live sandbox's record without waiting for a lifecycle
 // operation in progress (a workspace setup can hold the lock for minutes):
 // ok is false while one runs.
-func (m *Manager) snapshot(e *entry) (store.Sandbox, bool) {
+func (m *Manager) snapshot(e *entry) (core.Sandbox, bool) {
 	if !e.op.TryLock() {
-		return store.Sandbox{}, false
+		return core.Sandbox{}, false
 	}
 	defer e.op.Unlock()
 	return e.rec, true

@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // Bounds of CreateRequest.Metadata. Metadata is free-form (E2B's SDKs allow
@@ -52,7 +52,7 @@ func validUserName(u string) bool {
 
 // agentArgs are the agent's arguments for a sandbox: its listen address and,
 // when the sandbox has one, the default user for requests that name none.
-func agentArgs(rec store.Sandbox) []string {
+func agentArgs(rec core.Sandbox) []string {
 	args := []string{"--listen", "0.0.0.0:" + strconv.Itoa(AgentPort)}
 	if rec.User != "" {
 		args = append(args, "--user", rec.User)
