@@ -4,15 +4,15 @@ import (
 	"context"
 	"net/http"
 
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // APIKeys is what the API needs to manage the keys of the E2B-compatible
 // API. The native API itself is not authenticated yet: it listens on
 // loopback, and whoever reaches it is the host's operator.
 type APIKeys interface {
-	Create(ctx context.Context, name string) (store.APIKey, string, error)
-	List(ctx context.Context) ([]store.APIKey, error)
+	Create(ctx context.Context, name string) (core.APIKey, string, error)
+	List(ctx context.Context) ([]core.APIKey, error)
 	Revoke(ctx context.Context, id string) error
 }
 
@@ -26,7 +26,7 @@ type apiKeyJSON struct {
 	Key string `json:"key,omitempty"`
 }
 
-func apiKeyToJSON(k store.APIKey) apiKeyJSON {
+func apiKeyToJSON(k core.APIKey) apiKeyJSON {
 	return apiKeyJSON{ID: k.ID, Name: k.Name, Mask: k.Mask, CreatedAt: rfc3339(k.CreatedAt), RevokedAt: rfc3339(k.RevokedAt)}
 }
 

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/netpolicy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
-	"github.com/berth-sandbox/berth/internal/store"
 )
 
 // EnvdVersion is the envd version Berth's agent implements; the SDKs gate
@@ -52,8 +52,8 @@ type Manager interface {
 
 // Store persists what only this API knows about a sandbox.
 type Store interface {
-	PutE2BSandbox(ctx context.Context, s store.E2BSandbox) error
-	GetE2BSandbox(ctx context.Context, id string) (store.E2BSandbox, error)
+	PutE2BSandbox(ctx context.Context, s core.E2BSandbox) error
+	GetE2BSandbox(ctx context.Context, id string) (core.E2BSandbox, error)
 }
 
 // Config wires the E2B API to the daemon's subsystems.
