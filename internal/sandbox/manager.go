@@ -224,17 +224,19 @@ type CreateRequest struct {
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *netpolicy.Policy
 
-	// layers, when set, replace the template's layers (a cached workspace
-	// environment on top of them); setup runs once the agent answers and
-	// before the sandbox turns ready (workspace.go).
-	layers []string
-	setup  func(ctx context.Context, e *entry) error
+	// Layers, when set, replace the template's layers (a cached workspace
+	// environment on top of them). Only the daemon's own layers set them,
+	// never a client's request.
+	Layers []string
+	// Setup, when set, runs once the agent answers and before the sandbox
+	// turns ready (setup.go).
+	Setup SetupFunc
 }
 
 // setupTimeout is how long a create may spend in its setup hook: up to the
 // sandbox's whole lifetime (setup bounds itself by the deadline too).
 func (r CreateRequest) setupTimeout() time.Duration {
-	if r.setup == nil {
+	if r.Setup == nil {
 		return 0
 	}
 	return r.Timeout
@@ -521,8 +523,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		egressStarted = false
 		return <-egress
 	}
-	if req.layers != nil {
-		spec.Layers = req.layers
+	if req.Layers != nil {
+		spec.Layers = req.Layers
 	}
 	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
 		waitEgress()
@@ -541,10 +543,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.installEgress(cctx, e, eg.ca); err != nil {
 		return fail("network policy", err)
 	}
-	if req.setup != nil {
+	if req.Setup != nil {
 		// Setup runs under cctx (budgeted for it, not tied to the request,
 		// cancelled by a kill); what follows gets a fresh budget.
-		serr := req.setup(cctx, e)
+		serr := req.Setup(cctx, &SetupHandle{m: m, e: e})
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 		defer cancel()
 		if serr != nil {
