@@ -76,7 +76,10 @@ func TestImportGraph(t *testing.T) {
 		// TODO(net): add nftables and netlink here once the netpolicy split
 		// (internal/policy, internal/hostnet, internal/egress) lands; today
 		// they come in only through internal/netpolicy.
-		{"internal/sandbox", []string{runcPkg, "net/http", apiPkg, storePkg, sqlite}, nil},
+		// Workspaces, review, the work log and E2B compatibility sit above
+		// it and use it; it never imports them.
+		{"internal/sandbox", []string{runcPkg, "net/http", apiPkg, storePkg, sqlite,
+			module + "/internal/workspace", module + "/internal/review", module + "/internal/worklog", module + "/internal/e2bcompat", module + "/internal/secret"}, nil},
 		// The core's records import nothing of Berth's.
 		{"internal/core", []string{module + "/"}, []string{module + "/internal/core"}},
 		// The layers beside the Manager use it, not its backends.
