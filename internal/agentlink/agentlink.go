@@ -1,6 +1,8 @@
 // Package agentlink is how the host reaches a sandbox's agent: a readiness
-// probe and the HTTP transport the daemon's data-plane proxy uses. It never
-// trusts what the agent answers beyond its status codes.
+// probe, the HTTP transport the daemon's data-plane proxy uses, a file
+// write, and Run, the one way the host runs a command in a sandbox
+// (workspace setup, review). It never trusts what the agent answers beyond
+// its status codes, and bounds what it reads.
 package agentlink
 
 import (

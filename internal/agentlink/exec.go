@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -16,84 +17,125 @@ import (
 )
 
 func basicUser(user string) string {
-	if user == "" {
-		user = "root"
-	}
 	return "Basic " + base64.StdEncoding.EncodeToString([]byte(user+":"))
 }
 
-// maxAgentMessage bounds one message read from an agent's stream.
-const maxAgentMessage = 1 << 20
+// MaxAgentMessage bounds one message read from an agent's process stream:
+// the agent sends output in 32 KiB chunks, so a larger message is an agent
+// the sandbox subverted, refused before it is buffered.
+const MaxAgentMessage = 1 << 20
 
-// Exec runs argv in the sandbox whose agent is at addr, as user (default
-// root) in cwd with env added, streams stdout and stderr to out (nil
-// discards) and returns the exit code. The command dies with ctx: the
-// agent kills its process group when ctx's deadline passes or ctx is
-// cancelled. The host uses it for workspace clone and setup steps;
-// no shell is involved unless argv[0] is one.
-func (l *Link) Exec(ctx context.Context, addr, token, user, cwd string, argv []string, env map[string]string, out io.Writer) (int, error) {
-	if len(argv) == 0 {
-		return -1, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
+// Command is one command the host runs in a sandbox through its agent. No
+// shell is involved unless Argv[0] is one.
+type Command struct {
+	Argv []string
+	// Env is added to the agent's base environment.
+	Env map[string]string
+	// User runs the command ("" = the sandbox's default user).
+	User string
+	// Cwd is the working directory ("" = the user's home).
+	Cwd string
+	// Stdout and Stderr receive the output as it arrives (nil discards;
+	// they may be the same writer). A failed write ends the command: the
+	// writer is where the caller bounds what a sandbox may send.
+	Stdout, Stderr io.Writer
+	// Timeout, when set, bounds the command on top of ctx.
+	Timeout time.Duration
+}
+
+// Result is how a command ended.
+type Result struct {
+	// Exited is false when the process did not exit on its own (a signal).
+	Exited bool
+	// ExitCode is the exit code; 255 for a process ended by a signal the
+	// agent reported no code for.
+	ExitCode int
+	// Status is the agent's description of the end ("exit status 1").
+	Status string
+}
+
+// Run runs c in the sandbox whose agent is at addr, through rt (the
+// daemon's agent transport, or the work log's so the command is recorded),
+// and returns how it ended. The command dies with ctx: the agent kills its
+// process group when ctx's deadline passes, ctx is cancelled, or Run
+// returns early because a writer failed. Errors reaching the agent or
+// reading its stream are classified errdefs.ErrUnavailable; a writer's
+// error is wrapped as it is.
+func Run(ctx context.Context, rt http.RoundTripper, addr, token string, c Command) (Result, error) {
+	if len(c.Argv) == 0 {
+		return Result{}, fmt.Errorf("exec: empty command: %w", errdefs.ErrInvalidArgument)
 	}
-	c := struct {
-		Cmd, Cwd, User string
-		Args           []string
-		Env            map[string]string
-		Output         io.Writer
-	}{argv[0], cwd, user, argv[1:], env, out}
-	// The agent sends output in 32 KiB chunks; a larger message is an
-	// agent the sandbox subverted, refused before it is buffered.
-	pc := processconnect.NewProcessClient(&http.Client{Transport: l.transport}, "http://"+addr, connect.WithReadMaxBytes(maxAgentMessage))
+	if c.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.Timeout)
+		defer cancel()
+	}
+	name := c.Argv[0]
+	pc := processconnect.NewProcessClient(&http.Client{Transport: rt}, "http://"+addr, connect.WithReadMaxBytes(MaxAgentMessage))
 	stdin := false
-	cfg := &process.ProcessConfig{Cmd: c.Cmd, Args: c.Args, Envs: c.Env}
+	cfg := &process.ProcessConfig{Cmd: name, Args: c.Argv[1:], Envs: c.Env}
 	if c.Cwd != "" {
 		cfg.Cwd = &c.Cwd
 	}
 	kill := true
 	req := connect.NewRequest(&process.StartRequest{Process: cfg, Stdin: &stdin, KillOnDisconnect: &kill})
 	req.Header().Set("X-Access-Token", token)
-	req.Header().Set("Authorization", basicUser(c.User))
+	if c.User != "" {
+		req.Header().Set("Authorization", basicUser(c.User))
+	}
 	req.Header().Set("Keepalive-Ping-Interval", "30")
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := pc.Start(ctx, req)
 	if err != nil {
-		return -1, fmt.Errorf("start %s: %w", c.Cmd, err)
+		return Result{}, fmt.Errorf("start %s: %v: %w", name, err, errdefs.ErrUnavailable)
 	}
 	defer stream.Close()
-	out = c.Output
-	if out == nil {
-		out = io.Discard
+	stdout, stderr := c.Stdout, c.Stderr
+	if stdout == nil {
+		stdout = io.Discard
+	}
+	if stderr == nil {
+		stderr = io.Discard
 	}
 	for stream.Receive() {
 		switch e := stream.Msg().GetEvent().GetEvent().(type) {
 		case *process.ProcessEvent_Data:
 			var b []byte
+			w := stdout
 			switch o := e.Data.GetOutput().(type) {
 			case *process.ProcessEvent_DataEvent_Stdout:
 				b = o.Stdout
 			case *process.ProcessEvent_DataEvent_Stderr:
-				b = o.Stderr
+				b, w = o.Stderr, stderr
 			case *process.ProcessEvent_DataEvent_Pty:
 				b = o.Pty
 			}
 			if len(b) > 0 {
-				if _, err := out.Write(b); err != nil {
-					return -1, fmt.Errorf("%s: write output: %w", c.Cmd, err)
+				// A failed write (the caller's bound, a client gone) ends
+				// the run at once rather than draining the sandbox's output.
+				if _, err := w.Write(b); err != nil {
+					return Result{}, fmt.Errorf("%s: write output: %w", name, err)
 				}
 			}
 		case *process.ProcessEvent_End:
 			end := e.End
-			if end.GetExited() || end.GetExitCode() >= 0 {
-				return int(end.GetExitCode()), nil
+			res := Result{Exited: end.GetExited(), ExitCode: int(end.GetExitCode()), Status: end.GetStatus()}
+			if !res.Exited && res.ExitCode < 0 {
+				res.ExitCode = 255
 			}
-			return 255, nil
+			return res, nil
 		}
 	}
 	if err := stream.Err(); err != nil {
-		return -1, fmt.Errorf("%s: %w", c.Cmd, err)
+		return Result{}, fmt.Errorf("%s: %v: %w", name, err, errdefs.ErrUnavailable)
 	}
-	return -1, fmt.Errorf("%s: process stream ended without an end event: %w", c.Cmd, errdefs.ErrUnavailable)
+	return Result{}, fmt.Errorf("%s: process stream ended without an end event: %w", name, errdefs.ErrUnavailable)
+}
+
+// Run runs c through the Link's agent transport (see the function Run).
+func (l *Link) Run(ctx context.Context, addr, token string, c Command) (Result, error) {
+	return Run(ctx, l.transport, addr, token, c)
 }
 
 // WriteFile stores r at path in the sandbox as root, creating parents.

@@ -5,19 +5,19 @@ import (
 	"net/http"
 
 	"github.com/berth-sandbox/berth/api/types"
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // APIKeys is what the API needs to manage the keys of the E2B-compatible
 // API. The native API itself is not authenticated yet: it listens on
 // loopback, and whoever reaches it is the host's operator.
 type APIKeys interface {
-	Create(ctx context.Context, name string) (store.APIKey, string, error)
-	List(ctx context.Context) ([]store.APIKey, error)
+	Create(ctx context.Context, name string) (core.APIKey, string, error)
+	List(ctx context.Context) ([]core.APIKey, error)
 	Revoke(ctx context.Context, id string) error
 }
 
-func apiKeyToJSON(k store.APIKey) types.APIKey {
+func apiKeyToJSON(k core.APIKey) types.APIKey {
 	return types.APIKey{ID: k.ID, Name: k.Name, Mask: k.Mask, CreatedAt: utc(k.CreatedAt), RevokedAt: utc(k.RevokedAt)}
 }
 

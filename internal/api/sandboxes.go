@@ -12,8 +12,8 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/sandbox"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -24,8 +24,8 @@ type Manager interface {
 	List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error)
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
-	Events(ctx context.Context, id string) ([]store.Event, error)
-	FollowEvents(ctx context.Context, id string, fn func(store.Event) error) error
+	Events(ctx context.Context, id string) ([]core.Event, error)
+	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
 	Agent(ctx context.Context, id string) (addr, token string, err error)
 }
 
@@ -235,7 +235,7 @@ func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, toJSON(sb))
 }
 
-func eventToJSON(e store.Event) types.Event {
+func eventToJSON(e core.Event) types.Event {
 	return types.Event{Time: utc(e.Time), SandboxID: e.SandboxID, Type: e.Type, Message: e.Message}
 }
 
@@ -273,7 +273,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.cfg.Manager.FollowEvents(r.Context(), id, func(e store.Event) error {
+	err := s.cfg.Manager.FollowEvents(r.Context(), id, func(e core.Event) error {
 		if err := enc.Encode(eventToJSON(e)); err != nil {
 			return err
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
+	"github.com/berth-sandbox/berth/internal/workspace"
 )
 
 // jsonFields is a struct's JSON object keys with their tag options.
@@ -61,7 +62,7 @@ func TestWireConstants(t *testing.T) {
 	events := []string{
 		sandbox.EventCreated, sandbox.EventReady, sandbox.EventAdopted, sandbox.EventOOM, sandbox.EventTimeoutChanged,
 		sandbox.EventDeadline, sandbox.EventDestroyed, sandbox.EventFailed, sandbox.EventNetworkPolicy,
-		sandbox.EventSetupStarted, sandbox.EventSetupStep, sandbox.EventSetupDone, sandbox.EventSetupCached,
+		workspace.EventSetupStarted, workspace.EventSetupStep, workspace.EventSetupDone, workspace.EventSetupCached,
 	}
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)

@@ -20,7 +20,7 @@ import (
 // Workspaces is what the API needs for task workspaces: one-call create,
 // environment files, the environment cache and the secret store.
 type Workspaces interface {
-	Create(ctx context.Context, req sandbox.WorkspaceRequest, progress func(sandbox.Progress)) (sandbox.Sandbox, error)
+	Create(ctx context.Context, req workspace.Request, progress func(workspace.Progress)) (sandbox.Sandbox, error)
 	Environments(ctx context.Context) ([]template.Environment, error)
 	PruneEnvironments(ctx context.Context, key string) ([]string, error)
 	SetSecret(name string, value []byte) error
@@ -54,7 +54,7 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	req := sandbox.WorkspaceRequest{Repo: in.Repo, Ref: in.Ref, Sandbox: sreq, NoCache: in.NoCache}
+	req := workspace.Request{Repo: in.Repo, Ref: in.Ref, Sandbox: sreq, NoCache: in.NoCache}
 	if in.Environment != nil {
 		req.Environment = []byte(*in.Environment)
 	}
@@ -70,7 +70,7 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		enc.Encode(v)
 		rc.Flush()
 	}
-	sb, err := s.cfg.Workspaces.Create(r.Context(), req, func(p sandbox.Progress) {
+	sb, err := s.cfg.Workspaces.Create(r.Context(), req, func(p workspace.Progress) {
 		send(types.WorkspaceLine{Progress: &types.WorkspaceProgress{Type: p.Type, Message: p.Message, Step: p.Step}})
 	})
 	if err != nil {
@@ -176,7 +176,7 @@ func (s *Server) listSecrets(w http.ResponseWriter, r *http.Request) {
 // names the secret and never echoes the value.
 func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := workspace.ValidSecretName(name); err != nil {
+	if err := secret.ValidName(name); err != nil {
 		writeError(w, badField("name", err))
 		return
 	}
@@ -194,7 +194,7 @@ func (s *Server) putSecret(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) deleteSecret(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := workspace.ValidSecretName(name); err != nil {
+	if err := secret.ValidName(name); err != nil {
 		writeError(w, badField("name", err))
 		return
 	}

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/sandbox"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -61,8 +61,8 @@ func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func keyOf(r *http.Request) store.APIKey {
-	k, _ := r.Context().Value(keyCtx{}).(store.APIKey)
+func keyOf(r *http.Request) core.APIKey {
+	k, _ := r.Context().Value(keyCtx{}).(core.APIKey)
 	return k
 }
 
@@ -181,7 +181,7 @@ type sandboxBody struct {
 	Domain             string  `json:"domain"`
 }
 
-func (s *Server) sandboxBody(sb sandbox.Sandbox, ext store.E2BSandbox) sandboxBody {
+func (s *Server) sandboxBody(sb sandbox.Sandbox, ext core.E2BSandbox) sandboxBody {
 	b := sandboxBody{
 		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: envd.Version,
 		EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
@@ -243,7 +243,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ext := store.E2BSandbox{ID: sb.ID, Network: net.storeJSON()}
+	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON()}
 	if net.AllowPublicTraffic != nil && !*net.AllowPublicTraffic {
 		ext.TrafficToken = randHex(20)
 	}

@@ -21,9 +21,9 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -47,8 +47,8 @@ type Manager interface {
 
 // Store persists what only this API knows about a sandbox.
 type Store interface {
-	PutE2BSandbox(ctx context.Context, s store.E2BSandbox) error
-	GetE2BSandbox(ctx context.Context, id string) (store.E2BSandbox, error)
+	PutE2BSandbox(ctx context.Context, s core.E2BSandbox) error
+	GetE2BSandbox(ctx context.Context, id string) (core.E2BSandbox, error)
 }
 
 // Config wires the E2B API to the daemon's subsystems.

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // KeyPrefix starts every API key: E2B's SDKs check keys against
@@ -20,9 +20,9 @@ const KeyPrefix = "e2b_"
 
 // KeyStore persists API keys.
 type KeyStore interface {
-	PutAPIKey(ctx context.Context, k store.APIKey) error
-	APIKeyByHash(ctx context.Context, hash string) (store.APIKey, error)
-	ListAPIKeys(ctx context.Context) ([]store.APIKey, error)
+	PutAPIKey(ctx context.Context, k core.APIKey) error
+	APIKeyByHash(ctx context.Context, hash string) (core.APIKey, error)
+	ListAPIKeys(ctx context.Context) ([]core.APIKey, error)
 	RevokeAPIKey(ctx context.Context, id string, at time.Time) error
 }
 
@@ -49,12 +49,12 @@ func randHex(n int) string {
 
 // Create issues a key named name and returns its record and its secret,
 // which is not stored and cannot be shown again.
-func (k *Keys) Create(ctx context.Context, name string) (store.APIKey, string, error) {
+func (k *Keys) Create(ctx context.Context, name string) (core.APIKey, string, error) {
 	if len(name) > 128 {
-		return store.APIKey{}, "", fmt.Errorf("api key name is longer than 128 bytes: %w", errdefs.ErrInvalidArgument)
+		return core.APIKey{}, "", fmt.Errorf("api key name is longer than 128 bytes: %w", errdefs.ErrInvalidArgument)
 	}
 	secret := KeyPrefix + randHex(20)
-	rec := store.APIKey{
+	rec := core.APIKey{
 		ID:        "key" + randHex(6),
 		Name:      name,
 		Hash:      hashKey(secret),
@@ -62,13 +62,13 @@ func (k *Keys) Create(ctx context.Context, name string) (store.APIKey, string, e
 		CreatedAt: time.Now().UTC(),
 	}
 	if err := k.store.PutAPIKey(ctx, rec); err != nil {
-		return store.APIKey{}, "", err
+		return core.APIKey{}, "", err
 	}
 	return rec, secret, nil
 }
 
 // List returns every key, revoked ones included.
-func (k *Keys) List(ctx context.Context) ([]store.APIKey, error) { return k.store.ListAPIKeys(ctx) }
+func (k *Keys) List(ctx context.Context) ([]core.APIKey, error) { return k.store.ListAPIKeys(ctx) }
 
 // Revoke stops a key from authenticating.
 func (k *Keys) Revoke(ctx context.Context, id string) error {
@@ -77,19 +77,19 @@ func (k *Keys) Revoke(ctx context.Context, id string) error {
 
 // Verify returns the active key whose secret is secret, or an error wrapping
 // errdefs.ErrUnauthenticated.
-func (k *Keys) Verify(ctx context.Context, secret string) (store.APIKey, error) {
+func (k *Keys) Verify(ctx context.Context, secret string) (core.APIKey, error) {
 	if secret == "" {
-		return store.APIKey{}, fmt.Errorf("missing API key: send it in the X-API-Key header (create one with `berth apikey create`): %w", errdefs.ErrUnauthenticated)
+		return core.APIKey{}, fmt.Errorf("missing API key: send it in the X-API-Key header (create one with `berth apikey create`): %w", errdefs.ErrUnauthenticated)
 	}
 	if !strings.HasPrefix(secret, KeyPrefix) || len(secret) > 256 {
-		return store.APIKey{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
+		return core.APIKey{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
 	}
 	rec, err := k.store.APIKeyByHash(ctx, hashKey(secret))
 	if errors.Is(err, errdefs.ErrNotFound) {
-		return store.APIKey{}, fmt.Errorf("invalid or revoked API key: %w", errdefs.ErrUnauthenticated)
+		return core.APIKey{}, fmt.Errorf("invalid or revoked API key: %w", errdefs.ErrUnauthenticated)
 	}
 	if err != nil {
-		return store.APIKey{}, err
+		return core.APIKey{}, err
 	}
 	return rec, nil
 }

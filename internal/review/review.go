@@ -17,12 +17,9 @@ import (
 	"regexp"
 	"strings"
 
-	"connectrpc.com/connect"
-
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/worklog"
-	"github.com/berth-sandbox/berth/proto/process"
-	"github.com/berth-sandbox/berth/proto/process/processconnect"
 )
 
 // DefaultPath is where workspaces are checked out.
@@ -57,7 +54,6 @@ type Config struct {
 // Service runs review operations in sandboxes.
 type Service struct {
 	cfg Config
-	hc  *http.Client
 }
 
 // New returns a Service.
@@ -74,7 +70,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{cfg: cfg, hc: &http.Client{Transport: cfg.Transport}}, nil
+	return &Service{cfg: cfg}, nil
 }
 
 var authorRE = regexp.MustCompile(`^\s*([^<>\n]*?)\s*<([^<>\s]+)>\s*$`)
@@ -183,10 +179,6 @@ func (s *Service) authorEnv(author string) map[string]string {
 	}
 }
 
-// MaxAgentMessage bounds one message read from an agent's process stream
-// (the agent sends output in 32 KiB chunks).
-const MaxAgentMessage = 1 << 20
-
 // maxCommitOutput bounds what Commit reads back: a commit id and a branch.
 const maxCommitOutput = 4 << 10
 
@@ -214,72 +206,69 @@ const (
 	exitGitMissing = 6
 )
 
+// maxStderr bounds the error output a failing script's error quotes.
+const maxStderr = 16 << 10
+
 // run runs a script (constant text; arguments go in as positional
 // parameters, never into the script) and copies its stdout to w. The
 // scripts write their result to a file and print it only once everything
-// succeeded, so a failure reaches the caller before any output.
+// succeeded, so a failure reaches the caller before any output. The agent
+// is not trusted: agentlink bounds each message it reads, w bounds (or
+// streams away) stdout, and stderr keeps only its first maxStderr bytes.
 func (s *Service) run(ctx context.Context, id, script string, args []string, env map[string]string, w io.Writer) error {
 	addr, token, err := s.cfg.Agents.Agent(ctx, id)
 	if err != nil {
 		return err
 	}
-	// The agent is not trusted: a message may not be larger than its
-	// output chunks, so one message can never balloon the daemon.
-	pc := processconnect.NewProcessClient(s.hc, "http://"+addr, connect.WithReadMaxBytes(MaxAgentMessage))
-	stdin := false
-	req := connect.NewRequest(&process.StartRequest{
-		Process: &process.ProcessConfig{Cmd: "/bin/sh", Args: append([]string{"-c", prelude + script, "berth-review"}, args...), Envs: env},
-		Stdin:   &stdin,
+	stderr := &headBuffer{max: maxStderr}
+	res, err := agentlink.Run(worklog.WithSandbox(ctx, id, "berth"), s.cfg.Transport, addr, token, agentlink.Command{
+		Argv:   append([]string{"/bin/sh", "-c", prelude + script, "berth-review"}, args...),
+		Env:    env,
+		Stdout: w,
+		Stderr: stderr,
 	})
-	req.Header().Set("X-Access-Token", token)
-	stream, err := pc.Start(worklog.WithSandbox(ctx, id, "berth"), req)
 	if err != nil {
-		return fmt.Errorf("run git in sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	defer stream.Close()
-	var stderr bytes.Buffer
-	for stream.Receive() {
-		ev := stream.Msg().GetEvent()
-		if d := ev.GetData(); d != nil {
-			if b := d.GetStdout(); len(b) > 0 {
-				// A failed write (the caller's bound, a client gone) ends
-				// the run at once rather than draining the sandbox's output.
-				if _, err := w.Write(b); err != nil {
-					return err
-				}
-			}
-			if b := d.GetStderr(); len(b) > 0 && stderr.Len() < 16<<10 {
-				stderr.Write(b[:min(len(b), 16<<10-stderr.Len())])
-			}
+		if errors.Is(err, errdefs.ErrUnavailable) {
+			return fmt.Errorf("run git in sandbox %s: %w", id, err)
 		}
-		if end := ev.GetEnd(); end != nil {
-			return scriptError(id, end, strings.TrimSpace(stderr.String()))
-		}
+		// The caller's writer failed (its bound, a client gone).
+		return err
 	}
-	if err := stream.Err(); err != nil {
-		return fmt.Errorf("run git in sandbox %s: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
-	return fmt.Errorf("run git in sandbox %s: stream ended without exit status: %w", id, errdefs.ErrUnavailable)
+	return scriptError(id, res, strings.TrimSpace(stderr.String()))
 }
 
-func scriptError(id string, end *process.ProcessEvent_EndEvent, stderr string) error {
-	if end.GetExited() && end.GetExitCode() == 0 {
+// headBuffer keeps the first max bytes written and drops the rest without
+// failing, so a chatty stderr never ends the command.
+type headBuffer struct {
+	bytes.Buffer
+	max int
+}
+
+func (b *headBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); room > 0 {
+		b.Buffer.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func scriptError(id string, end agentlink.Result, stderr string) error {
+	if end.Exited && end.ExitCode == 0 {
 		return nil
 	}
 	msg := stderr
 	if msg == "" {
-		msg = end.GetStatus()
+		msg = end.Status
 	}
 	var class error
 	switch {
-	case !end.GetExited():
+	case !end.Exited:
 		class = errdefs.ErrUnavailable
-	case end.GetExitCode() == exitNoDir:
+	case end.ExitCode == exitNoDir:
 		class = errdefs.ErrNotFound
-	case end.GetExitCode() == exitNothing, end.GetExitCode() == exitNoRepo, end.GetExitCode() == exitGitMissing:
+	case end.ExitCode == exitNothing, end.ExitCode == exitNoRepo, end.ExitCode == exitGitMissing:
 		class = errdefs.ErrFailedPrecondition
 	default:
-		return fmt.Errorf("sandbox %s: git failed (%s): %s", id, end.GetStatus(), msg)
+		return fmt.Errorf("sandbox %s: git failed (%s): %s", id, end.Status, msg)
 	}
 	return fmt.Errorf("sandbox %s: %s: %w", id, msg, class)
 }

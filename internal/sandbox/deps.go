@@ -4,8 +4,8 @@ import (
 	"context"
 	"net/netip"
 
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -49,14 +49,9 @@ type Templates interface {
 	Get(ctx context.Context, name string) (template.Template, error)
 }
 
-// Store persists sandboxes and events.
-type Store interface {
-	PutSandbox(ctx context.Context, s store.Sandbox) error
-	GetSandbox(ctx context.Context, id string) (store.Sandbox, error)
-	ListSandboxes(ctx context.Context, states ...string) ([]store.Sandbox, error)
-	AddEvent(ctx context.Context, e store.Event) (store.Event, error)
-	Events(ctx context.Context, sandboxID string, after int64) ([]store.Event, error)
-}
+// Store persists sandboxes and events: the core's interface, which
+// internal/store implements (the Manager links no database).
+type Store = core.Store
 
 // Prober checks that a sandbox's agent answers.
 type Prober interface {

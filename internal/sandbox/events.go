@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // hub wakes followers of a sandbox's events when a new one is stored.
@@ -62,7 +62,7 @@ func (h *hub) closeAll() {
 // event records a lifecycle event and wakes its followers. Failing to
 // record is logged: it must not fail the lifecycle step itself.
 func (m *Manager) event(ctx context.Context, id, typ, msg string) {
-	_, err := m.deps.Store.AddEvent(context.WithoutCancel(ctx), store.Event{SandboxID: id, Time: time.Now().UTC(), Type: typ, Message: msg})
+	_, err := m.deps.Store.AddEvent(context.WithoutCancel(ctx), core.Event{SandboxID: id, Time: time.Now().UTC(), Type: typ, Message: msg})
 	if err != nil {
 		m.log.Error("record_event", "sandbox_id", id, "type", typ, "err", err)
 		return
@@ -74,7 +74,7 @@ func (m *Manager) event(ctx context.Context, id, typ, msg string) {
 func terminal(typ string) bool { return typ == EventDestroyed || typ == EventFailed }
 
 // Events returns every event of a sandbox so far.
-func (m *Manager) Events(ctx context.Context, id string) ([]store.Event, error) {
+func (m *Manager) Events(ctx context.Context, id string) ([]core.Event, error) {
 	if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
 		return nil, err
 	}
@@ -83,7 +83,7 @@ func (m *Manager) Events(ctx context.Context, id string) ([]store.Event, error) 
 
 // FollowEvents calls fn for each event of a sandbox, past and future, and
 // returns after the sandbox's final event, when fn fails, or when ctx ends.
-func (m *Manager) FollowEvents(ctx context.Context, id string, fn func(store.Event) error) error {
+func (m *Manager) FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error {
 	rec, err := m.deps.Store.GetSandbox(ctx, id)
 	if err != nil {
 		return err

@@ -20,9 +20,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
-	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -131,7 +131,7 @@ type Manager struct {
 type entry struct {
 	// op serialises lifecycle operations on one sandbox.
 	op     sync.Mutex
-	rec    store.Sandbox
+	rec    core.Sandbox
 	att    Attachment
 	timer  *time.Timer
 	ooms   int64
@@ -227,17 +227,19 @@ type CreateRequest struct {
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
 
-	// layers, when set, replace the template's layers (a cached workspace
-	// environment on top of them); setup runs once the agent answers and
-	// before the sandbox turns ready (workspace.go).
-	layers []string
-	setup  func(ctx context.Context, e *entry) error
+	// Layers, when set, replace the template's layers (a cached workspace
+	// environment on top of them). Only the daemon's own layers set them,
+	// never a client's request.
+	Layers []string
+	// Setup, when set, runs once the agent answers and before the sandbox
+	// turns ready (setup.go).
+	Setup SetupFunc
 }
 
 // setupTimeout is how long a create may spend in its setup hook: up to the
 // sandbox's whole lifetime (setup bounds itself by the deadline too).
 func (r CreateRequest) setupTimeout() time.Duration {
-	if r.setup == nil {
+	if r.Setup == nil {
 		return 0
 	}
 	return r.Timeout
@@ -245,7 +247,7 @@ func (r CreateRequest) setupTimeout() time.Duration {
 
 // Sandbox is the Manager's view of one sandbox.
 type Sandbox struct {
-	store.Sandbox
+	core.Sandbox
 	Usage *runtime.Stats
 	// Daemon is the daemon's work for the sandbox (while it runs).
 	Daemon *DaemonUsage
@@ -424,7 +426,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{}, &FieldError{Field: "template", Err: err}
 	}
 	now := time.Now().UTC()
-	rec := store.Sandbox{
+	rec := core.Sandbox{
 		ID:          newID(),
 		State:       StateCreating,
 		Template:    tpl.Name,
@@ -524,8 +526,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		egressStarted = false
 		return <-egress
 	}
-	if req.layers != nil {
-		spec.Layers = req.layers
+	if req.Layers != nil {
+		spec.Layers = req.Layers
 	}
 	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
 		waitEgress()
@@ -544,10 +546,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.installEgress(cctx, e, eg.ca); err != nil {
 		return fail("network policy", err)
 	}
-	if req.setup != nil {
+	if req.Setup != nil {
 		// Setup runs under cctx (budgeted for it, not tied to the request,
 		// cancelled by a kill); what follows gets a fresh budget.
-		serr := req.setup(cctx, e)
+		serr := req.Setup(cctx, &SetupHandle{m: m, e: e})
 		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 		defer cancel()
 		if serr != nil {
@@ -566,7 +568,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 
 // agentEnv is the environment of the agent, which becomes the base
 // environment of every process it starts (less the token it removes).
-func agentEnv(rec store.Sandbox) []string {
+func agentEnv(rec core.Sandbox) []string {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 		"LANG=C.UTF-8",
@@ -739,9 +741,9 @@ func (m *Manager) storeSandbox(ctx context.Context, id string) (Sandbox, error) 
 // snapshot reads a live sandbox's record without waiting for a lifecycle
 // operation in progress (a workspace setup can hold the lock for minutes):
 // ok is false while one runs.
-func (m *Manager) snapshot(e *entry) (store.Sandbox, bool) {
+func (m *Manager) snapshot(e *entry) (core.Sandbox, bool) {
 	if !e.op.TryLock() {
-		return store.Sandbox{}, false
+		return core.Sandbox{}, false
 	}
 	defer e.op.Unlock()
 	return e.rec, true

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
@@ -282,7 +283,7 @@ func TestDeadline(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	var types []string
-	if err := f.m.FollowEvents(ctx, sb.ID, func(e store.Event) error { types = append(types, e.Type); return nil }); err != nil {
+	if err := f.m.FollowEvents(ctx, sb.ID, func(e core.Event) error { types = append(types, e.Type); return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(types, []string{"created", "ready", "deadline", "destroyed"}) {

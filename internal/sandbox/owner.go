@@ -7,7 +7,7 @@ import (
 	"strconv"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -53,7 +53,7 @@ func validUserName(u string) bool {
 
 // agentArgs are the agent's arguments for a sandbox: its listen address and,
 // when the sandbox has one, the default user for requests that name none.
-func agentArgs(rec store.Sandbox) []string {
+func agentArgs(rec core.Sandbox) []string {
 	args := []string{"--listen", "0.0.0.0:" + strconv.Itoa(envd.Port)}
 	if rec.User != "" {
 		args = append(args, "--user", rec.User)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
-	"github.com/berth-sandbox/berth/internal/store"
 )
 
 // reconcile makes the host match the store after a start: sandboxes that
@@ -67,7 +67,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 
 // adopt re-attaches a sandbox that was live when the daemon stopped, or
 // cleans it up. It reports whether the sandbox is live again.
-func (m *Manager) adopt(ctx context.Context, rec store.Sandbox) bool {
+func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	e := &entry{rec: rec}
 	fail := func(reason string) bool {
 		if err := m.teardown(ctx, e); err != nil {

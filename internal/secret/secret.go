@@ -10,12 +10,23 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/workspace"
 )
+
+var namePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
+
+// ValidName reports whether name can name a secret: it becomes an
+// environment variable, so [A-Za-z_][A-Za-z0-9_]{0,63}.
+func ValidName(name string) error {
+	if !namePattern.MatchString(name) {
+		return fmt.Errorf("secret name %q: must match [A-Za-z_][A-Za-z0-9_]{0,63}: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
 
 // MaxSize bounds one secret value.
 const MaxSize = 64 << 10
@@ -48,7 +59,7 @@ func (s *Store) path(name string) string { return filepath.Join(s.dir, name) }
 
 // Set stores value under name, replacing any previous value.
 func (s *Store) Set(name string, value []byte) error {
-	if err := workspace.ValidSecretName(name); err != nil {
+	if err := ValidName(name); err != nil {
 		return err
 	}
 	if len(value) > MaxSize {
@@ -79,7 +90,7 @@ func (s *Store) Set(name string, value []byte) error {
 // Get returns a secret's value. Only the host side (workspace setup) calls
 // it; no API hands values out.
 func (s *Store) Get(name string) ([]byte, error) {
-	if err := workspace.ValidSecretName(name); err != nil {
+	if err := ValidName(name); err != nil {
 		return nil, err
 	}
 	b, err := os.ReadFile(s.path(name))
@@ -94,7 +105,7 @@ func (s *Store) Get(name string) ([]byte, error) {
 
 // Has reports whether a secret is set.
 func (s *Store) Has(name string) bool {
-	if workspace.ValidSecretName(name) != nil {
+	if ValidName(name) != nil {
 		return false
 	}
 	fi, err := os.Stat(s.path(name))
@@ -109,7 +120,7 @@ func (s *Store) List() ([]Info, error) {
 	}
 	var out []Info
 	for _, e := range ents {
-		if !e.Type().IsRegular() || workspace.ValidSecretName(e.Name()) != nil {
+		if !e.Type().IsRegular() || ValidName(e.Name()) != nil {
 			continue
 		}
 		fi, err := e.Info()
@@ -132,7 +143,7 @@ func (s *Store) List() ([]Info, error) {
 
 // Remove deletes a secret.
 func (s *Store) Remove(name string) error {
-	if err := workspace.ValidSecretName(name); err != nil {
+	if err := ValidName(name); err != nil {
 		return err
 	}
 	err := os.Remove(s.path(name))

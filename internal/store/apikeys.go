@@ -8,21 +8,8 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 )
-
-// APIKey is one API key. Only a hash of the secret is stored; the secret is
-// shown once, when the key is created.
-type APIKey struct {
-	ID   string
-	Name string
-	// Hash is the hex sha256 of the full secret: the keys are 128 bits of
-	// randomness, so a fast hash is enough (no dictionary to guess from).
-	Hash string
-	// Mask is a recognisable, non-secret fragment ("e2b_…1a2b") for listings.
-	Mask      string
-	CreatedAt time.Time
-	RevokedAt time.Time
-}
 
 const apiKeySchema = `
 CREATE TABLE IF NOT EXISTS api_keys (
@@ -89,7 +76,7 @@ func migrate(ctx context.Context, db *sql.DB) error {
 }
 
 // PutAPIKey stores a new API key.
-func (d *DB) PutAPIKey(ctx context.Context, k APIKey) error {
+func (d *DB) PutAPIKey(ctx context.Context, k core.APIKey) error {
 	_, err := d.db.ExecContext(ctx, `INSERT INTO api_keys (id, name, hash, mask, created_at, revoked_at) VALUES (?,?,?,?,?,?)`,
 		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt))
 	if err != nil {
@@ -100,8 +87,8 @@ func (d *DB) PutAPIKey(ctx context.Context, k APIKey) error {
 
 const apiKeyCols = `id, name, hash, mask, created_at, revoked_at`
 
-func scanAPIKey(r scanner) (APIKey, error) {
-	var k APIKey
+func scanAPIKey(r scanner) (core.APIKey, error) {
+	var k core.APIKey
 	var created, revoked int64
 	err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Mask, &created, &revoked)
 	k.CreatedAt, k.RevokedAt = fromNano(created), fromNano(revoked)
@@ -110,7 +97,7 @@ func scanAPIKey(r scanner) (APIKey, error) {
 
 // APIKeyByHash returns the active (not revoked) key with the given hash, or
 // an error wrapping errdefs.ErrNotFound.
-func (d *DB) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
+func (d *DB) APIKeyByHash(ctx context.Context, hash string) (core.APIKey, error) {
 	row := d.db.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ? AND revoked_at = 0`, hash)
 	k, err := scanAPIKey(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -123,13 +110,13 @@ func (d *DB) APIKeyByHash(ctx context.Context, hash string) (APIKey, error) {
 }
 
 // ListAPIKeys returns every key, revoked ones included, oldest first.
-func (d *DB) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
+func (d *DB) ListAPIKeys(ctx context.Context) ([]core.APIKey, error) {
 	rows, err := d.db.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
 	defer rows.Close()
-	var out []APIKey
+	var out []core.APIKey
 	for rows.Next() {
 		k, err := scanAPIKey(rows)
 		if err != nil {
@@ -153,18 +140,8 @@ func (d *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
 	return nil
 }
 
-// E2BSandbox holds what only the E2B-compatible API knows about a sandbox.
-type E2BSandbox struct {
-	ID string
-	// TrafficToken, when set, is required on preview-host traffic
-	// (E2B's allowPublicTraffic: false).
-	TrafficToken string
-	// Network is the E2B network config as JSON, echoed by getInfo.
-	Network string
-}
-
 // PutE2BSandbox inserts or replaces a sandbox's E2B attributes.
-func (d *DB) PutE2BSandbox(ctx context.Context, s E2BSandbox) error {
+func (d *DB) PutE2BSandbox(ctx context.Context, s core.E2BSandbox) error {
 	if s.Network == "" {
 		s.Network = "{}"
 	}
@@ -178,8 +155,8 @@ func (d *DB) PutE2BSandbox(ctx context.Context, s E2BSandbox) error {
 
 // GetE2BSandbox returns a sandbox's E2B attributes; a sandbox created through
 // another API has none and gets the zero value (with its ID) and no error.
-func (d *DB) GetE2BSandbox(ctx context.Context, id string) (E2BSandbox, error) {
-	s := E2BSandbox{ID: id, Network: "{}"}
+func (d *DB) GetE2BSandbox(ctx context.Context, id string) (core.E2BSandbox, error) {
+	s := core.E2BSandbox{ID: id, Network: "{}"}
 	err := d.db.QueryRowContext(ctx, `SELECT traffic_token, network FROM e2b_sandboxes WHERE id = ?`, id).Scan(&s.TrafficToken, &s.Network)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return s, fmt.Errorf("get e2b sandbox %s: %w", id, err)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 // TestMigrateOldDatabase opens a database made before owners and metadata
@@ -56,7 +57,7 @@ func TestAPIKeys(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := t.Context()
-	k := APIKey{ID: "key1", Name: "n", Hash: "h1", Mask: "e2b_…1", CreatedAt: time.Now().UTC()}
+	k := core.APIKey{ID: "key1", Name: "n", Hash: "h1", Mask: "e2b_…1", CreatedAt: time.Now().UTC()}
 	if err := db.PutAPIKey(ctx, k); err != nil {
 		t.Fatal(err)
 	}

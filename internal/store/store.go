@@ -1,7 +1,8 @@
 // Package store persists the daemon's state in SQLite (modernc.org/sqlite,
-// pure Go): sandboxes and their lifecycle events. The schema is created and
-// migrated on Open. A shared database (Postgres) can implement the same
-// methods later so several nodes share one view.
+// pure Go): sandboxes and their lifecycle events, which are the core's
+// records (DB implements core.Store). The schema is created and migrated
+// on Open. A shared database (Postgres) can implement the same interface
+// later so several nodes share one view.
 package store
 
 import (
@@ -16,48 +17,17 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	_ "modernc.org/sqlite" // registers the "sqlite" driver
 )
-
-// Sandbox is one sandbox's persisted record.
-type Sandbox struct {
-	ID          string
-	State       string
-	Template    string
-	CPUMillis   int64
-	MemoryBytes int64
-	DiskBytes   int64
-	PidsLimit   int64
-	Env         map[string]string
-	Labels      map[string]string
-	Token       string
-	CreatedAt   time.Time
-	Deadline    time.Time
-	EndedAt     time.Time
-	Reason      string
-	// Owner is the ID of the API key that created the sandbox ("" for
-	// sandboxes made through the native API).
-	Owner string
-	// Metadata is free-form string metadata (E2B's), unlike Labels not
-	// validated as selectors.
-	Metadata map[string]string
-	// User is the agent's default user ("" = root).
-	User string
-}
-
-// Event is one lifecycle event of a sandbox.
-type Event struct {
-	Seq       int64
-	SandboxID string
-	Time      time.Time
-	Type      string
-	Message   string
-}
 
 // DB is the SQLite-backed store.
 type DB struct {
 	db *sql.DB
 }
+
+// The records are the core's; the store only keeps them.
+var _ core.Store = (*DB)(nil)
 
 const schema = `
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -147,7 +117,7 @@ func decodeMap(s string) (map[string]string, error) {
 }
 
 // PutSandbox inserts or replaces a sandbox record.
-func (d *DB) PutSandbox(ctx context.Context, s Sandbox) error {
+func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user)
 		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -165,8 +135,8 @@ const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, 
 
 type scanner interface{ Scan(...any) error }
 
-func scanSandbox(r scanner) (Sandbox, error) {
-	var s Sandbox
+func scanSandbox(r scanner) (core.Sandbox, error) {
+	var s core.Sandbox
 	var env, labels, metadata string
 	var created, deadline, ended int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
@@ -188,7 +158,7 @@ func scanSandbox(r scanner) (Sandbox, error) {
 }
 
 // GetSandbox returns one sandbox, or an error wrapping errdefs.ErrNotFound.
-func (d *DB) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
+func (d *DB) GetSandbox(ctx context.Context, id string) (core.Sandbox, error) {
 	row := d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
 	s, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -202,7 +172,7 @@ func (d *DB) GetSandbox(ctx context.Context, id string) (Sandbox, error) {
 
 // ListSandboxes returns sandboxes whose state is one of states (all if none
 // given), oldest first.
-func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]Sandbox, error) {
+func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]core.Sandbox, error) {
 	q := `SELECT ` + sandboxCols + ` FROM sandboxes`
 	args := make([]any, 0, len(states))
 	if len(states) > 0 {
@@ -217,7 +187,7 @@ func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]Sandbox, er
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
 	defer rows.Close()
-	var out []Sandbox
+	var out []core.Sandbox
 	for rows.Next() {
 		s, err := scanSandbox(rows)
 		if err != nil {
@@ -229,7 +199,7 @@ func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]Sandbox, er
 }
 
 // AddEvent appends a lifecycle event and returns it with its sequence number.
-func (d *DB) AddEvent(ctx context.Context, e Event) (Event, error) {
+func (d *DB) AddEvent(ctx context.Context, e core.Event) (core.Event, error) {
 	res, err := d.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
 		e.SandboxID, unixNano(e.Time), e.Type, e.Message)
 	if err != nil {
@@ -241,16 +211,16 @@ func (d *DB) AddEvent(ctx context.Context, e Event) (Event, error) {
 
 // Events returns the events of one sandbox with a sequence number above
 // after, oldest first.
-func (d *DB) Events(ctx context.Context, sandboxID string, after int64) ([]Event, error) {
+func (d *DB) Events(ctx context.Context, sandboxID string, after int64) ([]core.Event, error) {
 	rows, err := d.db.QueryContext(ctx, `SELECT seq, sandbox_id, time, type, message FROM events
 		WHERE sandbox_id = ? AND seq > ? ORDER BY seq`, sandboxID, after)
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", sandboxID, err)
 	}
 	defer rows.Close()
-	var out []Event
+	var out []core.Event
 	for rows.Next() {
-		var e Event
+		var e core.Event
 		var t int64
 		if err := rows.Scan(&e.Seq, &e.SandboxID, &t, &e.Type, &e.Message); err != nil {
 			return nil, fmt.Errorf("events of %s: %w", sandboxID, err)

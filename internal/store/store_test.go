@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 )
 
 func TestSandboxRoundTrip(t *testing.T) {
@@ -17,7 +18,7 @@ func TestSandboxRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	in := Sandbox{ID: "abc123", State: "ready", Template: "minimal", CPUMillis: 500, MemoryBytes: 1 << 29,
+	in := core.Sandbox{ID: "abc123", State: "ready", Template: "minimal", CPUMillis: 500, MemoryBytes: 1 << 29,
 		DiskBytes: 1 << 31, PidsLimit: 100, Env: map[string]string{"A": "b"}, Labels: map[string]string{"team": "x"},
 		Token: "tok", CreatedAt: now, Deadline: now.Add(time.Minute)}
 	if err := db.PutSandbox(ctx, in); err != nil {
@@ -66,11 +67,11 @@ func TestEvents(t *testing.T) {
 	}
 	defer db.Close()
 	for _, typ := range []string{"created", "ready", "destroyed"} {
-		if _, err := db.AddEvent(ctx, Event{SandboxID: "s1", Time: time.Now(), Type: typ}); err != nil {
+		if _, err := db.AddEvent(ctx, core.Event{SandboxID: "s1", Time: time.Now(), Type: typ}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	db.AddEvent(ctx, Event{SandboxID: "s2", Time: time.Now(), Type: "created"})
+	db.AddEvent(ctx, core.Event{SandboxID: "s2", Time: time.Now(), Type: "created"})
 	evs, err := db.Events(ctx, "s1", 0)
 	if err != nil || len(evs) != 3 || evs[2].Type != "destroyed" {
 		t.Fatalf("Events(s1) = %+v, %v", evs, err)

@@ -1,9 +1,11 @@
-// Package workspace owns the task-workspace environment file
-// (.berth/environment.yaml): its format, its strict line-numbered
-// validation, and the cache key of an environment built from it. The file
-// says how a repository becomes a ready sandbox: the base template, the
-// setup steps and what they may reach, the variables and secrets they see,
-// the resources, and the narrower network policy of the agent phase.
+// Package workspace owns task workspaces: the environment file
+// (.berth/environment.yaml) with its format, its strict line-numbered
+// validation and the cache key of an environment built from it, and the
+// Service that turns a repository at a commit into a ready sandbox through
+// the Manager's setup hook. The file says how a repository becomes a ready
+// sandbox: the base template, the setup steps and what they may reach, the
+// variables and secrets they see, the resources, and the narrower network
+// policy of the agent phase.
 package workspace
 
 import (
@@ -21,6 +23,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/secret"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -113,16 +116,9 @@ func (e *ParseError) Error() string {
 
 func (e *ParseError) Unwrap() error { return errdefs.ErrInvalidArgument }
 
-var secretName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
-
-// ValidSecretName reports whether name can name a secret: it becomes an
-// environment variable, so [A-Za-z_][A-Za-z0-9_]{0,63}.
-func ValidSecretName(name string) error {
-	if !secretName.MatchString(name) {
-		return fmt.Errorf("secret name %q: must match [A-Za-z_][A-Za-z0-9_]{0,63}: %w", name, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// varName is what a setup variable may be called (the same as a secret:
+// secret.ValidName).
+var varName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,63}$`)
 
 var templateName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
 
@@ -170,7 +166,7 @@ func Parse(data []byte) (*Environment, error) {
 			env.Setup = p.steps(v)
 		case "env":
 			p.mapping(v, "env", func(name string, k, v *yaml.Node) {
-				if !secretName.MatchString(name) {
+				if !varName.MatchString(name) {
 					p.add(k, "env", "invalid variable name %q", name)
 				}
 				if s, ok := p.scalar(v, "env."+name); ok {
@@ -330,7 +326,7 @@ func (p *parser) secrets(n *yaml.Node) []string {
 		if !ok {
 			continue
 		}
-		if err := ValidSecretName(s); err != nil {
+		if err := secret.ValidName(s); err != nil {
 			p.add(it, field, "invalid secret name %q (want [A-Za-z_][A-Za-z0-9_]{0,63})", s)
 			continue
 		}

@@ -50,6 +50,18 @@ func TestEveryPackageDocumented(t *testing.T) {
 	}
 }
 
+// Third-party packages that carry a backend: the database and host
+// networking; and the Berth packages that hold backends or HTTP.
+const (
+	sqlite    = "modernc.org/sqlite"
+	nftables  = "github.com/google/nftables"
+	netlink   = "github.com/vishvananda/netlink"
+	runcPkg   = module + "/internal/runtime/runc"
+	storePkg  = module + "/internal/store"
+	apiPkg    = module + "/internal/api"
+	sandboxes = module + "/internal/sandbox"
+)
+
 func TestImportGraph(t *testing.T) {
 	rules := []struct {
 		pkg       string
@@ -58,8 +70,20 @@ func TestImportGraph(t *testing.T) {
 	}{
 		// The agent lives inside untrusted sandboxes: nothing host-side.
 		{"cmd/berth-agent", []string{module + "/internal/", module + "/client"}, []string{module + "/internal/agent", module + "/proto/"}},
-		// The Manager owns no concrete backend and speaks no HTTP.
-		{"internal/sandbox", []string{module + "/internal/runtime/runc", "net/http", module + "/internal/api"}, nil},
+		// The Manager owns no concrete backend and speaks no HTTP: its
+		// records and Store interface are internal/core's, and the SQLite
+		// store implements them.
+		// Workspaces, review, the work log and E2B compatibility sit above
+		// it and use it; it never imports them.
+		{"internal/sandbox", []string{runcPkg, "net/http", apiPkg, storePkg, sqlite, nftables, netlink,
+			module + "/internal/workspace", module + "/internal/review", module + "/internal/worklog", module + "/internal/e2bcompat", module + "/internal/secret"}, nil},
+		// The core's records import nothing of Berth's.
+		{"internal/core", []string{module + "/"}, []string{module + "/internal/core"}},
+		// The layers beside the Manager use it, not its backends.
+		{"internal/workspace", []string{runcPkg, storePkg, sqlite, nftables, netlink, apiPkg}, nil},
+		{"internal/e2bcompat", []string{runcPkg, storePkg, sqlite, nftables, netlink, apiPkg}, nil},
+		{"internal/worklog", []string{sandboxes, module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg}, nil},
+		{"internal/review", []string{sandboxes, module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg}, nil},
 		// The SDK is public: nothing under internal/.
 		{"client", []string{module + "/internal/"}, nil},
 		// The wire contract is a leaf both the daemon and the SDK import.

@@ -1,4 +1,4 @@
-package sandbox
+package workspace
 
 import (
 	"bytes"
@@ -14,10 +14,11 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/secret"
 	"github.com/berth-sandbox/berth/internal/template"
-	"github.com/berth-sandbox/berth/internal/workspace"
 )
 
 // Workspace events, recorded while a workspace sandbox is still creating.
@@ -28,14 +29,28 @@ const (
 	EventSetupCached  = "setup_cached"
 )
 
-// WorkspaceDir is where the repository is checked out in the sandbox.
-const WorkspaceDir = "/workspace"
+// CheckoutDir is where the repository is checked out in the sandbox.
+const CheckoutDir = "/workspace"
 
-// AgentExec runs commands and writes files in a sandbox through its agent
+// Agent runs commands and writes files in a sandbox through its agent
 // (agentlink.Link).
-type AgentExec interface {
-	Exec(ctx context.Context, addr, token, user, cwd string, argv []string, env map[string]string, out io.Writer) (int, error)
+type Agent interface {
+	Run(ctx context.Context, addr, token string, c agentlink.Command) (agentlink.Result, error)
 	WriteFile(ctx context.Context, addr, token, path string, r io.Reader) error
+}
+
+// Manager is what workspaces need of the sandbox Manager: a create with a
+// setup hook, and the short-lived sandbox that resolves a remote ref.
+type Manager interface {
+	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
+	Destroy(ctx context.Context, id, reason string) error
+	Agent(ctx context.Context, id string) (addr, token string, err error)
+	DefaultTemplate() string
+}
+
+// Templates resolves template names (template.Store).
+type Templates interface {
+	Get(ctx context.Context, name string) (template.Template, error)
 }
 
 // Secrets is the host-side secret store (secret.Store): setup reads
@@ -57,16 +72,11 @@ type EnvCache interface {
 	PruneEnvironments(ctx context.Context, key string) ([]string, error)
 }
 
-// pauser is the runtime's optional ability to freeze a sandbox.
-type pauser interface {
-	Pause(ctx context.Context, id string) error
-	Resume(ctx context.Context, id string) error
-}
-
-// WorkspaceConfig wires workspace creation.
-type WorkspaceConfig struct {
-	Agent   AgentExec
-	Secrets Secrets
+// Config wires workspace creation.
+type Config struct {
+	Agent     Agent
+	Templates Templates
+	Secrets   Secrets
 	// Cache, with UpperDir, enables cached environments.
 	Cache EnvCache
 	// UpperDir is the host path of a sandbox's writable layer.
@@ -76,32 +86,32 @@ type WorkspaceConfig struct {
 	Logger *slog.Logger
 }
 
-// Workspaces creates sandboxes that hold a repository at a commit, set up
+// Service creates sandboxes that hold a repository at a commit, set up
 // by its environment file: clone, setup steps under the setup policy, then
 // the agent-phase policy. It drives the Manager's create with a setup hook
 // so the sandbox stays creating until setup is done.
-type Workspaces struct {
-	m   *Manager
-	cfg WorkspaceConfig
+type Service struct {
+	m   Manager
+	cfg Config
 	log *slog.Logger
 }
 
-// NewWorkspaces returns the workspace side of m.
-func NewWorkspaces(m *Manager, cfg WorkspaceConfig) (*Workspaces, error) {
-	if m == nil || cfg.Agent == nil || cfg.Secrets == nil {
-		return nil, fmt.Errorf("workspaces: manager, agent and secrets are required: %w", errdefs.ErrInvalidArgument)
+// New returns the workspace service on top of m.
+func New(m Manager, cfg Config) (*Service, error) {
+	if m == nil || cfg.Agent == nil || cfg.Templates == nil || cfg.Secrets == nil {
+		return nil, fmt.Errorf("workspaces: manager, agent, templates and secrets are required: %w", errdefs.ErrInvalidArgument)
 	}
 	if cfg.Git == "" {
 		cfg.Git = "git"
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = m.log
+		cfg.Logger = slog.Default()
 	}
-	return &Workspaces{m: m, cfg: cfg, log: cfg.Logger}, nil
+	return &Service{m: m, cfg: cfg, log: cfg.Logger}, nil
 }
 
-// WorkspaceRequest asks for a workspace sandbox.
-type WorkspaceRequest struct {
+// Request asks for a workspace sandbox.
+type Request struct {
 	Repo string
 	Ref  string
 	// Environment is an environment file's content; nil means the
@@ -110,7 +120,7 @@ type WorkspaceRequest struct {
 	// Sandbox carries limits, timeout, labels and env; its Network is
 	// ignored (the environment file's policies apply). Limits it sets win
 	// over the file's resources.
-	Sandbox CreateRequest
+	Sandbox sandbox.CreateRequest
 	// NoCache skips the environment cache (neither used nor filled).
 	NoCache bool
 }
@@ -144,22 +154,22 @@ func parseSource(repo, ref string) (source, error) {
 		ref = "HEAD"
 	}
 	if !refPattern.MatchString(ref) || strings.HasPrefix(ref, "-") || strings.Contains(ref, "..") {
-		return source{}, &FieldError{Field: "ref", Err: fmt.Errorf("ref %q is not a branch, tag or commit name: %w", ref, errdefs.ErrInvalidArgument)}
+		return source{}, &sandbox.FieldError{Field: "ref", Err: fmt.Errorf("ref %q is not a branch, tag or commit name: %w", ref, errdefs.ErrInvalidArgument)}
 	}
 	u, err := url.Parse(repo)
 	if err != nil || repo == "" {
-		return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q is not a URL: %w", repo, errdefs.ErrInvalidArgument)}
+		return source{}, &sandbox.FieldError{Field: "repo", Err: fmt.Errorf("repo %q is not a URL: %w", repo, errdefs.ErrInvalidArgument)}
 	}
 	src := source{url: repo, ref: ref}
 	switch u.Scheme {
 	case "file":
 		if u.Host != "" || !strings.HasPrefix(u.Path, "/") {
-			return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want file:///absolute/path: %w", repo, errdefs.ErrInvalidArgument)}
+			return source{}, &sandbox.FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want file:///absolute/path: %w", repo, errdefs.ErrInvalidArgument)}
 		}
 		src.local = u.Path
 	case "http", "https":
 		if u.Host == "" || u.User != nil {
-			return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want http(s)://host/path without credentials (use a secret): %w", repo, errdefs.ErrInvalidArgument)}
+			return source{}, &sandbox.FieldError{Field: "repo", Err: fmt.Errorf("repo %q: want http(s)://host/path without credentials (use a secret): %w", repo, errdefs.ErrInvalidArgument)}
 		}
 		// A full commit ID pins the checkout without asking the remote,
 		// so a cached environment can serve it. Branches and tags are
@@ -169,13 +179,13 @@ func parseSource(repo, ref string) (source, error) {
 			src.commit = ref
 		}
 	default:
-		return source{}, &FieldError{Field: "repo", Err: fmt.Errorf("repo %q: scheme %q is not supported (file, http, https): %w", repo, u.Scheme, errdefs.ErrInvalidArgument)}
+		return source{}, &sandbox.FieldError{Field: "repo", Err: fmt.Errorf("repo %q: scheme %q is not supported (file, http, https): %w", repo, u.Scheme, errdefs.ErrInvalidArgument)}
 	}
 	return src, nil
 }
 
 // git runs the host git on a local repository.
-func (w *Workspaces) git(ctx context.Context, dir string, args ...string) (string, error) {
+func (w *Service) git(ctx context.Context, dir string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, w.cfg.Git, append([]string{"-C", dir}, args...)...)
 	// The operator's global config and hooks must not change what we read.
 	cmd.Env = append(os.Environ(), "GIT_CONFIG_NOSYSTEM=1", "GIT_CONFIG_GLOBAL=/dev/null", "GIT_TERMINAL_PROMPT=0")
@@ -189,9 +199,9 @@ func (w *Workspaces) git(ctx context.Context, dir string, args ...string) (strin
 
 // resolveLocal finds the commit of a file:// repository's ref and, when
 // asked, its environment file at that commit.
-func (w *Workspaces) resolveLocal(ctx context.Context, src *source, wantEnv bool) ([]byte, error) {
+func (w *Service) resolveLocal(ctx context.Context, src *source, wantEnv bool) ([]byte, error) {
 	if _, err := w.git(ctx, src.local, "rev-parse", "--git-dir"); err != nil {
-		return nil, &FieldError{Field: "repo", Err: fmt.Errorf("repo %s is not a reachable git repository: %w", src.url, errdefs.ErrInvalidArgument)}
+		return nil, &sandbox.FieldError{Field: "repo", Err: fmt.Errorf("repo %s is not a reachable git repository: %w", src.url, errdefs.ErrInvalidArgument)}
 	}
 	var commit string
 	for _, cand := range []string{"refs/heads/" + src.ref, "refs/tags/" + src.ref, src.ref} {
@@ -201,13 +211,13 @@ func (w *Workspaces) resolveLocal(ctx context.Context, src *source, wantEnv bool
 		}
 	}
 	if commit == "" {
-		return nil, &FieldError{Field: "ref", Err: fmt.Errorf("ref %q not found in %s: %w", src.ref, src.url, errdefs.ErrNotFound)}
+		return nil, &sandbox.FieldError{Field: "ref", Err: fmt.Errorf("ref %q not found in %s: %w", src.ref, src.url, errdefs.ErrNotFound)}
 	}
 	src.commit = commit
 	if !wantEnv {
 		return nil, nil
 	}
-	data, err := w.git(ctx, src.local, "show", commit+":"+workspace.DefaultPath)
+	data, err := w.git(ctx, src.local, "show", commit+":"+DefaultPath)
 	if err != nil {
 		return nil, nil // no environment file: no setup
 	}
@@ -218,31 +228,31 @@ func (w *Workspaces) resolveLocal(ctx context.Context, src *source, wantEnv bool
 // setup events and step output as they happen. On failure the sandbox, if
 // one was made, is torn down and left failed with the reason, which names
 // the step, its exit code and the tail of its log.
-func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress func(Progress)) (Sandbox, error) {
+func (w *Service) Create(ctx context.Context, req Request, progress func(Progress)) (sandbox.Sandbox, error) {
 	if progress == nil {
 		progress = func(Progress) {}
 	}
 	src, err := parseSource(req.Repo, req.Ref)
 	if err != nil {
-		return Sandbox{}, err
+		return sandbox.Sandbox{}, err
 	}
 	envFile := req.Environment
 	if src.local != "" {
 		found, err := w.resolveLocal(ctx, &src, envFile == nil)
 		if err != nil {
-			return Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 		if envFile == nil {
 			envFile = found
 		}
 	}
-	var env *workspace.Environment
+	var env *Environment
 	if envFile != nil {
 		if env, err = parseEnv(envFile); err != nil {
-			return Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 		if err := w.checkSecrets(env); err != nil {
-			return Sandbox{}, err
+			return sandbox.Sandbox{}, err
 		}
 	}
 	sreq := req.Sandbox
@@ -255,7 +265,7 @@ func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress 
 		}
 	}
 	if tplName == "" {
-		tplName = w.m.cfg.DefaultTemplate
+		tplName = w.m.DefaultTemplate()
 	}
 	sreq.Template = tplName
 	if sreq.Labels == nil {
@@ -276,16 +286,16 @@ func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress 
 	var key string
 	var tpl template.Template
 	if w.cfg.Cache != nil && w.cfg.UpperDir != nil && !req.NoCache && src.commit != "" {
-		if tpl, err = w.m.deps.Templates.Get(ctx, tplName); err != nil {
-			return Sandbox{}, &FieldError{Field: "template", Err: err}
+		if tpl, err = w.cfg.Templates.Get(ctx, tplName); err != nil {
+			return sandbox.Sandbox{}, &sandbox.FieldError{Field: "template", Err: err}
 		}
-		key = workspace.Key{Template: tpl.Name, TemplateBuilt: tpl.BuiltAt, Repo: src.url, Commit: src.commit, EnvFile: envFile}.Hash()
+		key = Key{Template: tpl.Name, TemplateBuilt: tpl.BuiltAt, Repo: src.url, Commit: src.commit, EnvFile: envFile}.Hash()
 		if cached, err := w.cfg.Cache.Environment(ctx, key); err == nil {
 			if env == nil && len(cached.EnvFile) > 0 {
 				// A pinned remote commit: its environment file was
 				// recorded when the cache was filled.
 				if env, err = parseEnv(cached.EnvFile); err != nil {
-					return Sandbox{}, err
+					return sandbox.Sandbox{}, err
 				}
 				applyResources(&sreq, env)
 			}
@@ -298,29 +308,29 @@ func (w *Workspaces) Create(ctx context.Context, req WorkspaceRequest, progress 
 	sp := setupPolicy(env, src)
 	sreq.Network = &sp
 	run := &setupRun{w: w, src: src, env: env, envFile: envFile, key: key, tpl: tpl, progress: progress}
-	sreq.setup = run.run
+	sreq.Setup = run.run
 	return w.m.Create(ctx, sreq)
 }
 
-func parseEnv(data []byte) (*workspace.Environment, error) {
-	env, err := workspace.Parse(data)
+func parseEnv(data []byte) (*Environment, error) {
+	env, err := Parse(data)
 	if err != nil {
-		return nil, &FieldError{Field: "environment", Err: err}
+		return nil, &sandbox.FieldError{Field: "environment", Err: err}
 	}
 	return env, nil
 }
 
-func (w *Workspaces) checkSecrets(env *workspace.Environment) error {
+func (w *Service) checkSecrets(env *Environment) error {
 	for _, s := range env.Secrets {
 		if !w.cfg.Secrets.Has(s) {
-			return &FieldError{Field: "environment", Err: fmt.Errorf("secret %s named by the environment file is not set (berth secret set %s): %w", s, s, errdefs.ErrNotFound)}
+			return &sandbox.FieldError{Field: "environment", Err: fmt.Errorf("secret %s named by the environment file is not set (berth secret set %s): %w", s, s, errdefs.ErrNotFound)}
 		}
 	}
 	return nil
 }
 
 // applyResources fills the limits the request left at zero from the file.
-func applyResources(req *CreateRequest, env *workspace.Environment) {
+func applyResources(req *sandbox.CreateRequest, env *Environment) {
 	r := env.Resources
 	if req.Limits.CPUMillis == 0 {
 		req.Limits.CPUMillis = r.CPUMillis
@@ -346,7 +356,7 @@ func applyResources(req *CreateRequest, env *workspace.Environment) {
 
 // setupPolicy is the environment's setup policy; a remote repository's host
 // is added so the clone can reach it.
-func setupPolicy(env *workspace.Environment, src source) policy.Policy {
+func setupPolicy(env *Environment, src source) policy.Policy {
 	var p policy.Policy
 	if env != nil {
 		p = env.SetupPolicy
@@ -364,7 +374,7 @@ func setupPolicy(env *workspace.Environment, src source) policy.Policy {
 	return p.Normalize()
 }
 
-func agentPolicy(env *workspace.Environment) policy.Policy {
+func agentPolicy(env *Environment) policy.Policy {
 	if env == nil {
 		return policy.Policy{Mode: policy.ModeNone}
 	}
@@ -372,7 +382,7 @@ func agentPolicy(env *workspace.Environment) policy.Policy {
 }
 
 // cachedRepo reports whether any cached environment comes from repo.
-func (w *Workspaces) cachedRepo(ctx context.Context, repo string) bool {
+func (w *Service) cachedRepo(ctx context.Context, repo string) bool {
 	envs, err := w.cfg.Cache.Environments(ctx)
 	if err != nil {
 		return false
@@ -391,9 +401,9 @@ func (w *Workspaces) cachedRepo(ctx context.Context, repo string) bool {
 // request names. On success src pins that commit (the clone then checks
 // out exactly what the cache key says); on any failure src is left as it
 // was and the ordinary clone reports the problem.
-func (w *Workspaces) resolveRemote(ctx context.Context, src *source, tplName string, progress func(Progress)) {
+func (w *Service) resolveRemote(ctx context.Context, src *source, tplName string, progress func(Progress)) {
 	p := setupPolicy(nil, *src)
-	sb, err := w.m.Create(ctx, CreateRequest{Template: tplName, Network: &p, Timeout: 2 * time.Minute,
+	sb, err := w.m.Create(ctx, sandbox.CreateRequest{Template: tplName, Network: &p, Timeout: 2 * time.Minute,
 		Labels: map[string]string{"berth.workspace/resolver": "true"}})
 	if err != nil {
 		w.log.Warn("resolve_remote_ref", "repo", src.url, "err", err)
@@ -406,8 +416,9 @@ func (w *Workspaces) resolveRemote(ctx context.Context, src *source, tplName str
 	}
 	var out bytes.Buffer
 	argv := []string{"git", "ls-remote", "--", src.url, "refs/heads/" + src.ref, "refs/tags/" + src.ref, "refs/tags/" + src.ref + "^{}"}
-	code, err := w.cfg.Agent.Exec(ctx, addr, token, "root", "/", argv, map[string]string{"GIT_TERMINAL_PROMPT": "0"}, &limitedBuffer{buf: &out, max: 1 << 20})
-	if err != nil || code != 0 {
+	res, err := w.cfg.Agent.Run(ctx, addr, token, agentlink.Command{Argv: argv, User: "root", Cwd: "/",
+		Env: map[string]string{"GIT_TERMINAL_PROMPT": "0"}, Stdout: &limitedBuffer{buf: &out, max: 1 << 20}})
+	if err != nil || res.ExitCode != 0 {
 		return
 	}
 	if commit := pickRef(out.String(), src.ref); commit != "" {
@@ -436,13 +447,13 @@ func pickRef(lsRemote, ref string) string {
 
 // createCached starts a sandbox from a cached environment: its layers
 // already hold the checkout and what setup made.
-func (w *Workspaces) createCached(ctx context.Context, sreq CreateRequest, env *workspace.Environment, cached template.Environment, progress func(Progress)) (Sandbox, error) {
+func (w *Service) createCached(ctx context.Context, sreq sandbox.CreateRequest, env *Environment, cached template.Environment, progress func(Progress)) (sandbox.Sandbox, error) {
 	ap := agentPolicy(env)
 	sreq.Network = &ap
-	sreq.layers = cached.Layers
-	sreq.setup = func(ctx context.Context, e *entry) error {
+	sreq.Layers = cached.Layers
+	sreq.Setup = func(ctx context.Context, h *sandbox.SetupHandle) error {
 		msg := "cached environment " + cached.Key + " (commit " + cached.Commit + "): setup skipped"
-		w.m.event(ctx, e.rec.ID, EventSetupCached, msg)
+		h.Event(ctx, EventSetupCached, msg)
 		progress(Progress{Type: EventSetupCached, Message: msg})
 		return nil
 	}
@@ -456,21 +467,21 @@ func (w *Workspaces) createCached(ctx context.Context, sreq CreateRequest, env *
 var errInvalid = errdefs.ErrInvalidArgument
 
 // SetSecret stores a secret's value.
-func (w *Workspaces) SetSecret(name string, value []byte) error {
+func (w *Service) SetSecret(name string, value []byte) error {
 	return w.cfg.Secrets.Set(name, value)
 }
 
 // HasSecret reports whether a secret is set.
-func (w *Workspaces) HasSecret(name string) bool { return w.cfg.Secrets.Has(name) }
+func (w *Service) HasSecret(name string) bool { return w.cfg.Secrets.Has(name) }
 
 // ListSecrets lists secret names, never values.
-func (w *Workspaces) ListSecrets() ([]secret.Info, error) { return w.cfg.Secrets.List() }
+func (w *Service) ListSecrets() ([]secret.Info, error) { return w.cfg.Secrets.List() }
 
 // RemoveSecret deletes a secret.
-func (w *Workspaces) RemoveSecret(name string) error { return w.cfg.Secrets.Remove(name) }
+func (w *Service) RemoveSecret(name string) error { return w.cfg.Secrets.Remove(name) }
 
 // Environments lists the cached environments.
-func (w *Workspaces) Environments(ctx context.Context) ([]template.Environment, error) {
+func (w *Service) Environments(ctx context.Context) ([]template.Environment, error) {
 	if w.cfg.Cache == nil {
 		return nil, nil
 	}
@@ -479,7 +490,7 @@ func (w *Workspaces) Environments(ctx context.Context) ([]template.Environment, 
 
 // PruneEnvironments removes cached environments no sandbox uses (all, or
 // the one named by key).
-func (w *Workspaces) PruneEnvironments(ctx context.Context, key string) ([]string, error) {
+func (w *Service) PruneEnvironments(ctx context.Context, key string) ([]string, error) {
 	if w.cfg.Cache == nil {
 		return nil, nil
 	}

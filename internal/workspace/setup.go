@@ -1,10 +1,11 @@
-package sandbox
+package workspace
 
 import (
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -12,8 +13,9 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/template"
-	"github.com/berth-sandbox/berth/internal/workspace"
 )
 
 // bundlePath is where a local repository's git bundle is uploaded for the
@@ -26,9 +28,9 @@ const tailBytes = 2048
 // setupRun is one workspace setup, run by the Manager's create hook while
 // the sandbox is still creating and the create holds its op lock.
 type setupRun struct {
-	w       *Workspaces
+	w       *Service
 	src     source
-	env     *workspace.Environment
+	env     *Environment
 	envFile []byte
 	// repoEnvFile is the repository's own environment file, when setup
 	// read it from the checkout; the cache keeps it for pinned commits.
@@ -38,8 +40,8 @@ type setupRun struct {
 	progress    func(Progress)
 }
 
-func (r *setupRun) event(ctx context.Context, e *entry, typ, msg string, step int) {
-	r.w.m.event(ctx, e.rec.ID, typ, msg)
+func (r *setupRun) event(ctx context.Context, h *sandbox.SetupHandle, typ, msg string, step int) {
+	h.Event(ctx, typ, msg)
 	r.progress(Progress{Type: typ, Message: msg, Step: step})
 }
 
@@ -68,28 +70,33 @@ func (p *progressWriter) tailString() string {
 	return strings.TrimSpace(string(bytes.ToValidUTF8(p.tail, []byte("?"))))
 }
 
-// exec runs argv as root in the sandbox.
-func (r *setupRun) exec(ctx context.Context, e *entry, cwd string, argv []string, env map[string]string, out *progressWriter) (int, error) {
-	return r.w.cfg.Agent.Exec(ctx, agentAddr(e.att), e.rec.Token, "root", cwd, argv, env, out)
+// exec runs argv as root in the sandbox, its stdout and stderr both to
+// out, and returns its exit code.
+func (r *setupRun) exec(ctx context.Context, h *sandbox.SetupHandle, cwd string, argv []string, env map[string]string, out io.Writer) (int, error) {
+	addr, token := h.Agent()
+	res, err := r.w.cfg.Agent.Run(ctx, addr, token, agentlink.Command{Argv: argv, Env: env, User: "root", Cwd: cwd, Stdout: out, Stderr: out})
+	if err != nil {
+		return -1, err
+	}
+	return res.ExitCode, nil
 }
 
-func (r *setupRun) run(ctx context.Context, e *entry) error {
-	timeout := e.rec.Deadline.Sub(e.rec.CreatedAt)
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func (r *setupRun) run(ctx context.Context, h *sandbox.SetupHandle) error {
+	ctx, cancel := context.WithDeadline(ctx, h.Deadline())
 	defer cancel()
-	r.event(ctx, e, EventSetupStarted, "clone "+r.src.url+" at "+r.src.ref, 0)
-	commit, err := r.clone(ctx, e)
+	r.event(ctx, h, EventSetupStarted, "clone "+r.src.url+" at "+r.src.ref, 0)
+	commit, err := r.clone(ctx, h)
 	if err != nil {
 		return err
 	}
 	if r.env == nil {
-		if err := r.loadRepoEnv(ctx, e); err != nil {
+		if err := r.loadRepoEnv(ctx, h); err != nil {
 			return err
 		}
 	}
 	env := r.env
 	if env == nil {
-		env = &workspace.Environment{}
+		env = &Environment{}
 	}
 	vars := map[string]string{}
 	for k, v := range env.Env {
@@ -103,15 +110,15 @@ func (r *setupRun) run(ctx context.Context, e *entry) error {
 		vars[s] = string(v)
 	}
 	shell := "/bin/sh"
-	if code, _ := r.exec(ctx, e, "/", []string{"/bin/sh", "-c", "command -v bash"}, nil, &progressWriter{progress: func(Progress) {}}); code == 0 {
+	if code, _ := r.exec(ctx, h, "/", []string{"/bin/sh", "-c", "command -v bash"}, nil, &progressWriter{progress: func(Progress) {}}); code == 0 {
 		shell = "bash"
 	}
 	for i, st := range env.Setup {
 		label := st.Label(i)
-		r.event(ctx, e, EventSetupStep, label+": "+firstLine(st.Run), i+1)
+		r.event(ctx, h, EventSetupStep, label+": "+firstLine(st.Run), i+1)
 		out := &progressWriter{step: i + 1, progress: r.progress}
 		start := time.Now()
-		code, err := r.exec(ctx, e, WorkspaceDir, []string{shell, "-ec", st.Run}, vars, out)
+		code, err := r.exec(ctx, h, CheckoutDir, []string{shell, "-ec", st.Run}, vars, out)
 		if err != nil {
 			return fmt.Errorf("setup %s: %w; log tail:\n%s", label, err, out.tailString())
 		}
@@ -124,17 +131,17 @@ func (r *setupRun) run(ctx context.Context, e *entry) error {
 	// Nothing started during setup outlives it: a background process would
 	// keep the secrets in its environment into the agent phase.
 	quiet := &progressWriter{progress: func(Progress) {}}
-	if _, err := r.exec(ctx, e, "/", []string{"/bin/sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"}, nil, quiet); err != nil {
+	if _, err := r.exec(ctx, h, "/", []string{"/bin/sh", "-c", "kill -KILL -1 2>/dev/null; exit 0"}, nil, quiet); err != nil {
 		return fmt.Errorf("end setup processes: %w", err)
 	}
 	if r.key != "" {
-		r.freeze(ctx, e, commit)
+		r.freeze(ctx, h, commit)
 	}
 	ap := agentPolicy(r.env)
-	if err := r.w.m.applyPolicy(ctx, e.rec.ID, ap); err != nil {
+	if err := h.SetPolicy(ctx, ap); err != nil {
 		return fmt.Errorf("apply the agent-phase policy: %w", err)
 	}
-	r.event(ctx, e, EventSetupDone, fmt.Sprintf("commit %s; %d setup step(s) done; agent policy %s", commit, len(env.Setup), ap.Mode), 0)
+	r.event(ctx, h, EventSetupDone, fmt.Sprintf("commit %s; %d setup step(s) done; agent policy %s", commit, len(env.Setup), ap.Mode), 0)
 	return nil
 }
 
@@ -151,7 +158,7 @@ func firstLine(s string) string {
 
 // clone checks the repository out at the ref into /workspace and returns
 // the commit.
-func (r *setupRun) clone(ctx context.Context, e *entry) (string, error) {
+func (r *setupRun) clone(ctx context.Context, h *sandbox.SetupHandle) (string, error) {
 	out := &progressWriter{progress: r.progress}
 	gitEnv := map[string]string{"GIT_TERMINAL_PROMPT": "0", "REF": r.src.ref, "URL": r.src.url}
 	var script string
@@ -165,7 +172,8 @@ func (r *setupRun) clone(ctx context.Context, e *entry) (string, error) {
 		if err != nil {
 			return "", err
 		}
-		err = r.w.cfg.Agent.WriteFile(ctx, agentAddr(e.att), e.rec.Token, bundlePath, f)
+		addr, token := h.Agent()
+		err = r.w.cfg.Agent.WriteFile(ctx, addr, token, bundlePath, f)
 		f.Close()
 		if err != nil {
 			return "", fmt.Errorf("copy the repository into the sandbox: %w", err)
@@ -194,7 +202,7 @@ git -c advice.detachedHead=false checkout --quiet --detach "$c"
 git rev-parse HEAD > "$(git rev-parse --git-dir)/berth-base"
 git rev-parse HEAD`
 	}
-	code, err := r.exec(ctx, e, "/", []string{"/bin/sh", "-c", script}, gitEnv, out)
+	code, err := r.exec(ctx, h, "/", []string{"/bin/sh", "-c", script}, gitEnv, out)
 	tail := out.tailString()
 	if err != nil {
 		return "", fmt.Errorf("clone %s: %w", r.src.url, err)
@@ -205,7 +213,7 @@ git rev-parse HEAD`
 	case 4:
 		return "", fmt.Errorf("repo %s is not a reachable git repository: %s: %w", r.src.url, tail, errInvalid)
 	case 127:
-		return "", fmt.Errorf("clone %s: template %q has no git (%s): use a template with git, such as base: %w", r.src.url, e.rec.Template, tail, errInvalid)
+		return "", fmt.Errorf("clone %s: template %q has no git (%s): use a template with git, such as base: %w", r.src.url, h.Template(), tail, errInvalid)
 	}
 	if code != 0 {
 		return "", fmt.Errorf("clone %s at %s: git exited with code %d: %s: %w", r.src.url, r.src.ref, code, tail, errdefs.ErrFailedPrecondition)
@@ -235,13 +243,11 @@ func (r *setupRun) bundle(ctx context.Context) (string, error) {
 
 // loadRepoEnv reads the clone's own environment file (remote repositories,
 // whose file could not be read before the sandbox existed).
-func (r *setupRun) loadRepoEnv(ctx context.Context, e *entry) error {
-	out := &progressWriter{progress: func(Progress) {}}
+func (r *setupRun) loadRepoEnv(ctx context.Context, h *sandbox.SetupHandle) error {
 	var buf bytes.Buffer
-	code, err := r.w.cfg.Agent.Exec(ctx, agentAddr(e.att), e.rec.Token, "root", WorkspaceDir, []string{"cat", "--", workspace.DefaultPath}, nil, &limitedBuffer{buf: &buf, max: workspace.MaxSize + 1})
-	_ = out
+	code, err := r.exec(ctx, h, CheckoutDir, []string{"cat", "--", DefaultPath}, nil, &limitedBuffer{buf: &buf, max: MaxSize + 1})
 	if err != nil {
-		return fmt.Errorf("read %s: %w", workspace.DefaultPath, err)
+		return fmt.Errorf("read %s: %w", DefaultPath, err)
 	}
 	if code != 0 {
 		return nil // no environment file: no setup
@@ -250,8 +256,8 @@ func (r *setupRun) loadRepoEnv(ctx context.Context, e *entry) error {
 	if err != nil {
 		return err
 	}
-	if env.Template != "" && env.Template != e.rec.Template {
-		return fmt.Errorf("%s names template %q but the sandbox was made from %q: pass the template with the request (--template %s): %w", workspace.DefaultPath, env.Template, e.rec.Template, env.Template, errInvalid)
+	if env.Template != "" && env.Template != h.Template() {
+		return fmt.Errorf("%s names template %q but the sandbox was made from %q: pass the template with the request (--template %s): %w", DefaultPath, env.Template, h.Template(), env.Template, errInvalid)
 	}
 	if err := r.w.checkSecrets(env); err != nil {
 		return err
@@ -260,7 +266,7 @@ func (r *setupRun) loadRepoEnv(ctx context.Context, e *entry) error {
 	r.repoEnvFile = bytes.Clone(buf.Bytes())
 	// The file's setup policy replaces the clone-only one.
 	sp := setupPolicy(env, r.src)
-	return r.w.m.applyPolicy(ctx, e.rec.ID, sp)
+	return h.SetPolicy(ctx, sp)
 }
 
 type limitedBuffer struct {
@@ -278,19 +284,18 @@ func (l *limitedBuffer) Write(b []byte) (int, error) {
 // freeze copies the sandbox's writable layer into a cached environment
 // while the sandbox is paused. A failure costs only the cache, not the
 // sandbox.
-func (r *setupRun) freeze(ctx context.Context, e *entry, commit string) {
-	p, ok := r.w.m.deps.Runtime.(pauser)
-	if !ok {
+func (r *setupRun) freeze(ctx context.Context, h *sandbox.SetupHandle, commit string) {
+	if !h.CanPause() {
 		return
 	}
 	start := time.Now()
-	id := e.rec.ID
-	if err := p.Pause(ctx, id); err != nil {
+	id := h.ID()
+	if err := h.Pause(ctx); err != nil {
 		r.w.log.Warn("freeze_environment", "sandbox_id", id, "err", err)
 		return
 	}
 	_, err := r.w.cfg.Cache.AddEnvironment(ctx, r.key, r.tpl, r.src.url, commit, r.repoEnvFile, r.w.cfg.UpperDir(id))
-	if rerr := p.Resume(context.WithoutCancel(ctx), id); rerr != nil {
+	if rerr := h.Resume(context.WithoutCancel(ctx)); rerr != nil {
 		r.w.log.Error("resume_after_freeze", "sandbox_id", id, "err", rerr)
 	}
 	if err != nil {

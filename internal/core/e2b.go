@@ -1,0 +1,31 @@
+package core
+
+import "time"
+
+// The E2B-compatible layer's records: its API keys and what only it knows
+// about a sandbox. They live here with the core's so internal/e2bcompat,
+// like the Manager, links no database.
+
+// APIKey is one API key. Only a hash of the secret is stored; the secret is
+// shown once, when the key is created.
+type APIKey struct {
+	ID   string
+	Name string
+	// Hash is the hex sha256 of the full secret: the keys are 128 bits of
+	// randomness, so a fast hash is enough (no dictionary to guess from).
+	Hash string
+	// Mask is a recognisable, non-secret fragment ("e2b_…1a2b") for listings.
+	Mask      string
+	CreatedAt time.Time
+	RevokedAt time.Time
+}
+
+// E2BSandbox holds what only the E2B-compatible API knows about a sandbox.
+type E2BSandbox struct {
+	ID string
+	// TrafficToken, when set, is required on preview-host traffic
+	// (E2B's allowPublicTraffic: false).
+	TrafficToken string
+	// Network is the E2B network config as JSON, echoed by getInfo.
+	Network string
+}
