@@ -196,7 +196,7 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
-			switch one {
+			switch sandbox.State(one) {
 			case sandbox.StateCreating, sandbox.StateReady, sandbox.StatePaused, sandbox.StateStopping, sandbox.StateStopped, sandbox.StateFailed:
 				opts.States = append(opts.States, one)
 			default:

@@ -180,7 +180,7 @@ func TestCreateDestroy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.State != StateReady || len(sb.ID) != 20 || sb.MemoryBytes != 256<<20 {
+	if State(sb.State) != StateReady || len(sb.ID) != 20 || sb.MemoryBytes != 256<<20 {
 		t.Errorf("Create = %+v", sb)
 	}
 	if _, _, err := f.m.Agent(t.Context(), sb.ID); err != nil {
@@ -197,7 +197,7 @@ func TestCreateDestroy(t *testing.T) {
 		t.Errorf("second Destroy = %v, want not found", err)
 	}
 	got, _ := f.m.Get(t.Context(), sb.ID)
-	if got.State != StateStopped || got.Reason != "test" {
+	if State(got.State) != StateStopped || got.Reason != "test" {
 		t.Errorf("after Destroy: %+v", got)
 	}
 	if len(f.rt.running) != 0 || len(f.net.ids) != 0 {
@@ -225,7 +225,7 @@ func TestCreateFailuresLeaveNothing(t *testing.T) {
 			if err == nil {
 				t.Fatal("Create succeeded")
 			}
-			if sb.State != StateFailed || sb.Reason == "" {
+			if State(sb.State) != StateFailed || sb.Reason == "" {
 				t.Errorf("failed Create = %+v, want failed with reason", sb)
 			}
 			if len(f.rt.running) != 0 || len(f.net.ids) != 0 {
@@ -302,10 +302,10 @@ func TestReconcile(t *testing.T) {
 	f.rt.running["orphan"] = runtime.StatusRunning
 	f.net.ids["orphan"] = true
 	m2 := f.manager(t, fakeProber{})
-	if got, _ := m2.Get(t.Context(), keep.ID); got.State != StateReady {
+	if got, _ := m2.Get(t.Context(), keep.ID); State(got.State) != StateReady {
 		t.Errorf("running sandbox after restart: %s", got.State)
 	}
-	if got, _ := m2.Get(t.Context(), dead.ID); got.State != StateFailed || got.Reason == "" {
+	if got, _ := m2.Get(t.Context(), dead.ID); State(got.State) != StateFailed || got.Reason == "" {
 		t.Errorf("dead sandbox after restart: %s %q", got.State, got.Reason)
 	}
 	if _, ok := f.rt.running["orphan"]; ok || f.net.ids["orphan"] {
