@@ -24,21 +24,39 @@ import (
 type fakeRuntime struct {
 	mu      sync.Mutex
 	running map[string]runtime.Status
-	failOn  string
+	// failOn is "create" (fail before making anything) or "start" (fail
+	// after BeforeStart, leaving the container behind).
+	failOn string
+	// started, when set, runs once the container is made and may block:
+	// a slow runtime.
+	started func(ctx context.Context, id string) error
 }
 
 func (f *fakeRuntime) Create(ctx context.Context, spec runtime.Spec) error {
 	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.failOn == "create" {
+	failOn, started := f.failOn, f.started
+	if failOn == "create" {
+		f.mu.Unlock()
 		return errors.New("runtime exploded")
 	}
+	f.running[spec.ID] = runtime.StatusCreated
+	f.mu.Unlock()
 	if spec.BeforeStart != nil {
 		if err := spec.BeforeStart(ctx, 4242); err != nil {
 			return err
 		}
 	}
+	if failOn == "start" {
+		return errors.New("runtime start exploded")
+	}
+	if started != nil {
+		if err := started(ctx, spec.ID); err != nil {
+			return err
+		}
+	}
+	f.mu.Lock()
 	f.running[spec.ID] = runtime.StatusRunning
+	f.mu.Unlock()
 	return nil
 }
 
@@ -72,12 +90,17 @@ func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
 type fakeNet struct {
 	mu  sync.Mutex
 	ids map[string]bool
+	// failAttach fails AttachTo half-way, leaving its link behind.
+	failAttach bool
 }
 
 func (f *fakeNet) AttachTo(ctx context.Context, id, nsPath string) (netpolicy.Attachment, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.ids[id] = true
+	if f.failAttach {
+		return netpolicy.Attachment{}, errors.New("attach exploded")
+	}
 	return netpolicy.Attachment{ID: id, SandboxIP: netip.MustParseAddr("198.18.0.2")}, nil
 }
 
