@@ -48,13 +48,29 @@ func TestDeadlineDestroys(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// A follower sees the whole life and returns at its end.
+		followed := make(chan []string, 1)
+		go func() {
+			var types []string
+			err := f.m.FollowEvents(t.Context(), sb.ID, func(e store.Event) error { types = append(types, e.Type); return nil })
+			if err != nil {
+				t.Errorf("FollowEvents = %v", err)
+			}
+			followed <- types
+		}()
 		time.Sleep(time.Minute - time.Second)
 		synctest.Wait()
 		if got, _ := f.m.Get(t.Context(), sb.ID); State(got.State) != StateReady {
 			t.Fatalf("a second before the deadline: %s, want ready", got.State)
 		}
+		if len(followed) != 0 {
+			t.Fatal("FollowEvents returned before the deadline")
+		}
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
+		if got, want := <-followed, []string{EventCreated, EventReady, EventDeadline, EventDestroyed}; !slices.Equal(got, want) {
+			t.Errorf("followed events = %v, want %v", got, want)
+		}
 		got, err := f.m.Get(t.Context(), sb.ID)
 		if err != nil || State(got.State) != StateStopped || got.Reason != "deadline reached" {
 			t.Errorf("after the deadline: %+v, %v; want stopped, deadline reached", got.Sandbox, err)

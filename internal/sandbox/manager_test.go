@@ -297,23 +297,6 @@ func TestValidation(t *testing.T) {
 	}
 }
 
-func TestDeadline(t *testing.T) {
-	f := newFixture(t, fakeProber{})
-	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	var types []string
-	if err := f.m.FollowEvents(ctx, sb.ID, func(e store.Event) error { types = append(types, e.Type); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if !slices.Equal(types, []string{"created", "ready", "deadline", "destroyed"}) {
-		t.Errorf("events = %v", types)
-	}
-}
-
 func TestReconcile(t *testing.T) {
 	f := newFixture(t, fakeProber{})
 	keep, _ := f.m.Create(t.Context(), CreateRequest{})
