@@ -55,7 +55,7 @@ func TestWireMirrorsInternal(t *testing.T) {
 // TestWireConstants: the states and event types the wire lists are the
 // ones the Manager uses.
 func TestWireConstants(t *testing.T) {
-	states := []string{sandbox.StateCreating, sandbox.StateReady, sandbox.StatePaused, sandbox.StateStopping, sandbox.StateStopped, sandbox.StateFailed}
+	states := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePaused), string(sandbox.StateStopping), string(sandbox.StateStopped), string(sandbox.StateFailed)}
 	if !slices.Equal(states, types.States) {
 		t.Errorf("sandbox states %v, wire %v", states, types.States)
 	}

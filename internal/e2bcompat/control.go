@@ -102,12 +102,13 @@ func sandboxOf(r *http.Request) sandbox.Sandbox {
 }
 
 func live(state string) bool {
-	return state == sandbox.StateReady || state == sandbox.StateCreating || state == sandbox.StatePaused
+	s := sandbox.State(state)
+	return s == sandbox.StateReady || s == sandbox.StateCreating || s == sandbox.StatePaused
 }
 
 // e2bState maps Berth's states onto E2B's two.
 func e2bState(state string) string {
-	if state == sandbox.StatePaused {
+	if sandbox.State(state) == sandbox.StatePaused {
 		return "paused"
 	}
 	return "running"
@@ -317,9 +318,9 @@ func listQuery(r *http.Request) (sandbox.OwnedListOptions, error) {
 	for _, st := range strings.Split(states, ",") {
 		switch st {
 		case "running":
-			opts.States = append(opts.States, sandbox.StateReady)
+			opts.States = append(opts.States, string(sandbox.StateReady))
 		case "paused":
-			opts.States = append(opts.States, sandbox.StatePaused)
+			opts.States = append(opts.States, string(sandbox.StatePaused))
 		default:
 			return opts, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
 		}
@@ -523,7 +524,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if sb.State == sandbox.StatePaused {
+	if sandbox.State(sb.State) == sandbox.StatePaused {
 		writeError(w, http.StatusNotImplemented, notSupportedPause)
 		return
 	}

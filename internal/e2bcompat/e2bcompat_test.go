@@ -114,7 +114,7 @@ func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p policy.
 }
 
 func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
-	sb := sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: sandbox.StateReady, Template: req.Template,
+	sb := sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: string(sandbox.StateReady), Template: req.Template,
 		Owner: req.Owner, Metadata: req.Metadata, User: req.User, Token: "tok", CreatedAt: time.Now(), Deadline: time.Now().Add(req.Timeout)}}
 	f.sbs[sb.ID] = sb
 	return sb, nil

@@ -91,7 +91,7 @@ func (m *Manager) FollowEvents(ctx context.Context, id string, fn func(core.Even
 	wake, unsubscribe := m.hub.subscribe(id)
 	defer unsubscribe()
 	var after int64
-	ended := rec.State == StateStopped || rec.State == StateFailed
+	ended := State(rec.State).Final()
 	for {
 		evs, err := m.deps.Store.Events(ctx, id, after)
 		if err != nil {

@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net/netip"
 	"strconv"
 	"sync"
@@ -24,16 +23,6 @@ import (
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/proto/envd"
-)
-
-// States of the lifecycle state machine.
-const (
-	StateCreating = "creating"
-	StateReady    = "ready"
-	StatePaused   = "paused"
-	StateStopping = "stopping"
-	StateStopped  = "stopped"
-	StateFailed   = "failed"
 )
 
 // Event types.
@@ -127,20 +116,6 @@ type Manager struct {
 	hub *hub
 }
 
-// entry is the in-memory side of a live sandbox.
-type entry struct {
-	// op serialises lifecycle operations on one sandbox.
-	op     sync.Mutex
-	rec    core.Sandbox
-	att    Attachment
-	timer  *time.Timer
-	ooms   int64
-	closed bool
-	// abort cancels a create still in progress; set before the entry is
-	// published and never changed, so it is read without the op lock.
-	abort context.CancelFunc
-}
-
 // New builds a Manager. Call Start to reconcile and begin monitoring.
 func New(cfg Config, deps Deps) (*Manager, error) {
 	if cfg.AgentPath == "" {
@@ -204,9 +179,7 @@ func (m *Manager) Close() {
 	m.closing = true
 	m.cancel()
 	for _, e := range m.live {
-		if e.timer != nil {
-			e.timer.Stop()
-		}
+		e.stopTimer()
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
@@ -407,165 +380,6 @@ type FieldError struct {
 func (e *FieldError) Error() string { return e.Err.Error() }
 func (e *FieldError) Unwrap() error { return e.Err }
 
-// Create makes a sandbox and returns once its agent answers. A failure at
-// any step undoes everything done so far and leaves the record in state
-// failed with the reason.
-func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	if err := m.validate(&req); err != nil {
-		return Sandbox{}, err
-	}
-	var policy policy.Policy
-	if req.Network != nil {
-		if err := req.Network.Validate(); err != nil {
-			return Sandbox{}, policyField(err)
-		}
-		policy = req.Network.Normalize()
-	}
-	tpl, err := m.deps.Templates.Get(ctx, req.Template)
-	if err != nil {
-		return Sandbox{}, &FieldError{Field: "template", Err: err}
-	}
-	now := time.Now().UTC()
-	rec := core.Sandbox{
-		ID:          newID(),
-		State:       StateCreating,
-		Template:    tpl.Name,
-		CPUMillis:   req.Limits.CPUMillis,
-		MemoryBytes: req.Limits.MemoryBytes,
-		DiskBytes:   req.Limits.DiskBytes,
-		PidsLimit:   req.Limits.PidsLimit,
-		Env:         maps.Clone(req.Env),
-		Labels:      maps.Clone(req.Labels),
-		Owner:       req.Owner,
-		Metadata:    maps.Clone(req.Metadata),
-		User:        req.User,
-		Token:       newToken(),
-		CreatedAt:   now,
-		Deadline:    now.Add(req.Timeout),
-	}
-	if rec.Env == nil {
-		rec.Env = map[string]string{}
-	}
-	if rec.Labels == nil {
-		rec.Labels = map[string]string{}
-	}
-	// The sandbox must not die with the request that asked for it; a
-	// kill while it is still being made (a long workspace setup, say)
-	// aborts it through abort.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second+req.setupTimeout())
-	defer cancel()
-	e := &entry{rec: rec, abort: cancel}
-	e.op.Lock()
-	defer e.op.Unlock()
-	m.mu.Lock()
-	m.live[rec.ID] = e
-	m.mu.Unlock()
-	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {
-		m.forget(rec.ID)
-		return Sandbox{}, err
-	}
-	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name)
-	log := m.log.With("sandbox_id", rec.ID)
-
-	fail := func(step string, err error) (Sandbox, error) {
-		err = fmt.Errorf("create sandbox %s: %s: %w", rec.ID, step, err)
-		m.teardown(cctx, e)
-		e.rec.State = StateFailed
-		e.rec.Reason = err.Error()
-		e.rec.EndedAt = time.Now().UTC()
-		if perr := m.deps.Store.PutSandbox(cctx, e.rec); perr != nil {
-			log.Error("persist_failed_state", "err", perr)
-		}
-		m.event(cctx, rec.ID, EventFailed, err.Error())
-		m.forget(rec.ID)
-		return Sandbox{Sandbox: e.rec}, err
-	}
-
-	type egressResult struct {
-		ca  []byte
-		err error
-	}
-	egress := make(chan egressResult, 1)
-	egressStarted := false
-	spec := runtime.Spec{
-		ID:          rec.ID,
-		Layers:      tpl.Layers,
-		DiskBytes:   rec.DiskBytes,
-		CPUMillis:   rec.CPUMillis,
-		MemoryBytes: rec.MemoryBytes,
-		PidsLimit:   rec.PidsLimit,
-		Hostname:    "berth-" + rec.ID[:12],
-		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   agentArgs(rec),
-		AgentEnv:    m.egressEnv(agentEnv(rec)),
-		// The sandbox gets a network namespace of its own user namespace
-		// (so its /sys is its own); the host wires the veth into it
-		// before the agent starts.
-		BeforeStart: func(ctx context.Context, pid int) error {
-			att, err := m.deps.Network.AttachTo(ctx, rec.ID, "/proc/"+strconv.Itoa(pid)+"/ns/net")
-			if err != nil {
-				return fmt.Errorf("network: %w", err)
-			}
-			e.att = att
-			// The egress services need the attachment, not the agent:
-			// they come up while the agent starts.
-			go func() {
-				ca, err := m.prepareEgress(cctx, e, policy)
-				egress <- egressResult{ca, err}
-			}()
-			egressStarted = true
-			return nil
-		},
-	}
-	// waitEgress collects the egress preparation, if it was started, so
-	// no failure path tears down under its feet.
-	waitEgress := func() egressResult {
-		if !egressStarted {
-			return egressResult{err: errors.New("egress was never prepared")}
-		}
-		egressStarted = false
-		return <-egress
-	}
-	if req.Layers != nil {
-		spec.Layers = req.Layers
-	}
-	if err := m.deps.Runtime.Create(cctx, spec); err != nil {
-		waitEgress()
-		return fail("runtime", err)
-	}
-	rctx, rcancel := context.WithTimeout(cctx, m.cfg.ReadyTimeout)
-	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
-	rcancel()
-	eg := waitEgress()
-	if err != nil {
-		return fail("agent did not become ready", err)
-	}
-	if eg.err != nil {
-		return fail("network policy", eg.err)
-	}
-	if err := m.installEgress(cctx, e, eg.ca); err != nil {
-		return fail("network policy", err)
-	}
-	if req.Setup != nil {
-		// Setup runs under cctx (budgeted for it, not tied to the request,
-		// cancelled by a kill); what follows gets a fresh budget.
-		serr := req.Setup(cctx, &SetupHandle{m: m, e: e})
-		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
-		defer cancel()
-		if serr != nil {
-			return fail("setup", serr)
-		}
-	}
-	e.rec.State = StateReady
-	if err := m.deps.Store.PutSandbox(cctx, e.rec); err != nil {
-		return fail("persist", err)
-	}
-	m.event(cctx, rec.ID, EventReady, "")
-	m.arm(e)
-	log.Info("sandbox_ready", "template", tpl.Name, "elapsed_ms", time.Since(now).Milliseconds())
-	return Sandbox{Sandbox: e.rec}, nil
-}
-
 // agentEnv is the environment of the agent, which becomes the base
 // environment of every process it starts (less the token it removes).
 func agentEnv(rec core.Sandbox) []string {
@@ -591,17 +405,15 @@ func agentAddr(att Attachment) string {
 func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 	defer cancel()
-	if e.timer != nil {
-		e.timer.Stop()
-	}
+	e.stopTimer()
 	var errs []error
-	if err := m.deps.Runtime.Destroy(ctx, e.rec.ID); err != nil {
+	if err := m.deps.Runtime.Destroy(ctx, e.id); err != nil {
 		errs = append(errs, fmt.Errorf("runtime: %w", err))
 	}
-	if err := m.deps.Network.Detach(ctx, e.rec.ID); err != nil {
+	if err := m.deps.Network.Detach(ctx, e.id); err != nil {
 		errs = append(errs, fmt.Errorf("network: %w", err))
 	}
-	if err := m.removeEgress(e.rec.ID); err != nil {
+	if err := m.removeEgress(e.id); err != nil {
 		errs = append(errs, fmt.Errorf("egress: %w", err))
 	}
 	return errors.Join(errs...)
@@ -632,26 +444,32 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 	return m.destroy(ctx, e, reason)
 }
 
+// destroy ends a live sandbox. It waits for an operation in progress only
+// as long as ctx allows, and aborts a create in progress rather than wait
+// it out (a workspace setup can take minutes): the create fails and tears
+// down, and the destroy finds the sandbox ended.
 func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
-	if !e.op.TryLock() {
-		// Busy: most likely still being created. Abort that, so a kill
-		// need not wait out a long setup; the create fails and tears
-		// down, and the kill below finds the sandbox ended.
-		if e.abort != nil {
-			m.log.Info("abort_create", "sandbox_id", e.rec.ID)
+	if !e.tryLock() {
+		if e.cur.Load().state == StateCreating && e.abort != nil {
+			m.log.Info("abort_create", "sandbox_id", e.id)
 			e.abort()
 		}
-		e.op.Lock()
+		if err := e.lock(ctx); err != nil {
+			return err
+		}
 	}
-	defer e.op.Unlock()
-	if e.closed || e.rec.State == StateFailed {
-		if e.rec.State == StateFailed {
+	defer e.unlock()
+	if e.closed || e.state() == StateFailed {
+		if e.state() == StateFailed {
 			return nil // it ended while being made (or was aborted by us)
 		}
-		return fmt.Errorf("sandbox %s is not running: %w", e.rec.ID, errdefs.ErrNotFound)
+		return fmt.Errorf("sandbox %s is not running: %w", e.id, errdefs.ErrNotFound)
 	}
 	ctx = context.WithoutCancel(ctx)
-	e.rec.State = StateStopping
+	if err := e.moveTo(StateStopping); err != nil {
+		return err
+	}
+	e.publish()
 	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
 		return err
 	}
@@ -659,35 +477,42 @@ func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
 	e.closed = true
 	e.rec.EndedAt = time.Now().UTC()
 	e.rec.Reason = reason
-	e.rec.State = StateStopped
-	typ, msg := EventDestroyed, reason
+	to, typ, msg := StateStopped, EventDestroyed, reason
 	if terr != nil {
-		e.rec.State = StateFailed
+		to = StateFailed
 		e.rec.Reason = fmt.Sprintf("%s; teardown: %v", reason, terr)
 		typ, msg = EventFailed, e.rec.Reason
 	}
-	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
-		m.log.Error("persist_destroyed_state", "sandbox_id", e.rec.ID, "err", err)
+	if err := e.moveTo(to); err != nil {
+		return err
 	}
-	m.event(ctx, e.rec.ID, typ, msg)
-	m.forget(e.rec.ID)
-	m.log.Info("sandbox_destroyed", "sandbox_id", e.rec.ID, "reason", reason)
+	e.publish()
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_destroyed_state", "sandbox_id", e.id, "err", err)
+	}
+	m.event(ctx, e.id, typ, msg)
+	m.forget(e.id)
+	m.log.Info("sandbox_destroyed", "sandbox_id", e.id, "reason", reason)
 	return terr
 }
 
-// arm (re)starts the deadline timer of a live sandbox.
+// arm (re)starts the deadline timer of a live sandbox; the caller holds
+// its op lock (or has not published it yet).
 func (m *Manager) arm(e *entry) {
+	e.tmu.Lock()
+	defer e.tmu.Unlock()
 	if e.timer != nil {
 		e.timer.Stop()
 	}
-	id := e.rec.ID
+	id := e.id
 	e.timer = time.AfterFunc(time.Until(e.rec.Deadline), func() {
 		if !m.track() {
 			return
 		}
 		defer m.wg.Done()
 		m.event(m.life, id, EventDeadline, "deadline reached")
-		if err := m.destroy(m.life, e, "deadline reached"); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		err := m.destroy(m.life, e, "deadline reached")
+		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && m.life.Err() == nil {
 			m.log.Error("destroy_at_deadline", "sandbox_id", id, "err", err)
 		}
 	})
@@ -705,29 +530,26 @@ func (m *Manager) track() bool {
 	return true
 }
 
-// Get returns a sandbox, with usage when it is live.
+// Get returns a sandbox, with usage when it is live. It never waits for a
+// lifecycle operation: a live sandbox's status is its last published one.
 func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
-	if e, ok := m.lookup(id); ok {
-		rec, ok := m.snapshot(e)
-		if !ok {
-			// Busy (being created, set up or destroyed): what the store
-			// holds is the last state it reached.
-			return m.storeSandbox(ctx, id)
-		}
-		s := Sandbox{Sandbox: rec, Network: m.networkInfo(e)}
-		if sr, ok := m.deps.Runtime.(StatsReader); ok && rec.State == StateReady {
-			if st, err := sr.Stats(ctx, id); err == nil {
-				s.Usage = &st
-			}
-		}
-		if m.deps.Meter != nil {
-			if u, ok := m.deps.Meter.DaemonUsage(id); ok {
-				s.Daemon = &u
-			}
-		}
-		return s, nil
+	e, ok := m.lookup(id)
+	if !ok {
+		return m.storeSandbox(ctx, id)
 	}
-	return m.storeSandbox(ctx, id)
+	st := e.cur.Load()
+	s := Sandbox{Sandbox: st.rec, Network: st.network()}
+	if sr, ok := m.deps.Runtime.(StatsReader); ok && st.state == StateReady {
+		if u, err := sr.Stats(ctx, id); err == nil {
+			s.Usage = &u
+		}
+	}
+	if m.deps.Meter != nil {
+		if u, ok := m.deps.Meter.DaemonUsage(id); ok {
+			s.Daemon = &u
+		}
+	}
+	return s, nil
 }
 
 func (m *Manager) storeSandbox(ctx context.Context, id string) (Sandbox, error) {
@@ -736,30 +558,6 @@ func (m *Manager) storeSandbox(ctx context.Context, id string) (Sandbox, error) 
 		return Sandbox{}, err
 	}
 	return Sandbox{Sandbox: rec}, nil
-}
-
-// snapshot reads a live sandbox's record without waiting for a lifecycle
-// operation in progress (a workspace setup can hold the lock for minutes):
-// ok is false while one runs.
-func (m *Manager) snapshot(e *entry) (core.Sandbox, bool) {
-	if !e.op.TryLock() {
-		return core.Sandbox{}, false
-	}
-	defer e.op.Unlock()
-	return e.rec, true
-}
-
-// networkInfo reads a live sandbox's attachment without waiting for a
-// lifecycle operation in progress (nil then, or without an attachment).
-func (m *Manager) networkInfo(e *entry) *NetworkInfo {
-	if !e.op.TryLock() {
-		return nil
-	}
-	defer e.op.Unlock()
-	if !e.att.SandboxIP.IsValid() {
-		return nil
-	}
-	return &NetworkInfo{Address: e.att.SandboxIP, Gateway: e.att.HostIP, HostLink: e.att.HostIface}
 }
 
 // ListOptions filter List.
@@ -783,9 +581,7 @@ next:
 			}
 		}
 		if e, ok := m.lookup(r.ID); ok {
-			if live, ok := m.snapshot(e); ok {
-				r = live
-			}
+			r = e.cur.Load().rec
 		}
 		out = append(out, Sandbox{Sandbox: r})
 	}
@@ -804,21 +600,26 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (S
 		}
 		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	e.op.Lock()
-	defer e.op.Unlock()
-	if e.closed || e.rec.State != StateReady {
+	if err := e.lock(ctx); err != nil {
+		return Sandbox{}, err
+	}
+	defer e.unlock()
+	if e.closed || e.state() != StateReady {
 		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
 	e.rec.Deadline = time.Now().UTC().Add(d)
 	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
 		return Sandbox{}, err
 	}
+	e.publish()
 	m.arm(e)
 	m.event(ctx, id, EventTimeoutChanged, "deadline "+e.rec.Deadline.Format(time.RFC3339))
 	return Sandbox{Sandbox: e.rec}, nil
 }
 
 // Agent returns the address and access token of a ready sandbox's agent.
+// It reads the published status, so the data-plane proxy never waits for
+// a lifecycle operation.
 func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err error) {
 	e, ok := m.lookup(id)
 	if !ok {
@@ -827,10 +628,9 @@ func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err
 		}
 		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
-	e.op.Lock()
-	defer e.op.Unlock()
-	if e.rec.State != StateReady {
-		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
+	st := e.cur.Load()
+	if st.state != StateReady {
+		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, st.state, errdefs.ErrFailedPrecondition)
 	}
-	return agentAddr(e.att), e.rec.Token, nil
+	return agentAddr(st.att), st.rec.Token, nil
 }

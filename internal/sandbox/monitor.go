@@ -5,8 +5,16 @@ import (
 	"fmt"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
+
+// monitorParallel bounds how many sandboxes one monitor round samples at
+// once: each sample is a runtime state query and a cgroup read, so a
+// round over many sandboxes takes about the slowest few, not their sum,
+// without starting one process per sandbox at once.
+const monitorParallel = 8
 
 // monitor samples every live sandbox: an OOM kill inside becomes an event,
 // and a sandbox whose init died is torn down with a reason.
@@ -19,30 +27,38 @@ func (m *Manager) monitor() {
 			return
 		case <-t.C:
 		}
-		m.mu.Lock()
-		entries := make([]*entry, 0, len(m.live))
-		for _, e := range m.live {
-			entries = append(entries, e)
-		}
-		m.mu.Unlock()
-		for _, e := range entries {
-			m.check(m.life, e)
-		}
+		m.sample(m.life)
 	}
 }
 
+// sample checks every live sandbox once, monitorParallel at a time, and
+// returns when all are checked.
+func (m *Manager) sample(ctx context.Context) {
+	m.mu.Lock()
+	entries := make([]*entry, 0, len(m.live))
+	for _, e := range m.live {
+		entries = append(entries, e)
+	}
+	m.mu.Unlock()
+	var g errgroup.Group
+	g.SetLimit(monitorParallel)
+	for _, e := range entries {
+		g.Go(func() error {
+			m.check(ctx, e)
+			return nil
+		})
+	}
+	g.Wait()
+}
+
 func (m *Manager) check(ctx context.Context, e *entry) {
-	// A sandbox busy with a lifecycle operation (a long workspace setup,
-	// a destroy) is sampled next time; the monitor never waits on one.
-	if !e.op.TryLock() {
+	// Only ready sandboxes are sampled, from their published status: the
+	// monitor never waits on a lifecycle operation (a long workspace
+	// setup, a destroy).
+	if st := e.cur.Load(); st.closed || st.state != StateReady {
 		return
 	}
-	if e.closed || e.rec.State != StateReady {
-		e.op.Unlock()
-		return
-	}
-	id := e.rec.ID
-	e.op.Unlock()
+	id := e.id
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	st, err := m.deps.Runtime.Inspect(ctx, id)
@@ -61,11 +77,7 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	if err != nil {
 		return
 	}
-	e.op.Lock()
-	prev := e.ooms
-	e.ooms = stats.OOMKills
-	e.op.Unlock()
-	if stats.OOMKills > prev {
+	if prev := e.ooms.Swap(stats.OOMKills); stats.OOMKills > prev {
 		m.event(ctx, id, EventOOM, fmt.Sprintf("out of memory: %d process(es) killed inside the sandbox (limit %d bytes)", stats.OOMKills-prev, stats.MemoryLimit))
 	}
 }

@@ -227,9 +227,11 @@ func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p policy.Poli
 	if err != nil {
 		return policy.Policy{}, err
 	}
-	e.op.Lock()
-	defer e.op.Unlock()
-	if e.closed || e.rec.State != StateReady {
+	if err := e.lock(ctx); err != nil {
+		return policy.Policy{}, err
+	}
+	defer e.unlock()
+	if e.closed || e.state() != StateReady {
 		return policy.Policy{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
 	if m.deps.Egress == nil {

@@ -13,7 +13,7 @@ import (
 // still run are re-adopted, half-made or broken ones are cleaned up and
 // marked failed with a reason, and leftovers nobody owns are removed.
 func (m *Manager) reconcile(ctx context.Context) error {
-	recs, err := m.deps.Store.ListSandboxes(ctx, StateCreating, StateReady, StatePaused, StateStopping)
+	recs, err := m.deps.Store.ListSandboxes(ctx, string(StateCreating), string(StateReady), string(StatePaused), string(StateStopping))
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -68,12 +68,17 @@ func (m *Manager) reconcile(ctx context.Context) error {
 // adopt re-attaches a sandbox that was live when the daemon stopped, or
 // cleans it up. It reports whether the sandbox is live again.
 func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
-	e := &entry{rec: rec}
+	// Not published to m.live until adopted: nobody else sees e, so
+	// adopt changes it without the op lock.
+	e := newEntry(rec, nil)
 	fail := func(reason string) bool {
 		if err := m.teardown(ctx, e); err != nil {
 			reason += "; teardown: " + err.Error()
 		}
-		e.rec.State = StateFailed
+		if err := e.moveTo(StateFailed); err != nil {
+			m.log.Error("adopt", "sandbox_id", rec.ID, "err", err)
+			e.rec.State = string(StateFailed)
+		}
 		e.rec.Reason = reason
 		e.rec.EndedAt = time.Now().UTC()
 		if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
@@ -83,7 +88,7 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		m.log.Warn("sandbox_not_adopted", "sandbox_id", rec.ID, "reason", reason)
 		return false
 	}
-	switch rec.State {
+	switch State(rec.State) {
 	case StateCreating:
 		return fail("daemon restarted while the sandbox was being created")
 	case StateStopping:
@@ -91,7 +96,7 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		if err := m.teardown(ctx, e); err != nil {
 			return fail("daemon restarted while the sandbox was being destroyed; teardown: " + err.Error())
 		}
-		e.rec.State = StateStopped
+		e.moveTo(StateStopped)
 		e.rec.EndedAt = time.Now().UTC()
 		if e.rec.Reason == "" {
 			e.rec.Reason = "destroyed"
@@ -102,7 +107,7 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	}
 	if !rec.Deadline.After(time.Now()) {
 		m.teardown(ctx, e)
-		e.rec.State = StateStopped
+		e.moveTo(StateStopped)
 		e.rec.Reason = "deadline reached while the daemon was down"
 		e.rec.EndedAt = time.Now().UTC()
 		m.deps.Store.PutSandbox(ctx, e.rec)
@@ -133,9 +138,10 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	}
 	if sr, ok := m.deps.Runtime.(StatsReader); ok {
 		if stats, err := sr.Stats(ctx, rec.ID); err == nil {
-			e.ooms = stats.OOMKills
+			e.ooms.Store(stats.OOMKills)
 		}
 	}
+	e.publish()
 	m.mu.Lock()
 	m.live[rec.ID] = e
 	m.mu.Unlock()

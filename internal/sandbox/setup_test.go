@@ -68,7 +68,7 @@ func TestSetupHook(t *testing.T) {
 				t.Errorf("Deadline() = %v, want an hour from the create", d)
 			}
 			// While setup runs the sandbox is still creating.
-			if got, err := m.Get(ctx, h.ID()); err != nil || got.State != StateCreating {
+			if got, err := m.Get(ctx, h.ID()); err != nil || State(got.State) != StateCreating {
 				t.Errorf("Get during setup = %s, %v; want creating", got.State, err)
 			}
 			h.Event(ctx, "setup_done", "all set")
@@ -95,7 +95,7 @@ func TestSetupHook(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sb.ID != seen || sb.State != StateReady {
+	if sb.ID != seen || State(sb.State) != StateReady {
 		t.Errorf("Create = %s %s, setup saw %s", sb.ID, sb.State, seen)
 	}
 	rt.mu.Lock()
@@ -117,7 +117,7 @@ func TestSetupFailureFailsCreate(t *testing.T) {
 	if err == nil {
 		t.Fatal("create with a failing setup succeeded")
 	}
-	if sb.State != StateFailed || !strings.Contains(sb.Reason, "setup: step 2 exited with code 1") {
+	if State(sb.State) != StateFailed || !strings.Contains(sb.Reason, "setup: step 2 exited with code 1") {
 		t.Errorf("sandbox = %s %q, want failed naming the setup error", sb.State, sb.Reason)
 	}
 	if ids, _ := rt.List(t.Context()); len(ids) != 0 {

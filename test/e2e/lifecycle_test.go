@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,27 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	if len(sbs) != 1 || sbs[0].State != client.StateFailed || sbs[0].Reason == "" {
 		t.Errorf("after failed create: %+v, want one failed sandbox with a reason", sbs)
 	}
+	AssertNoLeaks(t, d)
+}
+
+// TestAgentNeverReadyLeavesNothing fails a create after the network is
+// attached and the egress services are up (an agent that exits at once):
+// the create's undo stack must remove all of them, and the container.
+func TestAgentNeverReadyLeavesNothing(t *testing.T) {
+	agent := filepath.Join(t.TempDir(), "agent")
+	if err := os.WriteFile(agent, []byte("#!/bin/sh\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	d := StartDaemon(t, "--agent", agent)
+	_, err := d.Client.Create(t.Context(), client.CreateRequest{Template: "minimal", Network: &client.NetworkPolicy{Mode: "allow", Allow: []string{"example.test"}}})
+	if err == nil {
+		t.Fatal("create with an agent that exits succeeded")
+	}
+	sbs, _ := d.Client.List(t.Context(), client.ListOptions{})
+	if len(sbs) != 1 || sbs[0].State != client.StateFailed || sbs[0].Reason == "" {
+		t.Errorf("after failed create: %+v, want one failed sandbox with a reason", sbs)
+	}
+	t.Logf("reason: %s", sbs[0].Reason)
 	AssertNoLeaks(t, d)
 }
 

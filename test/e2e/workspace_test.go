@@ -282,6 +282,17 @@ func TestWorkspaceKillDuringSetup(t *testing.T) {
 	if err != nil || len(sbs) != 1 {
 		t.Fatalf("creating sandboxes = %+v, %v; want one", sbs, err)
 	}
+	// Readers never wait for the setup: the sandbox reads as creating,
+	// and the data plane refuses it at once rather than hang until the
+	// setup ends (the bound only turns a regression into a failure).
+	rctx, rcancel := context.WithTimeout(ctx, time.Minute)
+	if got, err := d.Client.Get(rctx, sbs[0].ID); err != nil || got.State != client.StateCreating {
+		t.Errorf("Get during setup = %+v, %v; want creating", got, err)
+	}
+	if _, err := d.Client.Sandbox(sbs[0].ID).Exec(rctx, client.ExecRequest{Cmd: "true"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("exec during setup = %v, want failed precondition", err)
+	}
+	rcancel()
 	if err := d.Client.Kill(ctx, sbs[0].ID); err != nil {
 		t.Fatalf("kill during setup: %v", err)
 	}

@@ -1,0 +1,258 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strconv"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+// creation is one Create in progress: what its steps share.
+type creation struct {
+	e      *entry
+	req    CreateRequest
+	tpl    template.Template
+	policy policy.Policy
+	log    *slog.Logger
+	start  time.Time
+	// egress is the egress preparation started once the network is
+	// attached (nil until then).
+	egress *egressPrep
+	// undo removes what the steps made so far.
+	undo undo
+}
+
+// Create makes a sandbox and returns once its agent answers. It runs
+// provision, await-ready, the request's setup hook and finish; each step
+// pushes how to undo what it makes onto one stack, and a failure at any
+// step unwinds it and leaves the record in state failed with the reason.
+//
+// The create holds the sandbox's operation lock throughout (a setup can
+// take minutes); readers never wait for it, and a destroy aborts it.
+func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	if err := m.validate(&req); err != nil {
+		return Sandbox{}, err
+	}
+	var policy policy.Policy
+	if req.Network != nil {
+		if err := req.Network.Validate(); err != nil {
+			return Sandbox{}, policyField(err)
+		}
+		policy = req.Network.Normalize()
+	}
+	tpl, err := m.deps.Templates.Get(ctx, req.Template)
+	if err != nil {
+		return Sandbox{}, &FieldError{Field: "template", Err: err}
+	}
+	now := time.Now().UTC()
+	rec := core.Sandbox{
+		ID:          newID(),
+		State:       string(StateCreating),
+		Template:    tpl.Name,
+		CPUMillis:   req.Limits.CPUMillis,
+		MemoryBytes: req.Limits.MemoryBytes,
+		DiskBytes:   req.Limits.DiskBytes,
+		PidsLimit:   req.Limits.PidsLimit,
+		Env:         maps.Clone(req.Env),
+		Labels:      maps.Clone(req.Labels),
+		Owner:       req.Owner,
+		Metadata:    maps.Clone(req.Metadata),
+		User:        req.User,
+		Token:       newToken(),
+		CreatedAt:   now,
+		Deadline:    now.Add(req.Timeout),
+	}
+	if rec.Env == nil {
+		rec.Env = map[string]string{}
+	}
+	if rec.Labels == nil {
+		rec.Labels = map[string]string{}
+	}
+	// The sandbox must not die with the request that asked for it; a
+	// kill while it is still being made (a long workspace setup, say)
+	// aborts it through abort.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second+req.setupTimeout())
+	defer cancel()
+	e := newEntry(rec, cancel)
+	e.op <- struct{}{} // free: nobody else has seen the entry yet
+	defer e.unlock()
+	m.mu.Lock()
+	m.live[rec.ID] = e
+	m.mu.Unlock()
+	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {
+		m.forget(rec.ID)
+		return Sandbox{}, err
+	}
+	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name)
+	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now}
+
+	if err := m.provision(cctx, c); err != nil {
+		return m.abandon(cctx, c, err)
+	}
+	if err := m.awaitReady(cctx, c); err != nil {
+		return m.abandon(cctx, c, err)
+	}
+	if req.Setup != nil {
+		// Setup runs under cctx (budgeted for it, not tied to the request,
+		// cancelled by a kill); what follows gets a fresh budget.
+		serr := req.Setup(cctx, &SetupHandle{m: m, e: e})
+		cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+		defer cancel()
+		if serr != nil {
+			return m.abandon(cctx, c, fmt.Errorf("setup: %w", serr))
+		}
+	}
+	if err := m.finish(cctx, c); err != nil {
+		return m.abandon(cctx, c, err)
+	}
+	return Sandbox{Sandbox: e.rec}, nil
+}
+
+// provision makes the sandbox on the host: the runtime's container, and
+// from its BeforeStart hook the network attachment and (while the agent
+// starts) the egress services.
+func (m *Manager) provision(ctx context.Context, c *creation) error {
+	e := c.e
+	id := e.id
+	spec := runtime.Spec{
+		ID:          id,
+		Layers:      c.tpl.Layers,
+		DiskBytes:   e.rec.DiskBytes,
+		CPUMillis:   e.rec.CPUMillis,
+		MemoryBytes: e.rec.MemoryBytes,
+		PidsLimit:   e.rec.PidsLimit,
+		Hostname:    "berth-" + id[:12],
+		AgentPath:   m.cfg.AgentPath,
+		AgentArgs:   agentArgs(e.rec),
+		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		// The sandbox gets a network namespace of its own user namespace
+		// (so its /sys is its own); the host wires the veth into it
+		// before the agent starts. The hook runs within Runtime.Create,
+		// before it returns, so it pushes onto the same undo stack.
+		BeforeStart: func(bctx context.Context, pid int) error {
+			c.undo.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
+			att, err := m.deps.Network.AttachTo(bctx, id, "/proc/"+strconv.Itoa(pid)+"/ns/net")
+			if err != nil {
+				return fmt.Errorf("network: %w", err)
+			}
+			e.att = att
+			// The egress services need the attachment, not the agent:
+			// they come up while the agent starts, under the create's
+			// context (BeforeStart's ends with the runtime's Create).
+			c.egress = m.prepareEgressAsync(ctx, e, c.policy)
+			c.undo.push("egress", func(context.Context) error {
+				c.egress.wait() // never remove under its feet
+				return m.removeEgress(id)
+			})
+			return nil
+		},
+	}
+	if c.req.Layers != nil {
+		spec.Layers = c.req.Layers
+	}
+	// Pushed first, so unwound last: a Create that fails half-way may
+	// leave a container behind, and Destroy takes whatever is there.
+	c.undo.push("runtime", func(ctx context.Context) error { return m.deps.Runtime.Destroy(ctx, id) })
+	if err := m.deps.Runtime.Create(ctx, spec); err != nil {
+		return fmt.Errorf("runtime: %w", err)
+	}
+	return nil
+}
+
+// awaitReady waits until the agent answers and the egress services are
+// up, then writes the egress CA and resolver into the sandbox.
+func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
+	rctx, rcancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
+	err := m.deps.Prober.WaitReady(rctx, agentAddr(c.e.att))
+	rcancel()
+	ca, eerr := c.egress.wait()
+	if err != nil {
+		return fmt.Errorf("agent did not become ready: %w", err)
+	}
+	if eerr != nil {
+		return fmt.Errorf("network policy: %w", eerr)
+	}
+	if err := m.installEgress(ctx, c.e, ca); err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	return nil
+}
+
+// finish records the sandbox as ready, publishes it to readers and arms
+// its deadline. Nothing after the store write can fail.
+func (m *Manager) finish(ctx context.Context, c *creation) error {
+	e := c.e
+	if err := e.moveTo(StateReady); err != nil {
+		return err
+	}
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		return fmt.Errorf("persist: %w", err)
+	}
+	e.publish()
+	m.event(ctx, e.id, EventReady, "")
+	m.arm(e)
+	c.log.Info("sandbox_ready", "template", c.tpl.Name, "elapsed_ms", time.Since(c.start).Milliseconds())
+	return nil
+}
+
+// abandon ends a failed create: it unwinds the undo stack, records the
+// sandbox as failed with the reason and forgets it.
+func (m *Manager) abandon(ctx context.Context, c *creation, err error) (Sandbox, error) {
+	e := c.e
+	err = fmt.Errorf("create sandbox %s: %w", e.id, err)
+	// The create's context may be what ended (an abort): recording the
+	// failure must not depend on it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	defer cancel()
+	if uerr := c.undo.unwind(ctx); uerr != nil {
+		c.log.Error("undo_create", "err", uerr)
+	}
+	if merr := e.moveTo(StateFailed); merr != nil {
+		c.log.Error("undo_create", "err", merr)
+		e.rec.State = string(StateFailed)
+	}
+	e.rec.Reason = err.Error()
+	e.rec.EndedAt = time.Now().UTC()
+	e.publish()
+	if perr := m.deps.Store.PutSandbox(ctx, e.rec); perr != nil {
+		c.log.Error("persist_failed_state", "err", perr)
+	}
+	m.event(ctx, e.id, EventFailed, err.Error())
+	m.forget(e.id)
+	return Sandbox{Sandbox: e.rec}, err
+}
+
+// egressPrep is an egress preparation running while the agent starts.
+type egressPrep struct {
+	done chan struct{}
+	ca   []byte
+	err  error
+}
+
+// prepareEgressAsync starts prepareEgress; the create that started it
+// always waits for it (awaitReady, or its undo).
+func (m *Manager) prepareEgressAsync(ctx context.Context, e *entry, p policy.Policy) *egressPrep {
+	ep := &egressPrep{done: make(chan struct{})}
+	go func() {
+		defer close(ep.done)
+		ep.ca, ep.err = m.prepareEgress(ctx, e, p)
+	}()
+	return ep
+}
+
+// wait returns the preparation's result once it is done.
+func (ep *egressPrep) wait() ([]byte, error) {
+	if ep == nil {
+		return nil, errors.New("egress was never prepared")
+	}
+	<-ep.done
+	return ep.ca, ep.err
+}
