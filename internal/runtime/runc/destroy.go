@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -33,7 +32,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	phases.mark("kill")
-	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); err == nil {
+	if r.hasState(id) {
 		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
 			errs = append(errs, err)
 		}
@@ -43,7 +42,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	// runc's own state, if its delete failed; the processes are gone now.
-	if err := os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id)); err != nil {
+	if err := r.removeState(id); err != nil {
 		errs = append(errs, err)
 	}
 	phases.mark("cgroups")

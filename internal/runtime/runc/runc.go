@@ -61,7 +61,10 @@ type Config struct {
 	DiskPoolDir string
 	// DiskPoolDepth is how many spare images of each size are kept (2).
 	DiskPoolDepth int
-	Logger        *slog.Logger
+	// GVisor, when set, runs sandboxes under gVisor's runsc instead of
+	// runc (gvisor.go); Binary then defaults to "runsc".
+	GVisor *GVisor
+	Logger *slog.Logger
 }
 
 // Runtime creates and tears down runc sandboxes. It is safe for concurrent
@@ -84,6 +87,9 @@ type Runtime struct {
 func New(cfg Config) (*Runtime, error) {
 	if cfg.Binary == "" {
 		cfg.Binary = "runc"
+		if cfg.GVisor != nil {
+			cfg.Binary = "runsc"
+		}
 	}
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = 1000000
@@ -226,6 +232,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	sp := r.ociSpec(spec, r.rootfs(id), uid)
+	if r.cfg.GVisor != nil {
+		if err := r.createGVisor(ctx, spec, sp, &phases); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+		return nil
+	}
 	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -479,7 +492,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 // command builds a runc invocation with the daemon's root and the
 // sandbox's log file.
 func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
-	argv := []string{"--root", r.cfg.RuncRoot}
+	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
 	if id != "" {
 		if _, err := os.Stat(r.dir(id)); err == nil {
 			argv = append(argv, "--log", r.runcLog(id), "--log-format", "text")
@@ -492,7 +505,8 @@ func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.
 
 // runcOutput runs runc and returns its stdout; errors carry stderr.
 func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.cfg.Binary, append([]string{"--root", r.cfg.RuncRoot}, args...)...)
+	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -524,7 +538,7 @@ type runcState struct {
 
 // state asks runc about id; ok is false when runc has no record of it.
 func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
-	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); errors.Is(err, os.ErrNotExist) {
+	if !r.hasState(id) {
 		return st, false, nil
 	}
 	out, err := r.runcOutput(ctx, "state", id)
@@ -580,15 +594,20 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (runtime.State, error)
 // state, a state directory or a mount under StateDir.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
-	for _, d := range []string{r.cfg.RuncRoot, r.cfg.StateDir} {
-		ents, err := os.ReadDir(d)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		for _, e := range ents {
-			if e.IsDir() && validID.MatchString(e.Name()) {
-				seen[e.Name()] = true
-			}
+	held, err := r.stateIDs()
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, id := range held {
+		seen[id] = true
+	}
+	ents, err := os.ReadDir(r.cfg.StateDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && validID.MatchString(e.Name()) {
+			seen[e.Name()] = true
 		}
 	}
 	mps, err := mountsUnder(r.cfg.StateDir)
