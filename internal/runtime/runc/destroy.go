@@ -28,6 +28,13 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	// ever forked (setsid and double-forked ones too), thaws a paused
 	// sandbox so SIGKILL lands, and is much faster than letting runc
 	// poll for its init to die.
+	if r.cfg.GVisor != nil {
+		// runsc cannot delete a paused sandbox (it panics on the
+		// paused => stopped transition); thawed, it can.
+		if st, ok, _ := r.state(ctx, id); ok && st.Status == "paused" {
+			_, _ = r.runcOutput(ctx, "resume", id)
+		}
+	}
 	if err := r.killCgroup(ctx, id); err != nil {
 		errs = append(errs, err)
 	}

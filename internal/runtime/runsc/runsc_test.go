@@ -91,7 +91,9 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			cmd.WaitDelay = 10 * time.Second
 			return cmd.CombinedOutput()
 		},
-		HostUID: r.HostUID,
+		HostUID:         r.HostUID,
+		OOMKillsSandbox: true,
+		ExecUnfiltered:  true,
 	}
 }
 
