@@ -68,6 +68,9 @@ type Instance struct {
 	// PidsLimitGap, when set, says why the backend cannot yet keep a
 	// sandbox alive at its pids limit; the pids cases are skipped with it.
 	PidsLimitGap string
+	// Checkpoints says the backend can checkpoint and restore; one that
+	// cannot must refuse with ErrNotImplemented.
+	Checkpoints bool
 }
 
 // Harness builds backends and specs for the suite.
@@ -103,6 +106,7 @@ func Run(t *testing.T, h Harness) {
 		{"PidsLimit", testPidsLimit},
 		{"DistinctUIDs", testDistinctUIDs},
 		{"DestroyForkBomb", testDestroyForkBomb},
+		{"CheckpointRestore", testCheckpointRestore},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
