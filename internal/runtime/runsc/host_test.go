@@ -2,6 +2,7 @@ package runsc_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,9 +16,10 @@ import (
 )
 
 // TestHostProcesses: what a gVisor sandbox runs on the host never runs as
-// host root. The sentry (State.Pid) runs as nobody in a user namespace of
-// its own; every other process in the sandbox's cgroup (the gofer) runs as
-// the sandbox's own host uid.
+// host root. The sentry (State.Pid) and its ptrace stubs (the rest of the
+// sandbox's cgroup) run as nobody in a user namespace of their own; the
+// gofer (which runsc may place in the cgroup too) runs as the sandbox's own
+// host uid. After Destroy none is left.
 func TestHostProcesses(t *testing.T) {
 	h := newHarness(t)
 	inst := h.New(t)
@@ -35,33 +37,60 @@ func TestHostProcesses(t *testing.T) {
 	if err != nil || slotUID == 0 {
 		t.Fatalf("HostUID = %d, %v", slotUID, err)
 	}
-	if uid := procUID(t, st.Pid); uid != 65534 {
-		t.Errorf("sentry (pid %d) runs as host uid %d, want 65534 (nobody)", st.Pid, uid)
+	if uid := procUID(t, st.Pid); uid != nobody {
+		t.Errorf("sentry (pid %d) runs as host uid %d, want %d (nobody)", st.Pid, uid, nobody)
 	}
-	for _, ns := range []string{"user", "mnt", "pid", "net", "ipc", "uts"} {
+	// The sentry shares the host's pid namespace (the sandbox's pid
+	// namespace is the sentry's own, in Go); the rest are its own.
+	for _, ns := range []string{"user", "mnt", "net", "ipc", "uts"} {
 		host, _ := os.Readlink("/proc/self/ns/" + ns)
 		sb, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", st.Pid, ns))
 		if err != nil || sb == host {
 			t.Errorf("sentry %s namespace = %q, %v; want its own", ns, sb, err)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", inst.Footprint.CgroupParent, id, "cgroup.procs"))
-	if err != nil {
-		t.Skipf("no v1 pids cgroup to list: %v", err)
-	}
-	pids := strings.Fields(string(b))
-	if len(pids) < 2 {
-		t.Errorf("cgroup holds %v, want the sentry and the gofer", pids)
-	}
-	for _, p := range pids {
-		pid, _ := strconv.Atoi(p)
-		uid := procUID(t, pid)
-		switch {
-		case pid == st.Pid:
-		case uid != int(slotUID):
-			t.Errorf("process %d in the sandbox's cgroup runs as host uid %d, want the sandbox's %d", pid, uid, slotUID)
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", inst.Footprint.CgroupParent, id, "cgroup.procs")); err == nil {
+		for _, p := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(p)
+			if uid := procUID(t, pid); uid != nobody && uid != int(slotUID) {
+				t.Errorf("process %d in the sandbox's cgroup runs as host uid %d, want %d or %d", pid, uid, nobody, slotUID)
+			}
 		}
 	}
+	gofer := goferPid(t, inst.Footprint.RuncRoot, id)
+	if uid := procUID(t, gofer); uid != int(slotUID) {
+		t.Errorf("gofer (pid %d) runs as host uid %d, want the sandbox's %d", gofer, uid, slotUID)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{st.Pid, gofer} {
+		if err := unix.Kill(pid, 0); err == nil {
+			t.Errorf("process %d still alive after Destroy", pid)
+		}
+	}
+}
+
+const nobody = 65534
+
+// goferPid reads the gofer's pid from runsc's state file of id.
+func goferPid(t *testing.T, root, id string) int {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(root, id+"_sandbox:*.state"))
+	if len(m) != 1 {
+		t.Fatalf("runsc state files of %s: %v", id, m)
+	}
+	b, err := os.ReadFile(m[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.GoferPid <= 0 {
+		t.Fatalf("gofer pid in %s: %d, %v", m[0], st.GoferPid, err)
+	}
+	return st.GoferPid
 }
 
 // TestBeforeStartNetNS: a BeforeStart hook gets a pid whose network

@@ -89,7 +89,16 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			args := append([]string{"--root", cfg.RunscRoot, "exec", id}, argv...)
 			cmd := exec.CommandContext(ctx, "runsc", args...)
 			cmd.WaitDelay = 10 * time.Second
-			return cmd.CombinedOutput()
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				// The sandbox's own stderr (the sentry's, on a crash).
+				for _, f := range []string{r.AgentLog(id), filepath.Join(cfg.StateDir, id, "runc.log")} {
+					if b, rerr := os.ReadFile(f); rerr == nil && len(b) > 0 {
+						t.Logf("sandbox %s %s:\n%s", id, filepath.Base(f), tail(b, 4096))
+					}
+				}
+			}
+			return out, err
 		},
 		HostUID:         r.HostUID,
 		OOMKillsSandbox: true,
@@ -113,6 +122,13 @@ func (h *harness) Spec(t *testing.T, id string) runtime.Spec {
 		Hostname:    "sb-" + id,
 		AgentPath:   h.agent,
 	}
+}
+
+func tail(b []byte, n int) []byte {
+	if len(b) > n {
+		return b[len(b)-n:]
+	}
+	return b
 }
 
 // removeCgroupParent removes the per-test parent cgroup in every
