@@ -184,11 +184,12 @@ func checkID(id string) error {
 	return nil
 }
 
-func (r *Runtime) dir(id string) string     { return filepath.Join(r.cfg.StateDir, id) }
-func (r *Runtime) diskDir(id string) string { return filepath.Join(r.dir(id), "disk") }
-func (r *Runtime) image(id string) string   { return filepath.Join(r.dir(id), "disk.img") }
-func (r *Runtime) rootfs(id string) string  { return filepath.Join(r.dir(id), "rootfs") }
-func (r *Runtime) runcLog(id string) string { return filepath.Join(r.dir(id), "runc.log") }
+func (r *Runtime) dir(id string) string      { return filepath.Join(r.cfg.StateDir, id) }
+func (r *Runtime) diskDir(id string) string  { return filepath.Join(r.dir(id), "disk") }
+func (r *Runtime) image(id string) string    { return filepath.Join(r.dir(id), "disk.img") }
+func (r *Runtime) rootfs(id string) string   { return filepath.Join(r.dir(id), "rootfs") }
+func (r *Runtime) runcLog(id string) string  { return filepath.Join(r.dir(id), "runc.log") }
+func (r *Runtime) panicLog(id string) string { return filepath.Join(r.dir(id), "panic.log") }
 
 // AgentLog is the host path of a sandbox's agent stdout/stderr. It lives in
 // the sandbox's disk image, so its size counts against the sandbox's disk
@@ -496,6 +497,11 @@ func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.
 	if id != "" {
 		if _, err := os.Stat(r.dir(id)); err == nil {
 			argv = append(argv, "--log", r.runcLog(id), "--log-format", "text")
+			if r.cfg.GVisor != nil {
+				// The sentry's own crash report, which would otherwise
+				// go nowhere once runsc has detached.
+				argv = append(argv, "--panic-log", r.panicLog(id))
+			}
 		}
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
@@ -511,14 +517,20 @@ func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("runc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(r.cfg.Binary), args[0], err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
 
-// logTail returns the last lines of the sandbox's runc log, for errors.
+// logTail returns the last lines of the sandbox's runc log (and, under
+// gVisor, the sentry's panic log), for errors.
 func (r *Runtime) logTail(id string) string {
 	b, err := os.ReadFile(r.runcLog(id))
+	if r.cfg.GVisor != nil {
+		if p, perr := os.ReadFile(r.panicLog(id)); perr == nil {
+			b, err = append(b, p...), nil
+		}
+	}
 	if err != nil || len(b) == 0 {
 		return ""
 	}

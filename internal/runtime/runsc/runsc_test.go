@@ -92,7 +92,7 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			out, err := cmd.CombinedOutput()
 			if err != nil {
 				// The sandbox's own stderr (the sentry's, on a crash).
-				for _, f := range []string{r.AgentLog(id), filepath.Join(cfg.StateDir, id, "runc.log")} {
+				for _, f := range []string{r.AgentLog(id), filepath.Join(cfg.StateDir, id, "runc.log"), filepath.Join(cfg.StateDir, id, "panic.log")} {
 					if b, rerr := os.ReadFile(f); rerr == nil && len(b) > 0 {
 						t.Logf("sandbox %s %s:\n%s", id, filepath.Base(f), tail(b, 4096))
 					}
