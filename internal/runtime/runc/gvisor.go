@@ -76,6 +76,10 @@ func (r *Runtime) gvisorFlags() []string {
 	}
 }
 
+// sentryTasks is the headroom a gVisor sandbox's host pids cgroup gets
+// over the sandbox's own limit, for the sentry's and gofer's threads.
+const sentryTasks = 128
+
 // gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
 // this file). netns is the namespace to join, "" for a new one.
 func gvisorSpec(sp *specs.Spec, netns string) {
@@ -97,6 +101,17 @@ func gvisorSpec(sp *specs.Spec, netns string) {
 		kept = append(kept, m)
 	}
 	sp.Mounts = kept
+	// The host pids cgroup counts gVisor's own tasks besides the
+	// sandbox's: the sentry's and gofer's threads, and on the ptrace
+	// platform one stub task per sandbox thread. At the bare sandbox
+	// limit the sentry could not start a stub for the sandbox's second
+	// Go program ("error initializing first thread: resource temporarily
+	// unavailable") and died. The cgroup gets headroom for gVisor itself;
+	// a sandbox that forks through all of it still takes its sentry down
+	// (docs/security.md, gVisor, pids limit gap).
+	if p := sp.Linux.Resources.Pids; p != nil && p.Limit != nil && *p.Limit > 0 {
+		p.Limit = ptr(*p.Limit + sentryTasks)
+	}
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil
 	sp.Linux.ReadonlyPaths = nil

@@ -527,8 +527,9 @@ func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error
 func (r *Runtime) logTail(id string) string {
 	b, err := os.ReadFile(r.runcLog(id))
 	if r.cfg.GVisor != nil {
-		if p, perr := os.ReadFile(r.panicLog(id)); perr == nil {
-			b, err = append(b, p...), nil
+		// A Go panic says what went wrong in its first lines.
+		if p, perr := os.ReadFile(r.panicLog(id)); perr == nil && len(p) > 0 {
+			return ": " + strings.TrimSpace(string(p[:min(len(p), 1500)]))
 		}
 	}
 	if err != nil || len(b) == 0 {

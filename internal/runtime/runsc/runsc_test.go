@@ -94,7 +94,7 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 				// The sandbox's own stderr (the sentry's, on a crash).
 				for _, f := range []string{r.AgentLog(id), filepath.Join(cfg.StateDir, id, "runc.log"), filepath.Join(cfg.StateDir, id, "panic.log")} {
 					if b, rerr := os.ReadFile(f); rerr == nil && len(b) > 0 {
-						t.Logf("sandbox %s %s:\n%s", id, filepath.Base(f), tail(b, 4096))
+						t.Logf("sandbox %s %s:\n%s\n...\n%s", id, filepath.Base(f), b[:min(len(b), 2048)], tail(b, 1024))
 					}
 				}
 			}
