@@ -24,17 +24,19 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	phases := phaseTimer{last: start}
 	slot, hasSlot := r.slots.lookup(r.dir(id))
 	var errs []error
-	// Kill first, through the cgroup: it knows every process the sandbox
-	// ever forked (setsid and double-forked ones too), thaws a paused
-	// sandbox so SIGKILL lands, and is much faster than letting runc
-	// poll for its init to die.
+	gofer := 0
 	if r.cfg.GVisor != nil {
 		// runsc cannot delete a paused sandbox (it panics on the
 		// paused => stopped transition); thawed, it can.
 		if st, ok, _ := r.state(ctx, id); ok && st.Status == "paused" {
 			_, _ = r.runcOutput(ctx, "resume", id)
 		}
+		gofer = r.goferPid(id)
 	}
+	// Kill first, through the cgroup: it knows every process the sandbox
+	// ever forked (setsid and double-forked ones too), thaws a paused
+	// sandbox so SIGKILL lands, and is much faster than letting runc
+	// poll for its init to die.
 	if err := r.killCgroup(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
@@ -44,6 +46,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 			errs = append(errs, err)
 		}
 	}
+	killGofer(gofer)
 	phases.mark("runc_delete")
 	if err := r.removeCgroups(id); err != nil {
 		errs = append(errs, err)

@@ -1,7 +1,9 @@
 package runc
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -388,4 +390,52 @@ type runscStats struct {
 			Current uint64 `json:"current"`
 		} `json:"pids"`
 	} `json:"data"`
+}
+
+// goferPid is the pid runsc recorded for sandbox id's gofer (0 if none).
+// The gofer is not always in the sandbox's cgroup, so the cgroup kill
+// may miss it.
+func (r *Runtime) goferPid(id string) int {
+	for _, f := range r.runscStateFiles(id) {
+		if !strings.HasSuffix(f, ".state") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var st struct {
+			GoferPid int `json:"goferPid"`
+		}
+		if json.Unmarshal(b, &st) == nil && st.GoferPid > 0 {
+			return st.GoferPid
+		}
+	}
+	return 0
+}
+
+// killGofer kills pid if it is still a runsc gofer: `runsc delete` kills
+// it, and it exits once the sentry is gone, but a delete that failed (or
+// a daemon killed between the two) must not leave it behind. The command
+// line check keeps a reused pid safe.
+func killGofer(pid int) {
+	if pid <= 0 {
+		return
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.HasPrefix(b, []byte("runsc-gofer")) {
+		return
+	}
+	_ = unix.Kill(pid, unix.SIGKILL)
+	// It holds the sandbox's root in its mount namespace: wait (bounded)
+	// until it is gone or a zombie (empty cmdline), so the unmount that
+	// follows frees the disk image's loop device.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(b) == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // poll: no event for another process's exit
+	}
 }
