@@ -75,6 +75,21 @@ func runRuntimes(n, execN int) error {
 		{"runc", "runc", filepath.Join(dir, "runc-root"), "berth-bench-runc", rc},
 		{"gvisor", "runsc", filepath.Join(dir, "runsc-root"), "berth-bench-runsc", gv},
 	}
+	// Whatever happens, created sandboxes are destroyed before the
+	// deferred RemoveAll of dir runs (defers run last-in first-out), so it
+	// never walks into a live mount.
+	type made struct {
+		b  benchBackend
+		id string
+	}
+	var live []made
+	defer func() {
+		for _, m := range live {
+			if err := m.b.Destroy(context.WithoutCancel(ctx), m.id); err != nil {
+				fmt.Fprintf(os.Stderr, "destroy %s: %v\n", m.id, err)
+			}
+		}
+	}()
 	var mem []string
 	for _, be := range backends {
 		spec := func(id string) runtime.Spec {
@@ -96,13 +111,15 @@ func runRuntimes(n, execN int) error {
 		var ready []time.Duration
 		var ids []string
 		for i := 0; i < n; i++ {
-			id := fmt.Sprintf("bench%d%s%d", os.Getpid(), be.name, i)
+			// Same-length ids: runsc looks ids up by prefix.
+			id := fmt.Sprintf("bench%d%s%04d", os.Getpid(), be.name, i)
 			fb := newFirstByte()
 			start := time.Now()
 			if err := be.b.Create(ctx, spec(id)); err != nil {
 				return err
 			}
 			ids = append(ids, id)
+			live = append(live, made{be.b, id})
 			// The agent writes its marker once it runs; poll the marker
 			// through exec, as a client would poll the agent.
 			for {
@@ -136,6 +153,7 @@ func runRuntimes(n, execN int) error {
 			if err := be.b.Destroy(ctx, id); err != nil {
 				return err
 			}
+			live = live[1:]
 		}
 		rows = append(rows,
 			row{fmt.Sprintf("%s: runtime Create → agent ready (marker read through `%s exec`)", be.name, be.bin), ready},

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -123,6 +124,9 @@ func gvisorSpec(sp *specs.Spec, netns string) {
 // the network namespace wired, then one `runsc run --detach`.
 func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs.Spec, phases *phaseTimer) error {
 	id := spec.ID
+	if err := r.checkPrefixFree(id); err != nil {
+		return err
+	}
 	netns, done, err := sandboxNetNS(ctx, spec)
 	if err != nil {
 		return err
@@ -170,6 +174,24 @@ func sandboxNetNS(ctx context.Context, spec runtime.Spec) (path string, done fun
 		}
 	}
 	return h.path(), h.close, nil
+}
+
+// checkPrefixFree refuses an id that is a prefix of another sandbox's
+// under this runsc root, or has one as its prefix: runsc looks containers
+// up by id prefix and then calls an exact id ambiguous ("bench1" vs
+// "bench11"), so such a pair could not be deleted. The Manager's ids are
+// all the same length, which never trips this.
+func (r *Runtime) checkPrefixFree(id string) error {
+	ids, err := r.stateIDs()
+	if err != nil {
+		return err
+	}
+	for _, other := range ids {
+		if other != id && (strings.HasPrefix(other, id) || strings.HasPrefix(id, other)) {
+			return fmt.Errorf("id %q and existing sandbox %q are prefixes of one another, which runsc cannot tell apart: %w", id, other, errdefs.ErrAlreadyExists)
+		}
+	}
+	return nil
 }
 
 // runscStart runs `runsc <verb> <args...> --bundle <dir> <id>` with the
