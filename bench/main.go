@@ -18,8 +18,14 @@
 // (created -density-batch at a time), checks each answers, and reports
 // sandboxes held and host memory per sandbox (bench/density.go).
 //
+// With -runtimes it instead measures at the runtime level, runc and gVisor
+// side by side: raw `runc run` / `runsc run` floors, runtime Create →
+// agent ready, exec round trip and memory per idle sandbox
+// (bench/gvisor.go).
+//
 // Run as root: go run ./bench [-n 50] [-exec-n 200] [-burst 50] [-templates minimal,base] [-e2b=true]
 // or: go run ./bench -density 500 [-density-batch 25]
+// or: go run ./bench -runtimes [-n 20] [-exec-n 50]
 package main
 
 import (
@@ -52,9 +58,16 @@ func main() {
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
+	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
+	if *runtimes {
+		if err := runRuntimes(*n, *execN); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
 	if *density > 0 {
 		if err := runDensity(tb, *density, *batch); err != nil {
 			tb.Fatalf("%v", err)

@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 pkgs=(runc debootstrap busybox-static nftables iproute2 e2fsprogs util-linux ca-certificates curl git tmux netcat-openbsd)
+# gVisor runtime (isolation: gvisor; internal/runtime/runsc). A newer runsc
+# earlier on PATH is preferred at run time.
+pkgs+=(runsc)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

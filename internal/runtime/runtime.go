@@ -1,5 +1,5 @@
 // Package runtime holds the backend-neutral types the sandbox Manager and
-// every runtime backend (runc today; gVisor and microVMs later) share: what to
+// every runtime backend (runc, gVisor; microVMs later) share: what to
 // create and what a backend reports back. Backends live in sub-packages and
 // the Manager never imports them; main wires one in.
 package runtime
@@ -40,7 +40,10 @@ type Spec struct {
 	// before its agent starts, with the host pid of the sandbox's init.
 	// The Manager uses it to wire the sandbox's own network namespace
 	// (owned by the sandbox's user namespace, so a fresh sysfs can be
-	// mounted in it). An error aborts and undoes the create.
+	// mounted in it). An error aborts and undoes the create. Under gVisor
+	// the pid is a process holding the new network namespace the sandbox
+	// will join (gVisor reads its interfaces when it starts, so they must
+	// be wired first); only its /proc/<pid>/ns/net is meaningful.
 	BeforeStart func(ctx context.Context, pid int) error
 }
 

@@ -17,6 +17,17 @@ type Runtime interface {
 	List(ctx context.Context) ([]string, error)
 }
 
+// Checkpointer is the optional ability to save a sandbox's running state
+// (processes, memory) to a directory and bring it back, possibly into a
+// new network namespace (spec.NetNSPath or spec.BeforeStart, as in
+// Create). Checkpoint leaves the sandbox stopped with its filesystem kept;
+// Restore wants the same sandbox ID. A backend that has the methods but
+// cannot (runc) returns errdefs.ErrNotImplemented.
+type Checkpointer interface {
+	Checkpoint(ctx context.Context, id, dir string) error
+	Restore(ctx context.Context, spec runtime.Spec, dir string) error
+}
+
 // StatsReader is the optional ability to report resource usage.
 type StatsReader interface {
 	Stats(ctx context.Context, id string) (runtime.Stats, error)

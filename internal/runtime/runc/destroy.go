@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 )
@@ -25,6 +24,15 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	phases := phaseTimer{last: start}
 	slot, hasSlot := r.slots.lookup(r.dir(id))
 	var errs []error
+	gofer := 0
+	if r.cfg.GVisor != nil {
+		// runsc cannot delete a paused sandbox (it panics on the
+		// paused => stopped transition); thawed, it can.
+		if st, ok, _ := r.state(ctx, id); ok && st.Status == "paused" {
+			_, _ = r.runcOutput(ctx, "resume", id)
+		}
+		gofer = r.goferPid(id)
+	}
 	// Kill first, through the cgroup: it knows every process the sandbox
 	// ever forked (setsid and double-forked ones too), thaws a paused
 	// sandbox so SIGKILL lands, and is much faster than letting runc
@@ -33,17 +41,18 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	phases.mark("kill")
-	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); err == nil {
+	if r.hasState(id) {
 		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
 			errs = append(errs, err)
 		}
 	}
+	killGofer(gofer)
 	phases.mark("runc_delete")
 	if err := r.removeCgroups(id); err != nil {
 		errs = append(errs, err)
 	}
 	// runc's own state, if its delete failed; the processes are gone now.
-	if err := os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id)); err != nil {
+	if err := r.removeState(id); err != nil {
 		errs = append(errs, err)
 	}
 	phases.mark("cgroups")

@@ -61,7 +61,10 @@ type Config struct {
 	DiskPoolDir string
 	// DiskPoolDepth is how many spare images of each size are kept (2).
 	DiskPoolDepth int
-	Logger        *slog.Logger
+	// GVisor, when set, runs sandboxes under gVisor's runsc instead of
+	// runc (gvisor.go); Binary then defaults to "runsc".
+	GVisor *GVisor
+	Logger *slog.Logger
 }
 
 // Runtime creates and tears down runc sandboxes. It is safe for concurrent
@@ -84,6 +87,9 @@ type Runtime struct {
 func New(cfg Config) (*Runtime, error) {
 	if cfg.Binary == "" {
 		cfg.Binary = "runc"
+		if cfg.GVisor != nil {
+			cfg.Binary = "runsc"
+		}
 	}
 	if cfg.UIDBase == 0 {
 		cfg.UIDBase = 1000000
@@ -173,11 +179,12 @@ func checkID(id string) error { return types.ValidSandboxID(id) }
 
 func validID(id string) bool { return types.ValidSandboxID(id) == nil }
 
-func (r *Runtime) dir(id string) string     { return filepath.Join(r.cfg.StateDir, id) }
-func (r *Runtime) diskDir(id string) string { return filepath.Join(r.dir(id), "disk") }
-func (r *Runtime) image(id string) string   { return filepath.Join(r.dir(id), "disk.img") }
-func (r *Runtime) rootfs(id string) string  { return filepath.Join(r.dir(id), "rootfs") }
-func (r *Runtime) runcLog(id string) string { return filepath.Join(r.dir(id), "runc.log") }
+func (r *Runtime) dir(id string) string      { return filepath.Join(r.cfg.StateDir, id) }
+func (r *Runtime) diskDir(id string) string  { return filepath.Join(r.dir(id), "disk") }
+func (r *Runtime) image(id string) string    { return filepath.Join(r.dir(id), "disk.img") }
+func (r *Runtime) rootfs(id string) string   { return filepath.Join(r.dir(id), "rootfs") }
+func (r *Runtime) runcLog(id string) string  { return filepath.Join(r.dir(id), "runc.log") }
+func (r *Runtime) panicLog(id string) string { return filepath.Join(r.dir(id), "panic.log") }
 
 // AgentLog is the host path of a sandbox's agent stdout/stderr. It lives in
 // the sandbox's disk image, so its size counts against the sandbox's disk
@@ -221,6 +228,13 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	sp := r.ociSpec(spec, r.rootfs(id), uid)
+	if r.cfg.GVisor != nil {
+		if err := r.createGVisor(ctx, spec, sp, &phases); err != nil {
+			return fmt.Errorf("create sandbox %s: %w", id, err)
+		}
+		r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+		return nil
+	}
 	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
 	if err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
@@ -474,10 +488,15 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 // command builds a runc invocation with the daemon's root and the
 // sandbox's log file.
 func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
-	argv := []string{"--root", r.cfg.RuncRoot}
+	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
 	if id != "" {
 		if _, err := os.Stat(r.dir(id)); err == nil {
 			argv = append(argv, "--log", r.runcLog(id), "--log-format", "text")
+			if r.cfg.GVisor != nil {
+				// The sentry's own crash report, which would otherwise
+				// go nowhere once runsc has detached.
+				argv = append(argv, "--panic-log", r.panicLog(id))
+			}
 		}
 	}
 	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
@@ -487,19 +506,27 @@ func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.
 
 // runcOutput runs runc and returns its stdout; errors carry stderr.
 func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, r.cfg.Binary, append([]string{"--root", r.cfg.RuncRoot}, args...)...)
+	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
+	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return out, fmt.Errorf("runc %s: %w: %s", args[0], err, strings.TrimSpace(stderr.String()))
+		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(r.cfg.Binary), args[0], err, strings.TrimSpace(stderr.String()))
 	}
 	return out, nil
 }
 
-// logTail returns the last lines of the sandbox's runc log, for errors.
+// logTail returns the last lines of the sandbox's runc log (and, under
+// gVisor, the sentry's panic log), for errors.
 func (r *Runtime) logTail(id string) string {
 	b, err := os.ReadFile(r.runcLog(id))
+	if r.cfg.GVisor != nil {
+		// A Go panic says what went wrong in its first lines.
+		if p, perr := os.ReadFile(r.panicLog(id)); perr == nil && len(p) > 0 {
+			return ": " + strings.TrimSpace(string(p[:min(len(p), 1500)]))
+		}
+	}
 	if err != nil || len(b) == 0 {
 		return ""
 	}
@@ -519,7 +546,7 @@ type runcState struct {
 
 // state asks runc about id; ok is false when runc has no record of it.
 func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
-	if _, err := os.Stat(filepath.Join(r.cfg.RuncRoot, id)); errors.Is(err, os.ErrNotExist) {
+	if !r.hasState(id) {
 		return st, false, nil
 	}
 	out, err := r.runcOutput(ctx, "state", id)
@@ -575,15 +602,20 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (runtime.State, error)
 // state, a state directory or a mount under StateDir.
 func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	seen := map[string]bool{}
-	for _, d := range []string{r.cfg.RuncRoot, r.cfg.StateDir} {
-		ents, err := os.ReadDir(d)
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("list sandboxes: %w", err)
-		}
-		for _, e := range ents {
-			if e.IsDir() && validID(e.Name()) {
-				seen[e.Name()] = true
-			}
+	held, err := r.stateIDs()
+	if err != nil {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, id := range held {
+		seen[id] = true
+	}
+	ents, err := os.ReadDir(r.cfg.StateDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("list sandboxes: %w", err)
+	}
+	for _, e := range ents {
+		if e.IsDir() && validID(e.Name()) {
+			seen[e.Name()] = true
 		}
 	}
 	mps, err := mountsUnder(r.cfg.StateDir)

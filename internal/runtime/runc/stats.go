@@ -3,6 +3,7 @@ package runc
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -41,7 +42,29 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 	if err := r.diskStats(id, &s); err != nil {
 		return s, fmt.Errorf("stats sandbox %s: %w", id, err)
 	}
+	if r.cfg.GVisor != nil {
+		r.sentryStats(ctx, id, &s)
+	}
 	return s, nil
+}
+
+// sentryStats replaces what the host cgroup cannot say about a gVisor
+// sandbox: its cgroup holds the sentry and the gofer, whose memory and
+// threads are not the sandbox's processes. The sentry reports its own
+// processes' memory and count. The limit, the peak and OOM kills stay the
+// cgroup's: that is where the limit is enforced. A sandbox whose sentry
+// does not answer (stopped, checkpointed) keeps the cgroup's numbers.
+func (r *Runtime) sentryStats(ctx context.Context, id string, s *runtime.Stats) {
+	out, err := r.runcOutput(ctx, "events", "--stats", id)
+	if err != nil {
+		return
+	}
+	var ev runscStats
+	if json.Unmarshal(out, &ev) != nil {
+		return
+	}
+	s.MemoryBytes = int64(ev.Data.Memory.Usage.Usage)
+	s.PidsCurrent = int64(ev.Data.Pids.Current)
 }
 
 func (r *Runtime) statsV1(id string, s *runtime.Stats) error {

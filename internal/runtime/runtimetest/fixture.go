@@ -17,11 +17,14 @@ import (
 //	hog          allocate and touch memory until killed
 //	fill PATH    write zeros to PATH until an error; print "ENOSPC" on a full disk
 //	probe        try syscalls the sandbox must refuse; print name=errno lines
+//	count PATH   count in memory, writing "token n checksum" to PATH
 const agentSource = `package main
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"runtime"
 	"syscall"
@@ -68,9 +71,35 @@ func main() {
 		os.Exit(1)
 	case "probe":
 		probe()
+	case "count":
+		count(os.Args[2])
 	default:
 		fmt.Println("unknown mode", os.Args[1])
 		os.Exit(2)
+	}
+}
+
+// count keeps a random token and 4 MiB of random bytes in memory and
+// counts, writing "token n checksum" to path after each step: a process
+// restored from a checkpoint goes on with the same token, checksum and a
+// growing n, while a restarted one would start over with new ones.
+func count(path string) {
+	var tok [8]byte
+	buf := make([]byte, 4<<20)
+	if _, err := rand.Read(tok[:]); err != nil {
+		os.Exit(1)
+	}
+	if _, err := rand.Read(buf); err != nil {
+		os.Exit(1)
+	}
+	for n := 1; ; n++ {
+		h := fnv.New64a()
+		h.Write(buf)
+		line := fmt.Sprintf("%x %d %x\n", tok, n, h.Sum64())
+		if err := os.WriteFile(path+".tmp", []byte(line), 0o644); err == nil {
+			_ = os.Rename(path+".tmp", path)
+		}
+		time.Sleep(20 * time.Millisecond) // the workload's pace, not a test wait
 	}
 }
 

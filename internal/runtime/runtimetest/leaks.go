@@ -17,7 +17,8 @@ import (
 type Footprint struct {
 	// StateDir holds per-sandbox directories StateDir/<id>.
 	StateDir string
-	// RuncRoot is the OCI runtime's state directory ("" if none).
+	// RuncRoot is the OCI runtime's state directory ("" if none): runc's
+	// or runsc's.
 	RuncRoot string
 	// CgroupParent is the cgroup every sandbox's cgroup sits under
 	// (without slashes), as in runc.Config.
@@ -56,6 +57,11 @@ func Leaks(fp Footprint, id string) []string {
 	if fp.RuncRoot != "" {
 		if _, err := os.Lstat(filepath.Join(fp.RuncRoot, id)); err == nil {
 			out = append(out, "runc state "+filepath.Join(fp.RuncRoot, id))
+		}
+		// runsc keeps flat files: <id>_sandbox:<sandbox id>.state, .lock.
+		files, _ := filepath.Glob(filepath.Join(fp.RuncRoot, id+"_sandbox:*"))
+		for _, f := range files {
+			out = append(out, "runsc state "+f)
 		}
 	}
 	if fp.SlotDir != "" {

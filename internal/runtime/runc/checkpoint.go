@@ -1,0 +1,114 @@
+package runc
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// errNoCheckpoint is why a runc sandbox cannot be checkpointed: runc needs
+// CRIU, and Debian's (3.17) fails on this kernel's vDSO. The class is
+// ErrNotImplemented so callers can tell "not on this runtime" from a
+// failure.
+var errNoCheckpoint = fmt.Errorf("checkpoint/restore needs gVisor (runc has no working CRIU on this host): %w", errdefs.ErrNotImplemented)
+
+// Checkpoint saves sandbox id's whole state (processes, memory, open
+// files, sockets) into dir and stops it. Its filesystem stays, for
+// Restore. Only gVisor sandboxes can; runc ones fail with
+// ErrNotImplemented.
+func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if r.cfg.GVisor == nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, errNoCheckpoint)
+	}
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("checkpoint sandbox %s: image dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
+	}
+	st, ok, err := r.state(ctx, id)
+	if err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	if !ok {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if st.Status != "running" {
+		return fmt.Errorf("checkpoint sandbox %s: it is %s, not running: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	if _, err := r.runcOutput(ctx, "checkpoint", "--image-path", dir, id); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w%s", id, err, r.logTail(id))
+	}
+	return nil
+}
+
+// Restore brings a checkpointed sandbox back from dir. spec.ID names the
+// sandbox, whose filesystem Checkpoint kept; its limits are those it was
+// created with. The network is spec's: NetNSPath, or a new namespace wired
+// by spec.BeforeStart as in Create, so a restored sandbox may come back in
+// a namespace it has never seen. On failure the sandbox stays stopped, for
+// the caller to destroy or retry.
+func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
+	id := spec.ID
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if r.cfg.GVisor == nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, errNoCheckpoint)
+	}
+	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
+		return fmt.Errorf("restore sandbox %s: netns path %q is not absolute: %w", id, spec.NetNSPath, errdefs.ErrInvalidArgument)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
+		return fmt.Errorf("restore sandbox %s: no checkpoint in %s: %w", id, dir, errdefs.ErrNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	if err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	var sp specs.Spec
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return fmt.Errorf("restore sandbox %s: config: %w", id, err)
+	}
+	if st, ok, err := r.state(ctx, id); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	} else if ok && st.Status != "stopped" {
+		return fmt.Errorf("restore sandbox %s: it is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
+	}
+	// What is left of the checkpointed sandbox: runsc's record and the
+	// cgroup it ran in.
+	if err := r.killCgroup(ctx, id); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	if r.hasState(id) {
+		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil {
+			return fmt.Errorf("restore sandbox %s: %w", id, err)
+		}
+	}
+	if err := r.removeCgroups(id); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	netns, done, err := sandboxNetNS(ctx, spec)
+	if err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	defer done()
+	gvisorSpec(&sp, netns)
+	if err := r.writeConfig(id, &sp); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	if err := r.runscStart(ctx, id, "restore", "--detach", "--image-path", dir); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	return nil
+}

@@ -1,0 +1,463 @@
+package runc
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// gVisor's runsc speaks runc's command line (create, start, state, kill,
+// delete, pause, resume, exec), so a gVisor sandbox is driven by this
+// package with a handful of differences, all in this file and all keyed on
+// Config.GVisor:
+//
+//   - Root filesystem: the same disk image, idmapped layers and overlay as
+//     a runc sandbox. runsc's gofer serves it to the sentry; --overlay2=none
+//     keeps writes on the disk image (runsc's own overlay would put them in
+//     sentry memory, outside the disk limit).
+//   - Users: the spec keeps a user namespace with the sandbox's slot
+//     mappings but no path: runsc runs the gofer in a user namespace of its
+//     own with those mappings, as the slot's root uid on the host (never
+//     host root), and the sentry as nobody (65534) in another one. The
+//     daemon-made namespace runc joins (userns.go) is not used.
+//   - Network: --network=sandbox. The sentry's netstack takes over the
+//     interfaces of the network namespace it joins, so the host-side veth,
+//     nftables, proxy and DNS filter see the same traffic as with runc.
+//     runsc reads the namespace's links when it creates the sandbox, so a
+//     BeforeStart hook runs before `runsc run`, on a namespace held by a
+//     short-lived process (netHolder) that the sandbox then joins.
+//   - /sys is gVisor's own sysfs; the host's /sys is never bound in.
+//   - rlimits and seccomp stay in the spec: the sentry applies both to the
+//     sandbox's processes (--oci-seccomp), so the deny list is the same one
+//     a runc sandbox gets.
+//   - Stats: the host cgroup holds the sentry and the gofer, so memory and
+//     task counts come from `runsc events --stats` (the sandbox's own
+//     processes and their memory) instead; CPU time stays the cgroup's (what
+//     the sandbox costs the host).
+
+// GVisor configures gVisor mode.
+type GVisor struct {
+	// Platform is runsc's --platform: "ptrace" or "kvm".
+	Platform string
+	// HideNetSysctl runs `runsc run` and `runsc restore` with the host's
+	// /proc/sys/net hidden (see netSysctlShim): runsc releases before
+	// 2024-08 tell the host's network namespace from others by whether
+	// /proc/sys/net/core/rmem_default exists, which on Linux 6.x it does in
+	// every namespace, so they refuse every sandbox network.
+	HideNetSysctl bool
+}
+
+// gvisorFlags are the global runsc flags every invocation carries: runsc
+// keeps no per-container copy of most of them.
+func (r *Runtime) gvisorFlags() []string {
+	if r.cfg.GVisor == nil {
+		return nil
+	}
+	return []string{
+		"--platform=" + r.cfg.GVisor.Platform,
+		"--network=sandbox",
+		"--overlay2=none",
+		"--oci-seccomp",
+		// The sandbox sees as many CPUs as its quota gives it, as
+		// runtimes inside size their thread pools by it.
+		"--cpu-num-from-quota",
+	}
+}
+
+// sentryTasks is the headroom a gVisor sandbox's host pids cgroup gets
+// over the sandbox's own limit, for the sentry's and gofer's threads.
+const sentryTasks = 128
+
+// gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
+// this file). netns is the namespace to join, "" for a new one.
+func gvisorSpec(sp *specs.Spec, netns string) {
+	for i, n := range sp.Linux.Namespaces {
+		if n.Type == specs.NetworkNamespace {
+			sp.Linux.Namespaces[i].Path = netns
+		}
+	}
+	kept := sp.Mounts[:0]
+	for _, m := range sp.Mounts {
+		switch m.Destination {
+		case "/sys":
+			m = specs.Mount{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}}
+		case "/sys/fs/cgroup":
+			// gVisor's cgroupfs is its own emulation; the sandbox's
+			// limits are the host cgroup's, which it would not show.
+			continue
+		}
+		kept = append(kept, m)
+	}
+	sp.Mounts = kept
+	// The host pids cgroup counts gVisor's own tasks besides the
+	// sandbox's: the sentry's and gofer's threads, and on the ptrace
+	// platform one stub task per sandbox thread. At the bare sandbox
+	// limit the sentry could not start a stub for the sandbox's second
+	// Go program ("error initializing first thread: resource temporarily
+	// unavailable") and died. The cgroup gets headroom for gVisor itself;
+	// a sandbox that forks through all of it still takes its sentry down
+	// (docs/security.md, gVisor, pids limit gap).
+	if p := sp.Linux.Resources.Pids; p != nil && p.Limit != nil && *p.Limit > 0 {
+		p.Limit = ptr(*p.Limit + sentryTasks)
+	}
+	// Host paths: meaningless inside the sentry, which shows none of them.
+	sp.Linux.MaskedPaths = nil
+	sp.Linux.ReadonlyPaths = nil
+}
+
+// createGVisor starts a prepared gVisor sandbox: the config is written,
+// the network namespace wired, then one `runsc run --detach`.
+func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs.Spec, phases *phaseTimer) error {
+	id := spec.ID
+	if err := r.checkPrefixFree(id); err != nil {
+		return err
+	}
+	netns, done, err := sandboxNetNS(ctx, spec)
+	if err != nil {
+		return err
+	}
+	defer done()
+	phases.mark("before_start")
+	gvisorSpec(sp, netns)
+	if err := r.writeConfig(id, sp); err != nil {
+		return err
+	}
+	phases.mark("config")
+	if err := r.runscStart(ctx, id, "run", "--detach"); err != nil {
+		return err
+	}
+	phases.mark("runsc_run")
+	return nil
+}
+
+// sandboxNetNS returns the path of the network namespace a gVisor
+// sandbox joins, valid until done is called. runsc's sandbox network
+// needs a namespace path: an empty one makes it use runsc's own
+// namespace, which it refuses. So a spec without NetNSPath gets a new
+// namespace, held by a netHolder until the sandbox has joined it, and a
+// spec with a BeforeStart hook gets it called with the holder's pid
+// (only its /proc/<pid>/ns/net is meaningful to the hook).
+func sandboxNetNS(ctx context.Context, spec runtime.Spec) (path string, done func(), err error) {
+	if spec.NetNSPath != "" && spec.BeforeStart == nil {
+		if err := checkNotHostNetNS(spec.NetNSPath); err != nil {
+			return "", nil, err
+		}
+		return spec.NetNSPath, func() {}, nil
+	}
+	h, err := newNetHolder(ctx, spec.NetNSPath)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := checkNotHostNetNS(h.path()); err != nil {
+		h.close()
+		return "", nil, err
+	}
+	if spec.BeforeStart != nil {
+		if err := spec.BeforeStart(ctx, h.pid()); err != nil {
+			h.close()
+			return "", nil, fmt.Errorf("before start: %w", err)
+		}
+	}
+	return h.path(), h.close, nil
+}
+
+// checkPrefixFree refuses an id that is a prefix of another sandbox's
+// under this runsc root, or has one as its prefix: runsc looks containers
+// up by id prefix and then calls an exact id ambiguous ("bench1" vs
+// "bench11"), so such a pair could not be deleted. The Manager's ids are
+// all the same length, which never trips this.
+func (r *Runtime) checkPrefixFree(id string) error {
+	ids, err := r.stateIDs()
+	if err != nil {
+		return err
+	}
+	for _, other := range ids {
+		if other != id && (strings.HasPrefix(other, id) || strings.HasPrefix(id, other)) {
+			return fmt.Errorf("id %q and existing sandbox %q are prefixes of one another, which runsc cannot tell apart: %w", id, other, errdefs.ErrAlreadyExists)
+		}
+	}
+	return nil
+}
+
+// runscStart runs `runsc <verb> <args...> --bundle <dir> <id>` with the
+// agent's output going to AgentLog.
+func (r *Runtime) runscStart(ctx context.Context, id, verb string, args ...string) error {
+	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	argv := append([]string{verb}, args...)
+	argv = append(argv, "--bundle", r.dir(id), id)
+	cmd := r.command(ctx, id, argv...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if r.cfg.GVisor.HideNetSysctl {
+		if err := netSysctlShim(cmd, filepath.Join(r.dir(id), "shim")); err != nil {
+			return err
+		}
+	}
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("runsc %s: %w%s", verb, err, r.logTail(id))
+	}
+	return nil
+}
+
+// netSysctlShim makes cmd run in a mount namespace of its own whose root
+// is a recursive bind of the host's, pivoted into, with a read-only empty
+// tmpfs over /proc/sys/net. An old runsc's "am I in the host's network
+// namespace" probe (does /proc/sys/net/core/rmem_default exist?) then
+// answers no. Why so roundabout:
+//
+//   - Covering /proc/sys/net in place makes the namespace's only proc
+//     mount "not fully visible", and the kernel then refuses the gofer's
+//     proc mount in its user namespace (mount_too_revealing). The pivot
+//     keeps the untouched original proc mount in the namespace (under the
+//     old root), which satisfies that check.
+//   - chroot instead of pivot_root would make the gofer's user namespace
+//     fail: a chrooted process may not create one.
+//
+// The old root ends up at dir's path inside the new root (dir is an empty
+// directory of the sandbox's own). Nothing propagates back to the host
+// (private propagation), and the namespace dies with runsc's command.
+// Berth itself makes sure the sandbox's namespace is not the host's
+// (checkNotHostNetNS) before runsc runs, so the probe's protection is kept.
+func netSysctlShim(cmd *exec.Cmd, dir string) error {
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		return fmt.Errorf("runsc netns shim: %w", err)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("runsc netns shim: %w", err)
+	}
+	const script = `set -e
+root=$1; shift
+mount --rbind / "$root"
+mount -t tmpfs -o ro,size=4k,mode=555 berth-runsc-shim "$root/proc/sys/net"
+cd "$root"
+pivot_root . ".$root"
+cd /
+exec "$@"`
+	cmd.Args = append([]string{unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "berth-runsc-shim", dir}, cmd.Args...)
+	cmd.Path = unshare
+	return nil
+}
+
+// checkNotHostNetNS fails if path is the daemon's (the host's) network namespace: a
+// gVisor sandbox there would take over the host's interfaces.
+func checkNotHostNetNS(path string) error {
+	var host, ns unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &host); err != nil {
+		return fmt.Errorf("host netns: %w", err)
+	}
+	if err := unix.Stat(path, &ns); err != nil {
+		return fmt.Errorf("netns %s: %w", path, err)
+	}
+	if host.Dev == ns.Dev && host.Ino == ns.Ino {
+		return fmt.Errorf("netns %s is the host's", path)
+	}
+	return nil
+}
+
+// netHolder is a process that sits in a network namespace until the
+// sandbox has joined it: a new one, or the one at a given path.
+type netHolder struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+}
+
+// newNetHolder starts cat(1) in a new network namespace (join == "") or
+// in the one at join, and returns once it runs there.
+func newNetHolder(ctx context.Context, join string) (*netHolder, error) {
+	cat, err := exec.LookPath("cat")
+	if err != nil {
+		return nil, fmt.Errorf("netns holder: %w", err)
+	}
+	cmd := exec.Command(cat)
+	cmd.Env = []string{}
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if join == "" {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if join == "" {
+		err = cmd.Start()
+	} else {
+		err = startInNetNS(join, cmd)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("netns holder: %w", err)
+	}
+	h := &netHolder{cmd: cmd, stdin: stdin}
+	// cat echoes a byte once it runs, so its namespace is final.
+	echoed := make(chan error, 1)
+	go func() {
+		if _, err := stdin.Write([]byte{'\n'}); err != nil {
+			echoed <- err
+			return
+		}
+		var b [1]byte
+		_, err := io.ReadFull(stdout, b[:])
+		echoed <- err
+	}()
+	timeout := time.NewTimer(30 * time.Second)
+	defer timeout.Stop()
+	select {
+	case err = <-echoed:
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timeout.C:
+		err = errors.New("did not start within 30s")
+	}
+	if err != nil {
+		h.close()
+		return nil, fmt.Errorf("netns holder: %w", err)
+	}
+	return h, nil
+}
+
+func (h *netHolder) pid() int     { return h.cmd.Process.Pid }
+func (h *netHolder) path() string { return fmt.Sprintf("/proc/%d/ns/net", h.cmd.Process.Pid) }
+
+func (h *netHolder) close() {
+	h.stdin.Close()
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+}
+
+// runscStateFiles are runsc's state files of container id under its root:
+// "<id>_sandbox:<sandbox id>.state" and ".lock".
+func (r *Runtime) runscStateFiles(id string) []string {
+	m, _ := filepath.Glob(filepath.Join(r.cfg.RuncRoot, id+"_sandbox:*"))
+	return m
+}
+
+// hasState reports whether the runtime holds state for id.
+func (r *Runtime) hasState(id string) bool {
+	if r.cfg.GVisor != nil {
+		return len(r.runscStateFiles(id)) > 0
+	}
+	return exists(filepath.Join(r.cfg.RuncRoot, id))
+}
+
+// removeState removes the runtime's own state of id (after a failed
+// delete; its processes are gone).
+func (r *Runtime) removeState(id string) error {
+	if r.cfg.GVisor == nil {
+		return os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id))
+	}
+	var errs []error
+	for _, f := range r.runscStateFiles(id) {
+		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stateIDs lists the sandbox IDs the runtime's root holds state for.
+func (r *Runtime) stateIDs() ([]string, error) {
+	ents, err := os.ReadDir(r.cfg.RuncRoot)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var ids []string
+	for _, e := range ents {
+		name := e.Name()
+		if r.cfg.GVisor != nil {
+			id, _, ok := strings.Cut(name, "_sandbox:")
+			if ok && validID(id) {
+				ids = append(ids, id)
+			}
+			continue
+		}
+		if e.IsDir() && validID(name) {
+			ids = append(ids, name)
+		}
+	}
+	return ids, nil
+}
+
+// runscStats is the part of `runsc events --stats` output we use.
+type runscStats struct {
+	Data struct {
+		Memory struct {
+			Usage struct {
+				Usage uint64 `json:"usage"`
+			} `json:"usage"`
+		} `json:"memory"`
+		Pids struct {
+			Current uint64 `json:"current"`
+		} `json:"pids"`
+	} `json:"data"`
+}
+
+// goferPid is the pid runsc recorded for sandbox id's gofer (0 if none).
+// The gofer is not always in the sandbox's cgroup, so the cgroup kill
+// may miss it.
+func (r *Runtime) goferPid(id string) int {
+	for _, f := range r.runscStateFiles(id) {
+		if !strings.HasSuffix(f, ".state") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var st struct {
+			GoferPid int `json:"goferPid"`
+		}
+		if json.Unmarshal(b, &st) == nil && st.GoferPid > 0 {
+			return st.GoferPid
+		}
+	}
+	return 0
+}
+
+// killGofer kills pid if it is still a runsc gofer: `runsc delete` kills
+// it, and it exits once the sentry is gone, but a delete that failed (or
+// a daemon killed between the two) must not leave it behind. The command
+// line check keeps a reused pid safe.
+func killGofer(pid int) {
+	if pid <= 0 {
+		return
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !bytes.HasPrefix(b, []byte("runsc-gofer")) {
+		return
+	}
+	_ = unix.Kill(pid, unix.SIGKILL)
+	// It holds the sandbox's root in its mount namespace: wait (bounded)
+	// until it is gone or a zombie (empty cmdline), so the unmount that
+	// follows frees the disk image's loop device.
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || len(b) == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond) // poll: no event for another process's exit
+	}
+}

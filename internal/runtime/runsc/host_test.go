@@ -1,0 +1,151 @@
+package runsc_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
+)
+
+// TestHostProcesses: what a gVisor sandbox runs on the host never runs as
+// host root. The sentry (State.Pid) and its ptrace stubs (the rest of the
+// sandbox's cgroup) run as nobody in a user namespace of their own; the
+// gofer (which runsc may place in the cgroup too) runs as the sandbox's own
+// host uid. After Destroy none is left.
+func TestHostProcesses(t *testing.T) {
+	h := newHarness(t)
+	inst := h.New(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	if err := inst.Backend.Create(ctx, h.Spec(t, id)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	st, err := inst.Backend.Inspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slotUID, err := inst.HostUID(id)
+	if err != nil || slotUID == 0 {
+		t.Fatalf("HostUID = %d, %v", slotUID, err)
+	}
+	if uid := procUID(t, st.Pid); uid != nobody {
+		t.Errorf("sentry (pid %d) runs as host uid %d, want %d (nobody)", st.Pid, uid, nobody)
+	}
+	// The sentry shares the host's pid namespace (the sandbox's pid
+	// namespace is the sentry's own, in Go); the rest are its own.
+	for _, ns := range []string{"user", "mnt", "net", "ipc", "uts"} {
+		host, _ := os.Readlink("/proc/self/ns/" + ns)
+		sb, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", st.Pid, ns))
+		if err != nil || sb == host {
+			t.Errorf("sentry %s namespace = %q, %v; want its own", ns, sb, err)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", inst.Footprint.CgroupParent, id, "cgroup.procs")); err == nil {
+		for _, p := range strings.Fields(string(b)) {
+			pid, _ := strconv.Atoi(p)
+			if uid := procUID(t, pid); uid != nobody && uid != int(slotUID) {
+				t.Errorf("process %d in the sandbox's cgroup runs as host uid %d, want %d or %d", pid, uid, nobody, slotUID)
+			}
+		}
+	}
+	gofer := goferPid(t, inst.Footprint.RuncRoot, id)
+	if uid := procUID(t, gofer); uid != int(slotUID) {
+		t.Errorf("gofer (pid %d) runs as host uid %d, want the sandbox's %d", gofer, uid, slotUID)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{st.Pid, gofer} {
+		if err := unix.Kill(pid, 0); err == nil {
+			t.Errorf("process %d still alive after Destroy", pid)
+		}
+	}
+}
+
+const nobody = 65534
+
+// goferPid reads the gofer's pid from runsc's state file of id.
+func goferPid(t *testing.T, root, id string) int {
+	t.Helper()
+	m, _ := filepath.Glob(filepath.Join(root, id+"_sandbox:*.state"))
+	if len(m) != 1 {
+		t.Fatalf("runsc state files of %s: %v", id, m)
+	}
+	b, err := os.ReadFile(m[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		GoferPid int `json:"goferPid"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil || st.GoferPid <= 0 {
+		t.Fatalf("gofer pid in %s: %d, %v", m[0], st.GoferPid, err)
+	}
+	return st.GoferPid
+}
+
+// TestBeforeStartNetNS: a BeforeStart hook gets a pid whose network
+// namespace (not the host's) is the one the sandbox then runs in, which
+// is how the Manager wires the sandbox's veth before gVisor reads it.
+func TestBeforeStartNetNS(t *testing.T) {
+	h := newHarness(t)
+	inst := h.New(t)
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	var hooked unix.Stat_t
+	spec.BeforeStart = func(ctx context.Context, pid int) error {
+		return unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &hooked)
+	}
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	st, err := inst.Backend.Inspect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var host, got unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &host); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &got); err != nil {
+		t.Fatal(err)
+	}
+	if hooked.Ino == 0 || hooked.Ino == host.Ino {
+		t.Fatalf("hook saw netns %d (host %d)", hooked.Ino, host.Ino)
+	}
+	if got.Ino != hooked.Ino || got.Dev != hooked.Dev {
+		t.Errorf("sandbox runs in netns %d, hook wired %d", got.Ino, hooked.Ino)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
+}
+
+func procUID(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatalf("read status of %d: %v", pid, err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+			f := strings.Fields(rest)
+			uid, _ := strconv.Atoi(f[1]) // effective
+			return uid
+		}
+	}
+	t.Fatalf("no Uid in status of %d", pid)
+	return -1
+}

@@ -1,0 +1,189 @@
+// Package runsc is the gVisor runtime backend: each sandbox runs under
+// gVisor's runsc, whose sentry (a user-space kernel) serves the sandbox's
+// system calls, so a sandbox process never talks to the host kernel.
+//
+// runsc speaks runc's command line, so the sandbox's host side (uid range,
+// disk image and idmapped overlay root, cgroups, teardown, recovery) is
+// the runc backend's, run in its gVisor mode (runc.Config.GVisor; the
+// differences are in internal/runtime/runc/gvisor.go). This package adds
+// what only gVisor has: choosing and probing the binary and the platform,
+// reporting the version, and checkpoint/restore.
+package runsc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime/runc"
+)
+
+// Platforms runsc can intercept system calls with.
+const (
+	PlatformPtrace = "ptrace"
+	PlatformKVM    = "kvm"
+)
+
+// Config configures a Runtime. The directory and uid fields mean what
+// they mean in runc.Config and must not be shared with a runc Runtime
+// (each backend needs its own StateDir, RunscRoot and CgroupParent; the
+// SlotDir is host-wide and shared).
+type Config struct {
+	// Binary is runsc; default "runsc" looked up on PATH, so a newer
+	// runsc installed ahead of Debian's /usr/bin/runsc is the one used.
+	Binary              string
+	StateDir, RunscRoot string
+	CgroupParent        string
+	UIDBase, UIDCount   uint32
+	SlotDir             string
+	DiskPoolDir         string
+	DiskPoolDepth       int
+	// Platform is "ptrace", "kvm" or "" to probe: kvm when /dev/kvm
+	// exists and a trial sandbox on it runs within ProbeTimeout, else
+	// ptrace. (A nested, paravirtual /dev/kvm can hang runsc's kvm
+	// platform; the bound catches that.)
+	Platform     string
+	ProbeTimeout time.Duration // default 20s
+	Logger       *slog.Logger
+}
+
+// Runtime is a runc.Runtime in gVisor mode plus what is gVisor's own.
+type Runtime struct {
+	*runc.Runtime
+	version  string
+	platform string
+}
+
+// New finds runsc, settles the platform and returns a Runtime. A host
+// without runsc gets ErrUnavailable naming what to install.
+func New(ctx context.Context, cfg Config) (*Runtime, error) {
+	if cfg.Binary == "" {
+		cfg.Binary = "runsc"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	bin, err := exec.LookPath(cfg.Binary)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %s not found (install Debian's runsc package, or a gVisor release, on PATH): %w", cfg.Binary, errdefs.ErrUnavailable)
+	}
+	version, err := Version(ctx, bin)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	platform := cfg.Platform
+	switch platform {
+	case PlatformPtrace, PlatformKVM:
+	case "":
+		platform = probePlatform(ctx, bin, cfg.ProbeTimeout, cfg.Logger)
+	default:
+		return nil, fmt.Errorf("gvisor: platform %q: want ptrace or kvm: %w", platform, errdefs.ErrInvalidArgument)
+	}
+	r, err := runc.New(runc.Config{
+		Binary:        bin,
+		StateDir:      cfg.StateDir,
+		RuncRoot:      cfg.RunscRoot,
+		CgroupParent:  cfg.CgroupParent,
+		UIDBase:       cfg.UIDBase,
+		UIDCount:      cfg.UIDCount,
+		SlotDir:       cfg.SlotDir,
+		DiskPoolDir:   cfg.DiskPoolDir,
+		DiskPoolDepth: cfg.DiskPoolDepth,
+		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version)},
+		Logger:        cfg.Logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w", err)
+	}
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform)
+	return &Runtime{Runtime: r, version: version, platform: platform}, nil
+}
+
+// Version is the runsc version, e.g. "0.0~20221219.0", for `berth
+// version` and inspect.
+func (r *Runtime) Version() string { return r.version }
+
+// Platform is the platform sandboxes run on.
+func (r *Runtime) Platform() string { return r.platform }
+
+// Version asks the runsc binary at bin for its version.
+func Version(ctx context.Context, bin string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("%s --version: %w", bin, err)
+	}
+	// "runsc version 0.0~20221219.0\nspec: 1.0.2-dev\n"
+	first, _, _ := strings.Cut(string(out), "\n")
+	v, ok := strings.CutPrefix(strings.TrimSpace(first), "runsc version ")
+	if !ok || v == "" {
+		return "", fmt.Errorf("%s --version printed %q", bin, first)
+	}
+	return v, nil
+}
+
+// probesRmemDefault reports whether runsc version tells the host's
+// network namespace by /proc/sys/net/core/rmem_default, as releases before
+// 2024-08-01 do (runc.GVisor.HideNetSysctl). Versions are
+// "0.0~YYYYMMDD.N" (Debian) or "release-YYYYMMDD.N"; an unknown form is
+// taken as old, which costs only the shim.
+func probesRmemDefault(version string) bool {
+	v := strings.TrimPrefix(strings.TrimPrefix(version, "0.0~"), "release-")
+	date, _, _ := strings.Cut(v, ".")
+	if len(date) != 8 {
+		return true
+	}
+	return date < "20240801"
+}
+
+// probePlatform picks kvm if /dev/kvm exists and a trial sandbox on it
+// runs to completion within timeout, else ptrace.
+func probePlatform(ctx context.Context, bin string, timeout time.Duration, log *slog.Logger) string {
+	if _, err := os.Stat("/dev/kvm"); err != nil {
+		return PlatformPtrace
+	}
+	if timeout <= 0 {
+		timeout = 20 * time.Second
+	}
+	if err := trial(ctx, bin, PlatformKVM, timeout); err != nil {
+		log.Warn("gvisor kvm platform unusable, using ptrace", "err", err)
+		return PlatformPtrace
+	}
+	return PlatformKVM
+}
+
+// trial runs `runsc do true` on platform with a throwaway root.
+func trial(ctx context.Context, bin, platform string, timeout time.Duration) error {
+	root, err := os.MkdirTemp("", "berth-runsc-probe-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(root)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--root", root, "--platform="+platform, "--network=none", "do", "true")
+	// A hung trial leaves a sandbox and a gofer behind its `do`: they are
+	// in its process group, which a timeout kills whole.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err = cmd.Run()
+	if ctx.Err() != nil {
+		return fmt.Errorf("trial sandbox on %s did not finish within %v", platform, timeout)
+	}
+	if err != nil {
+		return errors.Join(err, errors.New(strings.TrimSpace(out.String())))
+	}
+	return nil
+}
