@@ -62,7 +62,8 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 	// Clients stream request bodies (stdin, uploads) while the answer
 	// streams back; without full duplex the HTTP/1 server cuts the body
 	// off once response headers are flushed.
-	http.NewResponseController(w).EnableFullDuplex()
+	// HTTP/2 is full duplex already and answers ErrNotSupported.
+	_ = http.NewResponseController(w).EnableFullDuplex()
 	t := agentTarget{addr: addr, token: token, path: "/" + r.PathValue("rest")}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(r.Context(), id, "native"), targetKey{}, t)))
 }

@@ -72,7 +72,7 @@ func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
-	w.Write(openapiDoc)
+	_, _ = w.Write(openapiDoc)
 }
 
 func rfc3339(t time.Time) string {

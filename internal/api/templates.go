@@ -60,9 +60,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	log.mu.Lock()
 	defer log.mu.Unlock()
 	if err != nil {
-		log.enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.Code(err), Message: err.Error()}})
+		_ = log.enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.Code(err), Message: err.Error()}})
 		return
 	}
 	out := templateToJSON(t)
-	log.enc.Encode(types.BuildLine{Template: &out})
+	_ = log.enc.Encode(types.BuildLine{Template: &out}) // client gone: the build stands
 }

@@ -67,8 +67,9 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 	send := func(v types.WorkspaceLine) {
 		mu.Lock()
 		defer mu.Unlock()
-		enc.Encode(v)
-		rc.Flush()
+		// A client that went away misses the rest; the create goes on.
+		_ = enc.Encode(v)
+		_ = rc.Flush()
 	}
 	sb, err := s.cfg.Workspaces.Create(r.Context(), req, func(p workspace.Progress) {
 		send(types.WorkspaceLine{Progress: &types.WorkspaceProgress{Type: p.Type, Message: p.Message, Step: p.Step}})

@@ -14,17 +14,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/berth-sandbox/berth/api/types"
 	"log/slog"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/berth-sandbox/berth/api/types"
 
 	"github.com/miekg/dns"
 
@@ -208,8 +208,18 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p poli
 		ReadTimeout: 5 * time.Second, IdleTimeout: func() time.Duration { return 5 * time.Second },
 	}
 	b.wg.Add(3)
-	go func() { defer b.wg.Done(); b.dnsUDP.ActivateAndServe() }()
-	go func() { defer b.wg.Done(); b.dnsTCP.ActivateAndServe() }()
+	go func() {
+		defer b.wg.Done()
+		if err := b.dnsUDP.ActivateAndServe(); err != nil {
+			b.e.log.Warn("dns_serve_failed", "sandbox_id", b.id, "proto", "udp", "err", err)
+		}
+	}()
+	go func() {
+		defer b.wg.Done()
+		if err := b.dnsTCP.ActivateAndServe(); err != nil {
+			b.e.log.Warn("dns_serve_failed", "sandbox_id", b.id, "proto", "tcp", "err", err)
+		}
+	}()
 	go func() { defer b.wg.Done(); b.accept() }()
 	e.boxes[id] = b
 	return nil
@@ -337,8 +347,8 @@ func (b *box) close() {
 	}
 	b.mu.Unlock()
 	b.ln.Close()
-	b.dnsUDP.Shutdown()
-	b.dnsTCP.Shutdown()
+	_ = b.dnsUDP.Shutdown()
+	_ = b.dnsTCP.Shutdown()
 	b.wg.Wait()
 }
 
@@ -376,7 +386,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	resp.SetReply(req)
 	if len(req.Question) != 1 || req.Opcode != dns.OpcodeQuery {
 		resp.Rcode = dns.RcodeRefused
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		return
 	}
 	q := req.Question[0]
@@ -387,7 +397,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	rec := audit.Record{Proto: "dns", Name: host, Rule: d.Rule, Decision: "deny"}
 	if !d.Allow {
 		resp.Rcode = dns.RcodeRefused
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		b.auditDNS(rec)
 		return
 	}
@@ -395,13 +405,13 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	switch q.Qtype {
 	case dns.TypeAAAA:
 		// The sandbox has no IPv6; an empty answer makes clients use A.
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		b.auditDNS(rec)
 		return
 	case dns.TypeA, dns.TypeCNAME, dns.TypeHTTPS, dns.TypeSVCB, dns.TypeTXT, dns.TypeMX, dns.TypeSRV, dns.TypeCAA:
 	default:
 		resp.Rcode = dns.RcodeRefused
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		rec.Decision, rec.Reason = "deny", "query type "+dns.TypeToString[q.Qtype]
 		b.auditDNS(rec)
 		return
@@ -412,7 +422,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	in, err := b.e.exchange(context.Background(), up)
 	if err != nil {
 		resp.Rcode = dns.RcodeServerFailure
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		rec.Reason = "upstream: " + err.Error()
 		b.auditDNS(rec)
 		return
@@ -440,7 +450,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if len(dropped) > 0 && len(ips) == 0 {
 		resp.Rcode, resp.Answer = dns.RcodeRefused, nil
 		rec.Decision = "deny"
-		w.WriteMsg(resp)
+		_ = w.WriteMsg(resp)
 		b.auditDNS(rec)
 		return
 	}
@@ -450,7 +460,7 @@ func (b *box) serveDNS(w dns.ResponseWriter, req *dns.Msg) {
 			b.noteRuled(host, ips)
 		}
 	}
-	w.WriteMsg(resp)
+	_ = w.WriteMsg(resp)
 	b.auditDNS(rec)
 }
 
@@ -549,8 +559,6 @@ func (e *Egress) resolve(ctx context.Context, name string) ([]netip.Addr, error)
 	}
 	return out, nil
 }
-
-func portString(p uint16) string { return strconv.Itoa(int(p)) }
 
 // validID is the sandbox-ID grammar of the whole API: here IDs name
 // state directories, so nothing else may reach the file system.

@@ -116,7 +116,7 @@ func resetConn(c net.Conn) {
 	for {
 		switch v := c.(type) {
 		case *net.TCPConn:
-			v.SetLinger(0)
+			_ = v.SetLinger(0)
 			v.Close()
 			return
 		case *replayConn:
@@ -137,8 +137,8 @@ var tlsAccessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x31}
 
 // refuseTLS answers a ClientHello with access_denied and closes.
 func refuseTLS(c net.Conn) {
-	c.SetWriteDeadline(time.Now().Add(time.Second))
-	c.Write(tlsAccessDenied)
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	_, _ = c.Write(tlsAccessDenied)
 	closeWrite(c)
 	c.Close()
 }

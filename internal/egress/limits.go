@@ -211,7 +211,7 @@ func (b *box) admitConn(c *net.TCPConn) (release func(), ok bool) {
 // why; the audit log aggregates the repeats.
 func (b *box) refuse(c *net.TCPConn, reason string) {
 	b.meter.refused.Add(1)
-	c.SetLinger(0)
+	_ = c.SetLinger(0)
 	c.Close()
 	b.audit(audit.Record{Proto: "tcp", Decision: "deny", Rule: "limit", Reason: reason})
 }
@@ -232,8 +232,8 @@ func (b *box) awaitFirstByte(c *net.TCPConn) bool {
 		return false
 	}
 	defer m.pending.Add(-1)
-	c.SetReadDeadline(time.Now().Add(b.e.limits.FirstByte))
-	defer c.SetReadDeadline(time.Time{})
+	_ = c.SetReadDeadline(time.Now().Add(b.e.limits.FirstByte))
+	defer func() { _ = c.SetReadDeadline(time.Time{}) }()
 	raw, err := c.SyscallConn()
 	if err != nil {
 		return false
@@ -286,7 +286,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		default:
 			l.b.meter.refused.Add(1)
 			if tc, ok := c.(*net.TCPConn); ok {
-				tc.SetLinger(0)
+				_ = tc.SetLinger(0)
 			}
 			c.Close()
 		}

@@ -52,7 +52,7 @@ func (b *box) accept() {
 			// connection: the proxy must outlive it, not stop serving
 			// the sandbox for good. Back off so a full table is not spun on.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			b.e.log.Warn("egress_accept_failed", "sandbox_id", b.id, "error", err)
+			b.e.log.Warn("egress_accept_failed", "sandbox_id", b.id, "err", err)
 			time.Sleep(backoff)
 			continue
 		}
@@ -127,7 +127,7 @@ func (b *box) handle(c *net.TCPConn) {
 		b.relayTo(c, rec, d, addrs, orig.Port())
 		return
 	}
-	c.SetReadDeadline(time.Now().Add(peekTimeout))
+	_ = c.SetReadDeadline(time.Now().Add(peekTimeout))
 	br := bufio.NewReaderSize(c, 4096)
 	first, err := br.Peek(1)
 	if err != nil {
@@ -139,7 +139,7 @@ func (b *box) handle(c *net.TCPConn) {
 		b.handleTLS(c, br, orig, pol)
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	_ = c.SetReadDeadline(time.Time{})
 	b.handleHTTP(c, br, orig, "", nil)
 }
 
@@ -189,7 +189,7 @@ func (b *box) handleTLS(c *net.TCPConn, br *bufio.Reader, orig netip.AddrPort, p
 		b.audit(rec)
 		return
 	}
-	c.SetReadDeadline(time.Time{})
+	_ = c.SetReadDeadline(time.Time{})
 	client := &replayConn{Conn: c, r: io.MultiReader(bytes.NewReader(hello), br)}
 	d, addrs, reason := b.decideTarget(rec.Name, orig, pol)
 	if d.Allow && !d.Intercept {
@@ -370,7 +370,7 @@ func closeWrite(c net.Conn) {
 	type cw interface{ CloseWrite() error }
 	switch v := c.(type) {
 	case cw:
-		v.CloseWrite()
+		_ = v.CloseWrite()
 	case *replayConn:
 		closeWrite(v.Conn)
 	default:
@@ -388,12 +388,12 @@ func (b *box) intercept(client net.Conn, name string, addrs []netip.Addr, orig n
 		},
 	}
 	tc := tls.Server(client, cfg)
-	tc.SetDeadline(time.Now().Add(peekTimeout))
+	_ = tc.SetDeadline(time.Now().Add(peekTimeout))
 	if err := tc.Handshake(); err != nil {
 		b.audit(audit.Record{Proto: "https", Name: name, IP: orig.Addr().String(), Port: orig.Port(), Decision: "deny", Rule: "proxy", Reason: "client handshake: " + err.Error()})
 		return
 	}
-	tc.SetDeadline(time.Time{})
+	_ = tc.SetDeadline(time.Time{})
 	dialUp := func(ctx context.Context) (net.Conn, error) {
 		raw, err := b.dial(ctx, addrs, orig.Port())
 		if err != nil {
@@ -453,7 +453,7 @@ func (b *box) handleHTTP(client net.Conn, br *bufio.Reader, orig netip.AddrPort,
 			body := "berth egress: " + status2text(status) + ": " + reason + "\n"
 			resp := &http.Response{StatusCode: status, ProtoMajor: 1, ProtoMinor: 1, Header: http.Header{"Content-Type": {"text/plain"}, "Connection": {"close"}},
 				Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Close: true}
-			resp.Write(client)
+			_ = resp.Write(client)
 			b.audit(rec)
 		}
 		var d policy.Decision

@@ -115,7 +115,7 @@ func OpenDropLog(cfg DropLogConfig, sink func(Drop)) (*DropLog, error) {
 				d.log.Warn("drop_log_overrun")
 				return 0
 			}
-			d.log.Error("drop_log_read_failed", "error", err)
+			d.log.Error("drop_log_read_failed", "err", err)
 			return 1
 		})
 		if err != nil {

@@ -404,6 +404,6 @@ func (n *Network) flushConntrack(ip netip.Addr) {
 		return
 	}
 	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
-		n.log.Debug("conntrack_flush_failed", "sandbox_ip", ip, "error", err)
+		n.log.Debug("conntrack_flush_failed", "sandbox_ip", ip, "err", err)
 	}
 }

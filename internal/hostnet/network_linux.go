@@ -127,7 +127,7 @@ func (n *Network) AttachTo(ctx context.Context, id, nsSource string) (att Attach
 		}
 		// Undo under a context of its own: the caller's may be what failed.
 		if derr := n.detach(context.WithoutCancel(ctx), id); derr != nil {
-			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "error", derr)
+			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "err", derr)
 		}
 	}()
 	att, err = n.attach(ctx, id, nsSource)

@@ -149,7 +149,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 			// context (BeforeStart's ends with the runtime's Create).
 			c.egress = m.prepareEgressAsync(ctx, e, c.policy)
 			c.undo.push("egress", func(context.Context) error {
-				c.egress.wait() // never remove under its feet
+				_, _ = c.egress.wait() // never remove under its feet; its error was the create's
 				return m.removeEgress(id)
 			})
 			return nil

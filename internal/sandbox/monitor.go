@@ -48,7 +48,7 @@ func (m *Manager) sample(ctx context.Context) {
 			return nil
 		})
 	}
-	g.Wait()
+	_ = g.Wait() // the samplers return nil: each logs its own failures
 }
 
 func (m *Manager) check(ctx context.Context, e *entry) {
@@ -66,7 +66,9 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 		if ctx.Err() != nil {
 			return
 		}
-		m.destroy(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status))
+		if err := m.destroy(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status)); err != nil {
+			m.log.Warn("destroy_exited_failed", "sandbox_id", e.id, "err", err)
+		}
 		return
 	}
 	sr, ok := m.deps.Runtime.(StatsReader)

@@ -147,7 +147,7 @@ func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error 
 	// bundle is the sandbox's CA alone.
 	bundle, err := m.deps.Files.ReadFile(ctx, addr, token, systemBundlePath, maxSystemBundle)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "error", err)
+		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "err", err)
 	}
 	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
 		bundle = append(bundle, '\n')
@@ -274,7 +274,12 @@ func (m *Manager) applyPolicy(ctx context.Context, id string, p policy.Policy) e
 	}
 	if ms != nil {
 		if err := ms.SetMode(ctx, id, p.Mode); err != nil {
-			m.deps.Egress.SetPolicy(id, old)
+			if rerr := m.deps.Egress.SetPolicy(id, old); rerr != nil {
+				// The proxy keeps the new policy, the firewall the old;
+				// traffic needs both, so the sandbox is no more open
+				// than before, but the two now disagree.
+				m.log.Error("policy_rollback_failed", "sandbox_id", id, "err", rerr)
+			}
 			return err
 		}
 	}

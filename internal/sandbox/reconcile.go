@@ -96,21 +96,17 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		if err := m.teardown(ctx, e); err != nil {
 			return fail("daemon restarted while the sandbox was being destroyed; teardown: " + err.Error())
 		}
-		e.moveTo(StateStopped)
-		e.rec.EndedAt = time.Now().UTC()
-		if e.rec.Reason == "" {
-			e.rec.Reason = "destroyed"
-		}
-		m.deps.Store.PutSandbox(ctx, e.rec)
+		m.stopAdopted(ctx, e, "destroyed")
 		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
 		return false
 	}
 	if !rec.Deadline.After(time.Now()) {
-		m.teardown(ctx, e)
-		e.moveTo(StateStopped)
-		e.rec.Reason = "deadline reached while the daemon was down"
-		e.rec.EndedAt = time.Now().UTC()
-		m.deps.Store.PutSandbox(ctx, e.rec)
+		reason := "deadline reached while the daemon was down"
+		if err := m.teardown(ctx, e); err != nil {
+			return fail(reason + "; teardown: " + err.Error())
+		}
+		e.rec.Reason = reason
+		m.stopAdopted(ctx, e, reason)
 		m.event(ctx, rec.ID, EventDeadline, e.rec.Reason)
 		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
 		return false
@@ -149,4 +145,20 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	m.event(ctx, rec.ID, EventAdopted, "re-adopted after a daemon restart")
 	m.log.Info("sandbox_adopted", "sandbox_id", rec.ID)
 	return true
+}
+
+// stopAdopted records a sandbox found at restart as stopped, torn down
+// already, with reason unless it has one.
+func (m *Manager) stopAdopted(ctx context.Context, e *entry, reason string) {
+	if err := e.moveTo(StateStopped); err != nil {
+		m.log.Error("adopt", "sandbox_id", e.id, "err", err)
+		e.rec.State = string(StateStopped)
+	}
+	e.rec.EndedAt = time.Now().UTC()
+	if e.rec.Reason == "" {
+		e.rec.Reason = reason
+	}
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_stopped_state", "sandbox_id", e.id, "err", err)
+	}
 }

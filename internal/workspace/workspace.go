@@ -409,7 +409,11 @@ func (w *Service) resolveRemote(ctx context.Context, src *source, tplName string
 		w.log.Warn("resolve_remote_ref", "repo", src.url, "err", err)
 		return
 	}
-	defer w.m.Destroy(context.WithoutCancel(ctx), sb.ID, "workspace ref resolved")
+	defer func() {
+		if err := w.m.Destroy(context.WithoutCancel(ctx), sb.ID, "workspace ref resolved"); err != nil {
+			w.log.Warn("resolve_sandbox_destroy_failed", "sandbox_id", sb.ID, "err", err)
+		}
+	}()
 	addr, token, err := w.m.Agent(ctx, sb.ID)
 	if err != nil {
 		return

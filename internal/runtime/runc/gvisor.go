@@ -343,8 +343,8 @@ func (h *netHolder) path() string { return fmt.Sprintf("/proc/%d/ns/net", h.cmd.
 
 func (h *netHolder) close() {
 	h.stdin.Close()
-	h.cmd.Process.Kill()
-	h.cmd.Wait()
+	_ = h.cmd.Process.Kill() // gone already is fine
+	_ = h.cmd.Wait()         // it was killed: the error says so
 }
 
 // runscStateFiles are runsc's state files of container id under its root:

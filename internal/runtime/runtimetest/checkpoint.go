@@ -58,7 +58,11 @@ func testCheckpointRestore(t *testing.T, h Harness) {
 	if err := inst.Backend.Create(ctx, spec); err != nil {
 		t.Fatalf("Create = %v", err)
 	}
-	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	t.Cleanup(func() {
+		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+			t.Errorf("Destroy = %v", err)
+		}
+	})
 	if out, err := inst.Exec(ctx, id, "/bin/sh", "-c", "/.berth/berth-agent count /count >/dev/null 2>&1 &"); err != nil {
 		t.Fatalf("start counter: %v: %s", err, out)
 	}
@@ -147,6 +151,10 @@ func testNetNS(t *testing.T, suffix string) string {
 	if out, err := exec.Command(ipBin, "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add: %v: %s", err, out)
 	}
-	t.Cleanup(func() { exec.Command(ipBin, "netns", "del", name).Run() })
+	t.Cleanup(func() {
+		if out, err := exec.Command(ipBin, "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del: %v: %s", err, out)
+		}
+	})
 	return "/run/netns/" + name
 }
