@@ -311,27 +311,7 @@ func newNetHolder(ctx context.Context, join string) (*netHolder, error) {
 		return nil, fmt.Errorf("netns holder: %w", err)
 	}
 	h := &netHolder{cmd: cmd, stdin: stdin}
-	// cat echoes a byte once it runs, so its namespace is final.
-	echoed := make(chan error, 1)
-	go func() {
-		if _, err := stdin.Write([]byte{'\n'}); err != nil {
-			echoed <- err
-			return
-		}
-		var b [1]byte
-		_, err := io.ReadFull(stdout, b[:])
-		echoed <- err
-	}()
-	timeout := time.NewTimer(30 * time.Second)
-	defer timeout.Stop()
-	select {
-	case err = <-echoed:
-	case <-ctx.Done():
-		err = ctx.Err()
-	case <-timeout.C:
-		err = errors.New("did not start within 30s")
-	}
-	if err != nil {
+	if err := awaitEcho(ctx, stdin, stdout); err != nil {
 		h.close()
 		return nil, fmt.Errorf("netns holder: %w", err)
 	}

@@ -103,27 +103,8 @@ func newUserNS(ctx context.Context, uids, gids []specs.LinuxIDMapping) (*userNS,
 		}
 		return nil, fmt.Errorf("user namespace: %w", err)
 	}
-	echoed := make(chan error, 1)
-	go func() {
-		if _, err := stdin.Write([]byte{'\n'}); err != nil {
-			echoed <- err
-			return
-		}
-		var b [1]byte
-		_, err := io.ReadFull(stdout, b[:])
-		echoed <- err
-	}()
-	timeout := time.NewTimer(30 * time.Second)
-	defer timeout.Stop()
-	select {
-	case err := <-echoed:
-		if err != nil {
-			return fail(fmt.Errorf("holder did not start: %w", err))
-		}
-	case <-ctx.Done():
-		return fail(ctx.Err())
-	case <-timeout.C:
-		return fail(errors.New("holder did not start within 30s"))
+	if err := awaitEcho(ctx, stdin, stdout); err != nil {
+		return fail(fmt.Errorf("holder: %w", err))
 	}
 	own, err := os.Readlink("/proc/self/ns/user")
 	if err != nil {
@@ -298,4 +279,36 @@ func withRlimits(cmd *exec.Cmd, rl []specs.POSIXRlimit) error {
 	cmd.Args = append(append(args, "--", cmd.Path), cmd.Args[1:]...)
 	cmd.Path = prlimit
 	return nil
+}
+
+// holderStartTimeout bounds how long a namespace holder (cat) may take to
+// answer its first byte.
+const holderStartTimeout = 30 * time.Second
+
+// awaitEcho writes a byte to a holder process (cat) and waits for it to
+// come back: once it does, the holder runs in its final namespaces.
+func awaitEcho(ctx context.Context, stdin io.Writer, stdout io.Reader) error {
+	echoed := make(chan error, 1)
+	go func() {
+		if _, err := stdin.Write([]byte{'\n'}); err != nil {
+			echoed <- err
+			return
+		}
+		var b [1]byte
+		_, err := io.ReadFull(stdout, b[:])
+		echoed <- err
+	}()
+	timeout := time.NewTimer(holderStartTimeout)
+	defer timeout.Stop()
+	select {
+	case err := <-echoed:
+		if err != nil {
+			return fmt.Errorf("did not start: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-timeout.C:
+		return fmt.Errorf("did not start within %s", holderStartTimeout)
+	}
 }
