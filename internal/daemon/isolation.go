@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -74,7 +75,17 @@ func newLevels(ctx context.Context, cfg Config, log *slog.Logger) (*levels, erro
 	l.versions[core.IsolationRunc] = runcVersion(ctx, cfg.RuntimeBinary)
 	l.wire = append(l.wire, types.IsolationLevel{Name: core.IsolationRunc, Available: true, Runtime: l.versions[core.IsolationRunc]})
 
+	// The gofer reaches the rootfs as the sandbox's unprivileged root: the
+	// level's dir must be searchable (as the data dir is; Run checks).
 	gdir := filepath.Join(cfg.DataDir, "gvisor")
+	if err := os.MkdirAll(gdir, 0o711); err != nil {
+		rc.Close()
+		return nil, fmt.Errorf("gvisor dir: %w", err)
+	}
+	if err := os.Chmod(gdir, 0o711); err != nil {
+		rc.Close()
+		return nil, fmt.Errorf("gvisor dir: %w", err)
+	}
 	gv, err := runsc.New(ctx, runsc.Config{
 		Binary:       cfg.GVisorBinary,
 		StateDir:     filepath.Join(gdir, "sandboxes"),
