@@ -170,3 +170,47 @@ func TestIsolationRestart(t *testing.T) {
 	}
 	AssertNoLeaks(t, d)
 }
+
+// TestEgressGVisor: a gVisor sandbox's traffic goes through the same
+// host-side policy as a runc sandbox's (the sentry's netstack drives the
+// sandbox's own veth): allowed names resolve and connect, others are
+// refused, and both decisions are in the audit log. Only the test net in
+// its own network namespace is reached.
+func TestEgressGVisor(t *testing.T) {
+	requireIsolation(t, client.IsolationGVisor)
+	env := startEgress(t)
+	ip1, ip2 := env.tn.IP.String(), env.tn.IP2.String()
+	pol := &client.NetworkPolicy{Mode: client.NetAllow, Allow: []string{"allowed.test", ip1 + ":7"}}
+	sb := env.d.Create(t, client.CreateRequest{Network: pol, Isolation: client.IsolationGVisor})
+	if sb.Isolation != client.IsolationGVisor {
+		t.Fatalf("isolation %q, want gvisor", sb.Isolation)
+	}
+	env.install(t, sb)
+	expect(t, sb, "dns allowed.test", 0, ip1)
+	expect(t, sb, "dns other.test", 1, "")
+	expect(t, sb, "https allowed.test"+testCA, 0, "host=allowed.test method=GET path=/ tls=true")
+	expect(t, sb, "https other.test -connect "+ip1+":443"+testCA, 1, "")
+	expect(t, sb, "http other.test -connect "+ip1+":80", 2, "403")
+	expect(t, sb, "tcp "+ip1+":7", 0, "ping")
+	expect(t, sb, "tcp "+ip2+":7", 1, "")
+	recs, err := env.d.Client.NetworkLog(t.Context(), sb.ID, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var allowed, denied bool
+	for _, r := range recs {
+		if r.Name == "allowed.test" && r.Decision == "allow" && r.BytesIn > 0 {
+			allowed = true
+		}
+		if r.Name == "other.test" && r.Decision == "deny" {
+			denied = true
+		}
+	}
+	if !allowed || !denied {
+		t.Errorf("audit log of a gvisor sandbox: allow for allowed.test %v, deny for other.test %v; records %+v", allowed, denied, recs)
+	}
+	if err := env.d.Client.Kill(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeaks(t, env.d)
+}
