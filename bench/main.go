@@ -58,6 +58,7 @@ func main() {
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
+	isolation := flag.String("isolation", "runc", "isolation level of the daemon-level rows (runc or gvisor; the floor is then raw `runsc run`)")
 	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
 	flag.Parse()
 	tb := &runner{}
@@ -74,12 +75,12 @@ func main() {
 		}
 		return
 	}
-	if err := run(tb, *n, *execN, *burst, strings.Split(*templates, ","), *e2b); err != nil {
+	if err := run(tb, *n, *execN, *burst, strings.Split(*templates, ","), *e2b, *isolation); err != nil {
 		tb.Fatalf("%v", err)
 	}
 }
 
-func run(tb *runner, n, execN, burst int, templates []string, e2b bool) error {
+func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso string) error {
 	bin, cleanup, err := harness.Build()
 	if err != nil {
 		return err
@@ -95,19 +96,25 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool) error {
 		if _, err := d.Client.BuildTemplate(ctx, name, io.Discard); err != nil {
 			return fmt.Errorf("build template %s: %w", name, err)
 		}
-		tti, err := measureTTI(ctx, d, name, n)
+		tti, err := measureTTI(ctx, d, name, n, iso)
 		if err != nil {
 			return err
 		}
-		raw, err := measureRawRunc(ctx, d, name, n)
+		floor, raw := "runc", []time.Duration(nil)
+		if iso == client.IsolationGVisor {
+			floor = "runsc"
+			raw, err = measureRawRunsc(ctx, d, name, n)
+		} else {
+			raw, err = measureRawRunc(ctx, d, name, n)
+		}
 		if err != nil {
 			return err
 		}
 		rows = append(rows,
-			row{"TTI, template " + name + " (create → first byte of `echo ok`)", tti},
-			row{"floor: raw `runc run` of the same rootfs → first byte of `echo ok`", raw})
+			row{"TTI, template " + name + ", isolation " + iso + " (create → first byte of `echo ok`)", tti},
+			row{"floor: raw `" + floor + " run` of the same rootfs → first byte of `echo ok`", raw})
 	}
-	rtt, err := measureExec(ctx, d, execN)
+	rtt, err := measureExec(ctx, d, execN, iso)
 	if err != nil {
 		return err
 	}
@@ -116,7 +123,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool) error {
 		return err
 	}
 	rows = append(rows,
-		row{"exec round trip (`true` through the daemon API)", rtt},
+		row{"exec round trip (`true` through the daemon API), isolation " + iso, rtt},
 		row{"floor: fork/exec of `true` on the host", fork})
 	if burst > 0 {
 		lat, rate, err := measureBurst(ctx, d, burst)
@@ -166,11 +173,11 @@ func (f *firstByte) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func measureTTI(ctx context.Context, d *harness.Daemon, tpl string, n int) ([]time.Duration, error) {
+func measureTTI(ctx context.Context, d *harness.Daemon, tpl string, n int, iso string) ([]time.Duration, error) {
 	var out []time.Duration
 	for i := 0; i < n; i++ {
 		start := time.Now()
-		sb, err := d.Client.Create(ctx, client.CreateRequest{Template: tpl})
+		sb, err := d.Client.Create(ctx, client.CreateRequest{Template: tpl, Isolation: iso})
 		if err != nil {
 			return nil, fmt.Errorf("create %s: %w", tpl, err)
 		}
@@ -234,6 +241,23 @@ func measureRawRunc(ctx context.Context, d *harness.Daemon, tpl string, n int) (
 	return out, nil
 }
 
+// measureRawRunsc is measureRawRunc's floor under gVisor: `runsc run` of
+// the template's layer with no network.
+func measureRawRunsc(ctx context.Context, d *harness.Daemon, tpl string, n int) ([]time.Duration, error) {
+	store, err := template.New(template.Config{DataDir: d.DataDir, CacheDir: harness.CacheDir(), UIDBase: 1_000_000})
+	if err != nil {
+		return nil, err
+	}
+	t, err := store.Get(ctx, tpl)
+	if err != nil {
+		return nil, err
+	}
+	if len(t.Layers) != 1 {
+		return nil, fmt.Errorf("template %s has %d layers; the raw floor needs one", tpl, len(t.Layers))
+	}
+	return measureRaw(ctx, "runsc", t.Layers[0], n)
+}
+
 func rawSpec(rootfs string) *specs.Spec {
 	ids := []specs.LinuxIDMapping{{ContainerID: 0, HostID: 1_000_000, Size: 65536}}
 	return &specs.Spec{
@@ -261,8 +285,8 @@ func rawSpec(rootfs string) *specs.Spec {
 	}
 }
 
-func measureExec(ctx context.Context, d *harness.Daemon, n int) ([]time.Duration, error) {
-	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
+func measureExec(ctx context.Context, d *harness.Daemon, n int, iso string) ([]time.Duration, error) {
+	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Isolation: iso})
 	if err != nil {
 		return nil, err
 	}

@@ -138,6 +138,19 @@ func (c *Client) Templates(ctx context.Context) ([]Template, error) {
 	return out.Templates, nil
 }
 
+// SetTemplateIsolation sets the isolation level sandboxes of the named
+// (built) template get when their request names none; "" clears it.
+func (c *Client) SetTemplateIsolation(ctx context.Context, name, isolation string) (*Template, error) {
+	if name == "" {
+		return nil, fmt.Errorf("template name is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	var out Template
+	if err := c.doJSON(ctx, http.MethodPut, "/v1/templates/"+url.PathEscape(name)+"/isolation", nil, types.TemplateIsolationRequest{Isolation: isolation}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // BuildTemplate builds (or rebuilds) the named template, copying the build
 // log to logWriter (which may be nil) as it arrives.
 func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Writer) (*Template, error) {

@@ -63,6 +63,15 @@ type Template = types.Template
 // Health is the daemon's health answer.
 type Health = types.Health
 
+// IsolationLevel is one isolation level as the daemon offers it.
+type IsolationLevel = types.IsolationLevel
+
+// Isolation levels (CreateRequest.Isolation).
+const (
+	IsolationRunc   = types.IsolationRunc
+	IsolationGVisor = types.IsolationGVisor
+)
+
 // ListOptions filters List. Every label must match (AND); an empty State
 // matches every state.
 type ListOptions struct {

@@ -20,6 +20,34 @@ type Error = errdefs.Error
 type Health struct {
 	Status  string `json:"status"`
 	Version string `json:"version"`
+	// Isolation lists the isolation levels Berth knows and whether this
+	// daemon offers each, with the runtime behind it.
+	Isolation []IsolationLevel `json:"isolation,omitempty"`
+}
+
+// Isolation levels a sandbox may run at (CreateRequest.Isolation).
+const (
+	// IsolationRunc: runc, namespaces and seccomp on the host kernel.
+	IsolationRunc = "runc"
+	// IsolationGVisor: gVisor's runsc, a user-space kernel in between.
+	IsolationGVisor = "gvisor"
+)
+
+// IsolationLevel is one isolation level as the daemon offers it.
+type IsolationLevel struct {
+	Name string `json:"name"`
+	// Available is false when the daemon cannot run it; Reason then says
+	// why and what to install.
+	Available bool   `json:"available"`
+	Reason    string `json:"reason,omitempty"`
+	// Default marks the level a request that names none gets (unless its
+	// template names one).
+	Default bool `json:"default"`
+	// Runtime is the runtime's build ("runc 1.1.5+ds1", "runsc
+	// 0.0~20221219.0"); Platform is gVisor's syscall interception
+	// platform (ptrace, kvm).
+	Runtime  string `json:"runtime,omitempty"`
+	Platform string `json:"platform,omitempty"`
 }
 
 // Sandbox states.
@@ -52,6 +80,9 @@ type CreateRequest struct {
 	Labels  map[string]string `json:"labels,omitempty"`
 	// Network is the egress policy; nil means mode none.
 	Network *NetworkPolicy `json:"network,omitempty"`
+	// Isolation is the level to run at (IsolationRunc, IsolationGVisor);
+	// empty takes the template's default, then the daemon's.
+	Isolation string `json:"isolation,omitempty"`
 }
 
 // SetTimeoutRequest moves a sandbox's deadline (POST
@@ -104,6 +135,10 @@ type Sandbox struct {
 	// Network is where a live sandbox sits on the host's network (get and
 	// inspect only).
 	Network *SandboxNetwork `json:"network,omitempty"`
+	// Isolation is the level the sandbox runs at; RuntimeVersion the
+	// runtime build it was created under (inspect shows both).
+	Isolation      string `json:"isolation"`
+	RuntimeVersion string `json:"runtime_version,omitempty"`
 }
 
 // SandboxNetwork is a sandbox's network as the host sees it.
@@ -169,6 +204,15 @@ type Template struct {
 	Built       bool      `json:"built"`
 	BuiltAt     time.Time `json:"built_at,omitzero"`
 	SizeBytes   int64     `json:"size_bytes"`
+	// Isolation is the level its sandboxes get when their request names
+	// none (empty: the daemon's default).
+	Isolation string `json:"isolation,omitempty"`
+}
+
+// TemplateIsolationRequest sets a template's default isolation level (PUT
+// /v1/templates/{name}/isolation); empty clears it.
+type TemplateIsolationRequest struct {
+	Isolation string `json:"isolation"`
 }
 
 // TemplateList is the answer to GET /v1/templates.

@@ -40,6 +40,7 @@ type EnvironmentCheckRequest struct {
 type EnvironmentCheck struct {
 	Valid          bool     `json:"valid"`
 	Template       string   `json:"template"`
+	Isolation      string   `json:"isolation,omitempty"`
 	Steps          []string `json:"steps"`
 	Secrets        []string `json:"secrets"`
 	MissingSecrets []string `json:"missing_secrets"`

@@ -45,6 +45,11 @@ func newCreateCmd(a *app) *cobra.Command {
 			if !f.Changed("template") {
 				req.Template = ""
 			}
+			// The daemon checks the level (and whether it can run it):
+			// a client cannot know which runtimes the daemon has.
+			if f.Changed("isolation") && req.Isolation == "" {
+				return invalidf("--isolation is empty: want %s or %s", client.IsolationRunc, client.IsolationGVisor)
+			}
 			if f.Changed("cpu") {
 				if req.CPU <= 0 {
 					return invalidf("--cpu %v: want a positive number of cores", req.CPU)
@@ -102,6 +107,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&req.Template, "template", "base", "template to start from")
+	f.StringVar(&req.Isolation, "isolation", "", "isolation level: runc or gvisor (default: the template's, then the daemon's)")
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")
@@ -156,7 +162,7 @@ func newLsCmd(a *app) *cobra.Command {
 
 func printSandboxes(w io.Writer, sbs []*client.Sandbox, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tCPU\tMEMORY\tAGE\tEXPIRES IN\tLABELS")
+	fmt.Fprintln(tw, "ID\tSTATE\tTEMPLATE\tISOLATION\tCPU\tMEMORY\tAGE\tEXPIRES IN\tLABELS")
 	for _, sb := range sbs {
 		keys := make([]string, 0, len(sb.Labels))
 		for k := range sb.Labels {
@@ -167,7 +173,7 @@ func printSandboxes(w io.Writer, sbs []*client.Sandbox, now time.Time) error {
 		for _, k := range keys {
 			lbl = append(lbl, k+"="+sb.Labels[k])
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Template,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", sb.ID, sb.State, sb.Template, sb.Isolation,
 			strconv.FormatFloat(sb.CPU, 'f', -1, 64), humanBytes(sb.MemoryBytes),
 			shortDuration(now.Sub(sb.CreatedAt)), shortDuration(sb.Deadline.Sub(now)), strings.Join(lbl, ","))
 	}
@@ -348,13 +354,17 @@ func newTemplateCmd(a *app) *cobra.Command {
 				return printJSON(a.out, ts)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tBUILT AT\tDESCRIPTION")
+			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tBUILT AT\tISOLATION\tDESCRIPTION")
 			for _, t := range ts {
 				built := "-"
 				if !t.BuiltAt.IsZero() {
 					built = t.BuiltAt.Local().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), built, t.Description)
+				iso := t.Isolation
+				if iso == "" {
+					iso = "default"
+				}
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), built, iso, t.Description)
 			}
 			return tw.Flush()
 		},
@@ -378,7 +388,32 @@ func newTemplateCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(ls, build)
+	isolation := &cobra.Command{
+		Use:   "isolation NAME LEVEL",
+		Short: "Set the isolation level (runc, gvisor, or default) a template's sandboxes get when they ask for none",
+		Args:  exactArgs(2, "a template name and an isolation level"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			level := args[1]
+			if level == "default" {
+				level = ""
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.SetTemplateIsolation(cmd.Context(), args[0], level)
+			if err != nil {
+				return err
+			}
+			if t.Isolation == "" {
+				fmt.Fprintf(a.out, "%s: the daemon's default isolation\n", t.Name)
+				return nil
+			}
+			fmt.Fprintf(a.out, "%s: isolation %s\n", t.Name, t.Isolation)
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, build, isolation)
 	return cmd
 }
 
@@ -400,7 +435,26 @@ func newVersionCmd(a *app) *cobra.Command {
 				return nil
 			}
 			fmt.Fprintf(a.out, "server: %s\n", h.Version)
+			for _, l := range h.Isolation {
+				fmt.Fprintf(a.out, "isolation %s: %s\n", l.Name, describeLevel(l))
+			}
 			return nil
 		},
 	}
+}
+
+// describeLevel is one isolation level for `berth version`: the runtime
+// and platform, or why the daemon cannot offer it.
+func describeLevel(l client.IsolationLevel) string {
+	if !l.Available {
+		return "unavailable (" + l.Reason + ")"
+	}
+	out := l.Runtime
+	if l.Platform != "" {
+		out += ", platform " + l.Platform
+	}
+	if l.Default {
+		out += " (default)"
+	}
+	return out
 }

@@ -32,7 +32,8 @@ func newServeCmd() *cobra.Command {
 		Use:   "serve",
 		Short: "Run the Berth daemon (as root)",
 		Long: `Run the Berth daemon on this host with its embedded defaults: SQLite state and
-templates in --data-dir, runc for isolation, the API on --listen.
+templates in --data-dir, runc for isolation (gVisor's runsc too, where
+installed: create --isolation gvisor), the API on --listen.
 
 Settings come from the built-in defaults, then --config (a YAML or JSON file
 whose keys are ` + strings.Join(configKeys(), ", ") + `), then flags.
@@ -66,6 +67,9 @@ re-adopted when it starts again.`,
 			set("pool", &cfg.Pool, flags.Pool)
 			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
 			set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
+			set("default-isolation", &cfg.DefaultIsolation, flags.DefaultIsolation)
+			set("gvisor-runtime", &cfg.GVisorBinary, flags.GVisorBinary)
+			set("gvisor-platform", &cfg.GVisorPlatform, flags.GVisorPlatform)
 			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
 				cfg.Mirror = m
 			}
@@ -94,6 +98,9 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.Pool, "pool", "198.18.0.0/15", "address pool for sandbox links")
 	f.StringVar(&flags.DefaultTemplate, "default-template", "base", "template used when a create names none")
 	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
+	f.StringVar(&flags.DefaultIsolation, "default-isolation", "runc", "isolation level (runc or gvisor) of sandboxes whose request and template name none")
+	f.StringVar(&flags.GVisorBinary, "gvisor-runtime", "runsc", "gVisor's runsc binary (the gvisor isolation level)")
+	f.StringVar(&flags.GVisorPlatform, "gvisor-platform", "", "runsc platform: ptrace or kvm (default: probed)")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

@@ -41,6 +41,7 @@ func (s *Server) routeTable() []route {
 		{"", "/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent, nil},
 		{"GET", "/v1/templates", s.listTemplates, nil},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
+		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
 		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
 		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},

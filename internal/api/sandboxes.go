@@ -43,7 +43,8 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PIDsLimit: s.PidsLimit,
 		Env: s.Env, Labels: s.Labels,
 		CreatedAt: utc(s.CreatedAt), Deadline: utc(s.Deadline), EndedAt: utc(s.EndedAt),
-		Reason: s.Reason,
+		Reason:    s.Reason,
+		Isolation: s.Isolation, RuntimeVersion: s.RuntimeVersion,
 	}
 	if n := s.Network; n != nil {
 		out.Network = &types.SandboxNetwork{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
@@ -72,7 +73,7 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}, Isolation: in.Isolation}
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p

@@ -24,6 +24,7 @@ var openapiDoc []byte
 type Templates interface {
 	List(ctx context.Context) ([]template.Template, error)
 	Build(ctx context.Context, name string, log io.Writer) (template.Template, error)
+	SetIsolation(ctx context.Context, name, isolation string) (template.Template, error)
 }
 
 // Config wires the API to the daemon's subsystems.
@@ -41,7 +42,10 @@ type Config struct {
 	Worklog Worklog
 	Review  Reviewer
 	Version string
-	Logger  *slog.Logger
+	// Isolation is the isolation levels the daemon knows, as GET
+	// /v1/health reports them.
+	Isolation []types.IsolationLevel
+	Logger    *slog.Logger
 }
 
 // Server is the HTTP API.
@@ -67,7 +71,7 @@ func New(cfg Config) *Server {
 func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: s.cfg.Version})
+	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: s.cfg.Version, Isolation: s.cfg.Isolation})
 }
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -70,6 +71,9 @@ func TestWireConstants(t *testing.T) {
 	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
 	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {
 		t.Errorf("policy modes %v, wire %v", modes, want)
+	}
+	if isos := []string{types.IsolationRunc, types.IsolationGVisor}; !slices.Equal(isos, core.Isolations()) {
+		t.Errorf("isolation levels %v, wire %v", core.Isolations(), isos)
 	}
 	if review.FormatPatch != types.ExportPatch || review.FormatBundle != types.ExportBundle {
 		t.Errorf("export formats %q %q, wire %q %q", review.FormatPatch, review.FormatBundle, types.ExportPatch, types.ExportBundle)
@@ -136,6 +140,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Error": types.Error{}, "CreateRequest": types.CreateRequest{}, "Usage": types.Usage{}, "Sandbox": types.Sandbox{},
 		"Event": types.Event{}, "Template": types.Template{}, "NetworkPolicy": types.NetworkPolicy{},
 		"EgressRecord": types.NetworkRecord{}, "APIKey": types.APIKey{}, "WorklogEntry": types.WorklogEntry{},
+		"IsolationLevel": types.IsolationLevel{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

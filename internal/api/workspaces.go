@@ -125,7 +125,7 @@ func (s *Server) checkEnvironment(w http.ResponseWriter, r *http.Request) {
 		steps[i] = st.Label(i)
 	}
 	writeJSON(w, http.StatusOK, types.EnvironmentCheck{
-		Valid: true, Template: env.Template, Steps: steps, Secrets: env.Secrets, MissingSecrets: missing,
+		Valid: true, Template: env.Template, Isolation: env.Isolation, Steps: steps, Secrets: env.Secrets, MissingSecrets: missing,
 		SetupNetwork: string(env.SetupPolicy.Mode), AgentNetwork: string(env.AgentPolicy.Mode),
 	})
 }

@@ -36,7 +36,26 @@ type Sandbox struct {
 	Metadata map[string]string
 	// User is the agent's default user ("" = root).
 	User string
+	// Isolation is the level the sandbox runs at (IsolationRunc or
+	// IsolationGVisor); records from before isolation levels read runc.
+	Isolation string
+	// RuntimeVersion names the runtime build the sandbox was created
+	// under ("runc 1.1.5", "runsc 0.0~20221219.0 (ptrace)").
+	RuntimeVersion string
 }
+
+// Isolation levels: each is one runtime backend the daemon may offer.
+const (
+	// IsolationRunc runs the sandbox under runc: namespaces, cgroups and
+	// seccomp on the host kernel.
+	IsolationRunc = "runc"
+	// IsolationGVisor runs it under gVisor's runsc: a user-space kernel
+	// serves its system calls.
+	IsolationGVisor = "gvisor"
+)
+
+// Isolations lists every isolation level Berth knows, weakest first.
+func Isolations() []string { return []string{IsolationRunc, IsolationGVisor} }
 
 // Event is one lifecycle event of a sandbox.
 type Event struct {

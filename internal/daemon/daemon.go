@@ -26,12 +26,12 @@ import (
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
-	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
@@ -52,13 +52,21 @@ type Config struct {
 	// different data dirs never touch each other's sandboxes.
 	Instance string `json:"instance" yaml:"instance"`
 	// AgentPath is the berth-agent binary; default: next to this binary.
-	AgentPath       string `json:"agent_path" yaml:"agent_path"`
-	RuntimeBinary   string `json:"runtime" yaml:"runtime"`
-	Pool            string `json:"pool" yaml:"pool"`
-	UIDBase         uint32 `json:"uid_base" yaml:"uid_base"`
-	UIDCount        uint32 `json:"uid_count" yaml:"uid_count"`
-	Mirror          string `json:"debian_mirror" yaml:"debian_mirror"`
-	DefaultTemplate string `json:"default_template" yaml:"default_template"`
+	AgentPath     string `json:"agent_path" yaml:"agent_path"`
+	RuntimeBinary string `json:"runtime" yaml:"runtime"`
+	// DefaultIsolation is the level (runc or gvisor) a sandbox gets when
+	// neither its request nor its template names one (default runc).
+	// GVisorBinary is runsc (default: "runsc" on PATH, so a newer one
+	// there wins over Debian's); GVisorPlatform is its platform, ptrace
+	// or kvm (default: probed, kvm only where a trial sandbox runs).
+	DefaultIsolation string `json:"default_isolation" yaml:"default_isolation"`
+	GVisorBinary     string `json:"gvisor_runtime" yaml:"gvisor_runtime"`
+	GVisorPlatform   string `json:"gvisor_platform" yaml:"gvisor_platform"`
+	Pool             string `json:"pool" yaml:"pool"`
+	UIDBase          uint32 `json:"uid_base" yaml:"uid_base"`
+	UIDCount         uint32 `json:"uid_count" yaml:"uid_count"`
+	Mirror           string `json:"debian_mirror" yaml:"debian_mirror"`
+	DefaultTemplate  string `json:"default_template" yaml:"default_template"`
 	// Egress (internal/egress): the DNS servers the sandboxes'
 	// resolvers and the egress proxy ask (default: the host's
 	// /etc/resolv.conf); address ranges treated as public although
@@ -105,6 +113,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.RuntimeBinary == "" {
 		c.RuntimeBinary = "runc"
+	}
+	if c.DefaultIsolation == "" {
+		c.DefaultIsolation = core.IsolationRunc
 	}
 	if c.Pool == "" {
 		c.Pool = "198.18.0.0/15"
@@ -220,29 +231,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer egress.Close()
-	rt, err := runc.New(runc.Config{
-		Binary:       cfg.RuntimeBinary,
-		StateDir:     filepath.Join(cfg.DataDir, "sandboxes"),
-		RuncRoot:     filepath.Join(cfg.DataDir, "runc"),
-		CgroupParent: "berth-" + cfg.Instance,
-		UIDBase:      cfg.UIDBase,
-		UIDCount:     cfg.UIDCount,
-		DiskPoolDir:  filepath.Join(cfg.DataDir, "diskpool"),
-		Logger:       log.With("component", "runtime"),
-	})
+	lv, err := newLevels(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
-	defer rt.Close()
-	rt.Warm(cfg.Defaults.DiskBytes)
+	defer lv.Close()
 	link := agentlink.New()
 	mgr, err := sandbox.New(sandbox.Config{
-		AgentPath:       agentPath,
-		DefaultTemplate: cfg.DefaultTemplate,
-		Defaults:        cfg.Defaults,
-		Max:             cfg.Max,
-		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
+		AgentPath:        agentPath,
+		DefaultTemplate:  cfg.DefaultTemplate,
+		Defaults:         cfg.Defaults,
+		Max:              cfg.Max,
+		DefaultIsolation: cfg.DefaultIsolation,
+		Unavailable:      lv.unavailable,
+		RuntimeVersions:  lv.versions,
+		Logger:           log.With("component", "sandbox"),
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
 	if err != nil {
 		return err
 	}
@@ -267,7 +271,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Isolation: lv.wire, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

@@ -52,23 +52,29 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err != nil {
 		return Sandbox{}, &FieldError{Field: "template", Err: err}
 	}
+	iso, err := m.resolveIsolation(req.Isolation, tpl.Isolation)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	now := time.Now().UTC()
 	rec := core.Sandbox{
-		ID:          newID(),
-		State:       string(StateCreating),
-		Template:    tpl.Name,
-		CPUMillis:   req.Limits.CPUMillis,
-		MemoryBytes: req.Limits.MemoryBytes,
-		DiskBytes:   req.Limits.DiskBytes,
-		PidsLimit:   req.Limits.PidsLimit,
-		Env:         maps.Clone(req.Env),
-		Labels:      maps.Clone(req.Labels),
-		Owner:       req.Owner,
-		Metadata:    maps.Clone(req.Metadata),
-		User:        req.User,
-		Token:       newToken(),
-		CreatedAt:   now,
-		Deadline:    now.Add(req.Timeout),
+		ID:             newID(),
+		State:          string(StateCreating),
+		Template:       tpl.Name,
+		CPUMillis:      req.Limits.CPUMillis,
+		MemoryBytes:    req.Limits.MemoryBytes,
+		DiskBytes:      req.Limits.DiskBytes,
+		PidsLimit:      req.Limits.PidsLimit,
+		Env:            maps.Clone(req.Env),
+		Labels:         maps.Clone(req.Labels),
+		Owner:          req.Owner,
+		Metadata:       maps.Clone(req.Metadata),
+		User:           req.User,
+		Isolation:      iso,
+		RuntimeVersion: m.runtimeVersion(iso),
+		Token:          newToken(),
+		CreatedAt:      now,
+		Deadline:       now.Add(req.Timeout),
 	}
 	if rec.Env == nil {
 		rec.Env = map[string]string{}
@@ -91,7 +97,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.forget(rec.ID)
 		return Sandbox{}, err
 	}
-	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name)
+	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name+", isolation "+iso)
 	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now}
 
 	if err := m.provision(cctx, c); err != nil {
@@ -160,8 +166,9 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	}
 	// Pushed first, so unwound last: a Create that fails half-way may
 	// leave a container behind, and Destroy takes whatever is there.
-	c.undo.push("runtime", func(ctx context.Context) error { return m.deps.Runtime.Destroy(ctx, id) })
-	if err := m.deps.Runtime.Create(ctx, spec); err != nil {
+	rt := m.runtimeOf(e.rec)
+	c.undo.push("runtime", func(ctx context.Context) error { return rt.Destroy(ctx, id) })
+	if err := rt.Create(ctx, spec); err != nil {
 		return fmt.Errorf("runtime: %w", err)
 	}
 	return nil
@@ -199,7 +206,7 @@ func (m *Manager) finish(ctx context.Context, c *creation) error {
 	e.publish()
 	m.event(ctx, e.id, EventReady, "")
 	m.arm(e)
-	c.log.Info("sandbox_ready", "template", c.tpl.Name, "elapsed_ms", time.Since(c.start).Milliseconds())
+	c.log.Info("sandbox_ready", "template", c.tpl.Name, "isolation", e.rec.Isolation, "elapsed_ms", time.Since(c.start).Milliseconds())
 	return nil
 }
 

@@ -61,12 +61,25 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// MonitorInterval is how often usage and liveness are sampled.
 	MonitorInterval time.Duration
+	// DefaultIsolation is the level a sandbox gets when neither its
+	// request nor its template names one (default runc).
+	DefaultIsolation string
+	// Unavailable says, per level Berth knows but this daemon cannot
+	// offer, why and what to install; a create asking for it is refused
+	// with this reason.
+	Unavailable map[string]string
+	// RuntimeVersions names, per level, the runtime build its sandboxes
+	// run under; each sandbox records it at create (inspect shows it).
+	RuntimeVersions map[string]string
 	Logger          *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
 type Deps struct {
+	// Runtime is the runc level's runtime; Runtimes holds every level's
+	// (isolation.go), and a "runc" entry there wins over Runtime.
 	Runtime   Runtime
+	Runtimes  map[string]Runtime
 	Network   Network
 	Templates Templates
 	Store     Store
@@ -113,6 +126,9 @@ type Manager struct {
 	live    map[string]*entry
 	closing bool
 
+	// rts is the runtime of each isolation level the daemon offers.
+	rts map[string]Runtime
+
 	hub *hub
 }
 
@@ -121,7 +137,8 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	if cfg.AgentPath == "" {
 		return nil, fmt.Errorf("sandbox manager: agent path: %w", errdefs.ErrInvalidArgument)
 	}
-	if deps.Runtime == nil || deps.Network == nil || deps.Templates == nil || deps.Store == nil || deps.Prober == nil {
+	rts := runtimes(deps)
+	if len(rts) == 0 || deps.Network == nil || deps.Templates == nil || deps.Store == nil || deps.Prober == nil {
 		return nil, fmt.Errorf("sandbox manager: missing dependency: %w", errdefs.ErrInvalidArgument)
 	}
 	if deps.Egress != nil && deps.Files == nil {
@@ -145,6 +162,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	if cfg.MonitorInterval == 0 {
 		cfg.MonitorInterval = time.Second
 	}
+	if cfg.DefaultIsolation == "" {
+		cfg.DefaultIsolation = core.IsolationRunc
+	}
 	life, cancel := context.WithCancel(context.Background())
 	return &Manager{
 		cfg:    cfg,
@@ -153,6 +173,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		life:   life,
 		cancel: cancel,
 		live:   map[string]*entry{},
+		rts:    rts,
 		hub:    newHub(),
 	}, nil
 }
@@ -199,6 +220,10 @@ type CreateRequest struct {
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
+	// Isolation is the level to run at (core.IsolationRunc or
+	// core.IsolationGVisor); "" takes the template's default, then the
+	// daemon's.
+	Isolation string
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,
@@ -407,7 +432,7 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	defer cancel()
 	e.stopTimer()
 	var errs []error
-	if err := m.deps.Runtime.Destroy(ctx, e.id); err != nil {
+	if err := m.runtimeOf(e.rec).Destroy(ctx, e.id); err != nil {
 		errs = append(errs, fmt.Errorf("runtime: %w", err))
 	}
 	if err := m.deps.Network.Detach(ctx, e.id); err != nil {
@@ -539,7 +564,7 @@ func (m *Manager) Get(ctx context.Context, id string) (Sandbox, error) {
 	}
 	st := e.cur.Load()
 	s := Sandbox{Sandbox: st.rec, Network: st.network()}
-	if sr, ok := m.deps.Runtime.(StatsReader); ok && st.state == StateReady {
+	if sr, ok := m.runtimeOf(st.rec).(StatsReader); ok && st.state == StateReady {
 		if u, err := sr.Stats(ctx, id); err == nil {
 			s.Usage = &u
 		}

@@ -61,7 +61,8 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	id := e.id
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := m.deps.Runtime.Inspect(ctx, id)
+	rt := m.runtimeOf(e.cur.Load().rec)
+	st, err := rt.Inspect(ctx, id)
 	if err == nil && st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
 		if ctx.Err() != nil {
 			return
@@ -71,7 +72,7 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 		}
 		return
 	}
-	sr, ok := m.deps.Runtime.(StatsReader)
+	sr, ok := rt.(StatsReader)
 	if !ok {
 		return
 	}

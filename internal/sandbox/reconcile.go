@@ -23,16 +23,19 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			owned[rec.ID] = true
 		}
 	}
-	// Anything else on the host that carries this daemon's names is a leftover.
-	rids, err := m.deps.Runtime.List(ctx)
-	if err != nil {
-		return fmt.Errorf("reconcile: list runtime: %w", err)
-	}
-	for _, id := range rids {
-		if !owned[id] {
-			m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "runtime")
-			if err := m.deps.Runtime.Destroy(ctx, id); err != nil {
-				m.log.Error("remove_orphan", "sandbox_id", id, "err", err)
+	// Anything else on the host that carries this daemon's names is a
+	// leftover, at every isolation level: each runtime removes its own.
+	for iso, rt := range m.rts {
+		rids, err := rt.List(ctx)
+		if err != nil {
+			return fmt.Errorf("reconcile: list %s runtime: %w", iso, err)
+		}
+		for _, id := range rids {
+			if !owned[id] {
+				m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "runtime", "isolation", iso)
+				if err := rt.Destroy(ctx, id); err != nil {
+					m.log.Error("remove_orphan", "sandbox_id", id, "err", err)
+				}
 			}
 		}
 	}
@@ -111,7 +114,8 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
 		return false
 	}
-	st, err := m.deps.Runtime.Inspect(ctx, rec.ID)
+	rt := m.runtimeOf(rec)
+	st, err := rt.Inspect(ctx, rec.ID)
 	if err != nil {
 		return fail("sandbox not found by the runtime after a daemon restart: " + err.Error())
 	}
@@ -132,7 +136,7 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	if err := m.readoptEgress(ctx, e); err != nil {
 		return fail("egress policy not re-applied after a daemon restart: " + err.Error())
 	}
-	if sr, ok := m.deps.Runtime.(StatsReader); ok {
+	if sr, ok := rt.(StatsReader); ok {
 		if stats, err := sr.Stats(ctx, rec.ID); err == nil {
 			e.ooms.Store(stats.OOMKills)
 		}

@@ -61,14 +61,14 @@ type pauser interface {
 
 // CanPause reports whether the runtime can freeze the sandbox.
 func (h *SetupHandle) CanPause() bool {
-	_, ok := h.m.deps.Runtime.(pauser)
+	_, ok := h.m.runtimeOf(h.e.rec).(pauser)
 	return ok
 }
 
 // Pause freezes the sandbox's processes (to copy its writable layer
 // consistently); Resume thaws them. The sandbox stays creating throughout.
 func (h *SetupHandle) Pause(ctx context.Context) error {
-	p, ok := h.m.deps.Runtime.(pauser)
+	p, ok := h.m.runtimeOf(h.e.rec).(pauser)
 	if !ok {
 		return fmt.Errorf("sandbox %s: the runtime cannot pause: %w", h.e.rec.ID, errdefs.ErrFailedPrecondition)
 	}
@@ -77,7 +77,7 @@ func (h *SetupHandle) Pause(ctx context.Context) error {
 
 // Resume thaws what Pause froze.
 func (h *SetupHandle) Resume(ctx context.Context) error {
-	p, ok := h.m.deps.Runtime.(pauser)
+	p, ok := h.m.runtimeOf(h.e.rec).(pauser)
 	if !ok {
 		return fmt.Errorf("sandbox %s: the runtime cannot pause: %w", h.e.rec.ID, errdefs.ErrFailedPrecondition)
 	}

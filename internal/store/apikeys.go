@@ -33,6 +33,9 @@ var sandboxColumns = []struct{ name, decl string }{
 	{"owner", `TEXT NOT NULL DEFAULT ''`},
 	{"metadata", `TEXT NOT NULL DEFAULT '{}'`},
 	{"agent_user", `TEXT NOT NULL DEFAULT ''`},
+	// Every sandbox before isolation levels ran under runc.
+	{"isolation", `TEXT NOT NULL DEFAULT 'runc'`},
+	{"runtime_version", `TEXT NOT NULL DEFAULT ''`},
 }
 
 // migrate brings a database created by an older Berth up to date. Every step

@@ -33,18 +33,20 @@ func TestMigrateOldDatabase(t *testing.T) {
 			t.Fatal(err)
 		}
 		got, err := db.GetSandbox(t.Context(), "old1")
-		if err != nil || got.Owner != "" || len(got.Metadata) != 0 || got.User != "" {
-			t.Errorf("GetSandbox(old1) = %+v, %v, want empty owner, metadata and user", got, err)
+		if err != nil || got.Owner != "" || len(got.Metadata) != 0 || got.User != "" || got.Isolation != core.IsolationRunc || got.RuntimeVersion != "" {
+			t.Errorf("GetSandbox(old1) = %+v, %v, want empty owner, metadata, user and runtime version, isolation runc", got, err)
 		}
 		got.Owner, got.Metadata, got.User = "key1", map[string]string{"any key": "v"}, "user"
+		got.Isolation, got.RuntimeVersion = core.IsolationGVisor, "runsc 1"
 		if err := db.PutSandbox(t.Context(), got); err != nil {
 			t.Fatal(err)
 		}
 		back, _ := db.GetSandbox(t.Context(), "old1")
-		if back.Owner != "key1" || back.Metadata["any key"] != "v" || back.User != "user" {
+		if back.Owner != "key1" || back.Metadata["any key"] != "v" || back.User != "user" || back.Isolation != core.IsolationGVisor || back.RuntimeVersion != "runsc 1" {
 			t.Errorf("round trip = %+v", back)
 		}
 		got.Owner, got.Metadata, got.User = "", nil, ""
+		got.Isolation, got.RuntimeVersion = "", ""
 		db.PutSandbox(t.Context(), got)
 		db.Close()
 	}

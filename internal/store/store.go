@@ -119,19 +119,28 @@ func decodeMap(s string) (map[string]string, error) {
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
-		s.Owner, encodeMap(s.Metadata), s.User)
+		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion)
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
 	}
 	return nil
 }
 
-const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user`
+const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version`
+
+// isolationOrRunc stores an unset isolation as runc, what a record that
+// names none has always meant.
+func isolationOrRunc(iso string) string {
+	if iso == "" {
+		return core.IsolationRunc
+	}
+	return iso
+}
 
 type scanner interface{ Scan(...any) error }
 
@@ -140,7 +149,7 @@ func scanSandbox(r scanner) (core.Sandbox, error) {
 	var env, labels, metadata string
 	var created, deadline, ended int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
-		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User); err != nil {
+		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User, &s.Isolation, &s.RuntimeVersion); err != nil {
 		return s, err
 	}
 	var err error

@@ -34,6 +34,10 @@ type manifest struct {
 	SizeBytes   int64     `json:"size_bytes"`
 	SourceHash  string    `json:"source_hash"`
 	UIDBase     uint32    `json:"uid_base"`
+	// Isolation is the level sandboxes of the template run at when their
+	// request names none ("" = the daemon's default). It is the
+	// operator's setting (SetIsolation) and survives rebuilds.
+	Isolation string `json:"isolation,omitempty"`
 }
 
 func (s *Store) manifestPath(name string) string {
@@ -142,6 +146,7 @@ func (s *Store) inspect(name string) (Template, error) {
 		layers = append(layers, dir)
 	}
 	t.Built = true
+	t.Isolation = m.Isolation
 	t.BuiltAt = m.BuiltAt
 	t.SizeBytes = m.SizeBytes
 	t.Layers = layers
@@ -214,6 +219,9 @@ func (s *Store) buildLocked(ctx context.Context, name string, log io.Writer) (Te
 		SizeBytes:   size,
 		SourceHash:  hash,
 		UIDBase:     s.cfg.UIDBase,
+	}
+	if old, err := readManifest(s.manifestPath(name)); err == nil {
+		m.Isolation = old.Isolation
 	}
 	if err := writeManifest(s.manifestPath(name), m); err != nil {
 		os.RemoveAll(final)

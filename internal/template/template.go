@@ -74,6 +74,9 @@ type Template struct {
 	Built       bool
 	BuiltAt     time.Time
 	SizeBytes   int64
+	// Isolation is the isolation level sandboxes of this template get
+	// when their request names none ("" = the daemon's default).
+	Isolation string
 	// Layers are absolute directories, lowest first; empty when not built.
 	Layers []string
 }

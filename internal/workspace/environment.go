@@ -22,6 +22,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/secret"
 	"github.com/berth-sandbox/berth/internal/units"
@@ -36,6 +37,7 @@ const MaxSize = 256 << 10
 // Environment is a parsed environment file:
 //
 //	template: base                 # base template (default: the daemon's)
+//	isolation: gvisor              # runc or gvisor (default: the template's, then the daemon's)
 //	setup:                         # shell steps, run in /workspace in order
 //	  - name: deps                 # optional label
 //	    run: curl -fsS http://registry.example/pkg.tgz | tar xz
@@ -48,7 +50,10 @@ const MaxSize = 256 << 10
 //	  setup: {mode: allow, allow: [registry.npmjs.org]}
 //	  agent: {mode: none}
 type Environment struct {
-	Template  string
+	Template string
+	// Isolation is the level the workspace's sandbox runs at ("" = the
+	// template's default, then the daemon's); a request naming one wins.
+	Isolation string
 	Setup     []Step
 	Env       map[string]string
 	Secrets   []string
@@ -162,6 +167,13 @@ func Parse(data []byte) (*Environment, error) {
 				}
 				env.Template = s
 			}
+		case "isolation":
+			if s, ok := p.scalar(v, key); ok {
+				if !slices.Contains(core.Isolations(), s) {
+					p.add(v, key, "isolation %q: want one of %s", s, strings.Join(core.Isolations(), ", "))
+				}
+				env.Isolation = s
+			}
 		case "setup":
 			env.Setup = p.steps(v)
 		case "env":
@@ -189,7 +201,7 @@ func Parse(data []byte) (*Environment, error) {
 				}
 			})
 		default:
-			p.add(k, "", "unknown key %q (want template, setup, env, secrets, resources or network)", key)
+			p.add(k, "", "unknown key %q (want template, isolation, setup, env, secrets, resources or network)", key)
 		}
 	})
 	for name := range env.Env {

@@ -11,6 +11,7 @@ import (
 )
 
 const full = `template: base
+isolation: gvisor
 setup:
   - name: deps
     run: curl -fsS http://registry.test/pkg -o /tmp/pkg
@@ -32,8 +33,11 @@ func TestParseFull(t *testing.T) {
 	if env.Template != "base" || len(env.Setup) != 2 || env.Setup[0].Name != "deps" || env.Setup[1].Run != "make build" {
 		t.Errorf("template/setup = %q %+v", env.Template, env.Setup)
 	}
-	if env.Setup[0].Line != 3 || env.Setup[1].Line != 5 {
-		t.Errorf("step lines = %d, %d, want 3, 5", env.Setup[0].Line, env.Setup[1].Line)
+	if env.Setup[0].Line != 4 || env.Setup[1].Line != 6 {
+		t.Errorf("step lines = %d, %d, want 4, 6", env.Setup[0].Line, env.Setup[1].Line)
+	}
+	if env.Isolation != "gvisor" {
+		t.Errorf("isolation = %q, want gvisor", env.Isolation)
 	}
 	if env.Env["GOFLAGS"] != "-mod=mod" || len(env.Secrets) != 1 || env.Secrets[0] != "NPM_TOKEN" {
 		t.Errorf("env/secrets = %v %v", env.Env, env.Secrets)
@@ -62,6 +66,8 @@ func TestParseErrors(t *testing.T) {
 		want     []string // substrings of the error, in order
 	}{
 		{"unknown top key", "template: base\nsetpu: []\n", []string{`line 2: unknown key "setpu"`}},
+		{"unknown isolation", "isolation: kata\n", []string{`line 1: isolation: isolation "kata": want one of runc, gvisor`}},
+		{"isolation not a string", "isolation: [gvisor]\n", []string{`line 1: isolation`}},
 		{"bad yaml", "setup:\n  - a\n - b\n", []string{"line 2", "invalid YAML"}},
 		{"step unknown key", "setup:\n  - name: x\n    command: y\n", []string{`line 3: setup[0]: unknown key "command"`, "line 2: setup[0]: run is empty"}},
 		{"step wrong type", "setup: make\n", []string{"line 1: setup: want a list"}},

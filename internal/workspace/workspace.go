@@ -263,6 +263,11 @@ func (w *Service) Create(ctx context.Context, req Request, progress func(Progres
 		if env.Template != "" {
 			tplName = env.Template
 		}
+		// The file's level applies unless the request names one: a
+		// user asking for a level explicitly gets it.
+		if sreq.Isolation == "" {
+			sreq.Isolation = env.Isolation
+		}
 	}
 	if tplName == "" {
 		tplName = w.m.DefaultTemplate()

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -44,24 +46,65 @@ func TestE2BSDK(t *testing.T) {
 	key1 := createKey(t, d, "e2b-test")
 	key2 := createKey(t, d, "e2b-test-other")
 
-	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=dot")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(),
-		"E2B_API_URL="+d.URL,
-		"E2B_SANDBOX_URL="+d.URL,
-		"E2B_API_KEY="+key1,
-		"E2B_API_KEY_2="+key2,
-		"E2B_DOMAIN=berth.localhost",
-		"BERTH_TEST_NET_IP="+tn.IP.String(),
-		"NO_COLOR=1",
-	)
-	// Node's report goes to the test log only when it fails (or with -v),
-	// so `go test`'s summary stays readable.
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("node --test in test/e2b failed: %v\n%s\n--- daemon log (tail) ---\n%s", err, out, tail(d.Logs(), 60))
+	// The whole SDK suite runs at each isolation level: the gvisor run
+	// makes base a gvisor template, so the SDK's creates (which name only
+	// the template) run under gVisor, and checks afterwards that every
+	// sandbox of the run did.
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		if iso == client.IsolationGVisor && os.Getenv("BERTH_TEST_E2B_GVISOR") != "1" {
+			// The whole suite (its stress file runs 1,600 commands) on the
+			// ptrace platform outran the test's 15 minutes on a loaded
+			// 2-core machine; TestE2BGVisorTemplate covers E2B creates on
+			// a gvisor template in every run.
+			t.Skip("gvisor: the full E2B SDK suite on gVisor is opt-in (BERTH_TEST_E2B_GVISOR=1): too slow for the default run on the ptrace platform")
+		}
+		level := iso
+		if iso == client.IsolationRunc {
+			level = "" // the daemon's default
+		}
+		if _, err := d.Client.SetTemplateIsolation(ctx, "base", level); err != nil {
+			t.Fatalf("set base isolation %q: %v", level, err)
+		}
+		start := time.Now().UTC()
+		cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=dot")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(),
+			"E2B_API_URL="+d.URL,
+			"E2B_SANDBOX_URL="+d.URL,
+			"E2B_API_KEY="+key1,
+			"E2B_API_KEY_2="+key2,
+			"E2B_DOMAIN=berth.localhost",
+			"BERTH_TEST_NET_IP="+tn.IP.String(),
+			"NO_COLOR=1",
+		)
+		// Node's report goes to the test log only when it fails (or with -v),
+		// so `go test`'s summary stays readable.
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("node --test in test/e2b failed: %v\n%s\n--- daemon log (tail) ---\n%s", err, out, tail(d.Logs(), 60))
+		}
+		t.Logf("node --test:\n%s", out)
+		sbs, err := d.Client.List(ctx, client.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, sb := range sbs {
+			if sb.CreatedAt.Before(start) || sb.Template != "base" {
+				continue
+			}
+			n++
+			if sb.Isolation != iso {
+				t.Errorf("sandbox %s made through the SDK on the %s run has isolation %q", sb.ID, iso, sb.Isolation)
+			}
+		}
+		if n == 0 {
+			t.Errorf("the %s run made no base sandboxes", iso)
+		}
+	})
+	if _, err := d.Client.SetTemplateIsolation(ctx, "base", ""); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("node --test:\n%s", out)
 
 	// Revoked keys stop working at once.
 	if _, errOut, code := d.CLI(t, nil, "apikey", "revoke", keyID(t, d, "e2b-test-other")); code != 0 {
@@ -137,4 +180,81 @@ func getWithKey(t *testing.T, url, key string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, strings.ReplaceAll(string(b), " ", "")
+}
+
+// TestE2BGVisorTemplate: an E2B create that names only a template whose
+// default level is gvisor runs under gVisor (the E2B API has no isolation
+// field), its data plane works through the E2B routing, and an E2B kill
+// leaves nothing behind.
+func TestE2BGVisorTemplate(t *testing.T) {
+	requireIsolation(t, client.IsolationGVisor)
+	d := StartDaemon(t)
+	key := createKey(t, d, "e2b-gvisor")
+	if _, err := d.Client.SetTemplateIsolation(t.Context(), "minimal", client.IsolationGVisor); err != nil {
+		t.Fatal(err)
+	}
+	status, body := sendWithKey(t, http.MethodPost, d.URL+"/sandboxes", key, `{"templateID":"minimal","timeout":120}`)
+	if status != http.StatusCreated {
+		t.Fatalf("E2B create = %d %s", status, body)
+	}
+	var created struct {
+		SandboxID string `json:"sandboxID"`
+		Token     string `json:"envdAccessToken"`
+	}
+	if err := json.Unmarshal([]byte(body), &created); err != nil || created.SandboxID == "" {
+		t.Fatalf("E2B create answer %s: %v", body, err)
+	}
+	sb, err := d.Client.Get(t.Context(), created.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sb.Isolation != client.IsolationGVisor || !strings.HasPrefix(sb.RuntimeVersion, "runsc ") {
+		t.Errorf("E2B sandbox on a gvisor template: isolation %q runtime %q, want gvisor under runsc", sb.Isolation, sb.RuntimeVersion)
+	}
+	if got := strings.TrimSpace(MustRun(t, sb, "uname -r")); got == hostKernel(t) {
+		t.Errorf("E2B sandbox on a gvisor template reports the host's kernel %q", got)
+	}
+	// envd's own health endpoint, through E2B's header routing.
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, d.URL+"/health", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("E2b-Sandbox-Id", sb.ID)
+	req.Header.Set("E2b-Sandbox-Port", "49983")
+	req.Header.Set("X-Access-Token", created.Token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		t.Errorf("envd health through E2B routing = %d, want 2xx", resp.StatusCode)
+	}
+	if status, body := sendWithKey(t, http.MethodDelete, d.URL+"/sandboxes/"+sb.ID, key, ""); status != http.StatusNoContent {
+		t.Errorf("E2B kill = %d %s", status, body)
+	}
+	AssertNoLeaks(t, d)
+}
+
+func sendWithKey(t *testing.T, method, url, key, body string) (int, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -16,45 +17,49 @@ import (
 )
 
 func TestRestartAdoptsRunningSandboxes(t *testing.T) {
-	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{})
-	MustRun(t, sb, "echo kept > /tmp/state")
-	d.Kill9()
-	d.Start()
-	if got := MustRun(t, sb, "cat /tmp/state"); got != "kept\n" {
-		t.Errorf("after SIGKILL and restart, /tmp/state = %q", got)
-	}
-	evs, err := d.Client.Events(t.Context(), sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if last := evs[len(evs)-1]; last.Type != "adopted" {
-		t.Errorf("last event = %+v, want adopted", last)
-	}
-	if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	AssertNoLeaks(t, d)
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		d := StartDaemon(t)
+		sb := d.Create(t, client.CreateRequest{Isolation: iso})
+		MustRun(t, sb, "echo kept > /tmp/state")
+		d.Kill9()
+		d.Start()
+		if got := MustRun(t, sb, "cat /tmp/state"); got != "kept\n" {
+			t.Errorf("after SIGKILL and restart, /tmp/state = %q", got)
+		}
+		evs, err := d.Client.Events(t.Context(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if last := evs[len(evs)-1]; last.Type != "adopted" {
+			t.Errorf("last event = %+v, want adopted", last)
+		}
+		if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		AssertNoLeaks(t, d)
+	})
 }
 
 func TestRestartCleansBrokenSandboxes(t *testing.T) {
-	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{})
-	// Its init dies while the daemon is down: the restart must clean it
-	// up and say why.
-	d.Kill9()
-	pid := MustAgentPid(t, d, sb.ID)
-	p, _ := os.FindProcess(pid)
-	p.Kill()
-	d.Start()
-	got, err := d.Client.Get(t.Context(), sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.State != client.StateFailed || got.Reason == "" {
-		t.Errorf("after restart with a dead sandbox: state %s reason %q, want failed with a reason", got.State, got.Reason)
-	}
-	AssertNoLeaks(t, d)
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		d := StartDaemon(t)
+		sb := d.Create(t, client.CreateRequest{Isolation: iso})
+		// Its init dies while the daemon is down: the restart must clean it
+		// up and say why.
+		d.Kill9()
+		pid := sandboxInitPid(t, d, iso, sb.ID)
+		p, _ := os.FindProcess(pid)
+		p.Kill()
+		d.Start()
+		got, err := d.Client.Get(t.Context(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.State != client.StateFailed || got.Reason == "" {
+			t.Errorf("after restart with a dead sandbox: state %s reason %q, want failed with a reason", got.State, got.Reason)
+		}
+		AssertNoLeaks(t, d)
+	})
 }
 
 func TestFailedCreateLeavesNothing(t *testing.T) {
@@ -192,46 +197,69 @@ func TestIsolation(t *testing.T) {
 }
 
 func TestLimits(t *testing.T) {
-	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{Memory: "64M", Disk: "128M"})
-	neighbour := d.Create(t, client.CreateRequest{})
-	// Memory: a balloon is OOM-killed inside; the sandbox lives on.
-	_, _, code := Run(t, sb, "head -c 300000000 /dev/zero | tail > /dev/null")
-	if code == 0 {
-		t.Error("a 300 MB allocation in a 64 MiB sandbox succeeded")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
-	defer cancel()
-	waitFor(t, time.Minute, "an oom event", func() bool {
-		evs, _ := d.Client.Events(ctx, sb.ID)
-		for _, e := range evs {
-			if e.Type == "oom" {
-				return true
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		d := StartDaemon(t)
+		if iso == client.IsolationGVisor {
+			// Disk: the same size-capped disk image, so writes hit
+			// ENOSPC at the limit and the sandbox lives on. (Not in
+			// /tmp: runsc makes that a tmpfs in sentry memory.)
+			sb := d.Create(t, client.CreateRequest{Disk: "128M", Isolation: iso})
+			out, errOut, _ := Run(t, sb, "dd if=/dev/zero of=/root/fill bs=1M count=400 2>&1; echo rc=$?")
+			if !strings.Contains(out+errOut, "No space left") {
+				t.Errorf("filling a gvisor sandbox's disk: %q %q, want ENOSPC", out, errOut)
+			}
+			MustRun(t, sb, "rm /root/fill; echo still alive")
+			if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			AssertNoLeaks(t, d)
+			// An out-of-memory or forked-out gVisor sandbox dies whole
+			// (the host sees one sentry), and an exec into the dead
+			// sandbox hangs to its deadline instead of failing: the API
+			// does not yet map that (docs/security.md, gVisor). The
+			// runtime conformance suite covers gVisor's OOM and disk.
+			t.Skip("gvisor: OOM and pids limits end the whole sandbox (known difference, docs/security.md); covered by the runtime conformance suite")
+		}
+		sb := d.Create(t, client.CreateRequest{Memory: "64M", Disk: "128M", Isolation: iso})
+		neighbour := d.Create(t, client.CreateRequest{Isolation: iso})
+		// Memory: a balloon is OOM-killed inside; the sandbox lives on.
+		_, _, code := Run(t, sb, "head -c 300000000 /dev/zero | tail > /dev/null")
+		if code == 0 {
+			t.Error("a 300 MB allocation in a 64 MiB sandbox succeeded")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+		defer cancel()
+		waitFor(t, time.Minute, "an oom event", func() bool {
+			evs, _ := d.Client.Events(ctx, sb.ID)
+			for _, e := range evs {
+				if e.Type == "oom" {
+					return true
+				}
+			}
+			return false
+		})
+		MustRun(t, sb, "echo still alive")
+		// Disk: writes hit ENOSPC at the limit.
+		out, errOut, code := Run(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>&1; echo rc=$?")
+		if !strings.Contains(out+errOut, "No space left") {
+			t.Errorf("filling the disk: %q %q %d, want ENOSPC", out, errOut, code)
+		}
+		MustRun(t, sb, "rm /tmp/fill")
+		// Pids: a fork bomb stays inside and the neighbour is unaffected.
+		Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true")
+		MustRun(t, neighbour, "echo neighbour fine")
+		got, err := d.Client.Get(t.Context(), sb.ID)
+		if err != nil || got.Usage == nil || got.Usage.PIDs > 1024 {
+			t.Errorf("after the fork bomb: %+v %v, want at most 1024 pids", got.Usage, err)
+		}
+		// The bombed sandbox still dies cleanly, taking every process along.
+		for _, id := range []string{sb.ID, neighbour.ID} {
+			if err := d.Client.Kill(t.Context(), id); err != nil {
+				t.Fatalf("kill %s after the fork bomb: %v", id, err)
 			}
 		}
-		return false
+		AssertNoLeaks(t, d)
 	})
-	MustRun(t, sb, "echo still alive")
-	// Disk: writes hit ENOSPC at the limit.
-	out, errOut, code := Run(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>&1; echo rc=$?")
-	if !strings.Contains(out+errOut, "No space left") {
-		t.Errorf("filling the disk: %q %q %d, want ENOSPC", out, errOut, code)
-	}
-	MustRun(t, sb, "rm /tmp/fill")
-	// Pids: a fork bomb stays inside and the neighbour is unaffected.
-	Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true")
-	MustRun(t, neighbour, "echo neighbour fine")
-	got, err := d.Client.Get(t.Context(), sb.ID)
-	if err != nil || got.Usage == nil || got.Usage.PIDs > 1024 {
-		t.Errorf("after the fork bomb: %+v %v, want at most 1024 pids", got.Usage, err)
-	}
-	// The bombed sandbox still dies cleanly, taking every process along.
-	for _, id := range []string{sb.ID, neighbour.ID} {
-		if err := d.Client.Kill(t.Context(), id); err != nil {
-			t.Fatalf("kill %s after the fork bomb: %v", id, err)
-		}
-	}
-	AssertNoLeaks(t, d)
 }
 
 // MustAgentPid returns the host pid of a sandbox's agent, from runc's state.
@@ -269,4 +297,25 @@ func TestConfigFile(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "listne") {
 		t.Errorf("serve with an unknown config key = %v: %s", err, out)
 	}
+}
+
+// sandboxInitPid is the host pid whose death ends the sandbox: runc's init
+// (the agent), or under gVisor the sandbox process (the sentry), as
+// `runsc state` reports it.
+func sandboxInitPid(t *testing.T, d *Daemon, iso, id string) int {
+	t.Helper()
+	if iso != client.IsolationGVisor {
+		return MustAgentPid(t, d, id)
+	}
+	out, err := exec.Command("runsc", "--root", filepath.Join(d.DataDir, "gvisor", "runsc"), "state", id).Output()
+	if err != nil {
+		t.Fatalf("runsc state %s: %v", id, err)
+	}
+	var st struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runsc state %s = %s: %v", id, out, err)
+	}
+	return st.Pid
 }

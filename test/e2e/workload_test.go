@@ -15,47 +15,49 @@ import (
 )
 
 func TestWatchDir(t *testing.T) {
-	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{})
-	MustRun(t, sb, "mkdir -p /tmp/w/sub")
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var mu sync.Mutex
-	var seen []string
-	ready := make(chan struct{})
-	done := make(chan error, 1)
-	go func() {
-		done <- sb.WatchDirNotify(ctx, "/tmp/w", true, func() { close(ready) }, func(e client.FileEvent) error {
-			mu.Lock()
-			seen = append(seen, e.Op+" "+e.Name)
-			mu.Unlock()
-			return nil
-		})
-	}()
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("watch ended before it was ready: %v", err)
-	case <-time.After(20 * time.Second):
-		t.Fatal("watch not ready")
-	}
-	MustRun(t, sb, "echo a > /tmp/w/a.txt; echo b > /tmp/w/sub/b.txt; mv /tmp/w/a.txt /tmp/w/c.txt; rm /tmp/w/sub/b.txt")
-	want := []string{"create a.txt", "write a.txt", "create sub/b.txt", "rename a.txt", "create c.txt", "remove sub/b.txt"}
-	waitFor(t, time.Minute, "watch events", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		got := strings.Join(seen, ",")
-		for _, w := range want {
-			if !strings.Contains(got, w) {
-				return false
-			}
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		d := StartDaemon(t)
+		sb := d.Create(t, client.CreateRequest{Isolation: iso})
+		MustRun(t, sb, "mkdir -p /tmp/w/sub")
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		var mu sync.Mutex
+		var seen []string
+		ready := make(chan struct{})
+		done := make(chan error, 1)
+		go func() {
+			done <- sb.WatchDirNotify(ctx, "/tmp/w", true, func() { close(ready) }, func(e client.FileEvent) error {
+				mu.Lock()
+				seen = append(seen, e.Op+" "+e.Name)
+				mu.Unlock()
+				return nil
+			})
+		}()
+		select {
+		case <-ready:
+		case err := <-done:
+			t.Fatalf("watch ended before it was ready: %v", err)
+		case <-time.After(20 * time.Second):
+			t.Fatal("watch not ready")
 		}
-		return true
+		MustRun(t, sb, "echo a > /tmp/w/a.txt; echo b > /tmp/w/sub/b.txt; mv /tmp/w/a.txt /tmp/w/c.txt; rm /tmp/w/sub/b.txt")
+		want := []string{"create a.txt", "write a.txt", "create sub/b.txt", "rename a.txt", "create c.txt", "remove sub/b.txt"}
+		waitFor(t, time.Minute, "watch events", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			got := strings.Join(seen, ",")
+			for _, w := range want {
+				if !strings.Contains(got, w) {
+					return false
+				}
+			}
+			return true
+		})
+		cancel()
+		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("watch ended with %v", err)
+		}
 	})
-	cancel()
-	if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
-		t.Errorf("watch ended with %v", err)
-	}
 }
 
 func TestCPUQuota(t *testing.T) {

@@ -484,15 +484,29 @@ func Leaks(d *Daemon) []string {
 			}
 		}
 	}
-	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "runc")); err == nil {
-		for _, e := range ents {
-			out = append(out, "runc state "+e.Name())
+	// Each isolation level keeps its runtime state and sandbox dirs apart:
+	// runc under the data dir, gVisor under gvisor/.
+	for _, lvl := range []struct{ name, dir string }{{"runc", d.DataDir}, {"gvisor", filepath.Join(d.DataDir, "gvisor")}} {
+		root := "runc"
+		if lvl.name == "gvisor" {
+			root = "runsc"
+		}
+		if ents, err := os.ReadDir(filepath.Join(lvl.dir, root)); err == nil {
+			for _, e := range ents {
+				out = append(out, lvl.name+" runtime state "+e.Name())
+			}
+		}
+		if ents, err := os.ReadDir(filepath.Join(lvl.dir, "sandboxes")); err == nil {
+			for _, e := range ents {
+				out = append(out, lvl.name+" sandbox dir "+e.Name())
+			}
 		}
 	}
-	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "sandboxes")); err == nil {
-		for _, e := range ents {
-			out = append(out, "sandbox dir "+e.Name())
-		}
+	// gVisor's gofer is not always in the sandbox's cgroup: any runsc
+	// process still naming this daemon's runsc root is a leak.
+	gvRoot := filepath.Join(d.DataDir, "gvisor", "runsc")
+	for _, p := range Procs(func(p Proc) bool { return strings.Contains(p.Cmdline, gvRoot) }) {
+		out = append(out, "gvisor process "+strconv.Itoa(p.PID)+" "+p.Cmdline)
 	}
 	out = append(out, UIDClaims(d)...)
 	return out
@@ -525,11 +539,13 @@ const SlotDir = "/run/berth/uid-slots"
 func UIDClaims(d *Daemon) []string {
 	var out []string
 	ents, _ := os.ReadDir(SlotDir)
-	owner := filepath.Join(d.DataDir, "sandboxes") + "\n"
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(SlotDir, e.Name()))
-		if err == nil && strings.HasPrefix(string(b), owner) {
-			out = append(out, "uid range claim "+e.Name()+" ("+strings.TrimSpace(strings.TrimPrefix(string(b), owner))+")")
+	for _, stateDir := range []string{filepath.Join(d.DataDir, "sandboxes"), filepath.Join(d.DataDir, "gvisor", "sandboxes")} {
+		owner := stateDir + "\n"
+		for _, e := range ents {
+			b, err := os.ReadFile(filepath.Join(SlotDir, e.Name()))
+			if err == nil && strings.HasPrefix(string(b), owner) {
+				out = append(out, "uid range claim "+e.Name()+" ("+strings.TrimSpace(strings.TrimPrefix(string(b), owner))+")")
+			}
 		}
 	}
 	return out
