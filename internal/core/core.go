@@ -36,7 +36,33 @@ type Sandbox struct {
 	Metadata map[string]string
 	// User is the agent's default user ("" = root).
 	User string
+	// Pause is what a paused sandbox kept (PauseMemory, PauseFilesystem);
+	// "" unless it is paused.
+	Pause string
+	// Remaining is the time its deadline had left when it was paused
+	// (its Deadline is zero while it is paused).
+	Remaining time.Duration
+	// OnTimeout is what its deadline does: OnTimeoutKill ("" reads kill)
+	// or OnTimeoutPause.
+	OnTimeout string
+	// AutoResume says a paused sandbox resumes on its next request.
+	AutoResume bool
 }
+
+// What a pause keeps.
+const (
+	// PauseMemory: every process and its memory (a checkpoint).
+	PauseMemory = "memory"
+	// PauseFilesystem: the writable layer, environment, labels, network
+	// policy and deadline; processes end and the agent starts again.
+	PauseFilesystem = "filesystem"
+)
+
+// What a deadline does.
+const (
+	OnTimeoutKill  = "kill"
+	OnTimeoutPause = "pause"
+)
 
 // Event is one lifecycle event of a sandbox.
 type Event struct {

@@ -33,6 +33,11 @@ var sandboxColumns = []struct{ name, decl string }{
 	{"owner", `TEXT NOT NULL DEFAULT ''`},
 	{"metadata", `TEXT NOT NULL DEFAULT '{}'`},
 	{"agent_user", `TEXT NOT NULL DEFAULT ''`},
+	// Pause and resume (issue 14).
+	{"pause_kind", `TEXT NOT NULL DEFAULT ''`},
+	{"pause_remaining", `INTEGER NOT NULL DEFAULT 0`},
+	{"on_timeout", `TEXT NOT NULL DEFAULT ''`},
+	{"auto_resume", `INTEGER NOT NULL DEFAULT 0`},
 }
 
 // migrate brings a database created by an older Berth up to date. Every step

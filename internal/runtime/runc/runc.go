@@ -227,6 +227,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := r.prepareRootfs(ctx, spec, uid, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if err := r.writeLayers(id, spec.Layers); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
 	if err := r.run(ctx, spec, uid, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}

@@ -2,10 +2,12 @@ package runc
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -76,8 +78,9 @@ func (r *Runtime) unmountRootfs(ctx context.Context, id string) error {
 }
 
 // Start runs the agent again in a sandbox Stop left: the disk image is
-// mounted again under spec's layers (which must be the ones it was
-// created with) and the agent starts as in Create, BeforeStart included.
+// mounted again on the layers the sandbox was created with (spec.Layers
+// is not used for the root filesystem: the writable layer belongs to the
+// first ones) and the agent starts as in Create, BeforeStart included.
 // Its processes start afresh; its files are what they were. On failure
 // the sandbox is left stopped, for the caller to retry or destroy.
 func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
@@ -115,7 +118,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 		}
 	}()
 	uid := hostBase(slot)
-	if err := r.remountRootfs(spec, uid); err != nil {
+	if err := r.remountRootfs(id, uid); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	phases.mark("mount")
@@ -126,10 +129,49 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 	return nil
 }
 
+// layersFile, in a sandbox's state dir, lists the layers its writable
+// layer was made on (JSON): a sandbox started again must get the same.
+const layersFile = "layers.json"
+
+func (r *Runtime) writeLayers(id string, layers []string) error {
+	b, err := json.Marshal(layers)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(r.dir(id), layersFile), b, 0o600)
+}
+
+func (r *Runtime) readLayers(id string) ([]string, error) {
+	b, err := os.ReadFile(filepath.Join(r.dir(id), layersFile))
+	if err != nil {
+		return nil, fmt.Errorf("layers of sandbox %s: %w", id, err)
+	}
+	var layers []string
+	if err := json.Unmarshal(b, &layers); err != nil || len(layers) == 0 {
+		return nil, fmt.Errorf("layers of sandbox %s: %q is not a layer list: %w", id, b, errdefs.ErrFailedPrecondition)
+	}
+	for _, l := range layers {
+		if !filepath.IsAbs(l) {
+			return nil, fmt.Errorf("layers of sandbox %s: %q is not absolute: %w", id, l, errdefs.ErrFailedPrecondition)
+		}
+	}
+	return layers, nil
+}
+
+// rootfsMounted reports whether the sandbox's overlay is mounted.
+func (r *Runtime) rootfsMounted(id string) bool {
+	mps, err := mountsUnder(r.rootfs(id))
+	return err == nil && slices.Contains(mps, r.rootfs(id))
+}
+
 // remountRootfs mounts a stopped sandbox's disk image and its overlay
-// again, as prepareRootfs first made them.
-func (r *Runtime) remountRootfs(s runtime.Spec, uid uint32) error {
-	id := s.ID
+// again, on the layers it was created with, as prepareRootfs first made
+// them.
+func (r *Runtime) remountRootfs(id string, uid uint32) error {
+	layers, err := r.readLayers(id)
+	if err != nil {
+		return err
+	}
 	disk, rootfs := r.diskDir(id), r.rootfs(id)
 	for _, d := range []string{disk, rootfs} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -154,7 +196,7 @@ func (r *Runtime) remountRootfs(s runtime.Spec, uid uint32) error {
 	if err != nil {
 		return err
 	}
-	lowers, err := mountIdmappedLayers(s.Layers, filepath.Join(r.dir(id), "lower"), ns)
+	lowers, err := mountIdmappedLayers(layers, filepath.Join(r.dir(id), "lower"), ns)
 	ns.Close()
 	if err != nil {
 		return err

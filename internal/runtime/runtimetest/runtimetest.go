@@ -109,6 +109,7 @@ func Run(t *testing.T, h Harness) {
 		{"DestroyForkBomb", testDestroyForkBomb},
 		{"CheckpointRestore", testCheckpointRestore},
 		{"StopStart", testStopStart},
+		{"CheckpointStopRestore", testCheckpointStopRestore},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
