@@ -66,6 +66,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		Owner:       req.Owner,
 		Metadata:    maps.Clone(req.Metadata),
 		User:        req.User,
+		OnTimeout:   req.OnTimeout,
+		AutoResume:  req.AutoResume,
 		Token:       newToken(),
 		CreatedAt:   now,
 		Deadline:    now.Add(req.Timeout),

@@ -20,6 +20,10 @@ const (
 	StateCreating State = "creating"
 	StateReady    State = "ready"
 	StatePaused   State = "paused"
+	// StatePausing and StateResuming are on record while a pause or a
+	// resume runs, so a restarted daemon knows what to finish or undo.
+	StatePausing  State = "pausing"
+	StateResuming State = "resuming"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 	StateFailed   State = "failed"
@@ -34,10 +38,18 @@ func (s State) next(to State) bool {
 	switch s {
 	case StateCreating:
 		return to == StateReady || to == StateFailed
-	case StateReady, StatePaused:
+	case StateReady:
 		// Straight to stopped only when the deadline passed while the
 		// daemon was down (adopt): there was nothing left to stop.
-		return to == StateStopping || to == StateStopped || to == StateFailed
+		return to == StatePausing || to == StateStopping || to == StateStopped || to == StateFailed
+	case StatePaused:
+		return to == StateResuming || to == StateStopping || to == StateStopped || to == StateFailed
+	case StatePausing:
+		// Back to ready when the pause failed before anything was lost.
+		return to == StatePaused || to == StateReady || to == StateFailed
+	case StateResuming:
+		// Back to paused when the resume failed and was undone.
+		return to == StateReady || to == StatePaused || to == StateFailed
 	case StateStopping:
 		return to == StateStopped || to == StateFailed
 	}

@@ -61,6 +61,9 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// MonitorInterval is how often usage and liveness are sampled.
 	MonitorInterval time.Duration
+	// CheckpointDir holds the checkpoints of sandboxes paused with their
+	// memory (pause.go); without it a pause keeps files only.
+	CheckpointDir string
 	Logger          *slog.Logger
 }
 
@@ -199,6 +202,11 @@ type CreateRequest struct {
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
+	// OnTimeout is what the deadline does: core.OnTimeoutKill ("") or
+	// core.OnTimeoutPause. AutoResume resumes a paused sandbox on its
+	// next request (pause.go).
+	OnTimeout  string
+	AutoResume bool
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,
@@ -290,6 +298,11 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range: want %s to %s: %w",
 				c.field, fmtLimit(c.field, c.v), fmtLimit(c.field, c.lo), fmtLimit(c.field, c.hi), errdefs.ErrInvalidArgument)}
 		}
+	}
+	switch req.OnTimeout {
+	case "", core.OnTimeoutKill, core.OnTimeoutPause:
+	default:
+		return &FieldError{Field: "on_timeout", Err: fmt.Errorf("on_timeout %q: want %s or %s: %w", req.OnTimeout, core.OnTimeoutKill, core.OnTimeoutPause, errdefs.ErrInvalidArgument)}
 	}
 	for k := range req.Env {
 		if !validEnvKey(k) {
@@ -416,6 +429,9 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	if err := m.removeEgress(e.id); err != nil {
 		errs = append(errs, fmt.Errorf("egress: %w", err))
 	}
+	if err := m.removeCheckpoint(e.id); err != nil {
+		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -510,6 +526,9 @@ func (m *Manager) arm(e *entry) {
 			return
 		}
 		defer m.wg.Done()
+		if e.cur.Load().rec.OnTimeout == core.OnTimeoutPause && m.pauseAtDeadline(e) {
+			return
+		}
 		m.event(m.life, id, EventDeadline, "deadline reached")
 		err := m.destroy(m.life, e, "deadline reached")
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && m.life.Err() == nil {
@@ -604,6 +623,16 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (S
 		return Sandbox{}, err
 	}
 	defer e.unlock()
+	if !e.closed && e.state() == StatePaused {
+		// The clock is stopped: d is what it will have when resumed.
+		e.rec.Remaining = d
+		if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+			return Sandbox{}, err
+		}
+		e.publish()
+		m.event(ctx, id, EventTimeoutChanged, "remaining "+d.String()+" once resumed")
+		return Sandbox{Sandbox: e.rec}, nil
+	}
 	if e.closed || e.state() != StateReady {
 		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -629,6 +658,14 @@ func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err
 		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
 	st := e.cur.Load()
+	if paused := st.state == StatePaused || st.state == StatePausing || st.state == StateResuming; paused && st.rec.AutoResume && !st.closed {
+		// A request to a paused sandbox that resumes on demand waits
+		// for it (pausing or resuming ones too, once that is done).
+		if _, err := m.Resume(ctx, id, 0); err != nil {
+			return "", "", err
+		}
+		st = e.cur.Load()
+	}
 	if st.state != StateReady {
 		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, st.state, errdefs.ErrFailedPrecondition)
 	}

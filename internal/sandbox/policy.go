@@ -25,6 +25,9 @@ type Egress interface {
 	Policy(id string) (policy.Policy, error)
 	LoadPolicy(id string) (policy.Policy, error)
 	Remove(id string) error
+	// Stop closes the sandbox's resolver and proxy, keeping its state
+	// (policy, CA) for a Start after a resume.
+	Stop(id string)
 	List() ([]string, error)
 	// ResolvConf is the sandbox's resolv.conf, naming its resolver on
 	// hostIP.
