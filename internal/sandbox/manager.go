@@ -64,7 +64,7 @@ type Config struct {
 	// CheckpointDir holds the checkpoints of sandboxes paused with their
 	// memory (pause.go); without it a pause keeps files only.
 	CheckpointDir string
-	Logger          *slog.Logger
+	Logger        *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
