@@ -27,6 +27,8 @@ type Manager interface {
 	Events(ctx context.Context, id string) ([]core.Event, error)
 	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
 	Agent(ctx context.Context, id string) (addr, token string, err error)
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
 }
 
 // createRequest is the wire CreateRequest with CPU as a pointer, so an
@@ -44,6 +46,10 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		Env: s.Env, Labels: s.Labels,
 		CreatedAt: utc(s.CreatedAt), Deadline: utc(s.Deadline), EndedAt: utc(s.EndedAt),
 		Reason: s.Reason,
+		Pause:  s.Pause, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume,
+	}
+	if s.Pause != "" {
+		out.Remaining = s.Remaining.String()
 	}
 	if n := s.Network; n != nil {
 		out.Network = &types.SandboxNetwork{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
@@ -72,7 +78,8 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs},
+		OnTimeout: in.OnTimeout, AutoResume: in.AutoResume}
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p

@@ -9,6 +9,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -55,7 +56,8 @@ func TestWireMirrorsInternal(t *testing.T) {
 // TestWireConstants: the states and event types the wire lists are the
 // ones the Manager uses.
 func TestWireConstants(t *testing.T) {
-	states := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePaused), string(sandbox.StateStopping), string(sandbox.StateStopped), string(sandbox.StateFailed)}
+	states := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePausing), string(sandbox.StatePaused), string(sandbox.StateResuming),
+		string(sandbox.StateStopping), string(sandbox.StateStopped), string(sandbox.StateFailed)}
 	if !slices.Equal(states, types.States) {
 		t.Errorf("sandbox states %v, wire %v", states, types.States)
 	}
@@ -63,6 +65,7 @@ func TestWireConstants(t *testing.T) {
 		sandbox.EventCreated, sandbox.EventReady, sandbox.EventAdopted, sandbox.EventOOM, sandbox.EventTimeoutChanged,
 		sandbox.EventDeadline, sandbox.EventDestroyed, sandbox.EventFailed, sandbox.EventNetworkPolicy,
 		workspace.EventSetupStarted, workspace.EventSetupStep, workspace.EventSetupDone, workspace.EventSetupCached,
+		sandbox.EventPaused, sandbox.EventResumed,
 	}
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)
@@ -70,6 +73,10 @@ func TestWireConstants(t *testing.T) {
 	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
 	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {
 		t.Errorf("policy modes %v, wire %v", modes, want)
+	}
+	if core.PauseMemory != types.PauseMemory || core.PauseFilesystem != types.PauseFilesystem ||
+		core.OnTimeoutKill != types.OnTimeoutKill || core.OnTimeoutPause != types.OnTimeoutPause {
+		t.Error("pause kinds or on-timeout actions differ between core and the wire")
 	}
 	if review.FormatPatch != types.ExportPatch || review.FormatBundle != types.ExportBundle {
 		t.Errorf("export formats %q %q, wire %q %q", review.FormatPatch, review.FormatBundle, types.ExportPatch, types.ExportBundle)

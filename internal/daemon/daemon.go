@@ -241,6 +241,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		DefaultTemplate: cfg.DefaultTemplate,
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
+		CheckpointDir:   filepath.Join(cfg.DataDir, "checkpoints"),
 		Logger:          log.With("component", "sandbox"),
 	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
 	if err != nil {
