@@ -1,5 +1,5 @@
 // Control plane through the unchanged SDK: create, connect, list, getInfo,
-// setTimeout, kill, isRunning, getMetrics, keys, network, pause.
+// setTimeout, kill, isRunning, getMetrics, keys, network (pause: pause.test.mjs).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
@@ -122,19 +122,6 @@ test('a key sees and touches only its own sandboxes', { skip: !process.env.E2B_A
     headers: { 'E2b-Sandbox-Id': mine.sandboxId, 'X-API-Key': process.env.E2B_API_KEY },
   })
   assert.equal(byOwner.status, 200)
-})
-
-test('pause and resume answer "not supported yet", never a silent success', async () => {
-  const sbx = await newSandbox()
-  await assert.rejects(sbx.pause(), (err) => {
-    assert.match(err.message, /not supported by Berth yet/)
-    return true
-  })
-  const r = await api('POST', `/sandboxes/${sbx.sandboxId}/resume`, { body: {} })
-  assert.equal(r.status, 501)
-  assert.equal(r.body.code, 501)
-  assert.equal(await sbx.isRunning(), true)
-  await assert.rejects(newSandbox({ lifecycle: { onTimeout: 'pause' } }), /autoPause .*not supported/)
 })
 
 // reach runs curl inside the sandbox and returns what it printed: the test
