@@ -103,7 +103,8 @@ func sandboxOf(r *http.Request) sandbox.Sandbox {
 
 func live(state string) bool {
 	s := sandbox.State(state)
-	return s == sandbox.StateReady || s == sandbox.StateCreating || s == sandbox.StatePaused
+	return s == sandbox.StateReady || s == sandbox.StateCreating || s == sandbox.StatePaused ||
+		s == sandbox.StatePausing || s == sandbox.StateResuming
 }
 
 // e2bState maps Berth's states onto E2B's two.

@@ -465,6 +465,13 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 // it out (a workspace setup can take minutes): the create fails and tears
 // down, and the destroy finds the sandbox ended.
 func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
+	return m.destroyIf(ctx, e, reason, nil)
+}
+
+// destroyIf is destroy when still holds once the op lock is taken (nil:
+// always): what a caller saw before may have changed meanwhile (a pause
+// stops the runtime the monitor found stopped).
+func (m *Manager) destroyIf(ctx context.Context, e *entry, reason string, still func() bool) error {
 	if !e.tryLock() {
 		if e.cur.Load().state == StateCreating && e.abort != nil {
 			m.log.Info("abort_create", "sandbox_id", e.id)
@@ -475,6 +482,9 @@ func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
 		}
 	}
 	defer e.unlock()
+	if still != nil && !e.closed && !still() {
+		return nil
+	}
 	if e.closed || e.state() == StateFailed {
 		if e.state() == StateFailed {
 			return nil // it ended while being made (or was aborted by us)

@@ -66,7 +66,16 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := m.destroy(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status)); err != nil {
+		// Only if it is still ready and still not running once no
+		// lifecycle operation runs: a pause stops the runtime on purpose.
+		exited := func() bool {
+			if e.state() != StateReady {
+				return false
+			}
+			now, err := m.deps.Runtime.Inspect(ctx, id)
+			return err == nil && now.Status != runtime.StatusRunning && now.Status != runtime.StatusPaused
+		}
+		if err := m.destroyIf(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status), exited); err != nil {
 			m.log.Warn("destroy_exited_failed", "sandbox_id", e.id, "err", err)
 		}
 		return

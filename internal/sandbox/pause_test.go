@@ -518,3 +518,55 @@ func writeCheckpoint(t *testing.T, f *pauseFixture, name string) {
 		t.Fatal(err)
 	}
 }
+
+// gatedRuntime holds the first Inspect until released: the monitor has
+// sampled the sandbox as ready and asks the runtime while a pause runs.
+type gatedRuntime struct {
+	*cpRuntime
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (r *gatedRuntime) Inspect(ctx context.Context, id string) (runtime.State, error) {
+	first := false
+	r.once.Do(func() { first = true })
+	if first {
+		close(r.entered)
+		<-r.release
+	}
+	return r.cpRuntime.Inspect(ctx, id)
+}
+
+// TestMonitorLeavesPausedSandbox: the monitor, which found a sandbox ready
+// and then its runtime stopped because a pause ran in between, does not
+// take that for an exited init: the sandbox stays paused.
+func TestMonitorLeavesPausedSandbox(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &gatedRuntime{cpRuntime: newCPRuntime(), entered: make(chan struct{}), release: make(chan struct{})}
+		f := &pauseFixture{lifeFixture: &lifeFixture{
+			rt: rt.fakeRuntime, net: &fakeNet{ids: map[string]bool{}}, st: newMemStore(),
+			eg: &fakeEgress{ids: map[string]policy.Policy{}}, fs: &fakeFiles{files: map[string]string{}},
+		}}
+		f.deps = Deps{Runtime: rt, Network: f.net, Templates: fakeTemplates{}, Store: f.st, Prober: fakeProber{}, Egress: f.eg, Files: f.fs}
+		f.cfg = Config{AgentPath: "/agent", DefaultTemplate: "minimal", CheckpointDir: filepath.Join(t.TempDir(), "cp"),
+			Defaults: Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+			Logger:   slog.New(slog.DiscardHandler)}
+		f.start(t)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-rt.entered // the monitor's sample is in the runtime
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		close(rt.release)
+		time.Sleep(3 * time.Second) // further monitor rounds
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StatePaused {
+			t.Errorf("after the monitor's round: %s (%s), want paused", got.State, got.Reason)
+		}
+	})
+}

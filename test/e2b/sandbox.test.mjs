@@ -166,7 +166,6 @@ test('unknown fields are accepted; fields Berth cannot honour are refused by nam
   assert.ok(ok.body.envdAccessToken)
   await api('DELETE', `/sandboxes/${ok.body.sandboxID}`)
   for (const [body, want] of [
-    [{ templateID: 'base', autoPause: true }, /autoPause/],
     [{ templateID: 'base', mcp: { x: {} } }, /mcp/],
     [{ templateID: 'base', secure: false }, /secure: false/],
     [{ templateID: 'base', network: { maskRequestHost: 'x' } }, /maskRequestHost/],
