@@ -502,7 +502,6 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-
 // connect answers for a running sandbox (200, as E2B does); a timeout in the
 // body moves its deadline. Paused sandboxes do not exist in Berth yet.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
