@@ -42,11 +42,12 @@ test('pause() pauses, a second pause() says already paused, connect() resumes wi
 })
 
 test('lifecycle { onTimeout: pause, autoResume: true }: paused at the deadline, resumed by the next request', async () => {
-  const sbx = await newSandbox({ timeoutMs: 3_000, lifecycle: { onTimeout: 'pause', autoResume: true } })
-  await sbx.files.write('/home/user/note', 'kept across the timeout')
+  const sbx = await newSandbox({ timeoutMs: 3_000, envs: { KEPT: 'yes' }, lifecycle: { onTimeout: 'pause', autoResume: true } })
+  // Nothing goes to its data plane before the pause: a request would
+  // resume it.
   assert.deepEqual((await Sandbox.getInfo(sbx.sandboxId)).lifecycle, { onTimeout: 'pause', autoResume: true })
   await waitFor('the sandbox to be paused at its deadline', async () => (await Sandbox.getInfo(sbx.sandboxId)).state === 'paused', 60_000)
   // The next data-plane request resumes it and succeeds.
-  assert.equal(await sbx.files.read('/home/user/note'), 'kept across the timeout')
+  assert.equal((await sbx.commands.run('echo "$KEPT"')).stdout, 'yes\n')
   assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
 })
