@@ -69,14 +69,14 @@ type CreateRequest struct {
 	Timeout string            `json:"timeout,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
-	// Network is the egress policy; nil means mode none.
-	Network *NetworkPolicy `json:"network,omitempty"`
 	// OnTimeout is what the deadline does: "kill" (the default) or
 	// "pause".
 	OnTimeout string `json:"on_timeout,omitempty"`
 	// AutoResume resumes the sandbox, once paused, on its next data
 	// plane request (through the agent proxy or to one of its ports).
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// Network is the egress policy; nil means mode none.
+	Network *NetworkPolicy `json:"network,omitempty"`
 }
 
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume:

@@ -46,8 +46,8 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		Env: s.Env, Labels: s.Labels,
 		CreatedAt: utc(s.CreatedAt), Deadline: utc(s.Deadline), EndedAt: utc(s.EndedAt),
 		Reason: s.Reason,
-		Pause:  s.Pause, OnTimeout: s.OnTimeout, AutoResume: s.AutoResume,
 	}
+	out.Pause, out.OnTimeout, out.AutoResume = s.Pause, s.OnTimeout, s.AutoResume
 	if s.Pause != "" {
 		out.Remaining = s.Remaining.String()
 	}
@@ -78,8 +78,8 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs},
-		OnTimeout: in.OnTimeout, AutoResume: in.AutoResume}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}}
+	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p

@@ -70,13 +70,13 @@ func TestWireConstants(t *testing.T) {
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)
 	}
-	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
-	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {
-		t.Errorf("policy modes %v, wire %v", modes, want)
-	}
 	if core.PauseMemory != types.PauseMemory || core.PauseFilesystem != types.PauseFilesystem ||
 		core.OnTimeoutKill != types.OnTimeoutKill || core.OnTimeoutPause != types.OnTimeoutPause {
 		t.Error("pause kinds or on-timeout actions differ between core and the wire")
+	}
+	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
+	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {
+		t.Errorf("policy modes %v, wire %v", modes, want)
 	}
 	if review.FormatPatch != types.ExportPatch || review.FormatBundle != types.ExportBundle {
 		t.Errorf("export formats %q %q, wire %q %q", review.FormatPatch, review.FormatBundle, types.ExportPatch, types.ExportBundle)

@@ -28,14 +28,6 @@ type Sandbox struct {
 	Deadline    time.Time
 	EndedAt     time.Time
 	Reason      string
-	// Owner is the ID of the API key that created the sandbox ("" for
-	// sandboxes made through the native API).
-	Owner string
-	// Metadata is free-form string metadata (E2B's), unlike Labels not
-	// validated as selectors.
-	Metadata map[string]string
-	// User is the agent's default user ("" = root).
-	User string
 	// Pause is what a paused sandbox kept (PauseMemory, PauseFilesystem);
 	// "" unless it is paused.
 	Pause string
@@ -47,6 +39,14 @@ type Sandbox struct {
 	OnTimeout string
 	// AutoResume says a paused sandbox resumes on its next request.
 	AutoResume bool
+	// Owner is the ID of the API key that created the sandbox ("" for
+	// sandboxes made through the native API).
+	Owner string
+	// Metadata is free-form string metadata (E2B's), unlike Labels not
+	// validated as selectors.
+	Metadata map[string]string
+	// User is the agent's default user ("" = root).
+	User string
 }
 
 // What a pause keeps.

@@ -66,8 +66,6 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		Owner:       req.Owner,
 		Metadata:    maps.Clone(req.Metadata),
 		User:        req.User,
-		OnTimeout:   req.OnTimeout,
-		AutoResume:  req.AutoResume,
 		Token:       newToken(),
 		CreatedAt:   now,
 		Deadline:    now.Add(req.Timeout),
@@ -78,6 +76,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if rec.Labels == nil {
 		rec.Labels = map[string]string{}
 	}
+	rec.OnTimeout, rec.AutoResume = req.OnTimeout, req.AutoResume
 	// The sandbox must not die with the request that asked for it; a
 	// kill while it is still being made (a long workspace setup, say)
 	// aborts it through abort.

@@ -59,12 +59,12 @@ type Config struct {
 	DefaultTimeout, MaxTimeout time.Duration
 	// ReadyTimeout bounds how long create waits for the agent.
 	ReadyTimeout time.Duration
-	// MonitorInterval is how often usage and liveness are sampled.
-	MonitorInterval time.Duration
 	// CheckpointDir holds the checkpoints of sandboxes paused with their
 	// memory (pause.go); without it a pause keeps files only.
 	CheckpointDir string
-	Logger        *slog.Logger
+	// MonitorInterval is how often usage and liveness are sampled.
+	MonitorInterval time.Duration
+	Logger          *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
@@ -200,13 +200,13 @@ type CreateRequest struct {
 	Owner    string
 	Metadata map[string]string
 	User     string
-	// Network is the egress policy (nil: mode none); see policy.go.
-	Network *policy.Policy
 	// OnTimeout is what the deadline does: core.OnTimeoutKill ("") or
 	// core.OnTimeoutPause. AutoResume resumes a paused sandbox on its
 	// next request (pause.go).
 	OnTimeout  string
 	AutoResume bool
+	// Network is the egress policy (nil: mode none); see policy.go.
+	Network *policy.Policy
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,

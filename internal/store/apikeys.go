@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -33,11 +34,6 @@ var sandboxColumns = []struct{ name, decl string }{
 	{"owner", `TEXT NOT NULL DEFAULT ''`},
 	{"metadata", `TEXT NOT NULL DEFAULT '{}'`},
 	{"agent_user", `TEXT NOT NULL DEFAULT ''`},
-	// Pause and resume (issue 14).
-	{"pause_kind", `TEXT NOT NULL DEFAULT ''`},
-	{"pause_remaining", `INTEGER NOT NULL DEFAULT 0`},
-	{"on_timeout", `TEXT NOT NULL DEFAULT ''`},
-	{"auto_resume", `INTEGER NOT NULL DEFAULT 0`},
 }
 
 // migrate brings a database created by an older Berth up to date. Every step
@@ -68,7 +64,7 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, c := range sandboxColumns {
+	for _, c := range slices.Concat(sandboxColumns, pauseColumns) {
 		if have[c.name] {
 			continue
 		}
