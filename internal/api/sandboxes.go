@@ -79,11 +79,11 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}}
-	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p
 	}
+	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
 	if in.CPU != nil {
 		// The range (0.1 up to the host's cores) is the Manager's check;
 		// this one only keeps the conversion to millicores meaningful.

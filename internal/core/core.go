@@ -49,21 +49,6 @@ type Sandbox struct {
 	User string
 }
 
-// What a pause keeps.
-const (
-	// PauseMemory: every process and its memory (a checkpoint).
-	PauseMemory = "memory"
-	// PauseFilesystem: the writable layer, environment, labels, network
-	// policy and deadline; processes end and the agent starts again.
-	PauseFilesystem = "filesystem"
-)
-
-// What a deadline does.
-const (
-	OnTimeoutKill  = "kill"
-	OnTimeoutPause = "pause"
-)
-
 // Event is one lifecycle event of a sandbox.
 type Event struct {
 	Seq       int64
