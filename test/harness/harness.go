@@ -283,8 +283,7 @@ func (d *Daemon) DestroyAll() {
 		return
 	}
 	for _, sb := range sbs {
-		switch sb.State {
-		case client.StateReady, client.StatePaused, client.StateCreating, client.StatePausing, client.StateResuming:
+		if sb.State == client.StateReady || sb.State == client.StatePaused || sb.State == client.StateCreating {
 			if err := d.Client.Kill(ctx, sb.ID); err != nil {
 				d.t.Errorf("kill %s: %v", sb.ID, err)
 			}
