@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,6 +71,9 @@ type entry struct {
 	rec    core.Sandbox
 	att    Attachment
 	closed bool
+	// lastIP is the address a paused sandbox had, asked for again when it
+	// resumes (pause.go).
+	lastIP netip.Addr
 
 	// cur is the last published status; it is replaced, never changed.
 	cur atomic.Pointer[status]

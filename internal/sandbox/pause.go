@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -49,6 +50,12 @@ const (
 type Stopper interface {
 	Stop(ctx context.Context, id string) error
 	Start(ctx context.Context, spec runtime.Spec) error
+}
+
+// reattacher is the Network's optional ability to attach a sandbox at
+// the address it had (hostnet.Network.AttachToAt), when that is free.
+type reattacher interface {
+	AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error)
 }
 
 // runtimeOf is the runtime sandbox rec runs under: the one place pause
@@ -261,6 +268,9 @@ func (m *Manager) release(ctx context.Context, id string) error {
 // finishPause records a sandbox whose runtime and network are released
 // as paused.
 func (m *Manager) finishPause(ctx context.Context, e *entry, kind, msg string, start time.Time) error {
+	if e.att.SandboxIP.IsValid() {
+		e.lastIP = e.att.SandboxIP
+	}
 	e.att = Attachment{}
 	e.rec.Pause = kind
 	e.rec.Deadline = time.Time{}
@@ -397,7 +407,15 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
 		BeforeStart: func(bctx context.Context, pid int) error {
 			u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
-			att, err := m.deps.Network.AttachTo(bctx, id, "/proc/"+strconv.Itoa(pid)+"/ns/net")
+			nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+			var att Attachment
+			var err error
+			if ra, ok := m.deps.Network.(reattacher); ok && e.lastIP.IsValid() {
+				// The same address again, if nobody took it meanwhile.
+				att, err = ra.AttachToAt(bctx, id, nsPath, e.lastIP)
+			} else {
+				att, err = m.deps.Network.AttachTo(bctx, id, nsPath)
+			}
 			if err != nil {
 				return fmt.Errorf("network: %w", err)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -567,6 +568,43 @@ func TestMonitorLeavesPausedSandbox(t *testing.T) {
 		synctest.Wait()
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StatePaused {
 			t.Errorf("after the monitor's round: %s (%s), want paused", got.State, got.Reason)
+		}
+	})
+}
+
+// addrNet is fakeNet that can attach at an address asked for.
+type addrNet struct {
+	*fakeNet
+	asked []netip.Addr
+}
+
+func (n *addrNet) AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error) {
+	n.asked = append(n.asked, addr)
+	return n.AttachTo(ctx, id, nsPath)
+}
+
+// TestResumeAsksForTheSameAddress: a resumed sandbox asks the network for
+// the address it had before the pause.
+func TestResumeAsksForTheSameAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newPauseFixture(t, newCPRuntime())
+		an := &addrNet{fakeNet: f.net}
+		f.deps.Network = an
+		f.restart(t)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, _ := f.m.Get(ctx, sb.ID)
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		if len(an.asked) != 1 || before.Network == nil || an.asked[0] != before.Network.Address {
+			t.Errorf("resume asked for %v; want the address it had, %v", an.asked, before.Network)
 		}
 	})
 }

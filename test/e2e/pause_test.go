@@ -26,6 +26,10 @@ func TestPauseResumeFilesystem(t *testing.T) {
 		Network: &client.NetworkPolicy{Mode: "allow", Allow: []string{"example.com"}},
 	})
 	MustRun(t, sb, "echo kept > /home/kept; sleep 1000 >/dev/null 2>&1 &")
+	first, err := d.Client.Get(ctx, sb.ID)
+	if err != nil || first.Network == nil {
+		t.Fatalf("get: %+v, %v", first, err)
+	}
 	p, err := d.Client.Pause(ctx, sb.ID)
 	if err != nil {
 		t.Fatal(err)
@@ -63,6 +67,13 @@ func TestPauseResumeFilesystem(t *testing.T) {
 	}
 	if o, _, code := Run(t, sb, "pgrep -x sleep"); code == 0 {
 		t.Errorf("a process outlived a filesystem pause: %s", o)
+	}
+	// Its address is given back while paused and comes back with it: the
+	// allocator starts from the sandbox's own slot (and a resume asks for
+	// the old address first); only another sandbox of this host taking
+	// exactly this /30 meanwhile could change it.
+	if got.Network == nil || got.Network.Address != first.Network.Address {
+		t.Errorf("address after resume %+v, before %+v; want the same", got.Network, first.Network)
 	}
 	if got.Labels["team"] != "a" {
 		t.Errorf("labels after resume: %v", got.Labels)
