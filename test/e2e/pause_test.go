@@ -42,6 +42,9 @@ func TestPauseResumeFilesystem(t *testing.T) {
 		t.Errorf("remaining %q: want a duration in (0, 30m]", p.Remaining)
 	}
 	harness.AssertPausedClean(t, d, sb.ID)
+	if pol, err := d.Client.NetworkPolicy(ctx, sb.ID); err != nil || pol.Mode != "allow" || !slices.Contains(pol.Allow, "example.com") {
+		t.Errorf("network policy while paused = %+v, %v; want the one it keeps", pol, err)
+	}
 	if _, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/true"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("exec in a paused sandbox = %v, want failed_precondition", err)
 	}
