@@ -75,6 +75,9 @@ type CreateRequest struct {
 	// AutoResume resumes the sandbox, once paused, on its next data
 	// plane request (through the agent proxy or to one of its ports).
 	AutoResume bool `json:"auto_resume,omitempty"`
+	// IdlePause (a duration string) pauses the sandbox once it has had
+	// no request, no open stream and under 1 % of a core for that long.
+	IdlePause string `json:"idle_pause,omitempty"`
 	// Network is the egress policy; nil means mode none.
 	Network *NetworkPolicy `json:"network,omitempty"`
 }
@@ -137,9 +140,10 @@ type Sandbox struct {
 	// Remaining is the time a paused sandbox's deadline had left (a
 	// duration string); its clock runs again once it is resumed.
 	Remaining string `json:"remaining,omitempty"`
-	// OnTimeout and AutoResume are as created.
+	// OnTimeout, AutoResume and IdlePause are as created.
 	OnTimeout  string `json:"on_timeout,omitempty"`
 	AutoResume bool   `json:"auto_resume,omitempty"`
+	IdlePause  string `json:"idle_pause,omitempty"`
 	Usage      *Usage `json:"usage,omitempty"`
 	// Network is where a live sandbox sits on the host's network (get and
 	// inspect only).

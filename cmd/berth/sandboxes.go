@@ -72,6 +72,11 @@ func newCreateCmd(a *app) *cobra.Command {
 			} else {
 				req.Timeout = ""
 			}
+			if req.IdlePause != "" {
+				if d, err := time.ParseDuration(req.IdlePause); err != nil || d <= 0 {
+					return invalidf("--idle-pause %q: want a positive duration such as 15m", req.IdlePause)
+				}
+			}
 			switch req.OnTimeout {
 			case "", client.OnTimeoutKill, client.OnTimeoutPause:
 			default:
@@ -113,6 +118,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")
+	f.StringVar(&req.IdlePause, "idle-pause", "", "pause the sandbox once it has had no request, no open stream and under 1% CPU this long")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")

@@ -48,6 +48,9 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		Reason: s.Reason,
 	}
 	out.Pause, out.OnTimeout, out.AutoResume = s.Pause, s.OnTimeout, s.AutoResume
+	if s.IdlePause > 0 {
+		out.IdlePause = s.IdlePause.String()
+	}
 	if s.Pause != "" {
 		out.Remaining = s.Remaining.String()
 	}
@@ -84,6 +87,15 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		out.Network = &p
 	}
 	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
+	if in.IdlePause != "" {
+		var err error
+		if out.IdlePause, err = units.ParseDuration(in.IdlePause); err != nil {
+			return out, badField("idle_pause", fmt.Errorf("idle_pause: %w", err))
+		}
+		if out.IdlePause <= 0 {
+			return out, badField("idle_pause", fmt.Errorf("idle_pause must be positive: %w", errdefs.ErrInvalidArgument))
+		}
+	}
 	if in.CPU != nil {
 		// The range (0.1 up to the host's cores) is the Manager's check;
 		// this one only keeps the conversion to millicores meaningful.

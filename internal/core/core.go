@@ -39,6 +39,9 @@ type Sandbox struct {
 	OnTimeout string
 	// AutoResume says a paused sandbox resumes on its next request.
 	AutoResume bool
+	// IdlePause, when positive, pauses the sandbox once it has been idle
+	// that long: no request, no open stream, under 1 % of a core.
+	IdlePause time.Duration
 	// Owner is the ID of the API key that created the sandbox ("" for
 	// sandboxes made through the native API).
 	Owner string

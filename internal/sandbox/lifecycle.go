@@ -74,6 +74,8 @@ type entry struct {
 	// lastIP is the address a paused sandbox had, asked for again when it
 	// resumes (pause.go).
 	lastIP netip.Addr
+	// act is its activity, for idle pause (idle.go).
+	act activity
 
 	// cur is the last published status; it is replaced, never changed.
 	cur atomic.Pointer[status]

@@ -205,6 +205,9 @@ type CreateRequest struct {
 	// next request (pause.go).
 	OnTimeout  string
 	AutoResume bool
+	// IdlePause, when positive, pauses the sandbox once it has been idle
+	// that long (pause.go, idle.go).
+	IdlePause time.Duration
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
 
@@ -298,6 +301,9 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range: want %s to %s: %w",
 				c.field, fmtLimit(c.field, c.v), fmtLimit(c.field, c.lo), fmtLimit(c.field, c.hi), errdefs.ErrInvalidArgument)}
 		}
+	}
+	if req.IdlePause != 0 && (req.IdlePause < time.Second || req.IdlePause > m.cfg.MaxTimeout) {
+		return &FieldError{Field: "idle_pause", Err: fmt.Errorf("idle_pause %s is out of range [1s, %s]: %w", req.IdlePause, m.cfg.MaxTimeout, errdefs.ErrInvalidArgument)}
 	}
 	switch req.OnTimeout {
 	case "", core.OnTimeoutKill, core.OnTimeoutPause:
@@ -525,6 +531,9 @@ func (m *Manager) destroyIf(ctx context.Context, e *entry, reason string, still 
 // arm (re)starts the deadline timer of a live sandbox; the caller holds
 // its op lock (or has not published it yet).
 func (m *Manager) arm(e *entry) {
+	// Every (re)start of its clock is activity: create, resume, adopt, a
+	// new timeout.
+	e.act.touch()
 	e.tmu.Lock()
 	defer e.tmu.Unlock()
 	if e.timer != nil {
@@ -667,6 +676,7 @@ func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err
 		}
 		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	e.act.trackRequest(ctx)
 	st := e.cur.Load()
 	if paused := st.state == StatePaused || st.state == StatePausing || st.state == StateResuming; paused && st.rec.AutoResume && !st.closed {
 		// A request to a paused sandbox that resumes on demand waits

@@ -88,6 +88,7 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	if err != nil {
 		return
 	}
+	m.sampleIdle(e, stats.CPUUsage)
 	if prev := e.ooms.Swap(stats.OOMKills); stats.OOMKills > prev {
 		m.event(ctx, id, EventOOM, fmt.Sprintf("out of memory: %d process(es) killed inside the sandbox (limit %d bytes)", stats.OOMKills-prev, stats.MemoryLimit))
 	}

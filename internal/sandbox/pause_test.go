@@ -608,3 +608,102 @@ func TestResumeAsksForTheSameAddress(t *testing.T) {
 		}
 	})
 }
+
+// busyRuntime is cpRuntime with usage: while busy, its sandboxes use half
+// a core.
+type busyRuntime struct {
+	*cpRuntime
+	mu   sync.Mutex
+	busy bool
+	cpu  time.Duration
+	at   time.Time
+}
+
+func (r *busyRuntime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if r.busy && !r.at.IsZero() {
+		r.cpu += now.Sub(r.at) / 2
+	}
+	r.at = now
+	return runtime.Stats{CPUUsage: r.cpu}, nil
+}
+
+func (r *busyRuntime) setBusy(b bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = b
+}
+
+// TestIdlePause: a sandbox with IdlePause is paused once it has had no
+// request, no request in flight and under 1 % of a core for that long;
+// a request, an open stream or CPU use keeps it running; its deadline
+// keeps the time it had left.
+func TestIdlePause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &busyRuntime{cpRuntime: newCPRuntime()}
+		f := &pauseFixture{lifeFixture: &lifeFixture{
+			rt: rt.fakeRuntime, net: &fakeNet{ids: map[string]bool{}}, st: newMemStore(),
+			eg: &fakeEgress{ids: map[string]policy.Policy{}}, fs: &fakeFiles{files: map[string]string{}},
+		}}
+		f.deps = Deps{Runtime: rt, Network: f.net, Templates: fakeTemplates{}, Store: f.st, Prober: fakeProber{}, Egress: f.eg, Files: f.fs}
+		f.cfg = Config{AgentPath: "/agent", DefaultTemplate: "minimal", CheckpointDir: filepath.Join(t.TempDir(), "cp"),
+			Defaults: Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+			Logger:   slog.New(slog.DiscardHandler)}
+		f.start(t)
+		ctx := t.Context()
+		state := func(id string) State {
+			got, _ := f.m.Get(ctx, id)
+			return State(got.State)
+		}
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Hour, IdlePause: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A request at 30 s restarts the idle clock.
+		time.Sleep(30 * time.Second)
+		req, done := context.WithCancel(ctx)
+		if _, _, err := f.m.Agent(req, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		done()
+		time.Sleep(58 * time.Second)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("58 s after a request: %s, want ready", state(sb.ID))
+		}
+		// An open stream holds it however long it lasts.
+		stream, end := context.WithCancel(ctx)
+		if _, _, err := f.m.Agent(stream, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("with a stream open: %s, want ready", state(sb.ID))
+		}
+		end()
+		// So does using CPU.
+		rt.setBusy(true)
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("while busy: %s, want ready", state(sb.ID))
+		}
+		rt.setBusy(false)
+		time.Sleep(time.Minute + 3*time.Second)
+		synctest.Wait()
+		got, _ := f.m.Get(ctx, sb.ID)
+		if State(got.State) != StatePaused {
+			t.Fatalf("idle for a minute: %s, want paused", got.State)
+		}
+		// Created at 0, paused about 7.5 min in: the rest of the hour is kept.
+		if got.Remaining < 50*time.Minute || got.Remaining > 53*time.Minute {
+			t.Errorf("remaining %s, want the rest of the hour", got.Remaining)
+		}
+		if _, err := f.m.Create(ctx, CreateRequest{IdlePause: time.Millisecond}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Create(idle pause 1ms) = %v, want invalid argument", err)
+		}
+	})
+}

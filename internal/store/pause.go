@@ -9,4 +9,5 @@ var pauseColumns = []struct{ name, decl string }{
 	{"pause_remaining", `INTEGER NOT NULL DEFAULT 0`},
 	{"on_timeout", `TEXT NOT NULL DEFAULT ''`},
 	{"auto_resume", `INTEGER NOT NULL DEFAULT 0`},
+	{"idle_pause", `INTEGER NOT NULL DEFAULT 0`},
 }

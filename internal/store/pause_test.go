@@ -20,12 +20,13 @@ func TestPauseFieldsRoundTrip(t *testing.T) {
 	defer db.Close()
 	ctx := t.Context()
 	s := core.Sandbox{ID: "p1", State: "paused", Template: "base", Token: "t", CreatedAt: time.Now().UTC(),
-		Pause: core.PauseMemory, Remaining: 90*time.Second + 5*time.Millisecond, OnTimeout: core.OnTimeoutPause, AutoResume: true}
+		Pause: core.PauseMemory, Remaining: 90*time.Second + 5*time.Millisecond, OnTimeout: core.OnTimeoutPause, AutoResume: true,
+		IdlePause: 5 * time.Minute}
 	if err := db.PutSandbox(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.GetSandbox(ctx, "p1")
-	if err != nil || got.Pause != s.Pause || got.Remaining != s.Remaining || got.OnTimeout != s.OnTimeout || !got.AutoResume || !got.Deadline.IsZero() {
+	if err != nil || got.Pause != s.Pause || got.Remaining != s.Remaining || got.OnTimeout != s.OnTimeout || !got.AutoResume || !got.Deadline.IsZero() || got.IdlePause != s.IdlePause {
 		t.Errorf("GetSandbox = %+v, %v; want pause fields %+v", got, err, s)
 	}
 	if err := db.PutSandbox(ctx, core.Sandbox{ID: "p2", State: "ready", Template: "base", Token: "t", CreatedAt: time.Now().UTC()}); err != nil {

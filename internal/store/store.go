@@ -120,13 +120,13 @@ func decodeMap(s string) (map[string]string, error) {
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user,
-		 pause_kind, pause_remaining, on_timeout, auto_resume)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
 		s.Owner, encodeMap(s.Metadata), s.User,
-		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume)
+		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause))
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
 	}
@@ -134,17 +134,17 @@ func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 }
 
 const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user,
-	pause_kind, pause_remaining, on_timeout, auto_resume`
+	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause`
 
 type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (core.Sandbox, error) {
 	var s core.Sandbox
 	var env, labels, metadata string
-	var created, deadline, ended, remaining int64
+	var created, deadline, ended, remaining, idle int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
 		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User,
-		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume); err != nil {
+		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle); err != nil {
 		return s, err
 	}
 	var err error
@@ -158,7 +158,7 @@ func scanSandbox(r scanner) (core.Sandbox, error) {
 		return s, fmt.Errorf("sandbox %s metadata: %w", s.ID, err)
 	}
 	s.CreatedAt, s.Deadline, s.EndedAt = fromNano(created), fromNano(deadline), fromNano(ended)
-	s.Remaining = time.Duration(remaining)
+	s.Remaining, s.IdlePause = time.Duration(remaining), time.Duration(idle)
 	return s, nil
 }
 

@@ -223,3 +223,36 @@ func TestOnTimeoutPauseAutoResume(t *testing.T) {
 		t.Error("create --on-timeout hibernate succeeded")
 	}
 }
+
+// TestIdlePause: a sandbox created with --idle-pause is paused by the
+// daemon once nothing uses it (no request, no stream, no CPU), and keeps
+// running while a command streams.
+func TestIdlePause(t *testing.T) {
+	d := StartDaemon(t)
+	ctx := t.Context()
+	out, stderr, code := d.CLI(t, nil, "create", "--template", "minimal", "--idle-pause", "2s", "--timeout", "30m")
+	if code != 0 {
+		t.Fatalf("berth create: %d %s", code, stderr)
+	}
+	id := strings.TrimSpace(out)
+	sb := d.Client.Sandbox(id)
+	// A command that streams for longer than the idle time, without
+	// using CPU, holds it: a pause would end it half way (a filesystem
+	// pause ends every process).
+	if got := MustRun(t, sb, "for i in 1 2 3 4 5; do echo $i; sleep 1; done"); got != "1\n2\n3\n4\n5\n" {
+		t.Errorf("streamed %q", got)
+	}
+	waitFor(t, 60*time.Second, "the idle sandbox to be paused", func() bool {
+		got, err := d.Client.Get(ctx, id)
+		return err == nil && got.State == client.StatePaused
+	})
+	got, err := d.Client.Get(ctx, id)
+	if err != nil || got.IdlePause != "2s" || got.Remaining == "" {
+		t.Fatalf("paused: %+v, %v", got.Sandbox, err)
+	}
+	harness.AssertPausedClean(t, d, id)
+	evs, err := d.Client.Events(ctx, id)
+	if err != nil || evs[len(evs)-1].Type != client.EventPaused || !strings.Contains(evs[len(evs)-1].Message, "idle") {
+		t.Errorf("events %+v, %v: want the last one paused, idle", evs, err)
+	}
+}
