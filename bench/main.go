@@ -18,6 +18,9 @@
 // (created -density-batch at a time), checks each answers, and reports
 // sandboxes held and host memory per sandbox (bench/density.go).
 //
+// With -pause N it instead pauses and resumes one sandbox holding
+// -pause-mib MiB N times (bench/pause.go).
+//
 // With -runtimes it instead measures at the runtime level, runc and gVisor
 // side by side: raw `runc run` / `runsc run` floors, runtime Create →
 // agent ready, exec round trip and memory per idle sandbox
@@ -26,6 +29,7 @@
 // Run as root: go run ./bench [-n 50] [-exec-n 200] [-burst 50] [-templates minimal,base] [-e2b=true]
 // or: go run ./bench -density 500 [-density-batch 25]
 // or: go run ./bench -runtimes [-n 20] [-exec-n 50]
+// or: go run ./bench -pause 10 [-pause-mib 256]
 package main
 
 import (
@@ -60,9 +64,17 @@ func main() {
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
 	isolation := flag.String("isolation", "runc", "isolation level of the daemon-level rows (runc or gvisor; the floor is then raw `runsc run`)")
 	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
+	pause := flag.Int("pause", 0, "instead, this many pause/resume rounds of a sandbox holding -pause-mib MiB (bench/pause.go)")
+	pauseMiB := flag.Int("pause-mib", 256, "memory the paused sandbox's process holds")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
+	if *pause > 0 {
+		if err := runPause(tb, *pause, *pauseMiB); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
 	if *runtimes {
 		if err := runRuntimes(*n, *execN); err != nil {
 			tb.Fatalf("%v", err)

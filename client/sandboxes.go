@@ -278,3 +278,38 @@ func (s *Sandbox) client() (*Client, error) {
 	}
 	return s.c, nil
 }
+
+// Pause pauses a sandbox: it stops using CPU and gives its memory back,
+// keeping what its runtime can (the returned Sandbox's Pause says which:
+// "memory" or "filesystem"). Pausing a paused sandbox changes nothing.
+func (c *Client) Pause(ctx context.Context, id string) (*Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var sb Sandbox
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id)+"/pause", nil, nil, &sb); err != nil {
+		return nil, err
+	}
+	return c.bind(&sb), nil
+}
+
+// Resume brings a paused sandbox back and returns once its agent answers.
+// A positive timeout sets its deadline from now; zero gives it the time it
+// had left when paused. Resuming a running sandbox changes nothing.
+func (c *Client) Resume(ctx context.Context, id string, timeout time.Duration) (*Sandbox, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	if timeout < 0 {
+		return nil, fmt.Errorf("timeout %v: must not be negative: %w", timeout, errdefs.ErrInvalidArgument)
+	}
+	var body types.ResumeRequest
+	if timeout > 0 {
+		body.Timeout = timeout.String()
+	}
+	var sb Sandbox
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id)+"/resume", nil, body, &sb); err != nil {
+		return nil, err
+	}
+	return c.bind(&sb), nil
+}

@@ -10,6 +10,8 @@ const (
 	StateCreating = types.StateCreating
 	StateReady    = types.StateReady
 	StatePaused   = types.StatePaused
+	StatePausing  = types.StatePausing
+	StateResuming = types.StateResuming
 	StateStopping = types.StateStopping
 	StateStopped  = types.StateStopped
 	StateFailed   = types.StateFailed
@@ -52,6 +54,17 @@ const (
 	EventSetupStep      = types.EventSetupStep
 	EventSetupDone      = types.EventSetupDone
 	EventSetupCached    = types.EventSetupCached
+	EventPaused         = types.EventPaused
+	EventResumed        = types.EventResumed
+)
+
+// What a paused sandbox kept (Sandbox.Pause), and what a deadline does
+// (CreateRequest.OnTimeout).
+const (
+	PauseMemory     = types.PauseMemory
+	PauseFilesystem = types.PauseFilesystem
+	OnTimeoutKill   = types.OnTimeoutKill
+	OnTimeoutPause  = types.OnTimeoutPause
 )
 
 // Event is one entry of a sandbox's lifecycle log.

@@ -55,13 +55,32 @@ const (
 	StateCreating = "creating"
 	StateReady    = "ready"
 	StatePaused   = "paused"
+	// StatePausing and StateResuming: a pause or resume is under way.
+	StatePausing  = "pausing"
+	StateResuming = "resuming"
 	StateStopping = "stopping"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
 )
 
 // States lists every sandbox state, in lifecycle order.
-var States = []string{StateCreating, StateReady, StatePaused, StateStopping, StateStopped, StateFailed}
+var States = []string{StateCreating, StateReady, StatePausing, StatePaused, StateResuming, StateStopping, StateStopped, StateFailed}
+
+// What a paused sandbox kept (Sandbox.Pause).
+const (
+	// PauseMemory: every process and its memory (a checkpoint).
+	PauseMemory = "memory"
+	// PauseFilesystem: its files, environment, labels, network policy
+	// and remaining time; its processes ended and resume starts its
+	// agent again.
+	PauseFilesystem = "filesystem"
+)
+
+// What a sandbox's deadline does (CreateRequest.OnTimeout).
+const (
+	OnTimeoutKill  = "kill"
+	OnTimeoutPause = "pause"
+)
 
 // CreateRequest asks for a new sandbox (POST /v1/sandboxes). Every field is
 // optional; the daemon fills defaults (template "base", 1 CPU, "512M"
@@ -78,11 +97,27 @@ type CreateRequest struct {
 	Timeout string            `json:"timeout,omitempty"`
 	Env     map[string]string `json:"env,omitempty"`
 	Labels  map[string]string `json:"labels,omitempty"`
+	// OnTimeout is what the deadline does: "kill" (the default) or
+	// "pause".
+	OnTimeout string `json:"on_timeout,omitempty"`
+	// AutoResume resumes the sandbox, once paused, on its next data
+	// plane request (through the agent proxy or to one of its ports).
+	AutoResume bool `json:"auto_resume,omitempty"`
+	// IdlePause (a duration string) pauses the sandbox once it has had
+	// no request, no open stream and under 1 % of a core for that long.
+	IdlePause string `json:"idle_pause,omitempty"`
 	// Network is the egress policy; nil means mode none.
 	Network *NetworkPolicy `json:"network,omitempty"`
 	// Isolation is the level to run at (IsolationRunc, IsolationGVisor);
 	// empty takes the template's default, then the daemon's.
 	Isolation string `json:"isolation,omitempty"`
+}
+
+// ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume:
+// Timeout (a duration string) sets the deadline from now; without it the
+// sandbox gets the time it had left when it was paused.
+type ResumeRequest struct {
+	Timeout string `json:"timeout,omitempty"`
 }
 
 // SetTimeoutRequest moves a sandbox's deadline (POST
@@ -131,7 +166,16 @@ type Sandbox struct {
 	// EndedAt is when a stopped or failed sandbox ended.
 	EndedAt time.Time `json:"ended_at,omitzero"`
 	Reason  string    `json:"reason,omitempty"`
-	Usage   *Usage    `json:"usage,omitempty"`
+	// Pause says what a paused sandbox kept: "memory" or "filesystem".
+	Pause string `json:"pause,omitempty"`
+	// Remaining is the time a paused sandbox's deadline had left (a
+	// duration string); its clock runs again once it is resumed.
+	Remaining string `json:"remaining,omitempty"`
+	// OnTimeout, AutoResume and IdlePause are as created.
+	OnTimeout  string `json:"on_timeout,omitempty"`
+	AutoResume bool   `json:"auto_resume,omitempty"`
+	IdlePause  string `json:"idle_pause,omitempty"`
+	Usage      *Usage `json:"usage,omitempty"`
 	// Network is where a live sandbox sits on the host's network (get and
 	// inspect only).
 	Network *SandboxNetwork `json:"network,omitempty"`
@@ -167,6 +211,10 @@ const (
 	EventDeadline       = "deadline"
 	EventDestroyed      = "destroyed"
 	EventFailed         = "failed"
+	// EventPaused and EventResumed: a pause or resume is done (their
+	// message says what the pause kept).
+	EventPaused  = "paused"
+	EventResumed = "resumed"
 	// EventNetworkPolicy is a policy change through the API.
 	EventNetworkPolicy = "network_policy"
 	// Workspace setup: started, one step done, all done, or skipped by
@@ -181,6 +229,7 @@ const (
 var EventTypes = []string{
 	EventCreated, EventReady, EventAdopted, EventOOM, EventTimeoutChanged, EventDeadline, EventDestroyed, EventFailed,
 	EventNetworkPolicy, EventSetupStarted, EventSetupStep, EventSetupDone, EventSetupCached,
+	EventPaused, EventResumed,
 }
 
 // Event is one entry of a sandbox's lifecycle log.

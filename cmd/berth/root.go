@@ -107,6 +107,8 @@ func newRootCmd(a *app) *cobra.Command {
 		newNetCmd(a),
 		newKillCmd(a),
 		newTimeoutCmd(a),
+		newPauseCmd(a),
+		newResumeCmd(a),
 		newTemplateCmd(a),
 		newAPIKeyCmd(a),
 		newEnvCmd(a),

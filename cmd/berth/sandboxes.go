@@ -77,6 +77,16 @@ func newCreateCmd(a *app) *cobra.Command {
 			} else {
 				req.Timeout = ""
 			}
+			if req.IdlePause != "" {
+				if d, err := time.ParseDuration(req.IdlePause); err != nil || d <= 0 {
+					return invalidf("--idle-pause %q: want a positive duration such as 15m", req.IdlePause)
+				}
+			}
+			switch req.OnTimeout {
+			case "", client.OnTimeoutKill, client.OnTimeoutPause:
+			default:
+				return invalidf("--on-timeout %q: want kill or pause", req.OnTimeout)
+			}
 			var err error
 			if req.Env, err = parseKV("env", env); err != nil {
 				return err
@@ -111,7 +121,10 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")
-	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed")
+	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
+	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
+	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")
+	f.StringVar(&req.IdlePause, "idle-pause", "", "pause the sandbox once it has had no request, no open stream and under 1% CPU this long")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
@@ -319,6 +332,10 @@ func newTimeoutCmd(a *app) *cobra.Command {
 			sb, err := c.SetTimeout(cmd.Context(), args[0], d)
 			if err != nil {
 				return err
+			}
+			if sb.Pause != "" {
+				fmt.Fprintf(a.out, "%s is paused; it gets %s once resumed\n", sb.ID, sb.Remaining)
+				return nil
 			}
 			fmt.Fprintf(a.out, "%s expires at %s\n", sb.ID, sb.Deadline.Local().Format(time.RFC3339))
 			return nil

@@ -33,6 +33,8 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes/{id}", s.getSandbox, nil},
 		{"DELETE", "/v1/sandboxes/{id}", s.deleteSandbox, nil},
 		{"POST", "/v1/sandboxes/{id}/timeout", s.setTimeout, nil},
+		{"POST", "/v1/sandboxes/{id}/pause", s.pauseSandbox, nil},
+		{"POST", "/v1/sandboxes/{id}/resume", s.resumeSandbox, nil},
 		{"GET", "/v1/sandboxes/{id}/events", s.events, nil},
 		{"GET", "/v1/sandboxes/{id}/network", s.getNetwork, nil},
 		{"PUT", "/v1/sandboxes/{id}/network", s.putNetwork, nil},

@@ -27,6 +27,8 @@ type Manager interface {
 	Events(ctx context.Context, id string) ([]core.Event, error)
 	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
 	Agent(ctx context.Context, id string) (addr, token string, err error)
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
 }
 
 // createRequest is the wire CreateRequest with CPU as a pointer, so an
@@ -45,6 +47,13 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		CreatedAt: utc(s.CreatedAt), Deadline: utc(s.Deadline), EndedAt: utc(s.EndedAt),
 		Reason:    s.Reason,
 		Isolation: s.Isolation, RuntimeVersion: s.RuntimeVersion,
+	}
+	out.Pause, out.OnTimeout, out.AutoResume = s.Pause, s.OnTimeout, s.AutoResume
+	if s.IdlePause > 0 {
+		out.IdlePause = s.IdlePause.String()
+	}
+	if s.Pause != "" {
+		out.Remaining = s.Remaining.String()
 	}
 	if n := s.Network; n != nil {
 		out.Network = &types.SandboxNetwork{Address: n.Address.String(), Gateway: n.Gateway.String(), HostLink: n.HostLink}
@@ -77,6 +86,16 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p
+	}
+	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
+	if in.IdlePause != "" {
+		var err error
+		if out.IdlePause, err = units.ParseDuration(in.IdlePause); err != nil {
+			return out, badField("idle_pause", fmt.Errorf("idle_pause: %w", err))
+		}
+		if out.IdlePause <= 0 {
+			return out, badField("idle_pause", fmt.Errorf("idle_pause must be positive: %w", errdefs.ErrInvalidArgument))
+		}
 	}
 	if in.CPU != nil {
 		// The range (0.1 up to the host's cores) is the Manager's check;

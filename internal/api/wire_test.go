@@ -56,7 +56,8 @@ func TestWireMirrorsInternal(t *testing.T) {
 // TestWireConstants: the states and event types the wire lists are the
 // ones the Manager uses.
 func TestWireConstants(t *testing.T) {
-	states := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePaused), string(sandbox.StateStopping), string(sandbox.StateStopped), string(sandbox.StateFailed)}
+	states := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePausing), string(sandbox.StatePaused), string(sandbox.StateResuming),
+		string(sandbox.StateStopping), string(sandbox.StateStopped), string(sandbox.StateFailed)}
 	if !slices.Equal(states, types.States) {
 		t.Errorf("sandbox states %v, wire %v", states, types.States)
 	}
@@ -64,9 +65,14 @@ func TestWireConstants(t *testing.T) {
 		sandbox.EventCreated, sandbox.EventReady, sandbox.EventAdopted, sandbox.EventOOM, sandbox.EventTimeoutChanged,
 		sandbox.EventDeadline, sandbox.EventDestroyed, sandbox.EventFailed, sandbox.EventNetworkPolicy,
 		workspace.EventSetupStarted, workspace.EventSetupStep, workspace.EventSetupDone, workspace.EventSetupCached,
+		sandbox.EventPaused, sandbox.EventResumed,
 	}
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)
+	}
+	if core.PauseMemory != types.PauseMemory || core.PauseFilesystem != types.PauseFilesystem ||
+		core.OnTimeoutKill != types.OnTimeoutKill || core.OnTimeoutPause != types.OnTimeoutPause {
+		t.Error("pause kinds or on-timeout actions differ between core and the wire")
 	}
 	modes := []string{string(policy.ModeNone), string(policy.ModeAllow), string(policy.ModeOpen), string(policy.ModeLearn)}
 	if want := []string{types.NetNone, types.NetAllow, types.NetOpen, types.NetLearn}; !slices.Equal(modes, want) {

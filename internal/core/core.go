@@ -28,6 +28,20 @@ type Sandbox struct {
 	Deadline    time.Time
 	EndedAt     time.Time
 	Reason      string
+	// Pause is what a paused sandbox kept (PauseMemory, PauseFilesystem);
+	// "" unless it is paused.
+	Pause string
+	// Remaining is the time its deadline had left when it was paused
+	// (its Deadline is zero while it is paused).
+	Remaining time.Duration
+	// OnTimeout is what its deadline does: OnTimeoutKill ("" reads kill)
+	// or OnTimeoutPause.
+	OnTimeout string
+	// AutoResume says a paused sandbox resumes on its next request.
+	AutoResume bool
+	// IdlePause, when positive, pauses the sandbox once it has been idle
+	// that long: no request, no open stream, under 1 % of a core.
+	IdlePause time.Duration
 	// Owner is the ID of the API key that created the sandbox ("" for
 	// sandboxes made through the native API).
 	Owner string

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"net/netip"
 
 	"github.com/berth-sandbox/berth/internal/hostnet"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -20,5 +21,12 @@ func (n managerNet) AttachTo(ctx context.Context, id, nsPath string) (sandbox.At
 
 func (n managerNet) Lookup(ctx context.Context, id string) (sandbox.Attachment, error) {
 	a, err := n.Network.Lookup(ctx, id)
+	return sandbox.Attachment(a), err
+}
+
+// AttachToAt gives a resumed sandbox its old address when it is free
+// (the Manager finds it by type assertion).
+func (n managerNet) AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (sandbox.Attachment, error) {
+	a, err := n.Network.AttachToAt(ctx, id, nsPath, addr)
 	return sandbox.Attachment(a), err
 }

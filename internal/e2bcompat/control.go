@@ -103,7 +103,8 @@ func sandboxOf(r *http.Request) sandbox.Sandbox {
 
 func live(state string) bool {
 	s := sandbox.State(state)
-	return s == sandbox.StateReady || s == sandbox.StateCreating || s == sandbox.StatePaused
+	return s == sandbox.StateReady || s == sandbox.StateCreating || s == sandbox.StatePaused ||
+		s == sandbox.StatePausing || s == sandbox.StateResuming
 }
 
 // e2bState maps Berth's states onto E2B's two.
@@ -155,10 +156,6 @@ type createBody struct {
 // not do yet.
 func (b createBody) unsupported() string {
 	switch {
-	case b.AutoPause != nil && *b.AutoPause:
-		return "autoPause (pause on timeout) is not supported by Berth yet: pausing needs snapshots; omit it or set onTimeout to 'kill'"
-	case b.AutoResume != nil && b.AutoResume.Enabled:
-		return "autoResume is not supported by Berth yet: pausing needs snapshots"
 	case present(b.MCP):
 		return "mcp (the MCP gateway) is not supported by Berth"
 	case present(b.IAM):
@@ -239,6 +236,9 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Metadata: in.Metadata,
 		User:     DefaultUser,
 		Network:  &policy,
+		// lifecycle {onTimeout: "pause", autoResume: true} (pause.go)
+		OnTimeout:  onTimeoutOf(in),
+		AutoResume: in.AutoResume != nil && in.AutoResume.Enabled,
 	})
 	if err != nil {
 		writeErr(w, err)
@@ -444,7 +444,7 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
 		Network:   json.RawMessage(ext.Network),
-		Lifecycle: map[string]any{"onTimeout": "kill", "autoResume": false},
+		Lifecycle: map[string]any{"onTimeout": lifecycleOnTimeout(sb), "autoResume": sb.AutoResume},
 	})
 }
 
@@ -502,19 +502,6 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// notSupportedPause is the answer to pause and resume until snapshots land.
-// It is 501, never 409: the SDK reads 409 on pause as "already paused" and
-// would report success.
-const notSupportedPause = "pausing and resuming sandboxes is not supported by Berth yet (it needs snapshots); the sandbox keeps running"
-
-func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotImplemented, notSupportedPause)
-}
-
-func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
-	writeError(w, http.StatusNotImplemented, notSupportedPause)
-}
-
 // connect answers for a running sandbox (200, as E2B does); a timeout in the
 // body moves its deadline. Paused sandboxes do not exist in Berth yet.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
@@ -525,7 +512,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if sandbox.State(sb.State) == sandbox.StatePaused {
-		writeError(w, http.StatusNotImplemented, notSupportedPause)
+		s.resumeAndAnswer(w, r, sb, in.Timeout)
 		return
 	}
 	if in.Timeout != nil && *in.Timeout > 0 {

@@ -43,6 +43,8 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	Agent(ctx context.Context, id string) (addr, token string, err error)
 	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
+	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
+	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
 }
 
 // Store persists what only this API knows about a sandbox.

@@ -115,7 +115,8 @@ func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p policy.
 
 func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
 	sb := sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: string(sandbox.StateReady), Template: req.Template,
-		Owner: req.Owner, Metadata: req.Metadata, User: req.User, Token: "tok", CreatedAt: time.Now(), Deadline: time.Now().Add(req.Timeout)}}
+		Owner: req.Owner, Metadata: req.Metadata, User: req.User, Token: "tok", CreatedAt: time.Now(), Deadline: time.Now().Add(req.Timeout),
+		OnTimeout: req.OnTimeout, AutoResume: req.AutoResume}}
 	f.sbs[sb.ID] = sb
 	return sb, nil
 }
@@ -145,6 +146,20 @@ func (f *fakeManager) Destroy(ctx context.Context, id, reason string) error {
 
 func (f *fakeManager) SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
 	return f.sbs[id], nil
+}
+
+func (f *fakeManager) Pause(ctx context.Context, id string) (sandbox.Sandbox, error) {
+	sb := f.sbs[id]
+	sb.State, sb.Pause = string(sandbox.StatePaused), core.PauseFilesystem
+	f.sbs[id] = sb
+	return sb, nil
+}
+
+func (f *fakeManager) Resume(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error) {
+	sb := f.sbs[id]
+	sb.State, sb.Pause = string(sandbox.StateReady), ""
+	f.sbs[id] = sb
+	return sb, nil
 }
 
 func (f *fakeManager) Agent(ctx context.Context, id string) (string, string, error) {
@@ -202,8 +217,23 @@ func TestControlPlaneAuth(t *testing.T) {
 	if code, _ := do("DELETE", "/sandboxes/"+id, k2, ""); code != 404 {
 		t.Errorf("delete with another key = %d, want 404", code)
 	}
-	if code, _ := do("POST", "/sandboxes/"+id+"/pause", k1, ""); code != 501 {
-		t.Errorf("pause = %d, want 501", code)
+	if code, _ := do("POST", "/sandboxes/"+id+"/pause", k2, ""); code != 404 {
+		t.Errorf("pause with another key = %d, want 404", code)
+	}
+	if code, _ := do("POST", "/sandboxes/"+id+"/pause", k1, ""); code != 204 {
+		t.Errorf("pause = %d, want 204", code)
+	}
+	if code, _ := do("POST", "/sandboxes/"+id+"/pause", k1, ""); code != 409 {
+		t.Errorf("pause of a paused sandbox = %d, want 409 (already paused)", code)
+	}
+	if code, _ := do("GET", "/v2/sandboxes?state=paused", k1, ""); code != 200 {
+		t.Errorf("list paused = %d, want 200", code)
+	}
+	if code, _ := do("POST", "/sandboxes/"+id+"/connect", k1, `{"timeout":60}`); code != 201 {
+		t.Errorf("connect to a paused sandbox = %d, want 201 (resumed)", code)
+	}
+	if code, _ := do("POST", "/sandboxes/"+id+"/resume", k1, ""); code != 409 {
+		t.Errorf("resume of a running sandbox = %d, want 409", code)
 	}
 	if code, _ := do("GET", "/sandboxes/"+id, k1, ""); code != 200 {
 		t.Errorf("get with the owner's key = %d, want 200", code)

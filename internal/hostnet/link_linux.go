@@ -106,13 +106,13 @@ func (n *Network) findLink(id string) (netlink.Link, error) {
 // from the id and aliased with it, the sandbox side created straight inside
 // the netns as eth0. The host-wide lock is held until the host address is
 // on the link, which is what makes the /30 visible to other allocators.
-func (n *Network) createLink(ctx context.Context, att *Attachment) error {
+func (n *Network) createLink(ctx context.Context, att *Attachment, prefer netip.Addr) error {
 	unlock, err := lockFile(ctx, n.cfg.LockPath)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	prefix, err := n.allocate(att.ID)
+	prefix, err := n.allocate(att.ID, prefer)
 	if err != nil {
 		return err
 	}
@@ -280,12 +280,29 @@ func dump[T any](f func() (T, error)) (T, error) {
 // daemons' sandboxes (their host sides carry the .1 of their /30). The scan
 // starts at a slot derived from the id, so a just-freed /30 is not
 // immediately handed to the next sandbox.
-func (n *Network) allocate(id string) (netip.Prefix, error) {
+func (n *Network) allocate(id string, prefer netip.Addr) (netip.Prefix, error) {
 	used, err := usedPrefixes()
 	if err != nil {
 		return netip.Prefix{}, err
 	}
+	if p, ok := preferred(n.cfg.Pool, prefer, used); ok {
+		return p, nil
+	}
 	return allocateFrom(n.cfg.Pool, id, used)
+}
+
+// preferred is the /30 holding addr, when it is in the pool and free.
+func preferred(pool netip.Prefix, addr netip.Addr, used []netip.Prefix) (netip.Prefix, bool) {
+	if !addr.Is4() || !pool.Contains(addr) {
+		return netip.Prefix{}, false
+	}
+	cand := netip.PrefixFrom(addr, 30).Masked()
+	for _, u := range used {
+		if u.Overlaps(cand) {
+			return netip.Prefix{}, false
+		}
+	}
+	return cand, true
 }
 
 func allocateFrom(pool netip.Prefix, id string, used []netip.Prefix) (netip.Prefix, error) {

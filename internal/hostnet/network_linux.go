@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"github.com/berth-sandbox/berth/api/types"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -112,6 +113,13 @@ func (n *Network) Attach(ctx context.Context, id string) (att Attachment, err er
 // sandbox's netns path, so it outlives the daemon and Lookup finds it after
 // a restart. An empty nsSource creates a new namespace.
 func (n *Network) AttachTo(ctx context.Context, id, nsSource string) (att Attachment, err error) {
+	return n.AttachToAt(ctx, id, nsSource, netip.Addr{})
+}
+
+// AttachToAt is AttachTo that gives the sandbox address addr again (its
+// /30) when that is free on the host, as a resumed sandbox had it; taken
+// or invalid, the sandbox gets an address as AttachTo gives one.
+func (n *Network) AttachToAt(ctx context.Context, id, nsSource string, addr netip.Addr) (att Attachment, err error) {
 	if err := validID(id); err != nil {
 		return Attachment{}, err
 	}
@@ -130,7 +138,7 @@ func (n *Network) AttachTo(ctx context.Context, id, nsSource string) (att Attach
 			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "err", derr)
 		}
 	}()
-	att, err = n.attach(ctx, id, nsSource)
+	att, err = n.attach(ctx, id, nsSource, addr)
 	if err != nil {
 		return Attachment{}, fmt.Errorf("attach sandbox %s network: %w", id, err)
 	}
@@ -145,7 +153,7 @@ func (n *Network) step(name string) error {
 	return n.failpoint(name)
 }
 
-func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, error) {
+func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr) (Attachment, error) {
 	att := Attachment{ID: id, NetNSPath: n.NetnsPath(id)}
 	if nsSource == "" {
 		if err := createNetns(att.NetNSPath); err != nil {
@@ -166,7 +174,7 @@ func (n *Network) attach(ctx context.Context, id, nsSource string) (Attachment, 
 	if err := ctx.Err(); err != nil {
 		return att, err
 	}
-	if err := n.createLink(ctx, &att); err != nil {
+	if err := n.createLink(ctx, &att, prefer); err != nil {
 		return att, err
 	}
 	if err := n.step("link"); err != nil {

@@ -82,6 +82,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if rec.Labels == nil {
 		rec.Labels = map[string]string{}
 	}
+	rec.OnTimeout, rec.AutoResume, rec.IdlePause = req.OnTimeout, req.AutoResume, req.IdlePause
 	// The sandbox must not die with the request that asked for it; a
 	// kill while it is still being made (a long workspace setup, say)
 	// aborts it through abort.

@@ -155,6 +155,9 @@ func (f *fakeEgress) Remove(id string) error {
 	return nil
 }
 
+// Stop keeps the state (the fake holds nothing else).
+func (f *fakeEgress) Stop(id string) {}
+
 func (f *fakeEgress) List() ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

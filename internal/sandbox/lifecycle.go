@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -20,6 +21,10 @@ const (
 	StateCreating State = "creating"
 	StateReady    State = "ready"
 	StatePaused   State = "paused"
+	// StatePausing and StateResuming are on record while a pause or a
+	// resume runs, so a restarted daemon knows what to finish or undo.
+	StatePausing  State = "pausing"
+	StateResuming State = "resuming"
 	StateStopping State = "stopping"
 	StateStopped  State = "stopped"
 	StateFailed   State = "failed"
@@ -34,10 +39,18 @@ func (s State) next(to State) bool {
 	switch s {
 	case StateCreating:
 		return to == StateReady || to == StateFailed
-	case StateReady, StatePaused:
+	case StateReady:
 		// Straight to stopped only when the deadline passed while the
 		// daemon was down (adopt): there was nothing left to stop.
-		return to == StateStopping || to == StateStopped || to == StateFailed
+		return to == StatePausing || to == StateStopping || to == StateStopped || to == StateFailed
+	case StatePaused:
+		return to == StateResuming || to == StateStopping || to == StateStopped || to == StateFailed
+	case StatePausing:
+		// Back to ready when the pause failed before anything was lost.
+		return to == StatePaused || to == StateReady || to == StateFailed
+	case StateResuming:
+		// Back to paused when the resume failed and was undone.
+		return to == StateReady || to == StatePaused || to == StateFailed
 	case StateStopping:
 		return to == StateStopped || to == StateFailed
 	}
@@ -58,6 +71,11 @@ type entry struct {
 	rec    core.Sandbox
 	att    Attachment
 	closed bool
+	// lastIP is the address a paused sandbox had, asked for again when it
+	// resumes (pause.go).
+	lastIP netip.Addr
+	// act is its activity, for idle pause (idle.go).
+	act activity
 
 	// cur is the last published status; it is replaced, never changed.
 	cur atomic.Pointer[status]

@@ -21,11 +21,13 @@ import (
 // when every goroutine in it is blocked, so no test sleeps for real.
 
 func TestStateTransitions(t *testing.T) {
-	all := []State{StateCreating, StateReady, StatePaused, StateStopping, StateStopped, StateFailed}
+	all := []State{StateCreating, StateReady, StatePausing, StatePaused, StateResuming, StateStopping, StateStopped, StateFailed}
 	allowed := map[State][]State{
 		StateCreating: {StateReady, StateFailed},
-		StateReady:    {StateStopping, StateStopped, StateFailed},
-		StatePaused:   {StateStopping, StateStopped, StateFailed},
+		StateReady:    {StatePausing, StateStopping, StateStopped, StateFailed},
+		StatePausing:  {StatePaused, StateReady, StateFailed},
+		StatePaused:   {StateResuming, StateStopping, StateStopped, StateFailed},
+		StateResuming: {StateReady, StatePaused, StateFailed},
 		StateStopping: {StateStopped, StateFailed},
 	}
 	for _, from := range all {

@@ -59,6 +59,9 @@ type Config struct {
 	DefaultTimeout, MaxTimeout time.Duration
 	// ReadyTimeout bounds how long create waits for the agent.
 	ReadyTimeout time.Duration
+	// CheckpointDir holds the checkpoints of sandboxes paused with their
+	// memory (pause.go); without it a pause keeps files only.
+	CheckpointDir string
 	// MonitorInterval is how often usage and liveness are sampled.
 	MonitorInterval time.Duration
 	// DefaultIsolation is the level a sandbox gets when neither its
@@ -218,6 +221,14 @@ type CreateRequest struct {
 	Owner    string
 	Metadata map[string]string
 	User     string
+	// OnTimeout is what the deadline does: core.OnTimeoutKill ("") or
+	// core.OnTimeoutPause. AutoResume resumes a paused sandbox on its
+	// next request (pause.go).
+	OnTimeout  string
+	AutoResume bool
+	// IdlePause, when positive, pauses the sandbox once it has been idle
+	// that long (pause.go, idle.go).
+	IdlePause time.Duration
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
 	// Isolation is the level to run at (core.IsolationRunc or
@@ -315,6 +326,14 @@ func (m *Manager) validate(req *CreateRequest) error {
 			return &FieldError{Field: c.field, Err: fmt.Errorf("%s %s is out of range: want %s to %s: %w",
 				c.field, fmtLimit(c.field, c.v), fmtLimit(c.field, c.lo), fmtLimit(c.field, c.hi), errdefs.ErrInvalidArgument)}
 		}
+	}
+	if req.IdlePause != 0 && (req.IdlePause < time.Second || req.IdlePause > m.cfg.MaxTimeout) {
+		return &FieldError{Field: "idle_pause", Err: fmt.Errorf("idle_pause %s is out of range [1s, %s]: %w", req.IdlePause, m.cfg.MaxTimeout, errdefs.ErrInvalidArgument)}
+	}
+	switch req.OnTimeout {
+	case "", core.OnTimeoutKill, core.OnTimeoutPause:
+	default:
+		return &FieldError{Field: "on_timeout", Err: fmt.Errorf("on_timeout %q: want %s or %s: %w", req.OnTimeout, core.OnTimeoutKill, core.OnTimeoutPause, errdefs.ErrInvalidArgument)}
 	}
 	for k := range req.Env {
 		if !validEnvKey(k) {
@@ -441,6 +460,9 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	if err := m.removeEgress(e.id); err != nil {
 		errs = append(errs, fmt.Errorf("egress: %w", err))
 	}
+	if err := m.removeCheckpoint(e.id); err != nil {
+		errs = append(errs, fmt.Errorf("checkpoint: %w", err))
+	}
 	return errors.Join(errs...)
 }
 
@@ -474,6 +496,13 @@ func (m *Manager) Destroy(ctx context.Context, id, reason string) error {
 // it out (a workspace setup can take minutes): the create fails and tears
 // down, and the destroy finds the sandbox ended.
 func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
+	return m.destroyIf(ctx, e, reason, nil)
+}
+
+// destroyIf is destroy when still holds once the op lock is taken (nil:
+// always): what a caller saw before may have changed meanwhile (a pause
+// stops the runtime the monitor found stopped).
+func (m *Manager) destroyIf(ctx context.Context, e *entry, reason string, still func() bool) error {
 	if !e.tryLock() {
 		if e.cur.Load().state == StateCreating && e.abort != nil {
 			m.log.Info("abort_create", "sandbox_id", e.id)
@@ -484,6 +513,9 @@ func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
 		}
 	}
 	defer e.unlock()
+	if still != nil && !e.closed && !still() {
+		return nil
+	}
 	if e.closed || e.state() == StateFailed {
 		if e.state() == StateFailed {
 			return nil // it ended while being made (or was aborted by us)
@@ -524,6 +556,9 @@ func (m *Manager) destroy(ctx context.Context, e *entry, reason string) error {
 // arm (re)starts the deadline timer of a live sandbox; the caller holds
 // its op lock (or has not published it yet).
 func (m *Manager) arm(e *entry) {
+	// Every (re)start of its clock is activity: create, resume, adopt, a
+	// new timeout.
+	e.act.touch()
 	e.tmu.Lock()
 	defer e.tmu.Unlock()
 	if e.timer != nil {
@@ -535,6 +570,9 @@ func (m *Manager) arm(e *entry) {
 			return
 		}
 		defer m.wg.Done()
+		if e.cur.Load().rec.OnTimeout == core.OnTimeoutPause && m.pauseAtDeadline(e) {
+			return
+		}
 		m.event(m.life, id, EventDeadline, "deadline reached")
 		err := m.destroy(m.life, e, "deadline reached")
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) && m.life.Err() == nil {
@@ -629,6 +667,16 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (S
 		return Sandbox{}, err
 	}
 	defer e.unlock()
+	if !e.closed && e.state() == StatePaused {
+		// The clock is stopped: d is what it will have when resumed.
+		e.rec.Remaining = d
+		if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+			return Sandbox{}, err
+		}
+		e.publish()
+		m.event(ctx, id, EventTimeoutChanged, "remaining "+d.String()+" once resumed")
+		return Sandbox{Sandbox: e.rec}, nil
+	}
 	if e.closed || e.state() != StateReady {
 		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.rec.State, errdefs.ErrFailedPrecondition)
 	}
@@ -653,7 +701,16 @@ func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err
 		}
 		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
 	}
+	e.act.trackRequest(ctx)
 	st := e.cur.Load()
+	if paused := st.state == StatePaused || st.state == StatePausing || st.state == StateResuming; paused && st.rec.AutoResume && !st.closed {
+		// A request to a paused sandbox that resumes on demand waits
+		// for it (pausing or resuming ones too, once that is done).
+		if _, err := m.Resume(ctx, id, 0); err != nil {
+			return "", "", err
+		}
+		st = e.cur.Load()
+	}
 	if st.state != StateReady {
 		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, st.state, errdefs.ErrFailedPrecondition)
 	}

@@ -67,7 +67,16 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 		if ctx.Err() != nil {
 			return
 		}
-		if err := m.destroy(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status)); err != nil {
+		// Only if it is still ready and still not running once no
+		// lifecycle operation runs: a pause stops the runtime on purpose.
+		exited := func() bool {
+			if e.state() != StateReady {
+				return false
+			}
+			now, err := rt.Inspect(ctx, id)
+			return err == nil && now.Status != runtime.StatusRunning && now.Status != runtime.StatusPaused
+		}
+		if err := m.destroyIf(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status), exited); err != nil {
 			m.log.Warn("destroy_exited_failed", "sandbox_id", e.id, "err", err)
 		}
 		return
@@ -80,6 +89,7 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	if err != nil {
 		return
 	}
+	m.sampleIdle(e, stats.CPUUsage)
 	if prev := e.ooms.Swap(stats.OOMKills); stats.OOMKills > prev {
 		m.event(ctx, id, EventOOM, fmt.Sprintf("out of memory: %d process(es) killed inside the sandbox (limit %d bytes)", stats.OOMKills-prev, stats.MemoryLimit))
 	}

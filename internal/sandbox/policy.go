@@ -25,6 +25,9 @@ type Egress interface {
 	Policy(id string) (policy.Policy, error)
 	LoadPolicy(id string) (policy.Policy, error)
 	Remove(id string) error
+	// Stop closes the sandbox's resolver and proxy, keeping its state
+	// (policy, CA) for a Start after a resume.
+	Stop(id string)
 	List() ([]string, error)
 	// ResolvConf is the sandbox's resolv.conf, naming its resolver on
 	// hostIP.
@@ -206,11 +209,20 @@ func (m *Manager) readyEntry(ctx context.Context, id string) (*entry, error) {
 
 // NetworkPolicy returns a running sandbox's egress policy.
 func (m *Manager) NetworkPolicy(ctx context.Context, id string) (policy.Policy, error) {
-	if _, err := m.readyEntry(ctx, id); err != nil {
+	e, err := m.readyEntry(ctx, id)
+	if err != nil {
 		return policy.Policy{}, err
 	}
 	if m.deps.Egress == nil {
 		return policy.Policy{Mode: policy.ModeNone}, nil
+	}
+	if st := e.cur.Load().state; st == StatePaused {
+		// Its services are stopped; the policy it keeps is on disk.
+		p, err := m.deps.Egress.LoadPolicy(id)
+		if errors.Is(err, errdefs.ErrNotFound) {
+			return policy.Policy{Mode: policy.ModeNone}, nil
+		}
+		return p, err
 	}
 	return m.deps.Egress.Policy(id)
 }

@@ -13,7 +13,8 @@ import (
 // still run are re-adopted, half-made or broken ones are cleaned up and
 // marked failed with a reason, and leftovers nobody owns are removed.
 func (m *Manager) reconcile(ctx context.Context) error {
-	recs, err := m.deps.Store.ListSandboxes(ctx, string(StateCreating), string(StateReady), string(StatePaused), string(StateStopping))
+	recs, err := m.deps.Store.ListSandboxes(ctx, string(StateCreating), string(StateReady), string(StatePaused), string(StateStopping),
+		string(StatePausing), string(StateResuming))
 	if err != nil {
 		return fmt.Errorf("reconcile: %w", err)
 	}
@@ -51,6 +52,7 @@ func (m *Manager) reconcile(ctx context.Context) error {
 			}
 		}
 	}
+	m.removeOrphanCheckpoints(owned)
 	if m.deps.Egress != nil {
 		eids, err := m.deps.Egress.List()
 		if err != nil {
@@ -102,8 +104,14 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		m.stopAdopted(ctx, e, "destroyed")
 		m.event(ctx, rec.ID, EventDestroyed, e.rec.Reason)
 		return false
+	case StatePaused, StatePausing, StateResuming:
+		// Paused, or on its way (pause.go): finish or undo. A pause that
+		// had not taken yet leaves a running sandbox, adopted below.
+		if live, done := m.adoptPause(ctx, e, fail); done {
+			return live
+		}
 	}
-	if !rec.Deadline.After(time.Now()) {
+	if !e.rec.Deadline.After(time.Now()) {
 		reason := "deadline reached while the daemon was down"
 		if err := m.teardown(ctx, e); err != nil {
 			return fail(reason + "; teardown: " + err.Error())
@@ -140,6 +148,11 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		if stats, err := sr.Stats(ctx, rec.ID); err == nil {
 			e.ooms.Store(stats.OOMKills)
 		}
+	}
+	// A resume that had put ready on record before the daemon stopped
+	// may have left the checkpoint it came from.
+	if err := m.removeCheckpoint(rec.ID); err != nil {
+		m.log.Warn("remove_checkpoint", "sandbox_id", rec.ID, "err", err)
 	}
 	e.publish()
 	m.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -66,7 +67,7 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	for _, c := range sandboxColumns {
+	for _, c := range slices.Concat(sandboxColumns, pauseColumns) {
 		if have[c.name] {
 			continue
 		}

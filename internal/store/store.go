@@ -119,19 +119,22 @@ func decodeMap(s string) (map[string]string, error) {
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
-		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
+		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
-		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion)
+		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion,
+		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause))
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
 	}
 	return nil
 }
 
-const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version`
+const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
+	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause`
 
 // isolationOrRunc stores an unset isolation as runc, what a record that
 // names none has always meant.
@@ -147,9 +150,10 @@ type scanner interface{ Scan(...any) error }
 func scanSandbox(r scanner) (core.Sandbox, error) {
 	var s core.Sandbox
 	var env, labels, metadata string
-	var created, deadline, ended int64
+	var created, deadline, ended, remaining, idle int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
-		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User, &s.Isolation, &s.RuntimeVersion); err != nil {
+		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User, &s.Isolation, &s.RuntimeVersion,
+		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle); err != nil {
 		return s, err
 	}
 	var err error
@@ -163,6 +167,7 @@ func scanSandbox(r scanner) (core.Sandbox, error) {
 		return s, fmt.Errorf("sandbox %s metadata: %w", s.ID, err)
 	}
 	s.CreatedAt, s.Deadline, s.EndedAt = fromNano(created), fromNano(deadline), fromNano(ended)
+	s.Remaining, s.IdlePause = time.Duration(remaining), time.Duration(idle)
 	return s, nil
 }
 

@@ -1,5 +1,5 @@
 // Control plane through the unchanged SDK: create, connect, list, getInfo,
-// setTimeout, kill, isRunning, getMetrics, keys, network, pause.
+// setTimeout, kill, isRunning, getMetrics, keys, network (pause: pause.test.mjs).
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
@@ -124,19 +124,6 @@ test('a key sees and touches only its own sandboxes', { skip: !process.env.E2B_A
   assert.equal(byOwner.status, 200)
 })
 
-test('pause and resume answer "not supported yet", never a silent success', async () => {
-  const sbx = await newSandbox()
-  await assert.rejects(sbx.pause(), (err) => {
-    assert.match(err.message, /not supported by Berth yet/)
-    return true
-  })
-  const r = await api('POST', `/sandboxes/${sbx.sandboxId}/resume`, { body: {} })
-  assert.equal(r.status, 501)
-  assert.equal(r.body.code, 501)
-  assert.equal(await sbx.isRunning(), true)
-  await assert.rejects(newSandbox({ lifecycle: { onTimeout: 'pause' } }), /autoPause .*not supported/)
-})
-
 // reach runs curl inside the sandbox and returns what it printed: the test
 // net's echo ("host=… method=… path=…") when the request got through, the
 // egress proxy's refusal or nothing when it did not.
@@ -179,7 +166,6 @@ test('unknown fields are accepted; fields Berth cannot honour are refused by nam
   assert.ok(ok.body.envdAccessToken)
   await api('DELETE', `/sandboxes/${ok.body.sandboxID}`)
   for (const [body, want] of [
-    [{ templateID: 'base', autoPause: true }, /autoPause/],
     [{ templateID: 'base', mcp: { x: {} } }, /mcp/],
     [{ templateID: 'base', secure: false }, /secure: false/],
     [{ templateID: 'base', network: { maskRequestHost: 'x' } }, /maskRequestHost/],

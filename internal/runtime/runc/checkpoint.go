@@ -98,6 +98,21 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err := r.removeCgroups(id); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
+	// A sandbox Stop released after its checkpoint gets its root
+	// filesystem back first.
+	if !r.rootfsMounted(id) {
+		slot, ok := r.slots.lookup(r.dir(id))
+		if !ok {
+			return fmt.Errorf("restore sandbox %s: no uid range recorded: %w", id, errdefs.ErrNotFound)
+		}
+		if err := r.unmountRootfs(ctx, id); err != nil {
+			return fmt.Errorf("restore sandbox %s: %w", id, err)
+		}
+		if err := r.remountRootfs(id, hostBase(slot)); err != nil {
+			_ = r.unmountRootfs(ctx, id) // err says why; the sandbox stays stopped
+			return fmt.Errorf("restore sandbox %s: %w", id, err)
+		}
+	}
 	netns, done, err := sandboxNetNS(ctx, spec)
 	if err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)

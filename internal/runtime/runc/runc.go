@@ -227,17 +227,27 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	if err := r.prepareRootfs(ctx, spec, uid, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
+	if err := r.writeLayers(id, spec.Layers); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	if err := r.run(ctx, spec, uid, &phases); err != nil {
+		return fmt.Errorf("create sandbox %s: %w", id, err)
+	}
+	r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+	return nil
+}
+
+// run starts the agent of a sandbox whose root filesystem is mounted, as
+// host uid uid: Create's last step, and Start's.
+func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, phases *phaseTimer) error {
+	id := spec.ID
 	sp := r.ociSpec(spec, r.rootfs(id), uid)
 	if r.cfg.GVisor != nil {
-		if err := r.createGVisor(ctx, spec, sp, &phases); err != nil {
-			return fmt.Errorf("create sandbox %s: %w", id, err)
-		}
-		r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
-		return nil
+		return r.createGVisor(ctx, spec, sp, phases)
 	}
 	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
 	if err != nil {
-		return fmt.Errorf("create sandbox %s: %w", id, err)
+		return err
 	}
 	// Once runc has made the sandbox's init, the namespace lives in it.
 	defer ns.close()
@@ -246,14 +256,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	rl := takeRlimits(sp)
 	phases.mark("userns")
 	if err := r.writeConfig(id, sp); err != nil {
-		return fmt.Errorf("create sandbox %s: %w", id, err)
+		return err
 	}
 	phases.mark("config")
-	if err := r.runcRun(ctx, spec, netns, rl, &phases); err != nil {
-		return fmt.Errorf("create sandbox %s: %w", id, err)
-	}
-	r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
-	return nil
+	return r.runcRun(ctx, spec, netns, rl, phases)
 }
 
 // phaseTimer collects how long each step of Create took, for the debug log.

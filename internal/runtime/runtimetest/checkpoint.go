@@ -29,8 +29,20 @@ type Checkpointer interface {
 // unchanged, in a network namespace the sandbox has never been in. A
 // backend that cannot checkpoint says so with ErrNotImplemented and leaves
 // the sandbox running.
-func testCheckpointRestore(t *testing.T, h Harness) {
+func testCheckpointRestore(t *testing.T, h Harness) { checkpointRestore(t, h, false) }
+
+// testCheckpointStopRestore: as CheckpointRestore, with the checkpointed
+// sandbox stopped (Stopper) in between, as a paused sandbox is kept: it
+// then holds nothing but its disk, and Restore brings its root filesystem
+// back.
+func testCheckpointStopRestore(t *testing.T, h Harness) { checkpointRestore(t, h, true) }
+
+func checkpointRestore(t *testing.T, h Harness, stop bool) {
 	inst := h.New(t)
+	stopper, canStop := inst.Backend.(Stopper)
+	if stop && (!canStop || !inst.Checkpoints) {
+		t.Skip("backend cannot checkpoint and stop")
+	}
 	cp, ok := inst.Backend.(Checkpointer)
 	if !ok {
 		t.Skip("backend has no Checkpoint/Restore")
@@ -83,6 +95,14 @@ func testCheckpointRestore(t *testing.T, h Harness) {
 	at := readCounter(ctx, inst, id)
 	if at.token != "" {
 		t.Errorf("counter readable in a checkpointed sandbox: %+v", at)
+	}
+	if stop {
+		if err := stopper.Stop(ctx, id); err != nil {
+			t.Fatalf("Stop after Checkpoint = %v", err)
+		}
+		for _, l := range StoppedSandboxLeaks(inst.Footprint, id) {
+			t.Errorf("checkpointed and stopped sandbox holds %s", l)
+		}
 	}
 	restored := spec
 	restored.NetNSPath = testNetNS(t, id+"b")

@@ -152,3 +152,18 @@ func processesInCgroup(cg string) []string {
 	}
 	return out
 }
+
+// StoppedSandboxLeaks lists what is left of a stopped sandbox id (see
+// Stopper) beyond what it may keep: its state directory (the disk image
+// with its writable layer) and its uid range claim. A mount, a loop device,
+// runc state, a cgroup or a process is a leak.
+func StoppedSandboxLeaks(fp Footprint, id string) []string {
+	var out []string
+	for _, l := range Leaks(fp, id) {
+		if strings.HasPrefix(l, "state dir ") || strings.HasPrefix(l, "uid range claim ") {
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}

@@ -108,6 +108,8 @@ func Run(t *testing.T, h Harness) {
 		{"DistinctUIDs", testDistinctUIDs},
 		{"DestroyForkBomb", testDestroyForkBomb},
 		{"CheckpointRestore", testCheckpointRestore},
+		{"StopStart", testStopStart},
+		{"CheckpointStopRestore", testCheckpointStopRestore},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })

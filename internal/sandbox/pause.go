@@ -1,0 +1,519 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// Pause and resume.
+//
+// A pause keeps what the sandbox's runtime can keep, and the record says
+// which (core.Sandbox.Pause): with a Checkpointer that can (gVisor), every
+// process and its memory (PauseMemory); otherwise, with a Stopper (runc),
+// the writable layer: processes end and resume starts the agent again
+// (PauseFilesystem). Either way the environment, labels, token, egress
+// policy and CA, and the deadline's remaining time are kept, and the
+// sandbox's CPU, memory, cgroup, mounts, network attachment and egress
+// services are released. What a paused sandbox holds on the host: its
+// runtime state dir (disk image, uid range claim), its egress state dir
+// (policy, CA) and, for a memory pause, its checkpoint under
+// Config.CheckpointDir.
+//
+// Both directions are written to the store before they start (pausing,
+// resuming), so a daemon killed half way finds the sandbox's intent at
+// restart and finishes or reverts it (adoptPausing, adoptResuming): the
+// sandbox ends paused, running or failed with a reason. A checkpoint is
+// written to a temporary directory and renamed into place once complete;
+// only a renamed one is ever restored.
+
+// Lifecycle events of pause and resume.
+const (
+	EventPaused  = "paused"
+	EventResumed = "resumed"
+)
+
+// Stopper is the optional ability to end a sandbox's processes keeping
+// its disk (its writable layer), and to start its agent again on it.
+// Stop releases everything else the runtime holds for it (container,
+// cgroups, mounts) and is idempotent; Start wants the spec Create got.
+type Stopper interface {
+	Stop(ctx context.Context, id string) error
+	Start(ctx context.Context, spec runtime.Spec) error
+}
+
+// reattacher is the Network's optional ability to attach a sandbox at
+// the address it had (hostnet.Network.AttachToAt), when that is free.
+type reattacher interface {
+	AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error)
+}
+
+// checkpointDir is where a memory pause keeps sandbox id's checkpoint.
+func (m *Manager) checkpointDir(id string) string { return filepath.Join(m.cfg.CheckpointDir, id) }
+
+// partialDir is where a checkpoint is written before it is complete.
+func (m *Manager) partialDir(id string) string { return m.checkpointDir(id) + ".partial" }
+
+// removeCheckpoint deletes a sandbox's checkpoint, complete or not.
+func (m *Manager) removeCheckpoint(id string) error {
+	if m.cfg.CheckpointDir == "" {
+		return nil
+	}
+	return errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id)))
+}
+
+// hasCheckpoint reports whether a complete checkpoint of id exists.
+func (m *Manager) hasCheckpoint(id string) bool {
+	if m.cfg.CheckpointDir == "" {
+		return false
+	}
+	fi, err := os.Stat(m.checkpointDir(id))
+	return err == nil && fi.IsDir()
+}
+
+// liveEntry returns a live sandbox's entry, or why there is none.
+func (m *Manager) liveEntry(ctx context.Context, id string) (*entry, error) {
+	e, ok := m.lookup(id)
+	if !ok {
+		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	return e, nil
+}
+
+// Pause pauses a ready sandbox (see above). Pausing a paused one changes
+// nothing.
+func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
+	e, err := m.liveEntry(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if err := e.lock(ctx); err != nil {
+		return Sandbox{}, err
+	}
+	defer e.unlock()
+	if e.closed {
+		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	switch e.state() {
+	case StatePaused:
+		return Sandbox{Sandbox: e.rec}, nil
+	case StateReady:
+	default:
+		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.state(), errdefs.ErrFailedPrecondition)
+	}
+	remaining := max(time.Until(e.rec.Deadline), 0)
+	if err := m.pause(ctx, e, remaining, "paused"); err != nil {
+		return Sandbox{Sandbox: e.rec}, err
+	}
+	return Sandbox{Sandbox: e.rec}, nil
+}
+
+// pause moves a ready sandbox to paused; the caller holds its op lock.
+// remaining is what its deadline keeps. On an error the sandbox is ready
+// again (nothing was lost) or failed with the reason (it could not be
+// kept).
+func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, why string) error {
+	ctx = context.WithoutCancel(ctx)
+	id := e.id
+	rt := m.runtimeOf(e.rec)
+	stopper, canStop := rt.(Stopper)
+	cp, canCheckpoint := rt.(Checkpointer)
+	canCheckpoint = canCheckpoint && m.cfg.CheckpointDir != ""
+	if !canStop && !canCheckpoint {
+		return fmt.Errorf("pause sandbox %s: its runtime cannot stop or checkpoint a sandbox: %w", id, errdefs.ErrNotImplemented)
+	}
+	start := time.Now()
+	e.stopTimer()
+	deadline := e.rec.Deadline
+	if err := e.moveTo(StatePausing); err != nil {
+		m.arm(e)
+		return err
+	}
+	e.rec.Remaining = remaining
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		e.rec.State, e.rec.Remaining = string(StateReady), 0
+		m.arm(e)
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	e.publish()
+	// back returns the sandbox to ready when the pause failed before
+	// anything was lost.
+	back := func(err error) error {
+		if merr := e.moveTo(StateReady); merr != nil {
+			return errors.Join(err, merr)
+		}
+		e.rec.Remaining, e.rec.Deadline = 0, deadline
+		if perr := m.deps.Store.PutSandbox(ctx, e.rec); perr != nil {
+			m.log.Error("persist_pause_rollback", "sandbox_id", id, "err", perr)
+		}
+		e.publish()
+		m.arm(e)
+		return fmt.Errorf("pause sandbox %s: %w", id, err)
+	}
+	kind, note := "", ""
+	if canCheckpoint {
+		err := m.checkpoint(ctx, cp, id)
+		switch {
+		case err == nil:
+			kind = core.PauseMemory
+		case errors.Is(err, errdefs.ErrNotImplemented):
+			// This runtime keeps files only.
+		default:
+			if st, ierr := rt.Inspect(ctx, id); ierr == nil && st.Status == runtime.StatusRunning {
+				return back(err)
+			}
+			// The checkpoint failed and took the processes with it:
+			// what is left to keep is the disk.
+			note = "; checkpoint failed, processes lost: " + err.Error()
+			m.log.Warn("checkpoint_failed", "sandbox_id", id, "err", err)
+		}
+	}
+	if kind == "" && !canStop {
+		return back(fmt.Errorf("its runtime cannot checkpoint it and has no filesystem pause: %w", errdefs.ErrNotImplemented))
+	}
+	if canStop {
+		if err := stopper.Stop(ctx, id); err != nil {
+			return m.failLive(ctx, e, "pause failed: stop: "+err.Error())
+		}
+	}
+	if kind == "" {
+		kind = core.PauseFilesystem
+	}
+	if err := m.release(ctx, id); err != nil {
+		return m.failLive(ctx, e, "pause failed: "+err.Error())
+	}
+	return m.finishPause(ctx, e, kind, why+" ("+kind+")"+note, start)
+}
+
+// pauseAtDeadline pauses a sandbox whose deadline passed and that asked
+// for a pause then; false when the pause failed and left it running, for
+// the caller to destroy it as at any deadline.
+func (m *Manager) pauseAtDeadline(e *entry) bool {
+	if err := e.lock(m.life); err != nil {
+		return true // the daemon is closing: the next start sees the deadline
+	}
+	defer e.unlock()
+	if e.closed || e.state() != StateReady {
+		return true // destroyed or paused meanwhile
+	}
+	m.event(m.life, e.id, EventDeadline, "deadline reached: pausing")
+	err := m.pause(m.life, e, 0, "paused at its deadline")
+	if err != nil && !e.closed {
+		m.log.Warn("pause_at_deadline", "sandbox_id", e.id, "err", err)
+		return false
+	}
+	return true
+}
+
+// checkpoint saves sandbox id's running state into its checkpoint dir:
+// written under a temporary name and renamed once complete.
+func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id string) error {
+	if err := m.removeCheckpoint(id); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
+		return err
+	}
+	tmp := m.partialDir(id)
+	if err := cp.Checkpoint(ctx, id, tmp); err != nil {
+		_ = os.RemoveAll(tmp) // never restored; err says why
+		return err
+	}
+	if err := os.Rename(tmp, m.checkpointDir(id)); err != nil {
+		return fmt.Errorf("checkpoint of %s: %w", id, err)
+	}
+	return syncDir(m.cfg.CheckpointDir)
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// release drops a stopped sandbox's network attachment and egress
+// services; its egress state (policy, CA) stays for resume.
+func (m *Manager) release(ctx context.Context, id string) error {
+	var errs []error
+	if err := m.deps.Network.Detach(ctx, id); err != nil {
+		errs = append(errs, fmt.Errorf("network: %w", err))
+	}
+	if m.deps.Egress != nil {
+		m.deps.Egress.Stop(id)
+	}
+	return errors.Join(errs...)
+}
+
+// finishPause records a sandbox whose runtime and network are released
+// as paused.
+func (m *Manager) finishPause(ctx context.Context, e *entry, kind, msg string, start time.Time) error {
+	if e.att.SandboxIP.IsValid() {
+		e.lastIP = e.att.SandboxIP
+	}
+	e.att = Attachment{}
+	e.rec.Pause = kind
+	e.rec.Deadline = time.Time{}
+	if err := e.moveTo(StatePaused); err != nil {
+		return err
+	}
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_paused_state", "sandbox_id", e.id, "err", err)
+	}
+	e.publish()
+	m.event(ctx, e.id, EventPaused, msg)
+	m.log.Info("sandbox_paused", "sandbox_id", e.id, "pause", kind, "elapsed_ms", time.Since(start).Milliseconds())
+	return nil
+}
+
+// failLive ends a live sandbox that could not be kept: everything it has
+// on the host is removed and it is recorded failed with reason. The
+// caller holds its op lock. The returned error carries the reason.
+func (m *Manager) failLive(ctx context.Context, e *entry, reason string) error {
+	if err := m.teardown(ctx, e); err != nil {
+		reason += "; teardown: " + err.Error()
+	}
+	e.closed = true
+	if err := e.moveTo(StateFailed); err != nil {
+		m.log.Error("fail_sandbox", "sandbox_id", e.id, "err", err)
+		e.rec.State = string(StateFailed)
+	}
+	e.rec.Reason = reason
+	e.rec.EndedAt = time.Now().UTC()
+	e.publish()
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_failed_state", "sandbox_id", e.id, "err", err)
+	}
+	m.event(ctx, e.id, EventFailed, reason)
+	m.forget(e.id)
+	return fmt.Errorf("sandbox %s failed: %s: %w", e.id, reason, errdefs.ErrUnavailable)
+}
+
+// Resume brings a paused sandbox back and returns once its agent answers.
+// timeout, when positive, sets its deadline from now; otherwise it gets
+// the time it had left when paused (the default timeout if none). Resuming
+// a ready sandbox changes nothing.
+func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) (Sandbox, error) {
+	if timeout != 0 && (timeout < time.Second || timeout > m.cfg.MaxTimeout) {
+		return Sandbox{}, &FieldError{Field: "timeout", Err: fmt.Errorf("timeout %s is out of range [1s, %s]: %w", timeout, m.cfg.MaxTimeout, errdefs.ErrInvalidArgument)}
+	}
+	e, err := m.liveEntry(ctx, id)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	if err := e.lock(ctx); err != nil {
+		return Sandbox{}, err
+	}
+	defer e.unlock()
+	if e.closed {
+		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	switch e.state() {
+	case StateReady:
+		return Sandbox{Sandbox: e.rec}, nil
+	case StatePaused:
+	default:
+		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.state(), errdefs.ErrFailedPrecondition)
+	}
+	if err := m.resume(ctx, e, timeout, "resumed"); err != nil {
+		return Sandbox{Sandbox: e.rec}, err
+	}
+	return Sandbox{Sandbox: e.rec}, nil
+}
+
+// resume brings a paused sandbox back; the caller holds its op lock. On
+// an error it is paused again, with what it kept, or failed when even
+// that could not be kept.
+func (m *Manager) resume(ctx context.Context, e *entry, timeout time.Duration, why string) error {
+	ctx = context.WithoutCancel(ctx)
+	id := e.id
+	start := time.Now()
+	rt := m.runtimeOf(e.rec)
+	if err := e.moveTo(StateResuming); err != nil {
+		return err
+	}
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		e.rec.State = string(StatePaused)
+		return fmt.Errorf("resume sandbox %s: %w", id, err)
+	}
+	e.publish()
+	var undoErr error
+	if err := m.bringBack(ctx, e, rt, &undoErr); err != nil {
+		err = fmt.Errorf("resume sandbox %s: %w", id, err)
+		if undoErr != nil {
+			return errors.Join(err, m.failLive(ctx, e, "resume failed and could not be undone: "+err.Error()+"; undo: "+undoErr.Error()))
+		}
+		return m.backToPaused(ctx, e, err)
+	}
+	d := timeout
+	if d <= 0 {
+		d = e.rec.Remaining
+	}
+	if d < time.Second {
+		d = m.cfg.DefaultTimeout
+	}
+	m.finishResume(ctx, e, d, why, start)
+	return nil
+}
+
+// bringBack starts a paused sandbox's runtime, network and egress
+// services and waits for its agent; on an error it has undone its part,
+// and says in *undoErr if that failed.
+func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *error) (err error) {
+	id := e.id
+	var u undo
+	defer func() {
+		if err != nil {
+			*undoErr = u.unwind(ctx)
+			e.att = Attachment{}
+		}
+	}()
+	tpl, err := m.deps.Templates.Get(ctx, e.rec.Template)
+	if err != nil {
+		return fmt.Errorf("template %s: %w", e.rec.Template, err)
+	}
+	// As provision makes it; a runtime that keeps the sandbox's disk uses
+	// the layers the sandbox was created with.
+	spec := runtime.Spec{
+		ID:          id,
+		Layers:      tpl.Layers,
+		DiskBytes:   e.rec.DiskBytes,
+		CPUMillis:   e.rec.CPUMillis,
+		MemoryBytes: e.rec.MemoryBytes,
+		PidsLimit:   e.rec.PidsLimit,
+		Hostname:    "berth-" + id[:12],
+		AgentPath:   m.cfg.AgentPath,
+		AgentArgs:   agentArgs(e.rec),
+		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		BeforeStart: func(bctx context.Context, pid int) error {
+			u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
+			nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+			var att Attachment
+			var err error
+			if ra, ok := m.deps.Network.(reattacher); ok && e.lastIP.IsValid() {
+				// The same address again, if nobody took it meanwhile.
+				att, err = ra.AttachToAt(bctx, id, nsPath, e.lastIP)
+			} else {
+				att, err = m.deps.Network.AttachTo(bctx, id, nsPath)
+			}
+			if err != nil {
+				return fmt.Errorf("network: %w", err)
+			}
+			e.att = att
+			return nil
+		},
+	}
+	switch e.rec.Pause {
+	case core.PauseMemory:
+		cp, ok := rt.(Checkpointer)
+		if !ok || !m.hasCheckpoint(id) {
+			return fmt.Errorf("no checkpoint to restore: %w", errdefs.ErrFailedPrecondition)
+		}
+		u.push("runtime", func(ctx context.Context) error { return m.stopRuntime(ctx, rt, id) })
+		if err := cp.Restore(ctx, spec, m.checkpointDir(id)); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+	default:
+		st, ok := rt.(Stopper)
+		if !ok {
+			return fmt.Errorf("runtime cannot start a stopped sandbox: %w", errdefs.ErrNotImplemented)
+		}
+		u.push("runtime", func(ctx context.Context) error { return st.Stop(ctx, id) })
+		if err := st.Start(ctx, spec); err != nil {
+			return fmt.Errorf("start: %w", err)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
+	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("agent did not become ready: %w", err)
+	}
+	if m.deps.Egress != nil {
+		u.push("egress", func(context.Context) error { m.deps.Egress.Stop(id); return nil })
+	}
+	if err := m.restartEgress(ctx, e); err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	return nil
+}
+
+// restartEgress starts a resumed sandbox's resolver and proxy with its
+// kept policy and CA, on its (new) attachment, and writes its resolver
+// and CA into it again (its gateway may have changed).
+func (m *Manager) restartEgress(ctx context.Context, e *entry) error {
+	if m.deps.Egress == nil {
+		return nil
+	}
+	p, err := m.deps.Egress.LoadPolicy(e.id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		p = policy.Policy{Mode: policy.ModeNone}
+	} else if err != nil {
+		return err
+	}
+	return m.startEgress(ctx, e, p, true)
+}
+
+// stopRuntime stops a restored sandbox that did not come back whole,
+// keeping its disk where the runtime can.
+func (m *Manager) stopRuntime(ctx context.Context, rt Runtime, id string) error {
+	if st, ok := rt.(Stopper); ok {
+		return st.Stop(ctx, id)
+	}
+	return nil
+}
+
+// backToPaused records a resume that failed and was undone: the sandbox
+// is paused as before.
+func (m *Manager) backToPaused(ctx context.Context, e *entry, err error) error {
+	e.att = Attachment{}
+	if merr := e.moveTo(StatePaused); merr != nil {
+		return errors.Join(err, merr)
+	}
+	if perr := m.deps.Store.PutSandbox(ctx, e.rec); perr != nil {
+		m.log.Error("persist_paused_state", "sandbox_id", e.id, "err", perr)
+	}
+	e.publish()
+	m.log.Warn("resume_failed", "sandbox_id", e.id, "err", err)
+	return err
+}
+
+// finishResume records a sandbox that answers again as ready with
+// deadline now+d, and drops its checkpoint.
+func (m *Manager) finishResume(ctx context.Context, e *entry, d time.Duration, why string, start time.Time) {
+	if err := e.moveTo(StateReady); err != nil {
+		m.log.Error("resume", "sandbox_id", e.id, "err", err)
+		e.rec.State = string(StateReady)
+	}
+	kind := e.rec.Pause
+	e.rec.Pause, e.rec.Remaining = "", 0
+	e.rec.Deadline = time.Now().UTC().Add(d)
+	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+		m.log.Error("persist_resumed_state", "sandbox_id", e.id, "err", err)
+	}
+	e.publish()
+	m.arm(e)
+	// Only once ready is on record: a restart before this still finds
+	// the checkpoint, and removes it when it adopts the ready sandbox.
+	if err := m.removeCheckpoint(e.id); err != nil {
+		m.log.Warn("remove_checkpoint", "sandbox_id", e.id, "err", err)
+	}
+	m.event(ctx, e.id, EventResumed, fmt.Sprintf("%s (%s); deadline %s", why, kind, e.rec.Deadline.Format(time.RFC3339)))
+	m.log.Info("sandbox_resumed", "sandbox_id", e.id, "pause", kind, "elapsed_ms", time.Since(start).Milliseconds())
+}

@@ -1,0 +1,709 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// stopRuntime is fakeRuntime with a filesystem pause (runc's Stop and
+// Start): a stopped sandbox keeps its disk (its entry, status stopped).
+type stopRuntime struct {
+	*fakeRuntime
+	mu     sync.Mutex
+	starts int
+}
+
+func (r *stopRuntime) Stop(ctx context.Context, id string) error {
+	r.fakeRuntime.mu.Lock()
+	defer r.fakeRuntime.mu.Unlock()
+	if _, ok := r.running[id]; !ok {
+		return errdefs.ErrNotFound
+	}
+	r.running[id] = runtime.StatusStopped
+	return nil
+}
+
+func (r *stopRuntime) Start(ctx context.Context, spec runtime.Spec) error {
+	r.fakeRuntime.mu.Lock()
+	st, ok := r.running[spec.ID]
+	r.fakeRuntime.mu.Unlock()
+	if !ok || st != runtime.StatusStopped {
+		return errdefs.ErrFailedPrecondition
+	}
+	if err := spec.BeforeStart(ctx, 4242); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.starts++
+	r.mu.Unlock()
+	r.fakeRuntime.mu.Lock()
+	r.running[spec.ID] = runtime.StatusRunning
+	r.fakeRuntime.mu.Unlock()
+	return nil
+}
+
+// cpRuntime adds checkpoints to stopRuntime. checkpointErr, when set,
+// fails Checkpoint (after stopping the sandbox when lose is set); a nil
+// one writes an image file, as runsc does.
+type cpRuntime struct {
+	*stopRuntime
+	checkpointErr error
+	lose          bool
+	restores      int
+}
+
+func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
+	if r.checkpointErr != nil {
+		if r.lose {
+			_ = r.Stop(ctx, id)
+		}
+		return r.checkpointErr
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("memory"), 0o600); err != nil {
+		return err
+	}
+	return r.Stop(ctx, id)
+}
+
+func (r *cpRuntime) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
+		return errdefs.ErrNotFound
+	}
+	if err := spec.BeforeStart(ctx, 4242); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.restores++
+	r.mu.Unlock()
+	r.fakeRuntime.mu.Lock()
+	r.running[spec.ID] = runtime.StatusRunning
+	r.fakeRuntime.mu.Unlock()
+	return nil
+}
+
+// pauseFixture is a lifeFixture whose Manager keeps checkpoints in a
+// directory of its own, and can be restarted over the same fakes.
+type pauseFixture struct {
+	*lifeFixture
+	deps Deps
+	cfg  Config
+}
+
+func newPauseFixture(t *testing.T, rt Runtime) *pauseFixture {
+	t.Helper()
+	f := &pauseFixture{lifeFixture: &lifeFixture{
+		rt:  fakeOf(rt),
+		net: &fakeNet{ids: map[string]bool{}},
+		st:  newMemStore(),
+		eg:  &fakeEgress{ids: map[string]policy.Policy{}},
+		fs:  &fakeFiles{files: map[string]string{}},
+	}}
+	f.deps = Deps{Runtime: rt, Network: f.net, Templates: fakeTemplates{}, Store: f.st, Prober: fakeProber{}, Egress: f.eg, Files: f.fs}
+	f.cfg = Config{
+		AgentPath: "/agent", DefaultTemplate: "minimal",
+		Defaults:      Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+		Max:           Limits{CPUMillis: 4000, MemoryBytes: 4 << 30, DiskBytes: 8 << 30, PidsLimit: 1000},
+		CheckpointDir: filepath.Join(t.TempDir(), "checkpoints"),
+		Logger:        slog.New(slog.DiscardHandler),
+	}
+	f.start(t)
+	return f
+}
+
+func fakeOf(rt Runtime) *fakeRuntime {
+	switch r := rt.(type) {
+	case *cpRuntime:
+		return r.fakeRuntime
+	case *stopRuntime:
+		return r.fakeRuntime
+	}
+	panic("unknown fake runtime")
+}
+
+func (f *pauseFixture) start(t *testing.T) {
+	t.Helper()
+	m, err := New(f.cfg, f.deps)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	f.m = m
+}
+
+// restart is a daemon restart: the old Manager stops (its sandboxes stay
+// as they are), a new one reconciles.
+func (f *pauseFixture) restart(t *testing.T) {
+	t.Helper()
+	f.m.Close()
+	f.start(t)
+}
+
+func (f *pauseFixture) status(id string) runtime.Status {
+	f.rt.mu.Lock()
+	defer f.rt.mu.Unlock()
+	return f.rt.running[id]
+}
+
+func (f *pauseFixture) attached(id string) bool {
+	f.net.mu.Lock()
+	defer f.net.mu.Unlock()
+	return f.net.ids[id]
+}
+
+func (f *pauseFixture) egressKept(id string) bool {
+	f.eg.mu.Lock()
+	defer f.eg.mu.Unlock()
+	_, ok := f.eg.ids[id]
+	return ok
+}
+
+func newCPRuntime() *cpRuntime {
+	return &cpRuntime{stopRuntime: &stopRuntime{fakeRuntime: &fakeRuntime{running: map[string]runtime.Status{}}}}
+}
+
+// TestPauseMemory: with a runtime that checkpoints, a pause keeps memory
+// (a complete checkpoint, nothing partial), releases the runtime and the
+// network, keeps the egress state, and stops the clock: an hour paused
+// costs the deadline nothing, and resume restores and re-arms it with the
+// time that was left.
+func TestPauseMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newCPRuntime()
+		f := newPauseFixture(t, rt)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute, Network: &policy.Policy{Mode: policy.ModeOpen}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(4 * time.Minute)
+		got, err := f.m.Pause(ctx, sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if State(got.State) != StatePaused || got.Pause != core.PauseMemory || !got.Deadline.IsZero() || got.Remaining != 6*time.Minute {
+			t.Fatalf("Pause = %+v; want paused, memory, no deadline, 6m remaining", got.Sandbox)
+		}
+		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID, "checkpoint.img")); err != nil {
+			t.Errorf("checkpoint: %v", err)
+		}
+		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+".partial")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("partial checkpoint left: %v", err)
+		}
+		if f.status(sb.ID) != runtime.StatusStopped || f.attached(sb.ID) || !f.egressKept(sb.ID) {
+			t.Errorf("paused: runtime %s, attached %v, egress kept %v; want stopped, detached, kept", f.status(sb.ID), f.attached(sb.ID), f.egressKept(sb.ID))
+		}
+		if rec, _ := f.st.GetSandbox(ctx, sb.ID); State(rec.State) != StatePaused || rec.Pause != core.PauseMemory {
+			t.Errorf("stored %+v, want paused memory", rec)
+		}
+		if _, _, err := f.m.Agent(ctx, sb.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("Agent of a paused sandbox = %v, want failed precondition", err)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StatePaused {
+			t.Fatalf("an hour paused: %s, want paused", got.State)
+		}
+		got, err = f.m.Resume(ctx, sb.ID, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := time.Now().UTC().Add(6 * time.Minute); State(got.State) != StateReady || !got.Deadline.Equal(want) || got.Pause != "" || got.Remaining != 0 {
+			t.Errorf("Resume = %+v; want ready, deadline %s", got.Sandbox, want)
+		}
+		if rt.restores != 1 || rt.starts != 0 {
+			t.Errorf("restores %d, starts %d; want 1 restore", rt.restores, rt.starts)
+		}
+		if !f.attached(sb.ID) || f.status(sb.ID) != runtime.StatusRunning {
+			t.Errorf("resumed: attached %v, runtime %s", f.attached(sb.ID), f.status(sb.ID))
+		}
+		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("checkpoint kept after resume: %v", err)
+		}
+		if _, _, err := f.m.Agent(ctx, sb.ID); err != nil {
+			t.Errorf("Agent after resume = %v", err)
+		}
+		time.Sleep(6*time.Minute - time.Second)
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateReady {
+			t.Fatalf("a second before the deadline: %s, want ready", got.State)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateStopped {
+			t.Errorf("past the deadline: %s, want stopped", got.State)
+		}
+		if got, want := f.st.types(sb.ID), []string{EventCreated, EventReady, EventPaused, EventResumed, EventDeadline, EventDestroyed}; !slices.Equal(got, want) {
+			t.Errorf("events = %v, want %v", got, want)
+		}
+		f.assertNothingLeft(t)
+	})
+}
+
+// TestPauseFilesystem: a runtime whose Checkpoint is not implemented
+// (runc) pauses by stopping, and resumes by starting the agent again.
+// A paused sandbox is destroyed without a trace.
+func TestPauseFilesystem(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newCPRuntime()
+		rt.checkpointErr = errdefs.ErrNotImplemented
+		f := newPauseFixture(t, rt)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := f.m.Pause(ctx, sb.ID)
+		if err != nil || got.Pause != core.PauseFilesystem || f.status(sb.ID) != runtime.StatusStopped {
+			t.Fatalf("Pause = %+v, %v; runtime %s; want filesystem, stopped", got.Sandbox, err, f.status(sb.ID))
+		}
+		if again, err := f.m.Pause(ctx, sb.ID); err != nil || State(again.State) != StatePaused {
+			t.Errorf("second Pause = %+v, %v; want paused, no error", again.Sandbox, err)
+		}
+		if _, err := f.m.Resume(ctx, sb.ID, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if rt.starts != 1 || rt.restores != 0 {
+			t.Errorf("starts %d, restores %d; want 1 start", rt.starts, rt.restores)
+		}
+		if got, _ := f.m.Get(ctx, sb.ID); !got.Deadline.Equal(time.Now().UTC().Add(30 * time.Second)) {
+			t.Errorf("deadline after Resume(30s) = %s", got.Deadline)
+		}
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateStopped {
+			t.Errorf("destroyed paused sandbox is %s", got.State)
+		}
+		f.assertNothingLeft(t)
+	})
+}
+
+// TestPauseCheckpointFails: a checkpoint that fails with the sandbox
+// still running leaves it ready, with its deadline still armed; one that
+// took the processes with it falls back to what the disk keeps, and says
+// so.
+func TestPauseCheckpointFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newCPRuntime()
+		rt.checkpointErr = errors.New("checkpoint exploded")
+		f := newPauseFixture(t, rt)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Pause(ctx, sb.ID); err == nil {
+			t.Fatal("Pause with a failing checkpoint succeeded")
+		}
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateReady || got.Remaining != 0 {
+			t.Fatalf("after a failed pause: %+v; want ready", got.Sandbox)
+		}
+		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+".partial")); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("partial checkpoint left: %v", err)
+		}
+		rt.lose = true
+		got, err := f.m.Pause(ctx, sb.ID)
+		if err != nil || got.Pause != core.PauseFilesystem {
+			t.Fatalf("Pause losing processes = %+v, %v; want a filesystem pause", got.Sandbox, err)
+		}
+		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute + time.Second)
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateStopped {
+			t.Errorf("past the deadline: %s, want stopped", got.State)
+		}
+		f.assertNothingLeft(t)
+	})
+}
+
+// TestOnTimeoutPauseAndAutoResume: a sandbox asking for it is paused at
+// its deadline instead of destroyed, and with auto-resume the next data
+// plane request (Agent) resumes it, with the default timeout since no
+// time was left.
+func TestOnTimeoutPauseAndAutoResume(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newPauseFixture(t, newCPRuntime())
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute, OnTimeout: core.OnTimeoutPause, AutoResume: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Minute + time.Second)
+		synctest.Wait()
+		got, _ := f.m.Get(ctx, sb.ID)
+		if State(got.State) != StatePaused || got.Pause != core.PauseMemory {
+			t.Fatalf("past the deadline: %+v; want paused", got.Sandbox)
+		}
+		if _, _, err := f.m.Agent(ctx, sb.ID); err != nil {
+			t.Fatalf("Agent of an auto-resume sandbox = %v", err)
+		}
+		got, _ = f.m.Get(ctx, sb.ID)
+		if want := time.Now().UTC().Add(f.m.cfg.DefaultTimeout); State(got.State) != StateReady || !got.Deadline.Equal(want) {
+			t.Errorf("after Agent: %+v; want ready, deadline %s", got.Sandbox, want)
+		}
+		if got, want := f.st.types(sb.ID), []string{EventCreated, EventReady, EventDeadline, EventPaused, EventResumed}; !slices.Equal(got, want) {
+			t.Errorf("events = %v, want %v", got, want)
+		}
+		if _, err := f.m.Create(ctx, CreateRequest{OnTimeout: "hibernate"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Create(on_timeout hibernate) = %v, want invalid argument", err)
+		}
+	})
+}
+
+// TestSetTimeoutWhilePaused: a paused sandbox's timeout sets what it
+// will have once resumed.
+func TestSetTimeoutWhilePaused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newPauseFixture(t, newCPRuntime())
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := f.m.SetTimeout(ctx, sb.ID, time.Hour); err != nil || got.Remaining != time.Hour || !got.Deadline.IsZero() {
+			t.Fatalf("SetTimeout while paused = %+v, %v", got.Sandbox, err)
+		}
+		got, err := f.m.Resume(ctx, sb.ID, 0)
+		if err != nil || !got.Deadline.Equal(time.Now().UTC().Add(time.Hour)) {
+			t.Errorf("Resume = %+v, %v; want deadline in an hour", got.Sandbox, err)
+		}
+	})
+}
+
+// TestAdoptPauseStates: a daemon killed at any point of a pause or a
+// resume finds, at its next start, a sandbox that is paused or running,
+// never half of each; a partial checkpoint is never used.
+func TestAdoptPauseStates(t *testing.T) {
+	cases := []struct {
+		name string
+		// crash turns a ready sandbox into what a kill left.
+		crash     func(t *testing.T, f *pauseFixture, id string)
+		wantState State
+		wantPause string
+	}{
+		{"pausing before the checkpoint", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id+".partial")
+		}, StateReady, ""},
+		{"pausing with the checkpoint complete", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id)
+			f.rt.running[id] = runtime.StatusStopped
+		}, StatePaused, core.PauseMemory},
+		{"pausing with a partial checkpoint, processes gone", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id+".partial")
+			f.rt.running[id] = runtime.StatusStopped
+		}, StatePaused, core.PauseFilesystem},
+		{"resuming before the runtime ran", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StateResuming, core.PauseMemory)
+			writeCheckpoint(t, f, id)
+			f.rt.running[id] = runtime.StatusStopped
+			delete(f.net.ids, id)
+		}, StatePaused, core.PauseMemory},
+		{"resuming with the runtime running", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StateResuming, core.PauseMemory)
+			writeCheckpoint(t, f, id)
+		}, StateReady, ""},
+		{"paused", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePaused, core.PauseFilesystem)
+			f.rt.running[id] = runtime.StatusStopped
+			delete(f.net.ids, id)
+		}, StatePaused, core.PauseFilesystem},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newPauseFixture(t, newCPRuntime())
+				ctx := t.Context()
+				sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				f.m.Close()
+				f.rt.mu.Lock()
+				c.crash(t, f, sb.ID)
+				f.rt.mu.Unlock()
+				f.restart(t)
+				got, err := f.m.Get(ctx, sb.ID)
+				if err != nil || State(got.State) != c.wantState || got.Pause != c.wantPause {
+					t.Fatalf("after restart: %+v, %v; want %s %q", got.Sandbox, err, c.wantState, c.wantPause)
+				}
+				if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+".partial")); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("partial checkpoint left: %v", err)
+				}
+				_, ckErr := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID))
+				switch State(got.State) {
+				case StatePaused:
+					if f.status(sb.ID) != runtime.StatusStopped || f.attached(sb.ID) {
+						t.Errorf("paused after restart: runtime %s, attached %v", f.status(sb.ID), f.attached(sb.ID))
+					}
+					if (got.Pause == core.PauseMemory) != (ckErr == nil) {
+						t.Errorf("pause %s with checkpoint stat %v", got.Pause, ckErr)
+					}
+					if got.Remaining <= 0 || !got.Deadline.IsZero() {
+						t.Errorf("paused record %+v: want time remaining and no deadline", got.Sandbox)
+					}
+					// And it resumes.
+					if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+						t.Fatalf("Resume after restart = %v", err)
+					}
+				case StateReady:
+					if f.status(sb.ID) != runtime.StatusRunning || !f.attached(sb.ID) || !got.Deadline.After(time.Now()) {
+						t.Errorf("ready after restart: runtime %s, attached %v, deadline %s", f.status(sb.ID), f.attached(sb.ID), got.Deadline)
+					}
+					if ckErr == nil {
+						t.Error("checkpoint kept by a ready sandbox")
+					}
+				}
+				if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
+					t.Fatal(err)
+				}
+				f.assertNothingLeft(t)
+			})
+		})
+	}
+}
+
+// setState writes what a daemon killed in state s had on record.
+func setState(t *testing.T, f *pauseFixture, id string, s State, pause string) {
+	t.Helper()
+	rec, err := f.st.GetSandbox(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec.State, rec.Pause, rec.Remaining = string(s), pause, 5*time.Minute
+	if s != StatePausing {
+		rec.Deadline = time.Time{}
+	}
+	if err := f.st.PutSandbox(t.Context(), rec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writeCheckpoint(t *testing.T, f *pauseFixture, name string) {
+	t.Helper()
+	dir := filepath.Join(f.cfg.CheckpointDir, name)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("memory"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// gatedRuntime holds the first Inspect until released: the monitor has
+// sampled the sandbox as ready and asks the runtime while a pause runs.
+type gatedRuntime struct {
+	*cpRuntime
+	once    sync.Once
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (r *gatedRuntime) Inspect(ctx context.Context, id string) (runtime.State, error) {
+	first := false
+	r.once.Do(func() { first = true })
+	if first {
+		close(r.entered)
+		<-r.release
+	}
+	return r.cpRuntime.Inspect(ctx, id)
+}
+
+// TestMonitorLeavesPausedSandbox: the monitor, which found a sandbox ready
+// and then its runtime stopped because a pause ran in between, does not
+// take that for an exited init: the sandbox stays paused.
+func TestMonitorLeavesPausedSandbox(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &gatedRuntime{cpRuntime: newCPRuntime(), entered: make(chan struct{}), release: make(chan struct{})}
+		f := &pauseFixture{lifeFixture: &lifeFixture{
+			rt: rt.fakeRuntime, net: &fakeNet{ids: map[string]bool{}}, st: newMemStore(),
+			eg: &fakeEgress{ids: map[string]policy.Policy{}}, fs: &fakeFiles{files: map[string]string{}},
+		}}
+		f.deps = Deps{Runtime: rt, Network: f.net, Templates: fakeTemplates{}, Store: f.st, Prober: fakeProber{}, Egress: f.eg, Files: f.fs}
+		f.cfg = Config{AgentPath: "/agent", DefaultTemplate: "minimal", CheckpointDir: filepath.Join(t.TempDir(), "cp"),
+			Defaults: Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+			Logger:   slog.New(slog.DiscardHandler)}
+		f.start(t)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		<-rt.entered // the monitor's sample is in the runtime
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		close(rt.release)
+		time.Sleep(3 * time.Second) // further monitor rounds
+		synctest.Wait()
+		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StatePaused {
+			t.Errorf("after the monitor's round: %s (%s), want paused", got.State, got.Reason)
+		}
+	})
+}
+
+// addrNet is fakeNet that can attach at an address asked for.
+type addrNet struct {
+	*fakeNet
+	asked []netip.Addr
+}
+
+func (n *addrNet) AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error) {
+	n.asked = append(n.asked, addr)
+	return n.AttachTo(ctx, id, nsPath)
+}
+
+// TestResumeAsksForTheSameAddress: a resumed sandbox asks the network for
+// the address it had before the pause.
+func TestResumeAsksForTheSameAddress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newPauseFixture(t, newCPRuntime())
+		an := &addrNet{fakeNet: f.net}
+		f.deps.Network = an
+		f.restart(t)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		before, _ := f.m.Get(ctx, sb.ID)
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		if len(an.asked) != 1 || before.Network == nil || an.asked[0] != before.Network.Address {
+			t.Errorf("resume asked for %v; want the address it had, %v", an.asked, before.Network)
+		}
+	})
+}
+
+// busyRuntime is cpRuntime with usage: while busy, its sandboxes use half
+// a core.
+type busyRuntime struct {
+	*cpRuntime
+	mu   sync.Mutex
+	busy bool
+	cpu  time.Duration
+	at   time.Time
+}
+
+func (r *busyRuntime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	if r.busy && !r.at.IsZero() {
+		r.cpu += now.Sub(r.at) / 2
+	}
+	r.at = now
+	return runtime.Stats{CPUUsage: r.cpu}, nil
+}
+
+func (r *busyRuntime) setBusy(b bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.busy = b
+}
+
+// TestIdlePause: a sandbox with IdlePause is paused once it has had no
+// request, no request in flight and under 1 % of a core for that long;
+// a request, an open stream or CPU use keeps it running; its deadline
+// keeps the time it had left.
+func TestIdlePause(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &busyRuntime{cpRuntime: newCPRuntime()}
+		f := &pauseFixture{lifeFixture: &lifeFixture{
+			rt: rt.fakeRuntime, net: &fakeNet{ids: map[string]bool{}}, st: newMemStore(),
+			eg: &fakeEgress{ids: map[string]policy.Policy{}}, fs: &fakeFiles{files: map[string]string{}},
+		}}
+		f.deps = Deps{Runtime: rt, Network: f.net, Templates: fakeTemplates{}, Store: f.st, Prober: fakeProber{}, Egress: f.eg, Files: f.fs}
+		f.cfg = Config{AgentPath: "/agent", DefaultTemplate: "minimal", CheckpointDir: filepath.Join(t.TempDir(), "cp"),
+			Defaults: Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+			Logger:   slog.New(slog.DiscardHandler)}
+		f.start(t)
+		ctx := t.Context()
+		state := func(id string) State {
+			got, _ := f.m.Get(ctx, id)
+			return State(got.State)
+		}
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Hour, IdlePause: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A request at 30 s restarts the idle clock.
+		time.Sleep(30 * time.Second)
+		req, done := context.WithCancel(ctx)
+		if _, _, err := f.m.Agent(req, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		done()
+		time.Sleep(58 * time.Second)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("58 s after a request: %s, want ready", state(sb.ID))
+		}
+		// An open stream holds it however long it lasts.
+		stream, end := context.WithCancel(ctx)
+		if _, _, err := f.m.Agent(stream, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("with a stream open: %s, want ready", state(sb.ID))
+		}
+		end()
+		// So does using CPU.
+		rt.setBusy(true)
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if state(sb.ID) != StateReady {
+			t.Fatalf("while busy: %s, want ready", state(sb.ID))
+		}
+		rt.setBusy(false)
+		time.Sleep(time.Minute + 3*time.Second)
+		synctest.Wait()
+		got, _ := f.m.Get(ctx, sb.ID)
+		if State(got.State) != StatePaused {
+			t.Fatalf("idle for a minute: %s, want paused", got.State)
+		}
+		// Created at 0, paused about 7.5 min in: the rest of the hour is kept.
+		if got.Remaining < 50*time.Minute || got.Remaining > 53*time.Minute {
+			t.Errorf("remaining %s, want the rest of the hour", got.Remaining)
+		}
+		if _, err := f.m.Create(ctx, CreateRequest{IdlePause: time.Millisecond}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("Create(idle pause 1ms) = %v, want invalid argument", err)
+		}
+	})
+}
