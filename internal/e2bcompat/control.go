@@ -1,6 +1,7 @@
 package e2bcompat
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -291,50 +293,108 @@ func listed(sb sandbox.Sandbox) listedBody {
 	}
 }
 
+// listFilter is what both list calls select and sort by beyond what the
+// Manager filters (owner, state, metadata).
+type listFilter struct {
+	owned sandbox.OwnedListOptions
+	// template keeps only sandboxes of this template ("" = all).
+	template string
+	// startedAfter and startedBefore bound the start time, both inclusive
+	// (zero = unbounded).
+	startedAfter, startedBefore time.Time
+	// asc sorts oldest first; E2B's default is newest first.
+	asc bool
+}
+
 // listQuery parses the filters shared by both list calls.
-func listQuery(r *http.Request) (sandbox.OwnedListOptions, error) {
+func listQuery(r *http.Request) (listFilter, error) {
 	q := r.URL.Query()
-	opts := sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}
+	f := listFilter{owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}}
 	if raw := q.Get("metadata"); raw != "" {
 		// The SDKs URI-encode each key and value, then form-encode the
 		// pairs into this one parameter.
 		pairs, err := url.ParseQuery(raw)
 		if err != nil {
-			return opts, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
+			return f, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
 		}
 		for k, vs := range pairs {
 			key, err1 := url.PathUnescape(k)
 			val, err2 := url.PathUnescape(vs[len(vs)-1])
 			if err1 != nil || err2 != nil {
-				return opts, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
+				return f, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
 			}
-			opts.Metadata[key] = val
+			f.owned.Metadata[key] = val
 		}
 	}
-	states := q.Get("state")
+	// The SDKs send the states comma-separated in one parameter; plain
+	// form encoding repeats it. Both mean the union.
+	states := strings.Join(q["state"], ",")
 	if states == "" {
 		states = "running,paused"
 	}
 	for _, st := range strings.Split(states, ",") {
 		switch st {
 		case "running":
-			opts.States = append(opts.States, string(sandbox.StateReady))
+			f.owned.States = append(f.owned.States, string(sandbox.StateReady))
 		case "paused":
-			opts.States = append(opts.States, string(sandbox.StatePaused))
+			f.owned.States = append(f.owned.States, string(sandbox.StatePaused))
 		default:
-			return opts, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
+			return f, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
 		}
 	}
-	return opts, nil
+	f.template = q.Get("template")
+	for _, b := range []struct {
+		name string
+		to   *time.Time
+	}{{"startedAfter", &f.startedAfter}, {"startedBefore", &f.startedBefore}} {
+		raw := q.Get(b.name)
+		if raw == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, raw)
+		if err != nil {
+			return f, fmt.Errorf("%s %q: want an RFC 3339 timestamp such as 2025-01-02T15:04:05Z: %w", b.name, raw, errdefs.ErrInvalidArgument)
+		}
+		*b.to = t
+	}
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		f.asc = true
+	default:
+		return f, fmt.Errorf("order %q: want asc or desc: %w", o, errdefs.ErrInvalidArgument)
+	}
+	return f, nil
+}
+
+// listSandboxes returns the caller's sandboxes that pass f, in f's order.
+func (s *Server) listSandboxes(ctx context.Context, f listFilter) ([]sandbox.Sandbox, error) {
+	sbs, err := s.cfg.Manager.ListOwned(ctx, f.owned)
+	if err != nil {
+		return nil, err
+	}
+	sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool {
+		return (f.template != "" && sb.Template != f.template) ||
+			(!f.startedAfter.IsZero() && sb.CreatedAt.Before(f.startedAfter)) ||
+			(!f.startedBefore.IsZero() && sb.CreatedAt.After(f.startedBefore))
+	})
+	slices.SortFunc(sbs, func(a, b sandbox.Sandbox) int {
+		c := cursorOf(a).compare(cursorOf(b))
+		if !f.asc {
+			c = -c
+		}
+		return c
+	})
+	return sbs, nil
 }
 
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
-	opts, err := listQuery(r)
+	f, err := listQuery(r)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	sbs, err := s.listSandboxes(r.Context(), f)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -349,11 +409,12 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 // maxPage bounds one page of GET /v2/sandboxes.
 const maxPage = 100
 
-// list answers GET /v2/sandboxes a page at a time, oldest first. The next
-// token is an opaque cursor (the last item's start time and ID), so pages
-// stay consistent while sandboxes come and go.
+// list answers GET /v2/sandboxes a page at a time, newest first unless
+// order=asc. The next token is an opaque cursor (the last item's start time
+// and ID): the next page holds what sorts after it, so sandboxes created or
+// destroyed between two pages neither repeat nor shift what is left.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	opts, err := listQuery(r)
+	f, err := listQuery(r)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -368,24 +429,36 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, maxPage)
 	}
-	var after cursor
+	var after *cursor
 	if t := q.Get("nextToken"); t != "" {
-		if after, err = parseCursor(t); err != nil {
+		c, err := parseCursor(t)
+		if err != nil {
 			writeErr(w, err)
 			return
 		}
+		after = &c
 	}
-	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	sbs, err := s.listSandboxes(r.Context(), f)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	out := make([]listedBody, 0, limit)
+	running := 0
+	for _, sb := range sbs {
+		if sandbox.State(sb.State) == sandbox.StateReady {
+			running++
+		}
+	}
+	w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	out := make([]listedBody, 0, min(limit, len(sbs)))
 	var last cursor
 	for _, sb := range sbs {
-		c := cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID}
-		if after.id != "" && !after.before(c) {
-			continue
+		c := cursorOf(sb)
+		if after != nil {
+			// Skip up to and including the cursor, in the page order.
+			if cmp := c.compare(*after); (f.asc && cmp <= 0) || (!f.asc && cmp >= 0) {
+				continue
+			}
 		}
 		if len(out) == limit {
 			// There is more: the client continues after the last one sent.
@@ -398,13 +471,21 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// cursor is a position in the oldest-first order of sandboxes.
+// cursor is a position in the order of sandboxes by start time, ties broken
+// by ID.
 type cursor struct {
 	at int64
 	id string
 }
 
-func (c cursor) before(o cursor) bool { return c.at < o.at || (c.at == o.at && c.id < o.id) }
+func cursorOf(sb sandbox.Sandbox) cursor { return cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID} }
+
+func (c cursor) compare(o cursor) int {
+	if c.at != o.at {
+		return cmp.Compare(c.at, o.at)
+	}
+	return strings.Compare(c.id, o.id)
+}
 
 func (c cursor) String() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at, 10) + ":" + c.id))

@@ -251,3 +251,99 @@ func TestEgressPolicy(t *testing.T) {
 		}
 	}
 }
+
+// newTestServer returns a server over a fake manager and a real store, with
+// one API key.
+func newTestServer(t *testing.T, mgr *fakeManager) (*Server, string, core.APIKey) {
+	t.Helper()
+	db, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	keys := NewKeys(db)
+	rec, secret, err := keys.Create(t.Context(), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{Manager: mgr, Store: db, Keys: keys}), secret, rec
+}
+
+func listIDs(t *testing.T, srv *Server, key, query string) ([]string, string) {
+	t.Helper()
+	req := httptest.NewRequest("GET", "/v2/sandboxes?"+query, nil)
+	req.Header.Set("X-API-Key", key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	if w.Code != 200 {
+		t.Fatalf("list ?%s = %d %s", query, w.Code, w.Body)
+	}
+	var out []listedBody
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{}
+	for _, l := range out {
+		ids = append(ids, l.SandboxID)
+	}
+	return ids, w.Header().Get("X-Next-Token")
+}
+
+func TestListOrderFiltersAndPages(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	srv, key, rec := newTestServer(t, mgr)
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	add := func(id, tmpl string, at time.Time) {
+		mgr.sbs[id] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Template: tmpl, Owner: rec.ID, CreatedAt: at}}
+	}
+	add("sba", "base", t0)
+	add("sbb", "py", t0.Add(time.Second))
+	add("sbc", "base", t0.Add(2*time.Second))
+	add("sbd", "base", t0.Add(2*time.Second)) // same start: the ID breaks the tie
+	add("sbe", "py", t0.Add(3*time.Second))
+
+	tests := []struct{ query, want string }{
+		{"", "sbe,sbd,sbc,sbb,sba"},
+		{"order=desc", "sbe,sbd,sbc,sbb,sba"},
+		{"order=asc", "sba,sbb,sbc,sbd,sbe"},
+		{"template=base", "sbd,sbc,sba"},
+		{"template=unknown-template", ""},
+		{"startedAfter=" + t0.Add(2*time.Second).Format(time.RFC3339), "sbe,sbd,sbc"},
+		{"startedBefore=" + t0.Add(time.Second).Format(time.RFC3339), "sbb,sba"},
+		{"startedAfter=" + t0.Add(time.Second).Format(time.RFC3339) + "&startedBefore=" + t0.Add(2*time.Second).Format(time.RFC3339) + "&template=base&order=asc", "sbc,sbd"},
+	}
+	for _, tt := range tests {
+		if got, _ := listIDs(t, srv, key, tt.query); strings.Join(got, ",") != tt.want {
+			t.Errorf("list ?%s = %v, want %s", tt.query, got, tt.want)
+		}
+	}
+
+	// Pages: what is created between two pages does not shift the rest
+	// (newest first, so it sorts before the cursor).
+	for _, order := range []string{"desc", "asc"} {
+		var all []string
+		q := "limit=2&order=" + order
+		page, next := listIDs(t, srv, key, q)
+		all = append(all, page...)
+		add("sbz"+order[:1], "base", t0.Add(time.Hour))
+		for next != "" {
+			page, next = listIDs(t, srv, key, q+"&nextToken="+next)
+			all = append(all, page...)
+		}
+		delete(mgr.sbs, "sbz"+order[:1])
+		want := map[string]string{"desc": "sbe,sbd,sbc,sbb,sba", "asc": "sba,sbb,sbc,sbd,sbe,sbza"}[order]
+		if strings.Join(all, ",") != want {
+			t.Errorf("paging %s with a create in between = %v, want %s", order, all, want)
+		}
+	}
+
+	for _, bad := range []string{"order=sideways", "startedAfter=yesterday", "state=dead", "nextToken=zz"} {
+		req := httptest.NewRequest("GET", "/v2/sandboxes?"+bad, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 400 {
+			t.Errorf("list ?%s = %d, want 400", bad, w.Code)
+		}
+	}
+}

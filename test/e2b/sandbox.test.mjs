@@ -59,6 +59,36 @@ test('Sandbox.list filters by metadata and paginates', async () => {
   assert.ok(!ids.includes(other.sandboxId))
 })
 
+test('Sandbox.list is newest first and honours order, template and startedAfter', async () => {
+  const run = 'order' + Date.now()
+  const before = new Date()
+  const sbs = []
+  for (let i = 0; i < 3; i++) sbs.push(await newSandbox({ metadata: { run } }))
+  const ids = sbs.map((s) => s.sandboxId)
+  const listIds = async (opts) => (await Sandbox.list({ ...opts, query: { metadata: { run }, ...opts.query } }).nextItems()).map((s) => s.sandboxId)
+
+  assert.deepEqual(await listIds({}), [...ids].reverse(), 'newest first by default')
+  assert.deepEqual(await listIds({ order: 'desc' }), [...ids].reverse())
+  assert.deepEqual(await listIds({ order: 'asc' }), ids)
+  assert.deepEqual(await listIds({ query: { template: 'base' } }), [...ids].reverse())
+  assert.deepEqual(await listIds({ query: { template: 'unknown-template' } }), [])
+  const info = await sbs[1].getInfo()
+  assert.ok(info.startedAt >= before)
+  assert.deepEqual(await listIds({ query: { startedAfter: info.startedAt }, order: 'asc' }), ids.slice(1))
+  assert.deepEqual(await listIds({ query: { startedAfter: new Date(Date.now() + 60_000) } }), [])
+
+  // Pages stay stable while sandboxes are created between them: a newer
+  // one sorts before the cursor and does not push an item onto the next
+  // page twice.
+  const pager = Sandbox.list({ query: { metadata: { run } }, limit: 2 })
+  const first = await pager.nextItems()
+  const late = await newSandbox({ metadata: { run } })
+  const second = await pager.nextItems()
+  assert.equal(pager.hasNext, false)
+  assert.deepEqual([...first, ...second].map((s) => s.sandboxId), [...ids].reverse())
+  assert.equal((await listIds({}))[0], late.sandboxId)
+})
+
 test('setTimeout moves the deadline and the sandbox dies at it', async () => {
   const sbx = await newSandbox()
   await sbx.setTimeout(3_000)

@@ -44,7 +44,13 @@ func TestE2BSDK(t *testing.T) {
 	key1 := createKey(t, d, "e2b-test")
 	key2 := createKey(t, d, "e2b-test-other")
 
-	cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=dot")
+	args := []string{"--test", "--test-reporter=dot"}
+	// While working on one part, BERTH_E2B_TEST_PATTERN narrows the run to
+	// the tests whose names match it (node's --test-name-pattern).
+	if p := os.Getenv("BERTH_E2B_TEST_PATTERN"); p != "" {
+		args = []string{"--test", "--test-reporter=spec", "--test-name-pattern=" + p}
+	}
+	cmd := exec.CommandContext(ctx, node, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(),
 		"E2B_API_URL="+d.URL,
