@@ -220,7 +220,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		net = *in.Network
 	}
 	net.AllowInternetAccess = in.AllowInternetAccess
-	policy, err := applyNetwork(net)
+	policy, internet, err := applyNetwork(net, false)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -246,7 +246,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON()}
+	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON(internet)}
 	if net.AllowPublicTraffic != nil && !*net.AllowPublicTraffic {
 		ext.TrafficToken = randHex(20)
 	}
@@ -512,8 +512,19 @@ type detailBody struct {
 	Domain              string          `json:"domain"`
 	AllowInternetAccess bool            `json:"allowInternetAccess"`
 	Network             json.RawMessage `json:"network,omitempty"`
-	Lifecycle           map[string]any  `json:"lifecycle"`
+	Lifecycle           lifecycleBody   `json:"lifecycle"`
 }
+
+// lifecycleBody is E2B's SandboxLifecycle: what happens at the deadline.
+type lifecycleBody struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
+}
+
+// berthLifecycle is what Berth does with every sandbox at its deadline: it
+// ends it. Create refuses autoPause and autoResume (they need snapshots), so
+// no sandbox the E2B API can see has another lifecycle.
+var berthLifecycle = lifecycleBody{OnTimeout: "kill", AutoResume: false}
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
@@ -522,10 +533,11 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	network, internet := storedNetwork(ext.Network)
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
-		Network:   json.RawMessage(ext.Network),
-		Lifecycle: map[string]any{"onTimeout": "kill", "autoResume": false},
+		AllowInternetAccess: internet, Network: network,
+		Lifecycle: berthLifecycle,
 	})
 }
 
@@ -628,6 +640,11 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.sandboxBody(sb, ext))
 }
 
+// updateNetwork replaces the sandbox's egress configuration, as E2B does:
+// the body is evaluated like a create's network settings and what it omits
+// is cleared (so {} lets the sandbox out to the internet, and a sandbox
+// with internet access keeps it when an update only adds denyOut). The
+// ingress settings (allowPublicTraffic) stay as created.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
 	var in networkConfig
@@ -635,14 +652,12 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	// Only egress is updatable (as on E2B): public traffic stays as created.
-	in.AllowPublicTraffic, in.MaskRequestHost, in.HTTPSPorts = nil, nil, nil
-	policy, err := applyNetwork(in)
-	if err != nil {
-		writeErr(w, err)
+	if in.AllowPublicTraffic != nil || in.MaskRequestHost != nil || present(in.HTTPSPorts) {
+		writeError(w, http.StatusBadRequest, "allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated")
 		return
 	}
-	if _, err := s.cfg.Manager.SetNetworkPolicy(r.Context(), sb.ID, policy); err != nil {
+	policy, internet, err := applyNetwork(in, true)
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -651,12 +666,16 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if _, err := s.cfg.Manager.SetNetworkPolicy(r.Context(), sb.ID, policy); err != nil {
+		writeErr(w, err)
+		return
+	}
 	var prev networkConfig
 	// A record without network settings leaves prev at its zero value.
 	_ = json.Unmarshal([]byte(ext.Network), &prev)
 	in.AllowPublicTraffic = prev.AllowPublicTraffic
-	ext.Network = in.storeJSON()
-	if err := s.cfg.Store.PutE2BSandbox(r.Context(), ext); err != nil {
+	ext.Network = in.storeJSON(internet)
+	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -96,7 +96,7 @@ func TestApplyNetwork(t *testing.T) {
 		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
 	}
 	for _, tt := range tests {
-		_, err := applyNetwork(tt.in)
+		_, _, err := applyNetwork(tt.in, false)
 		if (err == nil) != tt.ok {
 			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
 		}
@@ -222,33 +222,69 @@ func TestControlPlaneAuth(t *testing.T) {
 func TestEgressPolicy(t *testing.T) {
 	yes, no := true, false
 	tests := []struct {
-		in      networkConfig
-		mode    policy.Mode
-		allow   string
-		deny    string
-		wantErr bool
+		in       networkConfig
+		update   bool
+		mode     policy.Mode
+		allow    string
+		deny     string
+		internet bool
+		wantErr  bool
 	}{
-		{networkConfig{}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &no}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes}, policy.ModeOpen, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, policy.ModeOpen, "", "198.51.100.7/32", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeAllow, "example.com,198.51.100.0/24", "", false},
-		{networkConfig{DenyOut: []string{"not-an-ip"}}, "", "", "", true},
-		{networkConfig{AllowOut: []string{"bad domain!"}}, "", "", "", true},
-		{networkConfig{Rules: []byte(`{"x":1}`)}, "", "", "", true},
+		// A create that says nothing gets Berth's default, no egress; an
+		// update that says nothing clears every rule, as on E2B.
+		{in: networkConfig{}, mode: policy.ModeNone},
+		{in: networkConfig{}, update: true, mode: policy.ModeOpen, internet: true},
+		{in: networkConfig{AllowInternetAccess: &no}, mode: policy.ModeNone},
+		{in: networkConfig{AllowInternetAccess: &no}, update: true, mode: policy.ModeNone},
+		{in: networkConfig{AllowInternetAccess: &yes}, mode: policy.ModeOpen, internet: true},
+		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		// Denying some destinations means the rest is open, create or update.
+		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, update: true, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeNone},
+		{in: networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeAllow, allow: "example.com,198.51.100.0/24"},
+		{in: networkConfig{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		{in: networkConfig{AllowInternetAccess: &no, AllowOut: []string{"198.51.100.1"}}, mode: policy.ModeAllow, allow: "198.51.100.1/32"},
+		// allowOut alone is an allow list (stricter than E2B).
+		{in: networkConfig{AllowOut: []string{"example.com"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		// Open with an allowOut outside the denied ranges: nothing to add.
+		{in: networkConfig{AllowOut: []string{"example.com", "203.0.113.1"}, DenyOut: []string{"198.51.100.0/24"}}, mode: policy.ModeOpen, deny: "198.51.100.0/24", internet: true},
+		// An allowOut inside a partial denyOut would stay denied in Berth.
+		{in: networkConfig{AllowOut: []string{"198.51.100.1"}, DenyOut: []string{"198.51.100.0/24"}}, wantErr: true},
+		{in: networkConfig{DenyOut: []string{"not-an-ip"}}, wantErr: true},
+		{in: networkConfig{DenyOut: []string{"example.com"}}, update: true, wantErr: true},
+		{in: networkConfig{AllowOut: []string{"bad domain!"}}, wantErr: true},
+		{in: networkConfig{Rules: []byte(`{"x":1}`)}, wantErr: true},
 	}
 	for _, tt := range tests {
-		p, err := egressPolicy(tt.in)
+		p, internet, err := egressPolicy(tt.in, tt.update)
 		if tt.wantErr {
 			if err == nil {
-				t.Errorf("egressPolicy(%+v) = %+v, want an error", tt.in, p)
+				t.Errorf("egressPolicy(%+v, update %v) = %+v, want an error", tt.in, tt.update, p)
+			} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("egressPolicy(%+v) = %v, want invalid argument", tt.in, err)
 			}
 			continue
 		}
-		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny {
-			t.Errorf("egressPolicy(%+v) = %+v, %v; want mode %s allow %q deny %q", tt.in, p, err, tt.mode, tt.allow, tt.deny)
+		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny || internet != tt.internet {
+			t.Errorf("egressPolicy(%+v, update %v) = %+v, internet %v, %v; want mode %s allow %q deny %q internet %v", tt.in, tt.update, p, internet, err, tt.mode, tt.allow, tt.deny, tt.internet)
 		}
+	}
+}
+
+func TestStoredNetwork(t *testing.T) {
+	no := false
+	n := networkConfig{AllowOut: []string{"a.test"}, AllowPublicTraffic: &no}
+	cfg, internet := storedNetwork(n.storeJSON(true))
+	if !internet || string(cfg) != `{"allowOut":["a.test"],"allowPublicTraffic":false}` {
+		t.Errorf("storedNetwork = %s, %v", cfg, internet)
+	}
+	// Records written before the flag was kept mean no internet.
+	if cfg, internet := storedNetwork(`{"allowOut":["a.test"]}`); internet || string(cfg) != `{"allowOut":["a.test"]}` {
+		t.Errorf("storedNetwork(old record) = %s, %v", cfg, internet)
+	}
+	if cfg, internet := storedNetwork(""); internet || cfg != nil {
+		t.Errorf("storedNetwork(\"\") = %s, %v", cfg, internet)
 	}
 }
 

@@ -203,6 +203,51 @@ test('network options map onto the egress policy: none by default, open, allow l
   assert.match(await reach(listed, 'http://other.test/'), /host=other.test/)
 })
 
+test('updateNetwork replaces the egress rules as E2B does; getInfo reports internet access and lifecycle', async () => {
+  // second.test is the test net's second address; every other name is
+  // its first.
+  const ip2 = process.env.BERTH_TEST_NET_IP2
+  assert.ok(ip2, 'BERTH_TEST_NET_IP2 is set by test/e2e/e2b_test.go')
+  const closed = await newSandbox()
+  const closedInfo = await closed.getInfo()
+  assert.equal(closedInfo.allowInternetAccess, false, 'no egress unless asked for')
+  assert.deepEqual(closedInfo.lifecycle, { onTimeout: 'kill', autoResume: false })
+
+  // A sandbox with internet access keeps it when an update only adds a
+  // denyOut: the update replaces the rules, it does not drop the base.
+  const open = await newSandbox({ allowInternetAccess: true })
+  assert.equal((await open.getInfo()).allowInternetAccess, true)
+  await open.updateNetwork({ denyOut: [ip2] })
+  assert.match(await reach(open, 'http://allowed.test/'), /host=allowed.test/)
+  assert.doesNotMatch(await reach(open, 'http://second.test/'), /host=/)
+  const openInfo = await open.getInfo()
+  assert.equal(openInfo.allowInternetAccess, true)
+  assert.deepEqual(openInfo.network.denyOut, [ip2])
+
+  // E2B's "omitting fields clears them": an empty update lifts an allow
+  // list, so everything (public) is reachable again.
+  const listed = await newSandbox({ network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } })
+  assert.equal((await listed.getInfo()).allowInternetAccess, false)
+  assert.doesNotMatch(await reach(listed, 'http://second.test/'), /host=/)
+  await listed.updateNetwork({})
+  assert.match(await reach(listed, 'http://second.test/'), /host=second.test/)
+  assert.match(await reach(listed, 'http://other.test/'), /host=other.test/)
+  const cleared = await listed.getInfo()
+  assert.equal(cleared.allowInternetAccess, true)
+  assert.equal(cleared.network.allowOut, undefined)
+  assert.equal(cleared.network.denyOut, undefined)
+
+  // allowInternetAccess: false in an update closes it again.
+  await listed.updateNetwork({ allowInternetAccess: false })
+  assert.doesNotMatch(await reach(listed, 'http://allowed.test/'), /host=/)
+  assert.equal((await listed.getInfo()).allowInternetAccess, false)
+
+  // Ingress settings are fixed at create.
+  const r = await api('PUT', `/sandboxes/${listed.sandboxId}/network`, { body: { allowPublicTraffic: false } })
+  assert.equal(r.status, 400)
+  assert.match(r.body.message, /allowPublicTraffic/)
+})
+
 test('unknown fields are accepted; fields Berth cannot honour are refused by name', async () => {
   const ok = await api('POST', '/sandboxes', { body: { templateID: 'base', timeout: 30, someFutureField: { x: 1 } } })
   assert.equal(ok.status, 201, JSON.stringify(ok.body))

@@ -59,6 +59,7 @@ func TestE2BSDK(t *testing.T) {
 		"E2B_API_KEY_2="+key2,
 		"E2B_DOMAIN=berth.localhost",
 		"BERTH_TEST_NET_IP="+tn.IP.String(),
+		"BERTH_TEST_NET_IP2="+tn.IP2.String(),
 		"NO_COLOR=1",
 	)
 	// Node's report goes to the test log only when it fails (or with -v),
