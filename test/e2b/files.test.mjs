@@ -72,6 +72,38 @@ test('list with depth, exists, getInfo, makeDir, rename, remove', async () => {
   assert.equal(await sbx.files.exists('/tmp/tree/a'), false)
 })
 
+test('as envd: remove of a missing path succeeds, symlink targets are absolute, metadata rides on user.e2b.* xattrs', async () => {
+  await sbx.files.remove('/tmp/never-was')
+  await sbx.files.remove('/tmp/never/was/either')
+
+  await sbx.files.write('/tmp/links/target.txt', 'x')
+  await sbx.commands.run('cd /tmp/links && ln -s target.txt rel && ln -s ../links/target.txt up && ln -s missing dangling')
+  const rel = await sbx.files.getInfo('/tmp/links/rel')
+  assert.equal(rel.type, FileType.SYMLINK)
+  assert.equal(rel.symlinkTarget, '/tmp/links/target.txt')
+  assert.equal((await sbx.files.getInfo('/tmp/links/up')).symlinkTarget, '/tmp/links/target.txt')
+  assert.equal((await sbx.files.getInfo('/tmp/links/dangling')).symlinkTarget, '/tmp/links/missing')
+
+  const written = await sbx.files.write('/tmp/meta/a.txt', 'with metadata', { metadata: { Owner: 'alice', stage: 'draft' } })
+  assert.deepEqual(written.metadata, { owner: 'alice', stage: 'draft' }, 'keys come back lowercased, as envd stores them')
+  const attr = await sbx.commands.run(`python3 -c "import os; print(os.getxattr('/tmp/meta/a.txt', 'user.e2b.owner').decode())"`)
+  assert.equal(attr.stdout, 'alice\n')
+  assert.deepEqual((await sbx.files.getInfo('/tmp/meta/a.txt')).metadata, { owner: 'alice', stage: 'draft' })
+  // Set out of band, read like the rest.
+  await sbx.commands.run(`python3 -c "import os; os.setxattr('/tmp/meta/a.txt', 'user.e2b.extra', b'1')"`)
+  const listed = await sbx.files.list('/tmp/meta')
+  assert.deepEqual(listed.map((e) => e.metadata), [{ owner: 'alice', stage: 'draft', extra: '1' }])
+  const renamed = await sbx.files.rename('/tmp/meta/a.txt', '/tmp/meta/b.txt')
+  assert.equal(renamed.metadata.owner, 'alice')
+  // A write replaces the whole set; one without metadata clears it.
+  const again = await sbx.files.write('/tmp/meta/b.txt', 'v2', { metadata: { stage: 'final' } })
+  assert.deepEqual(again.metadata, { stage: 'final' })
+  const plain = await sbx.files.write('/tmp/meta/b.txt', 'v3')
+  assert.equal(plain.metadata, undefined)
+  assert.equal((await sbx.files.getInfo('/tmp/meta/b.txt')).metadata, undefined)
+  assert.equal((await sbx.files.getInfo('/tmp/links/target.txt')).metadata, undefined)
+})
+
 test('watchDir recursive reports creates, writes and removes', async () => {
   await sbx.files.makeDir('/tmp/watched/sub')
   const events = []
