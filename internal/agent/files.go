@@ -2,9 +2,7 @@ package agent
 
 import (
 	"compress/gzip"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,19 +17,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
-// Signature returns the /files signature E2B SDKs compute for a path,
-// operation ("read" or "write"), user ("" for the default user) and optional
-// expiry (unix seconds, 0 for none): "v1_" + unpadded base64 of the sha256 of
-// "path:operation:user:token[:expiration]".
+// Signature returns the /files signature E2B SDKs compute (see
+// envd.FileSignature).
 func Signature(path, operation, username, token string, expiration int64) string {
-	parts := []string{path, operation, username, token}
-	if expiration != 0 {
-		parts = append(parts, strconv.FormatInt(expiration, 10))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return envd.FileSignature(path, operation, username, token, expiration)
 }
 
 // authorizeFiles accepts the access token header, or a valid and unexpired

@@ -44,10 +44,42 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
+	for pattern, missing := range unimplemented {
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
+		})
+	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of Berth's E2B-compatible API", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of E2B's API", r.Method, r.URL.Path))
 	})
 }
+
+// unimplemented are E2B's routes Berth does not serve, with what is
+// missing. They answer 501, never 404: the SDKs read 404 on a sandbox
+// route as "sandbox not found" (or exists: false) and would report the
+// wrong thing.
+var unimplemented = map[string]string{
+	"/sandboxes/{id}/fork":      "forking a sandbox needs snapshots, which Berth does not take yet",
+	"/sandboxes/{id}/snapshots": "snapshots are not supported yet",
+	"/snapshots":                "snapshots are not supported yet",
+	"/sandboxes/{id}/logs":      "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"/v2/sandboxes/{id}/logs":   "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"GET /sandboxes/metrics":    "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
+	"/secrets":                  "secrets are not managed through the E2B API",
+	"/secrets/":                 "secrets are not managed through the E2B API",
+	"/teams":                    "Berth has no teams: each API key sees its own sandboxes",
+	"/teams/":                   "Berth has no teams: each API key sees its own sandboxes",
+	"/templates":                templatesMissing,
+	"/templates/":               templatesMissing,
+	"/v2/templates":             templatesMissing,
+	"/v2/templates/":            templatesMissing,
+	"/v3/templates":             templatesMissing,
+	"/v3/templates/":            templatesMissing,
+	"/volumes":                  "volumes are not supported yet",
+	"/volumes/":                 "volumes are not supported yet",
+}
+
+const templatesMissing = "E2B's template API (builds, tags, aliases) is not served: templates are built with `berth template build NAME` and listed with `berth template ls`"
 
 type keyCtx struct{}
 

@@ -39,6 +39,7 @@ type Manager interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
 	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
 	ListOwned(ctx context.Context, opts sandbox.OwnedListOptions) ([]sandbox.Sandbox, error)
+	List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error)
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	Agent(ctx context.Context, id string) (addr, token string, err error)
@@ -114,6 +115,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if id, port, ok := ParseHost(r.Host, s.cfg.Domain); ok {
 		s.serveSandbox(w, r, id, port)
+		return
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		// A signed URL built against E2B_SANDBOX_URL names no sandbox.
+		s.serveSignedFiles(w, r)
 		return
 	}
 	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {

@@ -138,6 +138,14 @@ func (f *fakeManager) ListOwned(ctx context.Context, opts sandbox.OwnedListOptio
 	return out, nil
 }
 
+func (f *fakeManager) List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error) {
+	var out []sandbox.Sandbox
+	for _, sb := range f.sbs {
+		out = append(out, sb)
+	}
+	return out, nil
+}
+
 func (f *fakeManager) Destroy(ctx context.Context, id, reason string) error {
 	delete(f.sbs, id)
 	return nil
@@ -381,5 +389,67 @@ func TestListOrderFiltersAndPages(t *testing.T) {
 		if w.Code != 400 {
 			t.Errorf("list ?%s = %d, want 400", bad, w.Code)
 		}
+	}
+}
+
+func TestUnimplementedRoutesAre501(t *testing.T) {
+	srv, key, _ := newTestServer(t, &fakeManager{sbs: map[string]sandbox.Sandbox{}})
+	for _, rt := range []string{
+		"POST /sandboxes/abc/fork", "POST /sandboxes/abc/snapshots", "GET /snapshots", "GET /sandboxes/abc/logs",
+		"GET /v2/sandboxes/abc/logs", "GET /sandboxes/metrics", "GET /templates", "DELETE /templates/base",
+		"GET /templates/aliases/base", "POST /v3/templates", "GET /volumes", "GET /teams", "POST /secrets",
+	} {
+		method, path, _ := strings.Cut(rt, " ")
+		req := httptest.NewRequest(method, path, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		var body errorBody
+		_ = json.Unmarshal(w.Body.Bytes(), &body)
+		if w.Code != 501 || body.Code != 501 || !strings.Contains(body.Message, "not implemented by Berth: ") {
+			t.Errorf("%s = %d %s, want 501 naming what is missing", rt, w.Code, w.Body)
+		}
+	}
+	req := httptest.NewRequest("GET", "/no/such/route", nil)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	if w.Code != 404 {
+		t.Errorf("GET /no/such/route = %d, want 404", w.Code)
+	}
+}
+
+func TestSignedFilesFindTheirSandbox(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	for _, id := range []string{"sba", "sbb"} {
+		mgr.sbs[id] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Token: "token-of-" + id}}
+	}
+	srv, _, _ := newTestServer(t, mgr)
+	do := func(method, query string) (int, string) {
+		req := httptest.NewRequest(method, "/files?"+query, nil)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		return w.Code, w.Body.String()
+	}
+	sig := envd.FileSignature("/tmp/x", "read", "", "token-of-sbb", 0)
+	// The fake has no agent for the sandbox: reaching serveSandbox for sbb
+	// shows the signature found it.
+	if code, body := do("GET", "path=/tmp/x&signature="+sig); code != 502 || !strings.Contains(body, `"sbb"`) {
+		t.Errorf("signed read = %d %s, want the proxy's answer for sbb", code, body)
+	}
+	if code, _ := do("POST", "path=/tmp/x&signature="+sig); code != 401 {
+		t.Errorf("read signature used for a write = %d, want 401", code)
+	}
+	if code, _ := do("GET", "path=/tmp/y&signature="+sig); code != 401 {
+		t.Errorf("signature for another path = %d, want 401", code)
+	}
+	if code, _ := do("GET", "path=/tmp/x&signature=v1_bogus"); code != 401 {
+		t.Errorf("unknown signature = %d, want 401", code)
+	}
+	expired := envd.FileSignature("/tmp/x", "read", "", "token-of-sba", 1)
+	if code, body := do("GET", "path=/tmp/x&signature="+expired+"&signature_expiration=1"); code != 401 || !strings.Contains(body, "expired") {
+		t.Errorf("expired signature = %d %s, want 401 expired", code, body)
+	}
+	if code, _ := do("DELETE", "path=/tmp/x&signature="+sig); code != 405 {
+		t.Errorf("DELETE signed = %d, want 405", code)
 	}
 }

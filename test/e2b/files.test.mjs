@@ -143,3 +143,43 @@ test('uploadUrl and downloadUrl carry signatures that work without the token', a
   const bad = await fetch(forged, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
   assert.equal(bad.status, 401)
 })
+
+test('signed URLs built against E2B_SANDBOX_URL name no sandbox: the signature finds it', async () => {
+  // The SDK builds these from E2B_SANDBOX_URL: /files?path=…&signature=…,
+  // no sandbox ID, no header.
+  const other = await newSandbox()
+  await sbx.files.write('/tmp/bare.txt', 'mine')
+  await other.files.write('/tmp/bare.txt', 'theirs')
+  const down = await sbx.downloadUrl('/tmp/bare.txt')
+  assert.ok(down.startsWith(process.env.E2B_SANDBOX_URL + '/files?'), down)
+  assert.doesNotMatch(down, new RegExp(sbx.sandboxId))
+  const get = await fetch(down)
+  assert.equal(get.status, 200, await get.clone().text())
+  assert.equal(await get.text(), 'mine')
+  const theirs = await fetch(await other.downloadUrl('/tmp/bare.txt'))
+  assert.equal(await theirs.text(), 'theirs')
+
+  const up = await other.uploadUrl('/tmp/bare-up.txt', { useSignatureExpiration: 60 })
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded bare']), 'bare-up.txt')
+  const put = await fetch(up, { method: 'POST', body: form })
+  assert.equal(put.status, 200, await put.clone().text())
+  assert.equal(await other.files.read('/tmp/bare-up.txt'), 'uploaded bare')
+  assert.equal(await sbx.files.exists('/tmp/bare-up.txt'), false)
+
+  // Unknown and expired signatures keep their 401.
+  const forged = await fetch(down.replace('bare.txt', 'other.txt'))
+  assert.equal(forged.status, 401)
+  const url = new URL(await sbx.downloadUrl('/tmp/bare.txt', { useSignatureExpiration: 1 }))
+  const exp = Number(url.searchParams.get('signature_expiration'))
+  assert.ok(exp > 0)
+  // A signature whose expiry is in the past (made with the real token).
+  const past = new URL(down)
+  const { createHash } = await import('node:crypto')
+  const stale = Math.floor(Date.now() / 1000) - 10
+  past.searchParams.set('signature', 'v1_' + createHash('sha256').update(`/tmp/bare.txt:read::${sbx.envdAccessToken ?? ''}:${stale}`).digest('base64').replace(/=+$/, ''))
+  past.searchParams.set('signature_expiration', String(stale))
+  const expired = await fetch(past)
+  assert.equal(expired.status, 401)
+  assert.match((await expired.json()).message, /expired/)
+})

@@ -248,6 +248,31 @@ test('updateNetwork replaces the egress rules as E2B does; getInfo reports inter
   assert.match(r.body.message, /allowPublicTraffic/)
 })
 
+test('E2B routes Berth does not serve answer 501 naming what is missing, never 404', async () => {
+  const sbx = await newSandbox()
+  for (const [method, path] of [
+    ['POST', `/sandboxes/${sbx.sandboxId}/snapshots`],
+    ['POST', `/sandboxes/${sbx.sandboxId}/fork`],
+    ['GET', `/v2/sandboxes/${sbx.sandboxId}/logs`],
+    ['GET', '/snapshots'],
+    ['GET', '/sandboxes/metrics'],
+    ['GET', '/templates'],
+    ['GET', '/volumes'],
+  ]) {
+    const r = await api(method, path, { body: method === 'POST' ? {} : undefined })
+    assert.equal(r.status, 501, `${method} ${path}: ${JSON.stringify(r.body)}`)
+    assert.equal(r.body.code, 501)
+    assert.match(r.body.message, /not implemented by Berth: ./)
+  }
+  // Through the SDK: an error that says so, not "sandbox not found".
+  await assert.rejects(sbx.createSnapshot(), (err) => {
+    assert.ok(!(err instanceof SandboxNotFoundError), `got ${err.name}: ${err.message}`)
+    assert.match(err.message, /not implemented by Berth/)
+    return true
+  })
+  assert.equal(await sbx.isRunning(), true)
+})
+
 test('unknown fields are accepted; fields Berth cannot honour are refused by name', async () => {
   const ok = await api('POST', '/sandboxes', { body: { templateID: 'base', timeout: 30, someFutureField: { x: 1 } } })
   assert.equal(ok.status, 201, JSON.stringify(ok.body))
