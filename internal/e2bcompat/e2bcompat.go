@@ -16,7 +16,6 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -63,7 +62,10 @@ type Config struct {
 	Domain string
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
-	Logger *slog.Logger
+	// MetricsInterval is how often RecordMetrics samples each sandbox
+	// (DefaultMetricsInterval if zero).
+	MetricsInterval time.Duration
+	Logger          *slog.Logger
 }
 
 // Server is the daemon's root handler.
@@ -73,10 +75,8 @@ type Server struct {
 	mux   *http.ServeMux
 	proxy *httputil.ReverseProxy
 
-	// cpu remembers the last CPU sample per sandbox so metrics report usage
-	// over the interval between two calls, not since creation.
-	cpuMu sync.Mutex
-	cpu   map[string]cpuSample
+	// metrics is each E2B sandbox's usage history (RecordMetrics).
+	history metricsHistory
 }
 
 // New builds the root handler.
@@ -91,7 +91,10 @@ func New(cfg Config) *Server {
 	if cfg.Native == nil {
 		cfg.Native = http.NotFoundHandler()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), cpu: map[string]cpuSample{}}
+	if cfg.MetricsInterval <= 0 {
+		cfg.MetricsInterval = DefaultMetricsInterval
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), history: metricsHistory{by: map[string][]metricSample{}}}
 	s.proxy = s.sandboxProxy()
 	s.routes()
 	return s

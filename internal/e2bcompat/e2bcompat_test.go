@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -451,5 +453,76 @@ func TestSignedFilesFindTheirSandbox(t *testing.T) {
 	}
 	if code, _ := do("DELETE", "path=/tmp/x&signature="+sig); code != 405 {
 		t.Errorf("DELETE signed = %d, want 405", code)
+	}
+}
+
+func TestMetricsHistory(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	srv, key, rec := newTestServer(t, mgr)
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
+	set := func(id string, cpu time.Duration, mem int64) {
+		mgr.sbs[id] = sandbox.Sandbox{
+			Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Owner: rec.ID, CPUMillis: 1000, MemoryBytes: 512 << 20, CreatedAt: t0},
+			Usage:   &runtime.Stats{CPUUsage: cpu, MemoryBytes: mem, MemoryLimit: 512 << 20},
+		}
+	}
+	set("sba", 0, 1<<20)
+	mgr.sbs["native"] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: "native", State: string(sandbox.StateReady), CreatedAt: t0}, Usage: &runtime.Stats{}}
+	srv.sampleAll(t.Context(), t0.Add(5*time.Second))
+	set("sba", 2500*time.Millisecond, 2<<20) // half of one CPU over 5 s
+	srv.sampleAll(t.Context(), t0.Add(10*time.Second))
+	set("sba", 2500*time.Millisecond, 3<<20)
+	srv.sampleAll(t.Context(), t0.Add(15*time.Second))
+	if _, ok := srv.history.by["native"]; ok {
+		t.Error("a native sandbox was sampled")
+	}
+
+	get := func(query string) []metricBody {
+		t.Helper()
+		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+query, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 200 {
+			t.Fatalf("metrics ?%s = %d %s", query, w.Code, w.Body)
+		}
+		var out []metricBody
+		if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	unix := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).Unix(), 10) }
+	ms := get("start=" + unix(0) + "&end=" + unix(20*time.Second))
+	if len(ms) != 3 || ms[0].MemUsed != 1<<20 || ms[1].MemUsed != 2<<20 || ms[2].MemUsed != 3<<20 {
+		t.Fatalf("metrics over the history = %+v", ms)
+	}
+	if ms[1].CPUUsedPct != 50 || ms[2].CPUUsedPct != 0 || ms[1].TimestampUnix != t0.Add(10*time.Second).Unix() {
+		t.Errorf("cpu = %v, %v; timestamp %d", ms[1].CPUUsedPct, ms[2].CPUUsedPct, ms[1].TimestampUnix)
+	}
+	if ms := get("start=" + unix(10*time.Second) + "&end=" + unix(10*time.Second)); len(ms) != 1 || ms[0].MemUsed != 2<<20 {
+		t.Errorf("metrics at one second = %+v", ms)
+	}
+	for _, q := range []string{"start=" + unix(-time.Hour) + "&end=" + unix(-time.Minute), "start=" + unix(20*time.Second) + "&end=" + unix(10*time.Second)} {
+		if ms := get(q); len(ms) != 0 {
+			t.Errorf("metrics ?%s = %+v, want []", q, ms)
+		}
+	}
+	// No range: the whole history, then a sample taken now.
+	if ms := get(""); len(ms) != 4 || ms[3].TimestampUnix < time.Now().Unix()-1 {
+		t.Errorf("metrics without a range = %+v", ms)
+	}
+	// Ended sandboxes are forgotten.
+	delete(mgr.sbs, "sba")
+	srv.sampleAll(t.Context(), t0.Add(20*time.Second))
+	if len(srv.history.by) != 0 {
+		t.Errorf("history after the sandbox ended: %v", srv.history.by)
+	}
+	// The history is bounded.
+	for i := range maxMetricSamples + 10 {
+		srv.history.add("x", metricSample{at: t0.Add(time.Duration(i) * time.Second)})
+	}
+	if n := len(srv.history.by["x"]); n != maxMetricSamples || !srv.history.by["x"][0].at.Equal(t0.Add(10*time.Second)) {
+		t.Errorf("history holds %d samples from %v", n, srv.history.by["x"][0].at)
 	}
 }

@@ -110,8 +110,9 @@ test('getMetrics reports usage', async () => {
   const sbx = await newSandbox()
   await sbx.commands.run('head -c 20000000 /dev/zero > /tmp/blob')
   const ms = await sbx.getMetrics()
-  assert.equal(ms.length, 1)
-  const m = ms[0]
+  assert.ok(ms.length >= 1)
+  // The last sample is taken now, after the write.
+  const m = ms[ms.length - 1]
   assert.equal(m.cpuCount, 1)
   assert.ok(m.memTotal >= 256 << 20, `memTotal ${m.memTotal}`)
   assert.ok(m.memUsed > 0 && m.memUsed < m.memTotal, `memUsed ${m.memUsed}`)
@@ -119,6 +120,30 @@ test('getMetrics reports usage', async () => {
   assert.ok(m.diskTotal > m.diskUsed, `diskTotal ${m.diskTotal}`)
   assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
   assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp))
+})
+
+test('getMetrics keeps a history (a sample every 5 s) and filters it by range', async () => {
+  const sbx = await newSandbox()
+  const started = (await sbx.getInfo()).startedAt
+  // Wait for the daemon's sampler to take two samples of its own.
+  const all = await waitFor('two recorded samples', async () => {
+    const ms = await sbx.getMetrics({ start: started, end: new Date(Date.now() - 1000) })
+    return ms.length >= 2 && ms
+  }, 30_000)
+  for (let i = 1; i < all.length; i++) assert.ok(all[i].timestamp > all[i - 1].timestamp, 'oldest first')
+  for (const m of all) assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.cpuCount === 1, JSON.stringify(m))
+  // A range holding one recorded sample returns just it (the API counts
+  // whole seconds; the SDK rounds, so name the sample's second exactly).
+  const t = all[1].timestamp
+  const second = new Date(Math.floor(t.getTime() / 1000) * 1000)
+  const one = await sbx.getMetrics({ start: second, end: second })
+  assert.deepEqual(one.map((m) => m.timestamp.getTime()), [t.getTime()])
+  // Before the sandbox existed: nothing.
+  assert.deepEqual(await sbx.getMetrics({ start: new Date(started.getTime() - 3_600_000), end: new Date(started.getTime() - 60_000) }), [])
+  // Without a range: the history, then a sample taken now.
+  const full = await sbx.getMetrics()
+  assert.ok(full.length >= all.length + 1)
+  assert.ok(Date.now() - full[full.length - 1].timestamp.getTime() < 5_000)
 })
 
 test('requests without a valid API key get 401 in the E2B error shape', async () => {
