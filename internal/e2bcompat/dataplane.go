@@ -91,9 +91,10 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 // SDKs do not send it themselves; the caller adds it, as on E2B).
 func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
 	gone := func() {
-		// E2B's answer for a sandbox that does not run (isRunning reads it).
+		// E2B's answer (and wording) for a sandbox that does not run;
+		// isRunning reads it.
 		writeJSON(w, http.StatusBadGateway, map[string]any{
-			"code": http.StatusBadGateway, "message": "the sandbox " + strconv.Quote(id) + " was not found or is not running", "sandboxId": id,
+			"code": http.StatusBadGateway, "message": "The sandbox was not found: " + strconv.Quote(id) + " does not exist or is not running", "sandboxId": id,
 		})
 	}
 	if !validID(id) {

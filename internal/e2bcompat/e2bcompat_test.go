@@ -435,7 +435,7 @@ func TestSignedFilesFindTheirSandbox(t *testing.T) {
 	sig := envd.FileSignature("/tmp/x", "read", "", "token-of-sbb", 0)
 	// The fake has no agent for the sandbox: reaching serveSandbox for sbb
 	// shows the signature found it.
-	if code, body := do("GET", "path=/tmp/x&signature="+sig); code != 502 || !strings.Contains(body, `"sbb"`) {
+	if code, body := do("GET", "path=/tmp/x&signature="+sig); code != 502 || !strings.Contains(body, `The sandbox was not found: \"sbb\"`) {
 		t.Errorf("signed read = %d %s, want the proxy's answer for sbb", code, body)
 	}
 	if code, _ := do("POST", "path=/tmp/x&signature="+sig); code != 401 {
