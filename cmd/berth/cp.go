@@ -298,7 +298,14 @@ func download(ctx context.Context, sb *client.Sandbox, budget *int64, src, dst s
 			}
 		case client.TypeSymlink:
 			// Made last, so no file is written through a link the
-			// sandbox chose.
+			// sandbox chose. The agent reports targets absolute (as
+			// envd does); one inside the copied tree becomes relative
+			// again, so the copy's links stay inside the copy.
+			if t, ok := strings.CutPrefix(e.SymlinkTarget, prefix); ok && filepath.IsLocal(filepath.FromSlash(t)) {
+				if r, err := filepath.Rel(filepath.Dir(filepath.FromSlash(rel)), filepath.FromSlash(t)); err == nil {
+					e.SymlinkTarget = r
+				}
+			}
 			e.Path = lp
 			links = append(links, e)
 		default:

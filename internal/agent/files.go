@@ -2,9 +2,7 @@ package agent
 
 import (
 	"compress/gzip"
-	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,19 +17,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
-// Signature returns the /files signature E2B SDKs compute for a path,
-// operation ("read" or "write"), user ("" for the default user) and optional
-// expiry (unix seconds, 0 for none): "v1_" + unpadded base64 of the sha256 of
-// "path:operation:user:token[:expiration]".
+// Signature returns the /files signature E2B SDKs compute (see
+// envd.FileSignature).
 func Signature(path, operation, username, token string, expiration int64) string {
-	parts := []string{path, operation, username, token}
-	if expiration != 0 {
-		parts = append(parts, strconv.FormatInt(expiration, 10))
-	}
-	sum := sha256.Sum256([]byte(strings.Join(parts, ":")))
-	return "v1_" + base64.RawStdEncoding.EncodeToString(sum[:])
+	return envd.FileSignature(path, operation, username, token, expiration)
 }
 
 // authorizeFiles accepts the access token header, or a valid and unexpired
@@ -146,6 +139,8 @@ type uploadEntry struct {
 	Path string `json:"path"`
 	Name string `json:"name"`
 	Type string `json:"type"`
+	// Metadata is the file's user.e2b.* attributes as written.
+	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
 func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
@@ -158,6 +153,11 @@ func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
 	u, err := s.userFor(q.Get("username"), "")
 	if err != nil {
 		jsonError(w, http.StatusUnauthorized, err)
+		return
+	}
+	md, err := metadataFromHeaders(r.Header)
+	if err != nil {
+		jsonError(w, http.StatusBadRequest, err)
 		return
 	}
 	body := io.Reader(r.Body)
@@ -183,11 +183,12 @@ func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
 			jsonError(w, http.StatusBadRequest, err)
 			return
 		}
-		if status, err := writeFile(path, body, u); err != nil {
+		written, status, err := writeFile(path, body, u, md)
+		if err != nil {
 			jsonError(w, status, err)
 			return
 		}
-		out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file"})
+		out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file", Metadata: written})
 	case strings.HasPrefix(media, "multipart/"):
 		mr := multipart.NewReader(body, params["boundary"])
 		for {
@@ -227,13 +228,13 @@ func (s *Server) postFile(w http.ResponseWriter, r *http.Request) {
 					return
 				}
 			}
-			status, err := writeFile(path, part, u)
+			written, status, err := writeFile(path, part, u, md)
 			part.Close()
 			if err != nil {
 				jsonError(w, status, err)
 				return
 			}
-			out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file"})
+			out = append(out, uploadEntry{Path: path, Name: filepath.Base(path), Type: "file", Metadata: written})
 		}
 	default:
 		jsonError(w, http.StatusBadRequest, fmt.Errorf("unsupported content type %q, want multipart/form-data or application/octet-stream", r.Header.Get("Content-Type")))
@@ -257,54 +258,64 @@ func partFileName(p *multipart.Part) string {
 }
 
 // writeFile streams r into path (truncating), creating parents; file and new
-// parents are owned by u. Memory use is constant: io.Copy's buffer.
-func writeFile(path string, r io.Reader, u *user) (int, error) {
+// parents are owned by u, and md becomes the file's whole metadata set. It
+// returns the metadata read back from the file. Memory use is constant:
+// io.Copy's buffer.
+func writeFile(path string, r io.Reader, u *user, md map[string]string) (map[string]string, int, error) {
 	if err := ensureDirs(filepath.Dir(path), u); err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return http.StatusInsufficientStorage, err
+			return nil, http.StatusInsufficientStorage, err
 		}
-		return httpStatus(err), err
+		return nil, httpStatus(err), err
 	}
 	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
-		return http.StatusBadRequest, fmt.Errorf("path %q is a directory", path)
+		return nil, http.StatusBadRequest, fmt.Errorf("path %q is a directory", path)
 	}
 	if fi, err := os.Stat(path); err == nil && !fi.Mode().IsRegular() {
-		return http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
+		return nil, http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
 	}
 	// O_NONBLOCK: a FIFO swapped in after the check must not block the
 	// open (it fails with ENXIO without a reader, or is refused below).
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|unix.O_NONBLOCK, 0o644)
 	if err != nil {
 		if errors.Is(err, unix.ENOSPC) {
-			return http.StatusInsufficientStorage, fmt.Errorf("not enough inodes available: %w", err)
+			return nil, http.StatusInsufficientStorage, fmt.Errorf("not enough inodes available: %w", err)
 		}
 		if errors.Is(err, unix.ENXIO) {
-			return http.StatusBadRequest, fmt.Errorf("path %q is not a regular file: refusing to write it: %w", path, err)
+			return nil, http.StatusBadRequest, fmt.Errorf("path %q is not a regular file: refusing to write it: %w", path, err)
 		}
-		return httpStatus(err), fmt.Errorf("open %q: %w", path, err)
+		return nil, httpStatus(err), fmt.Errorf("open %q: %w", path, err)
 	}
 	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
 		f.Close()
 		if err != nil {
-			return http.StatusInternalServerError, err
+			return nil, http.StatusInternalServerError, err
 		}
-		return http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
+		return nil, http.StatusBadRequest, fmt.Errorf("path %q is a %s, not a regular file: refusing to write it", path, fileKind(fi.Mode()))
 	}
 	if err := f.Chown(int(u.UID), int(u.GID)); err != nil {
 		f.Close()
-		return http.StatusInternalServerError, fmt.Errorf("chown %q: %w", path, err)
+		return nil, http.StatusInternalServerError, fmt.Errorf("chown %q: %w", path, err)
 	}
 	_, err = io.Copy(f, r)
+	var written map[string]string
+	if err == nil {
+		if err = setMetadata(f, md); err != nil {
+			err = fmt.Errorf("metadata: %w", err)
+		} else {
+			written = fileMetadata(f)
+		}
+	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
-			return http.StatusInsufficientStorage, fmt.Errorf("write %q: not enough disk space available: %w", path, err)
+			return nil, http.StatusInsufficientStorage, fmt.Errorf("write %q: not enough disk space available: %w", path, err)
 		}
-		return http.StatusInternalServerError, fmt.Errorf("write %q: %w", path, err)
+		return nil, http.StatusInternalServerError, fmt.Errorf("write %q: %w", path, err)
 	}
-	return http.StatusOK, nil
+	return written, http.StatusOK, nil
 }
 
 // closeOnError ends the connection after an error answer to an upload: the

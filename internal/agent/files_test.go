@@ -218,9 +218,16 @@ func TestFilesystemRPCs(t *testing.T) {
 		t.Errorf("Stat = %v", en)
 	}
 	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "a/b/c/link"}))
-	if err != nil || st.Msg.GetEntry().GetType() != fspb.FileType_FILE_TYPE_SYMLINK || st.Msg.GetEntry().GetSymlinkTarget() != "f.txt" {
+	// envd reports the target resolved and absolute.
+	if err != nil || st.Msg.GetEntry().GetType() != fspb.FileType_FILE_TYPE_SYMLINK || st.Msg.GetEntry().GetSymlinkTarget() != filepath.Join(e.home, "a/b/c/f.txt") {
 		t.Errorf("Stat symlink = %v, %v", st, err)
 	}
+	os.Symlink("../gone", filepath.Join(e.home, "a/b/c/dangling"))
+	st, err = e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "a/b/c/dangling"}))
+	if err != nil || st.Msg.GetEntry().GetSymlinkTarget() != filepath.Join(e.home, "a/b/gone") {
+		t.Errorf("Stat dangling symlink = %v, %v", st, err)
+	}
+	os.Remove(filepath.Join(e.home, "a/b/c/dangling"))
 	if _, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "nope"})); connect.CodeOf(err) != connect.CodeNotFound {
 		t.Errorf("Stat missing: %v", err)
 	}
@@ -248,7 +255,8 @@ func TestFilesystemRPCs(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(e.home, "a")); !os.IsNotExist(err) {
 		t.Errorf("after Remove: %v", err)
 	}
-	if _, err := e.fs.Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: "a"})); connect.CodeOf(err) != connect.CodeNotFound {
+	// As envd: removing what is not there succeeds.
+	if _, err := e.fs.Remove(ctx, connect.NewRequest(&fspb.RemoveRequest{Path: "a"})); err != nil {
 		t.Errorf("Remove missing: %v", err)
 	}
 }
@@ -382,5 +390,99 @@ func TestFilesNonRegular(t *testing.T) {
 	b, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "not a regular file") {
 		t.Errorf("POST /files onto a FIFO = %d %s, want 400", resp.StatusCode, b)
+	}
+}
+
+func TestFileMetadata(t *testing.T) {
+	e := newEnv(t, "")
+	ctx := t.Context()
+	upload := func(path string, md map[string]string) (*http.Response, []uploadEntry) {
+		t.Helper()
+		hdr := map[string]string{}
+		for k, v := range md {
+			hdr["X-Metadata-"+k] = v
+		}
+		resp := e.do(t, "POST", "/files", url.Values{"path": {path}}, "application/octet-stream", strings.NewReader("x"), hdr)
+		var out []uploadEntry
+		if resp.StatusCode == 200 {
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp, out
+	}
+	resp, out := upload("m/a.txt", map[string]string{"Owner": "alice", "stage": "draft v1"})
+	if resp.StatusCode != 200 || len(out) != 1 || fmt.Sprint(out[0].Metadata) != "map[owner:alice stage:draft v1]" {
+		t.Fatalf("upload with metadata = %d %+v", resp.StatusCode, out)
+	}
+	path := filepath.Join(e.home, "m/a.txt")
+	buf := make([]byte, 64)
+	if n, err := unix.Getxattr(path, "user.e2b.owner", buf); err != nil || string(buf[:n]) != "alice" {
+		t.Errorf("user.e2b.owner = %q, %v", buf[:n], err)
+	}
+	st, err := e.fs.Stat(ctx, connect.NewRequest(&fspb.StatRequest{Path: "m/a.txt"}))
+	if err != nil || fmt.Sprint(st.Msg.GetEntry().GetMetadata()) != "map[owner:alice stage:draft v1]" {
+		t.Errorf("Stat metadata = %v, %v", st.Msg.GetEntry().GetMetadata(), err)
+	}
+	// Attributes outside user.e2b. are not metadata.
+	if err := unix.Setxattr(path, "user.other", []byte("x"), 0); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := e.fs.ListDir(ctx, connect.NewRequest(&fspb.ListDirRequest{Path: "m"}))
+	if err != nil || len(ls.Msg.GetEntries()) != 1 || fmt.Sprint(ls.Msg.GetEntries()[0].GetMetadata()) != "map[owner:alice stage:draft v1]" {
+		t.Errorf("ListDir metadata = %v, %v", ls.Msg.GetEntries(), err)
+	}
+	mv, err := e.fs.Move(ctx, connect.NewRequest(&fspb.MoveRequest{Source: "m/a.txt", Destination: "m/b.txt"}))
+	if err != nil || mv.Msg.GetEntry().GetMetadata()["owner"] != "alice" {
+		t.Errorf("Move metadata = %v, %v", mv.Msg.GetEntry(), err)
+	}
+	// An upload replaces the whole set; one without metadata clears it.
+	if _, out := upload("m/b.txt", map[string]string{"stage": "final"}); len(out) != 1 || fmt.Sprint(out[0].Metadata) != "map[stage:final]" {
+		t.Errorf("re-upload = %+v", out)
+	}
+	if _, out := upload("m/b.txt", nil); len(out) != 1 || out[0].Metadata != nil {
+		t.Errorf("upload without metadata = %+v", out)
+	}
+	if n, err := unix.Getxattr(filepath.Join(e.home, "m/b.txt"), "user.other", buf); err != nil || string(buf[:n]) != "x" {
+		t.Errorf("an upload touched user.other: %q, %v", buf[:n], err)
+	}
+	for _, bad := range []map[string]string{
+		{"k": "caf\u00e9"},
+		{"k": "tab\there"},
+		{"k": strings.Repeat("v", maxMetadataValue+1)},
+	} {
+		if resp, _ := upload("m/c.txt", bad); resp.StatusCode != 400 {
+			t.Errorf("upload with metadata %q = %d, want 400", bad, resp.StatusCode)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(e.home, "m/c.txt")); !os.IsNotExist(err) {
+		t.Errorf("a refused upload wrote its file: %v", err)
+	}
+}
+
+func TestMetadataFromHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		hdr  http.Header
+		want string
+		ok   bool
+	}{
+		{http.Header{"Content-Type": {"x"}}, "map[]", true},
+		{http.Header{"X-Metadata-Owner": {"alice"}, "x-metadata-b": {"2"}}, "map[b:2 owner:alice]", true},
+		{http.Header{"X-Metadata-": {"v"}}, "map[]", true},
+		{http.Header{"X-Metadata-Bad Key": {"v"}}, "", false},
+		{http.Header{"X-Metadata-K": {"\x01"}}, "", false},
+		{http.Header{"X-Metadata-" + strings.Repeat("k", maxMetadataKey+1): {"v"}}, "", false},
+	} {
+		md, err := metadataFromHeaders(tc.hdr)
+		if (err == nil) != tc.ok || (tc.ok && fmt.Sprint(md) != tc.want) {
+			t.Errorf("metadataFromHeaders(%v) = %v, %v; want %s ok %v", tc.hdr, md, err, tc.want, tc.ok)
+		}
+	}
+	many := http.Header{}
+	for i := range maxMetadataKeys + 1 {
+		many.Set(fmt.Sprintf("X-Metadata-K%d", i), "v")
+	}
+	if _, err := metadataFromHeaders(many); err == nil {
+		t.Errorf("%d metadata entries accepted", maxMetadataKeys+1)
 	}
 }

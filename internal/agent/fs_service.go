@@ -42,13 +42,15 @@ func (s *Server) entryInfo(path string) (*pb.EntryInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.entryFromInfo(path, fi), nil
+	return s.entryFromInfo(path, path, fi), nil
 }
 
-func (s *Server) entryFromInfo(path string, fi fs.FileInfo) *pb.EntryInfo {
+// entryFromInfo describes the file at real (whose Lstat is fi) under the
+// path the client knows it by, shown.
+func (s *Server) entryFromInfo(shown, real string, fi fs.FileInfo) *pb.EntryInfo {
 	e := &pb.EntryInfo{
 		Name:         fi.Name(),
-		Path:         path,
+		Path:         shown,
 		Size:         fi.Size(),
 		Mode:         uint32(fi.Mode().Perm()),
 		Permissions:  fi.Mode().String(),
@@ -57,7 +59,7 @@ func (s *Server) entryFromInfo(path string, fi fs.FileInfo) *pb.EntryInfo {
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
 		e.Type = pb.FileType_FILE_TYPE_SYMLINK
-		if target, err := os.Readlink(path); err == nil {
+		if target, ok := symlinkTarget(real); ok {
 			e.SymlinkTarget = &target
 		}
 	case fi.IsDir():
@@ -75,7 +77,27 @@ func (s *Server) entryFromInfo(path string, fi fs.FileInfo) *pb.EntryInfo {
 		e.Owner = idName(s.cfg.PasswdPath, st.Uid)
 		e.Group = idName(s.cfg.GroupPath, st.Gid)
 	}
+	e.Metadata = readMetadata(real)
 	return e
+}
+
+// symlinkTarget is where the link at path leads, absolute, as envd reports
+// it: fully resolved when the chain resolves, else the link's own target
+// made absolute against the link's directory (a dangling link). The agent
+// runs in the sandbox's mount namespace, so resolving never leaves the
+// sandbox's tree.
+func symlinkTarget(path string) (string, bool) {
+	if resolved, err := filepath.EvalSymlinks(path); err == nil {
+		return resolved, true
+	}
+	target, err := os.Readlink(path)
+	if err != nil {
+		return "", false
+	}
+	if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(path), target)
+	}
+	return filepath.Clean(target), true
 }
 
 func (f *fsService) Stat(_ context.Context, req *connect.Request[pb.StatRequest]) (*connect.Response[pb.StatResponse], error) {
@@ -171,9 +193,8 @@ func (f *fsService) Remove(_ context.Context, req *connect.Request[pb.RemoveRequ
 	if err != nil {
 		return nil, rpcErr(err)
 	}
-	if _, err := os.Lstat(path); err != nil {
-		return nil, rpcErr(fmt.Errorf("remove %q: %w", path, err))
-	}
+	// Like envd, removing what is not there succeeds: the caller wanted it
+	// gone and it is.
 	if path == "/" {
 		return nil, connect.NewError(connect.CodeInvalidArgument, errors.New("refusing to remove /"))
 	}
@@ -217,7 +238,7 @@ func (f *fsService) ListDir(_ context.Context, req *connect.Request[pb.ListDirRe
 				continue // vanished meanwhile
 			}
 			p := filepath.Join(shown, de.Name())
-			res.Entries = append(res.Entries, f.s.entryFromInfo(p, info))
+			res.Entries = append(res.Entries, f.s.entryFromInfo(p, filepath.Join(dir, de.Name()), info))
 			// Symlinked directories are listed, not entered: no loops.
 			if de.IsDir() && level < depth {
 				if err := walk(filepath.Join(dir, de.Name()), p, level+1); err != nil && !errors.Is(err, os.ErrPermission) {

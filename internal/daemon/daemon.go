@@ -279,6 +279,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Manager: mgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
+	// getMetrics({start, end}) reads the history this keeps.
+	mctx, stopMetrics := context.WithCancel(ctx)
+	defer stopMetrics()
+	go root.RecordMetrics(mctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -1,6 +1,7 @@
 package e2bcompat
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -42,10 +44,42 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
+	for pattern, missing := range unimplemented {
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
+		})
+	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of Berth's E2B-compatible API", r.Method, r.URL.Path))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of E2B's API", r.Method, r.URL.Path))
 	})
 }
+
+// unimplemented are E2B's routes Berth does not serve, with what is
+// missing. They answer 501, never 404: the SDKs read 404 on a sandbox
+// route as "sandbox not found" (or exists: false) and would report the
+// wrong thing.
+var unimplemented = map[string]string{
+	"/sandboxes/{id}/fork":      "forking a sandbox needs snapshots, which Berth does not take yet",
+	"/sandboxes/{id}/snapshots": "snapshots are not supported yet",
+	"/snapshots":                "snapshots are not supported yet",
+	"/sandboxes/{id}/logs":      "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"/v2/sandboxes/{id}/logs":   "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"GET /sandboxes/metrics":    "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
+	"/secrets":                  "secrets are not managed through the E2B API",
+	"/secrets/":                 "secrets are not managed through the E2B API",
+	"/teams":                    "Berth has no teams: each API key sees its own sandboxes",
+	"/teams/":                   "Berth has no teams: each API key sees its own sandboxes",
+	"/templates":                templatesMissing,
+	"/templates/":               templatesMissing,
+	"/v2/templates":             templatesMissing,
+	"/v2/templates/":            templatesMissing,
+	"/v3/templates":             templatesMissing,
+	"/v3/templates/":            templatesMissing,
+	"/volumes":                  "volumes are not supported yet",
+	"/volumes/":                 "volumes are not supported yet",
+}
+
+const templatesMissing = "E2B's template API (builds, tags, aliases) is not served: templates are built with `berth template build NAME` and listed with `berth template ls`"
 
 type keyCtx struct{}
 
@@ -215,7 +249,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		net = *in.Network
 	}
 	net.AllowInternetAccess = in.AllowInternetAccess
-	policy, err := applyNetwork(net)
+	policy, internet, err := applyNetwork(net, false)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -244,7 +278,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON()}
+	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON(internet)}
 	if net.AllowPublicTraffic != nil && !*net.AllowPublicTraffic {
 		ext.TrafficToken = randHex(20)
 	}
@@ -291,50 +325,108 @@ func listed(sb sandbox.Sandbox) listedBody {
 	}
 }
 
+// listFilter is what both list calls select and sort by beyond what the
+// Manager filters (owner, state, metadata).
+type listFilter struct {
+	owned sandbox.OwnedListOptions
+	// template keeps only sandboxes of this template ("" = all).
+	template string
+	// startedAfter and startedBefore bound the start time, both inclusive
+	// (zero = unbounded).
+	startedAfter, startedBefore time.Time
+	// asc sorts oldest first; E2B's default is newest first.
+	asc bool
+}
+
 // listQuery parses the filters shared by both list calls.
-func listQuery(r *http.Request) (sandbox.OwnedListOptions, error) {
+func listQuery(r *http.Request) (listFilter, error) {
 	q := r.URL.Query()
-	opts := sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}
+	f := listFilter{owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}}
 	if raw := q.Get("metadata"); raw != "" {
 		// The SDKs URI-encode each key and value, then form-encode the
 		// pairs into this one parameter.
 		pairs, err := url.ParseQuery(raw)
 		if err != nil {
-			return opts, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
+			return f, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
 		}
 		for k, vs := range pairs {
 			key, err1 := url.PathUnescape(k)
 			val, err2 := url.PathUnescape(vs[len(vs)-1])
 			if err1 != nil || err2 != nil {
-				return opts, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
+				return f, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
 			}
-			opts.Metadata[key] = val
+			f.owned.Metadata[key] = val
 		}
 	}
-	states := q.Get("state")
+	// The SDKs send the states comma-separated in one parameter; plain
+	// form encoding repeats it. Both mean the union.
+	states := strings.Join(q["state"], ",")
 	if states == "" {
 		states = "running,paused"
 	}
 	for _, st := range strings.Split(states, ",") {
 		switch st {
 		case "running":
-			opts.States = append(opts.States, string(sandbox.StateReady))
+			f.owned.States = append(f.owned.States, string(sandbox.StateReady))
 		case "paused":
-			opts.States = append(opts.States, string(sandbox.StatePaused))
+			f.owned.States = append(f.owned.States, string(sandbox.StatePaused))
 		default:
-			return opts, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
+			return f, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
 		}
 	}
-	return opts, nil
+	f.template = q.Get("template")
+	for _, b := range []struct {
+		name string
+		to   *time.Time
+	}{{"startedAfter", &f.startedAfter}, {"startedBefore", &f.startedBefore}} {
+		raw := q.Get(b.name)
+		if raw == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, raw)
+		if err != nil {
+			return f, fmt.Errorf("%s %q: want an RFC 3339 timestamp such as 2025-01-02T15:04:05Z: %w", b.name, raw, errdefs.ErrInvalidArgument)
+		}
+		*b.to = t
+	}
+	switch o := q.Get("order"); o {
+	case "", "desc":
+	case "asc":
+		f.asc = true
+	default:
+		return f, fmt.Errorf("order %q: want asc or desc: %w", o, errdefs.ErrInvalidArgument)
+	}
+	return f, nil
+}
+
+// listSandboxes returns the caller's sandboxes that pass f, in f's order.
+func (s *Server) listSandboxes(ctx context.Context, f listFilter) ([]sandbox.Sandbox, error) {
+	sbs, err := s.cfg.Manager.ListOwned(ctx, f.owned)
+	if err != nil {
+		return nil, err
+	}
+	sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool {
+		return (f.template != "" && sb.Template != f.template) ||
+			(!f.startedAfter.IsZero() && sb.CreatedAt.Before(f.startedAfter)) ||
+			(!f.startedBefore.IsZero() && sb.CreatedAt.After(f.startedBefore))
+	})
+	slices.SortFunc(sbs, func(a, b sandbox.Sandbox) int {
+		c := cursorOf(a).compare(cursorOf(b))
+		if !f.asc {
+			c = -c
+		}
+		return c
+	})
+	return sbs, nil
 }
 
 func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
-	opts, err := listQuery(r)
+	f, err := listQuery(r)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	sbs, err := s.listSandboxes(r.Context(), f)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -349,11 +441,12 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 // maxPage bounds one page of GET /v2/sandboxes.
 const maxPage = 100
 
-// list answers GET /v2/sandboxes a page at a time, oldest first. The next
-// token is an opaque cursor (the last item's start time and ID), so pages
-// stay consistent while sandboxes come and go.
+// list answers GET /v2/sandboxes a page at a time, newest first unless
+// order=asc. The next token is an opaque cursor (the last item's start time
+// and ID): the next page holds what sorts after it, so sandboxes created or
+// destroyed between two pages neither repeat nor shift what is left.
 func (s *Server) list(w http.ResponseWriter, r *http.Request) {
-	opts, err := listQuery(r)
+	f, err := listQuery(r)
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -368,24 +461,36 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		}
 		limit = min(n, maxPage)
 	}
-	var after cursor
+	var after *cursor
 	if t := q.Get("nextToken"); t != "" {
-		if after, err = parseCursor(t); err != nil {
+		c, err := parseCursor(t)
+		if err != nil {
 			writeErr(w, err)
 			return
 		}
+		after = &c
 	}
-	sbs, err := s.cfg.Manager.ListOwned(r.Context(), opts)
+	sbs, err := s.listSandboxes(r.Context(), f)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	out := make([]listedBody, 0, limit)
+	running := 0
+	for _, sb := range sbs {
+		if sandbox.State(sb.State) == sandbox.StateReady {
+			running++
+		}
+	}
+	w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	out := make([]listedBody, 0, min(limit, len(sbs)))
 	var last cursor
 	for _, sb := range sbs {
-		c := cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID}
-		if after.id != "" && !after.before(c) {
-			continue
+		c := cursorOf(sb)
+		if after != nil {
+			// Skip up to and including the cursor, in the page order.
+			if cmp := c.compare(*after); (f.asc && cmp <= 0) || (!f.asc && cmp >= 0) {
+				continue
+			}
 		}
 		if len(out) == limit {
 			// There is more: the client continues after the last one sent.
@@ -398,13 +503,21 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// cursor is a position in the oldest-first order of sandboxes.
+// cursor is a position in the order of sandboxes by start time, ties broken
+// by ID.
 type cursor struct {
 	at int64
 	id string
 }
 
-func (c cursor) before(o cursor) bool { return c.at < o.at || (c.at == o.at && c.id < o.id) }
+func cursorOf(sb sandbox.Sandbox) cursor { return cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID} }
+
+func (c cursor) compare(o cursor) int {
+	if c.at != o.at {
+		return cmp.Compare(c.at, o.at)
+	}
+	return strings.Compare(c.id, o.id)
+}
 
 func (c cursor) String() string {
 	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at, 10) + ":" + c.id))
@@ -431,7 +544,13 @@ type detailBody struct {
 	Domain              string          `json:"domain"`
 	AllowInternetAccess bool            `json:"allowInternetAccess"`
 	Network             json.RawMessage `json:"network,omitempty"`
-	Lifecycle           map[string]any  `json:"lifecycle"`
+	Lifecycle           lifecycleBody   `json:"lifecycle"`
+}
+
+// lifecycleBody is E2B's SandboxLifecycle: what happens at the deadline.
+type lifecycleBody struct {
+	OnTimeout  string `json:"onTimeout"`
+	AutoResume bool   `json:"autoResume"`
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -441,10 +560,11 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	network, internet := storedNetwork(ext.Network)
 	writeJSON(w, http.StatusOK, detailBody{
 		listedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
-		Network:   json.RawMessage(ext.Network),
-		Lifecycle: map[string]any{"onTimeout": lifecycleOnTimeout(sb), "autoResume": sb.AutoResume},
+		AllowInternetAccess: internet, Network: network,
+		Lifecycle: lifecycleBody{OnTimeout: lifecycleOnTimeout(sb), AutoResume: sb.AutoResume},
 	})
 }
 
@@ -534,6 +654,11 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.sandboxBody(sb, ext))
 }
 
+// updateNetwork replaces the sandbox's egress configuration, as E2B does:
+// the body is evaluated like a create's network settings and what it omits
+// is cleared (so {} lets the sandbox out to the internet, and a sandbox
+// with internet access keeps it when an update only adds denyOut). The
+// ingress settings (allowPublicTraffic) stay as created.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
 	var in networkConfig
@@ -541,14 +666,12 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	// Only egress is updatable (as on E2B): public traffic stays as created.
-	in.AllowPublicTraffic, in.MaskRequestHost, in.HTTPSPorts = nil, nil, nil
-	policy, err := applyNetwork(in)
-	if err != nil {
-		writeErr(w, err)
+	if in.AllowPublicTraffic != nil || in.MaskRequestHost != nil || present(in.HTTPSPorts) {
+		writeError(w, http.StatusBadRequest, "allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated")
 		return
 	}
-	if _, err := s.cfg.Manager.SetNetworkPolicy(r.Context(), sb.ID, policy); err != nil {
+	policy, internet, err := applyNetwork(in, true)
+	if err != nil {
 		writeErr(w, err)
 		return
 	}
@@ -557,12 +680,16 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
+	if _, err := s.cfg.Manager.SetNetworkPolicy(r.Context(), sb.ID, policy); err != nil {
+		writeErr(w, err)
+		return
+	}
 	var prev networkConfig
 	// A record without network settings leaves prev at its zero value.
 	_ = json.Unmarshal([]byte(ext.Network), &prev)
 	in.AllowPublicTraffic = prev.AllowPublicTraffic
-	ext.Network = in.storeJSON()
-	if err := s.cfg.Store.PutE2BSandbox(r.Context(), ext); err != nil {
+	ext.Network = in.storeJSON(internet)
+	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
 		writeErr(w, err)
 		return
 	}

@@ -10,9 +10,11 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -89,9 +91,10 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 // SDKs do not send it themselves; the caller adds it, as on E2B).
 func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
 	gone := func() {
-		// E2B's answer for a sandbox that does not run (isRunning reads it).
+		// E2B's answer (and wording) for a sandbox that does not run;
+		// isRunning reads it.
 		writeJSON(w, http.StatusBadGateway, map[string]any{
-			"code": http.StatusBadGateway, "message": "the sandbox " + strconv.Quote(id) + " was not found or is not running", "sandboxId": id,
+			"code": http.StatusBadGateway, "message": "The sandbox was not found: " + strconv.Quote(id) + " does not exist or is not running", "sandboxId": id,
 		})
 	}
 	if !validID(id) {
@@ -162,4 +165,62 @@ func (s *Server) ownerKey(r *http.Request, id string) bool {
 
 func equal(got, want string) bool {
 	return got != "" && want != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+}
+
+// serveSignedFiles serves a signed /files URL that names no sandbox (the
+// SDKs build them against E2B_SANDBOX_URL, with only path, username and
+// signature in them): the sandbox is the one whose access token made the
+// signature. Every live sandbox's signature is computed and compared in
+// constant time, with no early exit, so the answer's timing says nothing
+// about which sandbox or how many; the agent then checks the signature
+// again itself. Expired and unknown signatures are 401, as the agent
+// answers them.
+func (s *Server) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
+	var op string
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		op = "read"
+	case http.MethodPost:
+		op = "write"
+	default:
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		writeError(w, http.StatusMethodNotAllowed, r.Method+" /files: want GET (download) or POST (upload)")
+		return
+	}
+	q := r.URL.Query()
+	var exp int64
+	if v := q.Get("signature_expiration"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			writeError(w, http.StatusUnauthorized, "invalid signature_expiration "+strconv.Quote(v))
+			return
+		}
+		exp = n
+	}
+	if exp != 0 && exp < time.Now().Unix() {
+		writeError(w, http.StatusUnauthorized, "signature is already expired")
+		return
+	}
+	sbs, err := s.cfg.Manager.List(r.Context(), sandbox.ListOptions{States: []string{string(sandbox.StateReady)}})
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	sig := []byte(q.Get("signature"))
+	path, user := q.Get("path"), q.Get("username")
+	found := ""
+	for _, sb := range sbs {
+		if sb.Token == "" {
+			continue
+		}
+		want := envd.FileSignature(path, op, user, sb.Token, exp)
+		if subtle.ConstantTimeCompare([]byte(want), sig) == 1 {
+			found = sb.ID
+		}
+	}
+	if found == "" {
+		writeError(w, http.StatusUnauthorized, "invalid signature: it was not made for this path and operation by any running sandbox's access token")
+		return
+	}
+	s.serveSandbox(w, r, found, envd.Port)
 }

@@ -16,7 +16,6 @@ import (
 	"net/http/httputil"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -39,6 +38,7 @@ type Manager interface {
 	Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error)
 	Get(ctx context.Context, id string) (sandbox.Sandbox, error)
 	ListOwned(ctx context.Context, opts sandbox.OwnedListOptions) ([]sandbox.Sandbox, error)
+	List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error)
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	Agent(ctx context.Context, id string) (addr, token string, err error)
@@ -64,7 +64,10 @@ type Config struct {
 	Domain string
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
-	Logger *slog.Logger
+	// MetricsInterval is how often RecordMetrics samples each sandbox
+	// (DefaultMetricsInterval if zero).
+	MetricsInterval time.Duration
+	Logger          *slog.Logger
 }
 
 // Server is the daemon's root handler.
@@ -74,10 +77,8 @@ type Server struct {
 	mux   *http.ServeMux
 	proxy *httputil.ReverseProxy
 
-	// cpu remembers the last CPU sample per sandbox so metrics report usage
-	// over the interval between two calls, not since creation.
-	cpuMu sync.Mutex
-	cpu   map[string]cpuSample
+	// metrics is each E2B sandbox's usage history (RecordMetrics).
+	history metricsHistory
 }
 
 // New builds the root handler.
@@ -92,7 +93,10 @@ func New(cfg Config) *Server {
 	if cfg.Native == nil {
 		cfg.Native = http.NotFoundHandler()
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), cpu: map[string]cpuSample{}}
+	if cfg.MetricsInterval <= 0 {
+		cfg.MetricsInterval = DefaultMetricsInterval
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), history: metricsHistory{by: map[string][]metricSample{}}}
 	s.proxy = s.sandboxProxy()
 	s.routes()
 	return s
@@ -116,6 +120,11 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if id, port, ok := ParseHost(r.Host, s.cfg.Domain); ok {
 		s.serveSandbox(w, r, id, port)
+		return
+	}
+	if r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		// A signed URL built against E2B_SANDBOX_URL names no sandbox.
+		s.serveSignedFiles(w, r)
 		return
 	}
 	if r.URL.Path == "/v1" || strings.HasPrefix(r.URL.Path, "/v1/") {

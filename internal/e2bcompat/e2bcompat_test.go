@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -96,7 +98,7 @@ func TestApplyNetwork(t *testing.T) {
 		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
 	}
 	for _, tt := range tests {
-		_, err := applyNetwork(tt.in)
+		_, _, err := applyNetwork(tt.in, false)
 		if (err == nil) != tt.ok {
 			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
 		}
@@ -135,6 +137,14 @@ func (f *fakeManager) ListOwned(ctx context.Context, opts sandbox.OwnedListOptio
 		if sb.Owner == opts.Owner {
 			out = append(out, sb)
 		}
+	}
+	return out, nil
+}
+
+func (f *fakeManager) List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error) {
+	var out []sandbox.Sandbox
+	for _, sb := range f.sbs {
+		out = append(out, sb)
 	}
 	return out, nil
 }
@@ -252,32 +262,297 @@ func TestControlPlaneAuth(t *testing.T) {
 func TestEgressPolicy(t *testing.T) {
 	yes, no := true, false
 	tests := []struct {
-		in      networkConfig
-		mode    policy.Mode
-		allow   string
-		deny    string
-		wantErr bool
+		in       networkConfig
+		update   bool
+		mode     policy.Mode
+		allow    string
+		deny     string
+		internet bool
+		wantErr  bool
 	}{
-		{networkConfig{}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &no}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes}, policy.ModeOpen, "", "", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, policy.ModeOpen, "", "198.51.100.7/32", false},
-		{networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeNone, "", "", false},
-		{networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, policy.ModeAllow, "example.com,198.51.100.0/24", "", false},
-		{networkConfig{DenyOut: []string{"not-an-ip"}}, "", "", "", true},
-		{networkConfig{AllowOut: []string{"bad domain!"}}, "", "", "", true},
-		{networkConfig{Rules: []byte(`{"x":1}`)}, "", "", "", true},
+		// A create that says nothing gets Berth's default, no egress; an
+		// update that says nothing clears every rule, as on E2B.
+		{in: networkConfig{}, mode: policy.ModeNone},
+		{in: networkConfig{}, update: true, mode: policy.ModeOpen, internet: true},
+		{in: networkConfig{AllowInternetAccess: &no}, mode: policy.ModeNone},
+		{in: networkConfig{AllowInternetAccess: &no}, update: true, mode: policy.ModeNone},
+		{in: networkConfig{AllowInternetAccess: &yes}, mode: policy.ModeOpen, internet: true},
+		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		// Denying some destinations means the rest is open, create or update.
+		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, update: true, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeNone},
+		{in: networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeAllow, allow: "example.com,198.51.100.0/24"},
+		{in: networkConfig{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		{in: networkConfig{AllowInternetAccess: &no, AllowOut: []string{"198.51.100.1"}}, mode: policy.ModeAllow, allow: "198.51.100.1/32"},
+		// allowOut alone is an allow list (stricter than E2B).
+		{in: networkConfig{AllowOut: []string{"example.com"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		// Open with an allowOut outside the denied ranges: nothing to add.
+		{in: networkConfig{AllowOut: []string{"example.com", "203.0.113.1"}, DenyOut: []string{"198.51.100.0/24"}}, mode: policy.ModeOpen, deny: "198.51.100.0/24", internet: true},
+		// An allowOut inside a partial denyOut would stay denied in Berth.
+		{in: networkConfig{AllowOut: []string{"198.51.100.1"}, DenyOut: []string{"198.51.100.0/24"}}, wantErr: true},
+		{in: networkConfig{DenyOut: []string{"not-an-ip"}}, wantErr: true},
+		{in: networkConfig{DenyOut: []string{"example.com"}}, update: true, wantErr: true},
+		{in: networkConfig{AllowOut: []string{"bad domain!"}}, wantErr: true},
+		{in: networkConfig{Rules: []byte(`{"x":1}`)}, wantErr: true},
 	}
 	for _, tt := range tests {
-		p, err := egressPolicy(tt.in)
+		p, internet, err := egressPolicy(tt.in, tt.update)
 		if tt.wantErr {
 			if err == nil {
-				t.Errorf("egressPolicy(%+v) = %+v, want an error", tt.in, p)
+				t.Errorf("egressPolicy(%+v, update %v) = %+v, want an error", tt.in, tt.update, p)
+			} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
+				t.Errorf("egressPolicy(%+v) = %v, want invalid argument", tt.in, err)
 			}
 			continue
 		}
-		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny {
-			t.Errorf("egressPolicy(%+v) = %+v, %v; want mode %s allow %q deny %q", tt.in, p, err, tt.mode, tt.allow, tt.deny)
+		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny || internet != tt.internet {
+			t.Errorf("egressPolicy(%+v, update %v) = %+v, internet %v, %v; want mode %s allow %q deny %q internet %v", tt.in, tt.update, p, internet, err, tt.mode, tt.allow, tt.deny, tt.internet)
 		}
+	}
+}
+
+func TestStoredNetwork(t *testing.T) {
+	no := false
+	n := networkConfig{AllowOut: []string{"a.test"}, AllowPublicTraffic: &no}
+	cfg, internet := storedNetwork(n.storeJSON(true))
+	if !internet || string(cfg) != `{"allowOut":["a.test"],"allowPublicTraffic":false}` {
+		t.Errorf("storedNetwork = %s, %v", cfg, internet)
+	}
+	// Records written before the flag was kept mean no internet.
+	if cfg, internet := storedNetwork(`{"allowOut":["a.test"]}`); internet || string(cfg) != `{"allowOut":["a.test"]}` {
+		t.Errorf("storedNetwork(old record) = %s, %v", cfg, internet)
+	}
+	if cfg, internet := storedNetwork(""); internet || cfg != nil {
+		t.Errorf("storedNetwork(\"\") = %s, %v", cfg, internet)
+	}
+}
+
+// newTestServer returns a server over a fake manager and a real store, with
+// one API key.
+func newTestServer(t *testing.T, mgr *fakeManager) (*Server, string, core.APIKey) {
+	t.Helper()
+	db, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	keys := NewKeys(db)
+	rec, secret, err := keys.Create(t.Context(), "one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return New(Config{Manager: mgr, Store: db, Keys: keys}), secret, rec
+}
+
+func listIDs(t *testing.T, srv *Server, key, query string) ([]string, string) {
+	t.Helper()
+	req := httptest.NewRequest("GET", "/v2/sandboxes?"+query, nil)
+	req.Header.Set("X-API-Key", key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	if w.Code != 200 {
+		t.Fatalf("list ?%s = %d %s", query, w.Code, w.Body)
+	}
+	var out []listedBody
+	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+		t.Fatal(err)
+	}
+	ids := []string{}
+	for _, l := range out {
+		ids = append(ids, l.SandboxID)
+	}
+	return ids, w.Header().Get("X-Next-Token")
+}
+
+func TestListOrderFiltersAndPages(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	srv, key, rec := newTestServer(t, mgr)
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	add := func(id, tmpl string, at time.Time) {
+		mgr.sbs[id] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Template: tmpl, Owner: rec.ID, CreatedAt: at}}
+	}
+	add("sba", "base", t0)
+	add("sbb", "py", t0.Add(time.Second))
+	add("sbc", "base", t0.Add(2*time.Second))
+	add("sbd", "base", t0.Add(2*time.Second)) // same start: the ID breaks the tie
+	add("sbe", "py", t0.Add(3*time.Second))
+
+	tests := []struct{ query, want string }{
+		{"", "sbe,sbd,sbc,sbb,sba"},
+		{"order=desc", "sbe,sbd,sbc,sbb,sba"},
+		{"order=asc", "sba,sbb,sbc,sbd,sbe"},
+		{"template=base", "sbd,sbc,sba"},
+		{"template=unknown-template", ""},
+		{"startedAfter=" + t0.Add(2*time.Second).Format(time.RFC3339), "sbe,sbd,sbc"},
+		{"startedBefore=" + t0.Add(time.Second).Format(time.RFC3339), "sbb,sba"},
+		{"startedAfter=" + t0.Add(time.Second).Format(time.RFC3339) + "&startedBefore=" + t0.Add(2*time.Second).Format(time.RFC3339) + "&template=base&order=asc", "sbc,sbd"},
+	}
+	for _, tt := range tests {
+		if got, _ := listIDs(t, srv, key, tt.query); strings.Join(got, ",") != tt.want {
+			t.Errorf("list ?%s = %v, want %s", tt.query, got, tt.want)
+		}
+	}
+
+	// Pages: what is created between two pages does not shift the rest
+	// (newest first, so it sorts before the cursor).
+	for _, order := range []string{"desc", "asc"} {
+		var all []string
+		q := "limit=2&order=" + order
+		page, next := listIDs(t, srv, key, q)
+		all = append(all, page...)
+		add("sbz"+order[:1], "base", t0.Add(time.Hour))
+		for next != "" {
+			page, next = listIDs(t, srv, key, q+"&nextToken="+next)
+			all = append(all, page...)
+		}
+		delete(mgr.sbs, "sbz"+order[:1])
+		want := map[string]string{"desc": "sbe,sbd,sbc,sbb,sba", "asc": "sba,sbb,sbc,sbd,sbe,sbza"}[order]
+		if strings.Join(all, ",") != want {
+			t.Errorf("paging %s with a create in between = %v, want %s", order, all, want)
+		}
+	}
+
+	for _, bad := range []string{"order=sideways", "startedAfter=yesterday", "state=dead", "nextToken=zz"} {
+		req := httptest.NewRequest("GET", "/v2/sandboxes?"+bad, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 400 {
+			t.Errorf("list ?%s = %d, want 400", bad, w.Code)
+		}
+	}
+}
+
+func TestUnimplementedRoutesAre501(t *testing.T) {
+	srv, key, _ := newTestServer(t, &fakeManager{sbs: map[string]sandbox.Sandbox{}})
+	for _, rt := range []string{
+		"POST /sandboxes/abc/fork", "POST /sandboxes/abc/snapshots", "GET /snapshots", "GET /sandboxes/abc/logs",
+		"GET /v2/sandboxes/abc/logs", "GET /sandboxes/metrics", "GET /templates", "DELETE /templates/base",
+		"GET /templates/aliases/base", "POST /v3/templates", "GET /volumes", "GET /teams", "POST /secrets",
+	} {
+		method, path, _ := strings.Cut(rt, " ")
+		req := httptest.NewRequest(method, path, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		var body errorBody
+		_ = json.Unmarshal(w.Body.Bytes(), &body)
+		if w.Code != 501 || body.Code != 501 || !strings.Contains(body.Message, "not implemented by Berth: ") {
+			t.Errorf("%s = %d %s, want 501 naming what is missing", rt, w.Code, w.Body)
+		}
+	}
+	req := httptest.NewRequest("GET", "/no/such/route", nil)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	if w.Code != 404 {
+		t.Errorf("GET /no/such/route = %d, want 404", w.Code)
+	}
+}
+
+func TestSignedFilesFindTheirSandbox(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	for _, id := range []string{"sba", "sbb"} {
+		mgr.sbs[id] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Token: "token-of-" + id}}
+	}
+	srv, _, _ := newTestServer(t, mgr)
+	do := func(method, query string) (int, string) {
+		req := httptest.NewRequest(method, "/files?"+query, nil)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		return w.Code, w.Body.String()
+	}
+	sig := envd.FileSignature("/tmp/x", "read", "", "token-of-sbb", 0)
+	// The fake has no agent for the sandbox: reaching serveSandbox for sbb
+	// shows the signature found it.
+	if code, body := do("GET", "path=/tmp/x&signature="+sig); code != 502 || !strings.Contains(body, `The sandbox was not found: \"sbb\"`) {
+		t.Errorf("signed read = %d %s, want the proxy's answer for sbb", code, body)
+	}
+	if code, _ := do("POST", "path=/tmp/x&signature="+sig); code != 401 {
+		t.Errorf("read signature used for a write = %d, want 401", code)
+	}
+	if code, _ := do("GET", "path=/tmp/y&signature="+sig); code != 401 {
+		t.Errorf("signature for another path = %d, want 401", code)
+	}
+	if code, _ := do("GET", "path=/tmp/x&signature=v1_bogus"); code != 401 {
+		t.Errorf("unknown signature = %d, want 401", code)
+	}
+	expired := envd.FileSignature("/tmp/x", "read", "", "token-of-sba", 1)
+	if code, body := do("GET", "path=/tmp/x&signature="+expired+"&signature_expiration=1"); code != 401 || !strings.Contains(body, "expired") {
+		t.Errorf("expired signature = %d %s, want 401 expired", code, body)
+	}
+	if code, _ := do("DELETE", "path=/tmp/x&signature="+sig); code != 405 {
+		t.Errorf("DELETE signed = %d, want 405", code)
+	}
+}
+
+func TestMetricsHistory(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	srv, key, rec := newTestServer(t, mgr)
+	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
+	set := func(id string, cpu time.Duration, mem int64) {
+		mgr.sbs[id] = sandbox.Sandbox{
+			Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Owner: rec.ID, CPUMillis: 1000, MemoryBytes: 512 << 20, CreatedAt: t0},
+			Usage:   &runtime.Stats{CPUUsage: cpu, MemoryBytes: mem, MemoryLimit: 512 << 20},
+		}
+	}
+	set("sba", 0, 1<<20)
+	mgr.sbs["native"] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: "native", State: string(sandbox.StateReady), CreatedAt: t0}, Usage: &runtime.Stats{}}
+	srv.sampleAll(t.Context(), t0.Add(5*time.Second))
+	set("sba", 2500*time.Millisecond, 2<<20) // half of one CPU over 5 s
+	srv.sampleAll(t.Context(), t0.Add(10*time.Second))
+	set("sba", 2500*time.Millisecond, 3<<20)
+	srv.sampleAll(t.Context(), t0.Add(15*time.Second))
+	if _, ok := srv.history.by["native"]; ok {
+		t.Error("a native sandbox was sampled")
+	}
+
+	get := func(query string) []metricBody {
+		t.Helper()
+		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+query, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 200 {
+			t.Fatalf("metrics ?%s = %d %s", query, w.Code, w.Body)
+		}
+		var out []metricBody
+		if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	unix := func(d time.Duration) string { return strconv.FormatInt(t0.Add(d).Unix(), 10) }
+	ms := get("start=" + unix(0) + "&end=" + unix(20*time.Second))
+	if len(ms) != 3 || ms[0].MemUsed != 1<<20 || ms[1].MemUsed != 2<<20 || ms[2].MemUsed != 3<<20 {
+		t.Fatalf("metrics over the history = %+v", ms)
+	}
+	if ms[1].CPUUsedPct != 50 || ms[2].CPUUsedPct != 0 || ms[1].TimestampUnix != t0.Add(10*time.Second).Unix() {
+		t.Errorf("cpu = %v, %v; timestamp %d", ms[1].CPUUsedPct, ms[2].CPUUsedPct, ms[1].TimestampUnix)
+	}
+	if ms := get("start=" + unix(10*time.Second) + "&end=" + unix(10*time.Second)); len(ms) != 1 || ms[0].MemUsed != 2<<20 {
+		t.Errorf("metrics at one second = %+v", ms)
+	}
+	for _, q := range []string{"start=" + unix(-time.Hour) + "&end=" + unix(-time.Minute), "start=" + unix(20*time.Second) + "&end=" + unix(10*time.Second)} {
+		if ms := get(q); len(ms) != 0 {
+			t.Errorf("metrics ?%s = %+v, want []", q, ms)
+		}
+	}
+	// No range: the whole history, then a sample taken now.
+	if ms := get(""); len(ms) != 4 || ms[3].TimestampUnix < time.Now().Unix()-1 {
+		t.Errorf("metrics without a range = %+v", ms)
+	}
+	// Ended sandboxes are forgotten.
+	delete(mgr.sbs, "sba")
+	srv.sampleAll(t.Context(), t0.Add(20*time.Second))
+	if len(srv.history.by) != 0 {
+		t.Errorf("history after the sandbox ended: %v", srv.history.by)
+	}
+	// The history is bounded.
+	for i := range maxMetricSamples + 10 {
+		srv.history.add("x", metricSample{at: t0.Add(time.Duration(i) * time.Second)})
+	}
+	if n := len(srv.history.by["x"]); n != maxMetricSamples || !srv.history.by["x"][0].at.Equal(t0.Add(10*time.Second)) {
+		t.Errorf("history holds %d samples from %v", n, srv.history.by["x"][0].at)
 	}
 }

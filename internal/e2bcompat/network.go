@@ -23,65 +23,128 @@ type networkConfig struct {
 	HTTPSPorts          json.RawMessage `json:"httpsPorts,omitempty"`
 }
 
-// storeJSON is the config as kept for getInfo (without the create-only
-// allow_internet_access flag, which getInfo reports on its own).
-func (n networkConfig) storeJSON() string {
-	n.AllowInternetAccess = nil
+// storeJSON is the config as kept for getInfo, with allow_internet_access
+// set to whether the sandbox's base stance is the open internet.
+func (n networkConfig) storeJSON(internet bool) string {
+	n.AllowInternetAccess = &internet
 	b, _ := json.Marshal(n) // plain data always marshals
 	return string(b)
 }
 
-// egressPolicy maps E2B's network settings onto Berth's egress policy:
+// storedNetwork reads a record's network config back: the config getInfo
+// echoes (without the internal allow_internet_access) and the base stance.
+// A record without one (or an older one without the flag) means no
+// internet.
+func storedNetwork(raw string) (cfg json.RawMessage, internet bool) {
+	var n networkConfig
+	if raw == "" || json.Unmarshal([]byte(raw), &n) != nil {
+		return nil, false
+	}
+	internet = n.AllowInternetAccess != nil && *n.AllowInternetAccess
+	n.AllowInternetAccess = nil
+	b, _ := json.Marshal(n) // plain data always marshals
+	return b, internet
+}
+
+// allTraffic is E2B's ALL_TRAFFIC selector in denyOut.
+func allTraffic(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
+
+// egressPolicy maps E2B's network settings onto Berth's egress policy, as
+// E2B evaluates them (an update is evaluated like a create: it replaces the
+// whole egress configuration, and what it omits is cleared):
 //
-//   - allow_internet_access: true → mode open (the public internet; Berth
-//     still never lets a sandbox reach private, loopback, link-local or
-//     metadata addresses), narrowed by denyOut;
-//   - allowOut entries (CIDR, IP or domain) → mode allow with those rules;
-//     a denyOut of 0.0.0.0/0 next to them is E2B's way of saying "only
-//     these", which allow mode already means;
-//   - otherwise → mode none. Berth's default is no egress, where E2B's
-//     own default is internet access: a sandbox that needs the internet
-//     says so (allowInternetAccess: true), and the operator's logs show it.
+//   - the base stance is the open internet (E2B's default) unless
+//     allow_internet_access is false or denyOut holds 0.0.0.0/0, in which
+//     case it is nothing;
+//   - on the open internet, denyOut entries are carved out (mode open with
+//     deny rules; Berth still never lets a sandbox reach private, loopback,
+//     link-local or metadata addresses);
+//   - with everything denied, allowOut entries (CIDR, IP or domain) are the
+//     only way out (mode allow);
 //
-// Rules and egress proxies of E2B's own (network.rules, egressProxy) have
-// no Berth equivalent yet and are refused by name.
-func egressPolicy(n networkConfig) (policy.Policy, error) {
+// with two differences, both towards less egress than E2B would give:
+//
+//   - a create that says nothing about the network gets no egress (mode
+//     none), Berth's default: a sandbox that needs the internet says so
+//     (allowInternetAccess: true, or network rules), and the operator's
+//     logs show it. emptyMeansOpen is false for creates, true for updates,
+//     where E2B's "an empty update clears every rule" is honoured;
+//   - allowOut without allow_internet_access or denyOut is an allow list
+//     (E2B would let everything out: with nothing denied, allowing some
+//     destinations changes nothing).
+//
+// Berth's deny rules win over its allow rules, where E2B's allowOut wins
+// over denyOut: an allowOut entry inside a partial denyOut range is refused
+// by name rather than silently denied. Rules and egress proxies of E2B's
+// own (network.rules, egressProxy) have no Berth equivalent yet and are
+// refused by name.
+func egressPolicy(n networkConfig, emptyMeansOpen bool) (p policy.Policy, internet bool, err error) {
 	if present(n.Rules) && string(n.Rules) != "{}" {
-		return policy.Policy{}, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, false, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.EgressProxy) {
-		return policy.Policy{}, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, false, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
 	}
-	everything := func(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
-	var p policy.Policy
 	denyAll := false
+	var deny []netip.Prefix
 	for _, d := range n.DenyOut {
-		if everything(d) {
+		if allTraffic(d) {
 			denyAll = true
 			continue
 		}
-		if _, err := netip.ParsePrefix(d); err != nil {
-			if _, err := netip.ParseAddr(d); err != nil {
-				return policy.Policy{}, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
+		pfx, err := netip.ParsePrefix(d)
+		if err != nil {
+			a, err := netip.ParseAddr(d)
+			if err != nil {
+				return policy.Policy{}, false, fmt.Errorf("network.denyOut: %q is not a CIDR or IP address: %w", d, errdefs.ErrInvalidArgument)
 			}
+			pfx = netip.PrefixFrom(a, a.BitLen())
 		}
-		p.Deny = append(p.Deny, hostCIDR(d))
+		deny = append(deny, pfx.Masked())
 	}
 	switch {
+	case n.AllowInternetAccess != nil:
+		internet = *n.AllowInternetAccess
+	case len(deny) > 0:
+		// Denying some destinations says the rest is open.
+		internet = true
 	case len(n.AllowOut) > 0:
-		p.Mode = policy.ModeAllow
-		for _, a := range n.AllowOut {
-			p.Allow = append(p.Allow, hostCIDR(a))
-		}
-	case n.AllowInternetAccess != nil && *n.AllowInternetAccess && !denyAll:
-		p.Mode = policy.ModeOpen
+		internet = false
 	default:
-		p.Mode, p.Deny = policy.ModeNone, nil
+		internet = emptyMeansOpen
+	}
+	if !internet || denyAll {
+		if len(n.AllowOut) == 0 {
+			p.Mode = policy.ModeNone
+		} else {
+			p.Mode = policy.ModeAllow
+			for _, a := range n.AllowOut {
+				p.Allow = append(p.Allow, hostCIDR(a))
+			}
+		}
+		// The base stance is what getInfo reports as allowInternetAccess.
+		internet = internet && !denyAll
+	} else {
+		p.Mode = policy.ModeOpen
+		for _, d := range deny {
+			p.Deny = append(p.Deny, d.String())
+		}
+		for _, a := range n.AllowOut {
+			pa, err := netip.ParsePrefix(hostCIDR(a))
+			if err != nil {
+				continue // a domain: open mode lets it out already
+			}
+			for _, d := range deny {
+				if d.Overlaps(pa) {
+					return policy.Policy{}, false, fmt.Errorf("network.allowOut: %q lies inside denyOut %q: Berth's deny rules win over allow rules, so it would stay denied; narrow the denyOut entry: %w", a, d, errdefs.ErrInvalidArgument)
+				}
+			}
+		}
 	}
 	if err := p.Validate(); err != nil {
-		return policy.Policy{}, fmt.Errorf("network: %w", err)
+		return policy.Policy{}, false, fmt.Errorf("network: %w", err)
 	}
-	return p.Normalize(), nil
+	return p.Normalize(), internet, nil
 }
 
 // hostCIDR turns a bare IP address into its one-address prefix; CIDRs and
@@ -94,13 +157,14 @@ func hostCIDR(s string) string {
 }
 
 // applyNetwork checks a network config (the ingress options Berth's
-// preview routing honours) and returns its egress policy.
-func applyNetwork(n networkConfig) (policy.Policy, error) {
+// preview routing honours) and returns its egress policy and whether its
+// base stance is the open internet (see egressPolicy).
+func applyNetwork(n networkConfig, emptyMeansOpen bool) (policy.Policy, bool, error) {
 	if n.MaskRequestHost != nil {
-		return policy.Policy{}, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, false, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
-		return policy.Policy{}, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
+		return policy.Policy{}, false, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
 	}
-	return egressPolicy(n)
+	return egressPolicy(n, emptyMeansOpen)
 }

@@ -72,6 +72,38 @@ test('list with depth, exists, getInfo, makeDir, rename, remove', async () => {
   assert.equal(await sbx.files.exists('/tmp/tree/a'), false)
 })
 
+test('as envd: remove of a missing path succeeds, symlink targets are absolute, metadata rides on user.e2b.* xattrs', async () => {
+  await sbx.files.remove('/tmp/never-was')
+  await sbx.files.remove('/tmp/never/was/either')
+
+  await sbx.files.write('/tmp/links/target.txt', 'x')
+  await sbx.commands.run('cd /tmp/links && ln -s target.txt rel && ln -s ../links/target.txt up && ln -s missing dangling')
+  const rel = await sbx.files.getInfo('/tmp/links/rel')
+  assert.equal(rel.type, FileType.SYMLINK)
+  assert.equal(rel.symlinkTarget, '/tmp/links/target.txt')
+  assert.equal((await sbx.files.getInfo('/tmp/links/up')).symlinkTarget, '/tmp/links/target.txt')
+  assert.equal((await sbx.files.getInfo('/tmp/links/dangling')).symlinkTarget, '/tmp/links/missing')
+
+  const written = await sbx.files.write('/tmp/meta/a.txt', 'with metadata', { metadata: { Owner: 'alice', stage: 'draft' } })
+  assert.deepEqual(written.metadata, { owner: 'alice', stage: 'draft' }, 'keys come back lowercased, as envd stores them')
+  const attr = await sbx.commands.run(`python3 -c "import os; print(os.getxattr('/tmp/meta/a.txt', 'user.e2b.owner').decode())"`)
+  assert.equal(attr.stdout, 'alice\n')
+  assert.deepEqual((await sbx.files.getInfo('/tmp/meta/a.txt')).metadata, { owner: 'alice', stage: 'draft' })
+  // Set out of band, read like the rest.
+  await sbx.commands.run(`python3 -c "import os; os.setxattr('/tmp/meta/a.txt', 'user.e2b.extra', b'1')"`)
+  const listed = await sbx.files.list('/tmp/meta')
+  assert.deepEqual(listed.map((e) => e.metadata), [{ owner: 'alice', stage: 'draft', extra: '1' }])
+  const renamed = await sbx.files.rename('/tmp/meta/a.txt', '/tmp/meta/b.txt')
+  assert.equal(renamed.metadata.owner, 'alice')
+  // A write replaces the whole set; one without metadata clears it.
+  const again = await sbx.files.write('/tmp/meta/b.txt', 'v2', { metadata: { stage: 'final' } })
+  assert.deepEqual(again.metadata, { stage: 'final' })
+  const plain = await sbx.files.write('/tmp/meta/b.txt', 'v3')
+  assert.equal(plain.metadata, undefined)
+  assert.equal((await sbx.files.getInfo('/tmp/meta/b.txt')).metadata, undefined)
+  assert.equal((await sbx.files.getInfo('/tmp/links/target.txt')).metadata, undefined)
+})
+
 test('watchDir recursive reports creates, writes and removes', async () => {
   await sbx.files.makeDir('/tmp/watched/sub')
   const events = []
@@ -110,4 +142,44 @@ test('uploadUrl and downloadUrl carry signatures that work without the token', a
   const forged = down.replace('signed.txt', 'other.txt')
   const bad = await fetch(forged, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
   assert.equal(bad.status, 401)
+})
+
+test('signed URLs built against E2B_SANDBOX_URL name no sandbox: the signature finds it', async () => {
+  // The SDK builds these from E2B_SANDBOX_URL: /files?path=…&signature=…,
+  // no sandbox ID, no header.
+  const other = await newSandbox()
+  await sbx.files.write('/tmp/bare.txt', 'mine')
+  await other.files.write('/tmp/bare.txt', 'theirs')
+  const down = await sbx.downloadUrl('/tmp/bare.txt')
+  assert.ok(down.startsWith(process.env.E2B_SANDBOX_URL + '/files?'), down)
+  assert.doesNotMatch(down, new RegExp(sbx.sandboxId))
+  const get = await fetch(down)
+  assert.equal(get.status, 200, await get.clone().text())
+  assert.equal(await get.text(), 'mine')
+  const theirs = await fetch(await other.downloadUrl('/tmp/bare.txt'))
+  assert.equal(await theirs.text(), 'theirs')
+
+  const up = await other.uploadUrl('/tmp/bare-up.txt', { useSignatureExpiration: 60 })
+  const form = new FormData()
+  form.append('file', new Blob(['uploaded bare']), 'bare-up.txt')
+  const put = await fetch(up, { method: 'POST', body: form })
+  assert.equal(put.status, 200, await put.clone().text())
+  assert.equal(await other.files.read('/tmp/bare-up.txt'), 'uploaded bare')
+  assert.equal(await sbx.files.exists('/tmp/bare-up.txt'), false)
+
+  // Unknown and expired signatures keep their 401.
+  const forged = await fetch(down.replace('bare.txt', 'other.txt'))
+  assert.equal(forged.status, 401)
+  const url = new URL(await sbx.downloadUrl('/tmp/bare.txt', { useSignatureExpiration: 1 }))
+  const exp = Number(url.searchParams.get('signature_expiration'))
+  assert.ok(exp > 0)
+  // A signature whose expiry is in the past (made with the real token).
+  const past = new URL(down)
+  const { createHash } = await import('node:crypto')
+  const stale = Math.floor(Date.now() / 1000) - 10
+  past.searchParams.set('signature', 'v1_' + createHash('sha256').update(`/tmp/bare.txt:read::${sbx.envdAccessToken ?? ''}:${stale}`).digest('base64').replace(/=+$/, ''))
+  past.searchParams.set('signature_expiration', String(stale))
+  const expired = await fetch(past)
+  assert.equal(expired.status, 401)
+  assert.match((await expired.json()).message, /expired/)
 })

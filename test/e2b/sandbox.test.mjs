@@ -59,6 +59,36 @@ test('Sandbox.list filters by metadata and paginates', async () => {
   assert.ok(!ids.includes(other.sandboxId))
 })
 
+test('Sandbox.list is newest first and honours order, template and startedAfter', async () => {
+  const run = 'order' + Date.now()
+  const before = new Date()
+  const sbs = []
+  for (let i = 0; i < 3; i++) sbs.push(await newSandbox({ metadata: { run } }))
+  const ids = sbs.map((s) => s.sandboxId)
+  const listIds = async (opts) => (await Sandbox.list({ ...opts, query: { metadata: { run }, ...opts.query } }).nextItems()).map((s) => s.sandboxId)
+
+  assert.deepEqual(await listIds({}), [...ids].reverse(), 'newest first by default')
+  assert.deepEqual(await listIds({ order: 'desc' }), [...ids].reverse())
+  assert.deepEqual(await listIds({ order: 'asc' }), ids)
+  assert.deepEqual(await listIds({ query: { template: 'base' } }), [...ids].reverse())
+  assert.deepEqual(await listIds({ query: { template: 'unknown-template' } }), [])
+  const info = await sbs[1].getInfo()
+  assert.ok(info.startedAt >= before)
+  assert.deepEqual(await listIds({ query: { startedAfter: info.startedAt }, order: 'asc' }), ids.slice(1))
+  assert.deepEqual(await listIds({ query: { startedAfter: new Date(Date.now() + 60_000) } }), [])
+
+  // Pages stay stable while sandboxes are created between them: a newer
+  // one sorts before the cursor and does not push an item onto the next
+  // page twice.
+  const pager = Sandbox.list({ query: { metadata: { run } }, limit: 2 })
+  const first = await pager.nextItems()
+  const late = await newSandbox({ metadata: { run } })
+  const second = await pager.nextItems()
+  assert.equal(pager.hasNext, false)
+  assert.deepEqual([...first, ...second].map((s) => s.sandboxId), [...ids].reverse())
+  assert.equal((await listIds({}))[0], late.sandboxId)
+})
+
 test('setTimeout moves the deadline and the sandbox dies at it', async () => {
   const sbx = await newSandbox()
   await sbx.setTimeout(3_000)
@@ -80,8 +110,9 @@ test('getMetrics reports usage', async () => {
   const sbx = await newSandbox()
   await sbx.commands.run('head -c 20000000 /dev/zero > /tmp/blob')
   const ms = await sbx.getMetrics()
-  assert.equal(ms.length, 1)
-  const m = ms[0]
+  assert.ok(ms.length >= 1)
+  // The last sample is taken now, after the write.
+  const m = ms[ms.length - 1]
   assert.equal(m.cpuCount, 1)
   assert.ok(m.memTotal >= 256 << 20, `memTotal ${m.memTotal}`)
   assert.ok(m.memUsed > 0 && m.memUsed < m.memTotal, `memUsed ${m.memUsed}`)
@@ -89,6 +120,30 @@ test('getMetrics reports usage', async () => {
   assert.ok(m.diskTotal > m.diskUsed, `diskTotal ${m.diskTotal}`)
   assert.ok(m.cpuUsedPct >= 0 && m.cpuUsedPct <= 100, `cpuUsedPct ${m.cpuUsedPct}`)
   assert.ok(m.timestamp instanceof Date && !isNaN(m.timestamp))
+})
+
+test('getMetrics keeps a history (a sample every 5 s) and filters it by range', async () => {
+  const sbx = await newSandbox()
+  const started = (await sbx.getInfo()).startedAt
+  // Wait for the daemon's sampler to take two samples of its own.
+  const all = await waitFor('two recorded samples', async () => {
+    const ms = await sbx.getMetrics({ start: started, end: new Date(Date.now() - 1000) })
+    return ms.length >= 2 && ms
+  }, 30_000)
+  for (let i = 1; i < all.length; i++) assert.ok(all[i].timestamp > all[i - 1].timestamp, 'oldest first')
+  for (const m of all) assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.cpuCount === 1, JSON.stringify(m))
+  // A range holding one recorded sample returns just it (the API counts
+  // whole seconds; the SDK rounds, so name the sample's second exactly).
+  const t = all[1].timestamp
+  const second = new Date(Math.floor(t.getTime() / 1000) * 1000)
+  const one = await sbx.getMetrics({ start: second, end: second })
+  assert.deepEqual(one.map((m) => m.timestamp.getTime()), [t.getTime()])
+  // Before the sandbox existed: nothing.
+  assert.deepEqual(await sbx.getMetrics({ start: new Date(started.getTime() - 3_600_000), end: new Date(started.getTime() - 60_000) }), [])
+  // Without a range: the history, then a sample taken now.
+  const full = await sbx.getMetrics()
+  assert.ok(full.length >= all.length + 1)
+  assert.ok(Date.now() - full[full.length - 1].timestamp.getTime() < 5_000)
 })
 
 test('requests without a valid API key get 401 in the E2B error shape', async () => {
@@ -158,6 +213,76 @@ test('network options map onto the egress policy: none by default, open, allow l
   await assert.rejects(newSandbox({ network: { denyOut: ['not an address'] } }), /denyOut/)
   await assert.rejects(listed.updateNetwork({ allowOut: ['bad domain!'] }), /bad domain/)
   assert.match(await reach(listed, 'http://other.test/'), /host=other.test/)
+})
+
+test('updateNetwork replaces the egress rules as E2B does; getInfo reports internet access and lifecycle', async () => {
+  // second.test is the test net's second address; every other name is
+  // its first.
+  const ip2 = process.env.BERTH_TEST_NET_IP2
+  assert.ok(ip2, 'BERTH_TEST_NET_IP2 is set by test/e2e/e2b_test.go')
+  const closed = await newSandbox()
+  const closedInfo = await closed.getInfo()
+  assert.equal(closedInfo.allowInternetAccess, false, 'no egress unless asked for')
+  assert.deepEqual(closedInfo.lifecycle, { onTimeout: 'kill', autoResume: false })
+
+  // A sandbox with internet access keeps it when an update only adds a
+  // denyOut: the update replaces the rules, it does not drop the base.
+  const open = await newSandbox({ allowInternetAccess: true })
+  assert.equal((await open.getInfo()).allowInternetAccess, true)
+  await open.updateNetwork({ denyOut: [ip2] })
+  assert.match(await reach(open, 'http://allowed.test/'), /host=allowed.test/)
+  assert.doesNotMatch(await reach(open, 'http://second.test/'), /host=/)
+  const openInfo = await open.getInfo()
+  assert.equal(openInfo.allowInternetAccess, true)
+  assert.deepEqual(openInfo.network.denyOut, [ip2])
+
+  // E2B's "omitting fields clears them": an empty update lifts an allow
+  // list, so everything (public) is reachable again.
+  const listed = await newSandbox({ network: { allowOut: ['allowed.test'], denyOut: ['0.0.0.0/0'] } })
+  assert.equal((await listed.getInfo()).allowInternetAccess, false)
+  assert.doesNotMatch(await reach(listed, 'http://second.test/'), /host=/)
+  await listed.updateNetwork({})
+  assert.match(await reach(listed, 'http://second.test/'), /host=second.test/)
+  assert.match(await reach(listed, 'http://other.test/'), /host=other.test/)
+  const cleared = await listed.getInfo()
+  assert.equal(cleared.allowInternetAccess, true)
+  assert.equal(cleared.network.allowOut, undefined)
+  assert.equal(cleared.network.denyOut, undefined)
+
+  // allowInternetAccess: false in an update closes it again.
+  await listed.updateNetwork({ allowInternetAccess: false })
+  assert.doesNotMatch(await reach(listed, 'http://allowed.test/'), /host=/)
+  assert.equal((await listed.getInfo()).allowInternetAccess, false)
+
+  // Ingress settings are fixed at create.
+  const r = await api('PUT', `/sandboxes/${listed.sandboxId}/network`, { body: { allowPublicTraffic: false } })
+  assert.equal(r.status, 400)
+  assert.match(r.body.message, /allowPublicTraffic/)
+})
+
+test('E2B routes Berth does not serve answer 501 naming what is missing, never 404', async () => {
+  const sbx = await newSandbox()
+  for (const [method, path] of [
+    ['POST', `/sandboxes/${sbx.sandboxId}/snapshots`],
+    ['POST', `/sandboxes/${sbx.sandboxId}/fork`],
+    ['GET', `/v2/sandboxes/${sbx.sandboxId}/logs`],
+    ['GET', '/snapshots'],
+    ['GET', '/sandboxes/metrics'],
+    ['GET', '/templates'],
+    ['GET', '/volumes'],
+  ]) {
+    const r = await api(method, path, { body: method === 'POST' ? {} : undefined })
+    assert.equal(r.status, 501, `${method} ${path}: ${JSON.stringify(r.body)}`)
+    assert.equal(r.body.code, 501)
+    assert.match(r.body.message, /not implemented by Berth: ./)
+  }
+  // Through the SDK: an error that says so, not "sandbox not found".
+  await assert.rejects(sbx.createSnapshot(), (err) => {
+    assert.ok(!(err instanceof SandboxNotFoundError), `got ${err.name}: ${err.message}`)
+    assert.match(err.message, /not implemented by Berth/)
+    return true
+  })
+  assert.equal(await sbx.isRunning(), true)
 })
 
 test('unknown fields are accepted; fields Berth cannot honour are refused by name', async () => {

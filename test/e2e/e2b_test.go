@@ -66,7 +66,13 @@ func TestE2BSDK(t *testing.T) {
 			t.Fatalf("set base isolation %q: %v", level, err)
 		}
 		start := time.Now().UTC()
-		cmd := exec.CommandContext(ctx, node, "--test", "--test-reporter=dot")
+		args := []string{"--test", "--test-reporter=dot"}
+		// While working on one part, BERTH_E2B_TEST_PATTERN narrows the run
+		// to the tests whose names match it (node's --test-name-pattern).
+		if p := os.Getenv("BERTH_E2B_TEST_PATTERN"); p != "" {
+			args = []string{"--test", "--test-reporter=spec", "--test-name-pattern=" + p}
+		}
+		cmd := exec.CommandContext(ctx, node, args...)
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(),
 			"E2B_API_URL="+d.URL,
@@ -75,6 +81,7 @@ func TestE2BSDK(t *testing.T) {
 			"E2B_API_KEY_2="+key2,
 			"E2B_DOMAIN=berth.localhost",
 			"BERTH_TEST_NET_IP="+tn.IP.String(),
+			"BERTH_TEST_NET_IP2="+tn.IP2.String(),
 			"NO_COLOR=1",
 		)
 		// Node's report goes to the test log only when it fails (or with -v),

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -228,10 +229,16 @@ func TestFiles(t *testing.T) {
 		if got := MustRun(t, sb, "cat /home/user/src/a.txt /home/user/src/d/b.txt /home/user/src/d/e/c.txt"); got != "alphabetagamma" {
 			t.Errorf("uploaded tree reads %q", got)
 		}
+		// A link inside the tree stays relative in the copy (the agent
+		// reports targets absolute, as envd does).
+		MustRun(t, sb, "ln -s ../b.txt /home/user/src/d/e/link")
 		if _, errOut, code := d.CLI(t, nil, "cp", sb.ID+":/home/user/src", local+"/down"); code != 0 {
 			t.Fatalf("cp dir down: %s", errOut)
 		}
-		assertTree(t, local+"/down", map[string]string{"a.txt": "alpha", "d/b.txt": "beta", "d/e/c.txt": "gamma"})
+		assertTree(t, local+"/down", map[string]string{"a.txt": "alpha", "d/b.txt": "beta", "d/e/c.txt": "gamma", "d/e/link": "beta"})
+		if target, err := os.Readlink(local + "/down/d/e/link"); err != nil || target != "../b.txt" {
+			t.Errorf("copied link = %q, %v; want ../b.txt", target, err)
+		}
 		if _, errOut, code := d.CLI(t, nil, "cp", sb.ID+":/etc/passwd", local+"/passwd"); code != 0 {
 			t.Fatalf("cp file down: %s", errOut)
 		}
