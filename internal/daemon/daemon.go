@@ -68,6 +68,13 @@ type Config struct {
 	DNSUpstream    []string `json:"dns_upstream" yaml:"dns_upstream"`
 	PublicTestNets []string `json:"public_test_nets" yaml:"public_test_nets"`
 	EgressCAFile   string   `json:"egress_ca_file" yaml:"egress_ca_file"`
+	// Image templates (berth template build NAME --image REF): mirrors
+	// tried before a registry, by registry host ("docker.io":
+	// "http://127.0.0.1:5000"; http:// is plain HTTP), and registries
+	// reached over plain HTTP ("host:port"). Loopback registries always
+	// are. Credentials come from ~/.docker/config.json.
+	RegistryMirrors    map[string]string `json:"registry_mirrors" yaml:"registry_mirrors"`
+	InsecureRegistries []string          `json:"insecure_registries" yaml:"insecure_registries"`
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
@@ -168,7 +175,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer db.Close()
 	tpl, err := template.New(template.Config{
 		DataDir: cfg.DataDir, CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, UIDBase: cfg.UIDBase,
-		Logger: log.With("component", "template"),
+		Registries: template.Registries{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries},
+		Logger:     log.With("component", "template"),
 	})
 	if err != nil {
 		return err

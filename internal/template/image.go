@@ -170,6 +170,18 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		}
 		size += m.SizeBytes
 	}
+	defaults := imageDefaults(cfg.Config)
+	if defaults.User != "" {
+		dirs := make([]string, 0, len(chains))
+		for j := len(chains) - 1; j >= 0; j-- {
+			dirs = append(dirs, s.sharedDir(chains[j]))
+		}
+		user, ok := resolveUser(defaults.User, dirs)
+		if !ok {
+			fmt.Fprintf(log, "warning: USER %q is not in the image's /etc/passwd; sandboxes run as root unless a create names a user\n", defaults.User)
+		}
+		defaults.User = user
+	}
 	src := parsed.String()
 	if !strings.Contains(src, "@") {
 		src += "@" + p.digest
@@ -185,7 +197,7 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		UIDBase:     s.cfg.UIDBase,
 		Image:       src,
 		ImageRef:    parsed.String(),
-		Defaults:    imageDefaults(cfg.Config),
+		Defaults:    defaults,
 	}
 	if err := os.MkdirAll(s.dir(name), 0o755); err != nil {
 		return fail(err)
@@ -388,6 +400,36 @@ func (s *Store) Remove(ctx context.Context, name string) error {
 	}
 	s.log.Info("template removed", "template", name)
 	return nil
+}
+
+// resolveUser turns an image's USER ("name", "uid", "name:group",
+// "uid:gid") into the account name the agent looks up, from the topmost
+// /etc/passwd among layers (topmost first). It reports false, with "", when
+// the image has no such account.
+func resolveUser(user string, layers []string) (string, bool) {
+	who, _, _ := strings.Cut(user, ":")
+	if who == "" {
+		return "", false
+	}
+	for _, dir := range layers {
+		root, err := os.OpenRoot(dir)
+		if err != nil {
+			continue
+		}
+		b, err := root.ReadFile("etc/passwd")
+		root.Close()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Split(line, ":")
+			if len(f) >= 3 && (f[0] == who || f[2] == who) {
+				return f[0], true
+			}
+		}
+		return "", false
+	}
+	return "", false
 }
 
 func humanSize(n int64) string {
