@@ -122,7 +122,7 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("image", fmt.Errorf("image is required (an OCI/Docker image reference): %w", errdefs.ErrInvalidArgument)))
 		return
 	}
-	if _, err := template.ParseImageRef(req.Image); err != nil {
+	if err := s.cfg.Templates.CheckImageRef(req.Image); err != nil {
 		writeError(w, badField("image", err))
 		return
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
+	"github.com/berth-sandbox/berth/internal/imagepull"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
@@ -173,10 +174,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
+	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries})
+	if err != nil {
+		return err
+	}
 	tpl, err := template.New(template.Config{
 		DataDir: cfg.DataDir, CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, UIDBase: cfg.UIDBase,
-		Registries: template.Registries{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries},
-		Logger:     log.With("component", "template"),
+		Puller: puller,
+		Logger: log.With("component", "template"),
 	})
 	if err != nil {
 		return err

@@ -15,8 +15,6 @@ import (
 	"strings"
 	"time"
 
-	v1 "github.com/google/go-containerregistry/pkg/v1"
-
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -45,6 +43,47 @@ type Defaults struct {
 	User string `json:"user,omitempty"`
 	// Command is ENTRYPOINT followed by CMD: the template's start command.
 	Command []string `json:"command,omitempty"`
+}
+
+// Puller resolves image references; internal/imagepull implements it over
+// registries. An interface, so that this package (which the sandbox
+// Manager imports) links no HTTP.
+type Puller interface {
+	// Check validates a reference without the network
+	// (errdefs.ErrInvalidArgument).
+	Check(ref string) error
+	// Resolve fetches ref's manifest and config, for linux on the host's
+	// architecture. Errors are classified: unknown image ErrNotFound,
+	// unreachable registry ErrUnavailable.
+	Resolve(ctx context.Context, ref string) (Image, error)
+}
+
+// Image is a resolved image.
+type Image struct {
+	Name     string // full reference, e.g. index.docker.io/library/debian:12
+	Digest   string // of the manifest (or manifest list) resolved
+	Registry string // the host it comes from (a mirror, or the registry)
+	OS       string
+	// From the image config.
+	Env             []string
+	Workdir, User   string
+	Entrypoint, Cmd []string
+	Layers          []ImageLayer // lowest first
+}
+
+// ImageLayer is one layer of a resolved image.
+type ImageLayer interface {
+	DiffID() string // "sha256:<hex>" of the uncompressed tar
+	Size() int64    // compressed, as downloaded
+	Open() (io.ReadCloser, error)
+}
+
+// CheckImageRef validates an image reference without the network.
+func (s *Store) CheckImageRef(ref string) error {
+	if s.cfg.Puller == nil {
+		return fmt.Errorf("image templates are not configured: %w", errdefs.ErrFailedPrecondition)
+	}
+	return s.cfg.Puller.Check(ref)
 }
 
 // layerMeta describes one shared layer.
@@ -81,14 +120,14 @@ func (s *Store) sharedLayer(chain string) (layerMeta, bool) {
 
 // chainIDs computes the chain id of each layer from the diff ids, as the
 // OCI image spec defines it, hex only.
-func chainIDs(diffIDs []v1.Hash) []string {
+func chainIDs(diffIDs []string) []string {
 	out := make([]string, len(diffIDs))
 	prev := ""
 	for i, d := range diffIDs {
 		if i == 0 {
-			prev = d.String()
+			prev = d
 		} else {
-			sum := sha256.Sum256([]byte(prev + " " + d.String()))
+			sum := sha256.Sum256([]byte(prev + " " + d))
 			prev = "sha256:" + hex.EncodeToString(sum[:])
 		}
 		out[i] = strings.TrimPrefix(prev, "sha256:")
@@ -109,8 +148,7 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 	if _, ok := s.recipes[name]; ok {
 		return Template{}, fmt.Errorf("template %q is built in and cannot be made from an image: %w", name, errdefs.ErrInvalidArgument)
 	}
-	parsed, err := ParseImageRef(ref)
-	if err != nil {
+	if err := s.CheckImageRef(ref); err != nil {
 		return Template{}, err
 	}
 	if log == nil {
@@ -127,7 +165,7 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 	defer s.sharedMu.RUnlock()
 
 	start := time.Now()
-	p, err := s.cfg.Registries.resolve(ctx, parsed)
+	img, err := s.cfg.Puller.Resolve(ctx, ref)
 	if err != nil {
 		return Template{}, fmt.Errorf("build template %q from %s: %w", name, ref, err)
 	}
@@ -136,26 +174,19 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		fmt.Fprintf(log, "==> template %s build failed: %v\n", name, err)
 		return Template{}, fmt.Errorf("build template %q from %s: %w", name, ref, err)
 	}
-	fmt.Fprintf(log, "==> pulling %s (%s) from %s\n", parsed, p.digest, p.from.Context().RegistryStr())
-	s.log.Info("template build started", "template", name, "image", parsed.String(), "digest", p.digest)
-	cfg, err := p.image.ConfigFile()
-	if err != nil {
-		return fail(registryError(p.from, err))
+	fmt.Fprintf(log, "==> pulling %s (%s) from %s\n", img.Name, img.Digest, img.Registry)
+	s.log.Info("template build started", "template", name, "image", img.Name, "digest", img.Digest)
+	if img.OS != "" && img.OS != "linux" {
+		return fail(fmt.Errorf("image is for %s, not linux: %w", img.OS, errdefs.ErrFailedPrecondition))
 	}
-	if cfg.OS != "" && cfg.OS != "linux" {
-		return fail(fmt.Errorf("image is for %s, not linux: %w", cfg.OS, errdefs.ErrFailedPrecondition))
-	}
-	layers, err := p.image.Layers()
-	if err != nil {
-		return fail(registryError(p.from, err))
-	}
-	if len(layers) == 0 {
+	if len(img.Layers) == 0 {
 		return fail(fmt.Errorf("image has no layers: %w", errdefs.ErrFailedPrecondition))
 	}
-	diffIDs := make([]v1.Hash, len(layers))
-	for i, l := range layers {
-		if diffIDs[i], err = l.DiffID(); err != nil {
-			return fail(registryError(p.from, err))
+	diffIDs := make([]string, len(img.Layers))
+	for i, l := range img.Layers {
+		diffIDs[i] = l.DiffID()
+		if hx, ok := strings.CutPrefix(diffIDs[i], "sha256:"); !ok || len(hx) != 64 || strings.Trim(hx, "0123456789abcdef") != "" {
+			return fail(fmt.Errorf("layer diff id %q is not a sha256 digest: %w", diffIDs[i], errdefs.ErrFailedPrecondition))
 		}
 	}
 	chains := chainIDs(diffIDs)
@@ -163,14 +194,14 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		return fail(err)
 	}
 	var size int64
-	for i, l := range layers {
-		m, err := s.ensureLayer(ctx, p, l, diffIDs[i], chains[:i+1], i, len(layers), log)
+	for i, l := range img.Layers {
+		m, err := s.ensureLayer(ctx, l, chains[:i+1], i, len(img.Layers), log)
 		if err != nil {
 			return fail(err)
 		}
 		size += m.SizeBytes
 	}
-	defaults := imageDefaults(cfg.Config)
+	defaults := imageDefaults(img)
 	if defaults.User != "" {
 		dirs := make([]string, 0, len(chains))
 		for j := len(chains) - 1; j >= 0; j-- {
@@ -182,21 +213,21 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		}
 		defaults.User = user
 	}
-	src := parsed.String()
+	src := img.Name
 	if !strings.Contains(src, "@") {
-		src += "@" + p.digest
+		src += "@" + img.Digest
 	}
 	m := manifest{
 		Version:     manifestVersion,
 		Name:        name,
-		Description: "from image " + parsed.String(),
+		Description: "from image " + img.Name,
 		Shared:      chains,
 		BuiltAt:     time.Now().UTC().Truncate(time.Second),
 		SizeBytes:   size,
-		SourceHash:  p.digest,
+		SourceHash:  img.Digest,
 		UIDBase:     s.cfg.UIDBase,
 		Image:       src,
-		ImageRef:    parsed.String(),
+		ImageRef:    img.Name,
 		Defaults:    defaults,
 	}
 	if err := os.MkdirAll(s.dir(name), 0o755); err != nil {
@@ -218,9 +249,11 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 
 // ensureLayer makes the shared layer chain[len-1] present: already stored,
 // or downloaded and extracted on top of the layers below it.
-func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1.Hash, chain []string, i, n int, log io.Writer) (layerMeta, error) {
+func (s *Store) ensureLayer(ctx context.Context, l ImageLayer, chain []string, i, n int, log io.Writer) (layerMeta, error) {
 	id := chain[len(chain)-1]
-	short := diffID.Hex[:12]
+	diffID := l.DiffID()
+	diffHex := strings.TrimPrefix(diffID, "sha256:")
+	short := diffHex[:12]
 	if m, ok := s.sharedLayer(id); ok {
 		fmt.Fprintf(log, "layer %d/%d %s: already stored\n", i+1, n, short)
 		return m, nil
@@ -244,8 +277,7 @@ func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1
 	for j := len(chain) - 2; j >= 0; j-- {
 		lowers = append(lowers, s.sharedDir(chain[j]))
 	}
-	csize, _ := l.Size()
-	fmt.Fprintf(log, "layer %d/%d %s: pulling (%s compressed)\n", i+1, n, short, humanSize(csize))
+	fmt.Fprintf(log, "layer %d/%d %s: pulling (%s compressed)\n", i+1, n, short, humanSize(l.Size()))
 	start := time.Now()
 	tmp := filepath.Join(s.sharedRoot(), ".tmp-"+id[:32]+"-"+randHex(4))
 	if err := os.Mkdir(tmp, 0o755); err != nil {
@@ -257,9 +289,9 @@ func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1
 		}
 		return layerMeta{}, err
 	}
-	rc, err := l.Uncompressed()
+	rc, err := l.Open()
 	if err != nil {
-		return cleanup(registryError(p.from, err))
+		return cleanup(err)
 	}
 	// The hash of what was extracted must be the diff id the image's
 	// config promised: a registry cannot slip in other content.
@@ -270,12 +302,12 @@ func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1
 		_, err = io.Copy(h, rc)
 	}
 	if cerr := rc.Close(); err == nil && cerr != nil {
-		err = registryError(p.from, cerr)
+		err = cerr
 	}
 	if err != nil {
 		return cleanup(err)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != diffID.Hex {
+	if got := hex.EncodeToString(h.Sum(nil)); got != diffHex {
 		return cleanup(fmt.Errorf("layer %s: content hashes to sha256:%s: %w", diffID, got, errdefs.ErrFailedPrecondition))
 	}
 	if err := syncFS(tmp); err != nil {
@@ -284,7 +316,7 @@ func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1
 	if err := os.Rename(tmp, s.sharedDir(id)); err != nil {
 		return cleanup(err)
 	}
-	m := layerMeta{ChainID: "sha256:" + id, DiffID: diffID.String(), SizeBytes: st.Bytes, UIDBase: s.cfg.UIDBase, Created: time.Now().UTC()}
+	m := layerMeta{ChainID: "sha256:" + id, DiffID: diffID, SizeBytes: st.Bytes, UIDBase: s.cfg.UIDBase, Created: time.Now().UTC()}
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := writeFileAtomic(s.sharedMeta(id), b); err != nil {
 		return layerMeta{}, err
@@ -298,8 +330,11 @@ func (s *Store) ensureLayer(ctx context.Context, p pulled, l v1.Layer, diffID v1
 }
 
 // imageDefaults takes what a sandbox should inherit from an image config.
-func imageDefaults(c v1.Config) Defaults {
-	d := Defaults{Env: slices.Clone(c.Env), Workdir: c.WorkingDir, User: c.User}
+func imageDefaults(c Image) Defaults {
+	d := Defaults{Env: slices.Clone(c.Env), Workdir: c.Workdir, User: c.User}
+	if d.Workdir == "" {
+		d.Workdir = "/" // as Docker runs an image without WORKDIR
+	}
 	d.Command = append(slices.Clone(c.Entrypoint), c.Cmd...)
 	return d
 }

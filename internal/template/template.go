@@ -54,8 +54,9 @@ type Config struct {
 	DebootstrapPath string
 	// Logger receives operational logs. Default: discard.
 	Logger *slog.Logger
-	// Registries configures pulls for image templates (BuildImage).
-	Registries Registries
+	// Puller resolves images for image templates (BuildImage); nil
+	// leaves them off. internal/imagepull provides one.
+	Puller Puller
 }
 
 // Defaults for Config fields left empty.
@@ -126,9 +127,6 @@ func New(cfg Config) (*Store, error) {
 	}
 	if u, err := url.Parse(cfg.Mirror); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("template store: mirror %q is not an http(s) URL: %w", cfg.Mirror, errdefs.ErrInvalidArgument)
-	}
-	if err := cfg.Registries.validate(); err != nil {
-		return nil, fmt.Errorf("template store: %w", err)
 	}
 	if cfg.UIDBase > math.MaxUint32-maxInnerID {
 		return nil, fmt.Errorf("template store: uid base %d too high: %w", cfg.UIDBase, errdefs.ErrInvalidArgument)

@@ -1,9 +1,18 @@
-package template
+// Package imagepull reaches OCI/Docker registries for image templates,
+// through go-containerregistry: it resolves a reference (mirrors first,
+// plain HTTP for loopback and configured insecure registries, credentials
+// from ~/.docker/config.json), picks the linux image of the host's
+// architecture from a manifest list, and classifies registry failures
+// (unknown image: not found; unreachable: unavailable, naming the
+// registry). It implements template.Puller, so the template store, which
+// the sandbox Manager imports, links no HTTP.
+package imagepull
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -19,10 +28,11 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote/transport"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/template"
 )
 
-// Registries configures how image templates reach registries.
-type Registries struct {
+// Config configures how image templates reach registries.
+type Config struct {
 	// Mirrors maps a registry host ("docker.io", "ghcr.io") to a mirror URL
 	// tried first ("http://127.0.0.1:5000"); http:// mirrors are reached
 	// over plain HTTP. If the mirror fails, the registry itself is tried.
@@ -42,7 +52,7 @@ type Registries struct {
 var dockerHub = []string{"docker.io", "index.docker.io", "registry-1.docker.io"}
 
 // validate checks the mirror URLs and insecure hosts.
-func (r Registries) validate() error {
+func (r Config) validate() error {
 	for host, m := range r.Mirrors {
 		if host == "" || strings.ContainsAny(host, "/ ") {
 			return fmt.Errorf("registry_mirrors: %q is not a registry host: %w", host, errdefs.ErrInvalidArgument)
@@ -72,6 +82,94 @@ func mirrorHost(m string) (string, bool, error) {
 	return u.Host, u.Scheme == "http", nil
 }
 
+// Puller pulls images from registries; it implements template.Puller.
+type Puller struct{ cfg Config }
+
+// New checks cfg and returns a Puller.
+func New(cfg Config) (*Puller, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Puller{cfg: cfg}, nil
+}
+
+// Check validates ref without the network.
+func (p *Puller) Check(ref string) error {
+	_, err := ParseImageRef(ref)
+	return err
+}
+
+// Resolve fetches ref's manifest and config: for a manifest list, its
+// linux image for the host's architecture.
+func (p *Puller) Resolve(ctx context.Context, ref string) (template.Image, error) {
+	parsed, err := ParseImageRef(ref)
+	if err != nil {
+		return template.Image{}, err
+	}
+	pl, err := p.cfg.resolve(ctx, parsed)
+	if err != nil {
+		return template.Image{}, err
+	}
+	cfg, err := pl.image.ConfigFile()
+	if err != nil {
+		return template.Image{}, registryError(pl.from, err)
+	}
+	v1layers, err := pl.image.Layers()
+	if err != nil {
+		return template.Image{}, registryError(pl.from, err)
+	}
+	img := template.Image{
+		Name: parsed.Name(), Digest: pl.digest, Registry: pl.from.Context().RegistryStr(), OS: cfg.OS,
+		Env: cfg.Config.Env, Workdir: cfg.Config.WorkingDir, User: cfg.Config.User,
+		Entrypoint: cfg.Config.Entrypoint, Cmd: cfg.Config.Cmd,
+	}
+	for _, l := range v1layers {
+		d, err := l.DiffID()
+		if err != nil {
+			return template.Image{}, registryError(pl.from, err)
+		}
+		size, _ := l.Size()
+		img.Layers = append(img.Layers, layer{l: l, from: pl.from, diffID: d.String(), size: size})
+	}
+	return img, nil
+}
+
+// layer is one layer of a resolved image.
+type layer struct {
+	l      v1.Layer
+	from   name.Reference
+	diffID string
+	size   int64
+}
+
+func (l layer) DiffID() string { return l.diffID }
+func (l layer) Size() int64    { return l.size }
+
+// Open streams the layer uncompressed; errors reading it are the
+// registry's (unavailable).
+func (l layer) Open() (io.ReadCloser, error) {
+	rc, err := l.l.Uncompressed()
+	if err != nil {
+		return nil, registryError(l.from, err)
+	}
+	return classifiedReader{rc: rc, from: l.from}, nil
+}
+
+type classifiedReader struct {
+	rc   io.ReadCloser
+	from name.Reference
+}
+
+func (c classifiedReader) Read(p []byte) (int, error) {
+	n, err := c.rc.Read(p)
+	if err != nil && !errors.Is(err, io.EOF) {
+		err = registryError(c.from, err)
+	}
+	return n, err
+}
+
+func (c classifiedReader) Close() error { return c.rc.Close() }
+
 // ParseImageRef checks an image reference ("debian:bookworm",
 // "127.0.0.1:5000/tools/py@sha256:…") and returns it in full form. Errors
 // are errdefs.ErrInvalidArgument.
@@ -89,7 +187,7 @@ func ParseImageRef(ref string) (name.Reference, error) {
 // candidates are the places to pull ref from, in order: the configured
 // mirror of its registry, then the registry itself (marked insecure when
 // configured so).
-func (r Registries) candidates(ref name.Reference) ([]name.Reference, error) {
+func (r Config) candidates(ref name.Reference) ([]name.Reference, error) {
 	reg := ref.Context().RegistryStr()
 	var out []name.Reference
 	mirror, ok := r.Mirrors[reg]
@@ -139,7 +237,7 @@ type pulled struct {
 
 // resolve fetches ref's manifest (for a manifest list, the linux entry of
 // the host's architecture) from the first candidate that has it.
-func (r Registries) resolve(ctx context.Context, ref name.Reference) (pulled, error) {
+func (r Config) resolve(ctx context.Context, ref name.Reference) (pulled, error) {
 	cands, err := r.candidates(ref)
 	if err != nil {
 		return pulled{}, err
