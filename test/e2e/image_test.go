@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/test/harness"
