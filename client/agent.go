@@ -69,10 +69,8 @@ func (s *Sandbox) userOr(user string) string {
 	if user != "" {
 		return user
 	}
-	if s.user != "" {
-		return s.user
-	}
-	return DefaultUser
+	// "" names no user: the agent acts as the sandbox's default user.
+	return s.user
 }
 
 // basicUser is the Authorization value naming the user a call acts as: the

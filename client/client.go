@@ -25,7 +25,10 @@ import (
 // DefaultURL is where the daemon listens unless BERTH_URL says otherwise.
 const DefaultURL = "http://127.0.0.1:2378"
 
-// DefaultUser is the user data-plane calls run as unless told otherwise.
+// DefaultUser is the user data-plane calls run as in a sandbox whose
+// template names none (an image template's USER names one). A client calls
+// as the sandbox's default user unless WithUser, ExecRequest.User or
+// Sandbox.As say otherwise.
 const DefaultUser = "root"
 
 // Client talks to one Berth daemon. It is safe for concurrent use.
@@ -45,8 +48,9 @@ func WithHTTPClient(hc *http.Client) Option {
 	return func(c *Client) { c.hc = hc }
 }
 
-// WithUser sets the default user that data-plane calls run as (default
-// "root"). ExecRequest.User and Sandbox.As override it per call.
+// WithUser sets the default user that data-plane calls run as (default:
+// the sandbox's, which is root unless its template names a USER).
+// ExecRequest.User and Sandbox.As override it per call.
 func WithUser(user string) Option {
 	return func(c *Client) { c.user = user }
 }
@@ -63,12 +67,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if u.Host == "" {
 		return nil, fmt.Errorf("daemon url %q: no host: %w", baseURL, errdefs.ErrInvalidArgument)
 	}
-	c := &Client{base: u, hc: &http.Client{}, user: DefaultUser}
+	c := &Client{base: u, hc: &http.Client{}}
 	for _, o := range opts {
 		o(c)
-	}
-	if c.user == "" {
-		c.user = DefaultUser
 	}
 	return c, nil
 }

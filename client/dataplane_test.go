@@ -224,8 +224,9 @@ func TestExec(t *testing.T) {
 	if stdout.String() != "hi there\n" || stderr.String() != "warn\n" {
 		t.Errorf("stdout %q stderr %q", stdout.String(), stderr.String())
 	}
-	if f.users[0] != "root" || f.stdinOn[0] {
-		t.Errorf("user %q stdin %v, want root, false", f.users[0], f.stdinOn[0])
+	// No user chosen: none is named, and the agent takes the sandbox's.
+	if f.users[0] != "" || f.stdinOn[0] {
+		t.Errorf("user %q stdin %v, want none, false", f.users[0], f.stdinOn[0])
 	}
 
 	stdout.Reset()

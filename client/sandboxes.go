@@ -152,7 +152,8 @@ func (c *Client) SetTemplateIsolation(ctx context.Context, name, isolation strin
 }
 
 // BuildTemplate builds (or rebuilds) the named template, copying the build
-// log to logWriter (which may be nil) as it arrives.
+// log to logWriter (which may be nil) as it arrives. A template made from
+// an image is pulled again from the reference it was made from.
 func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Writer) (*Template, error) {
 	if name == "" {
 		return nil, fmt.Errorf("template name is empty: %w", errdefs.ErrInvalidArgument)
@@ -162,8 +163,51 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Wr
 		return nil, err
 	}
 	defer resp.Body.Close()
+	tmpl, err := readBuild(resp.Body, logWriter)
+	if err != nil {
+		return nil, fmt.Errorf("build template %s: %w", name, err)
+	}
+	return tmpl, nil
+}
+
+// CreateTemplate makes (or remakes) template name from an OCI/Docker image
+// reference, copying the pull's progress to logWriter (which may be nil).
+func (c *Client) CreateTemplate(ctx context.Context, name, image string, logWriter io.Writer) (*Template, error) {
+	resp, err := c.do(ctx, http.MethodPost, "/v1/templates", nil, types.TemplateCreateRequest{Name: name, Image: image})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	tmpl, err := readBuild(resp.Body, logWriter)
+	if err != nil {
+		return nil, fmt.Errorf("build template %s from %s: %w", name, image, err)
+	}
+	return tmpl, nil
+}
+
+// RemoveTemplate removes a template that is not built in; the daemon
+// refuses while a sandbox uses it.
+func (c *Client) RemoveTemplate(ctx context.Context, name string) error {
+	if name == "" {
+		return fmt.Errorf("template name is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	return c.doJSON(ctx, http.MethodDelete, "/v1/templates/"+url.PathEscape(name), nil, nil, nil)
+}
+
+// PruneTemplates removes stored layers no template uses.
+func (c *Client) PruneTemplates(ctx context.Context) (*TemplatePruneResult, error) {
+	var out TemplatePruneResult
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/templates/prune", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// readBuild reads a build stream: log lines to logWriter, then the
+// template or the error that ended the build.
+func readBuild(r io.Reader, logWriter io.Writer) (*Template, error) {
 	var tmpl *Template
-	err = readNDJSON(resp.Body, func(line []byte) error {
+	err := readNDJSON(r, func(line []byte) error {
 		var bl types.BuildLine
 		if err := json.Unmarshal(line, &bl); err != nil {
 			return fmt.Errorf("decode build line: %w", err)
@@ -185,10 +229,10 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Wr
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("build template %s: %w", name, err)
+		return nil, err
 	}
 	if tmpl == nil {
-		return nil, fmt.Errorf("build template %s: stream ended without a result: %w", name, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("stream ended without a result: %w", errdefs.ErrUnavailable)
 	}
 	return tmpl, nil
 }

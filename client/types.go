@@ -73,6 +73,9 @@ type Event = types.Event
 // Template is a root filesystem sandboxes start from.
 type Template = types.Template
 
+// TemplatePruneResult says what a template prune removed.
+type TemplatePruneResult = types.TemplatePruneResult
+
 // Health is the daemon's health answer.
 type Health = types.Health
 

@@ -9,6 +9,9 @@ pkgs=(runc debootstrap busybox-static nftables iproute2 e2fsprogs util-linux ca-
 # gVisor runtime (isolation: gvisor; internal/runtime/runsc). A newer runsc
 # earlier on PATH is preferred at run time.
 pkgs+=(runsc)
+# Image-template tests (test/e2e image_test.go): a registry on loopback,
+# images built with umoci and pushed with skopeo.
+pkgs+=(docker-registry umoci skopeo)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

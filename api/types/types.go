@@ -256,6 +256,32 @@ type Template struct {
 	// Isolation is the level its sandboxes get when their request names
 	// none (empty: the daemon's default).
 	Isolation string `json:"isolation,omitempty"`
+	// Source is "built-in" or "image REF@DIGEST".
+	Source string `json:"source,omitempty"`
+	// Layers is how many layers the template stacks; SharedLayers how
+	// many of them another template uses too (stored once).
+	Layers       int `json:"layers"`
+	SharedLayers int `json:"shared_layers"`
+	// Env (KEY=VALUE), Workdir and User are what sandboxes of the
+	// template start with (an image's ENV, WORKDIR, USER); Command is its
+	// ENTRYPOINT followed by CMD.
+	Env     []string `json:"env,omitempty"`
+	Workdir string   `json:"workdir,omitempty"`
+	User    string   `json:"user,omitempty"`
+	Command []string `json:"command,omitempty"`
+}
+
+// TemplateCreateRequest is the body of POST /v1/templates: make template
+// Name from an OCI/Docker image. The answer streams like a build.
+type TemplateCreateRequest struct {
+	Name  string `json:"name"`
+	Image string `json:"image"`
+}
+
+// TemplatePruneResult is the answer to POST /v1/templates/prune.
+type TemplatePruneResult struct {
+	RemovedLayers int   `json:"removed_layers"`
+	FreedBytes    int64 `json:"freed_bytes"`
 }
 
 // TemplateIsolationRequest sets a template's default isolation level (PUT

@@ -28,6 +28,7 @@ func main() {
 func run() error {
 	listen := flag.String("listen", fmt.Sprintf("0.0.0.0:%d", envd.Port), "address to serve on")
 	user := flag.String("user", "root", "default user for requests that name none")
+	cwd := flag.String("cwd", "", "default working directory of processes (default: the user's home)")
 	passwd := flag.String("passwd", "/etc/passwd", "passwd file of the sandbox")
 	group := flag.String("group", "/etc/group", "group file of the sandbox")
 	version := flag.Bool("version", false, "print the envd version the agent implements and exit")
@@ -66,6 +67,7 @@ func run() error {
 		Listen:      *listen,
 		Token:       token,
 		DefaultUser: *user,
+		DefaultCwd:  *cwd,
 		PasswdPath:  *passwd,
 		GroupPath:   *group,
 		Env:         agent.SandboxEnv(os.Environ()),

@@ -346,8 +346,8 @@ func newTimeoutCmd(a *app) *cobra.Command {
 func newTemplateCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
-		Short: "List and build templates",
-		Args:  exactArgs(0, "a subcommand (ls, build)"),
+		Short: "List, build, remove and prune templates",
+		Args:  exactArgs(0, "a subcommand (ls, build, rm, prune)"),
 	}
 	var asJSON bool
 	ls := &cobra.Command{
@@ -371,7 +371,7 @@ func newTemplateCmd(a *app) *cobra.Command {
 				return printJSON(a.out, ts)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tBUILT AT\tISOLATION\tDESCRIPTION")
+			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tLAYERS\tSHARED\tBUILT AT\tISOLATION\tSOURCE")
 			for _, t := range ts {
 				built := "-"
 				if !t.BuiltAt.IsZero() {
@@ -381,27 +381,80 @@ func newTemplateCmd(a *app) *cobra.Command {
 				if iso == "" {
 					iso = "default"
 				}
-				fmt.Fprintf(tw, "%s\t%v\t%s\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), built, iso, t.Description)
+				src := t.Source
+				if src == "" {
+					src = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src)
 			}
 			return tw.Flush()
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	var image string
 	build := &cobra.Command{
-		Use:   "build NAME",
+		Use:   "build NAME [--image REF]",
 		Short: "Build a template, printing its log",
-		Args:  exactArgs(1, "a template name"),
+		Long: `Build a template, printing its log on stderr.
+
+Without --image, NAME is a built-in template (base, minimal) or a template
+made from an image earlier, which is pulled again from the same reference.
+With --image, NAME is made from an OCI/Docker image: its layers are pulled
+(through the daemon's registry_mirrors, with credentials from
+~/.docker/config.json), stored once and shared with other templates, and its
+ENV, WORKDIR and USER become the defaults of sandboxes made from it.`,
+		Args: exactArgs(1, "a template name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
 			// The log goes to stderr so stdout carries only the result.
-			t, err := c.BuildTemplate(cmd.Context(), args[0], a.err)
+			var t *client.Template
+			if cmd.Flags().Changed("image") {
+				t, err = c.CreateTemplate(cmd.Context(), args[0], image, a.err)
+			} else {
+				t, err = c.BuildTemplate(cmd.Context(), args[0], a.err)
+			}
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(a.out, "%s built (%s)\n", t.Name, humanBytes(t.SizeBytes))
+			return nil
+		},
+	}
+	build.Flags().StringVar(&image, "image", "", "make the template from this OCI/Docker image reference")
+	rm := &cobra.Command{
+		Use:     "rm NAME",
+		Aliases: []string{"remove"},
+		Short:   "Remove a template (refused while a sandbox uses it; layers go with prune)",
+		Args:    exactArgs(1, "a template name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			if err := c.RemoveTemplate(cmd.Context(), args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s removed\n", args[0])
+			return nil
+		},
+	}
+	prune := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove stored template layers no template uses",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.PruneTemplates(cmd.Context())
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "removed %d layer(s), freed %s\n", res.RemovedLayers, humanBytes(res.FreedBytes))
 			return nil
 		},
 	}
@@ -430,7 +483,7 @@ func newTemplateCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(ls, build, isolation)
+	cmd.AddCommand(ls, build, rm, prune, isolation)
 	return cmd
 }
 

@@ -40,6 +40,9 @@ type Config struct {
 	Token string
 	// DefaultUser acts when a request names no user (default "root").
 	DefaultUser string
+	// DefaultCwd is where processes start when a request names no cwd
+	// (an image template's WORKDIR); default: the user's home.
+	DefaultCwd string
 	// PasswdPath and GroupPath locate the account databases (default
 	// /etc/passwd and /etc/group).
 	PasswdPath, GroupPath string

@@ -59,6 +59,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 		return connect.NewError(connect.CodeInvalidArgument, errors.New("process.cmd is required"))
 	}
 	dir := u.Home
+	if s.cfg.DefaultCwd != "" {
+		dir = s.cfg.DefaultCwd
+	}
 	if cfg.Cwd != nil && cfg.GetCwd() != "" {
 		if dir, err = resolvePath(cfg.GetCwd(), u.Home); err != nil {
 			return rpcErr(err)

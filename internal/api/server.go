@@ -25,6 +25,10 @@ type Templates interface {
 	List(ctx context.Context) ([]template.Template, error)
 	Build(ctx context.Context, name string, log io.Writer) (template.Template, error)
 	SetIsolation(ctx context.Context, name, isolation string) (template.Template, error)
+	CheckImageRef(ref string) error
+	BuildImage(ctx context.Context, name, ref string, log io.Writer) (template.Template, error)
+	Remove(ctx context.Context, name string) error
+	PruneLayers(ctx context.Context) (int, int64, error)
 }
 
 // Config wires the API to the daemon's subsystems.

@@ -7,15 +7,22 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
 func templateToJSON(t template.Template) types.Template {
-	return types.Template{Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: utc(t.BuiltAt), SizeBytes: t.SizeBytes, Isolation: t.Isolation}
+	return types.Template{
+		Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: utc(t.BuiltAt), SizeBytes: t.SizeBytes,
+		Source: t.Source, Layers: len(t.Layers), SharedLayers: t.SharedLayers,
+		Isolation: t.Isolation,
+		Env:       t.Defaults.Env, Workdir: t.Defaults.Workdir, User: t.Defaults.User, Command: t.Defaults.Command,
+	}
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -31,22 +38,58 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// ndjsonLog turns build output into {"log": "..."} lines on a stream.
+// ndjsonLog turns build output into {"log": "..."} lines on a stream. The
+// stream (status 200) starts with the first line, so a build that fails
+// before it logs anything (a bad image reference, a registry that cannot
+// be reached) is answered with a plain error and its status.
 type ndjsonLog struct {
-	mu  sync.Mutex
-	enc *json.Encoder
-	rc  *http.ResponseController
+	mu      sync.Mutex
+	w       http.ResponseWriter
+	enc     *json.Encoder
+	rc      *http.ResponseController
+	started bool
+}
+
+func newNDJSONLog(w http.ResponseWriter) *ndjsonLog {
+	return &ndjsonLog{w: w, enc: json.NewEncoder(w), rc: http.NewResponseController(w)}
+}
+
+// start sends the stream's header; the caller holds mu.
+func (l *ndjsonLog) start() {
+	if !l.started {
+		l.started = true
+		l.w.Header().Set("Content-Type", "application/x-ndjson")
+		l.w.WriteHeader(http.StatusOK)
+	}
 }
 
 func (l *ndjsonLog) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.start()
 	line := string(p)
 	if err := l.enc.Encode(types.BuildLine{Log: &line}); err != nil {
 		return 0, err
 	}
-	l.rc.Flush()
+	_ = l.rc.Flush()
 	return len(p), nil
+}
+
+// finish ends the stream with the template or the error.
+func (l *ndjsonLog) finish(t template.Template, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err != nil && !l.started {
+		writeError(l.w, err)
+		return
+	}
+	l.start()
+	if err != nil {
+		_ = l.enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.Code(err), Message: err.Error()}})
+		return
+	}
+	out := templateToJSON(t)
+	_ = l.enc.Encode(types.BuildLine{Template: &out}) // client gone: the build stands
 }
 
 func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
@@ -55,20 +98,107 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("name", err))
 		return
 	}
-	w.Header().Set("Content-Type", "application/x-ndjson")
-	w.WriteHeader(http.StatusOK)
-	rc := http.NewResponseController(w)
-	rc.Flush()
-	log := &ndjsonLog{enc: json.NewEncoder(w), rc: rc}
-	t, err := s.cfg.Templates.Build(r.Context(), name, log)
+	log := newNDJSONLog(w)
+	// Built-in builds stream from their first line; start the stream at
+	// once so a client sees the build begin.
 	log.mu.Lock()
-	defer log.mu.Unlock()
-	if err != nil {
-		_ = log.enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.Code(err), Message: err.Error()}})
+	log.start()
+	_ = log.rc.Flush()
+	log.mu.Unlock()
+	t, err := s.cfg.Templates.Build(r.Context(), name, log)
+	log.finish(t, err)
+}
+
+// createTemplate makes a template from an image (POST /v1/templates).
+func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
+	var req types.TemplateCreateRequest
+	if err := decodeJSON(r, &req); err != nil {
+		writeError(w, err)
 		return
 	}
-	out := templateToJSON(t)
-	_ = log.enc.Encode(types.BuildLine{Template: &out}) // client gone: the build stands
+	if err := template.ValidName(req.Name); err != nil {
+		writeError(w, badField("name", err))
+		return
+	}
+	if req.Image == "" {
+		writeError(w, badField("image", fmt.Errorf("image is required (an OCI/Docker image reference): %w", errdefs.ErrInvalidArgument)))
+		return
+	}
+	if err := s.cfg.Templates.CheckImageRef(req.Image); err != nil {
+		writeError(w, badField("image", err))
+		return
+	}
+	log := newNDJSONLog(w)
+	t, err := s.cfg.Templates.BuildImage(r.Context(), req.Name, req.Image, log)
+	log.finish(t, err)
+}
+
+// liveStates are the states in which a sandbox still has its root
+// filesystem mounted.
+var liveStates = []string{types.StateCreating, types.StateReady, types.StatePaused, types.StateStopping}
+
+// deleteTemplate removes a template. It refuses while a sandbox of the
+// template is live: its layers are that sandbox's root file system.
+func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, badField("name", err))
+		return
+	}
+	live, err := s.cfg.Manager.List(r.Context(), sandbox.ListOptions{States: liveStates})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var users []string
+	for _, sb := range live {
+		if sb.Template == name {
+			users = append(users, sb.ID)
+		}
+	}
+	if len(users) > 0 {
+		writeError(w, fmt.Errorf("template %q is in use by %d sandbox(es) (%s); destroy them first: %w", name, len(users), strings.Join(users, ", "), errdefs.ErrFailedPrecondition))
+		return
+	}
+	if err := s.cfg.Templates.Remove(r.Context(), name); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// pruneTemplates removes layers no template uses. A live sandbox created
+// before its template's last build may stand on layers of the older build,
+// which no manifest names any more: prune refuses while there is one.
+func (s *Server) pruneTemplates(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.cfg.Templates.List(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	live, err := s.cfg.Manager.List(r.Context(), sandbox.ListOptions{States: liveStates})
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var stale []string
+	for _, sb := range live {
+		i := slices.IndexFunc(ts, func(t template.Template) bool { return t.Name == sb.Template })
+		// BuiltAt has whole seconds: a sandbox in the same second counts as older.
+		if i < 0 || sb.CreatedAt.Before(ts[i].BuiltAt.Add(time.Second)) {
+			stale = append(stale, sb.ID)
+		}
+	}
+	if len(stale) > 0 {
+		writeError(w, fmt.Errorf("sandbox(es) %s may use layers of an older build of their template (removed or rebuilt since they started); destroy them first: %w", strings.Join(stale, ", "), errdefs.ErrFailedPrecondition))
+		return
+	}
+	n, freed, err := s.cfg.Templates.PruneLayers(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, types.TemplatePruneResult{RemovedLayers: n, FreedBytes: freed})
 }
 
 // setTemplateIsolation records the isolation level a template's sandboxes

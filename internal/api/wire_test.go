@@ -146,7 +146,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Error": types.Error{}, "CreateRequest": types.CreateRequest{}, "Usage": types.Usage{}, "Sandbox": types.Sandbox{},
 		"Event": types.Event{}, "Template": types.Template{}, "NetworkPolicy": types.NetworkPolicy{},
 		"EgressRecord": types.NetworkRecord{}, "APIKey": types.APIKey{}, "WorklogEntry": types.WorklogEntry{},
-		"IsolationLevel": types.IsolationLevel{},
+		"IsolationLevel":        types.IsolationLevel{},
+		"TemplateCreateRequest": types.TemplateCreateRequest{}, "TemplatePruneResult": types.TemplatePruneResult{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

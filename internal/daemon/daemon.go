@@ -30,6 +30,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
+	"github.com/berth-sandbox/berth/internal/imagepull"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -76,6 +77,13 @@ type Config struct {
 	DNSUpstream    []string `json:"dns_upstream" yaml:"dns_upstream"`
 	PublicTestNets []string `json:"public_test_nets" yaml:"public_test_nets"`
 	EgressCAFile   string   `json:"egress_ca_file" yaml:"egress_ca_file"`
+	// Image templates (berth template build NAME --image REF): mirrors
+	// tried before a registry, by registry host ("docker.io":
+	// "http://127.0.0.1:5000"; http:// is plain HTTP), and registries
+	// reached over plain HTTP ("host:port"). Loopback registries always
+	// are. Credentials come from ~/.docker/config.json.
+	RegistryMirrors    map[string]string `json:"registry_mirrors" yaml:"registry_mirrors"`
+	InsecureRegistries []string          `json:"insecure_registries" yaml:"insecure_registries"`
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
@@ -177,8 +185,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
+	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries})
+	if err != nil {
+		return err
+	}
 	tpl, err := template.New(template.Config{
 		DataDir: cfg.DataDir, CacheDir: cfg.CacheDir, Mirror: cfg.Mirror, UIDBase: cfg.UIDBase,
+		Puller: puller,
 		Logger: log.With("component", "template"),
 	})
 	if err != nil {

@@ -138,8 +138,8 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		PidsLimit:   e.rec.PidsLimit,
 		Hostname:    "berth-" + id[:12],
 		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   agentArgs(e.rec),
-		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		AgentArgs:   withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults),
+		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
 		// before the agent starts. The hook runs within Runtime.Create,

@@ -38,6 +38,13 @@ type manifest struct {
 	// request names none ("" = the daemon's default). It is the
 	// operator's setting (SetIsolation) and survives rebuilds.
 	Isolation string `json:"isolation,omitempty"`
+	// Image templates: chain ids of shared layers (under .layers/),
+	// lowest first, instead of Layers; the image they came from (with
+	// digest) and the reference to rebuild from; the image's defaults.
+	Shared   []string `json:"shared_layers,omitempty"`
+	Image    string   `json:"image,omitempty"`
+	ImageRef string   `json:"image_ref,omitempty"`
+	Defaults Defaults `json:"defaults,omitzero"`
 }
 
 func (s *Store) manifestPath(name string) string {
@@ -119,6 +126,7 @@ func (s *Store) inspect(name string) (Template, error) {
 	t := Template{Name: name}
 	if r, ok := s.recipes[name]; ok {
 		t.Description = r.description
+		t.Source = "built-in"
 	}
 	m, err := readManifest(s.manifestPath(name))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -131,10 +139,19 @@ func (s *Store) inspect(name string) (Template, error) {
 	if m.Description != "" {
 		t.Description = m.Description
 	}
-	if m.Version != manifestVersion || m.Name != name || m.UIDBase != s.cfg.UIDBase || len(m.Layers) == 0 {
+	if m.Image != "" {
+		t.Source = "image " + m.Image
+	}
+	if m.Version != manifestVersion || m.Name != name || m.UIDBase != s.cfg.UIDBase || len(m.Layers)+len(m.Shared) == 0 {
 		return t, nil
 	}
-	layers := make([]string, 0, len(m.Layers))
+	layers := make([]string, 0, len(m.Layers)+len(m.Shared))
+	for _, id := range m.Shared {
+		if _, ok := s.sharedLayer(id); !ok {
+			return t, nil
+		}
+		layers = append(layers, s.sharedDir(id))
+	}
 	for _, id := range m.Layers {
 		if !validLayerID(id) {
 			return t, nil
@@ -147,6 +164,7 @@ func (s *Store) inspect(name string) (Template, error) {
 	}
 	t.Built = true
 	t.Isolation = m.Isolation
+	t.Defaults = m.Defaults
 	t.BuiltAt = m.BuiltAt
 	t.SizeBytes = m.SizeBytes
 	t.Layers = layers

@@ -54,6 +54,9 @@ type Config struct {
 	DebootstrapPath string
 	// Logger receives operational logs. Default: discard.
 	Logger *slog.Logger
+	// Puller resolves images for image templates (BuildImage); nil
+	// leaves them off. internal/imagepull provides one.
+	Puller Puller
 }
 
 // Defaults for Config fields left empty.
@@ -79,6 +82,15 @@ type Template struct {
 	Isolation string
 	// Layers are absolute directories, lowest first; empty when not built.
 	Layers []string
+	// Source says where the template comes from: "built-in", or
+	// "image REF@DIGEST".
+	Source string
+	// SharedLayers counts the layers another template uses too (filled
+	// by List).
+	SharedLayers int
+	// Defaults are what sandboxes of the template start with (an image's
+	// ENV, WORKDIR, USER, ENTRYPOINT+CMD); empty for built-in templates.
+	Defaults Defaults
 }
 
 // Store builds, finds and caches templates. It is safe for concurrent use.
@@ -89,6 +101,11 @@ type Store struct {
 
 	mu    sync.Mutex
 	locks map[string]chan struct{} // one-slot semaphore per template name
+
+	// sharedMu: image builds hold it shared from their first layer to
+	// their manifest, PruneLayers exclusively. (One daemon owns a data
+	// dir; this does not reach across processes.)
+	sharedMu sync.RWMutex
 }
 
 // New returns a Store for cfg, creating DataDir/templates if needed.
@@ -189,6 +206,19 @@ func (s *Store) List(ctx context.Context) ([]Template, error) {
 		}
 		out = append(out, t)
 	}
+	uses := map[string]int{}
+	for _, t := range out {
+		for _, l := range slices.Compact(slices.Sorted(slices.Values(t.Layers))) {
+			uses[l]++
+		}
+	}
+	for i, t := range out {
+		for _, l := range t.Layers {
+			if uses[l] > 1 {
+				out[i].SharedLayers++
+			}
+		}
+	}
 	return out, nil
 }
 
@@ -248,7 +278,12 @@ func (s *Store) Build(ctx context.Context, name string, log io.Writer) (Template
 		return Template{}, err
 	}
 	if _, ok := s.recipes[name]; !ok {
-		return Template{}, fmt.Errorf("template %q has no build recipe: %w", name, errdefs.ErrNotFound)
+		// An image template rebuilds from the reference it was made from
+		// (a tag may point somewhere new).
+		if m, err := readManifest(s.manifestPath(name)); err == nil && m.ImageRef != "" {
+			return s.BuildImage(ctx, name, m.ImageRef, log)
+		}
+		return Template{}, fmt.Errorf("template %q has no build recipe (make it from an image with --image): %w", name, errdefs.ErrNotFound)
 	}
 	unlock, err := s.lock(ctx, name)
 	if err != nil {

@@ -98,7 +98,10 @@ func TestImportGraph(t *testing.T) {
 			"github.com/google/nftables", "github.com/vishvananda/netlink", "github.com/mdlayher/netlink", "golang.org/x/sys/unix"}, nil},
 		{"internal/hostnet", []string{module + "/internal/egress", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
 		{"internal/egress", []string{module + "/internal/hostnet", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
-		{"internal/template", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/store", module + "/internal/api"}, nil},
+		// The template store (which the Manager imports) speaks no HTTP:
+		// registries are internal/imagepull's, behind template.Puller.
+		{"internal/template", []string{"net/http", module + "/internal/imagepull", module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/store", module + "/internal/api"}, nil},
+		{"internal/imagepull", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/store", module + "/internal/api", module + "/internal/daemon"}, nil},
 		{"internal/store", []string{module + "/internal/sandbox", module + "/internal/runtime", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/api"}, nil},
 	}
 	for _, r := range rules {
