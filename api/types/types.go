@@ -194,11 +194,35 @@ type APIKey struct {
 	// Key is the secret ("e2b_…"), present only in the answer to create:
 	// the daemon stores a hash and cannot show it again.
 	Key string `json:"key,omitempty"`
+	// Admin keys see and manage every sandbox and key.
+	Admin bool `json:"admin,omitempty"`
+	// Quota bounds the key's live sandboxes.
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// Quota bounds what one API key's live sandboxes hold at once. Unset
+// fields are unbounded. Sizes are like "4G", durations like "1h".
+type Quota struct {
+	MaxSandboxes int64   `json:"max_sandboxes,omitempty"`
+	MaxCPU       float64 `json:"max_cpu,omitempty"`
+	MaxMemory    string  `json:"max_memory,omitempty"`
+	MaxTimeout   string  `json:"max_timeout,omitempty"`
 }
 
 // CreateAPIKeyRequest names a new API key.
 type CreateAPIKeyRequest struct {
-	Name string `json:"name"`
+	Name  string `json:"name"`
+	Admin bool   `json:"admin,omitempty"`
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// UpdateAPIKeyRequest changes a key's quota: the fields it carries replace
+// the current ones, the others stay; 0 (or "0") removes a bound.
+type UpdateAPIKeyRequest struct {
+	MaxSandboxes *int64   `json:"max_sandboxes,omitempty"`
+	MaxCPU       *float64 `json:"max_cpu,omitempty"`
+	MaxMemory    *string  `json:"max_memory,omitempty"`
+	MaxTimeout   *string  `json:"max_timeout,omitempty"`
 }
 
 // APIKeyList is the answer to GET /v1/apikeys.

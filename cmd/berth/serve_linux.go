@@ -66,6 +66,12 @@ re-adopted when it starts again.`,
 			set("pool", &cfg.Pool, flags.Pool)
 			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
 			set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
+			if cmd.Flags().Changed("require-auth") {
+				cfg.RequireAuth = flags.RequireAuth
+			}
+			if cmd.Flags().Changed("insecure-no-auth") {
+				cfg.InsecureNoAuth = flags.InsecureNoAuth
+			}
 			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
 				cfg.Mirror = m
 			}
@@ -94,6 +100,8 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.Pool, "pool", "198.18.0.0/15", "address pool for sandbox links")
 	f.StringVar(&flags.DefaultTemplate, "default-template", "base", "template used when a create names none")
 	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
+	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
+	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

@@ -44,6 +44,7 @@ func (s *Server) routeTable() []route {
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
 		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
 		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},
+		{"PATCH", "/v1/apikeys/{id}", s.updateAPIKey, apiKeys},
 		{"POST", "/v1/workspaces", s.createWorkspace, workspaces},
 		{"POST", "/v1/environments/check", s.checkEnvironment, workspaces},
 		{"GET", "/v1/environments", s.listEnvironments, workspaces},
@@ -58,10 +59,25 @@ func (s *Server) routeTable() []route {
 	}
 }
 
+// routeAccess is who may call a route other than any authenticated caller
+// (auth.go), by mux pattern.
+var routeAccess = map[string]access{
+	"GET /v1/health":                  public,
+	"POST /v1/templates/{name}/build": adminOnly,
+	"POST /v1/apikeys":                adminOnly,
+	"GET /v1/apikeys":                 adminOnly,
+	"DELETE /v1/apikeys/{id}":         adminOnly,
+	"PATCH /v1/apikeys/{id}":          adminOnly,
+	"POST /v1/environments/prune":     adminOnly,
+	"GET /v1/secrets":                 adminOnly,
+	"PUT /v1/secrets/{name}":          adminOnly,
+	"DELETE /v1/secrets/{name}":       adminOnly,
+}
+
 func (s *Server) routes() {
 	for _, r := range s.routeTable() {
 		if r.on == nil || r.on(s.cfg) {
-			s.mux.HandleFunc(r.muxPattern(), r.handler)
+			s.mux.HandleFunc(r.muxPattern(), s.authenticate(r))
 		}
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -132,6 +132,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	p := principal(r)
+	req.Owner, req.Quota = p.Owner(), p.Key.Quota
 	sb, err := s.cfg.Manager.Create(r.Context(), req)
 	if err != nil {
 		writeError(w, err)
@@ -165,8 +167,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	p := principal(r)
 	out := types.SandboxList{Sandboxes: make([]types.Sandbox, 0, len(sbs))}
 	for _, sb := range sbs {
+		if !p.Sees(sb.Owner) {
+			continue
+		}
 		out.Sandboxes = append(out.Sandboxes, toJSON(sb))
 	}
 	writeJSON(w, http.StatusOK, out)

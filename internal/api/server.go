@@ -32,8 +32,13 @@ type Config struct {
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper
-	// APIKeys, when set, serves /v1/apikeys (keys of the E2B API).
+	// APIKeys, when set, serves /v1/apikeys and authenticates callers
+	// (auth.go); without it every caller is the operator.
 	APIKeys APIKeys
+	// RequireAuth refuses callers without a key (but on the local socket).
+	// Without it a caller that sends no key is the operator; one that
+	// sends a key is that key.
+	RequireAuth bool
 	// Workspaces, when set, serves workspaces, environments and secrets.
 	Workspaces Workspaces
 	// Worklog and Review, when set, serve the work log, diff, export and

@@ -26,6 +26,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
@@ -78,6 +79,12 @@ type Config struct {
 	// rotates (default 16 MiB; three rotated files are kept, and the
 	// earliest records and every denial survive rotation).
 	AuditMaxBytes int64 `json:"audit_max_bytes" yaml:"audit_max_bytes"`
+
+	// RequireAuth requires an API key on every route but health (the
+	// local socket excepted). A daemon listening beyond loopback refuses
+	// to start without it unless InsecureNoAuth says so.
+	RequireAuth    bool `json:"require_auth" yaml:"require_auth"`
+	InsecureNoAuth bool `json:"insecure_no_auth" yaml:"insecure_no_auth"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -136,6 +143,9 @@ func (c Config) WithDefaults() Config {
 // Sandboxes keep running across a daemon restart and are re-adopted.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.WithDefaults()
+	if err := checkExposure(cfg); err != nil {
+		return err
+	}
 	// 0711: sandboxes' mapped root must traverse to its rootfs (runc
 	// mounts it from inside the user namespace); nobody may list it.
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
@@ -267,7 +277,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
@@ -278,10 +288,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	sock, err := listenSocket(SocketPath(cfg.DataDir))
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
+	// The socket's connections are the operator's: its mode is the
+	// authentication.
+	ls := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("daemon_ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "instance", cfg.Instance)
+	go func() { errc <- ls.Serve(sock) }()
+	defer os.Remove(SocketPath(cfg.DataDir))
+	log.Info("daemon_ready", "listen", ln.Addr().String(), "socket", SocketPath(cfg.DataDir), "require_auth", cfg.RequireAuth, "data_dir", cfg.DataDir, "instance", cfg.Instance)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -292,6 +313,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		hs.Close()
+	}
+	if err := ls.Shutdown(sctx); err != nil {
+		ls.Close()
 	}
 	return nil
 }

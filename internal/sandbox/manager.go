@@ -199,6 +199,8 @@ type CreateRequest struct {
 	User     string
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
+	// Quota bounds the live sandboxes of Owner (quota.go); zero: none.
+	Quota core.Quota
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,
