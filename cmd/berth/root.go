@@ -140,6 +140,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newEventsCmd(a),
 		newNetCmd(a),
 		newKillCmd(a),
+		newRmCmd(a),
 		newTimeoutCmd(a),
 		newTemplateCmd(a),
 		newAPIKeyCmd(a),

@@ -66,6 +66,7 @@ re-adopted when it starts again.`,
 			set("pool", &cfg.Pool, flags.Pool)
 			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
 			set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
+			set("retention", &cfg.Retention, flags.Retention)
 			if cmd.Flags().Changed("require-auth") {
 				cfg.RequireAuth = flags.RequireAuth
 			}
@@ -102,6 +103,7 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
 	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
 	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
+	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

@@ -32,6 +32,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes", s.listSandboxes, nil},
 		{"GET", "/v1/sandboxes/{id}", s.getSandbox, nil},
 		{"DELETE", "/v1/sandboxes/{id}", s.deleteSandbox, nil},
+		{"DELETE", "/v1/sandboxes/{id}/record", s.removeRecord, func(c Config) bool { return c.Records != nil }},
 		{"POST", "/v1/sandboxes/{id}/timeout", s.setTimeout, nil},
 		{"GET", "/v1/sandboxes/{id}/events", s.events, nil},
 		{"GET", "/v1/sandboxes/{id}/network", s.getNetwork, nil},

@@ -26,6 +26,11 @@ type Templates interface {
 	Build(ctx context.Context, name string, log io.Writer) (template.Template, error)
 }
 
+// Records removes an ended sandbox's record and logs.
+type Records interface {
+	Remove(ctx context.Context, id string) error
+}
+
 // Config wires the API to the daemon's subsystems.
 type Config struct {
 	Manager   Manager
@@ -39,6 +44,8 @@ type Config struct {
 	// Without it a caller that sends no key is the operator; one that
 	// sends a key is that key.
 	RequireAuth bool
+	// Records, when set, removes ended sandboxes' records and logs.
+	Records Records
 	// Workspaces, when set, serves workspaces, environments and secrets.
 	Workspaces Workspaces
 	// Worklog and Review, when set, serve the work log, diff, export and

@@ -313,3 +313,11 @@ func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) e
 		}
 	}
 }
+
+// Remove deletes a sandbox's audit files.
+func (l *Log) Remove(id string) error {
+	l.mu.Lock()
+	l.forget(id)
+	l.mu.Unlock()
+	return l.files.Remove(id)
+}

@@ -36,6 +36,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
+	"github.com/berth-sandbox/berth/internal/units"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -84,6 +85,9 @@ type Config struct {
 	// local socket excepted). A daemon listening beyond loopback refuses
 	// to start without it unless InsecureNoAuth says so.
 	RequireAuth    bool `json:"require_auth" yaml:"require_auth"`
+	// Retention is how long stopped and failed sandboxes' records and
+	// logs are kept (a duration, "24h" by default).
+	Retention string `json:"retention" yaml:"retention"`
 	InsecureNoAuth bool `json:"insecure_no_auth" yaml:"insecure_no_auth"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
@@ -145,6 +149,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.WithDefaults()
 	if err := checkExposure(cfg); err != nil {
 		return err
+	}
+	retention := DefaultRetention
+	if cfg.Retention != "" {
+		d, err := units.ParseDuration(cfg.Retention)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("retention %q: want a positive duration such as 24h: %w", cfg.Retention, errdefs.ErrInvalidArgument)
+		}
+		retention = d
 	}
 	// 0711: sandboxes' mapped root must traverse to its rootfs (runc
 	// mounts it from inside the user namespace); nobody may list it.
@@ -277,7 +289,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	recs := &records{mgr: mgr, store: db, logs: []logRemover{auditLog, wl}, retention: retention, log: log.With("component", "records")}
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	go recs.run(rctx)
+	srv := api.New(api.Config{Manager: mgr, Records: recs, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

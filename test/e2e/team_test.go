@@ -313,3 +313,75 @@ func keyIDByName(t *testing.T, d *Daemon, name string) string {
 	t.Helper()
 	return keyID(t, d, name)
 }
+
+// TestRecords: ls shows live sandboxes and --all the ended ones; kill is
+// idempotent, takes several IDs, --label and --all; rm removes an ended
+// sandbox's record and logs now and refuses a live one; the retention
+// removes ended records with their logs on its own.
+func TestRecords(t *testing.T) {
+	d := StartDaemon(t, "--retention", "30s")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	mk := func(labels map[string]string) string {
+		return d.Create(t, client.CreateRequest{Labels: labels}).ID
+	}
+	a, b, c1, c2, keep := mk(nil), mk(nil), mk(map[string]string{"batch": "x"}), mk(map[string]string{"batch": "x"}), mk(nil)
+	// Logs exist for a sandbox that did something.
+	MustRun(t, d.Client.Sandbox(a), "true")
+
+	if _, errOut, code := d.CLI(t, nil, "rm", a); code == 0 || !strings.Contains(errOut, "failed_precondition") {
+		t.Errorf("rm of a live sandbox = %d %q, want failed_precondition", code, errOut)
+	}
+	out, errOut, code := d.CLI(t, nil, "kill", a, b)
+	if code != 0 || out != a+"\n"+b+"\n" {
+		t.Errorf("kill a b = %d %q %q", code, out, errOut)
+	}
+	// Again: already stopped is done.
+	if out, errOut, code := d.CLI(t, nil, "kill", a); code != 0 || out != a+"\n" {
+		t.Errorf("kill of a stopped sandbox = %d %q %q, want exit 0", code, out, errOut)
+	}
+	out, _, code = d.CLI(t, nil, "kill", "--label", "batch=x")
+	if code != 0 || !strings.Contains(out, c1) || !strings.Contains(out, c2) || strings.Contains(out, keep) {
+		t.Errorf("kill --label batch=x = %d %q", code, out)
+	}
+	out, _, _ = d.CLI(t, nil, "ls")
+	if strings.Contains(out, a) || strings.Contains(out, c1) || !strings.Contains(out, keep) {
+		t.Errorf("ls shows ended sandboxes or misses a live one:\n%s", out)
+	}
+	out, _, _ = d.CLI(t, nil, "ls", "--all")
+	if !strings.Contains(out, a) || !strings.Contains(out, keep) {
+		t.Errorf("ls --all misses sandboxes:\n%s", out)
+	}
+	if out, errOut, code := d.CLI(t, nil, "kill", "--all"); code != 0 || out != keep+"\n" {
+		t.Errorf("kill --all = %d %q %q, want the one live sandbox", code, out, errOut)
+	}
+
+	// rm now: the record and its logs are gone.
+	wl := filepath.Join(d.DataDir, "worklog", a+".jsonl")
+	if _, err := os.Stat(wl); err != nil {
+		t.Fatalf("sandbox %s has no work log to remove: %v", a, err)
+	}
+	if out, errOut, code := d.CLI(t, nil, "rm", a); code != 0 || out != a+"\n" {
+		t.Errorf("rm = %d %q %q", code, out, errOut)
+	}
+	if _, err := d.Client.Get(ctx, a); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("get after rm: %v, want not_found", err)
+	}
+	if _, err := os.Stat(wl); !os.IsNotExist(err) {
+		t.Errorf("work log after rm: %v, want it gone", err)
+	}
+	// The retention removes the others on its own.
+	waitFor(t, 2*time.Minute, "ended records to expire", func() bool {
+		sbs, err := d.Client.List(ctx, client.ListOptions{})
+		return err == nil && len(sbs) == 0
+	})
+	for _, id := range []string{b, c1, c2, keep} {
+		if _, err := d.Client.Events(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("events of expired %s: %v, want not_found", id, err)
+		}
+	}
+	ents, _ := os.ReadDir(filepath.Join(d.DataDir, "audit"))
+	for _, e := range ents {
+		t.Errorf("audit file %s survived its sandbox's record", e.Name())
+	}
+}
