@@ -229,3 +229,34 @@ type UpdateAPIKeyRequest struct {
 type APIKeyList struct {
 	APIKeys []APIKey `json:"api_keys"`
 }
+
+// UsageRecord is what one sandbox, or all sandboxes of one API key, used:
+// metered while running and kept after the sandboxes are gone.
+type UsageRecord struct {
+	// Key is the API key's name and KeyID its ID ("" for sandboxes of
+	// the operator, made without a key).
+	Key   string `json:"key"`
+	KeyID string `json:"key_id"`
+	// Sandbox is set when usage is listed by sandbox; Sandboxes counts
+	// them when listed by key.
+	Sandbox   string `json:"sandbox,omitempty"`
+	Sandboxes int    `json:"sandboxes,omitempty"`
+	// CPUSeconds is the CPU time the sandboxes' cgroups accounted.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// MemoryGiBSeconds is memory in use integrated over time.
+	MemoryGiBSeconds float64 `json:"memory_gib_seconds"`
+	// MemoryPeakBytes is the highest any one sandbox reached.
+	MemoryPeakBytes int64 `json:"memory_peak_bytes"`
+	// DiskBytes is disk in use at the last sample.
+	DiskBytes int64 `json:"disk_bytes"`
+	// EgressBytes is what the egress proxy carried, both directions.
+	EgressBytes    int64     `json:"egress_bytes"`
+	SandboxSeconds float64   `json:"sandbox_seconds"`
+	StartedAt      time.Time `json:"started_at,omitzero"`
+	UpdatedAt      time.Time `json:"updated_at,omitzero"`
+}
+
+// UsageList is the answer to GET /v1/usage.
+type UsageList struct {
+	Usage []UsageRecord `json:"usage"`
+}

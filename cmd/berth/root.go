@@ -141,6 +141,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newNetCmd(a),
 		newKillCmd(a),
 		newRmCmd(a),
+		newUsageCmd(a),
 		newTimeoutCmd(a),
 		newTemplateCmd(a),
 		newAPIKeyCmd(a),

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -31,6 +32,11 @@ type Records interface {
 	Remove(ctx context.Context, id string) error
 }
 
+// Usage lists metered usage records.
+type Usage interface {
+	List(ctx context.Context, since time.Time) ([]core.Usage, error)
+}
+
 // Config wires the API to the daemon's subsystems.
 type Config struct {
 	Manager   Manager
@@ -44,6 +50,8 @@ type Config struct {
 	// Without it a caller that sends no key is the operator; one that
 	// sends a key is that key.
 	RequireAuth bool
+	// Usage, when set, serves GET /v1/usage.
+	Usage Usage
 	// Records, when set, removes ended sandboxes' records and logs.
 	Records Records
 	// Workspaces, when set, serves workspaces, environments and secrets.

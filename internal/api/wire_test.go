@@ -136,7 +136,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Error": types.Error{}, "CreateRequest": types.CreateRequest{}, "Usage": types.Usage{}, "Sandbox": types.Sandbox{},
 		"Event": types.Event{}, "Template": types.Template{}, "NetworkPolicy": types.NetworkPolicy{},
 		"EgressRecord": types.NetworkRecord{}, "APIKey": types.APIKey{}, "WorklogEntry": types.WorklogEntry{},
-		"Quota": types.Quota{},
+		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

@@ -37,6 +37,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/internal/units"
+	"github.com/berth-sandbox/berth/internal/usage"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -258,13 +259,20 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer rt.Close()
 	rt.Warm(cfg.Defaults.DiskBytes)
 	link := agentlink.New()
+	meter := usage.New(db, log.With("component", "usage"))
+	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
+	mdone := make(chan struct{})
+	go func() { meter.Run(mctx, 5*time.Second); close(mdone) }()
+	// After the Manager closes (deferred later, so run earlier): the last
+	// samples are written.
+	defer func() { mcancel(); <-mdone }()
 	mgr, err := sandbox.New(sandbox.Config{
 		AgentPath:       agentPath,
 		DefaultTemplate: cfg.DefaultTemplate,
 		Defaults:        cfg.Defaults,
 		Max:             cfg.Max,
 		Logger:          log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
+	}, sandbox.Deps{Runtime: rt, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter})
 	if err != nil {
 		return err
 	}
@@ -293,7 +301,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
 	go recs.run(rctx)
-	srv := api.New(api.Config{Manager: mgr, Records: recs, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: mgr, Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

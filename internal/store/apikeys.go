@@ -124,7 +124,10 @@ func migrate(ctx context.Context, db *sql.DB) error {
 	if _, err = db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner)`); err != nil {
 		return err
 	}
-	return migrateAPIKeys(ctx, db)
+	if err := migrateAPIKeys(ctx, db); err != nil {
+		return err
+	}
+	return migrateUsage(ctx, db)
 }
 
 // PutAPIKey stores a new API key.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // callAPI sends one request with optional headers and returns the status
@@ -385,3 +386,141 @@ func TestRecords(t *testing.T) {
 		t.Errorf("audit file %s survived its sandbox's record", e.Name())
 	}
 }
+
+// cgroupCPU is the CPU time a sandbox's cgroup accounted, read from the
+// kernel: cpuacct.usage on cgroup v1, cpu.stat usage_usec on v2.
+func cgroupCPU(t *testing.T, d *Daemon, id string) time.Duration {
+	t.Helper()
+	if p := d.CgroupFile(id, "cpuacct", "cpuacct.usage"); p != "" {
+		ns, err := harnessCgroupInt(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ns)
+	}
+	if p := d.CgroupFile(id, "cpu", "cpuacct.usage"); p != "" {
+		ns, err := harnessCgroupInt(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ns)
+	}
+	p := d.CgroupFile(id, "cpu", "cpu.stat")
+	if p == "" {
+		t.Fatalf("sandbox %s has no CPU accounting cgroup file", id)
+	}
+	us, err := harnessCgroupKV(p, "usage_usec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// usageOf returns the record of key (by name) or sandbox in a usage list.
+func usageOf(us []client.UsageRecord, match func(client.UsageRecord) bool) (client.UsageRecord, bool) {
+	for _, u := range us {
+		if match(u) {
+			return u, true
+		}
+	}
+	return client.UsageRecord{}, false
+}
+
+// TestUsageAttributed: a CPU spin's CPU-seconds land on its key (as the
+// cgroup accounted them) and not on another key's; usage outlives the
+// sandbox and a daemon restart; the CLI prints it as JSON.
+func TestUsageAttributed(t *testing.T) {
+	d := StartDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	_, ca := newKey(t, d, client.CreateAPIKeyRequest{Name: "spinner"})
+	_, cb := newKey(t, d, client.CreateAPIKeyRequest{Name: "idler"})
+	sa, err := ca.Create(ctx, client.CreateRequest{Template: "minimal", CPU: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := cb.Create(ctx, client.CreateRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Spin until the kernel has accounted 2 CPU-seconds to the sandbox
+	// (however busy the host), then stop; what it got is what the cgroup
+	// says.
+	pid, err := sa.Start(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "while :; do :; done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 3*time.Minute, "the spin to use 2 CPU-seconds", func() bool { return cgroupCPU(t, d, sa.ID) >= 2*time.Second })
+	if err := sa.Signal(ctx, pid, 9); err != nil {
+		t.Fatal(err)
+	}
+	MustRun(t, sa, "true") // the agent answers: the spin is gone
+	spun := cgroupCPU(t, d, sa.ID)
+	// The monitor meters it: wait until the key's usage covers what the
+	// cgroup accounted, then check it did not invent more.
+	var got client.UsageRecord
+	waitFor(t, 60*time.Second, "the spin's CPU on its key", func() bool {
+		us, err := d.Local.Usage(ctx, client.UsageOptions{By: "key"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ = usageOf(us, func(u client.UsageRecord) bool { return u.Key == "spinner" })
+		return got.CPUSeconds >= spun.Seconds()
+	})
+	if now := cgroupCPU(t, d, sa.ID); got.CPUSeconds > now.Seconds() {
+		t.Errorf("key spinner: %.3f CPU-seconds, more than its cgroup accounted (%.3f)", got.CPUSeconds, now.Seconds())
+	}
+	if got.Sandboxes != 1 || got.MemoryGiBSeconds <= 0 || got.MemoryPeakBytes <= 0 || got.SandboxSeconds <= 0 {
+		t.Errorf("key spinner usage %+v: want 1 sandbox and memory, peak and time metered", got)
+	}
+	// The other key: only its own idle sandbox, not the spin.
+	us, err := cb.Usage(ctx, client.UsageOptions{By: "key"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(us) != 1 || us[0].Key != "idler" {
+		t.Fatalf("idler sees usage %+v, want its own only", us)
+	}
+	if idle := cgroupCPU(t, d, sb.ID); us[0].CPUSeconds > idle.Seconds() || us[0].CPUSeconds >= spun.Seconds()/2 {
+		t.Errorf("key idler: %.3f CPU-seconds (its cgroup: %.3f, the spin: %.3f)", us[0].CPUSeconds, idle.Seconds(), spun.Seconds())
+	}
+
+	// Kept after the sandbox is gone, and across a restart.
+	if err := ca.Kill(ctx, sa.ID); err != nil {
+		t.Fatal(err)
+	}
+	d.Stop()
+	d.Start()
+	us, err = d.Local.Usage(ctx, client.UsageOptions{By: "sandbox"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, ok := usageOf(us, func(u client.UsageRecord) bool { return u.Sandbox == sa.ID })
+	if !ok || rec.Key != "spinner" || rec.CPUSeconds < spun.Seconds() {
+		t.Errorf("after kill and restart, sandbox %s usage %+v (ok %v), want its %.3f CPU-seconds on spinner", sa.ID, rec, ok, spun.Seconds())
+	}
+	out, errOut, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.SocketURL}, "usage", "--by", "key", "-o", "json")
+	var doc struct {
+		Usage []struct {
+			Key        string  `json:"key"`
+			CPUSeconds float64 `json:"cpu_seconds"`
+		} `json:"usage"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &doc) != nil {
+		t.Fatalf("berth usage -o json = %d %q %q", code, out, errOut)
+	}
+	found := false
+	for _, u := range doc.Usage {
+		if u.Key == "spinner" && u.CPUSeconds >= spun.Seconds() {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("berth usage -o json has no spinner with %.3f CPU-seconds:\n%s", spun.Seconds(), out)
+	}
+}
+
+var (
+	harnessCgroupInt = harness.CgroupInt
+	harnessCgroupKV  = harness.CgroupKV
+)
