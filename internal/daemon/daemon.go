@@ -85,11 +85,11 @@ type Config struct {
 	// RequireAuth requires an API key on every route but health (the
 	// local socket excepted). A daemon listening beyond loopback refuses
 	// to start without it unless InsecureNoAuth says so.
-	RequireAuth    bool `json:"require_auth" yaml:"require_auth"`
+	RequireAuth bool `json:"require_auth" yaml:"require_auth"`
 	// Retention is how long stopped and failed sandboxes' records and
 	// logs are kept (a duration, "24h" by default).
-	Retention string `json:"retention" yaml:"retention"`
-	InsecureNoAuth bool `json:"insecure_no_auth" yaml:"insecure_no_auth"`
+	Retention      string `json:"retention" yaml:"retention"`
+	InsecureNoAuth bool   `json:"insecure_no_auth" yaml:"insecure_no_auth"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`

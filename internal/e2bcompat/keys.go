@@ -28,7 +28,6 @@ type KeyStore interface {
 	SetAPIKeyQuota(ctx context.Context, id string, q core.Quota) error
 }
 
-
 // Keys issues, lists, revokes and verifies API keys.
 type Keys struct {
 	store KeyStore
