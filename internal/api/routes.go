@@ -41,6 +41,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes/{id}/network/suggest", s.suggestNetwork, nil},
 		{"", "/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent, nil},
 		{"GET", "/v1/templates", s.listTemplates, nil},
+		{"GET", "/metrics", s.metrics, func(c Config) bool { return c.Metrics != nil }},
 		{"GET", "/v1/usage", s.getUsage, func(c Config) bool { return c.Usage != nil }},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},

@@ -50,6 +50,8 @@ type Config struct {
 	// Without it a caller that sends no key is the operator; one that
 	// sends a key is that key.
 	RequireAuth bool
+	// Metrics, when set, serves GET /metrics (Prometheus text format).
+	Metrics http.Handler
 	// Usage, when set, serves GET /v1/usage.
 	Usage Usage
 	// Records, when set, removes ended sandboxes' records and logs.
@@ -88,6 +90,10 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: s.cfg.Version})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	s.cfg.Metrics.ServeHTTP(w, r)
 }
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {

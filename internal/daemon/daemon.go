@@ -30,6 +30,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
+	"github.com/berth-sandbox/berth/internal/metrics"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
@@ -200,7 +201,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if _, err := tpl.Ensure(ctx, "minimal", io.Discard); err != nil {
 		return fmt.Errorf("build template minimal: %w", err)
 	}
-	auditLog, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
+	prom := metrics.New(metrics.Sources{})
+	auditLog, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit"),
+		OnAppend: func(r audit.Record) {
+			if r.Decision != "" {
+				prom.CountEgress(r.Decision, r.Count)
+			}
+		}})
 	if err != nil {
 		return err
 	}
@@ -288,7 +295,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer wl.CloseAll()
-	agentTransport := wl.Transport(link.Transport())
+	agentTransport := prom.Transport(wl.Transport(link.Transport()))
 	rev, err := review.New(review.Config{Agents: mgr, Transport: agentTransport, Author: cfg.CommitAuthor, Logger: log.With("component", "review")})
 	if err != nil {
 		return err
@@ -301,11 +308,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	rctx, rcancel := context.WithCancel(ctx)
 	defer rcancel()
 	go recs.run(rctx)
-	srv := api.New(api.Config{Manager: mgr, Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	prom.SetSources(metricSources(mgr, meter, keys))
+	imgr := instrumented{Manager: mgr, m: prom}
+	srv := api.New(api.Config{Manager: imgr, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
-		Manager: mgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
+		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -317,10 +326,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		ln.Close()
 		return err
 	}
-	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
+	// /metrics is the native API's (authenticated like it); the rest of
+	// the root is the E2B-compatible handler's.
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", srv.Handler())
+	mux.Handle("/", root)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	// The socket's connections are the operator's: its mode is the
 	// authentication.
-	ls := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second,
+	ls := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
 	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()

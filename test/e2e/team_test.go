@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/test/harness"
@@ -524,3 +526,78 @@ var (
 	harnessCgroupInt = harness.CgroupInt
 	harnessCgroupKV  = harness.CgroupKV
 )
+
+// TestMetrics: /metrics is authenticated (admin), and what it serves
+// parses with Prometheus' own text parser and carries Berth's metrics.
+func TestMetrics(t *testing.T) {
+	d := StartDaemon(t, "--require-auth")
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	if st, body := callAPI(t, "GET", d.URL+"/metrics", "", nil); st != 401 || errCode(t, body) != errdefs.CodeUnauthenticated {
+		t.Errorf("/metrics without a key = %d %s, want 401", st, body)
+	}
+	key, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "worker"})
+	if st, body := callAPI(t, "GET", d.URL+"/metrics", "", map[string]string{"Authorization": "Bearer " + key.Key}); st != 403 {
+		t.Errorf("/metrics with a plain key = %d %s, want 403", st, body)
+	}
+	admin, _ := newKey(t, d, client.CreateAPIKeyRequest{Name: "prometheus", Admin: true})
+	sb, err := c.Create(ctx, client.CreateRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	MustRun(t, sb, "true")
+	waitFor(t, 60*time.Second, "the key's CPU to be metered", func() bool {
+		us, err := d.Local.Usage(ctx, client.UsageOptions{})
+		return err == nil && len(us) > 0 && us[0].CPUSeconds > 0
+	})
+	st, body := callAPI(t, "GET", d.URL+"/metrics", "", map[string]string{"Authorization": "Bearer " + admin.Key})
+	if st != 200 {
+		t.Fatalf("/metrics with an admin key = %d %s", st, body)
+	}
+	var parser expfmt.TextParser
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v\n%s", err, body)
+	}
+	value := func(name string, labels map[string]string) (float64, bool) {
+		f, ok := fams[name]
+		if !ok {
+			return 0, false
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if want, ok := labels[lp.GetName()]; ok && want != lp.GetValue() {
+					continue next
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue(), true
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue(), true
+			case m.GetHistogram() != nil:
+				return float64(m.GetHistogram().GetSampleCount()), true
+			}
+		}
+		return 0, false
+	}
+	for _, c := range []struct {
+		name   string
+		labels map[string]string
+		min    float64
+	}{
+		{"berth_sandboxes", map[string]string{"state": "ready"}, 1},
+		{"berth_sandbox_create_seconds", map[string]string{"result": "ok"}, 1},
+		{"berth_execs_total", nil, 1},
+		{"berth_egress_decisions_total", map[string]string{"decision": "deny"}, 0},
+		{"berth_key_cpu_seconds_total", map[string]string{"key": "worker"}, 1e-9},
+		{"go_goroutines", nil, 1},
+		{"process_resident_memory_bytes", nil, 1},
+	} {
+		v, ok := value(c.name, c.labels)
+		if !ok || v < c.min {
+			t.Errorf("%s%v = %v (present %v), want at least %v", c.name, c.labels, v, ok, c.min)
+		}
+	}
+}
