@@ -75,6 +75,7 @@ var routeAccess = map[string]access{
 	"GET /v1/secrets":                 adminOnly,
 	"PUT /v1/secrets/{name}":          adminOnly,
 	"DELETE /v1/secrets/{name}":       adminOnly,
+	"GET /metrics":                    adminOnly,
 }
 
 func (s *Server) routes() {
