@@ -13,11 +13,11 @@ import (
 // access is who may call a route.
 type access int
 
+// The zero access is any authenticated caller; handlers scope what it
+// sees.
 const (
-	// anyCaller: any authenticated caller; handlers scope what it sees.
-	anyCaller access = iota
 	// public: no key needed (health).
-	public
+	public access = iota + 1
 	// adminOnly: the operator or an admin key (key management, builds,
 	// secrets, metrics).
 	adminOnly
