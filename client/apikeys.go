@@ -24,6 +24,38 @@ func (c *Client) CreateAPIKey(ctx context.Context, name string) (*APIKey, error)
 	return &k, nil
 }
 
+// CreateAPIKeyRequest is a new key's name, admin flag and quota.
+type CreateAPIKeyRequest = types.CreateAPIKeyRequest
+
+// Quota bounds one key's live sandboxes.
+type Quota = types.Quota
+
+// UpdateAPIKeyRequest changes a key's quota.
+type UpdateAPIKeyRequest = types.UpdateAPIKeyRequest
+
+// CreateAPIKeyWith issues an API key with the options in req (an admin
+// key, a quota).
+func (c *Client) CreateAPIKeyWith(ctx context.Context, req CreateAPIKeyRequest) (*APIKey, error) {
+	var k APIKey
+	if err := c.doJSON(ctx, http.MethodPost, "/v1/apikeys", nil, req, &k); err != nil {
+		return nil, fmt.Errorf("create api key: %w", err)
+	}
+	return &k, nil
+}
+
+// UpdateAPIKey changes a key's quota: the fields req sets replace the
+// current ones.
+func (c *Client) UpdateAPIKey(ctx context.Context, id string, req UpdateAPIKeyRequest) (*APIKey, error) {
+	if id == "" {
+		return nil, fmt.Errorf("api key id is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	var k APIKey
+	if err := c.doJSON(ctx, http.MethodPatch, "/v1/apikeys/"+url.PathEscape(id), nil, req, &k); err != nil {
+		return nil, fmt.Errorf("update api key: %w", err)
+	}
+	return &k, nil
+}
+
 // ListAPIKeys returns every API key, revoked ones included.
 func (c *Client) ListAPIKeys(ctx context.Context) ([]APIKey, error) {
 	var out types.APIKeyList

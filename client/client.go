@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -31,11 +32,21 @@ const DefaultURL = "http://127.0.0.1:2378"
 // Sandbox.As say otherwise.
 const DefaultUser = "root"
 
+// DefaultSocket is the daemon's root-only local socket with the default
+// data dir: on the daemon's host, root reaches it without a key.
+const DefaultSocket = "/var/lib/berth/berth.sock"
+
 // Client talks to one Berth daemon. It is safe for concurrent use.
 type Client struct {
 	base *url.URL
 	hc   *http.Client
 	user string
+	// key is the API key sent on every request ("" sends none).
+	key string
+	// socket is the unix socket requests go through ("" for TCP).
+	socket string
+	// display is the URL as given, for messages.
+	display string
 }
 
 // Option configures a Client.
@@ -55,36 +66,96 @@ func WithUser(user string) Option {
 	return func(c *Client) { c.user = user }
 }
 
-// New returns a Client for the daemon at baseURL, e.g. "http://127.0.0.1:2378".
+// WithAPIKey sends key on every request, in the X-API-Key header (data-plane
+// calls use Authorization to name the user they act as).
+func WithAPIKey(key string) Option {
+	return func(c *Client) { c.key = key }
+}
+
+// New returns a Client for the daemon at baseURL: "http://127.0.0.1:2378",
+// or "unix:///var/lib/berth/berth.sock" for the daemon's local socket.
 func New(baseURL string, opts ...Option) (*Client, error) {
 	u, err := url.Parse(strings.TrimRight(baseURL, "/"))
 	if err != nil {
 		return nil, fmt.Errorf("parse daemon url %q: %w", baseURL, err)
 	}
-	if u.Scheme != "http" && u.Scheme != "https" {
-		return nil, fmt.Errorf("daemon url %q: scheme must be http or https: %w", baseURL, errdefs.ErrInvalidArgument)
+	c := &Client{hc: &http.Client{}, display: baseURL}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Host == "" {
+			return nil, fmt.Errorf("daemon url %q: no host: %w", baseURL, errdefs.ErrInvalidArgument)
+		}
+	case "unix":
+		if u.Host != "" || u.Path == "" {
+			return nil, fmt.Errorf("daemon url %q: want unix:///absolute/path/to/berth.sock: %w", baseURL, errdefs.ErrInvalidArgument)
+		}
+		// Requests name a placeholder host; the transport dials the
+		// socket whatever the address.
+		c.socket = u.Path
+		u = &url.URL{Scheme: "http", Host: "berth"}
+	default:
+		return nil, fmt.Errorf("daemon url %q: scheme must be http, https or unix: %w", baseURL, errdefs.ErrInvalidArgument)
 	}
-	if u.Host == "" {
-		return nil, fmt.Errorf("daemon url %q: no host: %w", baseURL, errdefs.ErrInvalidArgument)
-	}
-	c := &Client{base: u, hc: &http.Client{}}
+	c.base = u
 	for _, o := range opts {
 		o(c)
+	}
+	if c.socket != "" || c.key != "" {
+		hc := *c.hc
+		base := hc.Transport
+		if c.socket != "" {
+			path := c.socket
+			base = &http.Transport{
+				DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+					var d net.Dialer
+					return d.DialContext(ctx, "unix", path)
+				},
+			}
+		}
+		if base == nil {
+			base = http.DefaultTransport
+		}
+		if c.key != "" {
+			base = keyTransport{key: c.key, base: base}
+		}
+		hc.Transport = base
+		c.hc = &hc
 	}
 	return c, nil
 }
 
-// FromEnv returns a Client for the daemon named by BERTH_URL, or DefaultURL.
+// keyTransport adds the API key to every request.
+type keyTransport struct {
+	key  string
+	base http.RoundTripper
+}
+
+func (t keyTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.Header.Set("X-API-Key", t.key)
+	return t.base.RoundTrip(req)
+}
+
+// FromEnv returns a Client for the daemon named by BERTH_URL, or DefaultURL,
+// sending the API key in BERTH_API_KEY if set (options given win).
 func FromEnv(opts ...Option) (*Client, error) {
 	u := os.Getenv("BERTH_URL")
 	if u == "" {
 		u = DefaultURL
 	}
+	if k := os.Getenv("BERTH_API_KEY"); k != "" {
+		opts = append([]Option{WithAPIKey(k)}, opts...)
+	}
 	return New(u, opts...)
 }
 
-// URL returns the daemon's base URL.
-func (c *Client) URL() string { return c.base.String() }
+// URL returns the daemon's base URL (for a unix socket, as given).
+func (c *Client) URL() string {
+	if c.socket != "" {
+		return c.display
+	}
+	return c.base.String()
+}
 
 // endpoint joins the base URL with a path (already escaped by the caller)
 // and query.
@@ -241,5 +312,5 @@ func (c *Client) unreachable(err error) error {
 	if errors.As(err, &ue) {
 		err = ue.Err
 	}
-	return &unreachableError{url: c.base.String(), err: err}
+	return &unreachableError{url: c.URL(), err: err}
 }

@@ -80,6 +80,16 @@ func (c *Client) Kill(ctx context.Context, id string) error {
 	return c.doJSON(ctx, http.MethodDelete, sandboxPath(id), nil, nil, nil)
 }
 
+// Remove deletes an ended (stopped or failed) sandbox's record, events and
+// logs now, rather than when the daemon's retention runs out. A live
+// sandbox is refused (failed_precondition): kill it first.
+func (c *Client) Remove(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	return c.doJSON(ctx, http.MethodDelete, sandboxPath(id)+"/record", nil, nil, nil)
+}
+
 // SetTimeout moves a sandbox's deadline to d from now.
 func (c *Client) SetTimeout(ctx context.Context, id string, d time.Duration) (*Sandbox, error) {
 	if err := checkID(id); err != nil {

@@ -313,14 +313,69 @@ type APIKey struct {
 	// Key is the secret ("e2b_…"), present only in the answer to create:
 	// the daemon stores a hash and cannot show it again.
 	Key string `json:"key,omitempty"`
+	// Admin keys see and manage every sandbox and key.
+	Admin bool `json:"admin,omitempty"`
+	// Quota bounds the key's live sandboxes.
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// Quota bounds what one API key's live sandboxes hold at once. Unset
+// fields are unbounded. Sizes are like "4G", durations like "1h".
+type Quota struct {
+	MaxSandboxes int64   `json:"max_sandboxes,omitempty"`
+	MaxCPU       float64 `json:"max_cpu,omitempty"`
+	MaxMemory    string  `json:"max_memory,omitempty"`
+	MaxTimeout   string  `json:"max_timeout,omitempty"`
 }
 
 // CreateAPIKeyRequest names a new API key.
 type CreateAPIKeyRequest struct {
-	Name string `json:"name"`
+	Name  string `json:"name"`
+	Admin bool   `json:"admin,omitempty"`
+	Quota *Quota `json:"quota,omitempty"`
+}
+
+// UpdateAPIKeyRequest changes a key's quota: the fields it carries replace
+// the current ones, the others stay; 0 (or "0") removes a bound.
+type UpdateAPIKeyRequest struct {
+	MaxSandboxes *int64   `json:"max_sandboxes,omitempty"`
+	MaxCPU       *float64 `json:"max_cpu,omitempty"`
+	MaxMemory    *string  `json:"max_memory,omitempty"`
+	MaxTimeout   *string  `json:"max_timeout,omitempty"`
 }
 
 // APIKeyList is the answer to GET /v1/apikeys.
 type APIKeyList struct {
 	APIKeys []APIKey `json:"api_keys"`
+}
+
+// UsageRecord is what one sandbox, or all sandboxes of one API key, used:
+// metered while running and kept after the sandboxes are gone.
+type UsageRecord struct {
+	// Key is the API key's name and KeyID its ID ("" for sandboxes of
+	// the operator, made without a key).
+	Key   string `json:"key"`
+	KeyID string `json:"key_id"`
+	// Sandbox is set when usage is listed by sandbox; Sandboxes counts
+	// them when listed by key.
+	Sandbox   string `json:"sandbox,omitempty"`
+	Sandboxes int    `json:"sandboxes,omitempty"`
+	// CPUSeconds is the CPU time the sandboxes' cgroups accounted.
+	CPUSeconds float64 `json:"cpu_seconds"`
+	// MemoryGiBSeconds is memory in use integrated over time.
+	MemoryGiBSeconds float64 `json:"memory_gib_seconds"`
+	// MemoryPeakBytes is the highest any one sandbox reached.
+	MemoryPeakBytes int64 `json:"memory_peak_bytes"`
+	// DiskBytes is disk in use at the last sample.
+	DiskBytes int64 `json:"disk_bytes"`
+	// EgressBytes is what the egress proxy carried, both directions.
+	EgressBytes    int64     `json:"egress_bytes"`
+	SandboxSeconds float64   `json:"sandbox_seconds"`
+	StartedAt      time.Time `json:"started_at,omitzero"`
+	UpdatedAt      time.Time `json:"updated_at,omitzero"`
+}
+
+// UsageList is the answer to GET /v1/usage.
+type UsageList struct {
+	Usage []UsageRecord `json:"usage"`
 }

@@ -2,30 +2,104 @@ package main
 
 import (
 	"fmt"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
 )
 
-// newAPIKeyCmd manages the keys of the E2B-compatible API.
+// quotaFlags are the quota flags of apikey create and update.
+type quotaFlags struct {
+	maxSandboxes int64
+	maxCPU       float64
+	maxMemory    string
+	maxTimeout   string
+}
+
+func (q *quotaFlags) add(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.Int64Var(&q.maxSandboxes, "max-sandboxes", 0, "most live sandboxes the key may hold at once (0: unbounded)")
+	f.Float64Var(&q.maxCPU, "max-cpu", 0, "most CPU cores its live sandboxes may ask for together (0: unbounded)")
+	f.StringVar(&q.maxMemory, "max-memory", "", "most memory its live sandboxes may ask for together, e.g. 8G (0: unbounded)")
+	f.StringVar(&q.maxTimeout, "max-timeout", "", "longest lifetime one of its sandboxes may ask for, e.g. 2h (0: unbounded)")
+}
+
+// update is the request that sets the flags the user gave.
+func (q *quotaFlags) update(cmd *cobra.Command) client.UpdateAPIKeyRequest {
+	var u client.UpdateAPIKeyRequest
+	f := cmd.Flags()
+	if f.Changed("max-sandboxes") {
+		u.MaxSandboxes = &q.maxSandboxes
+	}
+	if f.Changed("max-cpu") {
+		u.MaxCPU = &q.maxCPU
+	}
+	if f.Changed("max-memory") {
+		u.MaxMemory = &q.maxMemory
+	}
+	if f.Changed("max-timeout") {
+		u.MaxTimeout = &q.maxTimeout
+	}
+	return u
+}
+
+// quotaString renders a quota for listings.
+func quotaString(q *client.Quota) string {
+	if q == nil {
+		return "-"
+	}
+	var parts []string
+	if q.MaxSandboxes > 0 {
+		parts = append(parts, "sandboxes="+strconv.FormatInt(q.MaxSandboxes, 10))
+	}
+	if q.MaxCPU > 0 {
+		parts = append(parts, "cpu="+strconv.FormatFloat(q.MaxCPU, 'g', -1, 64))
+	}
+	if q.MaxMemory != "" {
+		parts = append(parts, "memory="+q.MaxMemory)
+	}
+	if q.MaxTimeout != "" {
+		parts = append(parts, "timeout="+q.MaxTimeout)
+	}
+	return strings.Join(parts, ",")
+}
+
+// newAPIKeyCmd manages API keys, which authenticate the native and the
+// E2B-compatible API.
 func newAPIKeyCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "apikey",
-		Short: "Manage API keys of the E2B-compatible API (E2B_API_KEY)",
+		Short: "Manage API keys (BERTH_API_KEY for the native API, E2B_API_KEY for E2B's)",
 		Args:  cobra.NoArgs,
 	}
-	var name string
+	var (
+		name  string
+		admin bool
+		cq    quotaFlags
+	)
 	create := &cobra.Command{
-		Use:   "create [--name NAME]",
+		Use:   "create [--name NAME] [--admin] [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D]",
 		Short: "Create an API key and print it (it is shown only once)",
-		Args:  cobra.NoArgs,
+		Long: `Create an API key and print it (it is shown only once). A key sees and
+touches only the sandboxes it creates, on both APIs; an --admin key sees
+all and manages keys. Quotas bound what the key's live sandboxes hold at
+once; a create past one fails with resource_exhausted.`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			k, err := c.CreateAPIKey(cmd.Context(), name)
+			req := client.CreateAPIKeyRequest{Name: name, Admin: admin}
+			u := cq.update(cmd)
+			if u != (client.UpdateAPIKeyRequest{}) {
+				req.Quota = &client.Quota{MaxSandboxes: cq.maxSandboxes, MaxCPU: cq.maxCPU, MaxMemory: cq.maxMemory, MaxTimeout: cq.maxTimeout}
+			}
+			k, err := c.CreateAPIKeyWith(cmd.Context(), req)
 			if err != nil {
 				return err
 			}
@@ -36,6 +110,31 @@ func newAPIKeyCmd(a *app) *cobra.Command {
 		},
 	}
 	create.Flags().StringVar(&name, "name", "", "a name to recognise the key by")
+	create.Flags().BoolVar(&admin, "admin", false, "the key sees and manages every sandbox and key")
+	cq.add(create)
+	var uq quotaFlags
+	update := &cobra.Command{
+		Use:   "update ID [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D]",
+		Short: "Change a key's quota (0 removes a bound; flags not given stay)",
+		Args:  exactArgs(1, "an API key ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			u := uq.update(cmd)
+			if u == (client.UpdateAPIKeyRequest{}) {
+				return invalidf("give at least one of --max-sandboxes, --max-cpu, --max-memory, --max-timeout")
+			}
+			k, err := c.UpdateAPIKey(cmd.Context(), args[0], u)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s\t%s\n", k.ID, quotaString(k.Quota))
+			return nil
+		},
+	}
+	uq.add(update)
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List API keys",
@@ -50,13 +149,17 @@ func newAPIKeyCmd(a *app) *cobra.Command {
 				return err
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tKEY\tCREATED\tSTATE")
+			fmt.Fprintln(tw, "ID\tNAME\tKEY\tCREATED\tROLE\tQUOTA\tSTATE")
 			for _, k := range keys {
 				state := "active"
 				if !k.RevokedAt.IsZero() {
 					state = "revoked " + k.RevokedAt.Local().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Mask, k.CreatedAt.Local().Format(time.RFC3339), state)
+				role := "user"
+				if k.Admin {
+					role = "admin"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Name, k.Mask, k.CreatedAt.Local().Format(time.RFC3339), role, quotaString(k.Quota), state)
 			}
 			return tw.Flush()
 		},
@@ -77,6 +180,6 @@ func newAPIKeyCmd(a *app) *cobra.Command {
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, revoke)
+	cmd.AddCommand(create, update, ls, revoke)
 	return cmd
 }

@@ -180,7 +180,7 @@ func TestCreateAndList(t *testing.T) {
 	}
 
 	code, out, _ = runBerth(t, srv.URL, "ls", "--label", "k=v")
-	if code != 0 || !strings.Contains(out, "abc123") || !strings.Contains(out, "512M") || gotQuery != "label=k%3Dv" {
+	if code != 0 || !strings.Contains(out, "abc123") || !strings.Contains(out, "512M") || gotQuery != "label=k%3Dv&state=creating%2Cready%2Cpaused%2Cstopping" {
 		t.Errorf("ls = %d, %q (query %q)", code, out, gotQuery)
 	}
 	code, out, _ = runBerth(t, srv.URL, "ls", "--json")

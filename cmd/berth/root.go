@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"os"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -24,15 +27,45 @@ type streams struct {
 // (from --url, else BERTH_URL, else the default).
 type app struct {
 	streams
-	url string
+	url    string
+	apiKey string
 }
 
-// client builds the SDK client once flags are parsed.
+// client builds the SDK client once flags are parsed: the daemon at --url,
+// else BERTH_URL, else the root-only local socket of a daemon on this host
+// when it can be reached, else the default TCP address; the key from
+// --api-key, else BERTH_API_KEY.
 func (a *app) client() (*client.Client, error) {
-	if a.url != "" {
-		return client.New(a.url)
+	key := a.apiKey
+	if key == "" {
+		key = os.Getenv("BERTH_API_KEY")
 	}
-	return client.FromEnv()
+	var opts []client.Option
+	if key != "" {
+		opts = append(opts, client.WithAPIKey(key))
+	}
+	u := a.url
+	if u == "" {
+		u = os.Getenv("BERTH_URL")
+	}
+	if u == "" {
+		u = client.DefaultURL
+		if socketReachable(client.DefaultSocket) {
+			u = "unix://" + client.DefaultSocket
+		}
+	}
+	return client.New(u, opts...)
+}
+
+// socketReachable reports whether a daemon answers on the unix socket path
+// (it exists and this user may connect: root, on the daemon's host).
+func socketReachable(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
 }
 
 // exitCodeError ends berth with a command's own exit code, silently.
@@ -88,7 +121,8 @@ func newRootCmd(a *app) *cobra.Command {
 	root.SetIn(a.in)
 	root.SetOut(a.out)
 	root.SetErr(a.err)
-	root.PersistentFlags().StringVar(&a.url, "url", "", "daemon URL (default $BERTH_URL or "+client.DefaultURL+")")
+	root.PersistentFlags().StringVar(&a.url, "url", "", "daemon URL, http(s)://HOST:PORT or unix:///PATH (default $BERTH_URL, else the local socket "+client.DefaultSocket+" when reachable, else "+client.DefaultURL+")")
+	root.PersistentFlags().StringVar(&a.apiKey, "api-key", "", "API key to authenticate with (default $BERTH_API_KEY)")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
 	})
@@ -106,6 +140,8 @@ func newRootCmd(a *app) *cobra.Command {
 		newEventsCmd(a),
 		newNetCmd(a),
 		newKillCmd(a),
+		newRmCmd(a),
+		newUsageCmd(a),
 		newTimeoutCmd(a),
 		newPauseCmd(a),
 		newResumeCmd(a),

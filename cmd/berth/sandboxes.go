@@ -138,11 +138,12 @@ func newLsCmd(a *app) *cobra.Command {
 		labels []string
 		state  string
 		asJSON bool
+		all    bool
 	)
 	cmd := &cobra.Command{
 		Use:     "ls",
 		Aliases: []string{"list"},
-		Short:   "List sandboxes",
+		Short:   "List live sandboxes (--all: stopped and failed ones too)",
 		Args:    exactArgs(0, "no arguments"),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			lm, err := parseKV("label", labels)
@@ -152,6 +153,9 @@ func newLsCmd(a *app) *cobra.Command {
 			c, err := a.client()
 			if err != nil {
 				return err
+			}
+			if state == "" && !all {
+				state = liveStates
 			}
 			sbs, err := c.List(cmd.Context(), client.ListOptions{Labels: lm, State: state})
 			if err != nil {
@@ -168,7 +172,8 @@ func newLsCmd(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "only sandboxes with label k=v (repeatable, all must match)")
-	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in this state")
+	cmd.Flags().StringVar(&state, "state", "", "only sandboxes in these states (comma-separated)")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "stopped and failed sandboxes too (kept for the daemon's retention)")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return cmd
 }
@@ -279,40 +284,6 @@ func newEventsCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing events until the sandbox is destroyed")
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON event per line")
 	return cmd
-}
-
-func newKillCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "kill ID [ID…]",
-		Short: "Destroy sandboxes",
-		Args:  minArgs(1, "at least one sandbox ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			// Kill every one asked for, then report failures; the last
-			// error decides the code printed.
-			var errs []error
-			for _, id := range args {
-				if err := c.Kill(cmd.Context(), id); err != nil {
-					errs = append(errs, fmt.Errorf("kill %s: %w", id, err))
-					continue
-				}
-				fmt.Fprintln(a.out, id)
-			}
-			switch len(errs) {
-			case 0:
-				return nil
-			case 1:
-				return errs[0]
-			}
-			for _, err := range errs[:len(errs)-1] {
-				reportError(a.err, err)
-			}
-			return errs[len(errs)-1]
-		},
-	}
 }
 
 func newTimeoutCmd(a *app) *cobra.Command {

@@ -70,6 +70,13 @@ re-adopted when it starts again.`,
 			set("default-isolation", &cfg.DefaultIsolation, flags.DefaultIsolation)
 			set("gvisor-runtime", &cfg.GVisorBinary, flags.GVisorBinary)
 			set("gvisor-platform", &cfg.GVisorPlatform, flags.GVisorPlatform)
+			set("retention", &cfg.Retention, flags.Retention)
+			if cmd.Flags().Changed("require-auth") {
+				cfg.RequireAuth = flags.RequireAuth
+			}
+			if cmd.Flags().Changed("insecure-no-auth") {
+				cfg.InsecureNoAuth = flags.InsecureNoAuth
+			}
 			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
 				cfg.Mirror = m
 			}
@@ -101,6 +108,9 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.DefaultIsolation, "default-isolation", "runc", "isolation level (runc or gvisor) of sandboxes whose request and template name none")
 	f.StringVar(&flags.GVisorBinary, "gvisor-runtime", "runsc", "gVisor's runsc binary (the gvisor isolation level)")
 	f.StringVar(&flags.GVisorPlatform, "gvisor-platform", "", "runsc platform: ptrace or kvm (default: probed)")
+	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
+	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
+	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

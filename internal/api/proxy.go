@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
@@ -32,6 +33,11 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 			// The daemon authenticates to the agent; whatever token the
 			// client sent is replaced.
 			pr.Out.Header.Set("X-Access-Token", t.token)
+			// The caller's API key never reaches code in the sandbox.
+			pr.Out.Header.Del("X-API-Key")
+			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+				pr.Out.Header.Del("Authorization")
+			}
 		},
 		Transport: s.cfg.Transport,
 		// Stream process output and watch events as they come.

@@ -32,6 +32,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes", s.listSandboxes, nil},
 		{"GET", "/v1/sandboxes/{id}", s.getSandbox, nil},
 		{"DELETE", "/v1/sandboxes/{id}", s.deleteSandbox, nil},
+		{"DELETE", "/v1/sandboxes/{id}/record", s.removeRecord, func(c Config) bool { return c.Records != nil }},
 		{"POST", "/v1/sandboxes/{id}/timeout", s.setTimeout, nil},
 		{"POST", "/v1/sandboxes/{id}/pause", s.pauseSandbox, nil},
 		{"POST", "/v1/sandboxes/{id}/resume", s.resumeSandbox, nil},
@@ -43,6 +44,8 @@ func (s *Server) routeTable() []route {
 		{"", "/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent, nil},
 		{"GET", "/v1/templates", s.listTemplates, nil},
 		{"POST", "/v1/templates", s.createTemplate, nil},
+		{"GET", "/metrics", s.metrics, func(c Config) bool { return c.Metrics != nil }},
+		{"GET", "/v1/usage", s.getUsage, func(c Config) bool { return c.Usage != nil }},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
@@ -50,6 +53,7 @@ func (s *Server) routeTable() []route {
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
 		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
 		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},
+		{"PATCH", "/v1/apikeys/{id}", s.updateAPIKey, apiKeys},
 		{"POST", "/v1/workspaces", s.createWorkspace, workspaces},
 		{"POST", "/v1/environments/check", s.checkEnvironment, workspaces},
 		{"GET", "/v1/environments", s.listEnvironments, workspaces},
@@ -64,10 +68,32 @@ func (s *Server) routeTable() []route {
 	}
 }
 
+// routeAccess is who may call a route other than any authenticated caller
+// (auth.go), by mux pattern.
+var routeAccess = map[string]access{
+	"GET /v1/health":                  public,
+	"POST /v1/templates/{name}/build": adminOnly,
+	"POST /v1/apikeys":                adminOnly,
+	"GET /v1/apikeys":                 adminOnly,
+	"DELETE /v1/apikeys/{id}":         adminOnly,
+	"PATCH /v1/apikeys/{id}":          adminOnly,
+	"POST /v1/environments/prune":     adminOnly,
+	"GET /v1/secrets":                 adminOnly,
+	"PUT /v1/secrets/{name}":          adminOnly,
+	"DELETE /v1/secrets/{name}":       adminOnly,
+	"GET /metrics":                    adminOnly,
+	// Templates are the host's: making, removing, pruning and choosing
+	// their isolation level change what every key's sandboxes run.
+	"POST /v1/templates":                 adminOnly,
+	"DELETE /v1/templates/{name}":        adminOnly,
+	"POST /v1/templates/prune":           adminOnly,
+	"PUT /v1/templates/{name}/isolation": adminOnly,
+}
+
 func (s *Server) routes() {
 	for _, r := range s.routeTable() {
 		if r.on == nil || r.on(s.cfg) {
-			s.mux.HandleFunc(r.muxPattern(), r.handler)
+			s.mux.HandleFunc(r.muxPattern(), s.authenticate(r))
 		}
 	}
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {

@@ -152,6 +152,8 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	p := principal(r)
+	req.Owner, req.Quota = p.Owner(), p.Key.Quota
 	sb, err := s.cfg.Manager.Create(r.Context(), req)
 	if err != nil {
 		writeError(w, err)
@@ -185,8 +187,12 @@ func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	p := principal(r)
 	out := types.SandboxList{Sandboxes: make([]types.Sandbox, 0, len(sbs))}
 	for _, sb := range sbs {
+		if !p.Sees(sb.Owner) {
+			continue
+		}
 		out.Sandboxes = append(out.Sandboxes, toJSON(sb))
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -221,6 +227,19 @@ func (s *Server) deleteSandbox(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.cfg.Manager.Destroy(r.Context(), id, "killed through the API"); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func (s *Server) removeRecord(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.cfg.Records.Remove(r.Context(), id); err != nil {
 		writeError(w, err)
 		return
 	}

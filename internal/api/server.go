@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -31,14 +32,35 @@ type Templates interface {
 	PruneLayers(ctx context.Context) (int, int64, error)
 }
 
+// Records removes an ended sandbox's record and logs.
+type Records interface {
+	Remove(ctx context.Context, id string) error
+}
+
+// Usage lists metered usage records.
+type Usage interface {
+	List(ctx context.Context, since time.Time) ([]core.Usage, error)
+}
+
 // Config wires the API to the daemon's subsystems.
 type Config struct {
 	Manager   Manager
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper
-	// APIKeys, when set, serves /v1/apikeys (keys of the E2B API).
+	// APIKeys, when set, serves /v1/apikeys and authenticates callers
+	// (auth.go); without it every caller is the operator.
 	APIKeys APIKeys
+	// RequireAuth refuses callers without a key (but on the local socket).
+	// Without it a caller that sends no key is the operator; one that
+	// sends a key is that key.
+	RequireAuth bool
+	// Metrics, when set, serves GET /metrics (Prometheus text format).
+	Metrics http.Handler
+	// Usage, when set, serves GET /v1/usage.
+	Usage Usage
+	// Records, when set, removes ended sandboxes' records and logs.
+	Records Records
 	// Workspaces, when set, serves workspaces, environments and secrets.
 	Workspaces Workspaces
 	// Worklog and Review, when set, serve the work log, diff, export and
@@ -76,6 +98,10 @@ func (s *Server) Handler() http.Handler { return s.mux }
 
 func (s *Server) health(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: s.cfg.Version, Isolation: s.cfg.Isolation})
+}
+
+func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
+	s.cfg.Metrics.ServeHTTP(w, r)
 }
 
 func (s *Server) openapi(w http.ResponseWriter, r *http.Request) {

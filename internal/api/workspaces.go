@@ -54,6 +54,8 @@ func (s *Server) createWorkspace(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	p := principal(r)
+	sreq.Owner, sreq.Quota = p.Owner(), p.Key.Quota
 	req := workspace.Request{Repo: in.Repo, Ref: in.Ref, Sandbox: sreq, NoCache: in.NoCache}
 	if in.Environment != nil {
 		req.Environment = []byte(*in.Environment)

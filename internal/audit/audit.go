@@ -71,6 +71,9 @@ type Config struct {
 	HeadBytes int64
 	KeptBytes int64
 	Logger    *slog.Logger
+	// OnAppend, when set, sees every record handed to Append, before
+	// aggregation and rate limiting (metrics count decisions with it).
+	OnAppend func(Record)
 }
 
 // Log appends and reads audit records.
@@ -144,6 +147,9 @@ func (l *Log) Append(r Record) {
 		r.Time = l.now()
 	}
 	r.Time = r.Time.UTC()
+	if l.cfg.OnAppend != nil {
+		l.cfg.OnAppend(r)
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.admit(r) {
@@ -312,4 +318,12 @@ func (l *Log) Follow(ctx context.Context, id string, f Filter, fn func(Record) e
 			}
 		}
 	}
+}
+
+// Remove deletes a sandbox's audit files.
+func (l *Log) Remove(id string) error {
+	l.mu.Lock()
+	l.forget(id)
+	l.mu.Unlock()
+	return l.files.Remove(id)
 }

@@ -239,3 +239,19 @@ func ReadLines(path string, off int64, fn func([]byte)) (int64, error) {
 		fn(line)
 	}
 }
+
+// Remove closes and deletes every file of id (a sandbox whose record is
+// removed takes its logs with it).
+func (fs *Files) Remove(id string) error {
+	if err := types.ValidSandboxID(id); err != nil {
+		return fmt.Errorf("log for %w", err)
+	}
+	fs.Close(id)
+	var errs []error
+	for _, p := range fs.Paths(id) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -94,3 +94,23 @@ type Store interface {
 	// after, oldest first.
 	Events(ctx context.Context, sandboxID string, after int64) ([]Event, error)
 }
+
+// Usage is what one sandbox has used, metered while it runs and kept after
+// it is gone (attributed to Owner, its API key).
+type Usage struct {
+	SandboxID string
+	Owner     string
+	// CPU is the CPU time its cgroup accounted.
+	CPU time.Duration
+	// MemoryByteSeconds integrates memory in use over time.
+	MemoryByteSeconds float64
+	MemoryPeakBytes   int64
+	// DiskBytes is the disk space in use at the last sample.
+	DiskBytes int64
+	// EgressBytes is what the egress proxy carried (both directions).
+	EgressBytes int64
+	// Seconds is how long it was metered running.
+	Seconds   float64
+	StartedAt time.Time
+	UpdatedAt time.Time
+}

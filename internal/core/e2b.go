@@ -18,6 +18,20 @@ type APIKey struct {
 	Mask      string
 	CreatedAt time.Time
 	RevokedAt time.Time
+	// Admin keys see and manage every sandbox and key; others only their
+	// own sandboxes.
+	Admin bool
+	// Quota bounds what the key's sandboxes may hold at once.
+	Quota Quota
+}
+
+// Quota bounds a key's live sandboxes; zero fields are unbounded.
+type Quota struct {
+	MaxSandboxes   int64
+	MaxCPUMillis   int64
+	MaxMemoryBytes int64
+	// MaxTimeout bounds each sandbox's lifetime.
+	MaxTimeout time.Duration
 }
 
 // E2BSandbox holds what only the E2B-compatible API knows about a sandbox.

@@ -26,16 +26,20 @@ import (
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/api"
 	"github.com/berth-sandbox/berth/internal/audit"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/egress"
 	"github.com/berth-sandbox/berth/internal/hostnet"
 	"github.com/berth-sandbox/berth/internal/imagepull"
+	"github.com/berth-sandbox/berth/internal/metrics"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/review"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
+	"github.com/berth-sandbox/berth/internal/units"
+	"github.com/berth-sandbox/berth/internal/usage"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -94,6 +98,15 @@ type Config struct {
 	// rotates (default 16 MiB; three rotated files are kept, and the
 	// earliest records and every denial survive rotation).
 	AuditMaxBytes int64 `json:"audit_max_bytes" yaml:"audit_max_bytes"`
+
+	// RequireAuth requires an API key on every route but health (the
+	// local socket excepted). A daemon listening beyond loopback refuses
+	// to start without it unless InsecureNoAuth says so.
+	RequireAuth bool `json:"require_auth" yaml:"require_auth"`
+	// Retention is how long stopped and failed sandboxes' records and
+	// logs are kept (a duration, "24h" by default).
+	Retention      string `json:"retention" yaml:"retention"`
+	InsecureNoAuth bool   `json:"insecure_no_auth" yaml:"insecure_no_auth"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -155,6 +168,17 @@ func (c Config) WithDefaults() Config {
 // Sandboxes keep running across a daemon restart and are re-adopted.
 func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.WithDefaults()
+	if err := checkExposure(cfg); err != nil {
+		return err
+	}
+	retention := DefaultRetention
+	if cfg.Retention != "" {
+		d, err := units.ParseDuration(cfg.Retention)
+		if err != nil || d <= 0 {
+			return fmt.Errorf("retention %q: want a positive duration such as 24h: %w", cfg.Retention, errdefs.ErrInvalidArgument)
+		}
+		retention = d
+	}
 	// 0711: sandboxes' mapped root must traverse to its rootfs (runc
 	// mounts it from inside the user namespace); nobody may list it.
 	if err := os.MkdirAll(cfg.DataDir, 0o711); err != nil {
@@ -201,7 +225,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if _, err := tpl.Ensure(ctx, "minimal", io.Discard); err != nil {
 		return fmt.Errorf("build template minimal: %w", err)
 	}
-	auditLog, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit")})
+	prom := metrics.New(metrics.Sources{})
+	auditLog, err := audit.New(audit.Config{Dir: filepath.Join(cfg.DataDir, "audit"), MaxBytes: cfg.AuditMaxBytes, Logger: log.With("component", "audit"),
+		OnAppend: func(r audit.Record) {
+			if r.Decision != "" {
+				prom.CountEgress(r.Decision, r.Count)
+			}
+		}})
 	if err != nil {
 		return err
 	}
@@ -250,6 +280,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	}
 	defer lv.Close()
 	link := agentlink.New()
+	meter := usage.New(db, log.With("component", "usage"))
+	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
+	mdone := make(chan struct{})
+	go func() { meter.Run(mctx, 5*time.Second); close(mdone) }()
+	// After the Manager closes (deferred later, so run earlier): the last
+	// samples are written.
+	defer func() { mcancel(); <-mdone }()
 	mgr, err := sandbox.New(sandbox.Config{
 		AgentPath:        agentPath,
 		DefaultTemplate:  cfg.DefaultTemplate,
@@ -260,7 +297,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		RuntimeVersions:  lv.versions,
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter})
 	if err != nil {
 		return err
 	}
@@ -276,7 +313,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer wl.CloseAll()
-	agentTransport := wl.Transport(link.Transport())
+	agentTransport := prom.Transport(wl.Transport(link.Transport()))
 	rev, err := review.New(review.Config{Agents: mgr, Transport: agentTransport, Author: cfg.CommitAuthor, Logger: log.With("component", "review")})
 	if err != nil {
 		return err
@@ -285,11 +322,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv := api.New(api.Config{Manager: mgr, Templates: tpl, Transport: agentTransport, APIKeys: keys, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Isolation: lv.wire, Logger: log.With("component", "api")})
+	recs := &records{mgr: mgr, store: db, logs: []logRemover{auditLog, wl}, retention: retention, log: log.With("component", "records")}
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	go recs.run(rctx)
+	prom.SetSources(metricSources(mgr, meter, keys))
+	imgr := instrumented{Manager: mgr, m: prom}
+	srv := api.New(api.Config{Manager: imgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
-		Manager: mgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
+		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
@@ -300,10 +343,26 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	hs := &http.Server{Handler: root, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
+	sock, err := listenSocket(SocketPath(cfg.DataDir))
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	// /metrics is the native API's (authenticated like it); the rest of
+	// the root is the E2B-compatible handler's.
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", srv.Handler())
+	mux.Handle("/", root)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// The socket's connections are the operator's: its mode is the
+	// authentication.
+	ls := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
+	errc := make(chan error, 2)
 	go func() { errc <- hs.Serve(ln) }()
-	log.Info("daemon_ready", "listen", ln.Addr().String(), "data_dir", cfg.DataDir, "instance", cfg.Instance)
+	go func() { errc <- ls.Serve(sock) }()
+	defer os.Remove(SocketPath(cfg.DataDir))
+	log.Info("daemon_ready", "listen", ln.Addr().String(), "socket", SocketPath(cfg.DataDir), "require_auth", cfg.RequireAuth, "data_dir", cfg.DataDir, "instance", cfg.Instance)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -314,6 +373,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		hs.Close()
+	}
+	if err := ls.Shutdown(sctx); err != nil {
+		ls.Close()
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -83,21 +84,29 @@ const templatesMissing = "E2B's template API (builds, tags, aliases) is not serv
 
 type keyCtx struct{}
 
-// auth requires a valid X-API-Key and passes its record on in the context.
+// auth requires a valid API key (X-API-Key, or Authorization: Bearer) but
+// on the daemon's local socket, and passes the caller on in the context.
 func (s *Server) auth(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		k, err := s.cfg.Keys.Verify(r.Context(), r.Header.Get("X-API-Key"))
+		p, err := auth.Identify(r, s.cfg.Keys, true)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), keyCtx{}, k)))
+		ctx := context.WithValue(auth.With(r.Context(), p), keyCtx{}, p.Key)
+		next(w, r.WithContext(ctx))
 	}
 }
 
 func keyOf(r *http.Request) core.APIKey {
 	k, _ := r.Context().Value(keyCtx{}).(core.APIKey)
 	return k
+}
+
+// callerOf is the request's authenticated caller.
+func callerOf(r *http.Request) auth.Principal {
+	p, _ := auth.From(r.Context())
+	return p
 }
 
 type sandboxCtx struct{}
@@ -122,7 +131,7 @@ func (s *Server) owned(next http.HandlerFunc) http.HandlerFunc {
 			writeErr(w, err)
 			return
 		}
-		if sb.Owner == "" || sb.Owner != keyOf(r).ID || !live(sb.State) {
+		if !callerOf(r).Sees(sb.Owner) || !live(sb.State) {
 			notFound()
 			return
 		}
@@ -267,6 +276,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		Timeout:  timeout,
 		Env:      in.EnvVars,
 		Owner:    keyOf(r).ID,
+		Quota:    keyOf(r).Quota,
 		Metadata: in.Metadata,
 		User:     DefaultUser,
 		Network:  &policy,
@@ -341,7 +351,7 @@ type listFilter struct {
 // listQuery parses the filters shared by both list calls.
 func listQuery(r *http.Request) (listFilter, error) {
 	q := r.URL.Query()
-	f := listFilter{owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, Metadata: map[string]string{}}}
+	f := listFilter{owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, AnyOwner: callerOf(r).Admin(), Metadata: map[string]string{}}}
 	if raw := q.Get("metadata"); raw != "" {
 		// The SDKs URI-encode each key and value, then form-encode the
 		// pairs into this one parameter.

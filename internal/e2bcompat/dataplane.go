@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -151,16 +152,15 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 // ownerKey reports whether the request carries the API key that owns
 // sandbox id.
 func (s *Server) ownerKey(r *http.Request, id string) bool {
-	secret := r.Header.Get("X-API-Key")
-	if secret == "" {
+	if auth.Secret(r) == "" && !auth.IsLocal(r.Context()) {
 		return false
 	}
-	k, err := s.cfg.Keys.Verify(r.Context(), secret)
+	p, err := auth.Identify(r, s.cfg.Keys, true)
 	if err != nil {
 		return false
 	}
 	sb, err := s.cfg.Manager.Get(r.Context(), id)
-	return err == nil && sb.Owner != "" && sb.Owner == k.ID
+	return err == nil && p.Sees(sb.Owner)
 }
 
 func equal(got, want string) bool {

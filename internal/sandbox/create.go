@@ -41,6 +41,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.validate(&req); err != nil {
 		return Sandbox{}, err
 	}
+	if err := checkQuotaTimeout(req.Quota, req.Timeout); err != nil {
+		return Sandbox{}, err
+	}
 	var policy policy.Policy
 	if req.Network != nil {
 		if err := req.Network.Validate(); err != nil {
@@ -92,6 +95,10 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	e.op <- struct{}{} // free: nobody else has seen the entry yet
 	defer e.unlock()
 	m.mu.Lock()
+	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits); err != nil {
+		m.mu.Unlock()
+		return Sandbox{}, err
+	}
 	m.live[rec.ID] = e
 	m.mu.Unlock()
 	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {

@@ -94,6 +94,9 @@ type Deps struct {
 	Files  AgentFiles
 	// Meter, when set, reports the daemon's own work for each sandbox.
 	Meter DaemonMeter
+	// Usage, when set, is given every monitor sample of a running
+	// sandbox and a last one at its teardown, to meter what it used.
+	Usage UsageSink
 }
 
 // DaemonUsage is work the daemon does for a sandbox outside its cgroup
@@ -106,6 +109,24 @@ type DaemonUsage struct {
 	BytesIn      int64
 	DNSQueries   int64
 	DNSDropped   int64
+}
+
+// UsageSample is one sample of a running sandbox, for metering.
+type UsageSample struct {
+	ID    string
+	Owner string
+	Time  time.Time
+	Stats runtime.Stats
+	// EgressBytes is what the egress proxy carried for it in this
+	// daemon's run (both directions).
+	EgressBytes int64
+	// Final is the sample taken as the sandbox is torn down.
+	Final bool
+}
+
+// UsageSink receives usage samples.
+type UsageSink interface {
+	Observe(s UsageSample)
 }
 
 // DaemonMeter reports a running sandbox's DaemonUsage.
@@ -235,6 +256,8 @@ type CreateRequest struct {
 	// core.IsolationGVisor); "" takes the template's default, then the
 	// daemon's.
 	Isolation string
+	// Quota bounds the live sandboxes of Owner (quota.go); zero: none.
+	Quota core.Quota
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,
@@ -450,6 +473,7 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
 	defer cancel()
 	e.stopTimer()
+	m.meterFinal(ctx, e)
 	var errs []error
 	if err := m.runtimeOf(e.rec).Destroy(ctx, e.id); err != nil {
 		errs = append(errs, fmt.Errorf("runtime: %w", err))

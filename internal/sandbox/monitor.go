@@ -90,7 +90,41 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 		return
 	}
 	m.sampleIdle(e, stats.CPUUsage)
+	m.meter(e, stats, false)
 	if prev := e.ooms.Swap(stats.OOMKills); stats.OOMKills > prev {
 		m.event(ctx, id, EventOOM, fmt.Sprintf("out of memory: %d process(es) killed inside the sandbox (limit %d bytes)", stats.OOMKills-prev, stats.MemoryLimit))
 	}
+}
+
+// meter hands a sample to the usage sink.
+func (m *Manager) meter(e *entry, stats runtime.Stats, final bool) {
+	if m.deps.Usage == nil {
+		return
+	}
+	s := UsageSample{ID: e.id, Owner: e.cur.Load().rec.Owner, Time: time.Now(), Stats: stats, Final: final}
+	if m.deps.Meter != nil {
+		if u, ok := m.deps.Meter.DaemonUsage(e.id); ok {
+			s.EgressBytes = u.BytesOut + u.BytesIn
+		}
+	}
+	m.deps.Usage.Observe(s)
+}
+
+// meterFinal takes a last sample before a sandbox's cgroup goes, so the
+// CPU it used since the monitor's last round is not lost.
+func (m *Manager) meterFinal(ctx context.Context, e *entry) {
+	if m.deps.Usage == nil {
+		return
+	}
+	sr, ok := m.deps.Runtime.(StatsReader)
+	if !ok {
+		return
+	}
+	stats, err := sr.Stats(ctx, e.id)
+	if err != nil {
+		// Nothing left to read (a failed create); the monitor's samples
+		// stand.
+		return
+	}
+	m.meter(e, stats, true)
 }

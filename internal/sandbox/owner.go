@@ -65,6 +65,8 @@ func agentArgs(rec core.Sandbox) []string {
 type OwnedListOptions struct {
 	// Owner must match exactly; "" selects sandboxes without an owner.
 	Owner string
+	// AnyOwner lists every owner's sandboxes (an admin's view).
+	AnyOwner bool
 	// Metadata entries must all be present with equal values.
 	Metadata map[string]string
 	// States, when set, restrict the states.
@@ -78,7 +80,7 @@ func (m *Manager) ListOwned(ctx context.Context, opts OwnedListOptions) ([]Sandb
 		return nil, err
 	}
 	return slices.DeleteFunc(all, func(s Sandbox) bool {
-		if s.Owner != opts.Owner {
+		if !opts.AnyOwner && s.Owner != opts.Owner {
 			return true
 		}
 		for k, v := range opts.Metadata {

@@ -39,6 +39,56 @@ var sandboxColumns = []struct{ name, decl string }{
 	{"runtime_version", `TEXT NOT NULL DEFAULT ''`},
 }
 
+// apiKeyColumns are the columns added to api_keys after its first schema
+// (migration "api_keys admin and quotas"), added like sandboxColumns.
+var apiKeyColumns = []struct{ name, decl string }{
+	{"admin", `INTEGER NOT NULL DEFAULT 0`},
+	{"max_sandboxes", `INTEGER NOT NULL DEFAULT 0`},
+	{"max_cpu_millis", `INTEGER NOT NULL DEFAULT 0`},
+	{"max_memory_bytes", `INTEGER NOT NULL DEFAULT 0`},
+	{"max_timeout_ns", `INTEGER NOT NULL DEFAULT 0`},
+}
+
+// tableColumns returns the columns table has.
+func tableColumns(ctx context.Context, db *sql.DB, table string) (map[string]bool, error) {
+	have := map[string]bool{}
+	rows, err := db.QueryContext(ctx, `PRAGMA table_info(`+table+`)`)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			cid         int
+			name, typ   string
+			notnull, pk int
+			dflt        sql.NullString
+		)
+		if err := rows.Scan(&cid, &name, &typ, &notnull, &dflt, &pk); err != nil {
+			return nil, err
+		}
+		have[name] = true
+	}
+	return have, rows.Err()
+}
+
+// migrateAPIKeys adds apiKeyColumns a database lacks.
+func migrateAPIKeys(ctx context.Context, db *sql.DB) error {
+	have, err := tableColumns(ctx, db, "api_keys")
+	if err != nil {
+		return err
+	}
+	for _, c := range apiKeyColumns {
+		if have[c.name] {
+			continue
+		}
+		if _, err := db.ExecContext(ctx, `ALTER TABLE api_keys ADD COLUMN `+c.name+` `+c.decl); err != nil {
+			return fmt.Errorf("add column api_keys.%s: %w", c.name, err)
+		}
+	}
+	return nil
+}
+
 // migrate brings a database created by an older Berth up to date. Every step
 // is idempotent: ADD COLUMN runs only for a column the table lacks.
 func migrate(ctx context.Context, db *sql.DB) error {
@@ -75,28 +125,69 @@ func migrate(ctx context.Context, db *sql.DB) error {
 			return fmt.Errorf("add column sandboxes.%s: %w", c.name, err)
 		}
 	}
-	_, err = db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner)`)
-	return err
+	if _, err = db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner)`); err != nil {
+		return err
+	}
+	if err := migrateAPIKeys(ctx, db); err != nil {
+		return err
+	}
+	return migrateUsage(ctx, db)
 }
 
 // PutAPIKey stores a new API key.
 func (d *DB) PutAPIKey(ctx context.Context, k core.APIKey) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO api_keys (id, name, hash, mask, created_at, revoked_at) VALUES (?,?,?,?,?,?)`,
-		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt))
+	_, err := d.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt), boolInt(k.Admin),
+		k.Quota.MaxSandboxes, k.Quota.MaxCPUMillis, k.Quota.MaxMemoryBytes, int64(k.Quota.MaxTimeout))
 	if err != nil {
 		return fmt.Errorf("put api key %s: %w", k.ID, err)
 	}
 	return nil
 }
 
-const apiKeyCols = `id, name, hash, mask, created_at, revoked_at`
+const apiKeyCols = `id, name, hash, mask, created_at, revoked_at, admin, max_sandboxes, max_cpu_millis, max_memory_bytes, max_timeout_ns`
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 func scanAPIKey(r scanner) (core.APIKey, error) {
 	var k core.APIKey
-	var created, revoked int64
-	err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Mask, &created, &revoked)
+	var created, revoked, admin, maxTimeout int64
+	err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Mask, &created, &revoked, &admin,
+		&k.Quota.MaxSandboxes, &k.Quota.MaxCPUMillis, &k.Quota.MaxMemoryBytes, &maxTimeout)
 	k.CreatedAt, k.RevokedAt = fromNano(created), fromNano(revoked)
+	k.Admin, k.Quota.MaxTimeout = admin != 0, time.Duration(maxTimeout)
 	return k, err
+}
+
+// GetAPIKey returns the key with the given ID, revoked or not, or an error
+// wrapping errdefs.ErrNotFound.
+func (d *DB) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
+	k, err := scanAPIKey(d.db.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE id = ?`, id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return k, fmt.Errorf("api key %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return k, fmt.Errorf("get api key %s: %w", id, err)
+	}
+	return k, nil
+}
+
+// SetAPIKeyQuota replaces an active key's quota.
+func (d *DB) SetAPIKeyQuota(ctx context.Context, id string, q core.Quota) error {
+	res, err := d.db.ExecContext(ctx, `UPDATE api_keys SET max_sandboxes = ?, max_cpu_millis = ?, max_memory_bytes = ?, max_timeout_ns = ? WHERE id = ? AND revoked_at = 0`,
+		q.MaxSandboxes, q.MaxCPUMillis, q.MaxMemoryBytes, int64(q.MaxTimeout), id)
+	if err != nil {
+		return fmt.Errorf("update api key %s: %w", id, err)
+	}
+	if n, _ := res.RowsAffected(); n == 0 {
+		return fmt.Errorf("api key %s (or it is revoked): %w", id, errdefs.ErrNotFound)
+	}
+	return nil
 }
 
 // APIKeyByHash returns the active (not revoked) key with the given hash, or

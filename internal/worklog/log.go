@@ -219,3 +219,6 @@ func originOf(r *http.Request) (origin, bool) {
 	o, ok := r.Context().Value(ctxKey{}).(origin)
 	return o, ok && o.sandbox != ""
 }
+
+// Remove deletes a sandbox's work log.
+func (l *Log) Remove(id string) error { return l.files.Remove(id) }

@@ -114,8 +114,14 @@ type Daemon struct {
 	Instance string
 	Addr     string
 	URL      string
-	Client   *client.Client
-	extra    []string
+	// Client talks TCP without a key: the operator on a daemon that
+	// requires none.
+	Client *client.Client
+	// SocketURL is the daemon's root-only local socket (unix://…) and
+	// Local a client through it: the operator, even with --require-auth.
+	SocketURL string
+	Local     *client.Client
+	extra     []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -156,6 +162,10 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 		t.Fatalf("%v", err)
 	}
 	d.Client = c
+	d.SocketURL = "unix://" + filepath.Join(d.DataDir, "berth.sock")
+	if d.Local, err = client.New(d.SocketURL); err != nil {
+		t.Fatalf("%v", err)
+	}
 	d.Start()
 	t.Cleanup(func() {
 		d.DestroyAll()
@@ -277,14 +287,16 @@ func (d *Daemon) DestroyAll() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	sbs, err := d.Client.List(ctx, client.ListOptions{})
+	// Through the socket: it sees every key's sandboxes, with or
+	// without --require-auth.
+	sbs, err := d.Local.List(ctx, client.ListOptions{})
 	if err != nil {
 		d.t.Errorf("list sandboxes: %v", err)
 		return
 	}
 	for _, sb := range sbs {
 		if sb.State == client.StateReady || sb.State == client.StatePaused || sb.State == client.StateCreating {
-			if err := d.Client.Kill(ctx, sb.ID); err != nil {
+			if err := d.Local.Kill(ctx, sb.ID); err != nil {
 				d.t.Errorf("kill %s: %v", sb.ID, err)
 			}
 		}
@@ -294,8 +306,15 @@ func (d *Daemon) DestroyAll() {
 // CLI runs the berth CLI against this daemon.
 func (d *Daemon) CLI(t TB, stdin io.Reader, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
+	return d.CLIEnv(t, stdin, []string{"BERTH_URL=" + d.URL}, args...)
+}
+
+// CLIEnv runs the berth CLI with env added to the test's environment
+// (BERTH_URL, BERTH_API_KEY, …).
+func (d *Daemon) CLIEnv(t TB, stdin io.Reader, env []string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
 	cmd := exec.Command(d.bin.Berth, args...)
-	cmd.Env = append(os.Environ(), "BERTH_URL="+d.URL)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = stdin
 	var o, e bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &o, &e

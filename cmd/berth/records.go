@@ -1,0 +1,107 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// liveStates are the states `berth ls` shows without --all.
+const liveStates = client.StateCreating + "," + client.StateReady + "," + client.StatePaused + "," + client.StateStopping
+
+// reportAll prints every error but the last and returns the last (which
+// decides the code printed), or nil.
+func reportAll(a *app, errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	for _, err := range errs[:len(errs)-1] {
+		reportError(a.err, err)
+	}
+	return errs[len(errs)-1]
+}
+
+func newKillCmd(a *app) *cobra.Command {
+	var (
+		labels []string
+		all    bool
+	)
+	cmd := &cobra.Command{
+		Use:   "kill [ID…] [--label k=v…] [--all]",
+		Short: "Destroy sandboxes (an already stopped one is not an error)",
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			lm, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			if len(args) == 0 && lm == nil && !all {
+				return invalidf("want sandbox IDs, --label k=v or --all")
+			}
+			if all && (len(args) > 0 || lm != nil) {
+				return invalidf("--all kills every live sandbox you can see: give no IDs or labels with it")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ids := args
+			if lm != nil || all {
+				sbs, err := c.List(cmd.Context(), client.ListOptions{Labels: lm, State: liveStates})
+				if err != nil {
+					return err
+				}
+				for _, sb := range sbs {
+					ids = append(ids, sb.ID)
+				}
+			}
+			// Kill every one asked for, then report failures.
+			var errs []error
+			for _, id := range ids {
+				if err := c.Kill(cmd.Context(), id); err != nil {
+					// Killing what has already ended is done: exit 0.
+					if errors.Is(err, errdefs.ErrNotFound) {
+						if sb, gerr := c.Get(cmd.Context(), id); gerr == nil && (sb.State == client.StateStopped || sb.State == client.StateFailed) {
+							fmt.Fprintln(a.out, id)
+							continue
+						}
+					}
+					errs = append(errs, fmt.Errorf("kill %s: %w", id, err))
+					continue
+				}
+				fmt.Fprintln(a.out, id)
+			}
+			return reportAll(a, errs)
+		},
+	}
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "kill the live sandboxes with label k=v (repeatable, all must match)")
+	cmd.Flags().BoolVar(&all, "all", false, "kill every live sandbox you can see")
+	return cmd
+}
+
+func newRmCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm ID [ID…]",
+		Short: "Remove stopped or failed sandboxes' records and logs now (the daemon does after its retention)",
+		Args:  minArgs(1, "at least one sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, id := range args {
+				if err := c.Remove(cmd.Context(), id); err != nil {
+					errs = append(errs, fmt.Errorf("rm %s: %w", id, err))
+					continue
+				}
+				fmt.Fprintln(a.out, id)
+			}
+			return reportAll(a, errs)
+		},
+	}
+}

@@ -1,0 +1,61 @@
+package daemon
+
+import (
+	"context"
+	"time"
+
+	"github.com/berth-sandbox/berth/internal/e2bcompat"
+	"github.com/berth-sandbox/berth/internal/metrics"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/usage"
+)
+
+// instrumented is the Manager as both APIs see it: creates are timed.
+type instrumented struct {
+	*sandbox.Manager
+	m *metrics.Metrics
+}
+
+func (i instrumented) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	start := time.Now()
+	sb, err := i.Manager.Create(ctx, req)
+	i.m.ObserveCreate(time.Since(start), err)
+	return sb, err
+}
+
+// metricSources reads sandbox states from the Manager and per-key CPU from
+// the usage meter.
+func metricSources(mgr *sandbox.Manager, meter *usage.Meter, keys *e2bcompat.Keys) metrics.Sources {
+	return metrics.Sources{
+		States: func(ctx context.Context) (map[string]int, error) {
+			sbs, err := mgr.List(ctx, sandbox.ListOptions{})
+			if err != nil {
+				return nil, err
+			}
+			n := map[string]int{}
+			for _, sb := range sbs {
+				n[sb.State]++
+			}
+			return n, nil
+		},
+		KeyCPU: func(ctx context.Context) (map[string]float64, error) {
+			us, err := meter.List(ctx, time.Time{})
+			if err != nil {
+				return nil, err
+			}
+			ks, err := keys.List(ctx)
+			if err != nil {
+				return nil, err
+			}
+			names := map[string]string{}
+			for _, k := range ks {
+				names[k.ID] = k.Name
+			}
+			out := map[string]float64{}
+			for _, t := range usage.ByOwner(us) {
+				out[names[t.Owner]] += t.CPU.Seconds()
+			}
+			return out, nil
+		},
+	}
+}
