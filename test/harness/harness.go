@@ -527,7 +527,9 @@ func PausedLeaks(d *Daemon, paused ...string) []string {
 next:
 	for _, l := range Leaks(d) {
 		for _, id := range paused {
-			if l == "sandbox dir "+id || l == "checkpoint "+id ||
+			// Sandbox dirs are named by isolation level ("runc sandbox
+			// dir ID", "gvisor sandbox dir ID").
+			if strings.HasSuffix(l, " sandbox dir "+id) || l == "checkpoint "+id ||
 				(strings.HasPrefix(l, "uid range claim ") && strings.HasSuffix(l, "("+id+")")) {
 				continue next
 			}
