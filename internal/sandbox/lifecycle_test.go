@@ -60,6 +60,9 @@ func TestDeadlineDestroys(t *testing.T) {
 			}
 			followed <- types
 		}()
+		// Inside a synctest bubble time.Sleep moves the fake clock at
+		// once (no real wait); synctest.Wait then lets every timer that
+		// fired run to a standstill before the assertion.
 		time.Sleep(time.Minute - time.Second)
 		synctest.Wait()
 		if got, _ := f.m.Get(t.Context(), sb.ID); State(got.State) != StateReady {

@@ -96,23 +96,13 @@ func (m *Manager) liveEntry(ctx context.Context, id string) (*entry, error) {
 // Pause pauses a ready sandbox (see above). Pausing a paused one changes
 // nothing.
 func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
-	e, err := m.liveEntry(ctx, id)
+	e, done, err := m.lockToggle(ctx, id, StateReady, StatePaused)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if err := e.lock(ctx); err != nil {
-		return Sandbox{}, err
-	}
 	defer e.unlock()
-	if e.closed {
-		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	switch e.state() {
-	case StatePaused:
+	if done {
 		return Sandbox{Sandbox: e.rec}, nil
-	case StateReady:
-	default:
-		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.state(), errdefs.ErrFailedPrecondition)
 	}
 	remaining := max(time.Until(e.rec.Deadline), 0)
 	if err := m.pause(ctx, e, remaining, "paused"); err != nil {
@@ -313,23 +303,13 @@ func (m *Manager) Resume(ctx context.Context, id string, timeout time.Duration) 
 	if timeout != 0 && (timeout < time.Second || timeout > m.cfg.MaxTimeout) {
 		return Sandbox{}, &FieldError{Field: "timeout", Err: fmt.Errorf("timeout %s is out of range [1s, %s]: %w", timeout, m.cfg.MaxTimeout, errdefs.ErrInvalidArgument)}
 	}
-	e, err := m.liveEntry(ctx, id)
+	e, done, err := m.lockToggle(ctx, id, StatePaused, StateReady)
 	if err != nil {
 		return Sandbox{}, err
 	}
-	if err := e.lock(ctx); err != nil {
-		return Sandbox{}, err
-	}
 	defer e.unlock()
-	if e.closed {
-		return Sandbox{}, fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	switch e.state() {
-	case StateReady:
+	if done {
 		return Sandbox{Sandbox: e.rec}, nil
-	case StatePaused:
-	default:
-		return Sandbox{}, fmt.Errorf("sandbox %s is %s: %w", id, e.state(), errdefs.ErrFailedPrecondition)
 	}
 	if err := m.resume(ctx, e, timeout, "resumed"); err != nil {
 		return Sandbox{Sandbox: e.rec}, err
@@ -516,4 +496,31 @@ func (m *Manager) finishResume(ctx context.Context, e *entry, d time.Duration, w
 	}
 	m.event(ctx, e.id, EventResumed, fmt.Sprintf("%s (%s); deadline %s", why, kind, e.rec.Deadline.Format(time.RFC3339)))
 	m.log.Info("sandbox_resumed", "sandbox_id", e.id, "pause", kind, "elapsed_ms", time.Since(start).Milliseconds())
+}
+
+// lockToggle takes live sandbox id's op lock for a move between ready and
+// paused: from is the state it must be in, to the one it moves to. done
+// reports that it is at to already (nothing to do). On success the caller
+// holds the lock and must unlock it.
+func (m *Manager) lockToggle(ctx context.Context, id string, from, to State) (e *entry, done bool, err error) {
+	e, err = m.liveEntry(ctx, id)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := e.lock(ctx); err != nil {
+		return nil, false, err
+	}
+	switch st := e.state(); {
+	case e.closed:
+		err = fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+	case st == to:
+		return e, true, nil
+	case st != from:
+		err = fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
+	}
+	if err != nil {
+		e.unlock()
+		return nil, false, err
+	}
+	return e, false, nil
 }

@@ -247,6 +247,7 @@ func TestPauseMemory(t *testing.T) {
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateReady {
 			t.Fatalf("a second before the deadline: %s, want ready", got.State)
 		}
+		// Fake clock (synctest): advances at once.
 		time.Sleep(2 * time.Second)
 		synctest.Wait()
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateStopped {
@@ -661,7 +662,8 @@ func TestIdlePause(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// A request at 30 s restarts the idle clock.
+		// A request at 30 s restarts the idle clock (synctest's fake
+		// clock: the sleep advances it, nothing waits in real time).
 		time.Sleep(30 * time.Second)
 		req, done := context.WithCancel(ctx)
 		if _, _, err := f.m.Agent(req, sb.ID); err != nil {
