@@ -111,6 +111,10 @@ type CreateRequest struct {
 	// Isolation is the level to run at (IsolationRunc, IsolationGVisor);
 	// empty takes the template's default, then the daemon's.
 	Isolation string `json:"isolation,omitempty"`
+	// Snapshot makes the sandbox from a snapshot (its files, and the
+	// template, isolation, limits, env, labels, user and network policy
+	// the request leaves unset).
+	Snapshot string `json:"snapshot,omitempty"`
 }
 
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume:

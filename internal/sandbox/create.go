@@ -38,6 +38,11 @@ type creation struct {
 // The create holds the sandbox's operation lock throughout (a setup can
 // take minutes); readers never wait for it, and a destroy aborts it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	unpin, err := m.fromSnapshot(ctx, &req)
+	if err != nil {
+		return Sandbox{}, err
+	}
+	defer unpin()
 	if err := m.validate(&req); err != nil {
 		return Sandbox{}, err
 	}

@@ -62,6 +62,9 @@ type Config struct {
 	// CheckpointDir holds the checkpoints of sandboxes paused with their
 	// memory (pause.go); without it a pause keeps files only.
 	CheckpointDir string
+	// SnapshotDir holds snapshots' files (snapshot.go); without it, or
+	// without a store that keeps snapshot records, there are none.
+	SnapshotDir string
 	// MonitorInterval is how often usage and liveness are sampled.
 	MonitorInterval time.Duration
 	// DefaultIsolation is the level a sandbox gets when neither its
@@ -154,6 +157,8 @@ type Manager struct {
 	rts map[string]Runtime
 
 	hub *hub
+
+	snaps snapState
 }
 
 // New builds a Manager. Call Start to reconcile and begin monitoring.
@@ -207,6 +212,7 @@ func (m *Manager) Start(ctx context.Context) error {
 	if err := m.reconcile(ctx); err != nil {
 		return err
 	}
+	m.reconcileSnapshots(ctx)
 	if !m.track() {
 		return errors.New("sandbox manager is closed")
 	}
@@ -258,6 +264,10 @@ type CreateRequest struct {
 	Isolation string
 	// Quota bounds the live sandboxes of Owner (quota.go); zero: none.
 	Quota core.Quota
+
+	// Snapshot, when set, makes the sandbox from that snapshot
+	// (snapshot.go): its layers, and whatever the request leaves unset.
+	Snapshot string
 
 	// Layers, when set, replace the template's layers (a cached workspace
 	// environment on top of them). Only the daemon's own layers set them,
@@ -574,6 +584,7 @@ func (m *Manager) destroyIf(ctx context.Context, e *entry, reason string, still 
 	m.event(ctx, e.id, typ, msg)
 	m.forget(e.id)
 	m.log.Info("sandbox_destroyed", "sandbox_id", e.id, "reason", reason)
+	m.gcForkSnapshots(ctx)
 	return terr
 }
 

@@ -77,6 +77,10 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
+	if err := migrateSnapshots(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
 	return &DB{db: db}, nil
 }
 

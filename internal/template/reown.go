@@ -31,6 +31,8 @@ func reown(ctx context.Context, root string, from, to uint32) error {
 		}
 		return to + (id - from), true
 	}
+	// A hard-linked file is met once per name; it is moved once.
+	moved := map[inode]bool{}
 	return filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -41,6 +43,13 @@ func reown(ctx context.Context, root string, from, to uint32) error {
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
 			return fmt.Errorf("lstat %s: %w", p, err)
+		}
+		if st.Nlink > 1 && st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			ino := inode{st.Dev, st.Ino}
+			if moved[ino] {
+				return nil
+			}
+			moved[ino] = true
 		}
 		uid, ok1 := move(st.Uid)
 		gid, ok2 := move(st.Gid)

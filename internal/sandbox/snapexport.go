@@ -1,0 +1,183 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/snaparchive"
+)
+
+// Portable snapshots: a snapshot's own layers (every layer it stacks on
+// its template's: those of the snapshots it was made from, and its own)
+// and its record, written as a snaparchive; imported on another daemon on
+// top of that daemon's template of the same name. An import is written
+// under <id>.partial, checked (every digest, every path), and renamed and
+// recorded only when whole.
+
+// ExportSnapshot writes snapshot id as an archive to w.
+func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) error {
+	s, err := m.GetSnapshot(ctx, id)
+	if err != nil {
+		return err
+	}
+	ls, err := m.layerStore()
+	if err != nil {
+		return err
+	}
+	tpl, err := m.deps.Templates.Get(ctx, s.Template)
+	if err != nil {
+		return fmt.Errorf("export snapshot %s: template %s: %w", id, s.Template, err)
+	}
+	n := len(tpl.Layers)
+	if len(s.BaseLayers) < n || !slices.Equal(s.BaseLayers[:n], tpl.Layers) {
+		return fmt.Errorf("export snapshot %s: template %s was rebuilt since it was taken, so its base is gone: %w", id, s.Template, errdefs.ErrFailedPrecondition)
+	}
+	own := append(slices.Clone(s.BaseLayers[n:]), m.snapshotLayer(id))
+	tmp, err := os.MkdirTemp(m.cfg.SnapshotDir, ".export-")
+	if err != nil {
+		return fmt.Errorf("export snapshot %s: %w", id, err)
+	}
+	defer os.RemoveAll(tmp)
+	files := make([]*os.File, 0, len(own))
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	for i, l := range own {
+		f, err := os.Create(filepath.Join(tmp, strconv.Itoa(i)+".tar"))
+		if err != nil {
+			return fmt.Errorf("export snapshot %s: %w", id, err)
+		}
+		files = append(files, f)
+		if err := ls.ExportLayer(ctx, l, f); err != nil {
+			return fmt.Errorf("export snapshot %s: %w", id, err)
+		}
+	}
+	meta := snaparchive.Meta{
+		Name: s.Name, Source: s.Source, Kind: s.Kind, Template: s.Template, Isolation: s.Isolation,
+		CPUMillis: s.CPUMillis, MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PidsLimit: s.PidsLimit,
+		Env: s.Env, Labels: s.Labels, User: s.User, CreatedAt: s.CreatedAt,
+	}
+	if s.Policy != "" {
+		meta.Policy = json.RawMessage(s.Policy)
+	}
+	return snaparchive.Write(w, meta, files)
+}
+
+// ImportSnapshot reads an archive from r into a new snapshot owned by
+// owner.
+func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string) (core.Snapshot, error) {
+	ss, err := m.snapStore()
+	if err != nil {
+		return core.Snapshot{}, err
+	}
+	ls, err := m.layerStore()
+	if err != nil {
+		return core.Snapshot{}, err
+	}
+	if err := os.MkdirAll(m.cfg.SnapshotDir, 0o755); err != nil {
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
+	ctx = context.WithoutCancel(ctx)
+	id := newID()
+	partial := m.snapshotDir(id) + ".partial"
+	if err := os.Mkdir(partial, 0o755); err != nil {
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			_ = os.RemoveAll(partial) // the error returned says why
+		}
+	}()
+	var size int64
+	var last int
+	man, err := snaparchive.Read(r, func(i int, lr io.Reader) error {
+		// Every layer but the last is a base layer under base/<i>.
+		dst := filepath.Join(partial, "base", strconv.Itoa(i))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		n, err := ls.ImportLayer(ctx, lr, dst)
+		size += n
+		last = i
+		return err
+	})
+	if err != nil {
+		return core.Snapshot{}, &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: %w", err)}
+	}
+	meta := man.Snapshot
+	tpl, err := m.deps.Templates.Get(ctx, meta.Template)
+	if err != nil {
+		return core.Snapshot{}, &FieldError{Field: "template", Err: fmt.Errorf("import snapshot: it sits on template %q, which this daemon lacks (build or create it first): %w", meta.Template, err)}
+	}
+	if meta.Kind != core.SnapshotFilesystem {
+		return core.Snapshot{}, &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: kind %q: this daemon imports %s snapshots: %w", meta.Kind, core.SnapshotFilesystem, errdefs.ErrNotImplemented)}
+	}
+	if err := os.Rename(filepath.Join(partial, "base", strconv.Itoa(last)), filepath.Join(partial, "layer")); err != nil {
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
+	base := slices.Clone(tpl.Layers)
+	for i := range last {
+		base = append(base, filepath.Join(m.snapshotDir(id), "base", strconv.Itoa(i)))
+	}
+	rec := core.Snapshot{
+		ID: id, Name: meta.Name, Source: meta.Source, Kind: meta.Kind, Template: tpl.Name, Isolation: meta.Isolation, Owner: owner,
+		CPUMillis: meta.CPUMillis, MemoryBytes: meta.MemoryBytes, DiskBytes: meta.DiskBytes, PidsLimit: meta.PidsLimit,
+		Env: meta.Env, Labels: meta.Labels, User: meta.User, Policy: string(meta.Policy),
+		BaseLayers: base, SizeBytes: size, CreatedAt: time.Now().UTC(),
+	}
+	if err := m.checkImported(rec); err != nil {
+		return core.Snapshot{}, err
+	}
+	if err := os.Rename(partial, m.snapshotDir(id)); err != nil {
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
+	keep = true
+	err = syncDir(m.cfg.SnapshotDir)
+	if err == nil {
+		err = ss.PutSnapshot(ctx, rec)
+	}
+	if err != nil {
+		_ = os.RemoveAll(m.snapshotDir(id)) // not recorded: never used
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
+	m.log.Info("snapshot_imported", "snapshot_id", id, "size_bytes", size, "layers", last+1)
+	return rec, nil
+}
+
+// checkImported holds an imported record to what a create accepts, so a
+// bad archive is refused at import rather than at its first use.
+func (m *Manager) checkImported(rec core.Snapshot) error {
+	req := CreateRequest{
+		Template: rec.Template, Env: rec.Env, Labels: rec.Labels, User: rec.User,
+		Limits: Limits{CPUMillis: rec.CPUMillis, MemoryBytes: rec.MemoryBytes, DiskBytes: rec.DiskBytes, PidsLimit: rec.PidsLimit},
+	}
+	if err := m.validate(&req); err != nil {
+		return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: %w", err)}
+	}
+	if rec.Policy != "" {
+		var p policy.Policy
+		if err := json.Unmarshal([]byte(rec.Policy), &p); err != nil {
+			return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: policy: %v: %w", err, errdefs.ErrInvalidArgument)}
+		}
+		if err := p.Validate(); err != nil {
+			return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: policy: %w", err)}
+		}
+	}
+	if rec.Isolation != "" && rec.Isolation != core.IsolationRunc && rec.Isolation != core.IsolationGVisor {
+		return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: isolation %q: %w", rec.Isolation, errdefs.ErrInvalidArgument)}
+	}
+	return nil
+}

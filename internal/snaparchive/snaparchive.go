@@ -1,0 +1,208 @@
+// Package snaparchive owns the portable snapshot file (berth snapshot
+// export/import): a tar whose first entry, manifest.json, describes the
+// snapshot and lists its layers with their sizes and SHA-256 digests, and
+// whose next entries are those layers, each an OCI-style layer tar, in
+// order. Reading validates everything before a caller acts on it: the
+// manifest's shape, every entry's name, type, order and size, and every
+// layer's digest (a mismatch fails the read, and the caller discards what
+// it extracted). Names in the archive are never used as host paths.
+package snaparchive
+
+import (
+	"archive/tar"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Format names this version of the archive.
+const Format = "berth-snapshot/1"
+
+// Bounds of what an archive may hold.
+const (
+	MaxManifestBytes = 1 << 20
+	MaxLayers        = 64
+	manifestName     = "manifest.json"
+)
+
+// Meta is what a snapshot archive says about the snapshot.
+type Meta struct {
+	Name        string            `json:"name,omitempty"`
+	Source      string            `json:"source,omitempty"`
+	Kind        string            `json:"kind"`
+	Template    string            `json:"template"`
+	Isolation   string            `json:"isolation,omitempty"`
+	CPUMillis   int64             `json:"cpu_millis,omitempty"`
+	MemoryBytes int64             `json:"memory_bytes,omitempty"`
+	DiskBytes   int64             `json:"disk_bytes,omitempty"`
+	PidsLimit   int64             `json:"pids_limit,omitempty"`
+	Env         map[string]string `json:"env,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	User        string            `json:"user,omitempty"`
+	// Policy is the egress policy as JSON; empty for none.
+	Policy    json.RawMessage `json:"policy,omitempty"`
+	CreatedAt time.Time       `json:"created_at"`
+}
+
+// Layer is one layer's entry in the manifest.
+type Layer struct {
+	File   string `json:"file"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// Manifest is the archive's first entry.
+type Manifest struct {
+	Format   string  `json:"format"`
+	Snapshot Meta    `json:"snapshot"`
+	Layers   []Layer `json:"layers"`
+}
+
+// layerFile is the only name layer i may have.
+func layerFile(i int) string { return "layers/" + strconv.Itoa(i) + ".tar" }
+
+var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+func bad(format string, a ...any) error {
+	return fmt.Errorf("snapshot archive: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+}
+
+// ParseManifest decodes and checks a manifest.
+func ParseManifest(b []byte) (Manifest, error) {
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return Manifest{}, bad("manifest: %v", err)
+	}
+	if dec.More() {
+		return Manifest{}, bad("manifest: trailing data")
+	}
+	if m.Format != Format {
+		return Manifest{}, bad("format %q: this daemon reads %q", m.Format, Format)
+	}
+	if m.Snapshot.Template == "" || m.Snapshot.Kind == "" {
+		return Manifest{}, bad("manifest names no template or kind")
+	}
+	if n := len(m.Layers); n < 1 || n > MaxLayers {
+		return Manifest{}, bad("%d layers: want 1 to %d", n, MaxLayers)
+	}
+	for i, l := range m.Layers {
+		if l.File != layerFile(i) {
+			return Manifest{}, bad("layer %d is %q: want %q", i, l.File, layerFile(i))
+		}
+		if l.Size < 0 {
+			return Manifest{}, bad("layer %d has size %d", i, l.Size)
+		}
+		if !hexDigest.MatchString(l.SHA256) {
+			return Manifest{}, bad("layer %d digest %q is not a SHA-256", i, l.SHA256)
+		}
+	}
+	return m, nil
+}
+
+// Read reads an archive from r: the manifest, then each layer in order,
+// handed to layer as a stream of exactly its size. Once layer returns,
+// what it left unread is consumed and the layer's digest checked; a
+// mismatch, a misplaced or extra entry, or a short file fails the read.
+// A layer func's error ends the read too.
+func Read(r io.Reader, layer func(i int, r io.Reader) error) (Manifest, error) {
+	tr := tar.NewReader(r)
+	hdr, err := tr.Next()
+	if err != nil {
+		return Manifest{}, bad("no manifest: %v", err)
+	}
+	if hdr.Name != manifestName || hdr.Typeflag != tar.TypeReg {
+		return Manifest{}, bad("first entry is %q: want the file %s", hdr.Name, manifestName)
+	}
+	if hdr.Size > MaxManifestBytes {
+		return Manifest{}, bad("manifest is %d bytes, over %d", hdr.Size, MaxManifestBytes)
+	}
+	b, err := io.ReadAll(io.LimitReader(tr, MaxManifestBytes))
+	if err != nil {
+		return Manifest{}, bad("read manifest: %v", err)
+	}
+	m, err := ParseManifest(b)
+	if err != nil {
+		return Manifest{}, err
+	}
+	for i, l := range m.Layers {
+		hdr, err := tr.Next()
+		if err != nil {
+			return m, bad("layer %d (%s): %v", i, l.File, err)
+		}
+		if hdr.Name != l.File || hdr.Typeflag != tar.TypeReg {
+			return m, bad("entry %q where the manifest has %s", hdr.Name, l.File)
+		}
+		if hdr.Size != l.Size {
+			return m, bad("%s is %d bytes, the manifest says %d", l.File, hdr.Size, l.Size)
+		}
+		h := sha256.New()
+		tee := io.TeeReader(tr, h)
+		if err := layer(i, tee); err != nil {
+			return m, fmt.Errorf("snapshot archive: %s: %w", l.File, err)
+		}
+		if _, err := io.Copy(h, tr); err != nil {
+			return m, bad("read %s: %v", l.File, err)
+		}
+		if got := hex.EncodeToString(h.Sum(nil)); got != l.SHA256 {
+			return m, bad("%s has digest %s, the manifest says %s", l.File, got, l.SHA256)
+		}
+	}
+	if hdr, err := tr.Next(); err == nil {
+		return m, bad("unexpected entry %q after the last layer", hdr.Name)
+	} else if !errors.Is(err, io.EOF) {
+		return m, bad("after the last layer: %v", err)
+	}
+	return m, nil
+}
+
+// Write writes an archive of meta and the layer tars in files (lowest
+// first; each read from its start) to w.
+func Write(w io.Writer, meta Meta, files []*os.File) error {
+	m := Manifest{Format: Format, Snapshot: meta}
+	for i, f := range files {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		h := sha256.New()
+		n, err := io.Copy(h, f)
+		if err != nil {
+			return fmt.Errorf("digest layer %d: %w", i, err)
+		}
+		m.Layers = append(m.Layers, Layer{File: layerFile(i), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))})
+	}
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	tw := tar.NewWriter(w)
+	if err := tw.WriteHeader(&tar.Header{Name: manifestName, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(b)), ModTime: meta.CreatedAt}); err != nil {
+		return err
+	}
+	if _, err := tw.Write(b); err != nil {
+		return err
+	}
+	for i, f := range files {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return err
+		}
+		if err := tw.WriteHeader(&tar.Header{Name: m.Layers[i].File, Typeflag: tar.TypeReg, Mode: 0o644, Size: m.Layers[i].Size, ModTime: meta.CreatedAt}); err != nil {
+			return err
+		}
+		if _, err := io.CopyN(tw, f, m.Layers[i].Size); err != nil {
+			return fmt.Errorf("write layer %d: %w", i, err)
+		}
+	}
+	return tw.Close()
+}

@@ -1,0 +1,235 @@
+package snaparchive
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+func layerFiles(t *testing.T, contents ...string) []*os.File {
+	t.Helper()
+	var out []*os.File
+	for i, c := range contents {
+		f, err := os.Create(filepath.Join(t.TempDir(), "l"+string(rune('0'+i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		if _, err := f.WriteString(c); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, f)
+	}
+	return out
+}
+
+func archive(t *testing.T, contents ...string) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	meta := Meta{Name: "n", Kind: "filesystem", Template: "base", CreatedAt: time.Unix(1, 0).UTC(), Env: map[string]string{"A": "1"}}
+	if err := Write(&buf, meta, layerFiles(t, contents...)); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
+}
+
+func TestRoundTrip(t *testing.T) {
+	b := archive(t, "first layer", "second")
+	var got []string
+	m, err := Read(bytes.NewReader(b), func(i int, r io.Reader) error {
+		data, err := io.ReadAll(r)
+		got = append(got, string(data))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+	if m.Snapshot.Template != "base" || m.Snapshot.Env["A"] != "1" || len(m.Layers) != 2 {
+		t.Errorf("manifest = %+v", m)
+	}
+	if strings.Join(got, "|") != "first layer|second" {
+		t.Errorf("layers = %q", got)
+	}
+}
+
+// A reader that stops early still gets its digest checked over the whole
+// layer.
+func TestReadChecksWholeLayer(t *testing.T) {
+	b := archive(t, "0123456789")
+	if _, err := Read(bytes.NewReader(b), func(int, io.Reader) error { return nil }); err != nil {
+		t.Fatalf("Read: %v", err)
+	}
+}
+
+// rewrite rebuilds an archive's tar with edit applied to each entry.
+func rewrite(t *testing.T, b []byte, edit func(h *tar.Header, body []byte) (*tar.Header, []byte)) []byte {
+	t.Helper()
+	tr := tar.NewReader(bytes.NewReader(b))
+	var out bytes.Buffer
+	tw := tar.NewWriter(&out)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(tr)
+		h, body = edit(h, body)
+		if h == nil {
+			continue
+		}
+		h.Size = int64(len(body))
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write(body)
+	}
+	tw.Close()
+	return out.Bytes()
+}
+
+func TestReadRejects(t *testing.T) {
+	good := archive(t, "layer zero", "layer one")
+	cases := []struct {
+		name string
+		b    []byte
+		want string
+	}{
+		{"empty", nil, "no manifest"},
+		{"tampered layer", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == "layers/1.tar" {
+				return h, []byte("layer 0ne")
+			}
+			return h, body
+		}), "digest"},
+		{"resized layer", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == "layers/0.tar" {
+				return h, append(body, 'x')
+			}
+			return h, body
+		}), "the manifest says"},
+		{"missing layer", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == "layers/1.tar" {
+				return nil, nil
+			}
+			return h, body
+		}), "layer 1"},
+		{"escaping name", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == "layers/0.tar" {
+				h.Name = "../../etc/passwd"
+			}
+			return h, body
+		}), "where the manifest has"},
+		{"manifest path", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == manifestName {
+				return h, bytes.Replace(body, []byte(`"layers/0.tar"`), []byte(`"/etc/shadow"`), 1)
+			}
+			return h, body
+		}), "want \"layers/0.tar\""},
+		{"unknown field", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == manifestName {
+				return h, bytes.Replace(body, []byte(`"format"`), []byte(`"extra": 1, "format"`), 1)
+			}
+			return h, body
+		}), "unknown field"},
+		{"wrong format", rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) {
+			if h.Name == manifestName {
+				return h, bytes.Replace(body, []byte(Format), []byte("berth-snapshot/9"), 1)
+			}
+			return h, body
+		}), "format"},
+		{"extra entry", append(rewrite(t, good, func(h *tar.Header, body []byte) (*tar.Header, []byte) { return h, body })[:0:0], func() []byte {
+			var out bytes.Buffer
+			tw := tar.NewWriter(&out)
+			tr := tar.NewReader(bytes.NewReader(good))
+			for {
+				h, err := tr.Next()
+				if err != nil {
+					break
+				}
+				body, _ := io.ReadAll(tr)
+				tw.WriteHeader(h)
+				tw.Write(body)
+			}
+			tw.WriteHeader(&tar.Header{Name: "evil", Typeflag: tar.TypeReg, Size: 1})
+			tw.Write([]byte("x"))
+			tw.Close()
+			return out.Bytes()
+		}()...), "unexpected entry"},
+	}
+	for _, c := range cases {
+		_, err := Read(bytes.NewReader(c.b), func(_ int, r io.Reader) error { _, err := io.Copy(io.Discard, r); return err })
+		if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: Read = %v, want invalid argument mentioning %q", c.name, err, c.want)
+		}
+	}
+}
+
+// FuzzRead: no archive makes Read panic, hand a layer callback more bytes
+// than the manifest declares, or succeed without every digest matching.
+func FuzzRead(f *testing.F) {
+	dir := f.TempDir()
+	var buf bytes.Buffer
+	var files []*os.File
+	for i, c := range []string{"a layer", ""} {
+		fl, err := os.Create(filepath.Join(dir, string(rune('a'+i))))
+		if err != nil {
+			f.Fatal(err)
+		}
+		fl.WriteString(c)
+		files = append(files, fl)
+	}
+	if err := Write(&buf, Meta{Kind: "filesystem", Template: "base"}, files); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	f.Add([]byte{})
+	f.Add([]byte(`{"format":"berth-snapshot/1"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := Read(bytes.NewReader(b), func(i int, r io.Reader) error {
+			n, err := io.Copy(io.Discard, r)
+			if err == nil && n > 0 && i >= 0 && i < MaxLayers && n > 1<<30 {
+				t.Errorf("layer %d: read %d bytes", i, n)
+			}
+			return err
+		})
+		if err == nil {
+			if m.Format != Format || len(m.Layers) == 0 {
+				t.Errorf("Read accepted %+v", m)
+			}
+			for i, l := range m.Layers {
+				if l.File != layerFile(i) {
+					t.Errorf("Read accepted layer name %q", l.File)
+				}
+			}
+		}
+	})
+}
+
+// FuzzParseManifest: a manifest is accepted only with layer names that
+// are exactly layers/<i>.tar and hex digests.
+func FuzzParseManifest(f *testing.F) {
+	f.Add([]byte(`{"format":"berth-snapshot/1","snapshot":{"kind":"filesystem","template":"base","created_at":"2026-01-01T00:00:00Z"},"layers":[{"file":"layers/0.tar","size":1,"sha256":"` + strings.Repeat("a", 64) + `"}]}`))
+	f.Add([]byte(`{"format":"berth-snapshot/1","layers":[{"file":"../x"}]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := ParseManifest(b)
+		if err != nil {
+			return
+		}
+		for i, l := range m.Layers {
+			if l.File != layerFile(i) || !hexDigest.MatchString(l.SHA256) || l.Size < 0 || strings.Contains(l.File, "..") {
+				t.Errorf("accepted layer %+v", l)
+			}
+		}
+	})
+}
