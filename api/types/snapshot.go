@@ -1,5 +1,7 @@
 package types
 
+import "time"
+
 // What a snapshot holds (Snapshot.Kind).
 const (
 	// SnapshotFilesystem: the sandbox's files (its writable layer) plus
@@ -26,7 +28,7 @@ type Snapshot struct {
 	SizeBytes int64 `json:"size_bytes"`
 	// Fork marks a snapshot a fork made; it goes with its last copy.
 	Fork      bool   `json:"fork,omitempty"`
-	CreatedAt string `json:"created_at"`
+	CreatedAt time.Time `json:"created_at"`
 }
 
 // SnapshotList is the answer of GET /v1/snapshots.

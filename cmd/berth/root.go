@@ -145,6 +145,8 @@ func newRootCmd(a *app) *cobra.Command {
 		newTimeoutCmd(a),
 		newPauseCmd(a),
 		newResumeCmd(a),
+		newSnapshotCmd(a),
+		newForkCmd(a),
 		newTemplateCmd(a),
 		newAPIKeyCmd(a),
 		newEnvCmd(a),

@@ -118,6 +118,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&req.Template, "template", "base", "template to start from")
 	f.StringVar(&req.Isolation, "isolation", "", "isolation level: runc or gvisor (default: the template's, then the daemon's)")
+	f.StringVar(&req.Snapshot, "snapshot", "", "start from this snapshot (berth snapshot): its files, and its template, limits, env, labels and network policy unless set here")
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")

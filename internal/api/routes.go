@@ -24,6 +24,7 @@ func (r route) muxPattern() string {
 
 func (s *Server) routeTable() []route {
 	apiKeys := func(c Config) bool { return c.APIKeys != nil }
+	snapshots := func(c Config) bool { return c.Snapshots != nil }
 	workspaces := func(c Config) bool { return c.Workspaces != nil }
 	return []route{
 		{"GET", "/v1/health", s.health, nil},
@@ -65,6 +66,13 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes/{id}/diff", s.getDiff, nil},
 		{"GET", "/v1/sandboxes/{id}/export", s.getExport, nil},
 		{"POST", "/v1/sandboxes/{id}/commit", s.postCommit, nil},
+		{"POST", "/v1/sandboxes/{id}/snapshots", s.createSnapshot, snapshots},
+		{"POST", "/v1/sandboxes/{id}/fork", s.forkSandbox, snapshots},
+		{"GET", "/v1/snapshots", s.listSnapshots, snapshots},
+		{"GET", "/v1/snapshots/{id}", s.getSnapshot, snapshots},
+		{"DELETE", "/v1/snapshots/{id}", s.deleteSnapshot, snapshots},
+		{"GET", "/v1/snapshots/{id}/export", s.exportSnapshot, snapshots},
+		{"POST", "/v1/snapshots/import", s.importSnapshot, snapshots},
 	}
 }
 

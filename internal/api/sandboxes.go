@@ -82,7 +82,7 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
-	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}, Isolation: in.Isolation}
+	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}, Isolation: in.Isolation, Snapshot: in.Snapshot}
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p
@@ -154,6 +154,10 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 	}
 	p := principal(r)
 	req.Owner, req.Quota = p.Owner(), p.Key.Quota
+	if err := s.checkSnapshotAccess(r, req.Snapshot); err != nil {
+		writeError(w, err)
+		return
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), req)
 	if err != nil {
 		writeError(w, err)

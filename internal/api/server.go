@@ -45,6 +45,8 @@ type Usage interface {
 // Config wires the API to the daemon's subsystems.
 type Config struct {
 	Manager   Manager
+	// Snapshots, when set, serves snapshots and fork (snapshots.go).
+	Snapshots Snapshots
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper

@@ -149,6 +149,8 @@ func TestOpenAPISchemas(t *testing.T) {
 		"IsolationLevel":        types.IsolationLevel{},
 		"TemplateCreateRequest": types.TemplateCreateRequest{}, "TemplatePruneResult": types.TemplatePruneResult{},
 		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
+		"Snapshot": types.Snapshot{}, "SnapshotList": types.SnapshotList{}, "SnapshotRequest": types.SnapshotRequest{},
+		"ForkRequest": types.ForkRequest{}, "ForkResult": types.ForkResult{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

@@ -1,0 +1,140 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Snapshot is a snapshot of a sandbox: its files plus what a sandbox made
+// from it gets (template, isolation, limits, env, labels, network policy).
+type Snapshot = types.Snapshot
+
+// What a snapshot holds (Snapshot.Kind).
+const (
+	SnapshotFilesystem = types.SnapshotFilesystem
+	SnapshotMemory     = types.SnapshotMemory
+)
+
+// ForkResult is what a fork made: the copies and their snapshot.
+type ForkResult struct {
+	Snapshot  Snapshot
+	Sandboxes []*Sandbox
+}
+
+func snapshotPath(id string) string { return "/v1/snapshots/" + url.PathEscape(id) }
+
+func checkSnapshotID(id string) error {
+	if err := types.ValidSandboxID(id); err != nil {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Message: "snapshot: " + err.Error(), Field: "snapshot"}
+	}
+	return nil
+}
+
+// Snapshot takes a snapshot of running sandbox id (which keeps running)
+// named name ("" for none). Create one from it with
+// CreateRequest.Snapshot.
+func (c *Client) Snapshot(ctx context.Context, id, name string) (*Snapshot, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var s Snapshot
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id)+"/snapshots", nil, types.SnapshotRequest{Name: name}, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Snapshots lists the snapshots the caller sees, oldest first.
+func (c *Client) Snapshots(ctx context.Context) ([]Snapshot, error) {
+	var out types.SnapshotList
+	if err := c.doJSON(ctx, http.MethodGet, "/v1/snapshots", nil, nil, &out); err != nil {
+		return nil, err
+	}
+	return out.Snapshots, nil
+}
+
+// GetSnapshot returns one snapshot.
+func (c *Client) GetSnapshot(ctx context.Context, id string) (*Snapshot, error) {
+	if err := checkSnapshotID(id); err != nil {
+		return nil, err
+	}
+	var s Snapshot
+	if err := c.doJSON(ctx, http.MethodGet, snapshotPath(id), nil, nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// RemoveSnapshot removes a snapshot; the daemon refuses while a sandbox
+// or another snapshot sits on it.
+func (c *Client) RemoveSnapshot(ctx context.Context, id string) error {
+	if err := checkSnapshotID(id); err != nil {
+		return err
+	}
+	return c.doJSON(ctx, http.MethodDelete, snapshotPath(id), nil, nil, nil)
+}
+
+// Fork makes n live copies of running sandbox id; it keeps running.
+func (c *Client) Fork(ctx context.Context, id string, n int) (*ForkResult, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	var out struct {
+		Snapshot  Snapshot   `json:"snapshot"`
+		Sandboxes []*Sandbox `json:"sandboxes"`
+	}
+	if err := c.doJSON(ctx, http.MethodPost, sandboxPath(id)+"/fork", nil, types.ForkRequest{Count: n}, &out); err != nil {
+		return nil, err
+	}
+	for _, sb := range out.Sandboxes {
+		c.bind(sb)
+	}
+	return &ForkResult{Snapshot: out.Snapshot, Sandboxes: out.Sandboxes}, nil
+}
+
+// ExportSnapshot writes snapshot id as a portable archive to w.
+func (c *Client) ExportSnapshot(ctx context.Context, id string, w io.Writer) error {
+	if err := checkSnapshotID(id); err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodGet, snapshotPath(id)+"/export", nil, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("export snapshot %s: %w", id, err)
+	}
+	return nil
+}
+
+// ImportSnapshot uploads an archive ExportSnapshot wrote (on this or
+// another daemon) and returns the new snapshot.
+func (c *Client) ImportSnapshot(ctx context.Context, r io.Reader) (*Snapshot, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint("/v1/snapshots/import", nil), r)
+	if err != nil {
+		return nil, fmt.Errorf("import snapshot: %w", err)
+	}
+	req.Header.Set("Content-Type", "application/x-tar")
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, c.unreachable(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return nil, decodeError(resp)
+	}
+	var s Snapshot
+	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		return nil, fmt.Errorf("decode import answer: %w", err)
+	}
+	return &s, nil
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+)
+
+func newSnapshotCmd(a *app) *cobra.Command {
+	var (
+		name   string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "snapshot ID",
+		Short: "Snapshot a running sandbox and print the snapshot's ID",
+		Long: "Snapshot a running sandbox: its files (writable layer) plus its template, isolation, " +
+			"limits, env, labels, user and network policy. The sandbox keeps running (its processes " +
+			"are frozen only while its files are copied). Start a sandbox from it with " +
+			"`berth create --snapshot SNAPSHOT`; list, remove, export and import with the subcommands.",
+		Args: exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.Snapshot(cmd.Context(), args[0], name)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, s)
+			}
+			fmt.Fprintln(a.out, s.ID)
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&name, "name", "", "a name to show in listings")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	cmd.AddCommand(newSnapshotLsCmd(a), newSnapshotRmCmd(a), newSnapshotExportCmd(a), newSnapshotImportCmd(a))
+	return cmd
+}
+
+func newSnapshotLsCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List snapshots",
+		Args:  exactArgs(0, "no arguments"),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			list, err := c.Snapshots(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, list)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSOURCE\tKIND\tTEMPLATE\tSIZE\tCREATED")
+			for _, s := range list {
+				name := s.Name
+				if name == "" {
+					name = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, name, s.Source, s.Kind, s.Template,
+					humanBytes(s.SizeBytes), s.CreatedAt.Local().Format(time.DateTime))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the list as JSON")
+	return cmd
+}
+
+func newSnapshotRmCmd(a *app) *cobra.Command {
+	return &cobra.Command{
+		Use:   "rm SNAPSHOT...",
+		Short: "Remove snapshots (refused while a sandbox or another snapshot sits on one)",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			var errs []error
+			for _, id := range args {
+				if err := c.RemoveSnapshot(cmd.Context(), id); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				fmt.Fprintln(a.out, id)
+			}
+			return errors.Join(errs...)
+		},
+	}
+}
+
+func newSnapshotExportCmd(a *app) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "export SNAPSHOT -o FILE",
+		Short: "Write a snapshot as a portable archive (import it on another daemon)",
+		Args:  exactArgs(1, "a snapshot ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return invalidf("-o FILE is required")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			// Written beside FILE and renamed once whole: an interrupted
+			// export never leaves a FILE that looks complete.
+			tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial-")
+			if err != nil {
+				return err
+			}
+			defer os.Remove(tmp.Name())
+			err = c.ExportSnapshot(cmd.Context(), args[0], tmp)
+			if cerr := tmp.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return err
+			}
+			if err := os.Rename(tmp.Name(), out); err != nil {
+				return err
+			}
+			fi, err := os.Stat(out)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s: %s\n", out, humanBytes(fi.Size()))
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write")
+	return cmd
+}
+
+func newSnapshotImportCmd(a *app) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "import FILE",
+		Short: "Import a snapshot archive and print the new snapshot's ID",
+		Long: "Import an archive written by `berth snapshot export` (on this or another daemon). " +
+			"Every layer's size and SHA-256 and every path in it are checked before the snapshot " +
+			"is recorded; the template it names must exist on this daemon.",
+		Args: exactArgs(1, "an archive file"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			s, err := c.ImportSnapshot(cmd.Context(), f)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, s)
+			}
+			fmt.Fprintln(a.out, s.ID)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	return cmd
+}
+
+func newForkCmd(a *app) *cobra.Command {
+	var (
+		n      int
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "fork ID",
+		Short: "Make live copies of a running sandbox and print their IDs",
+		Long: "Fork a running sandbox into N copies made from a snapshot of it. The parent keeps " +
+			"running; each copy has its own ID, token, files (writes in one are invisible to the " +
+			"others), network address and deadline (the time the parent had left). The fork's " +
+			"snapshot goes with its last copy.",
+		Args: exactArgs(1, "a sandbox ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if n < 1 {
+				return invalidf("-n %d: want at least 1", n)
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			res, err := c.Fork(cmd.Context(), args[0], n)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, res)
+			}
+			for _, sb := range res.Sandboxes {
+				fmt.Fprintln(a.out, sb.ID)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().IntVarP(&n, "count", "n", 1, "number of copies (1-"+strconv.Itoa(16)+")")
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the copies and their snapshot as JSON")
+	return cmd
+}
