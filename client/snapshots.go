@@ -86,6 +86,9 @@ func (c *Client) Fork(ctx context.Context, id string, n int) (*ForkResult, error
 	if err := checkID(id); err != nil {
 		return nil, err
 	}
+	if n < 1 {
+		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Message: fmt.Sprintf("count %d: want at least 1", n), Field: "count"}
+	}
 	var out struct {
 		Snapshot  Snapshot   `json:"snapshot"`
 		Sandboxes []*Sandbox `json:"sandboxes"`

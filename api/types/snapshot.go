@@ -27,7 +27,7 @@ type Snapshot struct {
 	// its template's layers).
 	SizeBytes int64 `json:"size_bytes"`
 	// Fork marks a snapshot a fork made; it goes with its last copy.
-	Fork      bool   `json:"fork,omitempty"`
+	Fork      bool      `json:"fork,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

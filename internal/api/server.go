@@ -44,7 +44,7 @@ type Usage interface {
 
 // Config wires the API to the daemon's subsystems.
 type Config struct {
-	Manager   Manager
+	Manager Manager
 	// Snapshots, when set, serves snapshots and fork (snapshots.go).
 	Snapshots Snapshots
 	Templates Templates

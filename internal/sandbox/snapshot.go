@@ -95,7 +95,7 @@ func (m *Manager) layerStore() (LayerStore, error) {
 	return ls, nil
 }
 
-func (m *Manager) snapshotDir(id string) string  { return filepath.Join(m.cfg.SnapshotDir, id) }
+func (m *Manager) snapshotDir(id string) string   { return filepath.Join(m.cfg.SnapshotDir, id) }
 func (m *Manager) snapshotLayer(id string) string { return filepath.Join(m.snapshotDir(id), "layer") }
 
 // snapshotLayers is what a sandbox made from s mounts, lowest first.

@@ -533,6 +533,7 @@ func Leaks(d *Daemon) []string {
 		}
 	}
 	out = append(out, UIDClaims(d)...)
+	out = append(out, snapshotLeaks(d)...)
 	return out
 }
 
