@@ -30,6 +30,7 @@
 // or: go run ./bench -density 500 [-density-batch 25]
 // or: go run ./bench -runtimes [-n 20] [-exec-n 50]
 // or: go run ./bench -pause 10 [-pause-mib 256]
+// or: go run ./bench -snapshot 5 [-snapshot-mib 64]
 package main
 
 import (
@@ -66,9 +67,17 @@ func main() {
 	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
 	pause := flag.Int("pause", 0, "instead, this many pause/resume rounds of a sandbox holding -pause-mib MiB (bench/pause.go)")
 	pauseMiB := flag.Int("pause-mib", 256, "memory the paused sandbox's process holds")
+	snapshot := flag.Int("snapshot", 0, "instead, this many rounds of snapshot, create-from-snapshot and fork of a sandbox that wrote -snapshot-mib MiB (bench/snapshot.go)")
+	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
+	if *snapshot > 0 {
+		if err := runSnapshot(tb, *snapshot, *snapshotMiB); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
 	if *pause > 0 {
 		if err := runPause(tb, *pause, *pauseMiB); err != nil {
 			tb.Fatalf("%v", err)
