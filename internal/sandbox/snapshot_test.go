@@ -1,0 +1,129 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// snapMemStore is memStore with snapshot records.
+type snapMemStore struct {
+	*memStore
+	mu    sync.Mutex
+	snaps map[string]core.Snapshot
+}
+
+func (s *snapMemStore) PutSnapshot(_ context.Context, sn core.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snaps[sn.ID] = sn
+	return nil
+}
+
+func (s *snapMemStore) GetSnapshot(_ context.Context, id string) (core.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sn, ok := s.snaps[id]
+	if !ok {
+		return sn, errdefs.ErrNotFound
+	}
+	return sn, nil
+}
+
+func (s *snapMemStore) ListSnapshots(context.Context) ([]core.Snapshot, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []core.Snapshot
+	for _, sn := range s.snaps {
+		out = append(out, sn)
+	}
+	return out, nil
+}
+
+func (s *snapMemStore) DeleteSnapshot(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.snaps[id]; !ok {
+		return errdefs.ErrNotFound
+	}
+	delete(s.snaps, id)
+	return nil
+}
+
+// TestSnapshotRecords: at start, a half-written snapshot (.partial) and a
+// dir without a record are removed and a recorded one is kept; a create
+// from a snapshot takes what it leaves unset from the snapshot and stacks
+// its layer; removal is refused while a create from it is under way; an
+// unknown snapshot is not found naming snapshot.
+func TestSnapshotRecords(t *testing.T) {
+	dir := t.TempDir()
+	base := t.TempDir()
+	st := &snapMemStore{memStore: newMemStore(), snaps: map[string]core.Snapshot{}}
+	kept := core.Snapshot{ID: "keptsnap", Kind: core.SnapshotFilesystem, Template: "minimal", Isolation: core.IsolationRunc,
+		CPUMillis: 2000, Env: map[string]string{"A": "snap", "B": "snap"}, Labels: map[string]string{"l": "v"}, User: "user",
+		Policy: `{"mode":"allow","allow":["example.com"]}`, BaseLayers: []string{base}}
+	st.snaps[kept.ID] = kept
+	for _, d := range []string{"keptsnap/layer", "halfsnap.partial/layer", "norecord/layer"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m, err := New(Config{AgentPath: "/agent", SnapshotDir: dir, Logger: slog.New(slog.DiscardHandler)},
+		Deps{Runtime: &fakeRuntime{running: map[string]runtime.Status{}}, Network: &fakeNet{ids: map[string]bool{}}, Templates: fakeTemplates{}, Store: st, Prober: fakeProber{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	ents, _ := os.ReadDir(dir)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if !slices.Equal(names, []string{"keptsnap"}) {
+		t.Errorf("snapshots dir after start = %v; want only the recorded one", names)
+	}
+
+	req := CreateRequest{Snapshot: "keptsnap", Env: map[string]string{"B": "req"}}
+	unpin, err := m.fromSnapshot(t.Context(), &req)
+	if err != nil {
+		t.Fatalf("fromSnapshot: %v", err)
+	}
+	wantLayers := []string{base, filepath.Join(dir, "keptsnap", "layer")}
+	if req.Template != "minimal" || req.Limits.CPUMillis != 2000 || req.Env["A"] != "snap" || req.Env["B"] != "req" ||
+		req.Labels["l"] != "v" || req.User != "user" || req.Network == nil || req.Network.Mode != "allow" || !slices.Equal(req.Layers, wantLayers) {
+		t.Errorf("fromSnapshot filled %+v; want the snapshot's settings under the request's, layers %v", req, wantLayers)
+	}
+	err = m.RemoveSnapshot(t.Context(), "keptsnap")
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("RemoveSnapshot while a create uses it = %v; want failed_precondition", err)
+	}
+	unpin()
+	if err := m.RemoveSnapshot(t.Context(), "keptsnap"); err != nil {
+		t.Errorf("RemoveSnapshot = %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "keptsnap")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("snapshot dir after removal: %v; want gone", err)
+	}
+	req = CreateRequest{Snapshot: "keptsnap"}
+	_, err = m.fromSnapshot(t.Context(), &req)
+	var fe *FieldError
+	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &fe) || fe.Field != "snapshot" {
+		t.Errorf("fromSnapshot(removed) = %v; want not found naming snapshot", err)
+	}
+	req = CreateRequest{Snapshot: "../etc"}
+	if _, err := m.fromSnapshot(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("fromSnapshot(../etc) = %v; want invalid argument", err)
+	}
+}
