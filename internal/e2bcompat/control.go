@@ -60,9 +60,9 @@ func (s *Server) routes() {
 // route as "sandbox not found" (or exists: false) and would report the
 // wrong thing.
 var unimplemented = map[string]string{
-	"/sandboxes/{id}/fork":      "forking a sandbox needs snapshots, which Berth does not take yet",
-	"/sandboxes/{id}/snapshots": "snapshots are not supported yet",
-	"/snapshots":                "snapshots are not supported yet",
+	"/sandboxes/{id}/fork":      "E2B's fork is not mapped yet; Berth's native POST /v1/sandboxes/{id}/fork forks",
+	"/sandboxes/{id}/snapshots": "E2B's snapshots API is not mapped yet; Berth's native /v1/snapshots has snapshots",
+	"/snapshots":                "E2B's snapshots API is not mapped yet; Berth's native /v1/snapshots has snapshots",
 	"/sandboxes/{id}/logs":      "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
 	"/v2/sandboxes/{id}/logs":   "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
 	"GET /sandboxes/metrics":    "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
