@@ -297,7 +297,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		RuntimeVersions:  lv.versions,
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
 	if err != nil {
 		return err
 	}

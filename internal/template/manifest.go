@@ -45,6 +45,9 @@ type manifest struct {
 	Image    string   `json:"image,omitempty"`
 	ImageRef string   `json:"image_ref,omitempty"`
 	Defaults Defaults `json:"defaults,omitzero"`
+	// Start is what the build was asked about the start command and
+	// ready check (Defaults holds the result); rebuilds ask the same.
+	Start *StartOptions `json:"start,omitempty"`
 }
 
 func (s *Store) manifestPath(name string) string {
