@@ -401,3 +401,22 @@ type UsageRecord struct {
 type UsageList struct {
 	Usage []UsageRecord `json:"usage"`
 }
+
+// RegistryLoginRequest is the body of PUT /v1/registries/{host}: the
+// credentials the daemon pulls from that registry with. The daemon checks
+// them against the registry before it stores them.
+type RegistryLoginRequest struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// RegistryLogin is one registry the daemon has credentials for.
+type RegistryLogin struct {
+	Registry string `json:"registry"`
+	Username string `json:"username"`
+}
+
+// RegistryList is the answer to GET /v1/registries.
+type RegistryList struct {
+	Registries []RegistryLogin `json:"registries"`
+}

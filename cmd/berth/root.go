@@ -146,6 +146,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newPauseCmd(a),
 		newResumeCmd(a),
 		newTemplateCmd(a),
+		newRegistryCmd(a),
 		newAPIKeyCmd(a),
 		newEnvCmd(a),
 		newSecretCmd(a),

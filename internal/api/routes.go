@@ -25,6 +25,7 @@ func (r route) muxPattern() string {
 func (s *Server) routeTable() []route {
 	apiKeys := func(c Config) bool { return c.APIKeys != nil }
 	workspaces := func(c Config) bool { return c.Workspaces != nil }
+	registries := func(c Config) bool { return c.Registries != nil }
 	return []route{
 		{"GET", "/v1/health", s.health, nil},
 		{"GET", "/v1/openapi.json", s.openapi, nil},
@@ -50,6 +51,9 @@ func (s *Server) routeTable() []route {
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
 		{"POST", "/v1/templates/prune", s.pruneTemplates, nil},
+		{"GET", "/v1/registries", s.listRegistries, registries},
+		{"PUT", "/v1/registries/{host}", s.loginRegistry, registries},
+		{"DELETE", "/v1/registries/{host}", s.logoutRegistry, registries},
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
 		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
 		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},
@@ -88,6 +92,10 @@ var routeAccess = map[string]access{
 	"DELETE /v1/templates/{name}":        adminOnly,
 	"POST /v1/templates/prune":           adminOnly,
 	"PUT /v1/templates/{name}/isolation": adminOnly,
+	// Registry credentials are the host's, and secret.
+	"GET /v1/registries":           adminOnly,
+	"PUT /v1/registries/{host}":    adminOnly,
+	"DELETE /v1/registries/{host}": adminOnly,
 }
 
 func (s *Server) routes() {

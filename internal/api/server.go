@@ -57,6 +57,8 @@ type Config struct {
 	RequireAuth bool
 	// Metrics, when set, serves GET /metrics (Prometheus text format).
 	Metrics http.Handler
+	// Registries, when set, serves /v1/registries (registry logins).
+	Registries Registries
 	// Usage, when set, serves GET /v1/usage.
 	Usage Usage
 	// Records, when set, removes ended sandboxes' records and logs.

@@ -149,7 +149,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"IsolationLevel":        types.IsolationLevel{},
 		"TemplateCreateRequest": types.TemplateCreateRequest{}, "TemplatePruneResult": types.TemplatePruneResult{},
 		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
-		"ReadyCheck": types.ReadyCheck{},
+		"ReadyCheck": types.ReadyCheck{}, "RegistryLoginRequest": types.RegistryLoginRequest{}, "RegistryLogin": types.RegistryLogin{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

@@ -209,7 +209,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries})
+	// `berth registry login` keeps its credentials root-only in the data
+	// dir, consulted before ~/.docker/config.json.
+	logins := imagepull.NewLogins(filepath.Join(cfg.DataDir, "registry-auth.json"))
+	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries, Logins: logins})
 	if err != nil {
 		return err
 	}
@@ -328,7 +331,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	srv := api.New(api.Config{Manager: imgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
