@@ -57,6 +57,8 @@ type Config struct {
 	RequireAuth bool
 	// Metrics, when set, serves GET /metrics (Prometheus text format).
 	Metrics http.Handler
+	// Dockerfiles, when set, builds templates from Dockerfiles.
+	Dockerfiles Dockerfiles
 	// Registries, when set, serves /v1/registries (registry logins).
 	Registries Registries
 	// Usage, when set, serves GET /v1/usage.

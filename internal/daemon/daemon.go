@@ -88,6 +88,10 @@ type Config struct {
 	// are. Credentials come from ~/.docker/config.json.
 	RegistryMirrors    map[string]string `json:"registry_mirrors" yaml:"registry_mirrors"`
 	InsecureRegistries []string          `json:"insecure_registries" yaml:"insecure_registries"`
+	// BuildNetwork is the egress policy of Dockerfile RUN steps; default:
+	// only the hosts of registry_mirrors and insecure_registries (none
+	// when there are none).
+	BuildNetwork *policy.Policy `json:"build_network" yaml:"build_network"`
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
@@ -209,6 +213,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
+	if cfg.BuildNetwork != nil {
+		if err := cfg.BuildNetwork.Validate(); err != nil {
+			return fmt.Errorf("config build_network: %w", err)
+		}
+	}
 	// `berth registry login` keeps its credentials root-only in the data
 	// dir, consulted before ~/.docker/config.json.
 	logins := imagepull.NewLogins(filepath.Join(cfg.DataDir, "registry-auth.json"))
@@ -331,7 +340,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	srv := api.New(api.Config{Manager: imgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

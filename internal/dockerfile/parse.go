@@ -44,7 +44,7 @@ type Step struct {
 
 // LineError is a bad instruction: invalid_argument, naming the line.
 func lineError(line int, text string, err error) error {
-	return fmt.Errorf("Dockerfile line %d: %s: %v: %w", line, shorten(text), err, errdefs.ErrInvalidArgument)
+	return fmt.Errorf("dockerfile line %d: %s: %v: %w", line, shorten(text), err, errdefs.ErrInvalidArgument)
 }
 
 func shorten(s string) string {
@@ -63,11 +63,11 @@ func Parse(r io.Reader) (*Plan, error) {
 		return nil, err
 	}
 	if len(b) > MaxDockerfile {
-		return nil, fmt.Errorf("Dockerfile is larger than %d bytes: %w", MaxDockerfile, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile is larger than %d bytes: %w", MaxDockerfile, errdefs.ErrInvalidArgument)
 	}
 	res, err := parser.Parse(bytes.NewReader(b))
 	if err != nil {
-		return nil, fmt.Errorf("Dockerfile: %v: %w", err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	p := &Plan{}
 	seenFrom := false
@@ -108,7 +108,7 @@ func Parse(r io.Reader) (*Plan, error) {
 		p.Steps = append(p.Steps, step)
 	}
 	if !seenFrom {
-		return nil, fmt.Errorf("Dockerfile has no FROM: %w", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("dockerfile has no FROM: %w", errdefs.ErrInvalidArgument)
 	}
 	return p, nil
 }

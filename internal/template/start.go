@@ -130,3 +130,7 @@ func (o StartOptions) apply(d *Defaults, imageCmd []string) error {
 	}
 	return nil
 }
+
+// ApplyTo sets d's start command and ready check from o, taking d.Command
+// (ENTRYPOINT+CMD) when o asks for the image's command.
+func (o StartOptions) ApplyTo(d *Defaults) error { return o.apply(d, d.Command) }
