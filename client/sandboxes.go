@@ -183,14 +183,21 @@ func (c *Client) BuildTemplate(ctx context.Context, name string, logWriter io.Wr
 // CreateTemplate makes (or remakes) template name from an OCI/Docker image
 // reference, copying the pull's progress to logWriter (which may be nil).
 func (c *Client) CreateTemplate(ctx context.Context, name, image string, logWriter io.Writer) (*Template, error) {
-	resp, err := c.do(ctx, http.MethodPost, "/v1/templates", nil, types.TemplateCreateRequest{Name: name, Image: image})
+	return c.CreateTemplateFrom(ctx, TemplateCreateRequest{Name: name, Image: image}, logWriter)
+}
+
+// CreateTemplateFrom makes (or remakes) a template as req says (an image,
+// a start command, a ready check), copying the build's progress to
+// logWriter (which may be nil).
+func (c *Client) CreateTemplateFrom(ctx context.Context, req TemplateCreateRequest, logWriter io.Writer) (*Template, error) {
+	resp, err := c.do(ctx, http.MethodPost, "/v1/templates", nil, req)
 	if err != nil {
 		return nil, err
 	}
 	defer resp.Body.Close()
 	tmpl, err := readBuild(resp.Body, logWriter)
 	if err != nil {
-		return nil, fmt.Errorf("build template %s from %s: %w", name, image, err)
+		return nil, fmt.Errorf("build template %s from %s: %w", req.Name, req.Image, err)
 	}
 	return tmpl, nil
 }

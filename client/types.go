@@ -73,6 +73,12 @@ type Event = types.Event
 // Template is a root filesystem sandboxes start from.
 type Template = types.Template
 
+// TemplateCreateRequest makes a template from an image (CreateTemplateFrom).
+type TemplateCreateRequest = types.TemplateCreateRequest
+
+// ReadyCheck says when a sandbox of a template with a start command is ready.
+type ReadyCheck = types.ReadyCheck
+
 // TemplatePruneResult says what a template prune removed.
 type TemplatePruneResult = types.TemplatePruneResult
 

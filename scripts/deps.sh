@@ -12,6 +12,9 @@ pkgs+=(runsc)
 # Image-template tests (test/e2e image_test.go): a registry on loopback,
 # images built with umoci and pushed with skopeo.
 pkgs+=(docker-registry umoci skopeo)
+# Registry credential tests (test/e2e registry_auth_test.go): htpasswd makes
+# the bcrypt password file of a registry with auth.
+pkgs+=(apache2-utils)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -273,6 +273,21 @@ type Template struct {
 	Workdir string   `json:"workdir,omitempty"`
 	User    string   `json:"user,omitempty"`
 	Command []string `json:"command,omitempty"`
+	// StartCmd is the start command (argv) each new sandbox runs in the
+	// background; Ready the check that must pass before it is ready.
+	StartCmd []string    `json:"start_cmd,omitempty"`
+	Ready    *ReadyCheck `json:"ready,omitempty"`
+}
+
+// ReadyCheck says when a sandbox whose template has a start command is
+// ready: exactly one of Cmd (a shell command exits 0), Port (something
+// listens on this TCP port) and File (this path exists), within
+// TimeoutSeconds (0: 60) or the create fails.
+type ReadyCheck struct {
+	Cmd            string `json:"cmd,omitempty"`
+	Port           int    `json:"port,omitempty"`
+	File           string `json:"file,omitempty"`
+	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
 }
 
 // TemplateCreateRequest is the body of POST /v1/templates: make template
@@ -280,6 +295,13 @@ type Template struct {
 type TemplateCreateRequest struct {
 	Name  string `json:"name"`
 	Image string `json:"image"`
+	// StartCmd is a shell command (sh -c) each new sandbox starts in the
+	// background; StartFromImage takes the image's ENTRYPOINT+CMD
+	// instead. Ready is the check that must pass before a sandbox is
+	// ready. A rebuild that sets none of them keeps the last build's.
+	StartCmd       string      `json:"start_cmd,omitempty"`
+	StartFromImage bool        `json:"start_from_image,omitempty"`
+	Ready          *ReadyCheck `json:"ready,omitempty"`
 }
 
 // TemplatePruneResult is the answer to POST /v1/templates/prune.
@@ -382,4 +404,23 @@ type UsageRecord struct {
 // UsageList is the answer to GET /v1/usage.
 type UsageList struct {
 	Usage []UsageRecord `json:"usage"`
+}
+
+// RegistryLoginRequest is the body of PUT /v1/registries/{host}: the
+// credentials the daemon pulls from that registry with. The daemon checks
+// them against the registry before it stores them.
+type RegistryLoginRequest struct {
+	Username string `json:"username"`
+	Password string `json:"password"`
+}
+
+// RegistryLogin is one registry the daemon has credentials for.
+type RegistryLogin struct {
+	Registry string `json:"registry"`
+	Username string `json:"username"`
+}
+
+// RegistryList is the answer to GET /v1/registries.
+type RegistryList struct {
+	Registries []RegistryLogin `json:"registries"`
 }

@@ -148,6 +148,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newSnapshotCmd(a),
 		newForkCmd(a),
 		newTemplateCmd(a),
+		newRegistryCmd(a),
 		newAPIKeyCmd(a),
 		newEnvCmd(a),
 		newSecretCmd(a),

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // sizeRE matches the sizes the API takes: a number with an optional binary
@@ -363,9 +364,18 @@ func newTemplateCmd(a *app) *cobra.Command {
 		},
 	}
 	ls.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	var image string
+	var (
+		image                         string
+		startCmd, readyCmd, readyFile string
+		startFromImage                bool
+		readyPort                     int
+		readyTimeout                  time.Duration
+		dockerfilePath, contextDir    string
+		buildArgs                     []string
+		noCache                       bool
+	)
 	build := &cobra.Command{
-		Use:   "build NAME [--image REF]",
+		Use:   "build NAME [--image REF | --dockerfile FILE [--context DIR] [--build-arg K=V] [--no-cache]] [--start-cmd CMD] [--ready-cmd CMD | --ready-port N | --ready-file PATH]",
 		Short: "Build a template, printing its log",
 		Long: `Build a template, printing its log on stderr.
 
@@ -374,17 +384,59 @@ made from an image earlier, which is pulled again from the same reference.
 With --image, NAME is made from an OCI/Docker image: its layers are pulled
 (through the daemon's registry_mirrors, with credentials from
 ~/.docker/config.json), stored once and shared with other templates, and its
-ENV, WORKDIR and USER become the defaults of sandboxes made from it.`,
+ENV, WORKDIR and USER become the defaults of sandboxes made from it.
+
+A template may have a start command, which each new sandbox starts in the
+background (--start-cmd, a shell command; or --start-from-image, the
+image's ENTRYPOINT and CMD), and a ready check: a sandbox is ready only
+once it passes (--ready-cmd exits 0, something listens on --ready-port, or
+--ready-file exists), and its create fails when it has not passed within
+--ready-timeout. A rebuild without these flags keeps the last build's.
+
+With --dockerfile (and/or --context), NAME is built from a Dockerfile:
+FROM an image or berth:TEMPLATE; each RUN runs in a build sandbox under
+Berth's isolation with the daemon's build_network egress policy; COPY and
+ADD read the context (its .dockerignore honoured, nothing outside it);
+ENV, ARG (--build-arg), WORKDIR, USER; CMD/ENTRYPOINT become the start
+command. Steps are cached (the log says CACHED) unless --no-cache.`,
 		Args: exactArgs(1, "a template name"),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req := client.TemplateCreateRequest{Name: args[0], Image: image, StartCmd: startCmd, StartFromImage: startFromImage}
+			if readyCmd != "" || readyPort != 0 || readyFile != "" || cmd.Flags().Changed("ready-timeout") {
+				req.Ready = &client.ReadyCheck{Cmd: readyCmd, Port: readyPort, File: readyFile, TimeoutSeconds: int(readyTimeout.Round(time.Second) / time.Second)}
+			}
+			startSet := req.StartCmd != "" || req.StartFromImage || req.Ready != nil
+			isDockerfile := dockerfilePath != "" || contextDir != ""
+			if startSet && !cmd.Flags().Changed("image") && !isDockerfile {
+				return fmt.Errorf("--start-cmd, --start-from-image and --ready-*: only with --image or --dockerfile: %w", errdefs.ErrInvalidArgument)
+			}
+			if isDockerfile && cmd.Flags().Changed("image") {
+				return fmt.Errorf("--image and --dockerfile: choose one: %w", errdefs.ErrInvalidArgument)
+			}
+			if (len(buildArgs) > 0 || noCache) && !isDockerfile {
+				return fmt.Errorf("--build-arg and --no-cache: only with --dockerfile: %w", errdefs.ErrInvalidArgument)
+			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
 			// The log goes to stderr so stdout carries only the result.
 			var t *client.Template
-			if cmd.Flags().Changed("image") {
-				t, err = c.CreateTemplate(cmd.Context(), args[0], image, a.err)
+			if isDockerfile {
+				if req.StartFromImage {
+					return fmt.Errorf("--start-from-image: a Dockerfile's CMD/ENTRYPOINT is its start command already: %w", errdefs.ErrInvalidArgument)
+				}
+				b := client.DockerfileBuild{Dockerfile: dockerfilePath, ContextDir: contextDir, NoCache: noCache, StartCmd: startCmd, Ready: req.Ready, BuildArgs: map[string]string{}}
+				for _, kv := range buildArgs {
+					k, v, ok := strings.Cut(kv, "=")
+					if !ok || k == "" {
+						return fmt.Errorf("--build-arg %q: want KEY=VALUE: %w", kv, errdefs.ErrInvalidArgument)
+					}
+					b.BuildArgs[k] = v
+				}
+				t, err = c.BuildDockerfile(cmd.Context(), args[0], b, a.err)
+			} else if cmd.Flags().Changed("image") {
+				t, err = c.CreateTemplateFrom(cmd.Context(), req, a.err)
 			} else {
 				t, err = c.BuildTemplate(cmd.Context(), args[0], a.err)
 			}
@@ -396,6 +448,18 @@ ENV, WORKDIR and USER become the defaults of sandboxes made from it.`,
 		},
 	}
 	build.Flags().StringVar(&image, "image", "", "make the template from this OCI/Docker image reference")
+	build.Flags().StringVar(&startCmd, "start-cmd", "", "shell command each new sandbox starts in the background")
+	build.Flags().BoolVar(&startFromImage, "start-from-image", false, "make the image's ENTRYPOINT and CMD the start command")
+	build.Flags().StringVar(&readyCmd, "ready-cmd", "", "a sandbox is ready once this shell command exits 0")
+	build.Flags().IntVar(&readyPort, "ready-port", 0, "a sandbox is ready once something in it listens on this TCP port")
+	build.Flags().StringVar(&readyFile, "ready-file", "", "a sandbox is ready once this file exists")
+	build.Flags().DurationVar(&readyTimeout, "ready-timeout", 0, "how long the ready check may take before the create fails (default 60s)")
+	build.Flags().StringVar(&dockerfilePath, "dockerfile", "", "make the template from this Dockerfile (default CONTEXT/Dockerfile with --context)")
+	build.Flags().StringVar(&contextDir, "context", "", "the Dockerfile build's context directory (default: the Dockerfile's directory)")
+	build.Flags().StringArrayVar(&buildArgs, "build-arg", nil, "KEY=VALUE for the Dockerfile's ARG (repeatable)")
+	build.Flags().BoolVar(&noCache, "no-cache", false, "run every Dockerfile step again instead of using cached layers")
+	build.MarkFlagsMutuallyExclusive("ready-cmd", "ready-port", "ready-file")
+	build.MarkFlagsMutuallyExclusive("start-cmd", "start-from-image")
 	rm := &cobra.Command{
 		Use:     "rm NAME",
 		Aliases: []string{"remove"},

@@ -26,6 +26,8 @@ func (s *Server) routeTable() []route {
 	apiKeys := func(c Config) bool { return c.APIKeys != nil }
 	snapshots := func(c Config) bool { return c.Snapshots != nil }
 	workspaces := func(c Config) bool { return c.Workspaces != nil }
+	registries := func(c Config) bool { return c.Registries != nil }
+	dockerfiles := func(c Config) bool { return c.Dockerfiles != nil }
 	return []route{
 		{"GET", "/v1/health", s.health, nil},
 		{"GET", "/v1/openapi.json", s.openapi, nil},
@@ -51,6 +53,10 @@ func (s *Server) routeTable() []route {
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
 		{"POST", "/v1/templates/prune", s.pruneTemplates, nil},
+		{"POST", "/v1/templates/{name}/dockerfile", s.buildDockerfile, dockerfiles},
+		{"GET", "/v1/registries", s.listRegistries, registries},
+		{"PUT", "/v1/registries/{host}", s.loginRegistry, registries},
+		{"DELETE", "/v1/registries/{host}", s.logoutRegistry, registries},
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
 		{"GET", "/v1/apikeys", s.listAPIKeys, apiKeys},
 		{"DELETE", "/v1/apikeys/{id}", s.revokeAPIKey, apiKeys},
@@ -92,10 +98,15 @@ var routeAccess = map[string]access{
 	"GET /metrics":                    adminOnly,
 	// Templates are the host's: making, removing, pruning and choosing
 	// their isolation level change what every key's sandboxes run.
-	"POST /v1/templates":                 adminOnly,
-	"DELETE /v1/templates/{name}":        adminOnly,
-	"POST /v1/templates/prune":           adminOnly,
-	"PUT /v1/templates/{name}/isolation": adminOnly,
+	"POST /v1/templates":                   adminOnly,
+	"DELETE /v1/templates/{name}":          adminOnly,
+	"POST /v1/templates/prune":             adminOnly,
+	"PUT /v1/templates/{name}/isolation":   adminOnly,
+	"POST /v1/templates/{name}/dockerfile": adminOnly,
+	// Registry credentials are the host's, and secret.
+	"GET /v1/registries":           adminOnly,
+	"PUT /v1/registries/{host}":    adminOnly,
+	"DELETE /v1/registries/{host}": adminOnly,
 }
 
 func (s *Server) routes() {

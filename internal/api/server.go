@@ -27,7 +27,7 @@ type Templates interface {
 	Build(ctx context.Context, name string, log io.Writer) (template.Template, error)
 	SetIsolation(ctx context.Context, name, isolation string) (template.Template, error)
 	CheckImageRef(ref string) error
-	BuildImage(ctx context.Context, name, ref string, log io.Writer) (template.Template, error)
+	BuildImage(ctx context.Context, name, ref string, start template.StartOptions, log io.Writer) (template.Template, error)
 	Remove(ctx context.Context, name string) error
 	PruneLayers(ctx context.Context) (int, int64, error)
 }
@@ -59,6 +59,10 @@ type Config struct {
 	RequireAuth bool
 	// Metrics, when set, serves GET /metrics (Prometheus text format).
 	Metrics http.Handler
+	// Dockerfiles, when set, builds templates from Dockerfiles.
+	Dockerfiles Dockerfiles
+	// Registries, when set, serves /v1/registries (registry logins).
+	Registries Registries
 	// Usage, when set, serves GET /v1/usage.
 	Usage Usage
 	// Records, when set, removes ended sandboxes' records and logs.

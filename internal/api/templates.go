@@ -22,7 +22,32 @@ func templateToJSON(t template.Template) types.Template {
 		Source: t.Source, Layers: len(t.Layers), SharedLayers: t.SharedLayers,
 		Isolation: t.Isolation,
 		Env:       t.Defaults.Env, Workdir: t.Defaults.Workdir, User: t.Defaults.User, Command: t.Defaults.Command,
+		StartCmd: t.Defaults.Start, Ready: readyToJSON(t.Defaults.Ready),
 	}
+}
+
+func readyToJSON(r *template.ReadyCheck) *types.ReadyCheck {
+	if r == nil {
+		return nil
+	}
+	return &types.ReadyCheck{Cmd: r.Cmd, Port: r.Port, File: r.File, TimeoutSeconds: r.TimeoutSeconds}
+}
+
+// startOptions turns a create request's start command and ready check
+// into the store's, validated (errors name the field).
+func startOptions(req types.TemplateCreateRequest) (template.StartOptions, error) {
+	o := template.StartOptions{Cmd: req.StartCmd, FromImage: req.StartFromImage}
+	if r := req.Ready; r != nil {
+		o.Ready = &template.ReadyCheck{Cmd: r.Cmd, Port: r.Port, File: r.File, TimeoutSeconds: r.TimeoutSeconds}
+	}
+	if err := o.Validate(); err != nil {
+		field := "start_cmd"
+		if o.Ready != nil && o.Ready.Validate() != nil {
+			field = "ready"
+		}
+		return o, badField(field, err)
+	}
+	return o, nil
 }
 
 func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
@@ -128,8 +153,13 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("image", err))
 		return
 	}
+	start, err := startOptions(req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	log := newNDJSONLog(w)
-	t, err := s.cfg.Templates.BuildImage(r.Context(), req.Name, req.Image, log)
+	t, err := s.cfg.Templates.BuildImage(r.Context(), req.Name, req.Image, start, log)
 	log.finish(t, err)
 }
 

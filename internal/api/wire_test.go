@@ -151,6 +151,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
 		"Snapshot": types.Snapshot{}, "SnapshotList": types.SnapshotList{}, "SnapshotRequest": types.SnapshotRequest{},
 		"ForkRequest": types.ForkRequest{}, "ForkResult": types.ForkResult{},
+		"ReadyCheck": types.ReadyCheck{}, "RegistryLoginRequest": types.RegistryLoginRequest{}, "RegistryLogin": types.RegistryLogin{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

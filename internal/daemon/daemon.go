@@ -88,6 +88,10 @@ type Config struct {
 	// are. Credentials come from ~/.docker/config.json.
 	RegistryMirrors    map[string]string `json:"registry_mirrors" yaml:"registry_mirrors"`
 	InsecureRegistries []string          `json:"insecure_registries" yaml:"insecure_registries"`
+	// BuildNetwork is the egress policy of Dockerfile RUN steps; default:
+	// only the hosts of registry_mirrors and insecure_registries (none
+	// when there are none).
+	BuildNetwork *policy.Policy `json:"build_network" yaml:"build_network"`
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
@@ -209,7 +213,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer db.Close()
-	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries})
+	if cfg.BuildNetwork != nil {
+		if err := cfg.BuildNetwork.Validate(); err != nil {
+			return fmt.Errorf("config build_network: %w", err)
+		}
+	}
+	// `berth registry login` keeps its credentials root-only in the data
+	// dir, consulted before ~/.docker/config.json.
+	logins := imagepull.NewLogins(filepath.Join(cfg.DataDir, "registry-auth.json"))
+	puller, err := imagepull.New(imagepull.Config{Mirrors: cfg.RegistryMirrors, Insecure: cfg.InsecureRegistries, Logins: logins})
 	if err != nil {
 		return err
 	}
@@ -298,7 +310,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		SnapshotDir:      filepath.Join(cfg.DataDir, "snapshots"),
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
 	if err != nil {
 		return err
 	}
@@ -329,7 +341,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

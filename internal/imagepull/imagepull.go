@@ -41,8 +41,11 @@ type Config struct {
 	// Registries on loopback always are, as Docker does.
 	Insecure []string
 	// Keychain finds credentials; default authn.DefaultKeychain
-	// (~/.docker/config.json and credential helpers).
+	// (~/.docker/config.json and credential helpers), after Logins.
 	Keychain authn.Keychain
+	// Logins, when set, holds `berth registry login`'s credentials,
+	// consulted first.
+	Logins *Logins
 	// Transport is the HTTP transport; default http.DefaultTransport.
 	Transport http.RoundTripper
 }
@@ -246,6 +249,9 @@ func (r Config) resolve(ctx context.Context, ref name.Reference) (pulled, error)
 	if keychain == nil {
 		keychain = authn.DefaultKeychain
 	}
+	if r.Logins != nil {
+		keychain = authn.NewMultiKeychain(r.Logins, keychain)
+	}
 	opts := []remote.Option{
 		remote.WithContext(ctx),
 		remote.WithAuthFromKeychain(keychain),
@@ -290,15 +296,19 @@ func registryError(ref name.Reference, err error) error {
 			switch d.Code {
 			case transport.ManifestUnknownErrorCode, transport.NameUnknownErrorCode, transport.BlobUnknownErrorCode:
 				return fmt.Errorf("image %s not found in registry %s: %v: %w", ref, reg, err, errdefs.ErrNotFound)
-			case transport.UnauthorizedErrorCode, transport.DeniedErrorCode:
-				return fmt.Errorf("registry %s refused access to %s (log in with docker login; credentials are read from ~/.docker/config.json): %v: %w", reg, ref, err, errdefs.ErrPermissionDenied)
+			case transport.UnauthorizedErrorCode:
+				return fmt.Errorf("registry %s wants credentials for %s (none given, or refused): log in with `berth registry login %s` (~/.docker/config.json is read too): %v: %w", reg, ref, reg, err, errdefs.ErrUnauthenticated)
+			case transport.DeniedErrorCode:
+				return fmt.Errorf("registry %s denied access to %s with the credentials given: %v: %w", reg, ref, err, errdefs.ErrPermissionDenied)
 			}
 		}
 		switch {
 		case terr.StatusCode == http.StatusNotFound:
 			return fmt.Errorf("image %s not found in registry %s: %w", ref, reg, errdefs.ErrNotFound)
-		case terr.StatusCode == http.StatusUnauthorized || terr.StatusCode == http.StatusForbidden:
-			return fmt.Errorf("registry %s refused access to %s: %v: %w", reg, ref, err, errdefs.ErrPermissionDenied)
+		case terr.StatusCode == http.StatusUnauthorized:
+			return fmt.Errorf("registry %s wants credentials for %s (none given, or refused): log in with `berth registry login %s`: %v: %w", reg, ref, reg, err, errdefs.ErrUnauthenticated)
+		case terr.StatusCode == http.StatusForbidden:
+			return fmt.Errorf("registry %s denied access to %s: %v: %w", reg, ref, err, errdefs.ErrPermissionDenied)
 		case terr.StatusCode >= 500 || terr.StatusCode == http.StatusTooManyRequests:
 			return fmt.Errorf("registry %s failed: %v: %w", reg, err, errdefs.ErrUnavailable)
 		}

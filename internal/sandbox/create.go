@@ -94,7 +94,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	// The sandbox must not die with the request that asked for it; a
 	// kill while it is still being made (a long workspace setup, say)
 	// aborts it through abort.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second+req.setupTimeout())
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.ReadyTimeout+30*time.Second+req.setupTimeout()+startBudget(tpl.Defaults))
 	defer cancel()
 	e := newEntry(rec, cancel)
 	e.op <- struct{}{} // free: nobody else has seen the entry yet
@@ -117,6 +117,9 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return m.abandon(cctx, c, err)
 	}
 	if err := m.awaitReady(cctx, c); err != nil {
+		return m.abandon(cctx, c, err)
+	}
+	if err := m.startTemplate(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
 	if req.Setup != nil {

@@ -70,3 +70,12 @@ type Prober interface {
 	// or ctx ends.
 	WaitReady(ctx context.Context, addr string) error
 }
+
+// Starter runs a template's start command in a new sandbox and waits for
+// its ready check (the daemon's, over the agent). Start returns once the
+// check passed (or at once without one); it fails with
+// errdefs.ErrDeadlineExceeded naming the check when the check's timeout
+// passes, errdefs.ErrFailedPrecondition when the start command ends first.
+type Starter interface {
+	Start(ctx context.Context, addr, token string, d template.Defaults) error
+}

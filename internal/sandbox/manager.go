@@ -97,6 +97,9 @@ type Deps struct {
 	Files  AgentFiles
 	// Meter, when set, reports the daemon's own work for each sandbox.
 	Meter DaemonMeter
+	// Starter, when set, runs templates' start commands and ready
+	// checks; without it a template that has them cannot be used.
+	Starter Starter
 	// Usage, when set, is given every monitor sample of a running
 	// sandbox and a last one at its teardown, to meter what it used.
 	Usage UsageSink

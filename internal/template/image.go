@@ -41,8 +41,15 @@ type Defaults struct {
 	Workdir string `json:"workdir,omitempty"`
 	// User is the default user (USER), as the image names it.
 	User string `json:"user,omitempty"`
-	// Command is ENTRYPOINT followed by CMD: the template's start command.
+	// Command is the image's ENTRYPOINT followed by CMD. It is the start
+	// command only when the build asked for that (StartOptions.FromImage).
 	Command []string `json:"command,omitempty"`
+	// Start, when set, is the start command (argv): each new sandbox runs
+	// it in the background once its agent answers.
+	Start []string `json:"start,omitempty"`
+	// Ready, when set, is the check that must pass before a new sandbox
+	// is ready.
+	Ready *ReadyCheck `json:"ready,omitempty"`
 }
 
 // Puller resolves image references; internal/imagepull implements it over
@@ -141,8 +148,14 @@ func chainIDs(diffIDs []string) []string {
 // unreachable registry with a plain error. Errors: a bad ref is
 // ErrInvalidArgument; a registry that cannot be reached is ErrUnavailable,
 // an image it does not have ErrNotFound.
-func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer) (Template, error) {
+//
+// start sets the template's start command and ready check; a rebuild that
+// asks for none keeps what the last build recorded.
+func (s *Store) BuildImage(ctx context.Context, name, ref string, opts StartOptions, log io.Writer) (Template, error) {
 	if err := ValidName(name); err != nil {
+		return Template{}, err
+	}
+	if err := opts.Validate(); err != nil {
 		return Template{}, err
 	}
 	if _, ok := s.recipes[name]; ok {
@@ -201,7 +214,15 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		}
 		size += m.SizeBytes
 	}
+	if opts.IsZero() {
+		if old, err := readManifest(s.manifestPath(name)); err == nil && old.Start != nil {
+			opts = *old.Start
+		}
+	}
 	defaults := imageDefaults(img)
+	if err := opts.apply(&defaults, defaults.Command); err != nil {
+		return fail(err)
+	}
 	if defaults.User != "" {
 		dirs := make([]string, 0, len(chains))
 		for j := len(chains) - 1; j >= 0; j-- {
@@ -229,6 +250,9 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, log io.Writer)
 		Image:       src,
 		ImageRef:    img.Name,
 		Defaults:    defaults,
+	}
+	if !opts.IsZero() {
+		m.Start = &opts
 	}
 	if err := os.MkdirAll(s.dir(name), 0o755); err != nil {
 		return fail(err)

@@ -70,14 +70,14 @@ func TestBuildImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	one, err := s.BuildImage(ctx, "one", "one", nil)
+	one, err := s.BuildImage(ctx, "one", "one", StartOptions{}, nil)
 	if err != nil {
 		t.Fatalf("BuildImage(one): %v", err)
 	}
 	if len(one.Layers) != 2 || one.Defaults.User != "app" || one.Defaults.Workdir != "/" || one.Source != "image reg/one:1@sha256:01" {
 		t.Errorf("one = %+v", one)
 	}
-	if _, err := s.BuildImage(ctx, "two", "two", nil); err != nil {
+	if _, err := s.BuildImage(ctx, "two", "two", StartOptions{}, nil); err != nil {
 		t.Fatalf("BuildImage(two): %v", err)
 	}
 	stored, _ := filepath.Glob(filepath.Join(dir, "templates/.layers/*.json"))
@@ -95,16 +95,16 @@ func TestBuildImage(t *testing.T) {
 	}
 	// A layer whose content does not match its diff id is refused and
 	// leaves nothing behind.
-	if _, err := s.BuildImage(ctx, "bad", "bad", nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := s.BuildImage(ctx, "bad", "bad", StartOptions{}, nil); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("BuildImage(bad) = %v, want failed precondition", err)
 	}
 	if _, err := s.Get(ctx, "bad"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get(bad) = %v, want not found", err)
 	}
-	if _, err := s.BuildImage(ctx, "nope", "missing", nil); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.BuildImage(ctx, "nope", "missing", StartOptions{}, nil); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("BuildImage(missing) = %v", err)
 	}
-	if _, err := s.BuildImage(ctx, "minimal", "one", nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := s.BuildImage(ctx, "minimal", "one", StartOptions{}, nil); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("BuildImage over a built-in = %v", err)
 	}
 	// rm then prune frees what only two used.

@@ -45,6 +45,12 @@ type manifest struct {
 	Image    string   `json:"image,omitempty"`
 	ImageRef string   `json:"image_ref,omitempty"`
 	Defaults Defaults `json:"defaults,omitzero"`
+	// Start is what the build was asked about the start command and
+	// ready check (Defaults holds the result); rebuilds ask the same.
+	Start *StartOptions `json:"start,omitempty"`
+	// Dockerfile is the source of a Dockerfile build ("dockerfile from
+	// BASE"), whose layers are all in Shared.
+	Dockerfile string `json:"dockerfile,omitempty"`
 }
 
 func (s *Store) manifestPath(name string) string {
@@ -141,6 +147,9 @@ func (s *Store) inspect(name string) (Template, error) {
 	}
 	if m.Image != "" {
 		t.Source = "image " + m.Image
+	}
+	if m.Dockerfile != "" {
+		t.Source = m.Dockerfile
 	}
 	if m.Version != manifestVersion || m.Name != name || m.UIDBase != s.cfg.UIDBase || len(m.Layers)+len(m.Shared) == 0 {
 		return t, nil

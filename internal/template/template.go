@@ -281,7 +281,7 @@ func (s *Store) Build(ctx context.Context, name string, log io.Writer) (Template
 		// An image template rebuilds from the reference it was made from
 		// (a tag may point somewhere new).
 		if m, err := readManifest(s.manifestPath(name)); err == nil && m.ImageRef != "" {
-			return s.BuildImage(ctx, name, m.ImageRef, log)
+			return s.BuildImage(ctx, name, m.ImageRef, StartOptions{}, log)
 		}
 		return Template{}, fmt.Errorf("template %q has no build recipe (make it from an image with --image): %w", name, errdefs.ErrNotFound)
 	}

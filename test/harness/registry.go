@@ -22,6 +22,9 @@ type Registry struct {
 	t    TB
 	Addr string // 127.0.0.1:port
 	dir  string
+	// User and Password, when set, are the only account of a registry
+	// with htpasswd auth (StartRegistryAuth).
+	User, Password string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -49,11 +52,41 @@ func StartRegistry(t TB) *Registry {
 	return r
 }
 
+// StartRegistryAuth starts a registry on loopback that wants user and
+// password (htpasswd auth: the bcrypt file made by Debian's htpasswd, from
+// apache2-utils). Push uses them.
+func StartRegistryAuth(t TB, user, password string) *Registry {
+	t.Helper()
+	RequireImageTools(t)
+	if _, err := exec.LookPath("htpasswd"); err != nil {
+		t.Fatalf("htpasswd not found: run scripts/deps.sh (Debian package apache2-utils)")
+	}
+	r := &Registry{t: t, Addr: freeAddr(t), dir: t.TempDir(), User: user, Password: password}
+	out, err := exec.Command("htpasswd", "-Bbn", user, password).Output()
+	if err != nil {
+		t.Fatalf("htpasswd: %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(r.dir, "htpasswd"), out, 0o600); err != nil {
+		t.Fatalf("%v", err)
+	}
+	r.Start()
+	t.Cleanup(r.Stop)
+	return r
+}
+
 // Start (re)starts the registry process and waits until it answers /v2/.
 func (r *Registry) Start() {
 	t := r.t
 	t.Helper()
-	cfg := fmt.Sprintf(`version: 0.1
+	auth := ""
+	if r.User != "" {
+		auth = fmt.Sprintf(`auth:
+  htpasswd:
+    realm: berth-test
+    path: %s
+`, filepath.Join(r.dir, "htpasswd"))
+	}
+	cfg := auth + fmt.Sprintf(`version: 0.1
 log:
   level: error
   accesslog:
@@ -98,7 +131,8 @@ http:
 			return false
 		}
 		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
+		// With auth, an anonymous /v2/ is refused once the server is up.
+		return resp.StatusCode == http.StatusOK || (r.User != "" && resp.StatusCode == http.StatusUnauthorized)
 	})
 }
 
@@ -282,6 +316,9 @@ func (l *OCILayout) readBlob(digest string, v any) {
 // registry as repo:rtag, over plain HTTP.
 func (l *OCILayout) Push(tag string, r *Registry, repoTag string) {
 	l.t.Helper()
-	l.run("skopeo", "copy", "--all", "--quiet", "--dest-tls-verify=false",
-		"oci:"+l.image(tag), "docker://"+r.Addr+"/"+repoTag)
+	args := []string{"copy", "--all", "--quiet", "--dest-tls-verify=false"}
+	if r.User != "" {
+		args = append(args, "--dest-creds", r.User+":"+r.Password)
+	}
+	l.run("skopeo", append(args, "oci:"+l.image(tag), "docker://"+r.Addr+"/"+repoTag)...)
 }

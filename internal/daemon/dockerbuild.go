@@ -1,0 +1,137 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+// buildRunner runs a Dockerfile's RUN steps, each in a build sandbox of
+// its own (dockerfile.Runner): a sandbox stacked on the layers so far,
+// under the build network policy, whose writable layer is frozen into the
+// step's layer once the command exits 0. The sandbox is destroyed after.
+type buildRunner struct {
+	mgr      *sandbox.Manager
+	link     *agentlink.Link
+	stateDir string
+	network  policy.Policy
+}
+
+// buildTemplate is the template whose settings (isolation) build
+// sandboxes take; its layers are replaced by the build's.
+const buildTemplate = "minimal"
+
+// buildStepTimeout bounds one RUN.
+const buildStepTimeout = time.Hour
+
+func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Command, log io.Writer, freeze func(ctx context.Context, upper string) error) error {
+	p := b.network
+	var id string
+	sb, err := b.mgr.Create(ctx, sandbox.CreateRequest{
+		Template: buildTemplate,
+		Layers:   layers,
+		Timeout:  buildStepTimeout,
+		Network:  &p,
+		Labels:   map[string]string{"berth.build": "dockerfile"},
+		Setup: func(ctx context.Context, h *sandbox.SetupHandle) error {
+			id = h.ID()
+			addr, token := h.Agent()
+			user := c.User
+			if user == "" {
+				user = "root"
+			}
+			if c.Cwd != "" && c.Cwd != "/" {
+				// WORKDIR exists (the build made it), but a RUN may
+				// have removed it: Docker makes it again, as root.
+				if _, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: []string{"/bin/mkdir", "-p", "--", c.Cwd}, User: "root"}); err != nil {
+					return err
+				}
+			}
+			res, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: c.Argv, Env: c.Env, User: user, Cwd: c.Cwd, Stdout: log, Stderr: log})
+			if err != nil {
+				return err
+			}
+			if !res.Exited || res.ExitCode != 0 {
+				return fmt.Errorf("the command ended with %s: %w", res.Status, errdefs.ErrFailedPrecondition)
+			}
+			if !h.CanPause() {
+				return fmt.Errorf("the build sandbox's runtime cannot pause to freeze its layer: %w", errdefs.ErrFailedPrecondition)
+			}
+			if err := h.Pause(ctx); err != nil {
+				return err
+			}
+			ferr := freeze(ctx, filepath.Join(b.stateDir, h.ID(), "disk", "upper"))
+			if err := h.Resume(context.WithoutCancel(ctx)); err != nil && ferr == nil {
+				ferr = err
+			}
+			return ferr
+		},
+	})
+	if sb.ID != "" {
+		id = sb.ID
+	}
+	if id != "" && err == nil {
+		if derr := b.mgr.Destroy(context.WithoutCancel(ctx), id, "build step done"); derr != nil {
+			return derr
+		}
+	}
+	if err != nil {
+		// The create's error carries the sandbox id; the step's own
+		// cause is what a build log reader wants.
+		return fmt.Errorf("RUN: %w", err)
+	}
+	return nil
+}
+
+// buildNetwork is the egress policy of build sandboxes: the configured
+// build_network, or by default only the registries and mirrors the daemon
+// is configured with.
+func buildNetwork(cfg Config) policy.Policy {
+	if cfg.BuildNetwork != nil {
+		return *cfg.BuildNetwork
+	}
+	var hosts []string
+	add := func(h string) {
+		if u, err := url.Parse(h); err == nil && u.Host != "" {
+			h = u.Host
+		}
+		if host, _, ok := strings.Cut(h, ":"); ok {
+			h = host
+		}
+		if h != "" && !slices.Contains(hosts, h) {
+			hosts = append(hosts, h)
+		}
+	}
+	for _, m := range cfg.RegistryMirrors {
+		add(m)
+	}
+	for _, r := range cfg.InsecureRegistries {
+		add(r)
+	}
+	if len(hosts) == 0 {
+		return policy.Policy{Mode: policy.ModeNone}
+	}
+	return policy.Policy{Mode: policy.ModeAllow, Allow: hosts}
+}
+
+// dockerBuilder runs Dockerfile builds for the API.
+type dockerBuilder struct {
+	store  *template.Store
+	runner *buildRunner
+}
+
+func (d dockerBuilder) BuildDockerfile(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
+	return dockerfile.Build(ctx, d.store, d.runner, req, log)
+}

@@ -1,0 +1,465 @@
+package dockerfile
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/shell"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/template"
+)
+
+// Store is what a build needs from the template store.
+type Store interface {
+	UIDBase() uint32
+	StepLayer(key string) (string, bool)
+	SharedLayerDir(id string) string
+	AddStepLayer(ctx context.Context, key string, fill func(dir string) error) (string, error)
+	FreezeInto(ctx context.Context, src, dir string) error
+	ImportLayers(ctx context.Context, name string) ([]string, template.Defaults, error)
+	PullLayers(ctx context.Context, ref string, log io.Writer) ([]string, template.Defaults, string, error)
+	HoldLayers() func()
+	PutBuilt(ctx context.Context, r template.BuildRecord) (template.Template, error)
+}
+
+// Command is one RUN, as the build sandbox runs it.
+type Command struct {
+	Argv []string
+	Env  map[string]string
+	User string // "" = root
+	Cwd  string
+}
+
+// Runner runs RUN steps in build sandboxes (the daemon's, under Berth's own
+// isolation and the build network policy).
+type Runner interface {
+	// Run runs c in a new sandbox stacked on layers (lowest first),
+	// streaming its output to log; when it exits 0, freeze gets the
+	// sandbox's writable layer (paused) to keep. A non-zero exit is
+	// errdefs.ErrFailedPrecondition.
+	Run(ctx context.Context, layers []string, c Command, log io.Writer, freeze func(ctx context.Context, upper string) error) error
+}
+
+// Request is one Dockerfile build.
+type Request struct {
+	Name string
+	// Dockerfile is the Dockerfile's path inside the context.
+	Dockerfile string
+	// Context is the build context directory.
+	Context   string
+	BuildArgs map[string]string
+	NoCache   bool
+	// Start overrides the start command (CMD/ENTRYPOINT) and sets the
+	// ready check.
+	Start template.StartOptions
+}
+
+// state is what the instructions so far have set.
+type state struct {
+	env        []string // KEY=VALUE, in order
+	args       map[string]string
+	user       string
+	workdir    string
+	entrypoint []string
+	cmd        []string
+	// startSet: the Dockerfile set CMD or ENTRYPOINT itself.
+	startSet bool
+}
+
+func (s *state) getenv() shell.EnvGetter {
+	all := make([]string, 0, len(s.args)+len(s.env))
+	for _, k := range slices.Sorted(maps.Keys(s.args)) {
+		all = append(all, k+"="+s.args[k])
+	}
+	return shell.EnvsFromSlice(append(all, s.env...))
+}
+
+func (s *state) setenv(k, v string) {
+	s.env = slices.DeleteFunc(s.env, func(kv string) bool { return strings.HasPrefix(kv, k+"=") })
+	s.env = append(s.env, k+"="+v)
+}
+
+// describe is the state that a RUN's result depends on, for its key.
+func (s *state) describe() string {
+	return fmt.Sprintf("env=%q args=%q user=%q workdir=%q", s.env, s.args, s.user, s.workdir)
+}
+
+// Build runs the Dockerfile build req and makes template req.Name.
+func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer) (template.Template, error) {
+	if err := template.ValidName(req.Name); err != nil {
+		return template.Template{}, err
+	}
+	if err := req.Start.Validate(); err != nil {
+		return template.Template{}, err
+	}
+	bctx, err := OpenContext(req.Context)
+	if err != nil {
+		return template.Template{}, err
+	}
+	defer bctx.Close()
+	dfPath := cleanRel(req.Dockerfile)
+	f, err := bctx.root.Open(dfPath)
+	if err != nil {
+		return template.Template{}, fmt.Errorf("dockerfile %s: %v: %w", req.Dockerfile, err, errdefs.ErrInvalidArgument)
+	}
+	plan, err := Parse(f)
+	f.Close()
+	if err != nil {
+		return template.Template{}, err
+	}
+	lex := shell.NewLex('\\')
+	meta := map[string]string{}
+	for _, a := range plan.MetaArgs {
+		for _, kv := range a.Args {
+			if v, ok := req.BuildArgs[kv.Key]; ok {
+				meta[kv.Key] = v
+			} else if kv.Value != nil {
+				meta[kv.Key] = *kv.Value
+			}
+		}
+	}
+	metaEnv := &state{args: meta}
+	from, _, err := lex.ProcessWord(plan.FromRef, metaEnv.getenv())
+	if err != nil || from == "" {
+		return template.Template{}, lineError(plan.From.Line, plan.From.Text, fmt.Errorf("base %q: %v", plan.FromRef, err))
+	}
+
+	release := st.HoldLayers()
+	defer release()
+	start := time.Now()
+	total := len(plan.Steps) + 1
+	fmt.Fprintf(log, "#1/%d [line %d] FROM %s\n", total, plan.From.Line, from)
+	var layers []string
+	var base template.Defaults
+	var baseSrc string
+	if name, ok := strings.CutPrefix(from, "berth:"); ok {
+		layers, base, err = st.ImportLayers(ctx, name)
+		baseSrc = "template " + name
+	} else {
+		layers, base, baseSrc, err = st.PullLayers(ctx, from, log)
+	}
+	if err != nil {
+		return template.Template{}, fmt.Errorf("dockerfile line %d: FROM %s: %w", plan.From.Line, from, err)
+	}
+	s := &state{env: slices.Clone(base.Env), args: map[string]string{}, user: base.User, workdir: base.Workdir, cmd: base.Command}
+	key := "from " + strings.Join(layers, ",")
+	nonce := ""
+	if req.NoCache {
+		nonce = randNonce()
+	}
+	expand := func(word string) (string, error) {
+		w, _, err := lex.ProcessWord(word, s.getenv())
+		return w, err
+	}
+	for i, step := range plan.Steps {
+		fmt.Fprintf(log, "#%d/%d [line %d] %s\n", i+2, total, step.Line, shorten(step.Text))
+		fail := func(err error) (template.Template, error) {
+			fmt.Fprintf(log, "==> build failed at line %d: %v\n", step.Line, err)
+			return template.Template{}, fmt.Errorf("dockerfile line %d: %s: %w", step.Line, shorten(step.Text), err)
+		}
+		if e, ok := step.Cmd.(instructions.SupportsSingleWordExpansion); ok {
+			if _, isRun := step.Cmd.(*instructions.RunCommand); !isRun {
+				if err := e.Expand(expand); err != nil {
+					return fail(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument))
+				}
+			}
+		}
+		var layerKey string
+		var fill func(ctx context.Context, dir string) error
+		var runCmd *Command
+		switch c := step.Cmd.(type) {
+		case *instructions.EnvCommand:
+			for _, kv := range c.Env {
+				s.setenv(kv.Key, kv.Value)
+			}
+		case *instructions.ArgCommand:
+			for _, kv := range c.Args {
+				switch v, ok := req.BuildArgs[kv.Key]; {
+				case ok:
+					s.args[kv.Key] = v
+				case kv.Value != nil:
+					s.args[kv.Key] = *kv.Value
+				default:
+					if v, ok := meta[kv.Key]; ok {
+						s.args[kv.Key] = v
+					} else {
+						s.args[kv.Key] = ""
+					}
+				}
+			}
+		case *instructions.UserCommand:
+			s.user = c.User
+		case *instructions.CmdCommand:
+			s.cmd = shellForm(c.CmdLine, c.PrependShell)
+			s.startSet = true
+		case *instructions.EntrypointCommand:
+			s.entrypoint = shellForm(c.CmdLine, c.PrependShell)
+			if !s.startSet {
+				s.cmd = nil
+			}
+			s.startSet = true
+		case *instructions.LabelCommand, *instructions.ExposeCommand, *instructions.MaintainerCommand:
+			fmt.Fprintln(log, "---> noted (no effect on a template)")
+		case *instructions.WorkdirCommand:
+			wd := c.Path
+			if !path.IsAbs(wd) {
+				wd = path.Join("/"+strings.TrimPrefix(s.workdir, "/"), wd)
+			}
+			s.workdir = path.Clean(wd)
+			if !existsIn(st, layers, s.workdir) {
+				layerKey = stepKey(key, "workdir "+s.workdir, nonce)
+				rootID := int(st.UIDBase())
+				attrs := stackAttrs(st, slices.Clone(layers))
+				wd := s.workdir
+				fill = func(_ context.Context, dir string) error {
+					r, err := os.OpenRoot(dir)
+					if err != nil {
+						return err
+					}
+					defer r.Close()
+					return mkParents(r, strings.TrimPrefix(wd, "/"), attrs, rootID)
+				}
+			}
+		case *instructions.CopyCommand:
+			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
+		case *instructions.AddCommand:
+			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
+		case *instructions.RunCommand:
+			argv := shellForm(c.CmdLine, c.PrependShell)
+			env := map[string]string{}
+			for k, v := range s.args {
+				env[k] = v
+			}
+			for _, kv := range s.env {
+				k, v, _ := strings.Cut(kv, "=")
+				env[k] = v
+			}
+			runCmd = &Command{Argv: argv, Env: env, User: s.user, Cwd: s.workdir}
+			layerKey = stepKey(key, fmt.Sprintf("run %q %s", argv, s.describe()), nonce)
+		default:
+			err = fmt.Errorf("%s is not supported: %w", step.Cmd.Name(), errdefs.ErrInvalidArgument)
+		}
+		if err != nil {
+			return fail(err)
+		}
+		if layerKey == "" {
+			continue
+		}
+		if dir, ok := st.StepLayer(layerKey); ok {
+			fmt.Fprintln(log, "---> CACHED")
+			_ = dir
+		} else if runCmd != nil {
+			stepStart := time.Now()
+			err := run.Run(ctx, dirs(st, layers), *runCmd, log, func(ctx context.Context, upper string) error {
+				_, err := st.AddStepLayer(ctx, layerKey, func(dir string) error {
+					if err := os.Remove(dir); err != nil {
+						return err
+					}
+					return st.FreezeInto(ctx, upper, dir)
+				})
+				return err
+			})
+			if err != nil {
+				return fail(err)
+			}
+			fmt.Fprintf(log, "---> done in %s\n", time.Since(stepStart).Round(time.Millisecond))
+		} else {
+			if _, err := st.AddStepLayer(ctx, layerKey, func(dir string) error { return fill(ctx, dir) }); err != nil {
+				return fail(err)
+			}
+			fmt.Fprintln(log, "---> done")
+		}
+		layers = append(layers, layerKey)
+		key = layerKey
+	}
+	d := template.Defaults{Env: s.env, Workdir: s.workdir, User: s.user, Command: append(slices.Clone(s.entrypoint), s.cmd...)}
+	if d.Workdir == "" {
+		d.Workdir = "/"
+	}
+	opts := req.Start
+	if opts.Cmd == "" && s.startSet {
+		opts.FromImage = true
+	}
+	if err := opts.ApplyTo(&d); err != nil {
+		return template.Template{}, err
+	}
+	t, err := st.PutBuilt(ctx, template.BuildRecord{
+		Name: req.Name, Description: "from Dockerfile on " + baseSrc, Layers: layers, Defaults: d,
+		Source: "dockerfile " + path.Base(dfPath) + " from " + baseSrc,
+	})
+	if err != nil {
+		return template.Template{}, err
+	}
+	fmt.Fprintf(log, "==> template %s built from %s in %s (%d layers)\n", req.Name, path.Base(dfPath), time.Since(start).Round(time.Millisecond), len(layers))
+	return t, nil
+}
+
+// copyStep is a COPY/ADD: its key covers the files it reads.
+func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string, dest, chown string, s *state, layers []string) (string, func(context.Context, string) error, error) {
+	if !path.IsAbs(dest) {
+		wd := s.workdir
+		if wd == "" {
+			wd = "/"
+		}
+		trail := strings.HasSuffix(dest, "/") || dest == "." || dest == "./"
+		dest = path.Join(wd, dest)
+		if trail {
+			dest += "/"
+		}
+	}
+	es, err := bctx.plan(srcs, dest)
+	if err != nil {
+		return "", nil, err
+	}
+	sum, err := bctx.hash(es)
+	if err != nil {
+		return "", nil, err
+	}
+	uid, gid, err := chownIDs(chown, st, layers)
+	if err != nil {
+		return "", nil, err
+	}
+	base := st.UIDBase()
+	key := stepKey(parent, fmt.Sprintf("copy %s %d:%d", sum, uid, gid), nonce)
+	attrs := stackAttrs(st, slices.Clone(layers))
+	return key, func(_ context.Context, dir string) error {
+		return bctx.copyTo(es, dir, int(base+uid), int(base+gid), attrs, int(base))
+	}, nil
+}
+
+// chownIDs resolves --chown=user[:group] (names from the stack's
+// /etc/passwd and /etc/group, or numbers).
+func chownIDs(chown string, st Store, layers []string) (uint32, uint32, error) {
+	if chown == "" {
+		return 0, 0, nil
+	}
+	u, g, hasGroup := strings.Cut(chown, ":")
+	uid, err := lookupID(u, "etc/passwd", st, layers)
+	if err != nil {
+		return 0, 0, err
+	}
+	gid := uid
+	if hasGroup {
+		if gid, err = lookupID(g, "etc/group", st, layers); err != nil {
+			return 0, 0, err
+		}
+	}
+	if uid > 65535 || gid > 65535 {
+		return 0, 0, fmt.Errorf("--chown=%s: ids above 65535: %w", chown, errdefs.ErrInvalidArgument)
+	}
+	return uid, gid, nil
+}
+
+func lookupID(name, file string, st Store, layers []string) (uint32, error) {
+	if n, err := strconv.ParseUint(name, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	for j := len(layers) - 1; j >= 0; j-- {
+		r, err := os.OpenRoot(st.SharedLayerDir(layers[j]))
+		if err != nil {
+			continue
+		}
+		b, err := r.ReadFile(file)
+		r.Close()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Split(line, ":")
+			if len(f) >= 3 && f[0] == name {
+				if n, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+					return uint32(n), nil
+				}
+			}
+		}
+		break
+	}
+	return 0, fmt.Errorf("--chown: %q is not in the image's /%s: %w", name, file, errdefs.ErrInvalidArgument)
+}
+
+// existsIn reports whether p exists in the stack (topmost layer first; a
+// whiteout hides it).
+func existsIn(st Store, layers []string, p string) bool {
+	rel := strings.TrimPrefix(path.Clean(p), "/")
+	if rel == "" {
+		return true
+	}
+	for j := len(layers) - 1; j >= 0; j-- {
+		r, err := os.OpenRoot(st.SharedLayerDir(layers[j]))
+		if err != nil {
+			continue
+		}
+		fi, err := r.Lstat(rel)
+		r.Close()
+		if err == nil {
+			return fi.Mode()&fs.ModeCharDevice == 0
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return true // something is there that we cannot walk (a symlink): leave it
+		}
+	}
+	return false
+}
+
+// stackAttrs looks directories up in the stack, topmost layer first.
+func stackAttrs(st Store, layers []string) DirAttrs {
+	return func(rel string) (int, int, fs.FileMode, bool) {
+		for j := len(layers) - 1; j >= 0; j-- {
+			r, err := os.OpenRoot(st.SharedLayerDir(layers[j]))
+			if err != nil {
+				continue
+			}
+			fi, err := r.Lstat(rel)
+			r.Close()
+			if err != nil {
+				continue
+			}
+			sys, ok := fi.Sys().(*syscall.Stat_t)
+			if !fi.IsDir() || !ok {
+				return 0, 0, 0, false
+			}
+			return int(sys.Uid), int(sys.Gid), fi.Mode(), true
+		}
+		return 0, 0, 0, false
+	}
+}
+
+func dirs(st Store, layers []string) []string {
+	out := make([]string, len(layers))
+	for i, l := range layers {
+		out[i] = st.SharedLayerDir(l)
+	}
+	return out
+}
+
+func shellForm(cmdline []string, prependShell bool) []string {
+	if prependShell {
+		return []string{"/bin/sh", "-c", strings.Join(cmdline, " ")}
+	}
+	return slices.Clone(cmdline)
+}
+
+// stepKey is a step's cache key: its parent's key and what it does.
+func stepKey(parent, what, nonce string) string {
+	sum := sha256.Sum256([]byte(parent + "\x00" + what + "\x00" + nonce))
+	return hex.EncodeToString(sum[:])
+}
+
+func randNonce() string {
+	return strconv.FormatInt(time.Now().UnixNano(), 36)
+}
