@@ -48,6 +48,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/usage", s.getUsage, func(c Config) bool { return c.Usage != nil }},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
+		{"PUT", "/v1/templates/{name}/warm", s.setWarm, func(c Config) bool { return c.Warm != nil }},
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
 		{"POST", "/v1/templates/prune", s.pruneTemplates, nil},
 		{"POST", "/v1/apikeys", s.createAPIKey, apiKeys},
@@ -88,6 +89,7 @@ var routeAccess = map[string]access{
 	"DELETE /v1/templates/{name}":        adminOnly,
 	"POST /v1/templates/prune":           adminOnly,
 	"PUT /v1/templates/{name}/isolation": adminOnly,
+	"PUT /v1/templates/{name}/warm":      adminOnly,
 }
 
 func (s *Server) routes() {

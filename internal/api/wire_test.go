@@ -148,7 +148,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"EgressRecord": types.NetworkRecord{}, "APIKey": types.APIKey{}, "WorklogEntry": types.WorklogEntry{},
 		"IsolationLevel":        types.IsolationLevel{},
 		"TemplateCreateRequest": types.TemplateCreateRequest{}, "TemplatePruneResult": types.TemplatePruneResult{},
-		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
+		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{}, "WarmPool": types.WarmPool{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

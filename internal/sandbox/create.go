@@ -59,6 +59,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err != nil {
 		return Sandbox{}, err
 	}
+	// The pool refills only while no create runs (pool.go).
+	m.pool.createStarted()
+	defer m.pool.createDone()
+	if s, err := m.claim(ctx, req, tpl, iso, policy); !errors.Is(err, errNoClaim) {
+		return s, err
+	}
 	now := time.Now().UTC()
 	rec := core.Sandbox{
 		ID:             newID(),
