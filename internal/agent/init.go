@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"slices"
 	"sync"
+
+	"golang.org/x/sys/unix"
 )
 
 // identity is the part of the agent's configuration its host may replace
@@ -41,11 +43,15 @@ func (s *Server) defaultUser() string {
 
 // InitRequest is the body of POST /init (envd's fields): envVars are set
 // in (or replace entries of) the sandbox-wide environment, accessToken
-// replaces the token when set, defaultUser the default user.
+// replaces the token when set, defaultUser the default user. Berth's own
+// berthNproc, when set, lowers the agent's RLIMIT_NPROC, which every
+// process it starts inherits (a host without CAP_SYS_RESOURCE cannot set
+// it from outside; the pids cgroup, set by the host, is the real bound).
 type InitRequest struct {
 	EnvVars     map[string]string `json:"envVars,omitempty"`
 	AccessToken string            `json:"accessToken,omitempty"`
 	DefaultUser string            `json:"defaultUser,omitempty"`
+	Nproc       uint64            `json:"berthNproc,omitempty"`
 }
 
 // maxInitBody bounds an /init body (environments are small).
@@ -69,6 +75,19 @@ func (s *Server) postInit(w http.ResponseWriter, r *http.Request) {
 		if _, err := lookupUser(s.cfg.PasswdPath, s.cfg.GroupPath, req.DefaultUser); err != nil {
 			jsonError(w, http.StatusBadRequest, fmt.Errorf("init: default user: %w", err))
 			return
+		}
+	}
+	if req.Nproc > 0 {
+		var cur unix.Rlimit
+		if err := unix.Getrlimit(unix.RLIMIT_NPROC, &cur); err != nil {
+			jsonError(w, http.StatusInternalServerError, fmt.Errorf("init: RLIMIT_NPROC: %w", err))
+			return
+		}
+		if req.Nproc < cur.Max {
+			if err := unix.Setrlimit(unix.RLIMIT_NPROC, &unix.Rlimit{Cur: req.Nproc, Max: req.Nproc}); err != nil {
+				jsonError(w, http.StatusInternalServerError, fmt.Errorf("init: RLIMIT_NPROC: %w", err))
+				return
+			}
 		}
 	}
 	s.id.mu.Lock()

@@ -12,13 +12,15 @@ import (
 // Init gives a running agent a new identity through POST /init: env is
 // set in its sandbox-wide environment, newToken replaces token (which
 // stops working once Init returns), user ("": unchanged) becomes its
-// default user.
-func (l *Link) Init(ctx context.Context, addr, token string, env map[string]string, newToken, user string) error {
+// default user, and a non-zero nproc lowers its RLIMIT_NPROC (which
+// every process it starts inherits).
+func (l *Link) Init(ctx context.Context, addr, token string, env map[string]string, newToken, user string, nproc uint64) error {
 	body, err := json.Marshal(struct {
 		EnvVars     map[string]string `json:"envVars,omitempty"`
 		AccessToken string            `json:"accessToken,omitempty"`
 		DefaultUser string            `json:"defaultUser,omitempty"`
-	}{env, newToken, user})
+		Nproc       uint64            `json:"berthNproc,omitempty"`
+	}{env, newToken, user, nproc})
 	if err != nil {
 		return err
 	}

@@ -34,17 +34,20 @@ import (
 // container, network and egress state owned by no record and removes them.
 
 // Updater is the optional ability to change a running sandbox's limits
-// (runc on cgroup v2). errdefs.ErrNotImplemented means it cannot; a claim
-// then needs the pool's limits exactly.
+// (runc). errdefs.ErrNotImplemented means it cannot; a claim then needs
+// the pool's limits exactly. A non-zero nproc is an RLIMIT_NPROC the
+// runtime could not set from outside, for the sandbox's agent to lower
+// its own to (see runc.Runtime.Update).
 type Updater interface {
-	Update(ctx context.Context, id string, l runtime.Limits) error
+	Update(ctx context.Context, id string, l runtime.Limits) (nproc uint64, err error)
 }
 
 // AgentIniter hands a running agent a new identity (agentlink.Link.Init):
 // env is set in its sandbox-wide environment, newToken replaces token,
-// user ("": unchanged) becomes its default user.
+// user ("": unchanged) becomes its default user, and a non-zero nproc
+// lowers its RLIMIT_NPROC.
 type AgentIniter interface {
-	Init(ctx context.Context, addr, token string, env map[string]string, newToken, user string) error
+	Init(ctx context.Context, addr, token string, env map[string]string, newToken, user string, nproc uint64) error
 }
 
 // MaxWarm bounds one template's pool.
@@ -338,9 +341,16 @@ func (m *Manager) refill() {
 }
 
 // poolRequest is the request a pooled sandbox is made with: the defaults
-// of everything.
+// of everything but the pids limit, which is the highest a request may
+// ask for. A claim lowers it to the request's: the RLIMIT_NPROC that
+// backs it (runc's Update) can only be raised with CAP_SYS_RESOURCE,
+// which a daemon in a container may lack. Until claimed the sandbox runs
+// nothing but its agent.
 func (m *Manager) poolRequest(name string) (CreateRequest, error) {
 	req := CreateRequest{Template: name}
+	if m.cfg.Max.PidsLimit > 0 {
+		req.Limits.PidsLimit = m.cfg.Max.PidsLimit
+	}
 	return req, m.validate(&req)
 }
 
@@ -431,10 +441,12 @@ func (m *Manager) claim(ctx context.Context, req CreateRequest, tpl template.Tem
 		if !slices.Equal(pc.tpl.Layers, tpl.Layers) || !reflect.DeepEqual(pc.tpl.Defaults, tpl.Defaults) {
 			// Made from an older build; TemplateChanged drains these
 			// too, this catches a change it was not told about.
+			m.log.Info("warm_stale", "sandbox_id", pc.e.id, "template", tpl.Name)
 			m.discard(w)
 			continue
 		}
 		if pc.e.rec.DiskBytes != req.Limits.DiskBytes {
+			m.log.Debug("warm_miss", "template", tpl.Name, "reason", "disk size")
 			if d := m.pool.giveBack(tpl.Name, w); d != nil {
 				m.discard(d)
 			}
@@ -452,6 +464,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	same := limits == runtime.Limits{CPUMillis: pool.CPUMillis, MemoryBytes: pool.MemoryBytes, PidsLimit: pool.PidsLimit}
 	up, canUpdate := rt.(Updater)
 	if !same && !canUpdate {
+		m.log.Debug("warm_miss", "template", tpl.Name, "reason", "limits cannot change")
 		if d := m.pool.giveBack(tpl.Name, w); d != nil {
 			m.discard(d)
 		}
@@ -500,8 +513,10 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 		m.discard(w)
 		return Sandbox{}, errNoClaim
 	}
+	var nproc uint64
 	if !same {
-		if err := up.Update(cctx, rec.ID, limits); err != nil {
+		var err error
+		if nproc, err = up.Update(cctx, rec.ID, limits); err != nil {
 			if errors.Is(err, errdefs.ErrNotImplemented) {
 				// Nothing changed: the pool keeps it.
 				m.forget(rec.ID)
@@ -515,7 +530,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 			return fail(err)
 		}
 	}
-	if err := m.initAgent(cctx, e, pool.Token, rec, tpl); err != nil {
+	if err := m.initAgent(cctx, e, pool.Token, rec, tpl, nproc); err != nil {
 		return fail(err)
 	}
 	if p.Mode != "" && p.Mode != policy.ModeNone {
@@ -542,7 +557,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 // started with: the request's environment (over the template's and
 // Berth's, as withTemplateEnv and egressEnv rank them), its default user,
 // and its own token in place of the pool's.
-func (m *Manager) initAgent(ctx context.Context, e *entry, poolToken string, rec core.Sandbox, tpl template.Template) error {
+func (m *Manager) initAgent(ctx context.Context, e *entry, poolToken string, rec core.Sandbox, tpl template.Template, nproc uint64) error {
 	ai, ok := m.deps.Files.(AgentIniter)
 	if !ok {
 		return fmt.Errorf("agent init: %w", errdefs.ErrNotImplemented)
@@ -551,5 +566,5 @@ func (m *Manager) initAgent(ctx context.Context, e *entry, poolToken string, rec
 	if user == "" {
 		user = tpl.Defaults.User
 	}
-	return ai.Init(ctx, agentAddr(e.att), poolToken, rec.Env, rec.Token, user)
+	return ai.Init(ctx, agentAddr(e.att), poolToken, rec.Env, rec.Token, user, nproc)
 }

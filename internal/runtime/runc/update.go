@@ -2,6 +2,7 @@ package runc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,60 +14,117 @@ import (
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
+// cpuPeriod is the CFS period of every sandbox's CPU quota (spec.go).
+const cpuPeriod = 100000
+
 // Update sets a running sandbox's CPU, memory and pids limits to what a
-// create with them would have set (spec.go): the cgroup v2 files and the
-// RLIMIT_NPROC of its init, which every process it starts inherits. The
-// disk cap is the size of its image and cannot change. A warm-pool
-// sandbox gets its claimer's limits this way.
+// create with them would have set (spec.go): its cgroup files, on v2 and
+// v1 hosts, and the RLIMIT_NPROC of its init, which every process it
+// starts inherits. The disk cap is the size of its image and cannot
+// change. A warm-pool sandbox gets its claimer's limits this way.
 //
-// Only runc on cgroup v2: gVisor's host cgroup holds the sentry (its pids
-// limit carries headroom) and v1 splits the files across hierarchies;
-// those return errdefs.ErrNotImplemented and the caller makes a sandbox
-// with the limits instead.
-func (r *Runtime) Update(ctx context.Context, id string, l runtime.Limits) error {
-	if r.cfg.GVisor != nil || !r.cg.v2 {
-		return fmt.Errorf("update limits of %s: %w", id, errdefs.ErrNotImplemented)
+// gVisor returns errdefs.ErrNotImplemented: its host cgroup holds the
+// sentry (its pids limit carries headroom, and the sentry sizes itself
+// at start); the caller makes a sandbox with the limits instead.
+//
+// The RLIMIT_NPROC of another user's process can only be set with
+// CAP_SYS_RESOURCE, which a daemon in a container may lack; then Update
+// returns the limit as nproc, for the sandbox's init to set on itself
+// (lowering one's own limit needs no privilege). It is the second wall
+// behind the pids cgroup, which the host sets either way.
+func (r *Runtime) Update(ctx context.Context, id string, l runtime.Limits) (nproc uint64, err error) {
+	if r.cfg.GVisor != nil {
+		return 0, fmt.Errorf("update limits of %s: %w", id, errdefs.ErrNotImplemented)
 	}
-	dir := filepath.Join(r.cg.unified, r.cgroupsPath(id))
-	write := func(file, val string) error {
-		if err := os.WriteFile(filepath.Join(dir, file), []byte(val), 0); err != nil {
+	return r.update(ctx, id, l)
+}
+
+func (r *Runtime) update(ctx context.Context, id string, l runtime.Limits) (uint64, error) {
+	dir := func(controller string) string {
+		if r.cg.v2 {
+			return filepath.Join(r.cg.unified, r.cgroupsPath(id))
+		}
+		return filepath.Join(r.cg.controllers[controller], r.cgroupsPath(id))
+	}
+	write := func(controller, file string, val int64) error {
+		s := strconv.FormatInt(val, 10)
+		if file == "cpu.max" {
+			s += " " + strconv.Itoa(cpuPeriod)
+		}
+		if err := os.WriteFile(filepath.Join(dir(controller), file), []byte(s), 0); err != nil {
 			return fmt.Errorf("update limits of %s: %w", id, err)
 		}
 		return nil
 	}
 	if l.MemoryBytes > 0 {
-		if err := write("memory.max", strconv.FormatInt(l.MemoryBytes, 10)); err != nil {
-			return err
-		}
-		if r.swapAcct {
-			if err := write("memory.swap.max", "0"); err != nil {
-				return err
-			}
+		if err := r.updateMemory(write, l.MemoryBytes); err != nil {
+			return 0, err
 		}
 	}
 	if l.CPUMillis > 0 {
-		const period = 100000
-		if err := write("cpu.max", strconv.FormatInt(l.CPUMillis*period/1000, 10)+" "+strconv.Itoa(period)); err != nil {
-			return err
+		quota := l.CPUMillis * cpuPeriod / 1000
+		if r.cg.v2 {
+			if err := write("cpu", "cpu.max", quota); err != nil {
+				return 0, err
+			}
+		} else if err := write("cpu", "cpu.cfs_period_us", cpuPeriod); err != nil {
+			return 0, err
+		} else if err := write("cpu", "cpu.cfs_quota_us", quota); err != nil {
+			return 0, err
 		}
 	}
-	if l.PidsLimit > 0 {
-		if err := write("pids.max", strconv.FormatInt(l.PidsLimit, 10)); err != nil {
+	if l.PidsLimit <= 0 {
+		return 0, nil
+	}
+	if err := write("pids", "pids.max", l.PidsLimit); err != nil {
+		return 0, err
+	}
+	if !r.nsNproc {
+		return 0, nil
+	}
+	st, err := r.Inspect(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	if st.Pid <= 0 {
+		return 0, fmt.Errorf("update limits of %s: not running: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	n := uint64(l.PidsLimit) + uint64(l.PidsLimit)/8 + 16
+	err = unix.Prlimit(st.Pid, unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}, nil)
+	if errors.Is(err, unix.EPERM) {
+		return n, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("update limits of %s: RLIMIT_NPROC: %w", id, err)
+	}
+	return 0, nil
+}
+
+// updateMemory sets the memory limit with no swap. On v1 the memory+swap
+// limit may never be below the memory limit, so which goes first depends
+// on whether the limit grows.
+func (r *Runtime) updateMemory(write func(controller, file string, val int64) error, mem int64) error {
+	if r.cg.v2 {
+		if err := write("memory", "memory.max", mem); err != nil {
 			return err
 		}
-		if r.nsNproc {
-			st, err := r.Inspect(ctx, id)
-			if err != nil {
-				return err
-			}
-			if st.Pid <= 0 {
-				return fmt.Errorf("update limits of %s: not running: %w", id, errdefs.ErrFailedPrecondition)
-			}
-			n := uint64(l.PidsLimit) + uint64(l.PidsLimit)/8 + 16
-			if err := unix.Prlimit(st.Pid, unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}, nil); err != nil {
-				return fmt.Errorf("update limits of %s: RLIMIT_NPROC: %w", id, err)
-			}
+		if r.swapAcct {
+			return write("memory", "memory.swap.max", 0)
 		}
+		return nil
 	}
-	return nil
+	if !r.swapAcct {
+		return write("memory", "memory.limit_in_bytes", mem)
+	}
+	if err := write("memory", "memory.limit_in_bytes", mem); err != nil {
+		if !errors.Is(err, unix.EINVAL) {
+			return err
+		}
+		// Growing: memory+swap first.
+		if err := write("memory", "memory.memsw.limit_in_bytes", mem); err != nil {
+			return err
+		}
+		return write("memory", "memory.limit_in_bytes", mem)
+	}
+	return write("memory", "memory.memsw.limit_in_bytes", mem)
 }
