@@ -28,6 +28,10 @@ type creation struct {
 	egress *egressPrep
 	// undo removes what the steps made so far.
 	undo undo
+	// recorded, provisioned and answered are when the first store write,
+	// provision and awaitReady (with the egress install) ended
+	// (the debug log's create phases).
+	recorded, provisioned, answered time.Time
 }
 
 // Create makes a sandbox and returns once its agent answers. It runs
@@ -112,14 +116,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name+", isolation "+iso)
-	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now}
+	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now, recorded: time.Now()}
 
 	if err := m.provision(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
+	c.provisioned = time.Now()
 	if err := m.awaitReady(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
+	c.answered = time.Now()
 	if req.Setup != nil {
 		// Setup runs under cctx (budgeted for it, not tied to the request,
 		// cancelled by a kill); what follows gets a fresh budget.
@@ -221,6 +227,10 @@ func (m *Manager) finish(ctx context.Context, c *creation) error {
 	m.event(ctx, e.id, EventReady, "")
 	m.arm(e)
 	c.log.Info("sandbox_ready", "template", c.tpl.Name, "isolation", e.rec.Isolation, "elapsed_ms", time.Since(c.start).Milliseconds())
+	if !c.provisioned.IsZero() && !c.answered.IsZero() {
+		c.log.Debug("create_phases", "record", c.recorded.Sub(c.start), "provision", c.provisioned.Sub(c.recorded),
+			"await_ready", c.answered.Sub(c.provisioned), "finish", time.Since(c.answered))
+	}
 	return nil
 }
 
