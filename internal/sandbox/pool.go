@@ -79,8 +79,10 @@ type pool struct {
 	// is closed when it ends.
 	filling string
 	done    chan struct{}
-	// creates is the creates in flight: the refill waits for none.
-	creates int
+	// creates is the creates in flight: the refill waits for none, and
+	// lastCreate is when the last one ended.
+	creates    int
+	lastCreate time.Time
 	// retryAt holds templates whose last fill failed until then.
 	retryAt map[string]time.Time
 	backoff map[string]time.Duration
@@ -122,6 +124,7 @@ func (p *pool) createStarted() {
 func (p *pool) createDone() {
 	p.mu.Lock()
 	p.creates--
+	p.lastCreate = time.Now()
 	p.mu.Unlock()
 	p.poke()
 }
@@ -147,6 +150,37 @@ func (p *pool) next(now time.Time) (name string, gen int, retry time.Duration) {
 		return n, p.gen[n], 0
 	}
 	return "", 0, retry
+}
+
+// refillSettle is how long the refill waits after the last create before
+// it starts a fill: a sandbox just created is usually sent its first
+// commands at once, and a fill (a runc create, CPU-heavy) would compete
+// with them on a small host.
+const refillSettle = 100 * time.Millisecond
+
+// settle waits refillSettle, and reports whether a create started
+// meanwhile.
+func (p *pool) settle(ctx context.Context) bool {
+	t := time.NewTimer(refillSettle)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return true
+	case <-t.C:
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.creates > 0 || time.Since(p.lastCreate) < refillSettle
+}
+
+// unfill undoes next's mark when the fill does not start.
+func (p *pool) unfill(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.filling == name {
+		p.filling = ""
+		close(p.done)
+	}
 }
 
 // filled ends a fill: it returns w to the caller to discard when the pool
@@ -315,8 +349,13 @@ func (m *Manager) discard(ws ...*warm) {
 // refill keeps the pools at their targets until the Manager closes: one
 // sandbox at a time, and only while no live create is under way.
 func (m *Manager) refill() {
-	for {
+	for m.life.Err() == nil {
 		name, gen, retry := m.pool.next(time.Now())
+		if name != "" && m.pool.settle(m.life) {
+			// A create came in while we waited: yield to it.
+			m.pool.unfill(name)
+			continue
+		}
 		if name == "" {
 			var timer <-chan time.Time
 			if retry > 0 {
@@ -514,6 +553,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 		return Sandbox{}, errNoClaim
 	}
 	var nproc uint64
+	t0 := time.Now()
 	if !same {
 		var err error
 		if nproc, err = up.Update(cctx, rec.ID, limits); err != nil {
@@ -530,14 +570,17 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 			return fail(err)
 		}
 	}
+	t1 := time.Now()
 	if err := m.initAgent(cctx, e, pool.Token, rec, tpl, nproc); err != nil {
 		return fail(err)
 	}
+	t2 := time.Now()
 	if p.Mode != "" && p.Mode != policy.ModeNone {
 		if err := m.applyPolicy(cctx, rec.ID, p); err != nil {
 			return fail(fmt.Errorf("network policy: %w", err))
 		}
 	}
+	t3 := time.Now()
 	if err := e.moveTo(StateReady); err != nil {
 		return fail(err)
 	}
@@ -550,6 +593,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	m.arm(e)
 	e.unlock()
 	c.log.Info("sandbox_ready", "template", tpl.Name, "isolation", rec.Isolation, "warm", true, "elapsed_ms", time.Since(now).Milliseconds())
+	c.log.Debug("claim_phases", "admit", t0.Sub(now), "limits", t1.Sub(t0), "agent_init", t2.Sub(t1), "policy", t3.Sub(t2), "record", time.Since(t3))
 	return Sandbox{Sandbox: e.rec}, nil
 }
 

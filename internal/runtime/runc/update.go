@@ -19,27 +19,27 @@ const cpuPeriod = 100000
 
 // Update sets a running sandbox's CPU, memory and pids limits to what a
 // create with them would have set (spec.go): its cgroup files, on v2 and
-// v1 hosts, and the RLIMIT_NPROC of its init, which every process it
-// starts inherits. The disk cap is the size of its image and cannot
-// change. A warm-pool sandbox gets its claimer's limits this way.
+// v1 hosts. The disk cap is the size of its image and cannot change. A
+// warm-pool sandbox gets its claimer's limits this way.
+//
+// The RLIMIT_NPROC that backs the pids limit (rlimits in spec.go) is
+// returned as nproc, for the sandbox's init to lower its own to (which
+// every process it starts inherits): setting it from outside would take
+// CAP_SYS_RESOURCE, which a daemon in a container may lack, and a `runc
+// state` for the init's pid. It is the second wall behind the pids
+// cgroup, which the host sets itself. 0: none to set.
 //
 // gVisor returns errdefs.ErrNotImplemented: its host cgroup holds the
 // sentry (its pids limit carries headroom, and the sentry sizes itself
 // at start); the caller makes a sandbox with the limits instead.
-//
-// The RLIMIT_NPROC of another user's process can only be set with
-// CAP_SYS_RESOURCE, which a daemon in a container may lack; then Update
-// returns the limit as nproc, for the sandbox's init to set on itself
-// (lowering one's own limit needs no privilege). It is the second wall
-// behind the pids cgroup, which the host sets either way.
-func (r *Runtime) Update(ctx context.Context, id string, l runtime.Limits) (nproc uint64, err error) {
+func (r *Runtime) Update(_ context.Context, id string, l runtime.Limits) (nproc uint64, err error) {
 	if r.cfg.GVisor != nil {
 		return 0, fmt.Errorf("update limits of %s: %w", id, errdefs.ErrNotImplemented)
 	}
-	return r.update(ctx, id, l)
+	return r.update(id, l)
 }
 
-func (r *Runtime) update(ctx context.Context, id string, l runtime.Limits) (uint64, error) {
+func (r *Runtime) update(id string, l runtime.Limits) (uint64, error) {
 	dir := func(controller string) string {
 		if r.cg.v2 {
 			return filepath.Join(r.cg.unified, r.cgroupsPath(id))
@@ -82,22 +82,10 @@ func (r *Runtime) update(ctx context.Context, id string, l runtime.Limits) (uint
 	if !r.nsNproc {
 		return 0, nil
 	}
-	st, err := r.Inspect(ctx, id)
-	if err != nil {
-		return 0, err
-	}
-	if st.Pid <= 0 {
-		return 0, fmt.Errorf("update limits of %s: not running: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	n := uint64(l.PidsLimit) + uint64(l.PidsLimit)/8 + 16
-	err = unix.Prlimit(st.Pid, unix.RLIMIT_NPROC, &unix.Rlimit{Cur: n, Max: n}, nil)
-	if errors.Is(err, unix.EPERM) {
-		return n, nil
-	}
-	if err != nil {
-		return 0, fmt.Errorf("update limits of %s: RLIMIT_NPROC: %w", id, err)
-	}
-	return 0, nil
+	// The init lowers its own RLIMIT_NPROC: from outside it would take
+	// CAP_SYS_RESOURCE (another user's process) and a `runc state` for
+	// its pid.
+	return uint64(l.PidsLimit) + uint64(l.PidsLimit)/8 + 16, nil
 }
 
 // updateMemory sets the memory limit with no swap. On v1 the memory+swap
