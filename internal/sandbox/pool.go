@@ -385,9 +385,11 @@ func (m *Manager) refill() {
 // backs it (runc's Update) can only be raised with CAP_SYS_RESOURCE,
 // which a daemon in a container may lack. Until claimed the sandbox runs
 // nothing but its agent.
-func (m *Manager) poolRequest(name string) (CreateRequest, error) {
+// Under gVisor, whose limits cannot change (runc.Runtime.Update), the
+// pool has the defaults, which a request for the defaults matches.
+func (m *Manager) poolRequest(name, iso string) (CreateRequest, error) {
 	req := CreateRequest{Template: name}
-	if m.cfg.Max.PidsLimit > 0 {
+	if m.cfg.Max.PidsLimit > 0 && iso != core.IsolationGVisor {
 		req.Limits.PidsLimit = m.cfg.Max.PidsLimit
 	}
 	return req, m.validate(&req)
@@ -395,15 +397,15 @@ func (m *Manager) poolRequest(name string) (CreateRequest, error) {
 
 // fill makes one pooled sandbox of the template.
 func (m *Manager) fill(ctx context.Context, name string, gen int) (*warm, error) {
-	req, err := m.poolRequest(name)
-	if err != nil {
-		return nil, err
-	}
 	tpl, err := m.deps.Templates.Get(ctx, name)
 	if err != nil {
 		return nil, err
 	}
 	iso, err := m.resolveIsolation("", tpl.Isolation)
+	if err != nil {
+		return nil, err
+	}
+	req, err := m.poolRequest(name, iso)
 	if err != nil {
 		return nil, err
 	}
