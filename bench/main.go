@@ -146,6 +146,15 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 	rows = append(rows,
 		row{"exec round trip (`true` through the daemon API), isolation " + iso, rtt},
 		row{"floor: fork/exec of `true` on the host", fork})
+	if iso == client.IsolationRunc {
+		warm, plain, err := measureWarm(ctx, d, n)
+		if err != nil {
+			return err
+		}
+		rows = append(rows,
+			row{"warm create, template minimal (pool claim → first byte of `echo ok`)", warm},
+			row{"floor: `echo ok` on a running sandbox → first byte", plain})
+	}
 	if burst > 0 {
 		lat, rate, err := measureBurst(ctx, d, burst)
 		if err != nil {

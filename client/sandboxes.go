@@ -161,6 +161,21 @@ func (c *Client) SetTemplateIsolation(ctx context.Context, name, isolation strin
 	return &out, nil
 }
 
+// SetTemplateWarm sets how many ready sandboxes the named template's warm
+// pool keeps (0 drops it); a create of the template then claims one. The
+// pool fills in the background: Ready in the answer counts what it holds
+// now, Templates reports it later.
+func (c *Client) SetTemplateWarm(ctx context.Context, name string, target int) (*WarmPool, error) {
+	if name == "" {
+		return nil, fmt.Errorf("template name is empty: %w", errdefs.ErrInvalidArgument)
+	}
+	var out WarmPool
+	if err := c.doJSON(ctx, http.MethodPut, "/v1/templates/"+url.PathEscape(name)+"/warm", nil, types.WarmRequest{Target: &target}, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // BuildTemplate builds (or rebuilds) the named template, copying the build
 // log to logWriter (which may be nil) as it arrives. A template made from
 // an image is pulled again from the reference it was made from.

@@ -82,6 +82,9 @@ type ReadyCheck = types.ReadyCheck
 // TemplatePruneResult says what a template prune removed.
 type TemplatePruneResult = types.TemplatePruneResult
 
+// WarmPool is a template's pool of ready sandboxes.
+type WarmPool = types.WarmPool
+
 // Health is the daemon's health answer.
 type Health = types.Health
 

@@ -273,6 +273,8 @@ type Template struct {
 	Workdir string   `json:"workdir,omitempty"`
 	User    string   `json:"user,omitempty"`
 	Command []string `json:"command,omitempty"`
+	// Warm is the template's warm pool, when it has one.
+	Warm *WarmPool `json:"warm,omitempty"`
 	// StartCmd is the start command (argv) each new sandbox runs in the
 	// background; Ready the check that must pass before it is ready.
 	StartCmd []string    `json:"start_cmd,omitempty"`
@@ -288,6 +290,20 @@ type ReadyCheck struct {
 	Port           int    `json:"port,omitempty"`
 	File           string `json:"file,omitempty"`
 	TimeoutSeconds int    `json:"timeout_seconds,omitempty"`
+}
+
+// WarmPool is a template's pool of ready sandboxes: a create of the
+// template claims one instead of making it. Target is how many it keeps,
+// Ready how many it holds now.
+type WarmPool struct {
+	Target int `json:"target"`
+	Ready  int `json:"ready"`
+}
+
+// WarmRequest sets a template's warm pool target (PUT
+// /v1/templates/{name}/warm); 0 drops the pool.
+type WarmRequest struct {
+	Target *int `json:"target"`
 }
 
 // TemplateCreateRequest is the body of POST /v1/templates: make template

@@ -320,7 +320,7 @@ func newTemplateCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
 		Short: "List, build, remove and prune templates",
-		Args:  exactArgs(0, "a subcommand (ls, build, rm, prune)"),
+		Args:  exactArgs(0, "a subcommand (ls, build, rm, prune, isolation, warm)"),
 	}
 	var asJSON bool
 	ls := &cobra.Command{
@@ -344,7 +344,7 @@ func newTemplateCmd(a *app) *cobra.Command {
 				return printJSON(a.out, ts)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tLAYERS\tSHARED\tBUILT AT\tISOLATION\tSOURCE")
+			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tLAYERS\tSHARED\tBUILT AT\tISOLATION\tSOURCE\tWARM")
 			for _, t := range ts {
 				built := "-"
 				if !t.BuiltAt.IsZero() {
@@ -358,7 +358,11 @@ func newTemplateCmd(a *app) *cobra.Command {
 				if src == "" {
 					src = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src)
+				warm := "-"
+				if t.Warm != nil {
+					warm = fmt.Sprintf("%d/%d", t.Warm.Ready, t.Warm.Target)
+				}
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src, warm)
 			}
 			return tw.Flush()
 		},
@@ -519,7 +523,36 @@ command. Steps are cached (the log says CACHED) unless --no-cache.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(ls, build, rm, prune, isolation)
+	warm := &cobra.Command{
+		Use:   "warm NAME N",
+		Short: "Keep N ready sandboxes of a template, so a create of it starts at once (0 drops the pool)",
+		Long: `Keep N ready sandboxes of a template in a warm pool. A create of the template
+that asks for nothing a running sandbox cannot be given (another disk size, a
+workspace) claims one: its limits, environment, labels, owner, timeout and
+network policy are applied at claim, so it is the sandbox a cold create would
+have made. Pooled sandboxes count toward the host's resources but no key's
+listings, usage or quotas; the pool refills in the background and is rebuilt
+when the template changes. The target lasts until the daemon restarts;
+warm_pool in the daemon's config sets it at start.`,
+		Args: exactArgs(2, "a template name and a number of sandboxes"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			n, err := strconv.Atoi(args[1])
+			if err != nil {
+				return invalidf("N: %q is not a number", args[1])
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			w, err := c.SetTemplateWarm(cmd.Context(), args[0], n)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.out, "%s: warm pool target %d (%d ready)\n", args[0], w.Target, w.Ready)
+			return nil
+		},
+	}
+	cmd.AddCommand(ls, build, rm, prune, isolation, warm)
 	return cmd
 }
 

@@ -65,9 +65,11 @@ type Config struct {
 
 // Server is the agent.
 type Server struct {
-	cfg     Config
-	log     *slog.Logger
-	env     []string
+	cfg Config
+	log *slog.Logger
+	// id is what /init may change after start (a warm sandbox is
+	// handed its owner's token, environment and user when claimed).
+	id      identity
 	procs   *procTable
 	watches *watcherSet
 	cpu     cpuSampler
@@ -111,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg:     cfg,
 		log:     cfg.Logger,
-		env:     env,
+		id:      identity{token: cfg.Token, env: env, user: cfg.DefaultUser},
 		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, byPID: map[int]*proc{}},
 		watches: newWatcherSet(),
 	}
@@ -123,6 +125,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /envs", s.envs)
 	mux.HandleFunc("GET /files", s.getFile)
 	mux.HandleFunc("POST /files", s.postFile)
+	mux.HandleFunc("POST /init", s.postInit)
 	s.handler = s.authorize(mux)
 	return s, nil
 }
@@ -194,7 +197,7 @@ func (s *Server) Close() {
 // accepts a signature (checked in its handlers).
 func (s *Server) authorize(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if s.cfg.Token == "" || r.URL.Path == "/health" || r.URL.Path == "/files" {
+		if s.token() == "" || r.URL.Path == "/health" || r.URL.Path == "/files" {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -213,7 +216,7 @@ func (s *Server) authorize(next http.Handler) http.Handler {
 }
 
 func (s *Server) tokenOK(got string) bool {
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.cfg.Token)) == 1
+	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.token())) == 1
 }
 
 // userFor resolves the user a request acts as: named explicitly (query
@@ -228,7 +231,7 @@ func (s *Server) userFor(explicit, authorization string) (*user, error) {
 		name = n
 	}
 	if name == "" {
-		name = s.cfg.DefaultUser
+		name = s.defaultUser()
 	}
 	return lookupUser(s.cfg.PasswdPath, s.cfg.GroupPath, name)
 }

@@ -30,7 +30,8 @@ func Signature(path, operation, username, token string, expiration int64) string
 // authorizeFiles accepts the access token header, or a valid and unexpired
 // signature in the query.
 func (s *Server) authorizeFiles(r *http.Request, operation string) error {
-	if s.cfg.Token == "" {
+	token := s.token()
+	if token == "" {
 		return nil
 	}
 	if h := r.Header.Get("X-Access-Token"); h != "" {
@@ -52,7 +53,7 @@ func (s *Server) authorizeFiles(r *http.Request, operation string) error {
 		}
 		exp = n
 	}
-	want := Signature(q.Get("path"), operation, q.Get("username"), s.cfg.Token, exp)
+	want := Signature(q.Get("path"), operation, q.Get("username"), token, exp)
 	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
 		return errors.New("invalid signature")
 	}

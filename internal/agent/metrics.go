@@ -118,7 +118,7 @@ func (s *Server) metrics(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) envs(w http.ResponseWriter, _ *http.Request) {
 	out := map[string]string{}
-	for _, kv := range s.env {
+	for _, kv := range s.environ() {
 		k, v, _ := cutEnv(kv)
 		out[k] = v
 	}

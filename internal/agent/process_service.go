@@ -184,7 +184,7 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 // variables; later entries win.
 func (s *Server) processEnv(u *user, extra map[string]string) []string {
 	path := defaultPath
-	for _, kv := range s.env {
+	for _, kv := range s.environ() {
 		if len(kv) > 5 && kv[:5] == "PATH=" {
 			path = kv[5:]
 		}
@@ -205,7 +205,7 @@ func (s *Server) processEnv(u *user, extra map[string]string) []string {
 		k, v, _ := cutEnv(kv)
 		add(k, v)
 	}
-	for _, kv := range s.env {
+	for _, kv := range s.environ() {
 		k, v, _ := cutEnv(kv)
 		if k == "PATH" {
 			continue

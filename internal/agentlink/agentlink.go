@@ -46,10 +46,13 @@ func (l *Link) Transport() http.RoundTripper { return l.transport }
 
 // WaitReady polls the agent's /health until it answers 204 or ctx ends.
 func (l *Link) WaitReady(ctx context.Context, addr string) error {
-	// Poll tightly: the agent listens a few milliseconds after it starts,
-	// and refused connections cost nothing.
-	wait := time.Millisecond
-	polls := 0
+	// Poll tightly at first: the agent listens a few milliseconds after
+	// it starts. Then the interval grows with the time waited (a tenth of
+	// it, at most 20 ms), which bounds what polling adds to a slow start
+	// to about 10 % while a burst of creates on a loaded host, each
+	// waiting hundreds of milliseconds, does not spend its CPU on
+	// thousands of refused connections.
+	start := time.Now()
 	var last error
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
@@ -65,13 +68,13 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 			err = fmt.Errorf("health answered %s", resp.Status)
 		}
 		last = err
+		wait := min(max(time.Since(start)/10, time.Millisecond), 20*time.Millisecond)
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return fmt.Errorf("agent at %s: %v: %w", addr, last, errdefs.ErrUnavailable)
-		case <-time.After(wait):
-		}
-		if polls++; polls > 200 && wait < 20*time.Millisecond {
-			wait *= 2
+		case <-t.C:
 		}
 	}
 }

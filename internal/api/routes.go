@@ -51,6 +51,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/usage", s.getUsage, func(c Config) bool { return c.Usage != nil }},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
+		{"PUT", "/v1/templates/{name}/warm", s.setWarm, func(c Config) bool { return c.Warm != nil }},
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
 		{"POST", "/v1/templates/prune", s.pruneTemplates, nil},
 		{"POST", "/v1/templates/{name}/dockerfile", s.buildDockerfile, dockerfiles},
@@ -104,9 +105,10 @@ var routeAccess = map[string]access{
 	"PUT /v1/templates/{name}/isolation":   adminOnly,
 	"POST /v1/templates/{name}/dockerfile": adminOnly,
 	// Registry credentials are the host's, and secret.
-	"GET /v1/registries":           adminOnly,
-	"PUT /v1/registries/{host}":    adminOnly,
-	"DELETE /v1/registries/{host}": adminOnly,
+	"GET /v1/registries":            adminOnly,
+	"PUT /v1/registries/{host}":     adminOnly,
+	"DELETE /v1/registries/{host}":  adminOnly,
+	"PUT /v1/templates/{name}/warm": adminOnly,
 }
 
 func (s *Server) routes() {

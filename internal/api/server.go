@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -30,6 +31,15 @@ type Templates interface {
 	BuildImage(ctx context.Context, name, ref string, start template.StartOptions, log io.Writer) (template.Template, error)
 	Remove(ctx context.Context, name string) error
 	PruneLayers(ctx context.Context) (int, int64, error)
+}
+
+// WarmPools is the Manager's warm pools (sandbox/pool.go).
+type WarmPools interface {
+	Warm() map[string]sandbox.WarmStatus
+	SetWarm(ctx context.Context, name string, n int) (sandbox.WarmStatus, error)
+	// TemplateChanged drains a template's pool before its layers go or
+	// after they changed.
+	TemplateChanged(ctx context.Context, name string) error
 }
 
 // Records removes an ended sandbox's record and logs.
@@ -73,6 +83,8 @@ type Config struct {
 	// commit endpoints.
 	Worklog Worklog
 	Review  Reviewer
+	// Warm, when set, serves the templates' warm pools.
+	Warm    WarmPools
 	Version string
 	// Isolation is the isolation levels the daemon knows, as GET
 	// /v1/health reports them.

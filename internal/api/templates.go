@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -56,9 +57,17 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	var warm map[string]sandbox.WarmStatus
+	if s.cfg.Warm != nil {
+		warm = s.cfg.Warm.Warm()
+	}
 	out := types.TemplateList{Templates: make([]types.Template, 0, len(ts))}
 	for _, t := range ts {
-		out.Templates = append(out.Templates, templateToJSON(t))
+		j := templateToJSON(t)
+		if w, ok := warm[t.Name]; ok {
+			j.Warm = &types.WarmPool{Target: w.Target, Ready: w.Ready}
+		}
+		out.Templates = append(out.Templates, j)
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -131,6 +140,9 @@ func (s *Server) buildTemplate(w http.ResponseWriter, r *http.Request) {
 	_ = log.rc.Flush()
 	log.mu.Unlock()
 	t, err := s.cfg.Templates.Build(r.Context(), name, log)
+	if err == nil {
+		s.templateChanged(r, name)
+	}
 	log.finish(t, err)
 }
 
@@ -160,6 +172,9 @@ func (s *Server) createTemplate(w http.ResponseWriter, r *http.Request) {
 	}
 	log := newNDJSONLog(w)
 	t, err := s.cfg.Templates.BuildImage(r.Context(), req.Name, req.Image, start, log)
+	if err == nil {
+		s.templateChanged(r, req.Name)
+	}
 	log.finish(t, err)
 }
 
@@ -189,6 +204,17 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 	if len(users) > 0 {
 		writeError(w, fmt.Errorf("template %q is in use by %d sandbox(es) (%s); destroy them first: %w", name, len(users), strings.Join(users, ", "), errdefs.ErrFailedPrecondition))
 		return
+	}
+	// Its warm pool stands on its layers: drained first and dropped.
+	if s.cfg.Warm != nil {
+		if _, err := s.cfg.Warm.SetWarm(r.Context(), name, 0); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			writeError(w, err)
+			return
+		}
+		if err := s.cfg.Warm.TemplateChanged(r.Context(), name); err != nil {
+			writeError(w, err)
+			return
+		}
 	}
 	if err := s.cfg.Templates.Remove(r.Context(), name); err != nil {
 		writeError(w, err)
@@ -256,5 +282,42 @@ func (s *Server) setTemplateIsolation(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	s.templateChanged(r, name)
 	writeJSON(w, http.StatusOK, templateToJSON(t))
+}
+
+// templateChanged drains a template's warm pool after its build or
+// isolation level changed; the pool refills from the template as it is.
+func (s *Server) templateChanged(r *http.Request, name string) {
+	if s.cfg.Warm == nil {
+		return
+	}
+	if err := s.cfg.Warm.TemplateChanged(r.Context(), name); err != nil {
+		s.log.Warn("warm_pool_drain", "template", name, "err", err)
+	}
+}
+
+// setWarm sets a template's warm pool target (PUT
+// /v1/templates/{name}/warm).
+func (s *Server) setWarm(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, badField("name", err))
+		return
+	}
+	var in types.WarmRequest
+	if err := decodeJSON(r, &in); err != nil {
+		writeError(w, err)
+		return
+	}
+	if in.Target == nil {
+		writeError(w, badField("target", fmt.Errorf("target is required (0 to %d): %w", sandbox.MaxWarm, errdefs.ErrInvalidArgument)))
+		return
+	}
+	st, err := s.cfg.Warm.SetWarm(r.Context(), name, *in.Target)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, types.WarmPool{Target: st.Target, Ready: st.Ready})
 }

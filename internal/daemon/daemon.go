@@ -111,6 +111,10 @@ type Config struct {
 	// logs are kept (a duration, "24h" by default).
 	Retention      string `json:"retention" yaml:"retention"`
 	InsecureNoAuth bool   `json:"insecure_no_auth" yaml:"insecure_no_auth"`
+	// WarmPool is how many ready sandboxes to keep per template, so a
+	// create of it skips the cold path (`berth template warm` changes
+	// it until the daemon restarts).
+	WarmPool map[string]int `json:"warm_pool" yaml:"warm_pool"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -309,6 +313,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		RuntimeVersions:  lv.versions,
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		SnapshotDir:      filepath.Join(cfg.DataDir, "snapshots"),
+		WarmPool:         cfg.WarmPool,
 		Logger:           log.With("component", "sandbox"),
 	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
 	if err != nil {
@@ -341,7 +346,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

@@ -79,3 +79,11 @@ type Stats struct {
 	DiskUsedBytes int64
 	DiskBytes     int64
 }
+
+// Limits are the resource limits a running sandbox may be changed to
+// (Spec's fields of the same names).
+type Limits struct {
+	CPUMillis   int64
+	MemoryBytes int64
+	PidsLimit   int64
+}

@@ -28,6 +28,10 @@ type creation struct {
 	egress *egressPrep
 	// undo removes what the steps made so far.
 	undo undo
+	// recorded, provisioned and answered are when the first store write,
+	// provision and awaitReady (with the egress install) ended
+	// (the debug log's create phases).
+	recorded, provisioned, answered time.Time
 }
 
 // Create makes a sandbox and returns once its agent answers. It runs
@@ -63,6 +67,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	iso, err := m.resolveIsolation(req.Isolation, tpl.Isolation)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	// The pool refills only while no create runs (pool.go).
+	m.pool.createStarted()
+	defer m.pool.createDone()
+	if s, err := m.claim(ctx, req, tpl, iso, policy); !errors.Is(err, errNoClaim) {
+		return s, err
 	}
 	now := time.Now().UTC()
 	rec := core.Sandbox{
@@ -111,14 +121,16 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return Sandbox{}, err
 	}
 	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name+", isolation "+iso)
-	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now}
+	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now, recorded: time.Now()}
 
 	if err := m.provision(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
+	c.provisioned = time.Now()
 	if err := m.awaitReady(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
+	c.answered = time.Now()
 	if err := m.startTemplate(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
@@ -223,6 +235,10 @@ func (m *Manager) finish(ctx context.Context, c *creation) error {
 	m.event(ctx, e.id, EventReady, "")
 	m.arm(e)
 	c.log.Info("sandbox_ready", "template", c.tpl.Name, "isolation", e.rec.Isolation, "elapsed_ms", time.Since(c.start).Milliseconds())
+	if !c.provisioned.IsZero() && !c.answered.IsZero() {
+		c.log.Debug("create_phases", "record", c.recorded.Sub(c.start), "provision", c.provisioned.Sub(c.recorded),
+			"await_ready", c.answered.Sub(c.provisioned), "finish", time.Since(c.answered))
+	}
 	return nil
 }
 

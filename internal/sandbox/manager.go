@@ -77,7 +77,10 @@ type Config struct {
 	// RuntimeVersions names, per level, the runtime build its sandboxes
 	// run under; each sandbox records it at create (inspect shows it).
 	RuntimeVersions map[string]string
-	Logger          *slog.Logger
+	// WarmPool is how many ready sandboxes to keep per template
+	// (pool.go); SetWarm changes it at run time.
+	WarmPool map[string]int
+	Logger   *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
@@ -162,6 +165,8 @@ type Manager struct {
 	hub *hub
 
 	snaps snapState
+	// pool is the warm pools (pool.go).
+	pool *pool
 }
 
 // New builds a Manager. Call Start to reconcile and begin monitoring.
@@ -175,6 +180,11 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	if deps.Egress != nil && deps.Files == nil {
 		return nil, fmt.Errorf("sandbox manager: egress needs agent files: %w", errdefs.ErrInvalidArgument)
+	}
+	for name, n := range cfg.WarmPool {
+		if n < 0 || n > MaxWarm {
+			return nil, fmt.Errorf("sandbox manager: warm_pool %s: %d is out of range [0, %d]: %w", name, n, MaxWarm, errdefs.ErrInvalidArgument)
+		}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -207,6 +217,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		live:   map[string]*entry{},
 		rts:    rts,
 		hub:    newHub(),
+		pool:   newPool(cfg.WarmPool),
 	}, nil
 }
 
@@ -223,11 +234,18 @@ func (m *Manager) Start(ctx context.Context) error {
 		defer m.wg.Done()
 		m.monitor()
 	}()
+	if !m.track() {
+		return errors.New("sandbox manager is closed")
+	}
+	go func() {
+		defer m.wg.Done()
+		m.refill()
+	}()
 	return nil
 }
 
 // Close stops timers and monitors. Sandboxes keep running: a restarted
-// daemon re-adopts them.
+// daemon re-adopts them. Warm pools are destroyed.
 func (m *Manager) Close() {
 	m.mu.Lock()
 	m.closing = true
@@ -237,6 +255,7 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	m.wg.Wait()
+	m.drainPools()
 	m.hub.closeAll()
 }
 
