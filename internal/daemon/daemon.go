@@ -91,6 +91,16 @@ type Config struct {
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
+	// E2BDefaultNetwork is what E2B's allow_internet_access: true (the
+	// SDK's default on every create) means: "open" (the internet, within
+	// the egress ceiling; the default) or "none" (no egress at all).
+	E2BDefaultNetwork string `json:"e2b_default_network" yaml:"e2b_default_network"`
+	// EgressCeiling bounds every sandbox's egress policy (policy.Ceiling):
+	// mode open is open within it, and a policy naming anything outside
+	// it is refused. Its deny list always holds policy.DefaultCeilingDeny
+	// (private, CGNAT, ULA, link-local and metadata addresses); the
+	// host's own addresses are refused too.
+	EgressCeiling policy.Ceiling `json:"egress_ceiling" yaml:"egress_ceiling"`
 	// CommitAuthor, "Name <email>", signs `berth commit` when the request
 	// names no author (default "Berth <berth@localhost>").
 	CommitAuthor string `json:"commit_author" yaml:"commit_author"`
@@ -171,6 +181,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := checkExposure(cfg); err != nil {
 		return err
 	}
+	ceiling, err := policy.CompileCeiling(cfg.EgressCeiling)
+	if err != nil {
+		return err
+	}
+	ceiling.HostAddrs = new(hostnet.HostAddrs).List
+	switch cfg.E2BDefaultNetwork {
+	case "", "open", "none":
+	default:
+		return fmt.Errorf("e2b_default_network %q: want open or none: %w", cfg.E2BDefaultNetwork, errdefs.ErrInvalidArgument)
+	}
 	retention := DefaultRetention
 	if cfg.Retention != "" {
 		d, err := units.ParseDuration(cfg.Retention)
@@ -246,7 +266,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer drops.Close()
-	netw, err := hostnet.New(ctx, hostnet.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), Logger: log.With("component", "hostnet")})
+	netw, err := hostnet.New(ctx, hostnet.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), CeilingDeny: ceiling.DenyPrefixes(), Logger: log.With("component", "hostnet")})
 	if err != nil {
 		return err
 	}
@@ -269,7 +289,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	} else {
 		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
 	}
-	egress, err := newEgress(cfg, netw.ProxyPort(), auditLog, log)
+	egress, err := newEgress(cfg, netw.ProxyPort(), ceiling, auditLog, log)
 	if err != nil {
 		return err
 	}
@@ -296,6 +316,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Unavailable:      lv.unavailable,
 		RuntimeVersions:  lv.versions,
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
+		Ceiling:          ceiling,
 		Logger:           log.With("component", "sandbox"),
 	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter})
 	if err != nil {
@@ -333,7 +354,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
-		Native: srv.Handler(), Logger: log.With("component", "e2b"),
+		DefaultNetwork: cfg.E2BDefaultNetwork,
+		Native:         srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)
@@ -483,7 +505,7 @@ func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
 }
 
 // newEgress builds the egress services from cfg.
-func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
+func newEgress(cfg Config, proxyPort uint16, ceiling *policy.CompiledCeiling, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
 	guard := &policy.Guard{HostAddrs: new(hostnet.HostAddrs).List}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
@@ -509,6 +531,7 @@ func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*
 		StateDir:      filepath.Join(cfg.DataDir, "egress"),
 		Upstream:      cfg.DNSUpstream,
 		Guard:         guard,
+		Ceiling:       ceiling,
 		Audit:         al,
 		UpstreamRoots: roots,
 		ProxyPort:     proxyPort,
@@ -529,6 +552,8 @@ func dropRecord(d hostnet.Drop) audit.Record {
 	switch d.Reason {
 	case "dns":
 		r.Reason = "DNS to a resolver other than the sandbox's own"
+	case "ceiling":
+		r.Reason = "refused by the operator's egress ceiling"
 	default:
 		r.Reason = "refused by the firewall (mode or policy)"
 	}

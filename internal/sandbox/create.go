@@ -46,8 +46,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	var policy policy.Policy
 	if req.Network != nil {
-		if err := req.Network.Validate(); err != nil {
-			return Sandbox{}, policyField(err)
+		if err := m.checkPolicy(*req.Network); err != nil {
+			return Sandbox{}, err
 		}
 		policy = req.Network.Normalize()
 	}

@@ -74,7 +74,10 @@ type Config struct {
 	// RuntimeVersions names, per level, the runtime build its sandboxes
 	// run under; each sandbox records it at create (inspect shows it).
 	RuntimeVersions map[string]string
-	Logger          *slog.Logger
+	// Ceiling is the operator's egress ceiling: a policy naming anything
+	// outside it is refused when set (nil: no ceiling beyond the guard).
+	Ceiling *policy.CompiledCeiling
+	Logger  *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
