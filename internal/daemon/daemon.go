@@ -19,7 +19,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"syscall"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -117,6 +116,13 @@ type Config struct {
 	// logs are kept (a duration, "24h" by default).
 	Retention      string `json:"retention" yaml:"retention"`
 	InsecureNoAuth bool   `json:"insecure_no_auth" yaml:"insecure_no_auth"`
+
+	// LogFile, when set, is where the daemon logs (instead of stderr),
+	// rotated when it reaches LogMaxMB (default 100) with LogMaxFiles
+	// rotated files kept (default 5, gzipped); SIGHUP rotates it at once.
+	LogFile     string `json:"log_file" yaml:"log_file"`
+	LogMaxMB    int    `json:"log_max_mb" yaml:"log_max_mb"`
+	LogMaxFiles int    `json:"log_max_files" yaml:"log_max_files"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -425,19 +431,6 @@ func checkTraversable(dataDir string) error {
 			return nil
 		}
 	}
-}
-
-// lockDataDir makes sure one daemon at a time owns a data dir.
-func lockDataDir(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, "berth.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock data dir: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("data dir %s is in use by another berth daemon: %w", dir, err)
-	}
-	return func() { f.Close() }, nil
 }
 
 // installAgent copies the agent binary into the data dir, so the file that
