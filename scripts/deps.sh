@@ -12,6 +12,11 @@ pkgs+=(runsc)
 # Image-template tests (test/e2e image_test.go): a registry on loopback,
 # images built with umoci and pushed with skopeo.
 pkgs+=(docker-registry umoci skopeo)
+# Preview hosts (sandbox.getHost(port) = PORT-ID.berth.localhost): nss's
+# myhostname module resolves every *.localhost name to 127.0.0.1 and ::1
+# for getaddrinfo (Node, Python, curl); its install adds it to the hosts
+# line of /etc/nsswitch.conf.
+pkgs+=(libnss-myhostname)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -19,6 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -94,6 +95,18 @@ type Config struct {
 	// SDK's default on every create) means: "open" (the internet, within
 	// the egress ceiling; the default) or "none" (no egress at all).
 	E2BDefaultNetwork string `json:"e2b_default_network" yaml:"e2b_default_network"`
+	// PreviewListen are the addresses where preview hosts
+	// ("<port>-<sandbox>.<E2BDomain>", what sandbox.getHost(port) names,
+	// without the API's port) are served over plain HTTP; default
+	// DefaultPreviewListen (port 80 on loopback, best effort); ["none"]
+	// turns it off. PreviewTLSListen serves them over TLS with
+	// PreviewTLSCert/PreviewTLSKey (PEM files; a wildcard certificate for
+	// *.<E2BDomain>), default port 443 on loopback once a certificate is
+	// configured.
+	PreviewListen    []string `json:"preview_listen" yaml:"preview_listen"`
+	PreviewTLSListen []string `json:"preview_tls_listen" yaml:"preview_tls_listen"`
+	PreviewTLSCert   string   `json:"preview_tls_cert" yaml:"preview_tls_cert"`
+	PreviewTLSKey    string   `json:"preview_tls_key" yaml:"preview_tls_key"`
 	// EgressCeiling bounds every sandbox's egress policy (policy.Ceiling):
 	// mode open is open within it, and a policy naming anything outside
 	// it is refused. Its deny list always holds policy.DefaultCeilingDeny
@@ -386,7 +399,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// authentication.
 	ls := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
-	errc := make(chan error, 2)
+	errc := make(chan error, 8)
+	domain := cfg.E2BDomain
+	if domain == "" {
+		domain = e2bcompat.DefaultDomain
+	}
+	preview, err := startPreview(cfg, strings.ToLower(strings.TrimSuffix(domain, ".")), root, errc, log.With("component", "preview"))
+	if err != nil {
+		ln.Close()
+		sock.Close()
+		return err
+	}
 	go func() { errc <- hs.Serve(ln) }()
 	go func() { errc <- ls.Serve(sock) }()
 	defer os.Remove(SocketPath(cfg.DataDir))
@@ -405,6 +428,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := ls.Shutdown(sctx); err != nil {
 		ls.Close()
 	}
+	preview.shutdown(sctx)
 	return nil
 }
 
