@@ -145,7 +145,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		PidsLimit:   e.rec.PidsLimit,
 		Hostname:    "berth-" + id[:12],
 		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults),
+		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
 		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it

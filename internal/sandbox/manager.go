@@ -255,6 +255,10 @@ type CreateRequest struct {
 	IdlePause time.Duration
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
+	// Workdir, when set, is where processes that name no working directory
+	// start (over the template's WORKDIR and the user's home): a
+	// workspace's checkout. Only the daemon's own callers set it.
+	Workdir string
 	// Isolation is the level to run at (core.IsolationRunc or
 	// core.IsolationGVisor); "" takes the template's default, then the
 	// daemon's.
