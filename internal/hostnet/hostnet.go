@@ -55,7 +55,8 @@ type Config struct {
 	// LogGroup is the NFLOG group the firewall logs its refusals to
 	// (DropLog.Group); 0 logs nothing.
 	LogGroup uint16
-	// CeilingDeny are the operator's egress ceiling's address denials: in
+	// CeilingDeny are the operator's egress ceiling's address denials
+	// (policy.CompiledCeiling.DenyPrefixes): in
 	// every mode that lets anything out, connections to them are refused
 	// (and logged with reason "ceiling") before the proxy sees them.
 	// IPv4 only: sandboxes have no IPv6.

@@ -25,8 +25,9 @@ import (
 //
 // Deny always includes DefaultCeilingDeny (private ranges, CGNAT, ULA,
 // link-local, the cloud metadata addresses), and Check refuses the host's
-// own addresses (HostAddrs). The guard (Guard) keeps all of these, and
-// loopback, out of reach at run time too.
+// own addresses (HostAddrs). At run time the guard (Guard) keeps all of
+// these, and loopback, out of reach, naming why; the ceiling's own
+// decisions apply the operator's entries.
 type Ceiling struct {
 	Allow []string `json:"allow,omitempty" yaml:"allow,omitempty"`
 	Deny  []string `json:"deny,omitempty" yaml:"deny,omitempty"`
@@ -38,6 +39,9 @@ var DefaultCeilingDeny = []string{
 	"169.254.0.0/16", "fe80::/10",
 	"100.100.100.200", "168.63.129.16", "fd00:ec2::254",
 }
+
+// defaultDenyField names the DefaultCeilingDeny entries.
+const defaultDenyField = "egress_ceiling default deny"
 
 // CompiledCeiling is a validated ceiling ready for checks and decisions.
 // The zero value and nil are no ceiling at all.
@@ -89,20 +93,23 @@ func CompileCeiling(c Ceiling) (*CompiledCeiling, error) {
 		if err != nil {
 			return nil, err
 		}
-		cc.deny = append(cc.deny, ceilingRule{r, "egress_ceiling default deny"})
+		cc.deny = append(cc.deny, ceilingRule{r, defaultDenyField})
 	}
 	return cc, nil
 }
 
-// DenyPrefixes are the ceiling's address denials (port 0: every port),
-// for the firewall to refuse before the proxy sees a connection.
+// DenyPrefixes are the operator's address denials (port 0: every port),
+// for the firewall to refuse before the proxy sees a connection. The
+// default denials are left to the proxy, whose guard refuses them on
+// every path anyway and answers HTTP with the reason (a 403 naming the
+// metadata address says more to an agent than a reset).
 func (cc *CompiledCeiling) DenyPrefixes() []PortPrefix {
 	if cc == nil {
 		return nil
 	}
 	var out []PortPrefix
 	for _, r := range cc.deny {
-		if r.prefix.IsValid() {
+		if r.prefix.IsValid() && r.field != defaultDenyField {
 			out = append(out, PortPrefix{Prefix: r.prefix, Port: r.port})
 		}
 	}
@@ -237,7 +244,7 @@ func (cc *CompiledCeiling) denyName(host string) (Decision, bool) {
 		return Decision{}, false
 	}
 	for _, r := range cc.deny {
-		if r.domain != "" && MatchDomain(r.domain, host) {
+		if r.domain != "" && r.field != defaultDenyField && MatchDomain(r.domain, host) {
 			return deny("ceiling: " + r.String()), true
 		}
 	}
@@ -261,7 +268,9 @@ func (cc *CompiledCeiling) denyAddr(ip netip.Addr, port uint16, bounded bool) (D
 	}
 	forms := Embedded(ip)
 	for _, r := range cc.deny {
-		if r.prefix.IsValid() && (r.port == 0 || r.port == port) && containsAny(r.prefix, forms) {
+		// The default denials are the guard's at run time (every path
+		// ends in it, and it names the reason: "cloud metadata address").
+		if r.prefix.IsValid() && r.field != defaultDenyField && (r.port == 0 || r.port == port) && containsAny(r.prefix, forms) {
 			return deny("ceiling: " + r.String()), true
 		}
 	}

@@ -103,3 +103,15 @@ func TestDecideWithinCeiling(t *testing.T) {
 		t.Errorf("Within changed the original: DecideName = %+v", d)
 	}
 }
+
+func TestDenyPrefixesAreTheOperators(t *testing.T) {
+	cc, err := CompileCeiling(Ceiling{Deny: []string{"203.0.113.0/24", "x.test", "198.51.100.7:443"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cc.DenyPrefixes()
+	want := []PortPrefix{{Prefix: netip.MustParsePrefix("203.0.113.0/24")}, {Prefix: netip.MustParsePrefix("198.51.100.7/32"), Port: 443}}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Errorf("DenyPrefixes = %v, want %v (the defaults stay with the proxy's guard)", got, want)
+	}
+}
