@@ -15,6 +15,11 @@ pkgs+=(docker-registry umoci skopeo)
 # Registry credential tests (test/e2e registry_auth_test.go): htpasswd makes
 # the bcrypt password file of a registry with auth.
 pkgs+=(apache2-utils)
+# Preview hosts (sandbox.getHost(port) = PORT-ID.berth.localhost): nss's
+# myhostname module resolves every *.localhost name to 127.0.0.1 and ::1
+# for getaddrinfo (Node, Python, curl); its install adds it to the hosts
+# line of /etc/nsswitch.conf.
+pkgs+=(libnss-myhostname)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command from a fresh Debian host to a command running in a sandbox:
 # installs dependencies, builds and installs berth and berth-agent into
-# /usr/local/bin, starts the daemon on its embedded defaults (systemd when
-# it runs, otherwise in the background with its log in /var/log/berth.log),
+# /usr/local/bin, starts the daemon on its embedded defaults (a systemd
+# unit where systemd runs, otherwise in the background with its rotated log
+# in /var/log/berth/berth.log),
 # builds the templates and runs `uname -a` in a fresh sandbox. Run as root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,27 +13,41 @@ install -m 0755 bin/berth /usr/local/bin/berth
 install -m 0755 bin/berth-agent /usr/local/bin/berth-agent
 export BERTH_URL=${BERTH_URL:-http://127.0.0.1:2378}
 
-if berth version >/dev/null 2>&1 && curl -fsS "$BERTH_URL/v1/health" >/dev/null 2>&1; then
-	echo "berth daemon already running at $BERTH_URL"
-elif [ "$(systemctl is-system-running 2>/dev/null || true)" = running ] || [ "$(systemctl is-system-running 2>/dev/null || true)" = degraded ]; then
+if curl -fsS "$BERTH_URL/v1/health" >/dev/null 2>&1; then
+	echo "berth daemon already running at $BERTH_URL ($(berth version | head -1))"
+elif [ -d /run/systemd/system ]; then
+	# systemd runs here: a unit, restarted on failure, logging to the
+	# journal. KillMode=process: sandboxes outlive a daemon restart and
+	# are re-adopted. `systemctl reload berth` (SIGHUP) rotates a
+	# configured log_file.
 	cat > /etc/systemd/system/berth.service <<'UNIT'
 [Unit]
 Description=Berth sandbox daemon
-After=network.target
+Documentation=https://github.com/berth-sandbox/berth
+After=network-online.target
+Wants=network-online.target
 
 [Service]
+Type=simple
 ExecStart=/usr/local/bin/berth serve
+ExecReload=/bin/kill -HUP $MAINPID
 KillMode=process
 Restart=on-failure
+RestartSec=2
+LimitNOFILE=1048576
 
 [Install]
 WantedBy=multi-user.target
 UNIT
 	systemctl daemon-reload
 	systemctl enable --now berth
+	echo "berth daemon started by systemd (systemctl status berth; journalctl -u berth)"
 else
-	nohup /usr/local/bin/berth serve >>/var/log/berth.log 2>&1 &
-	echo "berth daemon started (pid $!), log in /var/log/berth.log"
+	# No systemd (a container, CI): in the background, logging to a file
+	# the daemon rotates itself (100 MB, five old files kept).
+	mkdir -p /var/log/berth
+	nohup /usr/local/bin/berth serve --log-file /var/log/berth/berth.log >/dev/null 2>&1 &
+	echo "berth daemon started (pid $!, also in /var/lib/berth/berth.pid), log in /var/log/berth/berth.log"
 fi
 for _ in $(seq 1 300); do
 	curl -fsS "$BERTH_URL/v1/health" >/dev/null 2>&1 && break

@@ -88,9 +88,29 @@ re-adopted when it starts again.`,
 			if debug {
 				level = slog.LevelDebug
 			}
-			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			set("log-file", &cfg.LogFile, flags.LogFile)
+			if cmd.Flags().Changed("preview-listen") {
+				cfg.PreviewListen = flags.PreviewListen
+			}
+			out, rotate, closeLog, err := logOutput(cfg.LogFile, cfg.LogMaxMB, cfg.LogMaxFiles)
+			if err != nil {
+				return err
+			}
+			defer func() { _ = closeLog() }()
+			log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
+			// SIGHUP starts a new log file (for an outside logrotate).
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+			go func() {
+				for range hup {
+					if err := rotate(); err != nil {
+						log.Warn("log_rotate_failed", "err", err)
+					}
+				}
+			}()
 			return daemon.Run(ctx, cfg, log)
 		},
 	}
@@ -111,6 +131,8 @@ re-adopted when it starts again.`,
 	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
 	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
 	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")
+	f.StringSliceVar(&flags.PreviewListen, "preview-listen", nil, "addresses serving preview hosts PORT-ID.<e2b-domain> over HTTP (default 127.0.0.1:80 and [::1]:80 where free; none: off)")
+	f.StringVar(&flags.LogFile, "log-file", "", "log to this file instead of stderr, rotated by size (log_max_mb, log_max_files; SIGHUP rotates)")
 	f.BoolVar(&debug, "debug", false, "debug logging")
 	return cmd
 }

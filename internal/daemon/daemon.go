@@ -19,7 +19,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"syscall"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -95,6 +95,28 @@ type Config struct {
 	// E2BDomain is the preview domain of the E2B-compatible API: a request
 	// for Host "<port>-<sandbox>.<E2BDomain>" goes to that sandbox port.
 	E2BDomain string `json:"e2b_domain" yaml:"e2b_domain"`
+	// E2BDefaultNetwork is what E2B's allow_internet_access: true (the
+	// SDK's default on every create) means: "open" (the internet, within
+	// the egress ceiling; the default) or "none" (no egress at all).
+	E2BDefaultNetwork string `json:"e2b_default_network" yaml:"e2b_default_network"`
+	// PreviewListen are the addresses where preview hosts
+	// ("<port>-<sandbox>.<E2BDomain>", what sandbox.getHost(port) names,
+	// without the API's port) are served over plain HTTP; default
+	// DefaultPreviewListen (port 80 on loopback, best effort); ["none"]
+	// turns it off. PreviewTLSListen serves them over TLS with
+	// PreviewTLSCert/PreviewTLSKey (PEM files; a wildcard certificate for
+	// *.<E2BDomain>), default port 443 on loopback once a certificate is
+	// configured.
+	PreviewListen    []string `json:"preview_listen" yaml:"preview_listen"`
+	PreviewTLSListen []string `json:"preview_tls_listen" yaml:"preview_tls_listen"`
+	PreviewTLSCert   string   `json:"preview_tls_cert" yaml:"preview_tls_cert"`
+	PreviewTLSKey    string   `json:"preview_tls_key" yaml:"preview_tls_key"`
+	// EgressCeiling bounds every sandbox's egress policy (policy.Ceiling):
+	// mode open is open within it, and a policy naming anything outside
+	// it is refused. Its deny list always holds policy.DefaultCeilingDeny
+	// (private, CGNAT, ULA, link-local and metadata addresses); the
+	// host's own addresses are refused too.
+	EgressCeiling policy.Ceiling `json:"egress_ceiling" yaml:"egress_ceiling"`
 	// CommitAuthor, "Name <email>", signs `berth commit` when the request
 	// names no author (default "Berth <berth@localhost>").
 	CommitAuthor string `json:"commit_author" yaml:"commit_author"`
@@ -115,6 +137,13 @@ type Config struct {
 	// create of it skips the cold path (`berth template warm` changes
 	// it until the daemon restarts).
 	WarmPool map[string]int `json:"warm_pool" yaml:"warm_pool"`
+
+	// LogFile, when set, is where the daemon logs (instead of stderr),
+	// rotated when it reaches LogMaxMB (default 100) with LogMaxFiles
+	// rotated files kept (default 5, gzipped); SIGHUP rotates it at once.
+	LogFile     string `json:"log_file" yaml:"log_file"`
+	LogMaxMB    int    `json:"log_max_mb" yaml:"log_max_mb"`
+	LogMaxFiles int    `json:"log_max_files" yaml:"log_max_files"`
 
 	Defaults sandbox.Limits `json:"-" yaml:"-"`
 	Max      sandbox.Limits `json:"-" yaml:"-"`
@@ -178,6 +207,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	cfg = cfg.WithDefaults()
 	if err := checkExposure(cfg); err != nil {
 		return err
+	}
+	ceiling, err := policy.CompileCeiling(cfg.EgressCeiling)
+	if err != nil {
+		return err
+	}
+	ceiling.HostAddrs = new(hostnet.HostAddrs).List
+	switch cfg.E2BDefaultNetwork {
+	case "", "open", "none":
+	default:
+		return fmt.Errorf("e2b_default_network %q: want open or none: %w", cfg.E2BDefaultNetwork, errdefs.ErrInvalidArgument)
 	}
 	retention := DefaultRetention
 	if cfg.Retention != "" {
@@ -262,7 +301,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return err
 	}
 	defer drops.Close()
-	netw, err := hostnet.New(ctx, hostnet.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), Logger: log.With("component", "hostnet")})
+	netw, err := hostnet.New(ctx, hostnet.Config{Instance: cfg.Instance, Pool: pool, LogGroup: drops.Group(), CeilingDeny: ceiling.DenyPrefixes(), Logger: log.With("component", "hostnet")})
 	if err != nil {
 		return err
 	}
@@ -285,7 +324,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	} else {
 		log.Info("fd_limit", "nofile", n, "proxied_connections_max", egress.FDBudget())
 	}
-	egress, err := newEgress(cfg, netw.ProxyPort(), auditLog, log)
+	egress, err := newEgress(cfg, netw.ProxyPort(), ceiling, auditLog, log)
 	if err != nil {
 		return err
 	}
@@ -314,6 +353,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		SnapshotDir:      filepath.Join(cfg.DataDir, "snapshots"),
 		WarmPool:         cfg.WarmPool,
+		Ceiling:          ceiling,
 		Logger:           log.With("component", "sandbox"),
 	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
 	if err != nil {
@@ -351,7 +391,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
-		Native: srv.Handler(), Logger: log.With("component", "e2b"),
+		DefaultNetwork: cfg.E2BDefaultNetwork,
+		Native:         srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)
@@ -376,7 +417,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// authentication.
 	ls := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
-	errc := make(chan error, 2)
+	errc := make(chan error, 8)
+	domain := cfg.E2BDomain
+	if domain == "" {
+		domain = e2bcompat.DefaultDomain
+	}
+	preview, err := startPreview(cfg, strings.ToLower(strings.TrimSuffix(domain, ".")), root, errc, log.With("component", "preview"))
+	if err != nil {
+		ln.Close()
+		sock.Close()
+		return err
+	}
 	go func() { errc <- hs.Serve(ln) }()
 	go func() { errc <- ls.Serve(sock) }()
 	defer os.Remove(SocketPath(cfg.DataDir))
@@ -395,6 +446,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	if err := ls.Shutdown(sctx); err != nil {
 		ls.Close()
 	}
+	preview.shutdown(sctx)
 	return nil
 }
 
@@ -421,19 +473,6 @@ func checkTraversable(dataDir string) error {
 			return nil
 		}
 	}
-}
-
-// lockDataDir makes sure one daemon at a time owns a data dir.
-func lockDataDir(dir string) (func(), error) {
-	f, err := os.OpenFile(filepath.Join(dir, "berth.lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock data dir: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("data dir %s is in use by another berth daemon: %w", dir, err)
-	}
-	return func() { f.Close() }, nil
 }
 
 // installAgent copies the agent binary into the data dir, so the file that
@@ -501,7 +540,7 @@ func (m egressMeter) DaemonUsage(id string) (sandbox.DaemonUsage, bool) {
 }
 
 // newEgress builds the egress services from cfg.
-func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
+func newEgress(cfg Config, proxyPort uint16, ceiling *policy.CompiledCeiling, al *audit.Log, log *slog.Logger) (*egress.Egress, error) {
 	guard := &policy.Guard{HostAddrs: new(hostnet.HostAddrs).List}
 	for _, s := range cfg.PublicTestNets {
 		p, err := netip.ParsePrefix(s)
@@ -527,6 +566,7 @@ func newEgress(cfg Config, proxyPort uint16, al *audit.Log, log *slog.Logger) (*
 		StateDir:      filepath.Join(cfg.DataDir, "egress"),
 		Upstream:      cfg.DNSUpstream,
 		Guard:         guard,
+		Ceiling:       ceiling,
 		Audit:         al,
 		UpstreamRoots: roots,
 		ProxyPort:     proxyPort,
@@ -547,6 +587,8 @@ func dropRecord(d hostnet.Drop) audit.Record {
 	switch d.Reason {
 	case "dns":
 		r.Reason = "DNS to a resolver other than the sandbox's own"
+	case "ceiling":
+		r.Reason = "refused by the operator's egress ceiling"
 	default:
 		r.Reason = "refused by the firewall (mode or policy)"
 	}

@@ -258,7 +258,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		net = *in.Network
 	}
 	net.AllowInternetAccess = in.AllowInternetAccess
-	policy, internet, err := applyNetwork(net, false)
+	policy, internet, err := applyNetwork(net, false, s.cfg.DefaultNetwork == "none")
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -680,7 +680,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated")
 		return
 	}
-	policy, internet, err := applyNetwork(in, true)
+	policy, internet, err := applyNetwork(in, true, s.cfg.DefaultNetwork == "none")
 	if err != nil {
 		writeErr(w, err)
 		return

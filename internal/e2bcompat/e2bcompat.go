@@ -62,6 +62,10 @@ type Config struct {
 	Transport http.RoundTripper
 	// Domain is the preview domain: getHost(port) is "<port>-<id>.<Domain>".
 	Domain string
+	// DefaultNetwork is what allow_internet_access: true means: "open"
+	// (or empty: the internet, within the operator's egress ceiling) or
+	// "none" (no egress; allowOut entries are still let out).
+	DefaultNetwork string
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
 	// MetricsInterval is how often RecordMetrics samples each sandbox

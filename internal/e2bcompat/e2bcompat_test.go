@@ -98,7 +98,7 @@ func TestApplyNetwork(t *testing.T) {
 		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
 	}
 	for _, tt := range tests {
-		_, _, err := applyNetwork(tt.in, false)
+		_, _, err := applyNetwork(tt.in, false, false)
 		if (err == nil) != tt.ok {
 			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
 		}
@@ -297,7 +297,7 @@ func TestEgressPolicy(t *testing.T) {
 		{in: networkConfig{Rules: []byte(`{"x":1}`)}, wantErr: true},
 	}
 	for _, tt := range tests {
-		p, internet, err := egressPolicy(tt.in, tt.update)
+		p, internet, err := egressPolicy(tt.in, tt.update, false)
 		if tt.wantErr {
 			if err == nil {
 				t.Errorf("egressPolicy(%+v, update %v) = %+v, want an error", tt.in, tt.update, p)
@@ -554,5 +554,24 @@ func TestMetricsHistory(t *testing.T) {
 	}
 	if n := len(srv.history.by["x"]); n != maxMetricSamples || !srv.history.by["x"][0].at.Equal(t0.Add(10*time.Second)) {
 		t.Errorf("history holds %d samples from %v", n, srv.history.by["x"][0].at)
+	}
+}
+
+// TestEgressPolicyDefaultNetworkNone: under e2b_default_network: none,
+// asking for internet access gets no egress (allowOut entries still get
+// out), and getInfo reports no internet.
+func TestEgressPolicyDefaultNetworkNone(t *testing.T) {
+	yes := true
+	p, internet, err := egressPolicy(networkConfig{AllowInternetAccess: &yes}, false, true)
+	if err != nil || p.Mode != policy.ModeNone || internet {
+		t.Errorf("egressPolicy(internet, none) = %+v, internet %v, %v; want mode none, no internet", p, internet, err)
+	}
+	p, internet, err = egressPolicy(networkConfig{AllowInternetAccess: &yes, AllowOut: []string{"198.51.100.1"}}, false, true)
+	if err != nil || p.Mode != policy.ModeAllow || len(p.Allow) != 1 || internet {
+		t.Errorf("egressPolicy(internet + allowOut, none) = %+v, internet %v, %v; want mode allow with one entry", p, internet, err)
+	}
+	p, internet, err = egressPolicy(networkConfig{AllowInternetAccess: &yes}, false, false)
+	if err != nil || p.Mode != policy.ModeOpen || !internet {
+		t.Errorf("egressPolicy(internet, open) = %+v, internet %v, %v; want mode open", p, internet, err)
 	}
 }

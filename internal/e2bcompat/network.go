@@ -78,7 +78,10 @@ func allTraffic(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
 // by name rather than silently denied. Rules and egress proxies of E2B's
 // own (network.rules, egressProxy) have no Berth equivalent yet and are
 // refused by name.
-func egressPolicy(n networkConfig, emptyMeansOpen bool) (p policy.Policy, internet bool, err error) {
+//
+// noInternet (the daemon's e2b_default_network: none) turns the open
+// internet off: what would be open is nothing but its allowOut entries.
+func egressPolicy(n networkConfig, emptyMeansOpen, noInternet bool) (p policy.Policy, internet bool, err error) {
 	if present(n.Rules) && string(n.Rules) != "{}" {
 		return policy.Policy{}, false, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
 	}
@@ -112,6 +115,9 @@ func egressPolicy(n networkConfig, emptyMeansOpen bool) (p policy.Policy, intern
 		internet = false
 	default:
 		internet = emptyMeansOpen
+	}
+	if noInternet {
+		internet = false
 	}
 	if !internet || denyAll {
 		if len(n.AllowOut) == 0 {
@@ -159,12 +165,12 @@ func hostCIDR(s string) string {
 // applyNetwork checks a network config (the ingress options Berth's
 // preview routing honours) and returns its egress policy and whether its
 // base stance is the open internet (see egressPolicy).
-func applyNetwork(n networkConfig, emptyMeansOpen bool) (policy.Policy, bool, error) {
+func applyNetwork(n networkConfig, emptyMeansOpen, noInternet bool) (policy.Policy, bool, error) {
 	if n.MaskRequestHost != nil {
 		return policy.Policy{}, false, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
 	}
 	if present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
 		return policy.Policy{}, false, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
 	}
-	return egressPolicy(n, emptyMeansOpen)
+	return egressPolicy(n, emptyMeansOpen, noInternet)
 }

@@ -44,6 +44,9 @@ type Config struct {
 	// Guard decides which addresses are public (required; give it the
 	// host's addresses, hostnet.HostAddrs).
 	Guard *policy.Guard
+	// Ceiling is the operator's egress ceiling: every sandbox's decisions
+	// are bounded by it (nil: none beyond Guard).
+	Ceiling *policy.CompiledCeiling
 	// Audit receives every decision.
 	Audit *audit.Log
 	// UpstreamRoots verify servers behind intercepted TLS (nil: the host's
@@ -161,7 +164,7 @@ func (e *Egress) ResolvConf(hostIP netip.Addr) []byte {
 // Start runs the sandbox's resolver and proxy on hostIP with policy p
 // (persisted, so a restarted daemon can Start it again with LoadPolicy).
 func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error {
-	c, err := policy.Compile(p)
+	c, err := e.compile(p)
 	if err != nil {
 		return err
 	}
@@ -229,7 +232,7 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p poli
 // HTTP requests are decided by it at once, and open connections it would
 // refuse are closed (a kill switch). An invalid policy changes nothing.
 func (e *Egress) SetPolicy(id string, p policy.Policy) error {
-	c, err := policy.Compile(p)
+	c, err := e.compile(p)
 	if err != nil {
 		return err
 	}
@@ -245,6 +248,15 @@ func (e *Egress) SetPolicy(id string, p policy.Policy) error {
 	b.policy.Store(c)
 	b.enforce(c)
 	return nil
+}
+
+// compile compiles p bounded by the operator's ceiling.
+func (e *Egress) compile(p policy.Policy) (*policy.Compiled, error) {
+	c, err := policy.Compile(p)
+	if err != nil {
+		return nil, err
+	}
+	return c.Within(e.cfg.Ceiling), nil
 }
 
 // Policy returns the sandbox's policy in force.

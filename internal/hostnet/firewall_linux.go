@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -86,6 +87,9 @@ type firewall struct {
 	proxyPort   uint16
 	// logGroup is the NFLOG group refusals are logged to (0: not logged).
 	logGroup uint16
+	// ceilingDeny are refused in every mode but none, ahead of the
+	// redirect to the proxy (which refuses them too).
+	ceilingDeny []policy.PortPrefix
 }
 
 const (
@@ -215,8 +219,9 @@ func (f *firewall) policyRules(chain string, hostIP netip.Addr, mode policy.Mode
 
 // Log prefixes name the sandbox chain and why the packet was refused.
 const (
-	logReasonPolicy = "policy"
-	logReasonDNS    = "dns"
+	logReasonPolicy  = "policy"
+	logReasonDNS     = "dns"
+	logReasonCeiling = "ceiling"
 )
 
 // Refusals are logged at most this often per rule and sandbox; the daemon
@@ -292,6 +297,16 @@ func (f *firewall) openRules(chain string, hostIP netip.Addr) [][]expr.Any {
 	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_UDP, port(unix.IPPROTO_UDP, 53))...)
 	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 53))...)
 	rules = append(rules, f.refuse(chain, logReasonDNS, unix.IPPROTO_TCP, port(unix.IPPROTO_TCP, 853))...)
+	// The operator's ceiling, whatever the mode lets out.
+	for _, pp := range f.ceilingDeny {
+		if m := ceilingMatch(pp); m != nil {
+			var proto byte
+			if pp.Port != 0 {
+				proto = unix.IPPROTO_TCP
+			}
+			rules = append(rules, f.refuse(chain, logReasonCeiling, proto, m)...)
+		}
+	}
 	// Only a connection's opening SYN: a stray mid-stream segment
 	// conntrack would call new must not be redirected or let through.
 	return append(rules, []expr.Any{
@@ -302,6 +317,35 @@ func (f *firewall) openRules(chain string, hostIP netip.Addr) [][]expr.Any {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x02}},
 		&expr.Verdict{Kind: expr.VerdictAccept},
 	})
+}
+
+// ceilingMatch matches IPv4 packets to pp (`ip daddr & MASK == NET [th
+// dport PORT]`); nil for IPv6 ranges, which sandboxes cannot reach.
+func ceilingMatch(pp policy.PortPrefix) []expr.Any {
+	p := pp.Prefix.Masked()
+	if !p.Addr().Is4() {
+		return nil
+	}
+	mask := net.CIDRMask(p.Bits(), 32)
+	netw := p.Addr().As4()
+	m := []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: mask, Xor: []byte{0, 0, 0, 0}},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: netw[:]},
+	}
+	if pp.Port != 0 {
+		// Only TCP gets past the rules after these (UDP and the rest
+		// are refused anyway).
+		m = append(m,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(pp.Port)},
+		)
+	}
+	return m
 }
 
 // dnsPacketRate is the DNS packets per second a sandbox may send before

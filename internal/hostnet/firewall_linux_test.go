@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -244,4 +245,53 @@ func dropCount(t *testing.T, n *Network, chain string) uint64 {
 		}
 	}
 	return sum
+}
+
+// TestFirewallCeiling checks that the operator's ceiling denials are
+// refused (and logged as "ceiling") in a sandbox chain that lets anything
+// out, ahead of the accept that sends TCP to the proxy, and are absent in
+// mode none, which refuses everything anyway.
+func TestFirewallCeiling(t *testing.T) {
+	nft, err := exec.LookPath("nft")
+	if err != nil {
+		t.Skip("nft CLI not installed")
+	}
+	n := newTestNetwork(t, Config{LogGroup: 4243, CeilingDeny: []policy.PortPrefix{
+		{Prefix: netip.MustParsePrefix("10.0.0.0/8")},
+		{Prefix: netip.MustParsePrefix("203.0.113.7/32"), Port: 443},
+		{Prefix: netip.MustParsePrefix("fc00::/7")},
+	}})
+	closed := mustAttach(t, n, "sbceilnone")
+	open := mustAttach(t, n, "sbceilopen")
+	if err := n.SetMode(t.Context(), open.ID, policy.ModeOpen); err != nil {
+		t.Fatal(err)
+	}
+	chain := func(id string) string {
+		out, err := exec.Command(nft, "list", "chain", "inet", n.TableName(), n.SandboxChain(id)).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list chain: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	got := chain(open.ID)
+	first := strings.Index(got, "ip daddr 10.0.0.0/8")
+	syn := strings.Index(got, "tcp flags")
+	if first < 0 || syn < 0 || first > syn {
+		t.Errorf("open chain lacks the ceiling's 10.0.0.0/8 refusal ahead of the proxy accept:\n%s", got)
+	}
+	for _, want := range []string{
+		"ip daddr 203.0.113.7 tcp dport 443 counter",
+		"ip daddr 203.0.113.7 tcp dport 443 reject with tcp reset",
+		`log prefix "sbx-sbceilopen ceiling" group 4243`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("open chain lacks %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "fc00") {
+		t.Errorf("open chain matches IPv6 ceiling entries, which sandboxes cannot reach:\n%s", got)
+	}
+	if c := chain(closed.ID); strings.Contains(c, "10.0.0.0/8") {
+		t.Errorf("mode none chain carries ceiling rules:\n%s", c)
+	}
 }

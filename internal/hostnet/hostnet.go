@@ -17,6 +17,8 @@ package hostnet
 import (
 	"log/slog"
 	"net/netip"
+
+	"github.com/berth-sandbox/berth/internal/policy"
 )
 
 // Defaults for Config fields left empty.
@@ -53,7 +55,13 @@ type Config struct {
 	// LogGroup is the NFLOG group the firewall logs its refusals to
 	// (DropLog.Group); 0 logs nothing.
 	LogGroup uint16
-	Logger   *slog.Logger
+	// CeilingDeny are the operator's egress ceiling's address denials
+	// (policy.CompiledCeiling.DenyPrefixes): in
+	// every mode that lets anything out, connections to them are refused
+	// (and logged with reason "ceiling") before the proxy sees them.
+	// IPv4 only: sandboxes have no IPv6.
+	CeilingDeny []policy.PortPrefix
+	Logger      *slog.Logger
 }
 
 // DefaultProxyPort is the egress proxy's port on each veth's host address.

@@ -71,7 +71,7 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 		log:   cfg.Logger.With("hostnet_instance", cfg.Instance),
 		names: newNaming(cfg.Instance),
 	}
-	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort, logGroup: cfg.LogGroup}
+	n.fw = &firewall{table: n.names.table, ifacePrefix: n.names.linkPrefix, proxyPort: cfg.ProxyPort, logGroup: cfg.LogGroup, ceilingDeny: cfg.CeilingDeny}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}

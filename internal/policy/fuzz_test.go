@@ -1,9 +1,14 @@
 package policy
 
 import (
+	"errors"
 	"net/netip"
 	"strings"
 	"testing"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // asciiUpper upper-cases ASCII letters only: names are compared
@@ -192,4 +197,110 @@ func FuzzGuard(f *testing.F) {
 			t.Fatalf("loopback %s allowed", s)
 		}
 	})
+}
+
+// FuzzCeiling checks that no policy exceeds the operator's ceiling: a name
+// a ceiling deny domain matches, or one no ceiling allow domain matches
+// when the ceiling lists domains, is refused by name and by request; an
+// address (in any IPv4 form it embeds) a ceiling deny CIDR covers is
+// refused by address and filtered from resolved answers; a policy Check
+// accepts names no allow entry inside a ceiling denial; and the ceiling
+// never lets out what the policy alone refuses.
+func FuzzCeiling(f *testing.F) {
+	f.Add("allow: [\"*.test\", 198.51.100.0/24]\ndeny: [bad.test, 198.51.100.2]",
+		"mode: open\nallow: [x.test]", "bad.test", "198.51.100.2", uint16(443))
+	f.Add("deny: [\"*.evil.com\"]", "mode: allow\nallow: [\"*.evil.com\", 10.0.0.1]", "a.evil.com", "64:ff9b::a00:1", uint16(80))
+	f.Add("allow: [github.com]", "mode: open", "gitlab.com", "192.168.1.1", uint16(22))
+	f.Add("", "mode: allow\nhttp: [{host: meta.test, methods: [GET], path: /}]", "meta.test", "169.254.169.254", uint16(80))
+	f.Fuzz(func(t *testing.T, ceilDoc, doc, name, addr string, port uint16) {
+		var ceil Ceiling
+		dec := yaml.NewDecoder(strings.NewReader(ceilDoc))
+		dec.KnownFields(true)
+		if err := dec.Decode(&ceil); err != nil && ceilDoc != "" {
+			return
+		}
+		cc, err := CompileCeiling(ceil)
+		if err != nil {
+			return
+		}
+		p, err := Parse([]byte(doc))
+		if err != nil {
+			return
+		}
+		c, err := Compile(p)
+		if err != nil {
+			t.Fatalf("Compile after Parse: %v", err)
+		}
+		w := c.Within(cc)
+		var denyNames, allowNames []string
+		var denyPrefixes []netip.Prefix
+		// The default denials are the guard's at run time (FuzzGuard).
+		for _, s := range ceil.Deny {
+			r, err := parseRule("deny", s)
+			if err != nil {
+				t.Fatalf("ceiling entry %q compiled but does not parse: %v", s, err)
+			}
+			if r.domain != "" {
+				denyNames = append(denyNames, r.domain)
+			} else if r.port == 0 {
+				denyPrefixes = append(denyPrefixes, r.prefix)
+			}
+		}
+		for _, s := range ceil.Allow {
+			if r, _ := parseRule("allow", s); r.domain != "" {
+				allowNames = append(allowNames, r.domain)
+			}
+		}
+		outside := matchesAny(denyNames, name) || len(allowNames) > 0 && !matchesAny(allowNames, name)
+		if outside {
+			if d := w.DecideName(name); d.Allow {
+				t.Fatalf("ceiling %+v: DecideName(%q) = %+v, want denied", ceil, name, d)
+			}
+			if d := w.DecideRequest(name, "GET", "/"); d.Allow {
+				t.Fatalf("ceiling %+v: DecideRequest(%q) = %+v, want denied", ceil, name, d)
+			}
+		}
+		if d := w.DecideName(name); d.Allow && !c.DecideName(name).Allow {
+			t.Fatalf("the ceiling allowed %q, which the policy alone refuses", name)
+		}
+		if cerr := cc.Check(c.Policy); cerr == nil {
+			for _, a := range domainRules(t, "allow", c.Policy.Allow) {
+				if matchesAny(denyNames, strings.TrimPrefix(a, "*.")) && !strings.HasPrefix(a, "*.") {
+					t.Fatalf("Check accepted allow %q, which ceiling denial covers", a)
+				}
+			}
+		} else {
+			var ce *CeilingError
+			if !errors.As(cerr, &ce) || !errors.Is(cerr, errdefs.ErrPermissionDenied) || ce.Field == "" || ce.Ceiling == "" {
+				t.Fatalf("Check = %v, want a CeilingError naming the field and the ceiling entry", cerr)
+			}
+		}
+		ip, err := netip.ParseAddr(addr)
+		if err != nil {
+			return
+		}
+		for _, form := range Embedded(ip) {
+			if !containsAny2(denyPrefixes, form) {
+				continue
+			}
+			if d := w.DecideAddr(ip, port); d.Allow {
+				t.Fatalf("DecideAddr(%s, %d) = %+v, but %s is in a ceiling denial", ip, port, d, form)
+			}
+			if _, bad := w.DeniedAddr(ip, port); !bad {
+				t.Fatalf("DeniedAddr(%s, %d) = false, but %s is in a ceiling denial", ip, port, form)
+			}
+		}
+		if d := w.DecideAddr(ip, port); d.Allow && !c.DecideAddr(ip, port).Allow {
+			t.Fatalf("the ceiling allowed %s, which the policy alone refuses", ip)
+		}
+	})
+}
+
+func containsAny2(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
 }

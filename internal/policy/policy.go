@@ -331,6 +331,17 @@ type Compiled struct {
 	Policy Policy
 	allow  []rule
 	deny   []rule
+	// ceiling, when set, bounds every decision (see Within).
+	ceiling *CompiledCeiling
+}
+
+// Within returns c bounded by the operator's ceiling cc: whatever cc
+// denies is denied whatever the policy says (mode open is open within
+// it). A nil cc bounds nothing.
+func (c *Compiled) Within(cc *CompiledCeiling) *Compiled {
+	out := *c
+	out.ceiling = cc
+	return &out
 }
 
 // Compile validates p and prepares it for decisions.
@@ -381,6 +392,9 @@ func (c *Compiled) DecideName(host string) Decision {
 	if c.Policy.Mode == ModeNone || c.Policy.Mode == ModeLearn {
 		return c.baseline()
 	}
+	if d, ok := c.ceiling.denyName(host); ok {
+		return d
+	}
 	for _, r := range c.deny {
 		if r.domain != "" && MatchDomain(r.domain, host) {
 			return deny("deny " + r.text)
@@ -408,6 +422,9 @@ func (c *Compiled) DecideAddr(ip netip.Addr, port uint16) Decision {
 	if c.Policy.Mode == ModeNone || c.Policy.Mode == ModeLearn {
 		return c.baseline()
 	}
+	if d, ok := c.ceiling.denyAddr(ip, port, true); ok {
+		return d
+	}
 	if d, ok := c.DeniedAddr(ip, port); ok {
 		return d
 	}
@@ -424,6 +441,9 @@ func (c *Compiled) DecideAddr(ip netip.Addr, port uint16) Decision {
 // ip embeds), if any; it also filters resolved addresses of allowed names.
 // Port 0 asks about rules without a port only (DNS answers).
 func (c *Compiled) DeniedAddr(ip netip.Addr, port uint16) (Decision, bool) {
+	if d, ok := c.ceiling.denyAddr(ip, port, false); ok {
+		return d, true
+	}
 	forms := Embedded(ip)
 	for _, r := range c.deny {
 		if r.prefix.IsValid() && (r.port == 0 || r.port == port) && containsAny(r.prefix, forms) {
@@ -449,6 +469,9 @@ func (c *Compiled) DecideRequest(host, method, path string) Decision {
 	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	if c.Policy.Mode == ModeNone || c.Policy.Mode == ModeLearn {
 		return c.baseline()
+	}
+	if d, ok := c.ceiling.denyName(host); ok {
+		return d
 	}
 	for _, r := range c.deny {
 		if r.domain != "" && MatchDomain(r.domain, host) {

@@ -55,8 +55,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	var policy policy.Policy
 	if req.Network != nil {
-		if err := req.Network.Validate(); err != nil {
-			return Sandbox{}, policyField(err)
+		if err := m.checkPolicy(*req.Network); err != nil {
+			return Sandbox{}, err
 		}
 		policy = req.Network.Normalize()
 	}
@@ -165,7 +165,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		PidsLimit:   e.rec.PidsLimit,
 		Hostname:    "berth-" + id[:12],
 		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults),
+		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
 		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it

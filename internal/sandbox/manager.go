@@ -80,7 +80,10 @@ type Config struct {
 	// WarmPool is how many ready sandboxes to keep per template
 	// (pool.go); SetWarm changes it at run time.
 	WarmPool map[string]int
-	Logger   *slog.Logger
+	// Ceiling is the operator's egress ceiling: a policy naming anything
+	// outside it is refused when set (nil: no ceiling beyond the guard).
+	Ceiling *policy.CompiledCeiling
+	Logger  *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
@@ -280,6 +283,10 @@ type CreateRequest struct {
 	IdlePause time.Duration
 	// Network is the egress policy (nil: mode none); see policy.go.
 	Network *policy.Policy
+	// Workdir, when set, is where processes that name no working directory
+	// start (over the template's WORKDIR and the user's home): a
+	// workspace's checkout. Only the daemon's own callers set it.
+	Workdir string
 	// Isolation is the level to run at (core.IsolationRunc or
 	// core.IsolationGVisor); "" takes the template's default, then the
 	// daemon's.

@@ -103,7 +103,23 @@ func policyField(err error) error {
 	if errors.As(err, &re) {
 		return &FieldError{Field: "network." + re.Field, Err: err}
 	}
+	var ce *policy.CeilingError
+	if errors.As(err, &ce) {
+		return &FieldError{Field: "network." + ce.Field, Err: err}
+	}
 	return &FieldError{Field: "network", Err: err}
+}
+
+// checkPolicy validates p and refuses what it names outside the
+// operator's egress ceiling, naming the entry ("network.allow[1]").
+func (m *Manager) checkPolicy(p policy.Policy) error {
+	if err := p.Validate(); err != nil {
+		return policyField(err)
+	}
+	if err := m.cfg.Ceiling.Check(p); err != nil {
+		return policyField(err)
+	}
+	return nil
 }
 
 // startEgress applies p to a sandbox whose agent answers: its resolver
@@ -239,8 +255,8 @@ func (m *Manager) NetworkPolicy(ctx context.Context, id string) (policy.Policy, 
 // at once, and closes open connections it refuses (a kill switch). An
 // invalid policy changes nothing.
 func (m *Manager) SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error) {
-	if err := p.Validate(); err != nil {
-		return policy.Policy{}, policyField(err)
+	if err := m.checkPolicy(p); err != nil {
+		return policy.Policy{}, err
 	}
 	p = p.Normalize()
 	e, err := m.readyEntry(ctx, id)

@@ -47,8 +47,8 @@ func (h *SetupHandle) Event(ctx context.Context, typ, msg string) {
 // SetPolicy switches the sandbox's egress policy (a setup phase's policy
 // to the agent phase's, say).
 func (h *SetupHandle) SetPolicy(ctx context.Context, p policy.Policy) error {
-	if err := p.Validate(); err != nil {
-		return policyField(err)
+	if err := h.m.checkPolicy(p); err != nil {
+		return err
 	}
 	return h.m.applyPolicy(ctx, h.e.rec.ID, p.Normalize())
 }

@@ -23,6 +23,15 @@ func withTemplateArgs(args []string, rec core.Sandbox, d template.Defaults) []st
 	return args
 }
 
+// withWorkdir makes dir the agent's default working directory; it comes
+// after the template's, and the agent takes the last --cwd.
+func withWorkdir(args []string, dir string) []string {
+	if dir == "" {
+		return args
+	}
+	return append(args, "--cwd", dir)
+}
+
 // withTemplateEnv merges the template's environment into env (the agent's
 // KEY=VALUE list): a template value replaces a Berth default of the same
 // key, and is dropped where the request set the key.

@@ -257,6 +257,9 @@ func (w *Service) Create(ctx context.Context, req Request, progress func(Progres
 	}
 	sreq := req.Sandbox
 	sreq.Network = nil
+	// Commands that name no directory (E2B's SDK, a shell) start in the
+	// checkout.
+	sreq.Workdir = CheckoutDir
 	tplName := sreq.Template
 	if env != nil {
 		applyResources(&sreq, env)

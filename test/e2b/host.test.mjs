@@ -3,6 +3,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import http from 'node:http'
+import { lookup } from 'node:dns/promises'
 import { newSandbox, waitFor, domain } from './helpers.mjs'
 
 const daemon = new URL(process.env.E2B_API_URL)
@@ -50,4 +51,31 @@ test('allowPublicTraffic: false requires the traffic access token', async () => 
   assert.equal(res.body, 'private')
   assert.equal((await get(host)).status, 403)
   assert.equal((await get(host, { 'e2b-traffic-access-token': 'wrong' })).status, 403)
+})
+
+// The preview listener (port 80 in production; BERTH_PREVIEW_PORT here)
+// serves getHost's name as it is, with no API port: Node resolves
+// *.berth.localhost to loopback through nss (libnss-myhostname, installed
+// by scripts/deps.sh) and fetch reaches the server in the sandbox.
+test('fetch reaches getHost(port) through the preview listener', { skip: !process.env.BERTH_PREVIEW_PORT && 'BERTH_PREVIEW_PORT is not set' }, async (t) => {
+  const sbx = await newSandbox()
+  const host = sbx.getHost(8080)
+  try {
+    await lookup(host)
+  } catch (err) {
+    t.skip(`${host} does not resolve here (${err.code}): install libnss-myhostname or run systemd-resolved`)
+    return
+  }
+  await sbx.files.write('/home/user/www/hello.txt', 'previewed')
+  await sbx.commands.run('python3 -m http.server 8080 --directory /home/user/www', { background: true })
+  const url = `http://${host}:${process.env.BERTH_PREVIEW_PORT}/hello.txt`
+  const body = await waitFor('the server to answer through the preview listener', async () => {
+    const r = await fetch(url)
+    return r.status === 200 ? r.text() : undefined
+  })
+  assert.equal(body, 'previewed')
+  await sbx.kill()
+  const gone = await fetch(url)
+  assert.equal(gone.status, 502)
+  assert.match(await gone.text(), /The sandbox was not found/)
 })

@@ -37,7 +37,14 @@ func TestE2BSDK(t *testing.T) {
 	// A stand-in internet, so the SDK's network options are checked
 	// against real egress (the daemon treats it as public).
 	tn := harness.StartTestNet(t)
-	d := StartDaemon(t, tn.ConfigFile(t)...)
+	// Preview hosts on a free loopback port (port 80 in production).
+	preview := freePort(t)
+	d := StartDaemon(t, append(tn.ConfigFile(t), "--preview-listen", preview)...)
+	// A repository for the workspace tests (workspace.test.mjs).
+	repo, _ := makeRepo(t, map[string]string{
+		"README":                  "hello from the repository\n",
+		".berth/environment.yaml": "template: base\nsetup:\n  - name: mark\n    run: echo set up > /workspace/ready.txt\n",
+	})
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
 	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
@@ -82,6 +89,8 @@ func TestE2BSDK(t *testing.T) {
 			"E2B_DOMAIN=berth.localhost",
 			"BERTH_TEST_NET_IP="+tn.IP.String(),
 			"BERTH_TEST_NET_IP2="+tn.IP2.String(),
+			"BERTH_PREVIEW_PORT="+preview[strings.LastIndexByte(preview, ':')+1:],
+			"BERTH_TEST_REPO=file://"+repo,
 			"NO_COLOR=1",
 		)
 		// Node's report goes to the test log only when it fails (or with -v),

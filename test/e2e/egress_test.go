@@ -28,6 +28,14 @@ func startEgress(t testing.TB) *egressEnv {
 	t.Helper()
 	harness.RequireHost(t)
 	tn := harness.StartTestNet(t)
+	probe := buildProbe(t)
+	d := harness.StartDaemon(t, bin, tn.ConfigFile(t)...)
+	return &egressEnv{d: d, tn: tn, probe: probe}
+}
+
+// buildProbe builds the probe binary the sandboxes run.
+func buildProbe(t testing.TB) string {
+	t.Helper()
 	probe := filepath.Join(t.TempDir(), "egressprobe")
 	cmd := exec.Command("go", "build", "-o", probe, "./test/harness/egressprobe")
 	cmd.Dir = repoRoot(t)
@@ -35,8 +43,7 @@ func startEgress(t testing.TB) *egressEnv {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("build egressprobe: %v\n%s", err, out)
 	}
-	d := harness.StartDaemon(t, bin, tn.ConfigFile(t)...)
-	return &egressEnv{d: d, tn: tn, probe: probe}
+	return probe
 }
 
 func repoRoot(t testing.TB) string {

@@ -184,7 +184,10 @@ func (d *Daemon) Start() {
 	t := d.t
 	t.Helper()
 	args := append([]string{"serve", "--listen", d.Addr, "--data-dir", d.DataDir, "--instance", d.Instance,
-		"--cache-dir", CacheDir(), "--agent", d.bin.Agent, "--default-template", "minimal"}, d.extra...)
+		"--cache-dir", CacheDir(), "--agent", d.bin.Agent, "--default-template", "minimal",
+		// Test daemons leave port 80 alone; a test that wants preview
+		// hosts passes its own --preview-listen.
+		"--preview-listen", "none"}, d.extra...)
 	cmd := exec.Command(d.bin.Berth, args...)
 	d.mu.Lock()
 	if d.logs == nil {

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// freePort returns a loopback address nothing listens on.
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// TestPreviewListener: the daemon's preview listeners (port 80 and 443 by
+// default; high ports here, so tests leave the host's alone) serve
+// "<port>-<id>.berth.localhost" as sandbox.getHost(port) names it, with no
+// daemon port: plain HTTP and TLS with the configured certificate reach a
+// server in the sandbox, other hosts are refused, and a sandbox that is
+// gone answers 502 in E2B's words.
+func TestPreviewListener(t *testing.T) {
+	plain, secure := freePort(t), freePort(t)
+	certFile, keyFile, pool := previewCert(t)
+	cfg := filepath.Join(t.TempDir(), "preview.yaml")
+	if err := os.WriteFile(cfg, []byte("preview_tls_listen: [\""+secure+"\"]\npreview_tls_cert: "+certFile+"\npreview_tls_key: "+keyFile+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	d := StartDaemon(t, "--config", cfg, "--preview-listen", plain)
+	sb := d.Create(t, client.CreateRequest{})
+	MustRun(t, sb, "mkdir -p /tmp/www && echo served from inside > /tmp/www/hello.txt")
+	if _, _, code := Run(t, sb, "busybox httpd -p 8080 -h /tmp/www"); code != 0 {
+		t.Fatal("busybox httpd did not start")
+	}
+	host := "8080-" + sb.ID + ".berth.localhost"
+	get := func(c *http.Client, url, host string) (int, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatalf("GET %s (Host %s): %v", url, host, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(http.DefaultClient, "http://"+plain+"/hello.txt", host); code != 200 || body != "served from inside\n" {
+		t.Errorf("preview over HTTP = %d %q, want the sandbox's file", code, body)
+	}
+	// TLS: the name is the SNI, verified against the wildcard certificate.
+	tc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: host}}}
+	if code, body := get(tc, "https://"+secure+"/hello.txt", host); code != 200 || body != "served from inside\n" {
+		t.Errorf("preview over TLS = %d %q, want the sandbox's file", code, body)
+	}
+	// Not a preview host: neither the control plane nor a sandbox.
+	if code, body := get(http.DefaultClient, "http://"+plain+"/v1/health", "127.0.0.1"); code != 404 || !strings.Contains(body, "not a Berth preview host") {
+		t.Errorf("preview listener for a non-preview host = %d %q, want 404", code, body)
+	}
+	if code, _ := get(http.DefaultClient, "http://"+plain+"/sandboxes", "example.com"); code != 404 {
+		t.Errorf("preview listener for the E2B control plane = %d, want 404", code)
+	}
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	code, body := get(http.DefaultClient, "http://"+plain+"/hello.txt", host)
+	if code != 502 || !strings.Contains(body, "The sandbox was not found") {
+		t.Errorf("preview of a killed sandbox = %d %q, want 502 with E2B's wording", code, body)
+	}
+}
+
+// previewCert writes a self-signed certificate for *.berth.localhost and
+// its key, and returns their files and a pool trusting it.
+func previewCert(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "*.berth.localhost"},
+		DNSNames:  []string{"*.berth.localhost"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		IsCA: true, BasicConstraintsValid: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
