@@ -267,7 +267,9 @@ func TestFiles(t *testing.T) {
 
 func TestInspectEventsTimeout(t *testing.T) {
 	d := StartDaemon(t)
-	sb := d.Create(t, client.CreateRequest{Timeout: "3s", CPU: 0.5, Memory: "256M", Disk: "512M"})
+	// A timeout long enough that no loaded host reaches it before the
+	// test moves it: the deadline under test is the 2 s one set below.
+	sb := d.Create(t, client.CreateRequest{Timeout: "10m", CPU: 0.5, Memory: "256M", Disk: "512M"})
 	got, err := d.Client.Get(t.Context(), sb.ID)
 	if err != nil {
 		t.Fatal(err)
