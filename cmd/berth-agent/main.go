@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"strconv"
@@ -90,7 +89,7 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
-	l, err := net.Listen("tcp", *listen)
+	l, err := listenBlocking(*listen)
 	if err != nil {
 		return err
 	}

@@ -98,14 +98,6 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pause: %v\n%s", err, d.Logs())
 	}
-	if p.State == client.StatePaused && p.Pause == client.PauseFilesystem {
-		// runsc 0.0~20221219 cannot save the agent's listening socket
-		// while a poller waits on it ("endpoint still has waiters upon
-		// save") and the failed checkpoint ends the sandbox's processes:
-		// Berth says so instead of pretending (docs/security.md).
-		assertFilesystemFallback(t, d, sb)
-		return
-	}
 	if p.State != client.StatePaused || p.Pause != client.PauseMemory {
 		t.Fatalf("Pause = %s/%q, want paused with memory", p.State, p.Pause)
 	}
@@ -135,41 +127,6 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	}
 	assertCounting(t, sb, before, "after resume")
 	t.Logf("memory cgroup holds %d MiB after resume", memoryCharged(d, sb.ID)>>20)
-	if err := d.Client.Kill(ctx, sb.ID); err != nil {
-		t.Fatal(err)
-	}
-	AssertNoLeaks(t, d)
-}
-
-// assertFilesystemFallback checks a gVisor pause whose checkpoint failed:
-// inspect and the paused event say "filesystem" and why, the host holds
-// only the disk (no checkpoint, partial or not), and resume brings the
-// sandbox back with its disk.
-func assertFilesystemFallback(t *testing.T, d *Daemon, sb *client.Sandbox) {
-	t.Helper()
-	ctx := t.Context()
-	evs, err := d.Client.Events(ctx, sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var why string
-	for _, e := range evs {
-		if e.Type == client.EventPaused {
-			why = e.Message
-		}
-	}
-	if !strings.Contains(why, "filesystem") || !strings.Contains(why, "checkpoint failed") {
-		t.Errorf("paused event %q: want the filesystem pause and the checkpoint's failure named", why)
-	}
-	t.Logf("memory pause not available on this runsc: %.300s", why)
-	harness.AssertPausedClean(t, d, sb.ID)
-	if _, err := os.Stat(filepath.Join(d.DataDir, "checkpoints", sb.ID)); err == nil {
-		t.Errorf("a failed checkpoint was kept")
-	}
-	if _, err := d.Client.Resume(ctx, sb.ID, 0); err != nil {
-		t.Fatalf("resume after a filesystem pause: %v", err)
-	}
-	MustRun(t, sb, "test -d /home")
 	if err := d.Client.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
