@@ -117,15 +117,25 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Errorf("checkpoint holds %d bytes, less than the 48 MiB in memory", cp)
 	}
 
-	// Paused across a restart, then resumed: the same counter counts on.
-	d.Stop()
-	d.Start()
-	harness.AssertPausedClean(t, d, sb.ID)
 	r, err := d.Client.Resume(ctx, sb.ID, 0)
 	if err != nil || r.State != client.StateReady || r.Pause != "" {
 		t.Fatalf("resume: %+v, %v\n%s", r.Sandbox, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after resume")
+
+	// Paused across a restart, then resumed: the same counter counts on.
+	before = readCount(t, sb)
+	if p, err = d.Client.Pause(ctx, sb.ID); err != nil || p.Pause != client.PauseMemory {
+		t.Fatalf("second pause: %+v, %v", p, err)
+	}
+	d.Stop()
+	d.Start()
+	harness.AssertPausedClean(t, d, sb.ID)
+	r, err = d.Client.Resume(ctx, sb.ID, 0)
+	if err != nil || r.State != client.StateReady || r.Pause != "" {
+		t.Fatalf("resume after a restart: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+	}
+	assertCounting(t, sb, before, "after a restart and resume")
 	t.Logf("memory cgroup holds %d MiB after resume", memoryCharged(d, sb.ID)>>20)
 	if err := d.Client.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
