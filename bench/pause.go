@@ -4,10 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
@@ -113,15 +111,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 func waitMemory(d *harness.Daemon, id string, want int64) (int64, error) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var cur int64
-		for _, name := range []string{"memory.current", "memory.usage_in_bytes"} {
-			if p := d.CgroupFile(id, "memory", name); p != "" {
-				if b, err := os.ReadFile(p); err == nil {
-					cur, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-				}
-				break
-			}
-		}
+		cur := d.CgroupMemory(id)
 		if cur >= want {
 			return cur, nil
 		}

@@ -53,18 +53,6 @@ func assertCounting(t *testing.T, sb *client.Sandbox, since int, when string) {
 	}
 }
 
-// memoryCharged is what the sandbox's memory cgroup holds, -1 without one.
-func memoryCharged(d *Daemon, id string) int64 {
-	for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
-		if p := d.CgroupFile(id, "memory", f); p != "" {
-			if n, err := harness.CgroupInt(p); err == nil {
-				return n
-			}
-		}
-	}
-	return -1
-}
-
 // dirSize sums the sizes of the files under dir.
 func dirSize(dir string) int64 {
 	var n int64
@@ -89,7 +77,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	ctx := t.Context()
 	sb := d.Create(t, client.CreateRequest{Isolation: client.IsolationGVisor, Memory: "512M", Timeout: "30m"})
 	startCounter(t, sb)
-	charged := memoryCharged(d, sb.ID)
+	charged := d.CgroupMemory(sb.ID)
 	if charged < 48<<20 {
 		t.Fatalf("the sandbox's memory cgroup holds %d bytes, want at least the counter's 48 MiB", charged)
 	}
@@ -136,7 +124,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Fatalf("resume after a restart: %+v, %v\n%s", r.Sandbox, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after a restart and resume")
-	t.Logf("memory cgroup holds %d MiB after resume", memoryCharged(d, sb.ID)>>20)
+	t.Logf("memory cgroup holds %d MiB after resume", d.CgroupMemory(sb.ID)>>20)
 	if err := d.Client.Kill(ctx, sb.ID); err != nil {
 		t.Fatal(err)
 	}
