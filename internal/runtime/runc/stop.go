@@ -228,7 +228,9 @@ func waitLoopsGone(image string, limit time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("still attached to %v %s after Stop: %w", devs, limit, errdefs.ErrUnavailable)
 		}
-		_ = detachLoops(image) // autoclear, if the last user is gone meanwhile
-		time.Sleep(50 * time.Millisecond) // poll: the kernel unbinds it when its last user goes
+		// Poll: the kernel unbinds the device when its last user goes
+		// (detaching again covers a device left without autoclear).
+		_ = detachLoops(image)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
