@@ -60,7 +60,8 @@ test('on gVisor, pause() keeps memory: a background process counts on after conn
   }
   // The count lives in the shell's memory; /tmp is in the sentry's memory too.
   await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
-  await waitFor('the counter to count', async () => Number(await sbx.files.read('/tmp/count')) > 0, 60_000)
+  // Until the counter's first write the file is not there.
+  await waitFor('the counter to count', async () => Number(await sbx.files.read('/tmp/count').catch(() => '0')) > 0, 60_000)
   const before = Number(await sbx.files.read('/tmp/count'))
   assert.equal(await sbx.pause(), true)
   assert.equal((await native(sbx.sandboxId)).pause, 'memory')
