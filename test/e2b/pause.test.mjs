@@ -59,7 +59,10 @@ test('on gVisor, pause() keeps memory: a background process counts on after conn
     return
   }
   // The count lives in the shell's memory; /tmp is in the sentry's memory too.
-  await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
+  const h = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
+  // The command keeps running; its output stream (an open connection
+  // into the sandbox, which this runsc cannot checkpoint) goes.
+  await h.disconnect()
   // Until the counter's first write the file is not there.
   await waitFor('the counter to count', async () => Number(await sbx.files.read('/tmp/count').catch(() => '0')) > 0, 60_000)
   const before = Number(await sbx.files.read('/tmp/count'))
