@@ -28,7 +28,7 @@ import (
 //     what is not charged to any cgroup (mounts, loop devices, network
 //     namespaces and links, runc's short-lived processes) but also whatever
 //     else the host did meanwhile.
-func runDensity(tb *runner, n, batch int) error {
+func runDensity(tb *runner, n, batch int, iso string) error {
 	bin, cleanup, err := harness.Build()
 	if err != nil {
 		return err
@@ -38,7 +38,7 @@ func runDensity(tb *runner, n, batch int) error {
 	ctx := context.Background()
 	// One sandbox made and destroyed first: the daemon's caches, the
 	// template and the disk pool are warm before the baseline.
-	warm, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
+	warm, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Isolation: iso})
 	if err != nil {
 		return err
 	}
@@ -65,7 +65,7 @@ func runDensity(tb *runner, n, batch int) error {
 			go func() {
 				defer wg.Done()
 				t0 := time.Now()
-				sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Timeout: "2h"})
+				sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Timeout: "2h", Isolation: iso})
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -117,7 +117,7 @@ func runDensity(tb *runner, n, batch int) error {
 		}
 		return fmt.Sprintf("%.2f MiB", mib(b)/float64(held))
 	}
-	fmt.Printf("\n| density (template minimal, %d at a time) | value |\n|---|---|\n", batch)
+	fmt.Printf("\n| density (template minimal, isolation %s, %d at a time) | value |\n|---|---|\n", iso, batch)
 	fmt.Printf("| sandboxes asked for | %d |\n", n)
 	fmt.Printf("| sandboxes held (created) | %d |\n", held)
 	fmt.Printf("| create failures | %d |\n", len(failures))

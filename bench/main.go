@@ -63,12 +63,13 @@ func main() {
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
-	isolation := flag.String("isolation", "runc", "isolation level of the daemon-level rows (runc or gvisor; the floor is then raw `runsc run`)")
+	isolation := flag.String("isolation", "runc", "isolation level of the daemon-level and density rows (runc or gvisor; the floor is then raw `runsc run`)")
 	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
 	pause := flag.Int("pause", 0, "instead, this many pause/resume rounds of a sandbox holding -pause-mib MiB (bench/pause.go)")
 	pauseMiB := flag.Int("pause-mib", 256, "memory the paused sandbox's process holds")
 	snapshot := flag.Int("snapshot", 0, "instead, this many rounds of snapshot, create-from-snapshot and fork of a sandbox that wrote -snapshot-mib MiB (bench/snapshot.go)")
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
+	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
 	flag.Parse()
 	tb := &runner{}
 	defer tb.finish()
@@ -79,7 +80,7 @@ func main() {
 		return
 	}
 	if *pause > 0 {
-		if err := runPause(tb, *pause, *pauseMiB); err != nil {
+		if err := runPause(tb, *pause, *pauseMiB, strings.Split(*pauseIsolations, ",")); err != nil {
 			tb.Fatalf("%v", err)
 		}
 		return
@@ -91,7 +92,7 @@ func main() {
 		return
 	}
 	if *density > 0 {
-		if err := runDensity(tb, *density, *batch); err != nil {
+		if err := runDensity(tb, *density, *batch, *isolation); err != nil {
 			tb.Fatalf("%v", err)
 		}
 		return

@@ -4,46 +4,67 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
-// runPause measures pause and resume through the daemon (the runc
-// runtime, so a filesystem pause) of a minimal sandbox whose process holds
-// mib MiB, n rounds: pause time, resume time (until the agent answers
-// again), and the sandbox's memory (its cgroup's) before the pause and
+// runPause measures pause and resume through the daemon of a minimal
+// sandbox whose process holds mib MiB, n rounds per isolation level in
+// isos, one table each in the same run: pause time, resume time (until
+// the agent answers again), the kind of pause the daemon made (runc: a
+// filesystem pause; gVisor: memory where runsc can checkpoint the
+// sandbox), and the sandbox's memory (its cgroup's) before the pause and
 // host MemAvailable gained by it. The floor is a fresh create of the same
-// template (create → agent answers), which a filesystem resume resembles.
-func runPause(tb *runner, n, mib int) error {
+// template and level (create → agent answers), which a filesystem resume
+// resembles.
+func runPause(tb *runner, n, mib int, isos []string) error {
 	bin, cleanup, err := harness.Build()
 	if err != nil {
 		return err
 	}
 	defer cleanup()
 	d := harness.StartDaemon(tb, bin)
+	for _, iso := range isos {
+		if err := pauseRows(tb, d, n, mib, iso); err != nil {
+			return fmt.Errorf("isolation %s: %w", iso, err)
+		}
+	}
+	return nil
+}
+
+// pauseRows prints runPause's table for one isolation level.
+func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	ctx := context.Background()
-	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h"})
+	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
 	if err != nil {
 		return err
 	}
 	var pauses, resumes, creates []time.Duration
 	var held, freed []int64
+	kinds := map[string]int{}
+	// A memory pause keeps the holder running; a filesystem pause ends
+	// it, and the next round starts another.
+	needHolder := true
 	for i := range n {
-		// A process holding mib MiB, touched (awk builds the string).
-		hold := fmt.Sprintf("awk 'BEGIN{s=sprintf(\"%%%ds\",\"\"); system(\"sleep 100000\")}' >/dev/null 2>&1 &", mib<<20)
-		var out bytes.Buffer
-		if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", hold}, Stdout: &out, Stderr: &out}); err != nil || code != 0 {
-			return fmt.Errorf("start the memory holder: %d %v %s", code, err, out.String())
+		if needHolder {
+			// A process holding mib MiB, touched (awk builds the string).
+			hold := fmt.Sprintf("awk 'BEGIN{s=sprintf(\"%%%ds\",\"\"); system(\"sleep 100000\")}' >/dev/null 2>&1 &", mib<<20)
+			var out bytes.Buffer
+			if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", hold}, Stdout: &out, Stderr: &out}); err != nil || code != 0 {
+				return fmt.Errorf("start the memory holder: %d %v %s", code, err, out.String())
+			}
 		}
-		mem, err := waitMemory(d, sb.ID, int64(mib)<<20*9/10)
-		if err != nil {
-			return err
+		// A holder restored from a checkpoint is charged to the new
+		// cgroup as the sentry touches its pages again, not at once.
+		mem := d.CgroupMemory(sb.ID)
+		if needHolder {
+			if mem, err = waitMemory(d, sb.ID, int64(mib)<<20*9/10); err != nil {
+				return err
+			}
 		}
 		held = append(held, mem)
 		before, err := memAvailable()
@@ -56,6 +77,8 @@ func runPause(tb *runner, n, mib int) error {
 			return err
 		}
 		pauses = append(pauses, time.Since(t0))
+		kinds[p.Pause]++
+		needHolder = p.Pause != client.PauseMemory
 		after, err := memAvailable()
 		if err != nil {
 			return err
@@ -67,7 +90,7 @@ func runPause(tb *runner, n, mib int) error {
 		}
 		resumes = append(resumes, time.Since(t0))
 		t0 = time.Now()
-		fresh, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
+		fresh, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Isolation: iso})
 		if err != nil {
 			return err
 		}
@@ -75,9 +98,9 @@ func runPause(tb *runner, n, mib int) error {
 		if err := d.Client.Kill(ctx, fresh.ID); err != nil {
 			return err
 		}
-		tb.Logf("pause round %d: pause %s (%s), resume %s, held %d MiB, MemAvailable +%d MiB", i, pauses[i], p.Pause, resumes[i], mem>>20, freed[i]>>20)
+		tb.Logf("%s pause round %d: pause %s (%s), resume %s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], mem>>20, freed[i]>>20)
 	}
-	fmt.Printf("\n| pause and resume (runc: filesystem pause; process holding %d MiB) | n | p50 | p99 |\n|---|---|---|---|\n", mib)
+	fmt.Printf("\n| pause and resume, isolation %s (pauses made: %v; process holding %d MiB) | n | p50 | p99 |\n|---|---|---|---|\n", iso, kinds, mib)
 	fmt.Printf("| pause (request → paused, CPU and memory released) | %d | %s | %s |\n", n, fmtDur(pct(pauses, 50)), fmtDur(pct(pauses, 99)))
 	fmt.Printf("| resume (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(resumes, 50)), fmtDur(pct(resumes, 99)))
 	fmt.Printf("| floor: create of the same template (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(creates, 50)), fmtDur(pct(creates, 99)))
@@ -92,15 +115,7 @@ func runPause(tb *runner, n, mib int) error {
 func waitMemory(d *harness.Daemon, id string, want int64) (int64, error) {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		var cur int64
-		for _, name := range []string{"memory.current", "memory.usage_in_bytes"} {
-			if p := d.CgroupFile(id, "memory", name); p != "" {
-				if b, err := os.ReadFile(p); err == nil {
-					cur, _ = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-				}
-				break
-			}
-		}
+		cur := d.CgroupMemory(id)
 		if cur >= want {
 			return cur, nil
 		}

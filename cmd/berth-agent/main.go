@@ -7,10 +7,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -38,6 +40,9 @@ func run() error {
 		return nil
 	}
 	logger := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	if err := dropTokenFromEnviron(); err != nil {
+		return err
+	}
 
 	// Not dumpable: a sandbox process running as root (the same uid as the
 	// agent) could otherwise read the token from /proc/1/environ, write
@@ -48,9 +53,12 @@ func run() error {
 	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
 		return fmt.Errorf("prctl(PR_SET_DUMPABLE): %w", err)
 	}
-	// The token must not leak into any process the agent starts.
-	token := os.Getenv(agent.TokenEnv)
-	_ = os.Unsetenv(agent.TokenEnv)
+	// The token must not leak into any process the agent starts, nor
+	// stay readable in /proc/1/environ.
+	token, err := takeToken()
+	if err != nil {
+		return err
+	}
 
 	var reaper *agent.Reaper
 	if os.Getpid() == 1 {
@@ -81,10 +89,70 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer stop()
-	l, err := net.Listen("tcp", *listen)
+	l, err := listenBlocking(*listen)
 	if err != nil {
 		return err
 	}
 	logger.Info("agent_listening", "addr", l.Addr().String(), "version", envd.Version, "pid1", os.Getpid() == 1)
 	return srv.Serve(ctx, l)
+}
+
+// tokenFDEnv names the descriptor the agent passes its token through
+// to itself across the exec in dropTokenFromEnviron.
+const tokenFDEnv = "BERTH_AGENT_CRED_FD"
+
+// dropTokenFromEnviron re-executes the agent without the token in its
+// environment when it has one there, handing the token over through a
+// pipe. /proc/1/environ shows the environment block the process was
+// started with, whatever the process later unsets, and only the kernel's
+// dumpable check keeps other processes of the agent's uid from reading
+// it: Linux honours that check, gVisor's sentry (runsc 2022) does not.
+// After the exec the block holds no token on either. The pid stays the
+// same (PID 1 of the sandbox).
+func dropTokenFromEnviron() error {
+	token, ok := os.LookupEnv(agent.TokenEnv)
+	if !ok {
+		return nil
+	}
+	var p [2]int
+	if err := unix.Pipe(p[:]); err != nil { // no O_CLOEXEC: the read end crosses the exec
+		return fmt.Errorf("pipe for the token: %w", err)
+	}
+	// A pipe holds at least a page; a token is a few dozen bytes, so the
+	// write completes before anyone reads.
+	if _, err := unix.Write(p[1], []byte(token)); err != nil {
+		return fmt.Errorf("write the token: %w", err)
+	}
+	unix.Close(p[1])
+	env := []string{tokenFDEnv + "=" + strconv.Itoa(p[0])}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, agent.TokenEnv+"=") && !strings.HasPrefix(kv, tokenFDEnv+"=") {
+			env = append(env, kv)
+		}
+	}
+	return fmt.Errorf("re-exec without the token: %w", unix.Exec("/proc/self/exe", os.Args, env))
+}
+
+// takeToken reads the token the agent passed itself in
+// dropTokenFromEnviron, or takes it from the environment where that was
+// not needed, and removes both from the environment children inherit.
+func takeToken() (string, error) {
+	fdStr, ok := os.LookupEnv(tokenFDEnv)
+	_ = os.Unsetenv(tokenFDEnv)
+	if !ok {
+		token := os.Getenv(agent.TokenEnv)
+		_ = os.Unsetenv(agent.TokenEnv)
+		return token, nil
+	}
+	fd, err := strconv.Atoi(fdStr)
+	if err != nil {
+		return "", fmt.Errorf("%s=%q: %w", tokenFDEnv, fdStr, err)
+	}
+	f := os.NewFile(uintptr(fd), "token")
+	defer f.Close()
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return "", fmt.Errorf("read the token: %w", err)
+	}
+	return string(b), nil
 }

@@ -24,14 +24,27 @@ type Link struct {
 // New returns a Link.
 func New() *Link {
 	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	// The host ends every connection to an agent with a reset (SO_LINGER
+	// 0), so the sandbox's end is closed at once and never lingers in
+	// TIME_WAIT or another connected state: gVisor (runsc 2022) refuses
+	// to checkpoint a sandbox whose network stack holds a connected
+	// endpoint, and a probe's Connection: close would otherwise leave
+	// the agent's end in TIME_WAIT for a minute.
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dialer.DialContext(ctx, network, addr)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		return c, err
+	}
 	return &Link{
 		probe: &http.Client{
 			Timeout: 2 * time.Second,
 			// Probes must not keep idle connections into sandboxes.
-			Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true},
+			Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true},
 		},
 		transport: &http.Transport{
-			DialContext:         dialer.DialContext,
+			DialContext:         dial,
 			MaxIdleConnsPerHost: 16,
 			IdleConnTimeout:     30 * time.Second,
 			// Streams (process output, watches) are long-lived; no response
@@ -79,7 +92,8 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 	}
 }
 
-// CloseIdle drops idle connections to agents (after a sandbox ends).
+// CloseIdle drops idle connections to agents (after a sandbox ends, and
+// before one is checkpointed).
 func (l *Link) CloseIdle() { l.transport.CloseIdleConnections() }
 
 // CloseAfterRefusal is a ReverseProxy ModifyResponse hook: when the agent

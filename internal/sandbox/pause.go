@@ -58,6 +58,10 @@ type reattacher interface {
 	AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error)
 }
 
+// idleCloser is the Prober's optional ability to drop its idle
+// connections to agents (agentlink.Link).
+type idleCloser interface{ CloseIdle() }
+
 // checkpointDir is where a memory pause keeps sandbox id's checkpoint.
 func (m *Manager) checkpointDir(id string) string { return filepath.Join(m.cfg.CheckpointDir, id) }
 
@@ -216,6 +220,13 @@ func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id string) er
 	}
 	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
 		return err
+	}
+	// The daemon's idle connections to the agent are connected endpoints
+	// in the sandbox's network stack, which gVisor will not save: they
+	// go first (reset, see agentlink), and their resets reach the
+	// sandbox before the checkpoint stops it.
+	if ic, ok := m.deps.Prober.(idleCloser); ok {
+		ic.CloseIdle()
 	}
 	tmp := m.partialDir(id)
 	if err := cp.Checkpoint(ctx, id, tmp); err != nil {

@@ -26,8 +26,14 @@ func (m *Manager) adoptPause(ctx context.Context, e *entry, fail func(string) bo
 	running := st.Status == runtime.StatusRunning
 	switch e.state() {
 	case StatePausing:
-		_ = os.RemoveAll(m.partialDir(id)) // an incomplete checkpoint is never used
-		if running && !m.hasCheckpoint(id) {
+		// A partial checkpoint means one was under way: the sandbox's
+		// runtime may still be saving it and stop the sandbox when done,
+		// so it is not known to keep running. It is stopped below and
+		// its processes are lost (said so); only without one was nothing
+		// lost.
+		_, perr := os.Stat(m.partialDir(id))
+		inFlight := perr == nil
+		if running && !m.hasCheckpoint(id) && !inFlight {
 			// Killed before the pause took: nothing was lost.
 			if err := e.moveTo(StateReady); err != nil {
 				return fail(err.Error()), true
@@ -46,6 +52,9 @@ func (m *Manager) adoptPause(ctx context.Context, e *entry, fail func(string) bo
 		if err := m.stopKept(ctx, rt, id); err != nil {
 			return fail("daemon restarted while the sandbox was being paused; stop: " + err.Error()), true
 		}
+		// Stopped, nothing writes it any more: an incomplete checkpoint
+		// is never used.
+		_ = os.RemoveAll(m.partialDir(id))
 		if err := m.release(ctx, id); err != nil {
 			return fail("daemon restarted while the sandbox was being paused; " + err.Error()), true
 		}

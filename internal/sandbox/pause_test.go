@@ -412,8 +412,13 @@ func TestAdoptPauseStates(t *testing.T) {
 	}{
 		{"pausing before the checkpoint", func(t *testing.T, f *pauseFixture, id string) {
 			setState(t, f, id, StatePausing, "")
-			writeCheckpoint(t, f, id+".partial")
 		}, StateReady, ""},
+		// The runtime may still be saving and stop the sandbox once done:
+		// it is stopped, its processes are lost, and it says so.
+		{"pausing with a checkpoint under way, still running", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id+".partial")
+		}, StatePaused, core.PauseFilesystem},
 		{"pausing with the checkpoint complete", func(t *testing.T, f *pauseFixture, id string) {
 			setState(t, f, id, StatePausing, "")
 			writeCheckpoint(t, f, id)

@@ -51,3 +51,25 @@ test('lifecycle { onTimeout: pause, autoResume: true }: paused at the deadline, 
   assert.equal((await sbx.commands.run('echo "$KEPT"')).stdout, 'yes\n')
   assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
 })
+
+test('on gVisor, pause() keeps memory: a background process counts on after connect()', async (t) => {
+  const sbx = await newSandbox()
+  if ((await native(sbx.sandboxId)).isolation !== 'gvisor') {
+    t.skip('runc keeps files only (BERTH_TEST_E2B_GVISOR=1 runs this file on a gVisor template)')
+    return
+  }
+  // The count lives in the shell's memory; /tmp is in the sentry's memory too.
+  const h = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
+  // The command keeps running; its output stream (an open connection
+  // into the sandbox, which this runsc cannot checkpoint) goes.
+  await h.disconnect()
+  // Until the counter's first write the file is not there.
+  await waitFor('the counter to count', async () => Number(await sbx.files.read('/tmp/count').catch(() => '0')) > 0, 60_000)
+  const before = Number(await sbx.files.read('/tmp/count'))
+  assert.equal(await sbx.pause(), true)
+  assert.equal((await native(sbx.sandboxId)).pause, 'memory')
+  const again = await Sandbox.connect(sbx.sandboxId, { timeoutMs: 120_000 })
+  const first = Number(await again.files.read('/tmp/count'))
+  assert.ok(first >= before, `count ${first} after resume, ${before} before: the process's memory was kept`)
+  await waitFor('the counter to count on', async () => Number(await again.files.read('/tmp/count')) > first, 60_000)
+})

@@ -8,33 +8,19 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/test/harness"
 )
-
-// isolations are the levels the e2e tests run at: runc always, gvisor when
-// runsc is installed (scripts/deps.sh installs it; without it a gvisor
-// case skips saying so).
-func isolations() []string { return []string{client.IsolationRunc, client.IsolationGVisor} }
 
 // requireIsolation skips a gvisor case on a host without runsc.
 func requireIsolation(t *testing.T, iso string) {
 	t.Helper()
-	if iso != client.IsolationGVisor {
-		return
-	}
-	if _, err := exec.LookPath("runsc"); err != nil {
-		t.Skip("gvisor level: runsc is not installed (apt-get install runsc; scripts/deps.sh)")
-	}
+	harness.RequireIsolation(t, iso)
 }
 
 // forEachIsolation runs fn as one subtest per isolation level.
 func forEachIsolation(t *testing.T, fn func(t *testing.T, iso string)) {
 	t.Helper()
-	for _, iso := range isolations() {
-		t.Run(iso, func(t *testing.T) {
-			requireIsolation(t, iso)
-			fn(t, iso)
-		})
-	}
+	harness.ForEachIsolation(t, fn)
 }
 
 // hostKernel is the host's kernel release: a runc sandbox shares it, a

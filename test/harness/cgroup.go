@@ -67,3 +67,16 @@ func CgroupInt(path string) (int64, error) {
 	}
 	return strconv.ParseInt(s, 10, 64)
 }
+
+// CgroupMemory is what the sandbox's memory cgroup holds (memory.current
+// on v2, memory.usage_in_bytes on v1), -1 without one.
+func (d *Daemon) CgroupMemory(id string) int64 {
+	for _, f := range []string{"memory.current", "memory.usage_in_bytes"} {
+		if p := d.CgroupFile(id, "memory", f); p != "" {
+			if n, err := CgroupInt(p); err == nil {
+				return n
+			}
+		}
+	}
+	return -1
+}

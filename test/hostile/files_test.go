@@ -22,7 +22,11 @@ import (
 // namespace, so each must end in the sandbox (or in an error), and the
 // host's planted file must neither leak nor change.
 func TestFileAPIEscapes(t *testing.T) {
-	l := newLab(t, client.CreateRequest{})
+	harness.ForEachIsolation(t, testFileAPIEscapes)
+}
+
+func testFileAPIEscapes(t *testing.T, iso string) {
+	l := newLab(t, client.CreateRequest{Isolation: iso})
 	hostSecret, _ := os.ReadFile(l.canary)
 	// The sandbox gets its own file at the canary's path: an attack that
 	// is resolved in the sandbox finds this one, never the host's.

@@ -180,7 +180,10 @@ func hostMounts(d *harness.Daemon) map[string]bool {
 		// namespaces.
 		if strings.Contains(mp, d.DataDir) || strings.Contains(mp, d.Instance) ||
 			strings.Contains(mp, "/sandboxes/") || strings.Contains(mp, "/netns/") ||
-			strings.HasSuffix(mp, "/rootfs") || strings.HasSuffix(mp, "/disk") {
+			strings.HasSuffix(mp, "/rootfs") || strings.HasSuffix(mp, "/disk") ||
+			// runc's short-lived read-only clone of its own binary,
+			// mounted in its state dir while it starts a container.
+			strings.HasPrefix(filepath.Base(mp), "runc.") {
 			continue
 		}
 		out[mp] = true

@@ -1,6 +1,8 @@
 package hostile
 
 import (
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,8 +15,16 @@ import (
 // TestTeardownEscape starts processes that try to outlive their sandbox:
 // double-forked, setsid, nohup'd and signal-ignoring ones, and a respawner.
 // Destroy must leave none of them on the host.
+// Under gVisor the escapees are tasks of the sentry, not host processes:
+// they are seen running from inside, and destroy must leave none of the
+// sandbox's host processes (sentry, gofer, ptrace stubs).
 func TestTeardownEscape(t *testing.T) {
-	l := newLab(t, client.CreateRequest{})
+	harness.ForEachIsolation(t, testTeardownEscape)
+}
+
+func testTeardownEscape(t *testing.T, iso string) {
+	l := newLab(t, client.CreateRequest{Isolation: iso})
+	gvisor := iso == client.IsolationGVisor
 	marker := "9" + strconv.Itoa(int(time.Now().UnixNano()%100000))
 	escapees := []struct{ name, script string }{
 		{"double-fork", "(sleep " + marker + "1 &) &"},
@@ -28,7 +38,17 @@ func TestTeardownEscape(t *testing.T) {
 	}
 	for i := range escapees {
 		want := marker + strconv.Itoa(i+1)
-		harness.WaitFor(t, time.Minute, "escapee "+escapees[i].name+" to run", func() bool { return len(hostProcsWith(want)) > 0 })
+		harness.WaitFor(t, time.Minute, "escapee "+escapees[i].name+" to run", func() bool {
+			if gvisor {
+				o, _, _ := harness.Run(t, l.sb, "ps -o args | grep -v grep | grep -c 'sleep "+want+"'")
+				return strings.TrimSpace(o) != "0"
+			}
+			return len(hostProcsWith(want)) > 0
+		})
+	}
+	var sandboxProcs []int
+	if gvisor {
+		sandboxProcs = sandboxPids(t, l.d, l.sb.ID)
 	}
 	if err := l.sb.Kill(t.Context()); err != nil {
 		t.Fatalf("destroy: %v", err)
@@ -39,6 +59,13 @@ func TestTeardownEscape(t *testing.T) {
 				t.Errorf("survived destroy: %v", ps)
 			}
 		})
+	}
+	for _, pid := range sandboxProcs {
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			if c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); strings.Contains(string(c), l.sb.ID) || strings.Contains(string(c), "runsc") {
+				t.Errorf("host process %d of the gVisor sandbox survived destroy: %q", pid, c)
+			}
+		}
 	}
 	if !l.d.CgroupGone(l.sb.ID) {
 		t.Errorf("the destroyed sandbox's cgroup is still there")

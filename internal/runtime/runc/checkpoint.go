@@ -1,11 +1,14 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -46,8 +49,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
-	if _, err := r.runcOutput(ctx, "checkpoint", "--image-path", dir, id); err != nil {
-		return fmt.Errorf("checkpoint sandbox %s: %w%s", id, err, r.logTail(id))
+	cmd := r.command(ctx, id, "checkpoint", "--image-path", dir, id)
+	// It dies with the daemon, so a restarted daemon never races a
+	// checkpoint it did not start (the sentry may still finish a save
+	// already under way; the restart stops the sandbox then, see
+	// sandbox.adoptPause).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: runsc checkpoint: %w: %s%s", id, err, strings.TrimSpace(stderr.String()), r.logTail(id))
 	}
 	return nil
 }

@@ -178,6 +178,14 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 			return err
 		}
 	}
+	// A mount of the image that Stop could only detach lazily (a dying
+	// process still held it) keeps its file system alive, bound to its
+	// loop device, until that process is gone; mounting the image again
+	// meanwhile would run two ext4 instances on one image, the new one
+	// blind to what the old one has not written back.
+	if err := waitLoopsGone(r.image(id), 30*time.Second); err != nil {
+		return fmt.Errorf("disk of sandbox %s: %w", id, err)
+	}
 	if err := mountImage(r.image(id), disk); err != nil {
 		return err
 	}
@@ -206,4 +214,23 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 		err = derr
 	}
 	return err
+}
+
+// waitLoopsGone waits until no loop device is bound to image any more,
+// up to limit.
+func waitLoopsGone(image string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for {
+		devs := loopsBacking(image)
+		if len(devs) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("still attached to %v %s after Stop: %w", devs, limit, errdefs.ErrUnavailable)
+		}
+		// Poll: the kernel unbinds the device when its last user goes
+		// (detaching again covers a device left without autoclear).
+		_ = detachLoops(image)
+		time.Sleep(50 * time.Millisecond)
+	}
 }

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// counterScript fills 48 MiB of sentry memory (/tmp is a tmpfs there)
+// with random bytes, records their sum, then counts in a shell variable,
+// writing each value to /tmp/count: a process whose state lives only in
+// memory.
+const counterScript = `head -c 50331648 /dev/urandom > /tmp/ballast && md5sum /tmp/ballast > /tmp/sum && i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`
+
+// readCount reads the counter's last value, 0 when there is none yet.
+func readCount(t *testing.T, sb *client.Sandbox) int {
+	t.Helper()
+	var b bytes.Buffer
+	if err := sb.ReadFile(t.Context(), "/tmp/count", &b); err != nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(strings.TrimSpace(b.String()))
+	return n
+}
+
+// startCounter starts counterScript in sb and waits until it counts.
+func startCounter(t *testing.T, sb *client.Sandbox) {
+	t.Helper()
+	if _, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", counterScript}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 2*time.Minute, "the counter to fill its memory and count", func() bool { return readCount(t, sb) > 0 })
+}
+
+// assertCounting checks that sb's counter is the one from before (its
+// count at least since, its memory's sum unchanged) and still counts.
+func assertCounting(t *testing.T, sb *client.Sandbox, since int, when string) {
+	t.Helper()
+	first := readCount(t, sb)
+	if first < since {
+		t.Fatalf("%s: count %d, below %d before: the counter's memory was not kept", when, first, since)
+	}
+	waitFor(t, time.Minute, when+": the counter to count on", func() bool { return readCount(t, sb) > first })
+	if got := MustRun(t, sb, "md5sum /tmp/ballast | cmp -s - /tmp/sum && echo same"); got != "same\n" {
+		t.Errorf("%s: the 48 MiB in memory changed", when)
+	}
+}
+
+// dirSize sums the sizes of the files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
+// TestPauseResumeMemoryGVisor: pausing a gVisor sandbox keeps every
+// process and its memory (inspect says "pause": "memory"): a process
+// counting in memory counts on after resume from where it was, its 48 MiB
+// unchanged. While paused the host holds none of it: the sandbox's memory
+// cgroup, which held the 48 MiB, is gone with every process of it; the
+// memory is in the checkpoint on disk. Also across a daemon restart.
+func TestPauseResumeMemoryGVisor(t *testing.T) {
+	requireIsolation(t, client.IsolationGVisor)
+	d := StartDaemon(t)
+	ctx := t.Context()
+	sb := d.Create(t, client.CreateRequest{Isolation: client.IsolationGVisor, Memory: "512M", Timeout: "30m"})
+	startCounter(t, sb)
+	charged := d.CgroupMemory(sb.ID)
+	if charged < 48<<20 {
+		t.Fatalf("the sandbox's memory cgroup holds %d bytes, want at least the counter's 48 MiB", charged)
+	}
+	before := readCount(t, sb)
+	p, err := d.Client.Pause(ctx, sb.ID)
+	if err != nil {
+		t.Fatalf("pause: %v\n%s", err, d.Logs())
+	}
+	if p.State != client.StatePaused || p.Pause != client.PauseMemory {
+		t.Fatalf("Pause = %s/%q, want paused with memory", p.State, p.Pause)
+	}
+	if out, _, code := d.CLI(t, nil, "inspect", sb.ID); code != 0 || !strings.Contains(out, `"pause": "memory"`) {
+		t.Errorf("berth inspect of the paused sandbox = %q, want \"pause\": \"memory\"", out)
+	}
+	// Given back: no cgroup (the kernel removes one only when no task is
+	// in it), no process, mount or network object of the sandbox; only
+	// its disk and its checkpoint stay.
+	if !d.CgroupGone(sb.ID) {
+		t.Errorf("the paused sandbox's cgroup is still there")
+	}
+	harness.AssertPausedClean(t, d, sb.ID)
+	cp := dirSize(filepath.Join(d.DataDir, "checkpoints", sb.ID))
+	t.Logf("memory cgroup held %d MiB running; paused: no cgroup, checkpoint %d MiB on disk", charged>>20, cp>>20)
+	if cp < 48<<20 {
+		t.Errorf("checkpoint holds %d bytes, less than the 48 MiB in memory", cp)
+	}
+
+	r, err := d.Client.Resume(ctx, sb.ID, 0)
+	if err != nil || r.State != client.StateReady || r.Pause != "" {
+		t.Fatalf("resume: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+	}
+	assertCounting(t, sb, before, "after resume")
+
+	// Paused across a restart, then resumed: the same counter counts on.
+	before = readCount(t, sb)
+	if p, err = d.Client.Pause(ctx, sb.ID); err != nil || p.Pause != client.PauseMemory {
+		t.Fatalf("second pause: %+v, %v", p, err)
+	}
+	d.Stop()
+	d.Start()
+	harness.AssertPausedClean(t, d, sb.ID)
+	r, err = d.Client.Resume(ctx, sb.ID, 0)
+	if err != nil || r.State != client.StateReady || r.Pause != "" {
+		t.Fatalf("resume after a restart: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+	}
+	assertCounting(t, sb, before, "after a restart and resume")
+	t.Logf("memory cgroup holds %d MiB after resume", d.CgroupMemory(sb.ID)>>20)
+	if err := d.Client.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeaks(t, d)
+}
