@@ -75,31 +75,8 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return s, err
 	}
 	now := time.Now().UTC()
-	rec := core.Sandbox{
-		ID:             newID(),
-		State:          string(StateCreating),
-		Template:       tpl.Name,
-		CPUMillis:      req.Limits.CPUMillis,
-		MemoryBytes:    req.Limits.MemoryBytes,
-		DiskBytes:      req.Limits.DiskBytes,
-		PidsLimit:      req.Limits.PidsLimit,
-		Env:            maps.Clone(req.Env),
-		Labels:         maps.Clone(req.Labels),
-		Owner:          req.Owner,
-		Metadata:       maps.Clone(req.Metadata),
-		User:           req.User,
-		Isolation:      iso,
-		RuntimeVersion: m.runtimeVersion(iso),
-		Token:          newToken(),
-		CreatedAt:      now,
-		Deadline:       now.Add(req.Timeout),
-	}
-	if rec.Env == nil {
-		rec.Env = map[string]string{}
-	}
-	if rec.Labels == nil {
-		rec.Labels = map[string]string{}
-	}
+	rec := m.newRecord(req, tpl.Name, iso, now)
+	rec.Deadline = now.Add(req.Timeout)
 	rec.OnTimeout, rec.AutoResume, rec.IdlePause = req.OnTimeout, req.AutoResume, req.IdlePause
 	// The sandbox must not die with the request that asked for it; a
 	// kill while it is still being made (a long workspace setup, say)
@@ -294,4 +271,35 @@ func (ep *egressPrep) wait() ([]byte, error) {
 	}
 	<-ep.done
 	return ep.ca, ep.err
+}
+
+// newRecord is the record of a sandbox about to be made from req: a fresh
+// ID and agent token, state creating, no deadline yet. Cold creates and
+// warm-pool fills share it so a claimed sandbox's record has the same shape.
+func (m *Manager) newRecord(req CreateRequest, template, iso string, now time.Time) core.Sandbox {
+	rec := core.Sandbox{
+		ID:             newID(),
+		State:          string(StateCreating),
+		Template:       template,
+		CPUMillis:      req.Limits.CPUMillis,
+		MemoryBytes:    req.Limits.MemoryBytes,
+		DiskBytes:      req.Limits.DiskBytes,
+		PidsLimit:      req.Limits.PidsLimit,
+		Env:            maps.Clone(req.Env),
+		Labels:         maps.Clone(req.Labels),
+		Owner:          req.Owner,
+		Metadata:       maps.Clone(req.Metadata),
+		User:           req.User,
+		Isolation:      iso,
+		RuntimeVersion: m.runtimeVersion(iso),
+		Token:          newToken(),
+		CreatedAt:      now,
+	}
+	if rec.Env == nil {
+		rec.Env = map[string]string{}
+	}
+	if rec.Labels == nil {
+		rec.Labels = map[string]string{}
+	}
+	return rec
 }

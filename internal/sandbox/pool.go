@@ -410,21 +410,7 @@ func (m *Manager) fill(ctx context.Context, name string, gen int) (*warm, error)
 		return nil, err
 	}
 	now := time.Now().UTC()
-	rec := core.Sandbox{
-		ID:             newID(),
-		State:          string(StateCreating),
-		Template:       tpl.Name,
-		CPUMillis:      req.Limits.CPUMillis,
-		MemoryBytes:    req.Limits.MemoryBytes,
-		DiskBytes:      req.Limits.DiskBytes,
-		PidsLimit:      req.Limits.PidsLimit,
-		Env:            map[string]string{},
-		Labels:         map[string]string{},
-		Isolation:      iso,
-		RuntimeVersion: m.runtimeVersion(iso),
-		Token:          newToken(),
-		CreatedAt:      now,
-	}
+	rec := m.newRecord(req, tpl.Name, iso, now)
 	fctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout+30*time.Second)
 	defer cancel()
 	e := newEntry(rec, nil)
