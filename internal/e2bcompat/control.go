@@ -45,6 +45,10 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
+	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.auth(s.owned(s.createSnapshot)))
+	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.owned(s.fork)))
+	m.HandleFunc("GET /snapshots", s.auth(s.listSnapshots))
+	m.HandleFunc("DELETE /templates/{templateID}", s.auth(s.deleteTemplate))
 	for pattern, missing := range unimplemented {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
@@ -60,24 +64,21 @@ func (s *Server) routes() {
 // route as "sandbox not found" (or exists: false) and would report the
 // wrong thing.
 var unimplemented = map[string]string{
-	"/sandboxes/{id}/fork":      "E2B's fork is not mapped yet; Berth's native POST /v1/sandboxes/{id}/fork forks",
-	"/sandboxes/{id}/snapshots": "E2B's snapshots API is not mapped yet; Berth's native /v1/snapshots has snapshots",
-	"/snapshots":                "E2B's snapshots API is not mapped yet; Berth's native /v1/snapshots has snapshots",
-	"/sandboxes/{id}/logs":      "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
-	"/v2/sandboxes/{id}/logs":   "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
-	"GET /sandboxes/metrics":    "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
-	"/secrets":                  "secrets are not managed through the E2B API",
-	"/secrets/":                 "secrets are not managed through the E2B API",
-	"/teams":                    "Berth has no teams: each API key sees its own sandboxes",
-	"/teams/":                   "Berth has no teams: each API key sees its own sandboxes",
-	"/templates":                templatesMissing,
-	"/templates/":               templatesMissing,
-	"/v2/templates":             templatesMissing,
-	"/v2/templates/":            templatesMissing,
-	"/v3/templates":             templatesMissing,
-	"/v3/templates/":            templatesMissing,
-	"/volumes":                  "volumes are not supported yet",
-	"/volumes/":                 "volumes are not supported yet",
+	"/sandboxes/{id}/logs":    "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"/v2/sandboxes/{id}/logs": "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
+	"GET /sandboxes/metrics":  "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
+	"/secrets":                "secrets are not managed through the E2B API",
+	"/secrets/":               "secrets are not managed through the E2B API",
+	"/teams":                  "Berth has no teams: each API key sees its own sandboxes",
+	"/teams/":                 "Berth has no teams: each API key sees its own sandboxes",
+	"/templates":              templatesMissing,
+	"/templates/":             templatesMissing,
+	"/v2/templates":           templatesMissing,
+	"/v2/templates/":          templatesMissing,
+	"/v3/templates":           templatesMissing,
+	"/v3/templates/":          templatesMissing,
+	"/volumes":                "volumes are not supported yet",
+	"/volumes/":               "volumes are not supported yet",
 }
 
 const templatesMissing = "E2B's template API (builds, tags, aliases) is not served: templates are built with `berth template build NAME` and listed with `berth template ls`"
@@ -271,8 +272,20 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		}
 		timeout = time.Duration(*in.Timeout) * time.Second
 	}
+	// A templateID naming one of the caller's snapshots starts the sandbox
+	// from it (snapshots.go); any other names a template.
+	template, fromSnapshot := in.TemplateID, ""
+	snap, ok, err := s.visibleSnapshot(r, in.TemplateID)
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	if ok {
+		template, fromSnapshot = "", snap.ID
+	}
 	sb, err := s.cfg.Manager.Create(r.Context(), sandbox.CreateRequest{
-		Template: in.TemplateID,
+		Template: template,
+		Snapshot: fromSnapshot,
 		Timeout:  timeout,
 		Env:      in.EnvVars,
 		Owner:    keyOf(r).ID,

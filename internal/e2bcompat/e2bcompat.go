@@ -45,6 +45,7 @@ type Manager interface {
 	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
+	Snapshots
 }
 
 // Store persists what only this API knows about a sandbox.

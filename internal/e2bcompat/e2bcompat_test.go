@@ -108,14 +108,20 @@ func TestApplyNetwork(t *testing.T) {
 	}
 }
 
-// fakeManager holds sandboxes in memory.
-type fakeManager struct{ sbs map[string]sandbox.Sandbox }
+// fakeManager holds sandboxes (and snapshots) in memory.
+type fakeManager struct {
+	sbs   map[string]sandbox.Sandbox
+	snaps map[string]core.Snapshot
+	// lastCreate is the last create request it was given.
+	lastCreate sandbox.CreateRequest
+}
 
 func (f *fakeManager) SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error) {
 	return p, nil
 }
 
 func (f *fakeManager) Create(ctx context.Context, req sandbox.CreateRequest) (sandbox.Sandbox, error) {
+	f.lastCreate = req
 	sb := sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sb" + string(rune('a'+len(f.sbs))), State: string(sandbox.StateReady), Template: req.Template,
 		Owner: req.Owner, Metadata: req.Metadata, User: req.User, Token: "tok", CreatedAt: time.Now(), Deadline: time.Now().Add(req.Timeout),
 		OnTimeout: req.OnTimeout, AutoResume: req.AutoResume}}
@@ -427,8 +433,8 @@ func TestListOrderFiltersAndPages(t *testing.T) {
 func TestUnimplementedRoutesAre501(t *testing.T) {
 	srv, key, _ := newTestServer(t, &fakeManager{sbs: map[string]sandbox.Sandbox{}})
 	for _, rt := range []string{
-		"POST /sandboxes/abc/fork", "POST /sandboxes/abc/snapshots", "GET /snapshots", "GET /sandboxes/abc/logs",
-		"GET /v2/sandboxes/abc/logs", "GET /sandboxes/metrics", "GET /templates", "DELETE /templates/base",
+		"GET /sandboxes/abc/logs", "GET /v2/sandboxes/abc/logs", "GET /sandboxes/metrics", "GET /templates",
+		"DELETE /templates/team/base:v1", "DELETE /templates/Base-Image", "GET /templates/base",
 		"GET /templates/aliases/base", "POST /v3/templates", "GET /volumes", "GET /teams", "POST /secrets",
 	} {
 		method, path, _ := strings.Cut(rt, " ")

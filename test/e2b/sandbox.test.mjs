@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
 import { readFile } from 'node:fs/promises'
 import { promisify } from 'node:util'
-import { Sandbox, AuthenticationError, SandboxNotFoundError } from 'e2b'
+import { Sandbox, AuthenticationError, SandboxNotFoundError, NotFoundError, Volume } from 'e2b'
 import { newSandbox, api, waitFor, domain } from './helpers.mjs'
 
 test('Sandbox.create with timeoutMs, envs and metadata; getInfo reports them', async () => {
@@ -263,12 +263,10 @@ test('updateNetwork replaces the egress rules as E2B does; getInfo reports inter
 test('E2B routes Berth does not serve answer 501 naming what is missing, never 404', async () => {
   const sbx = await newSandbox()
   for (const [method, path] of [
-    ['POST', `/sandboxes/${sbx.sandboxId}/snapshots`],
-    ['POST', `/sandboxes/${sbx.sandboxId}/fork`],
     ['GET', `/v2/sandboxes/${sbx.sandboxId}/logs`],
-    ['GET', '/snapshots'],
     ['GET', '/sandboxes/metrics'],
     ['GET', '/templates'],
+    ['DELETE', '/templates/team/base:v1'],
     ['GET', '/volumes'],
   ]) {
     const r = await api(method, path, { body: method === 'POST' ? {} : undefined })
@@ -276,9 +274,9 @@ test('E2B routes Berth does not serve answer 501 naming what is missing, never 4
     assert.equal(r.body.code, 501)
     assert.match(r.body.message, /not implemented by Berth: ./)
   }
-  // Through the SDK: an error that says so, not "sandbox not found".
-  await assert.rejects(sbx.createSnapshot(), (err) => {
-    assert.ok(!(err instanceof SandboxNotFoundError), `got ${err.name}: ${err.message}`)
+  // Through the SDK: an error that says so, not "not found".
+  await assert.rejects(Volume.list(), (err) => {
+    assert.ok(!(err instanceof SandboxNotFoundError) && !(err instanceof NotFoundError), `got ${err.name}: ${err.message}`)
     assert.match(err.message, /not implemented by Berth/)
     return true
   })
