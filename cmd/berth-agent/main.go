@@ -130,7 +130,14 @@ func dropTokenFromEnviron() error {
 			env = append(env, kv)
 		}
 	}
-	return fmt.Errorf("re-exec without the token: %w", unix.Exec("/proc/self/exe", os.Args, env))
+	// Exec the binary by its own path, not /proc/self/exe: the process's
+	// name (comm, what ps shows for PID 1) comes from the path's last
+	// element, and users and tests look for berth-agent there.
+	self, err := os.Executable()
+	if err != nil {
+		self = "/proc/self/exe"
+	}
+	return fmt.Errorf("re-exec without the token: %w", unix.Exec(self, os.Args, env))
 }
 
 // takeToken reads the token the agent passed itself in
