@@ -475,23 +475,9 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := maxPage
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a positive integer", l))
-			return
-		}
-		limit = min(n, maxPage)
-	}
-	var after *cursor
-	if t := q.Get("nextToken"); t != "" {
-		c, err := parseCursor(t)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		after = &c
+	limit, after, ok := pageQuery(w, q)
+	if !ok {
+		return
 	}
 	sbs, err := s.listSandboxes(r.Context(), f)
 	if err != nil {
@@ -717,4 +703,28 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// pageQuery reads a listing's limit (default and ceiling maxPage) and
+// nextToken cursor, shared by GET /v2/sandboxes and GET /snapshots; on a
+// bad value it has answered 400 and returns ok false.
+func pageQuery(w http.ResponseWriter, q url.Values) (limit int, after *cursor, ok bool) {
+	limit = maxPage
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a positive integer", l))
+			return 0, nil, false
+		}
+		limit = min(n, maxPage)
+	}
+	if t := q.Get("nextToken"); t != "" {
+		c, err := parseCursor(t)
+		if err != nil {
+			writeErr(w, err)
+			return 0, nil, false
+		}
+		after = &c
+	}
+	return limit, after, true
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -94,23 +93,9 @@ func (s *Server) visibleSnapshot(r *http.Request, id string) (snap core.Snapshot
 // with their last copy.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit := maxPage
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a positive integer", l))
-			return
-		}
-		limit = min(n, maxPage)
-	}
-	var after *cursor
-	if t := q.Get("nextToken"); t != "" {
-		c, err := parseCursor(t)
-		if err != nil {
-			writeErr(w, err)
-			return
-		}
-		after = &c
+	limit, after, ok := pageQuery(w, q)
+	if !ok {
+		return
 	}
 	all, err := s.cfg.Manager.Snapshots(r.Context())
 	if errors.Is(err, errdefs.ErrNotImplemented) {

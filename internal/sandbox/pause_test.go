@@ -195,6 +195,7 @@ func TestPauseMemory(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// synctest bubble: the sleep moves the fake clock, no real wait.
 		time.Sleep(4 * time.Minute)
 		got, err := f.m.Pause(ctx, sb.ID)
 		if err != nil {
@@ -218,6 +219,7 @@ func TestPauseMemory(t *testing.T) {
 		if _, _, err := f.m.Agent(ctx, sb.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 			t.Errorf("Agent of a paused sandbox = %v, want failed precondition", err)
 		}
+		// synctest bubble: the sleep moves the fake clock, no real wait.
 		time.Sleep(time.Hour)
 		synctest.Wait()
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StatePaused {
@@ -242,6 +244,7 @@ func TestPauseMemory(t *testing.T) {
 		if _, _, err := f.m.Agent(ctx, sb.ID); err != nil {
 			t.Errorf("Agent after resume = %v", err)
 		}
+		// synctest bubble: the sleep moves the fake clock, no real wait.
 		time.Sleep(6*time.Minute - time.Second)
 		synctest.Wait()
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateReady {

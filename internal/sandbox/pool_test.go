@@ -53,7 +53,7 @@ func waitWarm(t *testing.T, m *Manager, n int) {
 		if m.Warm()["minimal"].Ready == n {
 			return
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // fake clock: lets the refill timer fire
 	}
 	t.Fatalf("pool never held %d: %+v", n, m.Warm())
 }
