@@ -23,6 +23,41 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	start := time.Now()
 	phases := phaseTimer{last: start}
 	slot, hasSlot := r.slots.lookup(r.dir(id))
+	errs := r.endProcesses(ctx, id, &phases)
+	if err := unmountAll(ctx, r.dir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	phases.mark("unmount")
+	if err := detachLoops(r.image(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
+		errs = append(errs, fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err))
+	} else if err := os.RemoveAll(r.dir(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	phases.mark("remove")
+	// The uid range goes back to the pool last, and only once everything
+	// above worked: processes with its ids must be gone before another
+	// sandbox can get them. A failed destroy keeps the claim for the next
+	// attempt (or the next start's orphan sweep).
+	if len(errs) == 0 {
+		if err := r.slots.release(id, slot, hasSlot); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	r.log.Debug("sandbox destroyed", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("destroy sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// endProcesses kills every process of sandbox id and removes what only
+// running processes need: the runc container and its state, the cgroups
+// and, on gVisor, the gofer. Destroy and Stop both start with it; every
+// step runs even if an earlier one failed. phases gets a mark per step.
+func (r *Runtime) endProcesses(ctx context.Context, id string, phases *phaseTimer) []error {
 	var errs []error
 	gofer := 0
 	if r.cfg.GVisor != nil {
@@ -56,31 +91,5 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 		errs = append(errs, err)
 	}
 	phases.mark("cgroups")
-	if err := unmountAll(ctx, r.dir(id)); err != nil {
-		errs = append(errs, err)
-	}
-	phases.mark("unmount")
-	if err := detachLoops(r.image(id)); err != nil {
-		errs = append(errs, err)
-	}
-	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
-		errs = append(errs, fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err))
-	} else if err := os.RemoveAll(r.dir(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
-	}
-	phases.mark("remove")
-	// The uid range goes back to the pool last, and only once everything
-	// above worked: processes with its ids must be gone before another
-	// sandbox can get them. A failed destroy keeps the claim for the next
-	// attempt (or the next start's orphan sweep).
-	if len(errs) == 0 {
-		if err := r.slots.release(id, slot, hasSlot); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	r.log.Debug("sandbox destroyed", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("destroy sandbox %s: %w", id, err)
-	}
-	return nil
+	return errs
 }

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -29,30 +28,7 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if _, err := os.Stat(r.dir(id)); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	var errs []error
-	gofer := 0
-	if r.cfg.GVisor != nil {
-		// As in Destroy: runsc deletes a thawed sandbox, not a paused one.
-		if st, ok, _ := r.state(ctx, id); ok && st.Status == "paused" {
-			_, _ = r.runcOutput(ctx, "resume", id)
-		}
-		gofer = r.goferPid(id)
-	}
-	if err := r.killCgroup(ctx, id); err != nil {
-		errs = append(errs, err)
-	}
-	if r.hasState(id) {
-		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
-			errs = append(errs, err)
-		}
-	}
-	killGofer(gofer)
-	if err := r.removeCgroups(id); err != nil {
-		errs = append(errs, err)
-	}
-	if err := r.removeState(id); err != nil {
-		errs = append(errs, err)
-	}
+	errs := r.endProcesses(ctx, id, &phaseTimer{last: time.Now()})
 	if err := r.unmountRootfs(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
