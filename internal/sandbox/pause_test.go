@@ -44,11 +44,17 @@ func (r *stopRuntime) Start(ctx context.Context, spec runtime.Spec) error {
 	if !ok || st != runtime.StatusStopped {
 		return errdefs.ErrFailedPrecondition
 	}
+	return r.boot(ctx, spec, &r.starts)
+}
+
+// boot runs spec's BeforeStart hook, counts the boot in n and marks the
+// sandbox running: what Start and Restore share.
+func (r *stopRuntime) boot(ctx context.Context, spec runtime.Spec, n *int) error {
 	if err := spec.BeforeStart(ctx, 4242); err != nil {
 		return err
 	}
 	r.mu.Lock()
-	r.starts++
+	*n++
 	r.mu.Unlock()
 	r.fakeRuntime.mu.Lock()
 	r.running[spec.ID] = runtime.StatusRunning
@@ -86,16 +92,7 @@ func (r *cpRuntime) Restore(ctx context.Context, spec runtime.Spec, dir string) 
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return errdefs.ErrNotFound
 	}
-	if err := spec.BeforeStart(ctx, 4242); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.restores++
-	r.mu.Unlock()
-	r.fakeRuntime.mu.Lock()
-	r.running[spec.ID] = runtime.StatusRunning
-	r.fakeRuntime.mu.Unlock()
-	return nil
+	return r.boot(ctx, spec, &r.restores)
 }
 
 // pauseFixture is a lifeFixture whose Manager keeps checkpoints in a
