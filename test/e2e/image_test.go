@@ -19,6 +19,16 @@ import (
 // (Debian's docker-registry), images built by umoci and pushed by skopeo,
 // the real daemon pulling them, and sandboxes running on the result.
 
+// busyboxImage is an OCI layout holding image "bb": one layer with busybox
+// and its applets, ready to push to a test registry.
+func busyboxImage(t *testing.T) *harness.OCILayout {
+	t.Helper()
+	oci := harness.NewOCILayout(t)
+	oci.New("bb")
+	oci.AddLayer("bb", busyboxRoot(t))
+	return oci
+}
+
 // busyboxRoot fills root with a static busybox, its applets, accounts for
 // root and user (uid 1000), and /work.
 func busyboxRoot(t *testing.T) func(root string) {
@@ -190,9 +200,7 @@ func TestImageTemplate(t *testing.T) {
 
 func TestImageTemplateMirror(t *testing.T) {
 	reg := harness.StartRegistry(t)
-	oci := harness.NewOCILayout(t)
-	oci.New("bb")
-	oci.AddLayer("bb", busyboxRoot(t))
+	oci := busyboxImage(t)
 	oci.Push("bb", reg, "library/berthtest-busybox:1")
 
 	cfg := filepath.Join(t.TempDir(), "berth.yaml")
@@ -247,9 +255,7 @@ func TestImageTemplateManifestList(t *testing.T) {
 
 func TestImageTemplateErrors(t *testing.T) {
 	reg := harness.StartRegistry(t)
-	oci := harness.NewOCILayout(t)
-	oci.New("bb")
-	oci.AddLayer("bb", busyboxRoot(t))
+	oci := busyboxImage(t)
 	oci.Push("bb", reg, "team/bb:1")
 	d := StartDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -22,9 +22,7 @@ import (
 func TestRegistryAuth(t *testing.T) {
 	reg := harness.StartRegistryAuth(t, "alice", "s3cret-A")
 	other := harness.StartRegistryAuth(t, "bob", "s3cret-B")
-	oci := harness.NewOCILayout(t)
-	oci.New("bb")
-	oci.AddLayer("bb", busyboxRoot(t))
+	oci := busyboxImage(t)
 	oci.Push("bb", reg, "team/private:1")
 	oci.Push("bb", other, "team/private:1")
 
