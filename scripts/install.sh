@@ -16,29 +16,9 @@ export BERTH_URL=${BERTH_URL:-http://127.0.0.1:2378}
 if curl -fsS "$BERTH_URL/v1/health" >/dev/null 2>&1; then
 	echo "berth daemon already running at $BERTH_URL ($(berth version | head -1))"
 elif [ -d /run/systemd/system ]; then
-	# systemd runs here: a unit, restarted on failure, logging to the
-	# journal. KillMode=process: sandboxes outlive a daemon restart and
-	# are re-adopted. `systemctl reload berth` (SIGHUP) rotates a
-	# configured log_file.
-	cat > /etc/systemd/system/berth.service <<'UNIT'
-[Unit]
-Description=Berth sandbox daemon
-Documentation=https://github.com/berth-sandbox/berth
-After=network-online.target
-Wants=network-online.target
-
-[Service]
-Type=simple
-ExecStart=/usr/local/bin/berth serve
-ExecReload=/bin/kill -HUP $MAINPID
-KillMode=process
-Restart=on-failure
-RestartSec=2
-LimitNOFILE=1048576
-
-[Install]
-WantedBy=multi-user.target
-UNIT
+	# systemd runs here: scripts/berth.service (restarted on failure,
+	# logging to the journal; checked by scripts/lint.sh).
+	install -m 0644 scripts/berth.service /etc/systemd/system/berth.service
 	systemctl daemon-reload
 	systemctl enable --now berth
 	echo "berth daemon started by systemd (systemctl status berth; journalctl -u berth)"

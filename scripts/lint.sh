@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Static checks: golangci-lint with .golangci.yml, then that the generated
-# protocol code is up to date (scripts/check-proto.sh). Part of
+# protocol code is up to date (scripts/check-proto.sh), then that the systemd
+# unit install.sh installs is one systemd accepts. Part of
 # scripts/test.sh, and so of CI.
 #
 # golangci-lint is built from source through the Go module proxy at a pinned
@@ -19,3 +20,17 @@ if [ ! -x "$dir/golangci-lint" ]; then
 fi
 "$dir/golangci-lint" run ./...
 ./scripts/check-proto.sh
+
+# systemd-analyze verify warns (and still exits 0) for settings it cannot
+# parse, so any output fails. ExecStart must name an existing binary: point it
+# at the one scripts/build.sh made.
+if command -v systemd-analyze >/dev/null && [ -x bin/berth ]; then
+	unitdir=$(mktemp -d)
+	trap 'rm -rf "$unitdir"' EXIT
+	sed "s#/usr/local/bin/berth#$PWD/bin/berth#" scripts/berth.service >"$unitdir/berth.service"
+	out=$(systemd-analyze verify "$unitdir/berth.service" 2>&1) || { echo "$out" >&2; exit 1; }
+	if [ -n "$out" ]; then
+		echo "scripts/berth.service: $out" >&2
+		exit 1
+	fi
+fi
