@@ -57,7 +57,10 @@ type Config struct {
 	Max Limits
 	// DefaultTimeout and MaxTimeout bound a sandbox's lifetime.
 	DefaultTimeout, MaxTimeout time.Duration
-	// ReadyTimeout bounds how long create waits for the agent.
+	// ReadyTimeout bounds how long create waits for the agent. The
+	// default is generous: on a host running flat out (50 creates at
+	// once next to a CPU hog) an agent has been seen to take over 30 s to
+	// answer, and such a create should end slow, not failed.
 	ReadyTimeout time.Duration
 	// CheckpointDir holds the checkpoints of sandboxes paused with their
 	// memory (pause.go); without it a pause keeps files only.
@@ -202,7 +205,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		cfg.MaxTimeout = 24 * time.Hour
 	}
 	if cfg.ReadyTimeout == 0 {
-		cfg.ReadyTimeout = 30 * time.Second
+		cfg.ReadyTimeout = 2 * time.Minute
 	}
 	if cfg.MonitorInterval == 0 {
 		cfg.MonitorInterval = time.Second

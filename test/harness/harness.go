@@ -299,9 +299,13 @@ func (d *Daemon) DestroyAll() {
 	}
 	for _, sb := range sbs {
 		if sb.State == client.StateReady || sb.State == client.StatePaused || sb.State == client.StateCreating {
-			if err := d.Local.Kill(ctx, sb.ID); err != nil {
+			// Each kill its own bound: a density test leaves a hundred
+			// sandboxes, which a loaded host takes minutes to destroy.
+			kctx, kcancel := context.WithTimeout(context.Background(), 60*time.Second)
+			if err := d.Local.Kill(kctx, sb.ID); err != nil {
 				d.t.Errorf("kill %s: %v", sb.ID, err)
 			}
+			kcancel()
 		}
 	}
 }

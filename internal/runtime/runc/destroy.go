@@ -30,6 +30,9 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	phases.mark("unmount")
 	if err := detachLoops(r.image(id)); err != nil {
 		errs = append(errs, err)
+	} else if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
+		// As in Stop: a process still dying holds the disk until it is gone.
+		errs = append(errs, err)
 	}
 	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
 		errs = append(errs, fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err))

@@ -432,7 +432,7 @@ func killGofer(pid int) {
 	// It holds the sandbox's root in its mount namespace: wait (bounded)
 	// until it is gone or a zombie (empty cmdline), so the unmount that
 	// follows frees the disk image's loop device.
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(loopsGoneLimit)
 	for time.Now().Before(deadline) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if err != nil || len(b) == 0 {

@@ -47,6 +47,13 @@ func (r *Runtime) unmountRootfs(ctx context.Context, id string) error {
 	if err := detachLoops(r.image(id)); err != nil {
 		return err
 	}
+	// A process that was still dying when its mounts were detached (a
+	// gofer on a loaded host) keeps the file system, and so the loop
+	// device, until it is gone: a stopped sandbox holds neither, so wait
+	// for it here rather than leave it to whoever comes next.
+	if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
+		return fmt.Errorf("disk of sandbox %s: %w", id, err)
+	}
 	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
 		return fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err)
 	}
@@ -159,7 +166,7 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 	// loop device, until that process is gone; mounting the image again
 	// meanwhile would run two ext4 instances on one image, the new one
 	// blind to what the old one has not written back.
-	if err := waitLoopsGone(r.image(id), 30*time.Second); err != nil {
+	if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
 		return fmt.Errorf("disk of sandbox %s: %w", id, err)
 	}
 	if err := mountImage(r.image(id), disk); err != nil {
@@ -191,6 +198,10 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 	}
 	return err
 }
+
+// loopsGoneLimit bounds the wait for a dying process to let go of a
+// sandbox's disk: generous, for a host under heavy load.
+const loopsGoneLimit = 2 * time.Minute
 
 // waitLoopsGone waits until no loop device is bound to image any more,
 // up to limit.
