@@ -60,6 +60,9 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	if cfg.LockPath == "" {
 		cfg.LockPath = DefaultLockPath
 	}
+	if cfg.ReserveDir == "" {
+		cfg.ReserveDir = cfg.LockPath + ".d"
+	}
 	if cfg.ProxyPort == 0 {
 		cfg.ProxyPort = DefaultProxyPort
 	}
@@ -80,6 +83,9 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.LockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("hostnet lock dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.ReserveDir, 0o700); err != nil {
+		return nil, fmt.Errorf("hostnet reservation dir: %w", err)
 	}
 	if err := n.fw.setup(); err != nil {
 		return nil, fmt.Errorf("hostnet firewall setup: %w", err)
@@ -286,6 +292,7 @@ func (n *Network) Detach(ctx context.Context, id string) error {
 func (n *Network) detach(_ context.Context, id string) error {
 	var errs []error
 	link, err := n.findLink(id)
+	linkGone := err == nil
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -299,6 +306,7 @@ func (n *Network) detach(_ context.Context, id string) error {
 		}
 		if err := deleteLink(link); err != nil {
 			errs = append(errs, err)
+			linkGone = false
 		}
 	}
 	if err := n.fw.removeSandbox(n.names.chain(id)); err != nil {
@@ -307,11 +315,18 @@ func (n *Network) detach(_ context.Context, id string) error {
 	if err := removeNetns(n.NetnsPath(id)); err != nil {
 		errs = append(errs, err)
 	}
+	// Only once the link is known gone: until then its address is in use.
+	if linkGone {
+		if err := n.release(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // List returns the ids of every sandbox that has any leftover of this
-// instance: a netns file, a host link, or firewall entries.
+// instance: a netns file, a host link, firewall entries or an address
+// reservation.
 func (n *Network) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -340,6 +355,15 @@ func (n *Network) List(ctx context.Context) ([]string, error) {
 	for _, c := range chains {
 		if id, ok := n.names.idFromChain(c); ok {
 			ids[id] = true
+		}
+	}
+	rs, err := n.reservations()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rs {
+		if r.instance == n.cfg.Instance {
+			ids[r.id] = true
 		}
 	}
 	out := make([]string, 0, len(ids))
@@ -417,7 +441,8 @@ func (l *idLocks) lock(id string) func() {
 	}
 }
 
-// anyLeftover reports whether id has a netns file, a link or firewall chain.
+// anyLeftover reports whether id has a netns file, a link, a firewall
+// chain or an address reservation.
 func (n *Network) anyLeftover(id string) (bool, error) {
 	if _, err := os.Lstat(n.NetnsPath(id)); err == nil {
 		return true, nil
@@ -438,7 +463,8 @@ func (n *Network) anyLeftover(id string) (bool, error) {
 			return true, nil
 		}
 	}
-	return false, nil
+	names, err := n.ownReservations(id)
+	return len(names) > 0, err
 }
 
 func validID(id string) error { return types.ValidSandboxID(id) }

@@ -298,6 +298,53 @@ func assertGone(t *testing.T, n *Network, att Attachment) {
 	if err != nil || slices.Contains(ids, att.ID) {
 		t.Errorf("List = %v, %v; want no %s", ids, err, att.ID)
 	}
+	if names, err := n.ownReservations(att.ID); err != nil || len(names) > 0 {
+		t.Errorf("reservations of %s = %v, %v; want none", att.ID, names, err)
+	}
+}
+
+// TestReservationSurvivesCrash: a daemon killed after reserving an address
+// and before configuring it leaves only the reservation. The restarted
+// daemon lists the id (so reconcile detaches it), never hands the /30 to
+// another sandbox meanwhile, and frees it on Detach.
+func TestReservationSurvivesCrash(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	p, err := n.reserve(t.Context(), "sbcrash", netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The restart: a fresh Network of the same instance.
+	n2, err := New(t.Context(), n.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := n2.List(t.Context()); err != nil || !slices.Contains(ids, "sbcrash") {
+		t.Errorf("List after restart = %v, %v; want sbcrash (its reservation)", ids, err)
+	}
+	if _, err := n2.Attach(t.Context(), "sbcrash"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Attach over a leftover reservation = %v, want ErrAlreadyExists", err)
+	}
+	// Asking for the reserved /30 gets another one.
+	want := p.Addr().Next().Next()
+	att, err := n2.AttachToAt(t.Context(), "sbother", "", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Contains(att.SandboxIP) {
+		t.Errorf("sbother got %s inside sbcrash's reserved %s", att.SandboxIP, p)
+	}
+	if err := n2.Detach(t.Context(), "sbcrash"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, n2, Attachment{ID: "sbcrash"})
+	// Freed: now the /30 can be had.
+	att, err = n2.AttachToAt(t.Context(), "sbthird", "", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.SandboxIP != want {
+		t.Errorf("sbthird got %s, want the freed %s", att.SandboxIP, want)
+	}
 }
 
 func TestLookupAfterRestart(t *testing.T) {
@@ -344,7 +391,7 @@ func TestLookupRepairsFirewall(t *testing.T) {
 }
 
 func TestAttachFailureLeavesNothing(t *testing.T) {
-	for _, step := range []string{"netns", "sysctl", "link", "sandbox_side", "firewall"} {
+	for _, step := range []string{"netns", "sysctl", "reserve", "link", "sandbox_side", "firewall"} {
 		t.Run(step, func(t *testing.T) {
 			n := newTestNetwork(t, Config{})
 			injected := errors.New("injected")
