@@ -1,7 +1,6 @@
 package hostnet
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base32"
 	"errors"
@@ -100,18 +99,11 @@ func (n *Network) findLink(id string) (netlink.Link, error) {
 	return links[id], nil
 }
 
-// createLink reserves a /30 (reserve_linux.go: the only step under the
-// host-wide lock) and creates the veth pair: the host side named from the
-// id and aliased with it, the sandbox side created straight inside the
-// netns as eth0.
-func (n *Network) createLink(ctx context.Context, att *Attachment, prefer netip.Addr) error {
-	prefix, err := n.reserve(ctx, att.ID, prefer)
-	if err != nil {
-		return err
-	}
-	if err := n.step("reserve"); err != nil {
-		return err
-	}
+// createLink creates the veth pair for the /30 reserved for it
+// (reserve_linux.go; the only step under the host-wide lock): the host
+// side named from the id and aliased with it, the sandbox side created
+// straight inside the netns as eth0.
+func (n *Network) createLink(att *Attachment, prefix netip.Prefix) error {
 	ns, err := netns.GetFromPath(att.NetNSPath)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)

@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/policy"
@@ -161,6 +162,15 @@ func (n *Network) step(name string) error {
 
 func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr) (Attachment, error) {
 	att := Attachment{ID: id, NetNSPath: n.NetnsPath(id)}
+	// Each step's duration goes to the debug log (the create path's
+	// profile; see the README's Performance section).
+	last, phases := time.Now(), make([]any, 0, 12)
+	step := func(name string) error {
+		now := time.Now()
+		phases = append(phases, name, now.Sub(last))
+		last = now
+		return n.step(name)
+	}
 	if nsSource == "" {
 		if err := createNetns(att.NetNSPath); err != nil {
 			return att, err
@@ -168,36 +178,44 @@ func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.
 	} else if err := bindNetns(nsSource, att.NetNSPath); err != nil {
 		return att, err
 	}
-	if err := n.step("netns"); err != nil {
+	if err := step("netns"); err != nil {
 		return att, err
 	}
 	if err := configureNetns(att.NetNSPath); err != nil {
 		return att, err
 	}
-	if err := n.step("sysctl"); err != nil {
+	if err := step("sysctl"); err != nil {
 		return att, err
 	}
 	if err := ctx.Err(); err != nil {
 		return att, err
 	}
-	if err := n.createLink(ctx, &att, prefer); err != nil {
+	prefix, err := n.reserve(ctx, id, prefer)
+	if err != nil {
 		return att, err
 	}
-	if err := n.step("link"); err != nil {
+	if err := step("reserve"); err != nil {
+		return att, err
+	}
+	if err := n.createLink(&att, prefix); err != nil {
+		return att, err
+	}
+	if err := step("link"); err != nil {
 		return att, err
 	}
 	if err := configureSandboxSide(att); err != nil {
 		return att, err
 	}
-	if err := n.step("sandbox_side"); err != nil {
+	if err := step("sandbox_side"); err != nil {
 		return att, err
 	}
 	if err := n.fw.addSandbox(n.names.chain(id), att.HostIface, att.SandboxIP); err != nil {
 		return att, fmt.Errorf("firewall: %w", err)
 	}
-	if err := n.step("firewall"); err != nil {
+	if err := step("firewall"); err != nil {
 		return att, err
 	}
+	n.log.Debug("attach_phases", append([]any{"sandbox_id", id}, phases...)...)
 	return att, nil
 }
 
