@@ -115,9 +115,11 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
+	// Debug logging gives the create phases (bench/phases.go).
+	d := harness.StartDaemon(tb, bin, "--debug")
 	ctx := context.Background()
 	var rows []row
+	var phases []row
 	for _, name := range templates {
 		if name == "" {
 			continue
@@ -128,9 +130,14 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		if !rowSet["tti"] {
 			continue
 		}
+		logStart := len(d.Logs())
 		tti, err := measureTTI(ctx, d, name, n, iso)
 		if err != nil {
 			return err
+		}
+		for _, r := range phaseRows(d.Logs()[logStart:]) {
+			r.name = name + ", " + r.name
+			phases = append(phases, r)
 		}
 		floor, raw := "runc", []time.Duration(nil)
 		if iso == client.IsolationGVisor {
@@ -192,6 +199,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 	for _, r := range rows {
 		fmt.Printf("| %s | %d | %s | %s |\n", r.name, len(r.samples), fmtDur(pct(r.samples, 50)), fmtDur(pct(r.samples, 99)))
 	}
+	printPhases("where a TTI row's create goes (daemon debug log)", phases)
 	return nil
 }
 
