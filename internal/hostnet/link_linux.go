@@ -86,17 +86,25 @@ func (n *Network) ownLinks() (map[string]netlink.Link, error) {
 	return out, nil
 }
 
-// findLink returns id's host link, or nil if there is none.
+// findLink returns id's host link, or nil if there is none. The link can
+// only carry one of the names createLink derives for id (the first of
+// them free when it was made), so asking for those few by name replaces a
+// dump of every link on the host, which grows with every sandbox of every
+// daemon and ran once per create (the leftover check).
 func (n *Network) findLink(id string) (netlink.Link, error) {
-	// Fast path: the first derived name with our alias.
-	if l, err := netlink.LinkByName(n.names.link(id, 0)); err == nil && l.Attrs().Alias == n.names.alias(id) {
-		return l, nil
+	for attempt := range maxNameAttempts {
+		l, err := netlink.LinkByName(n.names.link(id, attempt))
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf) || errors.Is(err, unix.ENODEV):
+			continue // a lower name may have been freed since: look on
+		case err != nil:
+			return nil, fmt.Errorf("link of %s: %w", id, err)
+		case l.Attrs().Alias == n.names.alias(id):
+			return l, nil
+		}
 	}
-	links, err := n.ownLinks()
-	if err != nil {
-		return nil, err
-	}
-	return links[id], nil
+	return nil, nil
 }
 
 // createLink creates the veth pair for the /30 reserved for it

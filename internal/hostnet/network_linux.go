@@ -131,6 +131,7 @@ func (n *Network) AttachToAt(ctx context.Context, id, nsSource string, addr neti
 		return Attachment{}, err
 	}
 	defer n.lockID(id)()
+	checkStart := time.Now()
 	if present, err := n.anyLeftover(id); err != nil {
 		return Attachment{}, err
 	} else if present {
@@ -145,7 +146,7 @@ func (n *Network) AttachToAt(ctx context.Context, id, nsSource string, addr neti
 			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "err", derr)
 		}
 	}()
-	att, err = n.attach(ctx, id, nsSource, addr)
+	att, err = n.attach(ctx, id, nsSource, addr, time.Since(checkStart))
 	if err != nil {
 		return Attachment{}, fmt.Errorf("attach sandbox %s network: %w", id, err)
 	}
@@ -160,11 +161,11 @@ func (n *Network) step(name string) error {
 	return n.failpoint(name)
 }
 
-func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr) (Attachment, error) {
+func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr, leftoverCheck time.Duration) (Attachment, error) {
 	att := Attachment{ID: id, NetNSPath: n.NetnsPath(id)}
 	// Each step's duration goes to the debug log (the create path's
 	// profile; see the README's Performance section).
-	last, phases := time.Now(), make([]any, 0, 12)
+	last, phases := time.Now(), append(make([]any, 0, 14), "leftover_check", leftoverCheck)
 	step := func(name string) error {
 		now := time.Now()
 		phases = append(phases, name, now.Sub(last))

@@ -525,3 +525,31 @@ func TestConcurrentAttachDetach(t *testing.T) {
 		t.Errorf("List after all detached = %v, %v; want none", ids, err)
 	}
 }
+
+// A sandbox whose first derived link name was taken gets the next one;
+// findLink (and so Lookup and Detach) still finds it after the first name
+// is freed again.
+func TestLinkNameTaken(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	first := n.names.link("sbtaken", 0)
+	// A veth pair: the host may have no dummy driver.
+	dummy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: first}, PeerName: testInstance(t, 'x')}
+	if err := netlink.LinkAdd(dummy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(dummy) })
+	att := mustAttach(t, n, "sbtaken")
+	if att.HostIface == first {
+		t.Fatalf("attached on %s, which a dummy link holds", first)
+	}
+	if err := netlink.LinkDel(dummy); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n.Lookup(t.Context(), "sbtaken"); err != nil || got != att {
+		t.Errorf("Lookup = %+v, %v; want %+v", got, err, att)
+	}
+	if err := n.Detach(t.Context(), "sbtaken"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, n, att)
+}
