@@ -473,14 +473,8 @@ func (n *Network) anyLeftover(id string) (bool, error) {
 	if link != nil {
 		return true, nil
 	}
-	chains, err := n.fw.sandboxChains()
-	if err != nil {
-		return false, err
-	}
-	for _, c := range chains {
-		if c == n.names.chain(id) {
-			return true, nil
-		}
+	if has, err := n.fw.hasChain(n.names.chain(id)); err != nil || has {
+		return has, err
 	}
 	names, err := n.ownReservations(id)
 	return len(names) > 0, err

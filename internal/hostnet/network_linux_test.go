@@ -553,3 +553,36 @@ func TestLinkNameTaken(t *testing.T) {
 	}
 	assertGone(t, n, att)
 }
+
+// A firewall chain left alone (link, netns and reservation gone) still
+// counts as a leftover: Attach refuses the id until Detach.
+func TestLeftoverChainOnly(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	if has, err := n.fw.hasChain(n.SandboxChain("sbchain")); err != nil || has {
+		t.Fatalf("hasChain before any attach = %v, %v", has, err)
+	}
+	att := mustAttach(t, n, "sbchain")
+	link, err := n.findLink("sbchain")
+	if err != nil || link == nil {
+		t.Fatalf("findLink = %v, %v", link, err)
+	}
+	if err := deleteLink(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeNetns(att.NetNSPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.release("sbchain"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Attach(t.Context(), "sbchain"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Attach over a leftover chain = %v, want ErrAlreadyExists", err)
+	}
+	if err := n.Detach(t.Context(), "sbchain"); err != nil {
+		t.Fatal(err)
+	}
+	if has, err := n.fw.hasChain(n.SandboxChain("sbchain")); err != nil || has {
+		t.Errorf("hasChain after Detach = %v, %v", has, err)
+	}
+	mustAttach(t, n, "sbchain")
+}
