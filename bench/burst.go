@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,6 +30,7 @@ func measureBurst(ctx context.Context, d *harness.Daemon, burst int) ([]time.Dur
 		ids  []string
 		errs []error
 	)
+	stopProfile := startBurstProfile(d)
 	start := time.Now()
 	for range burst {
 		wg.Go(func() {
@@ -44,6 +48,7 @@ func measureBurst(ctx context.Context, d *harness.Daemon, burst int) ([]time.Dur
 	}
 	wg.Wait()
 	rate := float64(len(ids)) / time.Since(start).Seconds()
+	stopProfile()
 	for _, id := range ids {
 		if err := d.Client.Kill(ctx, id); err != nil {
 			errs = append(errs, err)
@@ -105,4 +110,55 @@ func measureRawRuncBurst(ctx context.Context, d *harness.Daemon, burst int) ([]t
 		return nil, 0, fmt.Errorf("raw runc burst: %d failed, first: %w", len(errs), errs[0])
 	}
 	return lat, rate, nil
+}
+
+// burstProfileDir is -pprof: where the burst's daemon profiles go.
+var burstProfileDir string
+
+// startBurstProfile starts a CPU profile of the daemon through its local
+// socket's /debug/pprof/ and returns what stops it: it waits for the CPU
+// profile (which runs pprofSeconds) and then saves the mutex, block and
+// goroutine profiles next to it. Errors are printed, not fatal: the
+// profile is a diagnosis, the rows are the measurement.
+func startBurstProfile(d *harness.Daemon) func() {
+	if burstProfileDir == "" {
+		return func() {}
+	}
+	const pprofSeconds = 10
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var dl net.Dialer
+		return dl.DialContext(ctx, "unix", filepath.Join(d.DataDir, "berth.sock"))
+	}}}
+	save := func(name, query string) {
+		resp, err := hc.Get("http://berth/debug/pprof/" + name + query)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: profile %s: %v\n", name, err)
+			return
+		}
+		defer resp.Body.Close()
+		f, err := os.Create(filepath.Join(burstProfileDir, name+".pprof"))
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "bench: profile %s: %v\n", name, err)
+			return
+		}
+		defer f.Close()
+		if _, err := io.Copy(f, resp.Body); err != nil {
+			fmt.Fprintf(os.Stderr, "bench: profile %s: %v\n", name, err)
+		}
+	}
+	if err := os.MkdirAll(burstProfileDir, 0o755); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		save("profile", fmt.Sprintf("?seconds=%d", pprofSeconds))
+	}()
+	return func() {
+		<-done
+		save("mutex", "")
+		save("block", "")
+		save("goroutine", "")
+	}
 }

@@ -70,7 +70,14 @@ func main() {
 	snapshot := flag.Int("snapshot", 0, "instead, this many rounds of snapshot, create-from-snapshot and fork of a sandbox that wrote -snapshot-mib MiB (bench/snapshot.go)")
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
 	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
+	only := flag.String("rows", "tti,exec,warm,burst,e2b", "which of the latency rows to measure")
+	pprofDir := flag.String("pprof", "", "write the daemon's CPU profile (and, with BERTH_PROFILE_CONTENTION=1, mutex and block profiles) during the burst here")
 	flag.Parse()
+	rowSet = map[string]bool{}
+	for _, r := range strings.Split(*only, ",") {
+		rowSet[strings.TrimSpace(r)] = true
+	}
+	burstProfileDir = *pprofDir
 	tb := &runner{}
 	defer tb.finish()
 	if *snapshot > 0 {
@@ -108,9 +115,11 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
+	// Debug logging gives the create phases (bench/phases.go).
+	d := harness.StartDaemon(tb, bin, "--debug")
 	ctx := context.Background()
 	var rows []row
+	var phases []row
 	for _, name := range templates {
 		if name == "" {
 			continue
@@ -118,9 +127,17 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		if _, err := d.Client.BuildTemplate(ctx, name, io.Discard); err != nil {
 			return fmt.Errorf("build template %s: %w", name, err)
 		}
+		if !rowSet["tti"] {
+			continue
+		}
+		logStart := len(d.Logs())
 		tti, err := measureTTI(ctx, d, name, n, iso)
 		if err != nil {
 			return err
+		}
+		for _, r := range phaseRows(d.Logs()[logStart:]) {
+			r.name = name + ", " + r.name
+			phases = append(phases, r)
 		}
 		floor, raw := "runc", []time.Duration(nil)
 		if iso == client.IsolationGVisor {
@@ -136,18 +153,20 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{"TTI, template " + name + ", isolation " + iso + " (create → first byte of `echo ok`)", tti},
 			row{"floor: raw `" + floor + " run` of the same rootfs → first byte of `echo ok`", raw})
 	}
-	rtt, err := measureExec(ctx, d, execN, iso)
-	if err != nil {
-		return err
+	if rowSet["exec"] {
+		rtt, err := measureExec(ctx, d, execN, iso)
+		if err != nil {
+			return err
+		}
+		fork, err := measureFork(execN)
+		if err != nil {
+			return err
+		}
+		rows = append(rows,
+			row{"exec round trip (`true` through the daemon API), isolation " + iso, rtt},
+			row{"floor: fork/exec of `true` on the host", fork})
 	}
-	fork, err := measureFork(execN)
-	if err != nil {
-		return err
-	}
-	rows = append(rows,
-		row{"exec round trip (`true` through the daemon API), isolation " + iso, rtt},
-		row{"floor: fork/exec of `true` on the host", fork})
-	if iso == client.IsolationRunc {
+	if iso == client.IsolationRunc && rowSet["warm"] {
 		warm, plain, err := measureWarm(ctx, d, n)
 		if err != nil {
 			return err
@@ -156,7 +175,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{"warm create, template minimal (pool claim → first byte of `echo ok`)", warm},
 			row{"floor: `echo ok` on a running sandbox → first byte", plain})
 	}
-	if burst > 0 {
+	if burst > 0 && rowSet["burst"] {
 		lat, rate, err := measureBurst(ctx, d, burst)
 		if err != nil {
 			return err
@@ -169,7 +188,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{fmt.Sprintf("burst: %d concurrent creates, minimal (%.1f creates/s)", burst, rate), lat},
 			row{fmt.Sprintf("floor: %d concurrent raw `runc run`s of its rootfs (%.1f runs/s)", burst, rawRate), raw})
 	}
-	if e2b {
+	if e2b && rowSet["e2b"] {
 		rs, err := measureE2B(ctx, d, n)
 		if err != nil {
 			return err
@@ -180,8 +199,12 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 	for _, r := range rows {
 		fmt.Printf("| %s | %d | %s | %s |\n", r.name, len(r.samples), fmtDur(pct(r.samples, 50)), fmtDur(pct(r.samples, 99)))
 	}
+	printPhases("where a TTI row's create goes (daemon debug log)", phases)
 	return nil
 }
+
+// rowSet is -rows: the latency rows to measure.
+var rowSet map[string]bool
 
 type row struct {
 	name    string

@@ -415,7 +415,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	// The socket's connections are the operator's: its mode is the
 	// authentication.
-	ls := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second,
+	ls := &http.Server{Handler: socketMux(mux), ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: func(ctx context.Context, _ net.Conn) context.Context { return auth.MarkLocal(ctx) }}
 	errc := make(chan error, 8)
 	domain := cfg.E2BDomain

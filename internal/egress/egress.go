@@ -213,13 +213,13 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p poli
 	b.wg.Add(3)
 	go func() {
 		defer b.wg.Done()
-		if err := b.dnsUDP.ActivateAndServe(); err != nil {
+		if err := b.dnsUDP.ActivateAndServe(); err != nil && !b.isClosed() {
 			b.e.log.Warn("dns_serve_failed", "sandbox_id", b.id, "proto", "udp", "err", err)
 		}
 	}()
 	go func() {
 		defer b.wg.Done()
-		if err := b.dnsTCP.ActivateAndServe(); err != nil {
+		if err := b.dnsTCP.ActivateAndServe(); err != nil && !b.isClosed() {
 			b.e.log.Warn("dns_serve_failed", "sandbox_id", b.id, "proto", "tcp", "err", err)
 		}
 	}()
@@ -359,9 +359,21 @@ func (b *box) close() {
 	}
 	b.mu.Unlock()
 	b.ln.Close()
+	// Shutdown refuses a server whose ActivateAndServe has not started
+	// yet (its goroutine not scheduled: a create failing right after
+	// Start, on a loaded host), which would then serve forever and hang
+	// the wait below. Closing the socket ends it whenever it starts.
 	_ = b.dnsUDP.Shutdown()
+	_ = b.dnsUDP.PacketConn.Close()
 	_ = b.dnsTCP.Shutdown()
+	_ = b.dnsTCP.Listener.Close()
 	b.wg.Wait()
+}
+
+func (b *box) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
 }
 
 func (b *box) track(c net.Conn) bool {

@@ -540,6 +540,26 @@ func (f *firewall) removeSandbox(chain string) error {
 }
 
 // sandboxChains lists the per-sandbox chains in the table.
+// hasChain reports whether the table holds chain: one GETCHAIN request,
+// not a list of every chain on the host (which grows with every sandbox
+// of every daemon). google/nftables v0.3.0 flattens the kernel's error to
+// text, so "no such chain" is recognised by ENOENT's message.
+func (f *firewall) hasChain(chain string) (bool, error) {
+	c, err := conn()
+	if err != nil {
+		return false, err
+	}
+	_, err = c.ListChain(f.tbl(), chain)
+	switch {
+	case err == nil:
+		return true, nil
+	case isNotExist(err) || strings.Contains(err.Error(), unix.ENOENT.Error()):
+		return false, nil
+	default:
+		return false, fmt.Errorf("chain %s: %w", chain, err)
+	}
+}
+
 func (f *firewall) sandboxChains() ([]string, error) {
 	c, err := conn()
 	if err != nil {

@@ -44,10 +44,15 @@ type Config struct {
 	// NetnsDir is where the netns files are bind-mounted (default
 	// DefaultNetnsDir, where `ip netns` looks).
 	NetnsDir string
-	// LockPath is the host-wide lock file held while allocating an address
-	// and creating the link (default DefaultLockPath). Every daemon on a host
-	// must use the same one.
+	// LockPath is the host-wide lock file held while picking and reserving
+	// an address (default DefaultLockPath). Every daemon on a host must use
+	// the same one.
 	LockPath string
+	// ReserveDir holds the address reservations (reserve_linux.go), one
+	// file per attached sandbox of every daemon on the host (default
+	// LockPath + ".d"). It must be on a tmpfs such as /run, so a reboot
+	// forgets them with the links.
+	ReserveDir string
 	// ProxyPort is where, on each veth's host address, the egress proxy
 	// listens; the firewall redirects sandboxes' TCP there (default
 	// DefaultProxyPort).

@@ -1,16 +1,13 @@
 package hostnet
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/base32"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
-	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -89,33 +86,32 @@ func (n *Network) ownLinks() (map[string]netlink.Link, error) {
 	return out, nil
 }
 
-// findLink returns id's host link, or nil if there is none.
+// findLink returns id's host link, or nil if there is none. The link can
+// only carry one of the names createLink derives for id (the first of
+// them free when it was made), so asking for those few by name replaces a
+// dump of every link on the host, which grows with every sandbox of every
+// daemon and ran once per create (the leftover check).
 func (n *Network) findLink(id string) (netlink.Link, error) {
-	// Fast path: the first derived name with our alias.
-	if l, err := netlink.LinkByName(n.names.link(id, 0)); err == nil && l.Attrs().Alias == n.names.alias(id) {
-		return l, nil
+	for attempt := range maxNameAttempts {
+		l, err := netlink.LinkByName(n.names.link(id, attempt))
+		var nf netlink.LinkNotFoundError
+		switch {
+		case errors.As(err, &nf) || errors.Is(err, unix.ENODEV):
+			continue // a lower name may have been freed since: look on
+		case err != nil:
+			return nil, fmt.Errorf("link of %s: %w", id, err)
+		case l.Attrs().Alias == n.names.alias(id):
+			return l, nil
+		}
 	}
-	links, err := n.ownLinks()
-	if err != nil {
-		return nil, err
-	}
-	return links[id], nil
+	return nil, nil
 }
 
-// createLink allocates a /30 and creates the veth pair: the host side named
-// from the id and aliased with it, the sandbox side created straight inside
-// the netns as eth0. The host-wide lock is held until the host address is
-// on the link, which is what makes the /30 visible to other allocators.
-func (n *Network) createLink(ctx context.Context, att *Attachment, prefer netip.Addr) error {
-	unlock, err := lockFile(ctx, n.cfg.LockPath)
-	if err != nil {
-		return err
-	}
-	defer unlock()
-	prefix, err := n.allocate(att.ID, prefer)
-	if err != nil {
-		return err
-	}
+// createLink creates the veth pair for the /30 reserved for it
+// (reserve_linux.go; the only step under the host-wide lock): the host
+// side named from the id and aliased with it, the sandbox side created
+// straight inside the netns as eth0.
+func (n *Network) createLink(att *Attachment, prefix netip.Prefix) error {
 	ns, err := netns.GetFromPath(att.NetNSPath)
 	if err != nil {
 		return fmt.Errorf("open netns: %w", err)
@@ -275,22 +271,6 @@ func dump[T any](f func() (T, error)) (T, error) {
 	return zero, fmt.Errorf("netlink dump interrupted %d times in a row: %w", dumpAttempts, errdefs.ErrUnavailable)
 }
 
-// allocate picks a free /30 from the pool. "Free" means it overlaps no
-// address network and no route on the host, which also covers other
-// daemons' sandboxes (their host sides carry the .1 of their /30). The scan
-// starts at a slot derived from the id, so a just-freed /30 is not
-// immediately handed to the next sandbox.
-func (n *Network) allocate(id string, prefer netip.Addr) (netip.Prefix, error) {
-	used, err := usedPrefixes()
-	if err != nil {
-		return netip.Prefix{}, err
-	}
-	if p, ok := preferred(n.cfg.Pool, prefer, used); ok {
-		return p, nil
-	}
-	return allocateFrom(n.cfg.Pool, id, used)
-}
-
 // preferred is the /30 holding addr, when it is in the pool and free.
 func preferred(pool netip.Prefix, addr netip.Addr, used []netip.Prefix) (netip.Prefix, bool) {
 	if !addr.Is4() || !pool.Contains(addr) {
@@ -305,6 +285,9 @@ func preferred(pool netip.Prefix, addr netip.Addr, used []netip.Prefix) (netip.P
 	return cand, true
 }
 
+// allocateFrom picks a /30 of pool that overlaps nothing in used. The
+// scan starts at a slot derived from the id, so a just-freed /30 is not
+// immediately handed to the next sandbox.
 func allocateFrom(pool netip.Prefix, id string, used []netip.Prefix) (netip.Prefix, error) {
 	slots := uint32(1) << (30 - pool.Bits())
 	base := ipv4ToUint(pool.Addr())
@@ -380,34 +363,6 @@ func ipv4ToUint(a netip.Addr) uint32 {
 
 func uintToIPv4(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
-}
-
-// lockFile takes an exclusive flock on path, polling so ctx can cancel the
-// wait; the lock is per open file description, so it also serialises
-// Networks within one process.
-func lockFile(ctx context.Context, path string) (func(), error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("open pool lock: %w", err)
-	}
-	t := time.NewTicker(10 * time.Millisecond)
-	defer t.Stop()
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() { f.Close() }, nil // closing releases the lock
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, err)
-		}
-		select {
-		case <-ctx.Done():
-			f.Close()
-			return nil, fmt.Errorf("lock %s: %w", path, ctx.Err())
-		case <-t.C:
-		}
-	}
 }
 
 // flushConntrack forgets tracked flows of a sandbox address, best effort:

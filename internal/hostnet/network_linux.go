@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/policy"
@@ -60,6 +61,9 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	if cfg.LockPath == "" {
 		cfg.LockPath = DefaultLockPath
 	}
+	if cfg.ReserveDir == "" {
+		cfg.ReserveDir = cfg.LockPath + ".d"
+	}
 	if cfg.ProxyPort == 0 {
 		cfg.ProxyPort = DefaultProxyPort
 	}
@@ -80,6 +84,9 @@ func New(ctx context.Context, cfg Config) (*Network, error) {
 	}
 	if err := os.MkdirAll(filepath.Dir(cfg.LockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("hostnet lock dir: %w", err)
+	}
+	if err := os.MkdirAll(cfg.ReserveDir, 0o700); err != nil {
+		return nil, fmt.Errorf("hostnet reservation dir: %w", err)
 	}
 	if err := n.fw.setup(); err != nil {
 		return nil, fmt.Errorf("hostnet firewall setup: %w", err)
@@ -124,6 +131,7 @@ func (n *Network) AttachToAt(ctx context.Context, id, nsSource string, addr neti
 		return Attachment{}, err
 	}
 	defer n.lockID(id)()
+	checkStart := time.Now()
 	if present, err := n.anyLeftover(id); err != nil {
 		return Attachment{}, err
 	} else if present {
@@ -138,7 +146,7 @@ func (n *Network) AttachToAt(ctx context.Context, id, nsSource string, addr neti
 			n.log.Warn("attach_rollback_failed", "sandbox_id", id, "err", derr)
 		}
 	}()
-	att, err = n.attach(ctx, id, nsSource, addr)
+	att, err = n.attach(ctx, id, nsSource, addr, time.Since(checkStart))
 	if err != nil {
 		return Attachment{}, fmt.Errorf("attach sandbox %s network: %w", id, err)
 	}
@@ -153,8 +161,17 @@ func (n *Network) step(name string) error {
 	return n.failpoint(name)
 }
 
-func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr) (Attachment, error) {
+func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.Addr, leftoverCheck time.Duration) (Attachment, error) {
 	att := Attachment{ID: id, NetNSPath: n.NetnsPath(id)}
+	// Each step's duration goes to the debug log (the create path's
+	// profile; see the README's Performance section).
+	last, phases := time.Now(), append(make([]any, 0, 14), "leftover_check", leftoverCheck)
+	step := func(name string) error {
+		now := time.Now()
+		phases = append(phases, name, now.Sub(last))
+		last = now
+		return n.step(name)
+	}
 	if nsSource == "" {
 		if err := createNetns(att.NetNSPath); err != nil {
 			return att, err
@@ -162,36 +179,44 @@ func (n *Network) attach(ctx context.Context, id, nsSource string, prefer netip.
 	} else if err := bindNetns(nsSource, att.NetNSPath); err != nil {
 		return att, err
 	}
-	if err := n.step("netns"); err != nil {
+	if err := step("netns"); err != nil {
 		return att, err
 	}
 	if err := configureNetns(att.NetNSPath); err != nil {
 		return att, err
 	}
-	if err := n.step("sysctl"); err != nil {
+	if err := step("sysctl"); err != nil {
 		return att, err
 	}
 	if err := ctx.Err(); err != nil {
 		return att, err
 	}
-	if err := n.createLink(ctx, &att, prefer); err != nil {
+	prefix, err := n.reserve(ctx, id, prefer)
+	if err != nil {
 		return att, err
 	}
-	if err := n.step("link"); err != nil {
+	if err := step("reserve"); err != nil {
+		return att, err
+	}
+	if err := n.createLink(&att, prefix); err != nil {
+		return att, err
+	}
+	if err := step("link"); err != nil {
 		return att, err
 	}
 	if err := configureSandboxSide(att); err != nil {
 		return att, err
 	}
-	if err := n.step("sandbox_side"); err != nil {
+	if err := step("sandbox_side"); err != nil {
 		return att, err
 	}
 	if err := n.fw.addSandbox(n.names.chain(id), att.HostIface, att.SandboxIP); err != nil {
 		return att, fmt.Errorf("firewall: %w", err)
 	}
-	if err := n.step("firewall"); err != nil {
+	if err := step("firewall"); err != nil {
 		return att, err
 	}
+	n.log.Debug("attach_phases", append([]any{"sandbox_id", id}, phases...)...)
 	return att, nil
 }
 
@@ -286,6 +311,7 @@ func (n *Network) Detach(ctx context.Context, id string) error {
 func (n *Network) detach(_ context.Context, id string) error {
 	var errs []error
 	link, err := n.findLink(id)
+	linkGone := err == nil
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -299,6 +325,7 @@ func (n *Network) detach(_ context.Context, id string) error {
 		}
 		if err := deleteLink(link); err != nil {
 			errs = append(errs, err)
+			linkGone = false
 		}
 	}
 	if err := n.fw.removeSandbox(n.names.chain(id)); err != nil {
@@ -307,11 +334,18 @@ func (n *Network) detach(_ context.Context, id string) error {
 	if err := removeNetns(n.NetnsPath(id)); err != nil {
 		errs = append(errs, err)
 	}
+	// Only once the link is known gone: until then its address is in use.
+	if linkGone {
+		if err := n.release(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // List returns the ids of every sandbox that has any leftover of this
-// instance: a netns file, a host link, or firewall entries.
+// instance: a netns file, a host link, firewall entries or an address
+// reservation.
 func (n *Network) List(ctx context.Context) ([]string, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -340,6 +374,15 @@ func (n *Network) List(ctx context.Context) ([]string, error) {
 	for _, c := range chains {
 		if id, ok := n.names.idFromChain(c); ok {
 			ids[id] = true
+		}
+	}
+	rs, err := n.reservations()
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range rs {
+		if r.instance == n.cfg.Instance {
+			ids[r.id] = true
 		}
 	}
 	out := make([]string, 0, len(ids))
@@ -417,7 +460,8 @@ func (l *idLocks) lock(id string) func() {
 	}
 }
 
-// anyLeftover reports whether id has a netns file, a link or firewall chain.
+// anyLeftover reports whether id has a netns file, a link, a firewall
+// chain or an address reservation.
 func (n *Network) anyLeftover(id string) (bool, error) {
 	if _, err := os.Lstat(n.NetnsPath(id)); err == nil {
 		return true, nil
@@ -429,16 +473,11 @@ func (n *Network) anyLeftover(id string) (bool, error) {
 	if link != nil {
 		return true, nil
 	}
-	chains, err := n.fw.sandboxChains()
-	if err != nil {
-		return false, err
+	if has, err := n.fw.hasChain(n.names.chain(id)); err != nil || has {
+		return has, err
 	}
-	for _, c := range chains {
-		if c == n.names.chain(id) {
-			return true, nil
-		}
-	}
-	return false, nil
+	names, err := n.ownReservations(id)
+	return len(names) > 0, err
 }
 
 func validID(id string) error { return types.ValidSandboxID(id) }

@@ -298,6 +298,53 @@ func assertGone(t *testing.T, n *Network, att Attachment) {
 	if err != nil || slices.Contains(ids, att.ID) {
 		t.Errorf("List = %v, %v; want no %s", ids, err, att.ID)
 	}
+	if names, err := n.ownReservations(att.ID); err != nil || len(names) > 0 {
+		t.Errorf("reservations of %s = %v, %v; want none", att.ID, names, err)
+	}
+}
+
+// TestReservationSurvivesCrash: a daemon killed after reserving an address
+// and before configuring it leaves only the reservation. The restarted
+// daemon lists the id (so reconcile detaches it), never hands the /30 to
+// another sandbox meanwhile, and frees it on Detach.
+func TestReservationSurvivesCrash(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	p, err := n.reserve(t.Context(), "sbcrash", netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The restart: a fresh Network of the same instance.
+	n2, err := New(t.Context(), n.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := n2.List(t.Context()); err != nil || !slices.Contains(ids, "sbcrash") {
+		t.Errorf("List after restart = %v, %v; want sbcrash (its reservation)", ids, err)
+	}
+	if _, err := n2.Attach(t.Context(), "sbcrash"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Attach over a leftover reservation = %v, want ErrAlreadyExists", err)
+	}
+	// Asking for the reserved /30 gets another one.
+	want := p.Addr().Next().Next()
+	att, err := n2.AttachToAt(t.Context(), "sbother", "", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Contains(att.SandboxIP) {
+		t.Errorf("sbother got %s inside sbcrash's reserved %s", att.SandboxIP, p)
+	}
+	if err := n2.Detach(t.Context(), "sbcrash"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, n2, Attachment{ID: "sbcrash"})
+	// Freed: now the /30 can be had.
+	att, err = n2.AttachToAt(t.Context(), "sbthird", "", want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.SandboxIP != want {
+		t.Errorf("sbthird got %s, want the freed %s", att.SandboxIP, want)
+	}
 }
 
 func TestLookupAfterRestart(t *testing.T) {
@@ -344,7 +391,7 @@ func TestLookupRepairsFirewall(t *testing.T) {
 }
 
 func TestAttachFailureLeavesNothing(t *testing.T) {
-	for _, step := range []string{"netns", "sysctl", "link", "sandbox_side", "firewall"} {
+	for _, step := range []string{"netns", "sysctl", "reserve", "link", "sandbox_side", "firewall"} {
 		t.Run(step, func(t *testing.T) {
 			n := newTestNetwork(t, Config{})
 			injected := errors.New("injected")
@@ -477,4 +524,65 @@ func TestConcurrentAttachDetach(t *testing.T) {
 	if ids, err := n.List(t.Context()); err != nil || len(ids) != 0 {
 		t.Errorf("List after all detached = %v, %v; want none", ids, err)
 	}
+}
+
+// A sandbox whose first derived link name was taken gets the next one;
+// findLink (and so Lookup and Detach) still finds it after the first name
+// is freed again.
+func TestLinkNameTaken(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	first := n.names.link("sbtaken", 0)
+	// A veth pair: the host may have no dummy driver.
+	dummy := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: first}, PeerName: testInstance(t, 'x')}
+	if err := netlink.LinkAdd(dummy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netlink.LinkDel(dummy) })
+	att := mustAttach(t, n, "sbtaken")
+	if att.HostIface == first {
+		t.Fatalf("attached on %s, which a dummy link holds", first)
+	}
+	if err := netlink.LinkDel(dummy); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := n.Lookup(t.Context(), "sbtaken"); err != nil || got != att {
+		t.Errorf("Lookup = %+v, %v; want %+v", got, err, att)
+	}
+	if err := n.Detach(t.Context(), "sbtaken"); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, n, att)
+}
+
+// A firewall chain left alone (link, netns and reservation gone) still
+// counts as a leftover: Attach refuses the id until Detach.
+func TestLeftoverChainOnly(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	if has, err := n.fw.hasChain(n.SandboxChain("sbchain")); err != nil || has {
+		t.Fatalf("hasChain before any attach = %v, %v", has, err)
+	}
+	att := mustAttach(t, n, "sbchain")
+	link, err := n.findLink("sbchain")
+	if err != nil || link == nil {
+		t.Fatalf("findLink = %v, %v", link, err)
+	}
+	if err := deleteLink(link); err != nil {
+		t.Fatal(err)
+	}
+	if err := removeNetns(att.NetNSPath); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.release("sbchain"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Attach(t.Context(), "sbchain"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("Attach over a leftover chain = %v, want ErrAlreadyExists", err)
+	}
+	if err := n.Detach(t.Context(), "sbchain"); err != nil {
+		t.Fatal(err)
+	}
+	if has, err := n.fw.hasChain(n.SandboxChain("sbchain")); err != nil || has {
+		t.Errorf("hasChain after Detach = %v, %v", has, err)
+	}
+	mustAttach(t, n, "sbchain")
 }

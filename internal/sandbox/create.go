@@ -28,10 +28,10 @@ type creation struct {
 	egress *egressPrep
 	// undo removes what the steps made so far.
 	undo undo
-	// recorded, provisioned and answered are when the first store write,
-	// provision and awaitReady (with the egress install) ended
-	// (the debug log's create phases).
-	recorded, provisioned, answered time.Time
+	// recorded, provisioned, agentUp and answered are when the first
+	// store write, provision, the agent's first answer and awaitReady
+	// (with the egress install) ended (the debug log's create phases).
+	recorded, provisioned, agentUp, answered time.Time
 }
 
 // Create makes a sandbox and returns once its agent answers. It runs
@@ -185,6 +185,7 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	rctx, rcancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	err := m.deps.Prober.WaitReady(rctx, agentAddr(c.e.att))
 	rcancel()
+	c.agentUp = time.Now()
 	ca, eerr := c.egress.wait()
 	if err != nil {
 		return fmt.Errorf("agent did not become ready: %w", err)
@@ -214,7 +215,8 @@ func (m *Manager) finish(ctx context.Context, c *creation) error {
 	c.log.Info("sandbox_ready", "template", c.tpl.Name, "isolation", e.rec.Isolation, "elapsed_ms", time.Since(c.start).Milliseconds())
 	if !c.provisioned.IsZero() && !c.answered.IsZero() {
 		c.log.Debug("create_phases", "record", c.recorded.Sub(c.start), "provision", c.provisioned.Sub(c.recorded),
-			"await_ready", c.answered.Sub(c.provisioned), "finish", time.Since(c.answered))
+			"agent_ready", c.agentUp.Sub(c.provisioned), "policy_apply", c.answered.Sub(c.agentUp),
+			"finish", time.Since(c.answered), "total", time.Since(c.start))
 	}
 	return nil
 }

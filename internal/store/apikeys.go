@@ -136,7 +136,7 @@ func migrate(ctx context.Context, db *sql.DB) error {
 
 // PutAPIKey stores a new API key.
 func (d *DB) PutAPIKey(ctx context.Context, k core.APIKey) error {
-	_, err := d.db.ExecContext(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := d.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
 		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt), boolInt(k.Admin),
 		k.Quota.MaxSandboxes, k.Quota.MaxCPUMillis, k.Quota.MaxMemoryBytes, int64(k.Quota.MaxTimeout))
 	if err != nil {
@@ -167,7 +167,7 @@ func scanAPIKey(r scanner) (core.APIKey, error) {
 // GetAPIKey returns the key with the given ID, revoked or not, or an error
 // wrapping errdefs.ErrNotFound.
 func (d *DB) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
-	k, err := scanAPIKey(d.db.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE id = ?`, id))
+	k, err := scanAPIKey(d.rd.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, fmt.Errorf("api key %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -179,7 +179,7 @@ func (d *DB) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
 
 // SetAPIKeyQuota replaces an active key's quota.
 func (d *DB) SetAPIKeyQuota(ctx context.Context, id string, q core.Quota) error {
-	res, err := d.db.ExecContext(ctx, `UPDATE api_keys SET max_sandboxes = ?, max_cpu_millis = ?, max_memory_bytes = ?, max_timeout_ns = ? WHERE id = ? AND revoked_at = 0`,
+	res, err := d.exec(ctx, `UPDATE api_keys SET max_sandboxes = ?, max_cpu_millis = ?, max_memory_bytes = ?, max_timeout_ns = ? WHERE id = ? AND revoked_at = 0`,
 		q.MaxSandboxes, q.MaxCPUMillis, q.MaxMemoryBytes, int64(q.MaxTimeout), id)
 	if err != nil {
 		return fmt.Errorf("update api key %s: %w", id, err)
@@ -193,7 +193,7 @@ func (d *DB) SetAPIKeyQuota(ctx context.Context, id string, q core.Quota) error 
 // APIKeyByHash returns the active (not revoked) key with the given hash, or
 // an error wrapping errdefs.ErrNotFound.
 func (d *DB) APIKeyByHash(ctx context.Context, hash string) (core.APIKey, error) {
-	row := d.db.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ? AND revoked_at = 0`, hash)
+	row := d.rd.QueryRowContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys WHERE hash = ? AND revoked_at = 0`, hash)
 	k, err := scanAPIKey(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return k, fmt.Errorf("api key: %w", errdefs.ErrNotFound)
@@ -206,7 +206,7 @@ func (d *DB) APIKeyByHash(ctx context.Context, hash string) (core.APIKey, error)
 
 // ListAPIKeys returns every key, revoked ones included, oldest first.
 func (d *DB) ListAPIKeys(ctx context.Context) ([]core.APIKey, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys ORDER BY created_at, id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+apiKeyCols+` FROM api_keys ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list api keys: %w", err)
 	}
@@ -225,7 +225,7 @@ func (d *DB) ListAPIKeys(ctx context.Context) ([]core.APIKey, error) {
 // RevokeAPIKey marks a key revoked; it stops authenticating at once. The
 // record stays so that the sandboxes it created still name their owner.
 func (d *DB) RevokeAPIKey(ctx context.Context, id string, at time.Time) error {
-	res, err := d.db.ExecContext(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, unixNano(at), id)
+	res, err := d.exec(ctx, `UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at = 0`, unixNano(at), id)
 	if err != nil {
 		return fmt.Errorf("revoke api key %s: %w", id, err)
 	}
@@ -240,7 +240,7 @@ func (d *DB) PutE2BSandbox(ctx context.Context, s core.E2BSandbox) error {
 	if s.Network == "" {
 		s.Network = "{}"
 	}
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO e2b_sandboxes (id, traffic_token, network) VALUES (?,?,?)`,
+	_, err := d.exec(ctx, `INSERT OR REPLACE INTO e2b_sandboxes (id, traffic_token, network) VALUES (?,?,?)`,
 		s.ID, s.TrafficToken, s.Network)
 	if err != nil {
 		return fmt.Errorf("put e2b sandbox %s: %w", s.ID, err)
@@ -252,7 +252,7 @@ func (d *DB) PutE2BSandbox(ctx context.Context, s core.E2BSandbox) error {
 // another API has none and gets the zero value (with its ID) and no error.
 func (d *DB) GetE2BSandbox(ctx context.Context, id string) (core.E2BSandbox, error) {
 	s := core.E2BSandbox{ID: id, Network: "{}"}
-	err := d.db.QueryRowContext(ctx, `SELECT traffic_token, network FROM e2b_sandboxes WHERE id = ?`, id).Scan(&s.TrafficToken, &s.Network)
+	err := d.rd.QueryRowContext(ctx, `SELECT traffic_token, network FROM e2b_sandboxes WHERE id = ?`, id).Scan(&s.TrafficToken, &s.Network)
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return s, fmt.Errorf("get e2b sandbox %s: %w", id, err)
 	}

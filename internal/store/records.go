@@ -33,7 +33,7 @@ func (d *DB) DeleteSandbox(ctx context.Context, id string) error {
 // EndedBefore returns the IDs of stopped and failed sandboxes that ended
 // before t.
 func (d *DB) EndedBefore(ctx context.Context, t time.Time) ([]string, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT id FROM sandboxes WHERE state IN ('stopped','failed') AND ended_at > 0 AND ended_at < ?`, unixNano(t))
+	rows, err := d.rd.QueryContext(ctx, `SELECT id FROM sandboxes WHERE state IN ('stopped','failed') AND ended_at > 0 AND ended_at < ?`, unixNano(t))
 	if err != nil {
 		return nil, fmt.Errorf("list ended sandboxes: %w", err)
 	}
@@ -73,7 +73,7 @@ func migrateUsage(ctx context.Context, db *sql.DB) error {
 
 // PutUsage inserts or replaces a sandbox's usage.
 func (d *DB) PutUsage(ctx context.Context, u core.Usage) error {
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO usage (sandbox_id, owner, cpu_ns, memory_byte_seconds, memory_peak_bytes, disk_bytes, egress_bytes, seconds, started_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
+	_, err := d.exec(ctx, `INSERT OR REPLACE INTO usage (sandbox_id, owner, cpu_ns, memory_byte_seconds, memory_peak_bytes, disk_bytes, egress_bytes, seconds, started_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)`,
 		u.SandboxID, u.Owner, int64(u.CPU), u.MemoryByteSeconds, u.MemoryPeakBytes, u.DiskBytes, u.EgressBytes, u.Seconds, unixNano(u.StartedAt), unixNano(u.UpdatedAt))
 	if err != nil {
 		return fmt.Errorf("put usage %s: %w", u.SandboxID, err)
@@ -94,7 +94,7 @@ func scanUsage(r scanner) (core.Usage, error) {
 // GetUsage returns a sandbox's usage, or an error wrapping
 // errdefs.ErrNotFound.
 func (d *DB) GetUsage(ctx context.Context, id string) (core.Usage, error) {
-	u, err := scanUsage(d.db.QueryRowContext(ctx, `SELECT `+usageCols+` FROM usage WHERE sandbox_id = ?`, id))
+	u, err := scanUsage(d.rd.QueryRowContext(ctx, `SELECT `+usageCols+` FROM usage WHERE sandbox_id = ?`, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return u, fmt.Errorf("usage of %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -107,7 +107,7 @@ func (d *DB) GetUsage(ctx context.Context, id string) (core.Usage, error) {
 // ListUsage returns the usage of every sandbox metered at or after since
 // (all if zero), oldest first.
 func (d *DB) ListUsage(ctx context.Context, since time.Time) ([]core.Usage, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT `+usageCols+` FROM usage WHERE updated_at >= ? ORDER BY started_at, sandbox_id`, unixNano(since))
+	rows, err := d.rd.QueryContext(ctx, `SELECT `+usageCols+` FROM usage WHERE updated_at >= ? ORDER BY started_at, sandbox_id`, unixNano(since))
 	if err != nil {
 		return nil, fmt.Errorf("list usage: %w", err)
 	}

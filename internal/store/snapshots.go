@@ -38,7 +38,7 @@ func (d *DB) PutSnapshot(ctx context.Context, s core.Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("put snapshot %s: %w", s.ID, err)
 	}
-	_, err = d.db.ExecContext(ctx, `INSERT OR REPLACE INTO snapshots (id, name, source, created_at, record) VALUES (?,?,?,?,?)`,
+	_, err = d.exec(ctx, `INSERT OR REPLACE INTO snapshots (id, name, source, created_at, record) VALUES (?,?,?,?,?)`,
 		s.ID, s.Name, s.Source, unixNano(s.CreatedAt), string(b))
 	if err != nil {
 		return fmt.Errorf("put snapshot %s: %w", s.ID, err)
@@ -50,7 +50,7 @@ func (d *DB) PutSnapshot(ctx context.Context, s core.Snapshot) error {
 func (d *DB) GetSnapshot(ctx context.Context, id string) (core.Snapshot, error) {
 	var s core.Snapshot
 	var rec string
-	err := d.db.QueryRowContext(ctx, `SELECT record FROM snapshots WHERE id = ?`, id).Scan(&rec)
+	err := d.rd.QueryRowContext(ctx, `SELECT record FROM snapshots WHERE id = ?`, id).Scan(&rec)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, fmt.Errorf("snapshot %s: %w", id, errdefs.ErrNotFound)
 	}
@@ -65,7 +65,7 @@ func (d *DB) GetSnapshot(ctx context.Context, id string) (core.Snapshot, error) 
 
 // ListSnapshots returns every snapshot, oldest first.
 func (d *DB) ListSnapshots(ctx context.Context) ([]core.Snapshot, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT record FROM snapshots ORDER BY created_at, id`)
+	rows, err := d.rd.QueryContext(ctx, `SELECT record FROM snapshots ORDER BY created_at, id`)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots: %w", err)
 	}
@@ -87,7 +87,7 @@ func (d *DB) ListSnapshots(ctx context.Context) ([]core.Snapshot, error) {
 
 // DeleteSnapshot removes a snapshot record.
 func (d *DB) DeleteSnapshot(ctx context.Context, id string) error {
-	res, err := d.db.ExecContext(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
+	res, err := d.exec(ctx, `DELETE FROM snapshots WHERE id = ?`, id)
 	if err != nil {
 		return fmt.Errorf("delete snapshot %s: %w", id, err)
 	}

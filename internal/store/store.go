@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -23,7 +24,16 @@ import (
 
 // DB is the SQLite-backed store.
 type DB struct {
+	// db is the writer: one connection, used by the group committer
+	// (writer.go) and by multi-statement transactions.
 	db *sql.DB
+	// rd serves reads, on connections of their own.
+	rd *sql.DB
+
+	writes     chan *writeReq
+	closeOnce  sync.Once
+	closed     chan struct{}
+	writerDone chan struct{}
 }
 
 // The records are the core's; the store only keeps them.
@@ -81,11 +91,27 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
-	return &DB{db: db}, nil
+	// Readers: WAL (set above, persistent in the file) lets them read
+	// the last commit while the writer writes; query_only keeps them
+	// readers.
+	rd, err := sql.Open("sqlite", "file:"+path+"?_pragma=busy_timeout(5000)&_pragma=query_only(1)&_pragma=foreign_keys(1)")
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	rd.SetMaxOpenConns(4)
+	d := &DB{db: db, rd: rd, writes: make(chan *writeReq), closed: make(chan struct{}), writerDone: make(chan struct{})}
+	go d.writer()
+	return d, nil
 }
 
-// Close closes the database.
-func (d *DB) Close() error { return d.db.Close() }
+// Close closes the database. A write being committed completes first;
+// later ones fail.
+func (d *DB) Close() error {
+	d.closeOnce.Do(func() { close(d.closed) })
+	<-d.writerDone
+	return errors.Join(d.rd.Close(), d.db.Close())
+}
 
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
@@ -122,7 +148,7 @@ func decodeMap(s string) (map[string]string, error) {
 
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
-	_, err := d.db.ExecContext(ctx, `INSERT OR REPLACE INTO sandboxes
+	_, err := d.exec(ctx, `INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
 		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause)
 		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
@@ -177,7 +203,7 @@ func scanSandbox(r scanner) (core.Sandbox, error) {
 
 // GetSandbox returns one sandbox, or an error wrapping errdefs.ErrNotFound.
 func (d *DB) GetSandbox(ctx context.Context, id string) (core.Sandbox, error) {
-	row := d.db.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
+	row := d.rd.QueryRowContext(ctx, `SELECT `+sandboxCols+` FROM sandboxes WHERE id = ?`, id)
 	s, err := scanSandbox(row)
 	if errors.Is(err, sql.ErrNoRows) {
 		return s, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -200,7 +226,7 @@ func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]core.Sandbo
 		}
 	}
 	q += ` ORDER BY created_at, id`
-	rows, err := d.db.QueryContext(ctx, q, args...)
+	rows, err := d.rd.QueryContext(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}
@@ -218,7 +244,7 @@ func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]core.Sandbo
 
 // AddEvent appends a lifecycle event and returns it with its sequence number.
 func (d *DB) AddEvent(ctx context.Context, e core.Event) (core.Event, error) {
-	res, err := d.db.ExecContext(ctx, `INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
+	res, err := d.exec(ctx, `INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
 		e.SandboxID, unixNano(e.Time), e.Type, e.Message)
 	if err != nil {
 		return e, fmt.Errorf("add event for %s: %w", e.SandboxID, err)
@@ -230,7 +256,7 @@ func (d *DB) AddEvent(ctx context.Context, e core.Event) (core.Event, error) {
 // Events returns the events of one sandbox with a sequence number above
 // after, oldest first.
 func (d *DB) Events(ctx context.Context, sandboxID string, after int64) ([]core.Event, error) {
-	rows, err := d.db.QueryContext(ctx, `SELECT seq, sandbox_id, time, type, message FROM events
+	rows, err := d.rd.QueryContext(ctx, `SELECT seq, sandbox_id, time, type, message FROM events
 		WHERE sandbox_id = ? AND seq > ? ORDER BY seq`, sandboxID, after)
 	if err != nil {
 		return nil, fmt.Errorf("events of %s: %w", sandboxID, err)

@@ -487,6 +487,15 @@ func Leaks(d *Daemon) []string {
 			}
 		}
 	}
+	// Address reservations (hostnet's reserve_linux.go): one per attached
+	// sandbox, named <addr>_<instance>_<id>.
+	if ents, err := os.ReadDir("/run/berth/netpool.lock.d"); err == nil {
+		for _, e := range ents {
+			if strings.Contains(e.Name(), "_"+d.Instance+"_") {
+				out = append(out, "address reservation "+e.Name())
+			}
+		}
+	}
 	if b, err := exec.Command("ip", "-o", "link", "show").Output(); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if strings.Contains(line, d.Instance) {
