@@ -178,6 +178,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	if kind == "" && !canStop {
 		return back(fmt.Errorf("its runtime cannot checkpoint it and has no filesystem pause: %w", errdefs.ErrNotImplemented))
 	}
+	checkpointed := time.Now()
 	if canStop {
 		if err := stopper.Stop(ctx, id); err != nil {
 			return m.failLive(ctx, e, "pause failed: stop: "+err.Error())
@@ -186,9 +187,11 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	if kind == "" {
 		kind = core.PauseFilesystem
 	}
+	stopped := time.Now()
 	if err := m.release(ctx, id); err != nil {
 		return m.failLive(ctx, e, "pause failed: "+err.Error())
 	}
+	m.log.Debug("pause_phases", "sandbox_id", id, "checkpoint", checkpointed.Sub(start), "stop", stopped.Sub(checkpointed), "release", time.Since(stopped))
 	return m.finishPause(ctx, e, kind, why+" ("+kind+")"+note, start)
 }
 
@@ -266,7 +269,7 @@ func (m *Manager) release(ctx context.Context, id string) error {
 // as paused.
 func (m *Manager) finishPause(ctx context.Context, e *entry, kind, msg string, start time.Time) error {
 	if e.att.SandboxIP.IsValid() {
-		e.lastIP = e.att.SandboxIP
+		e.lastIP, e.lastHost = e.att.SandboxIP, e.att.HostIP
 	}
 	e.att = Attachment{}
 	e.rec.Pause = kind
@@ -430,12 +433,17 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 			return fmt.Errorf("start: %w", err)
 		}
 	}
+	started := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("agent did not become ready: %w", err)
 	}
+	ready := time.Now()
+	defer func() {
+		m.log.Debug("resume_phases", "sandbox_id", id, "ready", ready.Sub(started), "egress", time.Since(ready))
+	}()
 	if m.deps.Egress != nil {
 		u.push("egress", func(context.Context) error { m.deps.Egress.Stop(id); return nil })
 	}
@@ -458,7 +466,11 @@ func (m *Manager) restartEgress(ctx context.Context, e *entry) error {
 	} else if err != nil {
 		return err
 	}
-	return m.startEgress(ctx, e, p, true)
+	// Its resolver settings and CA are on its disk, which a pause keeps;
+	// they name the gateway, so only a new one needs them written again
+	// (a round trip to the agent saved on most resumes).
+	same := e.lastHost.IsValid() && e.lastHost == e.att.HostIP
+	return m.startEgress(ctx, e, p, !same)
 }
 
 // stopRuntime stops a restored sandbox that did not come back whole,
