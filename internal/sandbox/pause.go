@@ -58,8 +58,13 @@ type reattacher interface {
 	AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error)
 }
 
+// connCloser is the Prober's optional ability to close every connection
+// it has to one sandbox (by IP address), idle or in use, before the call
+// returns (agentlink.Link).
+type connCloser interface{ CloseTo(host string) }
+
 // idleCloser is the Prober's optional ability to drop its idle
-// connections to agents (agentlink.Link).
+// connections to agents.
 type idleCloser interface{ CloseIdle() }
 
 // checkpointDir is where a memory pause keeps sandbox id's checkpoint.
@@ -159,7 +164,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	}
 	kind, note := "", ""
 	if canCheckpoint {
-		err := m.checkpoint(ctx, cp, id)
+		err := m.checkpoint(ctx, cp, id, e.att.SandboxIP.String())
 		switch {
 		case err == nil:
 			kind = core.PauseMemory
@@ -215,20 +220,25 @@ func (m *Manager) pauseAtDeadline(e *entry) bool {
 	return true
 }
 
-// checkpoint saves sandbox id's running state into its checkpoint dir:
+// checkpoint saves sandbox id, at address ip, into its checkpoint dir:
 // written under a temporary name and renamed once complete.
-func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id string) error {
+func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id, ip string) error {
 	if err := m.removeCheckpoint(id); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
 		return err
 	}
-	// The daemon's idle connections to the agent are connected endpoints
-	// in the sandbox's network stack, which gVisor will not save: they
-	// go first (reset, see agentlink), and their resets reach the
-	// sandbox before the checkpoint stops it.
-	if ic, ok := m.deps.Prober.(idleCloser); ok {
+	// The daemon's connections into the sandbox (to its agent, or
+	// proxied to its ports) are connected endpoints in its network stack, which gVisor will not save (and a
+	// failed save ends the sandbox): all of them go first, idle ones
+	// and those carrying an attached stream or a call (which then end;
+	// the sandbox is pausing, so no new one starts), each with a reset
+	// (see agentlink) that reaches the sandbox well before the
+	// checkpoint, a runsc start away, stops its network stack.
+	if cc, ok := m.deps.Prober.(connCloser); ok {
+		cc.CloseTo(ip)
+	} else if ic, ok := m.deps.Prober.(idleCloser); ok {
 		ic.CloseIdle()
 	}
 	tmp := m.partialDir(id)
