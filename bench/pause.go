@@ -107,7 +107,11 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		if err := d.Client.Kill(ctx, fresh.ID); err != nil {
 			return err
 		}
-		tb.Logf("%s pause round %d: pause %s (%s), resume %s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], mem>>20, freed[i]>>20)
+		inside := ""
+		if p.Pause == client.PauseMemory {
+			inside = fmt.Sprintf(" (runsc checkpoint %s, restore %s)", saves[len(saves)-1], loads[len(loads)-1])
+		}
+		tb.Logf("%s pause round %d: pause %s (%s), resume %s%s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], inside, mem>>20, freed[i]>>20)
 	}
 	fmt.Printf("\n| pause and resume, isolation %s (pauses made: %v; process holding %d MiB) | n | p50 | p99 |\n|---|---|---|---|\n", iso, kinds, mib)
 	fmt.Printf("| pause (request → paused, CPU and memory released) | %d | %s | %s |\n", n, fmtDur(pct(pauses, 50)), fmtDur(pct(pauses, 99)))
