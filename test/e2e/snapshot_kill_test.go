@@ -14,14 +14,20 @@ import (
 // TestSnapshotDaemonKilled: a daemon SIGKILLed while a snapshot copies
 // its source's files (the source frozen meanwhile) leaves, after a
 // restart, the source running (thawed: a command runs in it), no
-// half-written snapshot listed or on disk, and nothing leaked.
+// half-written snapshot listed or on disk, and nothing leaked. Both
+// levels: runc freezes the source with the cgroup freezer, gVisor with
+// runsc pause.
 func TestSnapshotDaemonKilled(t *testing.T) {
+	forEachIsolation(t, testSnapshotDaemonKilled)
+}
+
+func testSnapshotDaemonKilled(t *testing.T, iso string) {
 	d := StartDaemon(t)
 	ctx := t.Context()
-	src := d.Create(t, client.CreateRequest{Timeout: "30m", Disk: "2G"})
+	src := d.Create(t, client.CreateRequest{Isolation: iso, Timeout: "30m", Disk: "2G"})
 	// Enough to copy that the snapshot is still copying when the test
 	// sees it start.
-	MustRun(t, src, "dd if=/dev/zero of=/home/big bs=1M count=400 2>/dev/null && sync && echo data > /home/f")
+	MustRun(t, src, "dd if=/dev/zero of=/home/big bs=1M count=256 2>/dev/null && sync && echo data > /home/f")
 
 	snapDir := filepath.Join(d.DataDir, "snapshots")
 	done := make(chan error, 1)
