@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
@@ -27,7 +28,9 @@ func runPause(tb *runner, n, mib int, isos []string) error {
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
+	// Debug logging: the runtime's phase timings say how much of a
+	// gVisor pause and resume runsc itself took (runscPhase).
+	d := harness.StartDaemon(tb, bin, "--debug")
 	for _, iso := range isos {
 		if err := pauseRows(tb, d, n, mib, iso); err != nil {
 			return fmt.Errorf("isolation %s: %w", iso, err)
@@ -43,7 +46,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	if err != nil {
 		return err
 	}
-	var pauses, resumes, creates []time.Duration
+	var pauses, resumes, creates, saves, loads []time.Duration
 	var held, freed []int64
 	kinds := map[string]int{}
 	// A memory pause keeps the holder running; a filesystem pause ends
@@ -78,6 +81,9 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		}
 		pauses = append(pauses, time.Since(t0))
 		kinds[p.Pause]++
+		if p.Pause == client.PauseMemory {
+			saves = append(saves, runscPhase(d.Logs(), sb.ID, "sandbox checkpointed", "runsc_checkpoint", len(saves)))
+		}
 		needHolder = p.Pause != client.PauseMemory
 		after, err := memAvailable()
 		if err != nil {
@@ -89,6 +95,9 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 			return err
 		}
 		resumes = append(resumes, time.Since(t0))
+		if p.Pause == client.PauseMemory {
+			loads = append(loads, runscPhase(d.Logs(), sb.ID, "sandbox restored", "runsc_restore", len(loads)))
+		}
 		t0 = time.Now()
 		fresh, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Isolation: iso})
 		if err != nil {
@@ -98,11 +107,19 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		if err := d.Client.Kill(ctx, fresh.ID); err != nil {
 			return err
 		}
-		tb.Logf("%s pause round %d: pause %s (%s), resume %s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], mem>>20, freed[i]>>20)
+		inside := ""
+		if p.Pause == client.PauseMemory {
+			inside = fmt.Sprintf(" (runsc checkpoint %s, restore %s)", saves[len(saves)-1], loads[len(loads)-1])
+		}
+		tb.Logf("%s pause round %d: pause %s (%s), resume %s%s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], inside, mem>>20, freed[i]>>20)
 	}
 	fmt.Printf("\n| pause and resume, isolation %s (pauses made: %v; process holding %d MiB) | n | p50 | p99 |\n|---|---|---|---|\n", iso, kinds, mib)
 	fmt.Printf("| pause (request → paused, CPU and memory released) | %d | %s | %s |\n", n, fmtDur(pct(pauses, 50)), fmtDur(pct(pauses, 99)))
 	fmt.Printf("| resume (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(resumes, 50)), fmtDur(pct(resumes, 99)))
+	if len(saves) > 0 {
+		fmt.Printf("| of the pause: `runsc checkpoint` itself (the sentry saves its memory) | %d | %s | %s |\n", len(saves), fmtDur(pct(saves, 50)), fmtDur(pct(saves, 99)))
+		fmt.Printf("| of the resume: `runsc restore` itself (the sentry loads its memory) | %d | %s | %s |\n", len(loads), fmtDur(pct(loads, 50)), fmtDur(pct(loads, 99)))
+	}
 	fmt.Printf("| floor: create of the same template (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(creates, 50)), fmtDur(pct(creates, 99)))
 	fmt.Printf("\n| memory | p50 |\n|---|---|\n")
 	fmt.Printf("| sandbox cgroup memory before the pause | %d MiB |\n", median(held)>>20)
@@ -133,4 +150,25 @@ func median(v []int64) int64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// runscPhase reads a phase's duration from the daemon's debug log: key's
+// value on the nth line with msg for sandbox id (0 when there is none).
+func runscPhase(logs, id, msg, key string, nth int) time.Duration {
+	seen := 0
+	for line := range strings.SplitSeq(logs, "\n") {
+		if !strings.Contains(line, `msg="`+msg+`"`) || !strings.Contains(line, "sandbox_id="+id) {
+			continue
+		}
+		if seen++; seen <= nth {
+			continue
+		}
+		for f := range strings.FieldsSeq(line) {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
+				d, _ := time.ParseDuration(v)
+				return d
+			}
+		}
+	}
+	return 0
 }

@@ -19,6 +19,7 @@ import (
 type Link struct {
 	probe     *http.Client
 	transport *http.Transport
+	conns     *connSet
 }
 
 // New returns a Link.
@@ -30,14 +31,19 @@ func New() *Link {
 	// to checkpoint a sandbox whose network stack holds a connected
 	// endpoint, and a probe's Connection: close would otherwise leave
 	// the agent's end in TIME_WAIT for a minute.
+	conns := &connSet{}
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := dialer.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
 		if tc, ok := c.(*net.TCPConn); ok {
 			_ = tc.SetLinger(0)
 		}
-		return c, err
+		return conns.add(addr, c), nil
 	}
 	return &Link{
+		conns: conns,
 		probe: &http.Client{
 			Timeout: 2 * time.Second,
 			// Probes must not keep idle connections into sandboxes.

@@ -74,6 +74,9 @@ type entry struct {
 	// lastIP is the address a paused sandbox had, asked for again when it
 	// resumes (pause.go).
 	lastIP netip.Addr
+	// lastHost is the gateway (host side) it had then: a sandbox that
+	// gets it again keeps the resolver and CA files it has.
+	lastHost netip.Addr
 	// act is its activity, for idle pause (idle.go).
 	act activity
 

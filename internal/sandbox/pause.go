@@ -58,8 +58,13 @@ type reattacher interface {
 	AttachToAt(ctx context.Context, id, nsPath string, addr netip.Addr) (Attachment, error)
 }
 
+// connCloser is the Prober's optional ability to close every connection
+// it has to one sandbox (by IP address), idle or in use, before the call
+// returns (agentlink.Link).
+type connCloser interface{ CloseTo(host string) }
+
 // idleCloser is the Prober's optional ability to drop its idle
-// connections to agents (agentlink.Link).
+// connections to agents.
 type idleCloser interface{ CloseIdle() }
 
 // checkpointDir is where a memory pause keeps sandbox id's checkpoint.
@@ -159,7 +164,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	}
 	kind, note := "", ""
 	if canCheckpoint {
-		err := m.checkpoint(ctx, cp, id)
+		err := m.checkpoint(ctx, cp, id, e.att.SandboxIP.String())
 		switch {
 		case err == nil:
 			kind = core.PauseMemory
@@ -178,6 +183,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	if kind == "" && !canStop {
 		return back(fmt.Errorf("its runtime cannot checkpoint it and has no filesystem pause: %w", errdefs.ErrNotImplemented))
 	}
+	checkpointed := time.Now()
 	if canStop {
 		if err := stopper.Stop(ctx, id); err != nil {
 			return m.failLive(ctx, e, "pause failed: stop: "+err.Error())
@@ -186,9 +192,11 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	if kind == "" {
 		kind = core.PauseFilesystem
 	}
+	stopped := time.Now()
 	if err := m.release(ctx, id); err != nil {
 		return m.failLive(ctx, e, "pause failed: "+err.Error())
 	}
+	m.log.Debug("pause_phases", "sandbox_id", id, "checkpoint", checkpointed.Sub(start), "stop", stopped.Sub(checkpointed), "release", time.Since(stopped))
 	return m.finishPause(ctx, e, kind, why+" ("+kind+")"+note, start)
 }
 
@@ -212,20 +220,25 @@ func (m *Manager) pauseAtDeadline(e *entry) bool {
 	return true
 }
 
-// checkpoint saves sandbox id's running state into its checkpoint dir:
+// checkpoint saves sandbox id, at address ip, into its checkpoint dir:
 // written under a temporary name and renamed once complete.
-func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id string) error {
+func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id, ip string) error {
 	if err := m.removeCheckpoint(id); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
 		return err
 	}
-	// The daemon's idle connections to the agent are connected endpoints
-	// in the sandbox's network stack, which gVisor will not save: they
-	// go first (reset, see agentlink), and their resets reach the
-	// sandbox before the checkpoint stops it.
-	if ic, ok := m.deps.Prober.(idleCloser); ok {
+	// The daemon's connections into the sandbox (to its agent, or
+	// proxied to its ports) are connected endpoints in its network stack, which gVisor will not save (and a
+	// failed save ends the sandbox): all of them go first, idle ones
+	// and those carrying an attached stream or a call (which then end;
+	// the sandbox is pausing, so no new one starts), each with a reset
+	// (see agentlink) that reaches the sandbox well before the
+	// checkpoint, a runsc start away, stops its network stack.
+	if cc, ok := m.deps.Prober.(connCloser); ok {
+		cc.CloseTo(ip)
+	} else if ic, ok := m.deps.Prober.(idleCloser); ok {
 		ic.CloseIdle()
 	}
 	tmp := m.partialDir(id)
@@ -266,7 +279,7 @@ func (m *Manager) release(ctx context.Context, id string) error {
 // as paused.
 func (m *Manager) finishPause(ctx context.Context, e *entry, kind, msg string, start time.Time) error {
 	if e.att.SandboxIP.IsValid() {
-		e.lastIP = e.att.SandboxIP
+		e.lastIP, e.lastHost = e.att.SandboxIP, e.att.HostIP
 	}
 	e.att = Attachment{}
 	e.rec.Pause = kind
@@ -430,12 +443,17 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 			return fmt.Errorf("start: %w", err)
 		}
 	}
+	started := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	cancel()
 	if err != nil {
 		return fmt.Errorf("agent did not become ready: %w", err)
 	}
+	ready := time.Now()
+	defer func() {
+		m.log.Debug("resume_phases", "sandbox_id", id, "ready", ready.Sub(started), "egress", time.Since(ready))
+	}()
 	if m.deps.Egress != nil {
 		u.push("egress", func(context.Context) error { m.deps.Egress.Stop(id); return nil })
 	}
@@ -458,7 +476,11 @@ func (m *Manager) restartEgress(ctx context.Context, e *entry) error {
 	} else if err != nil {
 		return err
 	}
-	return m.startEgress(ctx, e, p, true)
+	// Its resolver settings and CA are on its disk, which a pause keeps;
+	// they name the gateway, so only a new one needs them written again
+	// (a round trip to the agent saved on most resumes).
+	same := e.lastHost.IsValid() && e.lastHost == e.att.HostIP
+	return m.startEgress(ctx, e, p, !same)
 }
 
 // stopRuntime stops a restored sandbox that did not come back whole,

@@ -130,6 +130,20 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	if st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
 		return fail(fmt.Sprintf("sandbox was %s after a daemon restart", st.Status))
 	}
+	if st.Status == runtime.StatusPaused {
+		// The daemon freezes a ready sandbox only while a snapshot
+		// copies its files (snapshot.go): one killed meanwhile left it
+		// frozen, and its half-written snapshot is never used
+		// (reconcileSnapshots).
+		p, ok := rt.(pauser)
+		if !ok {
+			return fail("sandbox was frozen after a daemon restart and its runtime cannot thaw it")
+		}
+		if err := p.Resume(ctx, rec.ID); err != nil {
+			return fail("sandbox was frozen by a snapshot cut short by a daemon restart; thaw: " + err.Error())
+		}
+		m.event(ctx, rec.ID, EventSnapshot, "thawed after a daemon restart: a snapshot was under way and is not kept")
+	}
 	att, err := m.deps.Network.Lookup(ctx, rec.ID)
 	if err != nil {
 		return fail("sandbox network missing after a daemon restart: " + err.Error())

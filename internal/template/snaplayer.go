@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,9 @@ func (s *Store) FreezeLayer(ctx context.Context, src, dst string) (size int64, e
 	var stderr bytes.Buffer
 	cmd := exec.CommandContext(ctx, "cp", "-a", "--preserve=all", "--no-target-directory", src, dst)
 	cmd.Stderr = &stderr
+	// It dies with the daemon: a restarted daemon removes the half
+	// copy, which a copy still running would write into again.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Run(); err != nil {
 		return 0, fmt.Errorf("copy %s: %w: %s", src, err, strings.TrimSpace(stderr.String()))
 	}

@@ -60,8 +60,9 @@ test('on gVisor, pause() keeps memory: a background process counts on after conn
   }
   // The count lives in the shell's memory; /tmp is in the sentry's memory too.
   const h = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
-  // The command keeps running; its output stream (an open connection
-  // into the sandbox, which this runsc cannot checkpoint) goes.
+  // The command keeps running; its output stream goes (a pause would cut
+  // it anyway: the daemon closes its connections into a sandbox before
+  // the checkpoint, as this runsc cannot save a connected one).
   await h.disconnect()
   // Until the counter's first write the file is not there.
   await waitFor('the counter to count', async () => Number(await sbx.files.read('/tmp/count').catch(() => '0')) > 0, 60_000)

@@ -550,11 +550,20 @@ type runcState struct {
 	Status string `json:"status"`
 }
 
+// stateTimeout bounds one `runc state`: a `runsc state` was seen hanging
+// for over a minute at a daemon start after the daemon had been SIGKILLed
+// during a gVisor checkpoint (TestPauseResumeSurviveKill9), which kept the
+// daemon from ever answering. Bounded, the sandbox is one the runtime
+// could not inspect, which the caller fails with that reason.
+const stateTimeout = 30 * time.Second
+
 // state asks runc about id; ok is false when runc has no record of it.
 func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
 	if !r.hasState(id) {
 		return st, false, nil
 	}
+	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
+	defer cancel()
 	out, err := r.runcOutput(ctx, "state", id)
 	if err != nil {
 		if strings.Contains(err.Error(), "does not exist") {

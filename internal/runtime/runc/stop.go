@@ -28,10 +28,14 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	if _, err := os.Stat(r.dir(id)); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
-	errs := r.endProcesses(ctx, id, &phaseTimer{last: time.Now()})
+	start := time.Now()
+	phases := phaseTimer{last: start}
+	errs := r.endProcesses(ctx, id, &phases)
 	if err := r.unmountRootfs(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
+	phases.mark("unmount")
+	r.log.Debug("sandbox stopped", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("stop sandbox %s: %w", id, err)
 	}
