@@ -1,0 +1,86 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// A ready sandbox's requests end with it.
+//
+// Every proxied call into a sandbox (native exec, PTY, watch and files;
+// the E2B data plane and preview traffic) runs under a context that ends
+// when the sandbox leaves ready: it died (the monitor found its init or,
+// under gVisor, its sentry gone: an OOM kill of the whole sandbox, a fork
+// bomb, runsc exiting), it is being stopped, paused or destroyed. Without
+// it a call into a gVisor sandbox whose sentry died would hang: the
+// sandbox's network stack dies with the sentry and sends no reset, so the
+// host's connection to the agent waits for an answer that never comes.
+// The context's cause names the state the sandbox went to and why
+// (errdefs.ErrFailedPrecondition), which the proxies hand to the client.
+
+// running is one ready period of a sandbox: its context is cancelled, with
+// the reason as cause, when the period ends.
+type running struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+func newRunning() *running {
+	// Not the Manager's lifetime: a daemon that closes leaves its
+	// sandboxes running, and its server ends its own requests.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &running{ctx: ctx, cancel: cancel}
+}
+
+// endCause is why a sandbox's ready period ended, as its requests see it.
+func (s *status) endCause(id string) error {
+	why := ""
+	switch s.state {
+	case StateStopping, StateStopped, StateFailed:
+		if s.rec.Reason != "" {
+			why = ": " + s.rec.Reason
+		}
+	}
+	return fmt.Errorf("sandbox %s is %s%s: %w", id, s.state, why, errdefs.ErrFailedPrecondition)
+}
+
+// AgentEndpoint is where a ready sandbox's agent answers and the access
+// token it wants.
+type AgentEndpoint struct {
+	Addr, Token string
+}
+
+// AgentSession is Agent for a call that talks to the sandbox for a while
+// (a proxied request, a stream). The returned context ends when ctx does
+// or when the sandbox leaves ready (it died, was OOM-killed, is stopped,
+// paused or destroyed); then context.Cause says which, and why, with
+// errdefs.ErrFailedPrecondition. Call release when the call is done.
+func (m *Manager) AgentSession(ctx context.Context, id string) (context.Context, AgentEndpoint, context.CancelFunc, error) {
+	st, err := m.readyStatus(ctx, id)
+	if err != nil {
+		return nil, AgentEndpoint{}, nil, err
+	}
+	cctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(st.run.ctx, func() { cancel(context.Cause(st.run.ctx)) })
+	release := func() {
+		stop()
+		cancel(context.Canceled)
+	}
+	return cctx, AgentEndpoint{Addr: agentAddr(st.att), Token: st.rec.Token}, release, nil
+}
+
+// EndCause is why ctx, a context from AgentSession (or one derived from
+// it), ended when the sandbox's end ended it; nil when it has not ended or
+// its caller ended it.
+func EndCause(ctx context.Context) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	if cause := context.Cause(ctx); errors.Is(cause, errdefs.ErrFailedPrecondition) {
+		return cause
+	}
+	return nil
+}

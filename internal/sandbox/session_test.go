@@ -1,0 +1,103 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// TestAgentSessionEndsWithSandbox: a request bound to a sandbox ends,
+// with the reason as its cause, when the sandbox is destroyed or dies
+// (an OOM kill of the whole sandbox, as under gVisor, named as such), and
+// a request after that is refused at once with the reason.
+func TestAgentSessionEndsWithSandbox(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		ooms := map[string]int64{}
+		f := newLifeFixture(t, func(d *Deps) {
+			d.Runtime = statsRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), stats: func(ctx context.Context, id string) (runtime.Stats, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return runtime.Stats{OOMKills: ooms[id], MemoryLimit: 64 << 20}, nil
+			}}
+		})
+		session := func(id string) (context.Context, context.CancelFunc) {
+			t.Helper()
+			ctx, ep, release, err := f.m.AgentSession(t.Context(), id)
+			if err != nil {
+				t.Fatalf("AgentSession(%s): %v", id, err)
+			}
+			if ep.Addr == "" || ep.Token == "" {
+				t.Errorf("AgentSession(%s) = %+v, want an address and a token", id, ep)
+			}
+			return ctx, release
+		}
+		wantEnded := func(ctx context.Context, what, reason string) {
+			t.Helper()
+			synctest.Wait()
+			cause := EndCause(ctx)
+			if cause == nil || !errors.Is(cause, errdefs.ErrFailedPrecondition) || !strings.Contains(cause.Error(), reason) {
+				t.Errorf("%s: request's end cause = %v (ctx %v), want failed_precondition naming %q", what, cause, ctx.Err(), reason)
+			}
+		}
+
+		killed, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		oom, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctxK, releaseK := session(killed.ID)
+		defer releaseK()
+		ctxO, releaseO := session(oom.ID)
+		defer releaseO()
+		// A released request is the caller's end, not the sandbox's.
+		ctxR, releaseR := session(oom.ID)
+		releaseR()
+		if c := EndCause(ctxR); c != nil || ctxR.Err() == nil {
+			t.Errorf("released request: cause %v, err %v; want ended with no sandbox cause", c, ctxR.Err())
+		}
+		synctest.Wait()
+		if ctxK.Err() != nil || ctxO.Err() != nil {
+			t.Fatalf("requests to ready sandboxes ended: %v, %v", ctxK.Err(), ctxO.Err())
+		}
+
+		if err := f.m.Destroy(t.Context(), killed.ID, "killed through the API"); err != nil {
+			t.Fatal(err)
+		}
+		wantEnded(ctxK, "destroyed sandbox", "killed through the API")
+
+		// The whole sandbox dies at its memory limit: the monitor finds
+		// it stopped with an OOM kill counted.
+		mu.Lock()
+		ooms[oom.ID] = 1
+		mu.Unlock()
+		f.rt.mu.Lock()
+		f.rt.running[oom.ID] = runtime.StatusStopped
+		f.rt.mu.Unlock()
+		time.Sleep(f.m.cfg.MonitorInterval)
+		wantEnded(ctxO, "OOM-killed sandbox", "out of memory")
+		got, err := f.m.Get(t.Context(), oom.ID)
+		if err != nil || State(got.State) != StateStopped || !strings.Contains(got.Reason, "out of memory") {
+			t.Errorf("OOM-killed sandbox = %+v, %v; want stopped, out of memory", got.Sandbox, err)
+		}
+		if evs := f.st.types(oom.ID); !strings.Contains(strings.Join(evs, " "), EventOOM) {
+			t.Errorf("events of the OOM-killed sandbox = %v, want %s", evs, EventOOM)
+		}
+		// New requests fail at once, saying why.
+		_, _, _, err = f.m.AgentSession(t.Context(), oom.ID)
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "out of memory") {
+			t.Errorf("AgentSession after the OOM kill = %v, want failed_precondition naming out of memory", err)
+		}
+		f.assertNothingLeft(t)
+	})
+}
