@@ -21,8 +21,11 @@ import (
 // out of memory" as a clean error instead of a connection torn mid-way.
 // Other answers (a download) can only be cut: the proxy aborts them.
 // isEnded picks the causes that are a sandbox's end (a caller that went
-// away is not one).
-func EndStreams(isEnded func(cause error) bool) func(*http.Response) error {
+// away is not one). A stream that breaks while its context has not ended
+// (a runc sandbox's agent died: the host kernel closed its end) calls
+// confirm, which should find out at once whether the sandbox still runs
+// and end its context if not, so its caller hears why.
+func EndStreams(isEnded func(cause error) bool, confirm func(*http.Request)) func(*http.Response) error {
 	return func(resp *http.Response) error {
 		if resp.Request == nil || resp.Body == nil {
 			return nil
@@ -31,7 +34,7 @@ func EndStreams(isEnded func(cause error) bool) func(*http.Response) error {
 		if !strings.HasPrefix(mt, "application/connect+") {
 			return nil
 		}
-		resp.Body = &endingStream{body: resp.Body, ctx: resp.Request.Context(), isEnded: isEnded}
+		resp.Body = &endingStream{body: resp.Body, req: resp.Request, ctx: resp.Request.Context(), isEnded: isEnded, confirm: confirm}
 		return nil
 	}
 }
@@ -42,8 +45,10 @@ func EndStreams(isEnded func(cause error) bool) func(*http.Response) error {
 // end-of-stream message of its own.
 type endingStream struct {
 	body    io.ReadCloser
+	req     *http.Request
 	ctx     context.Context
 	isEnded func(error) bool
+	confirm func(*http.Request)
 
 	hdr  [5]byte
 	nhdr int    // header bytes seen of the current envelope
@@ -67,8 +72,14 @@ func (s *endingStream) Read(p []byte) (int, error) {
 	if err == nil || errors.Is(err, io.EOF) {
 		return n, err
 	}
+	if s.nhdr != 0 || s.rest != 0 {
+		return n, err // cut inside a message: nothing clean to add
+	}
+	if s.ctx.Err() == nil && s.confirm != nil {
+		s.confirm(s.req)
+	}
 	cause := context.Cause(s.ctx)
-	if s.ctx.Err() == nil || !s.isEnded(cause) || s.nhdr != 0 || s.rest != 0 {
+	if s.ctx.Err() == nil || !s.isEnded(cause) {
 		return n, err
 	}
 	s.done, s.tail = true, endOfStream(cause)

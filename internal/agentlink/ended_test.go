@@ -56,18 +56,24 @@ func TestEndStreams(t *testing.T) {
 		name    string
 		chunks  [][]byte
 		cause   error
+		confirm bool // the stream breaks first; confirm finds the sandbox ended
 		wantEOS bool
 	}{
-		{"between messages", [][]byte{whole[:3], whole[3:9], whole[9:]}, ended, true},
-		{"inside a message", [][]byte{whole[:len(whole)-2]}, ended, false},
-		{"by its caller", [][]byte{whole}, context.Canceled, false},
+		{"between messages", [][]byte{whole[:3], whole[3:9], whole[9:]}, ended, false, true},
+		{"inside a message", [][]byte{whole[:len(whole)-2]}, ended, false, false},
+		{"by its caller", [][]byte{whole}, context.Canceled, false, false},
+		{"agent died, confirmed", [][]byte{whole}, ended, true, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancelCause(t.Context())
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://agent/process.Process/Start", nil)
+			breaks, confirm := func() { cancel(tc.cause) }, func(*http.Request) {}
+			if tc.confirm {
+				breaks, confirm = func() {}, func(*http.Request) { cancel(tc.cause) }
+			}
 			resp := &http.Response{Request: req, Header: http.Header{"Content-Type": {"application/connect+json"}},
-				Body: &cutBody{chunks: tc.chunks, cancel: func() { cancel(tc.cause) }}}
-			hook := EndStreams(func(c error) bool { return errors.Is(c, errdefs.ErrFailedPrecondition) })
+				Body: &cutBody{chunks: tc.chunks, cancel: breaks}}
+			hook := EndStreams(func(c error) bool { return errors.Is(c, errdefs.ErrFailedPrecondition) }, confirm)
 			if err := hook(resp); err != nil {
 				t.Fatal(err)
 			}

@@ -17,7 +17,7 @@ import (
 )
 
 type agentTarget struct {
-	addr, token, path string
+	id, addr, token, path string
 }
 
 type targetKey struct{}
@@ -30,6 +30,9 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 	// Connect error (agentlink.EndStreams).
 	endStreams := agentlink.EndStreams(func(cause error) bool {
 		return errors.Is(cause, errdefs.ErrFailedPrecondition)
+	}, func(r *http.Request) {
+		t, _ := r.Context().Value(targetKey{}).(agentTarget)
+		s.cfg.Manager.CheckRunning(r.Context(), t.id)
 	})
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -89,6 +92,6 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 	// off once response headers are flushed.
 	// HTTP/2 is full duplex already and answers ErrNotSupported.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := agentTarget{addr: agent.Addr, token: agent.Token, path: "/" + r.PathValue("rest")}
+	t := agentTarget{id: id, addr: agent.Addr, token: agent.Token, path: "/" + r.PathValue("rest")}
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(ctx, id, "native"), targetKey{}, t)))
 }

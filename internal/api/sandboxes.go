@@ -27,6 +27,7 @@ type Manager interface {
 	Events(ctx context.Context, id string) ([]core.Event, error)
 	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
 	AgentSession(ctx context.Context, id string) (context.Context, sandbox.AgentEndpoint, context.CancelFunc, error)
+	CheckRunning(ctx context.Context, id string)
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
 }

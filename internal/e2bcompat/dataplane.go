@@ -43,6 +43,9 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 	// Connect error (agentlink.EndStreams), which the SDKs raise.
 	endStreams := agentlink.EndStreams(func(cause error) bool {
 		return errors.Is(cause, errdefs.ErrFailedPrecondition)
+	}, func(r *http.Request) {
+		t, _ := r.Context().Value(targetKey{}).(target)
+		s.cfg.Manager.CheckRunning(r.Context(), t.id)
 	})
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -42,6 +42,7 @@ type Manager interface {
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	AgentSession(ctx context.Context, id string) (context.Context, sandbox.AgentEndpoint, context.CancelFunc, error)
+	CheckRunning(ctx context.Context, id string)
 	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)

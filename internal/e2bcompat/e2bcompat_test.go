@@ -182,6 +182,8 @@ func (f *fakeManager) AgentSession(ctx context.Context, id string) (context.Cont
 	return nil, sandbox.AgentEndpoint{}, nil, errdefs.ErrNotFound
 }
 
+func (f *fakeManager) CheckRunning(ctx context.Context, id string) {}
+
 func TestControlPlaneAuth(t *testing.T) {
 	db, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))
 	if err != nil {

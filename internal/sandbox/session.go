@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 )
@@ -63,13 +64,37 @@ func (m *Manager) AgentSession(ctx context.Context, id string) (context.Context,
 	if err != nil {
 		return nil, AgentEndpoint{}, nil, err
 	}
-	cctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(st.run.ctx, func() { cancel(context.Cause(st.run.ctx)) })
+	// A child of the ready period, so the sandbox's end reaches it
+	// synchronously, before the teardown that follows it kills the
+	// agent: a stream cut by that teardown finds its context already
+	// ended with the reason. The caller's end reaches it through
+	// AfterFunc; its values are the caller's.
+	cctx, cancel := context.WithCancelCause(st.run.ctx)
+	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
 	release := func() {
 		stop()
 		cancel(context.Canceled)
 	}
-	return cctx, AgentEndpoint{Addr: agentAddr(st.att), Token: st.rec.Token}, release, nil
+	return bound{Context: cctx, caller: ctx}, AgentEndpoint{Addr: agentAddr(st.att), Token: st.rec.Token}, release, nil
+}
+
+// bound is a context that ends with a sandbox's ready period or with its
+// caller's context, whichever ends first, and carries the caller's values
+// and deadline.
+type bound struct {
+	context.Context
+	caller context.Context
+}
+
+func (b bound) Deadline() (time.Time, bool) { return b.caller.Deadline() }
+
+func (b bound) Value(key any) any {
+	// The ready period's own chain holds only its cancellation (which
+	// context.Cause reads); every other value is the caller's.
+	if v := b.Context.Value(key); v != nil {
+		return v
+	}
+	return b.caller.Value(key)
 }
 
 // EndCause is why ctx, a context from AgentSession (or one derived from
@@ -83,4 +108,31 @@ func EndCause(ctx context.Context) error {
 		return cause
 	}
 	return nil
+}
+
+// CheckRunning checks at once, as the monitor's next round would, that a
+// ready sandbox still runs, and ends it with the reason if not. A proxy
+// whose connection to the agent broke asks, so its caller hears why
+// rather than a bare broken connection. It returns once the check is
+// done or ctx ends.
+func (m *Manager) CheckRunning(ctx context.Context, id string) {
+	e, ok := m.lookup(id)
+	if !ok {
+		return
+	}
+	if !m.track() {
+		return // closing
+	}
+	done := make(chan struct{})
+	go func() {
+		defer m.wg.Done()
+		defer close(done)
+		// Not ctx: a check that found the sandbox dead finishes its
+		// teardown whoever stopped waiting.
+		m.check(m.life, e)
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
 }

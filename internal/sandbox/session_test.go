@@ -101,3 +101,84 @@ func TestAgentSessionEndsWithSandbox(t *testing.T) {
 		f.assertNothingLeft(t)
 	})
 }
+
+type ctxKey struct{}
+
+// TestAgentSessionContext: a bound request's context carries its caller's
+// values and deadline, ends with its caller (a caller's end, not the
+// sandbox's), and ends synchronously with the sandbox's ready period,
+// cause and all, in any context derived from it.
+func TestAgentSessionContext(t *testing.T) {
+	f := newLifeFixture(t, nil)
+	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	caller, cancelCaller := context.WithTimeout(context.WithValue(t.Context(), ctxKey{}, "v"), time.Hour)
+	ctx, _, release, err := f.m.AgentSession(caller, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	if got := ctx.Value(ctxKey{}); got != "v" {
+		t.Errorf("bound context value = %v, want the caller's", got)
+	}
+	if d, ok := ctx.Deadline(); !ok || d.IsZero() {
+		t.Errorf("bound context has no deadline, want the caller's")
+	}
+	child, cancelChild := context.WithCancel(context.WithValue(ctx, ctxKey{}, "w"))
+	defer cancelChild()
+	if err := f.m.Destroy(t.Context(), sb.ID, "killed through the API"); err != nil {
+		t.Fatal(err)
+	}
+	// No wait: the destroy's publish ended the ready period, and its
+	// children with it.
+	if cause := EndCause(child); cause == nil || !strings.Contains(cause.Error(), "killed through the API") {
+		t.Errorf("derived context after destroy: cause %v, err %v; want the destroy's reason", cause, child.Err())
+	}
+
+	other, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx2, _, release2, err := f.m.AgentSession(caller, other.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release2()
+	cancelCaller()
+	<-ctx2.Done()
+	if cause := EndCause(ctx2); cause != nil {
+		t.Errorf("caller's end read as the sandbox's: %v", cause)
+	}
+	if err := f.m.Destroy(t.Context(), other.ID, "done"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckRunning: a proxy whose agent connection broke asks at once; a
+// sandbox whose init is gone is then ended with the reason, and the
+// request's context says so without waiting for a monitor round.
+func TestCheckRunning(t *testing.T) {
+	f := newLifeFixture(t, nil)
+	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, _, release, err := f.m.AgentSession(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	f.m.CheckRunning(ctx, sb.ID)
+	if ctx.Err() != nil {
+		t.Fatalf("a running sandbox's request ended after CheckRunning: %v", context.Cause(ctx))
+	}
+	f.rt.mu.Lock()
+	f.rt.running[sb.ID] = runtime.StatusStopped
+	f.rt.mu.Unlock()
+	f.m.CheckRunning(ctx, sb.ID)
+	if cause := EndCause(ctx); cause == nil || !strings.Contains(cause.Error(), "init exited") {
+		t.Errorf("after CheckRunning on a dead sandbox: cause %v, want init exited", cause)
+	}
+}
