@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -27,6 +28,54 @@ import (
 type running struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+
+	mu sync.Mutex
+	// n counts the requests bound to it; drained, when someone waits,
+	// is closed once n is back at 0.
+	n       int
+	drained chan struct{}
+}
+
+// join binds one more request, unless the period has ended.
+func (r *running) join() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.ctx.Err() != nil {
+		return false
+	}
+	r.n++
+	return true
+}
+
+func (r *running) leave() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.n--
+	if r.n == 0 && r.drained != nil {
+		close(r.drained)
+		r.drained = nil
+	}
+}
+
+// wait returns once no request is bound to the (ended) period any more,
+// or ctx ends. A proxy's request ends once its connection to the agent is
+// closed (reset: agentlink), so after wait the sandbox's network stack
+// holds none of them.
+func (r *running) wait(ctx context.Context) {
+	r.mu.Lock()
+	if r.n == 0 {
+		r.mu.Unlock()
+		return
+	}
+	if r.drained == nil {
+		r.drained = make(chan struct{})
+	}
+	ch := r.drained
+	r.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	}
 }
 
 func newRunning() *running {
@@ -64,6 +113,9 @@ func (m *Manager) AgentSession(ctx context.Context, id string) (context.Context,
 	if err != nil {
 		return nil, AgentEndpoint{}, nil, err
 	}
+	if !st.run.join() {
+		return nil, AgentEndpoint{}, nil, context.Cause(st.run.ctx)
+	}
 	// A child of the ready period, so the sandbox's end reaches it
 	// synchronously, before the teardown that follows it kills the
 	// agent: a stream cut by that teardown finds its context already
@@ -71,9 +123,11 @@ func (m *Manager) AgentSession(ctx context.Context, id string) (context.Context,
 	// AfterFunc; its values are the caller's.
 	cctx, cancel := context.WithCancelCause(st.run.ctx)
 	stop := context.AfterFunc(ctx, func() { cancel(context.Cause(ctx)) })
+	var once sync.Once
 	release := func() {
 		stop()
 		cancel(context.Canceled)
+		once.Do(st.run.leave)
 	}
 	return bound{Context: cctx, caller: ctx}, AgentEndpoint{Addr: agentAddr(st.att), Token: st.rec.Token}, release, nil
 }

@@ -182,3 +182,42 @@ func TestCheckRunning(t *testing.T) {
 		t.Errorf("after CheckRunning on a dead sandbox: cause %v, want init exited", cause)
 	}
 }
+
+// TestPauseEndsCallsFirst: a pause ends the calls bound to the sandbox
+// and waits for them to let go (their connections are endpoints gVisor
+// will not checkpoint) before it checkpoints; a call's end says paused.
+func TestPauseEndsCallsFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newCPRuntime()
+		f := newPauseFixture(t, rt)
+		sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: 10 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, _, release, err := f.m.AgentSession(t.Context(), sb.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		paused := make(chan error, 1)
+		go func() {
+			_, err := f.m.Pause(t.Context(), sb.ID)
+			paused <- err
+		}()
+		synctest.Wait()
+		if cause := EndCause(ctx); cause == nil || !strings.Contains(cause.Error(), "pausing") {
+			t.Errorf("bound call during the pause: cause %v, want pausing", cause)
+		}
+		select {
+		case err := <-paused:
+			t.Fatalf("Pause returned (%v) while a call still held the sandbox", err)
+		default:
+		}
+		release()
+		if err := <-paused; err != nil {
+			t.Fatal(err)
+		}
+		if _, _, _, err := f.m.AgentSession(t.Context(), sb.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+			t.Errorf("AgentSession on a paused sandbox = %v, want failed_precondition", err)
+		}
+	})
+}
