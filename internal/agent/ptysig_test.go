@@ -48,7 +48,9 @@ func TestPTYSignalsByAgent(t *testing.T) {
 			out += string(stream.Msg().GetEvent().GetData().GetPty())
 		}
 	}
-	send("echo sl''eeping; sleep 100\n")
+	// It prints once it is the foreground process (its own group, default
+	// SIGINT), so the ^C cannot race its start.
+	send("sh -c 'echo sl\"\"eeping; exec sleep 100'\n")
 	readUntil("sleeping\r\n")
 	send("\x03echo after-ctrl''c\n")
 	readUntil("after-ctrlc")

@@ -58,7 +58,10 @@ func TestShellPTY(t *testing.T) {
 		})
 		// Ctrl-C interrupts the foreground command, not the shell. (Under
 		// gVisor the agent makes the signal: internal/agent/ptysig.go.)
-		tty.Write([]byte("echo sl''eeping; sleep 100\r"))
+		// The command prints once it is the foreground process (its own
+		// process group, default SIGINT), so the Ctrl-C cannot race its
+		// start.
+		tty.Write([]byte("sh -c 'echo sl\"\"eeping; exec sleep 100'\r"))
 		expect("sleeping\r\n")
 		tty.Write([]byte{3})
 		tty.Write([]byte("echo after-ctrl''c\r"))
