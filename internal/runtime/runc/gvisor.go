@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -84,9 +83,6 @@ func (r *Runtime) gvisorFlags() []string {
 // over the sandbox's own limit, for the sentry's and gofer's threads.
 const sentryTasks = 128
 
-// agentPTYSignals is the agent's flag for making PTY signals itself.
-const agentPTYSignals = "--pty-signals"
-
 // gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
 // this file). netns is the namespace to join, "" for a new one.
 func gvisorSpec(sp *specs.Spec, netns string) {
@@ -118,11 +114,6 @@ func gvisorSpec(sp *specs.Spec, netns string) {
 	// (docs/security.md, gVisor, pids limit gap).
 	if p := sp.Linux.Resources.Pids; p != nil && p.Limit != nil && *p.Limit > 0 {
 		p.Limit = ptr(*p.Limit + sentryTasks)
-	}
-	// This sentry's PTYs do not turn ^C, ^\ and ^Z into signals (gVisor
-	// before 2023-02): the agent does (internal/agent/ptysig.go).
-	if sp.Process != nil && !slices.Contains(sp.Process.Args, agentPTYSignals) {
-		sp.Process.Args = append(sp.Process.Args, agentPTYSignals)
 	}
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil
