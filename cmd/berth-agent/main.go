@@ -34,6 +34,7 @@ func run() error {
 	passwd := flag.String("passwd", "/etc/passwd", "passwd file of the sandbox")
 	group := flag.String("group", "/etc/group", "group file of the sandbox")
 	version := flag.Bool("version", false, "print the envd version the agent implements and exit")
+	ptySignals := flag.Bool("pty-signals", false, "turn a PTY's ^C, ^\\ and ^Z into signals in the agent (for a kernel whose line discipline does not: gVisor's sentry before 2023)")
 	flag.Parse()
 	if *version {
 		fmt.Println(envd.Version)
@@ -80,6 +81,7 @@ func run() error {
 		GroupPath:   *group,
 		Env:         agent.SandboxEnv(os.Environ()),
 		Reaper:      reaper,
+		PTYSignals:  *ptySignals,
 		Logger:      logger,
 	})
 	if err != nil {

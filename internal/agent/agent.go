@@ -57,7 +57,11 @@ type Config struct {
 	// KeepaliveInterval is the default interval of keepalive events on
 	// streams when the client sends no Keepalive-Ping-Interval (default 50s).
 	KeepaliveInterval time.Duration
-	Logger            *slog.Logger
+	// PTYSignals makes the agent turn a PTY's ^C, ^\ and ^Z into signals
+	// itself, for kernels whose line discipline does not (gVisor's sentry
+	// before 2023; ptysig.go).
+	PTYSignals bool
+	Logger     *slog.Logger
 	// Version is reported by nothing on the wire today but kept for logs;
 	// default envd.Version.
 	Version string
@@ -114,7 +118,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		id:      identity{token: cfg.Token, env: env, user: cfg.DefaultUser},
-		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, byPID: map[int]*proc{}},
+		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, ptySignals: cfg.PTYSignals, byPID: map[int]*proc{}},
 		watches: newWatcherSet(),
 	}
 	mux := http.NewServeMux()

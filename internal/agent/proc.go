@@ -12,7 +12,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	pb "github.com/berth-sandbox/berth/proto/process"
@@ -50,6 +49,8 @@ type proc struct {
 
 	tty   *os.File // PTY master; nil without a PTY
 	stdin *os.File // write end of stdin pipe; nil when stdin is off or closed
+	// ptySignals: the agent makes the PTY's signals (ptysig.go).
+	ptySignals bool
 
 	stdinMu sync.Mutex
 
@@ -241,13 +242,11 @@ func (p *proc) writeInput(in *pb.ProcessInput) error {
 		if p.tty == nil {
 			return fmt.Errorf("process %d has no pty, send stdin instead: %w", p.pid, errFailedPrecondition)
 		}
-		_, err := p.tty.Write(v.Pty)
-		return err
+		return p.writeTTY(v.Pty)
 	case *pb.ProcessInput_Stdin:
 		if p.tty != nil {
 			// A PTY process reads its stdin from the terminal.
-			_, err := p.tty.Write(v.Stdin)
-			return err
+			return p.writeTTY(v.Stdin)
 		}
 		p.stdinMu.Lock()
 		defer p.stdinMu.Unlock()
@@ -373,7 +372,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 	}
 	var kinds []string
 	if spec.pty != nil {
-		master, slave, err := pty.Open()
+		master, slave, err := openPTY()
 		if err != nil {
 			return nil, nil, fmt.Errorf("open pty: %w", err)
 		}
@@ -384,7 +383,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		if rows == 0 {
 			rows = 24
 		}
-		if err := pty.Setsize(master, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)}); err != nil {
+		if err := setWinsize(master, uint16(cols), uint16(rows)); err != nil {
 			closeAll([]*os.File{master, slave})
 			return nil, nil, fmt.Errorf("size pty: %w", err)
 		}
@@ -393,6 +392,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		attr.Ctty = 0
 		childEnds = []*os.File{slave}
 		p.tty = master
+		p.ptySignals = t.ptySignals
 		p.outputs = []*os.File{master}
 		kinds = []string{"pty"}
 	} else {
@@ -587,6 +587,8 @@ func lookPath(file string, env []string) (string, error) {
 type procTable struct {
 	spawner spawner
 	logger  *slog.Logger
+	// ptySignals is Config.PTYSignals.
+	ptySignals bool
 	// forkMu serializes forks while the agent's oom_score_adj is raised
 	// for them (oomForFork).
 	forkMu sync.Mutex

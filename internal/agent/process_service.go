@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"connectrpc.com/connect"
-	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
 	pb "github.com/berth-sandbox/berth/proto/process"
@@ -241,7 +240,7 @@ func (ps *processService) Update(_ context.Context, req *connect.Request[pb.Upda
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pty", p.pid))
 		}
 		size := req.Msg.GetPty().GetSize()
-		if err := pty.Setsize(p.tty, &pty.Winsize{Cols: uint16(size.GetCols()), Rows: uint16(size.GetRows())}); err != nil {
+		if err := setWinsize(p.tty, uint16(size.GetCols()), uint16(size.GetRows())); err != nil {
 			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("resize pty of %d: %w", p.pid, err))
 		}
 	}

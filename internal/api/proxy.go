@@ -12,11 +12,12 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
 )
 
 type agentTarget struct {
-	addr, token, path string
+	id, addr, token, path string
 }
 
 type targetKey struct{}
@@ -25,6 +26,14 @@ type targetKey struct{}
 // comes from the Manager, never from the request, so a client can reach
 // only the sandbox it names, through the daemon.
 func (s *Server) agentProxy() *httputil.ReverseProxy {
+	// A Connect stream its sandbox's end cut ends with that end as a
+	// Connect error (agentlink.EndStreams).
+	endStreams := agentlink.EndStreams(func(cause error) bool {
+		return errors.Is(cause, errdefs.ErrFailedPrecondition)
+	}, func(r *http.Request) {
+		t, _ := r.Context().Value(targetKey{}).(agentTarget)
+		s.cfg.Manager.CheckRunning(r.Context(), t.id)
+	})
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(agentTarget)
@@ -41,11 +50,20 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 		},
 		Transport: s.cfg.Transport,
 		// Stream process output and watch events as they come.
-		FlushInterval:  -1,
-		ModifyResponse: agentlink.CloseAfterRefusal,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			_ = agentlink.CloseAfterRefusal(resp)
+			return endStreams(resp)
+		},
 		// A client that goes away mid-stream is routine, not an error.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			// The sandbox ended (died, OOM-killed, stopped, paused)
+			// before its agent answered: say so, with the reason.
+			if cause := sandbox.EndCause(r.Context()); cause != nil {
+				writeError(w, cause)
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				return
 			}
@@ -60,16 +78,20 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	addr, token, err := s.cfg.Manager.Agent(r.Context(), id)
+	// Bound to the sandbox's ready period: a call into a sandbox that
+	// dies ends with the reason instead of waiting on a connection its
+	// dead network stack will never reset (gVisor).
+	ctx, agent, release, err := s.cfg.Manager.AgentSession(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	defer release()
 	// Clients stream request bodies (stdin, uploads) while the answer
 	// streams back; without full duplex the HTTP/1 server cuts the body
 	// off once response headers are flushed.
 	// HTTP/2 is full duplex already and answers ErrNotSupported.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := agentTarget{addr: addr, token: token, path: "/" + r.PathValue("rest")}
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(r.Context(), id, "native"), targetKey{}, t)))
+	t := agentTarget{id: id, addr: agent.Addr, token: agent.Token, path: "/" + r.PathValue("rest")}
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(ctx, id, "native"), targetKey{}, t)))
 }

@@ -26,7 +26,8 @@ type Manager interface {
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
 	Events(ctx context.Context, id string) ([]core.Event, error)
 	FollowEvents(ctx context.Context, id string, fn func(core.Event) error) error
-	Agent(ctx context.Context, id string) (addr, token string, err error)
+	AgentSession(ctx context.Context, id string) (context.Context, sandbox.AgentEndpoint, context.CancelFunc, error)
+	CheckRunning(ctx context.Context, id string)
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)
 }

@@ -25,6 +25,7 @@ import (
 const TrafficTokenHeader = "E2b-Traffic-Access-Token"
 
 type target struct {
+	id   string
 	addr string // sandbox IP:port
 	// token replaces whatever X-Access-Token the client sent; "" removes
 	// it (signed /files URLs, preview traffic).
@@ -38,6 +39,14 @@ type targetKey struct{}
 // comes from the Manager, never from the request: a client reaches only the
 // sandbox and port it names, and only through the daemon.
 func (s *Server) sandboxProxy() *httputil.ReverseProxy {
+	// A Connect stream its sandbox's end cut ends with that end as a
+	// Connect error (agentlink.EndStreams), which the SDKs raise.
+	endStreams := agentlink.EndStreams(func(cause error) bool {
+		return errors.Is(cause, errdefs.ErrFailedPrecondition)
+	}, func(r *http.Request) {
+		t, _ := r.Context().Value(targetKey{}).(target)
+		s.cfg.Manager.CheckRunning(r.Context(), t.id)
+	})
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(target)
@@ -62,15 +71,24 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 		},
 		Transport: s.cfg.Transport,
 		// Stream process output and watch events as they come.
-		FlushInterval:  -1,
-		ModifyResponse: agentlink.CloseAfterRefusal,
+		FlushInterval: -1,
+		ModifyResponse: func(resp *http.Response) error {
+			_ = agentlink.CloseAfterRefusal(resp)
+			return endStreams(resp)
+		},
 		// A client that goes away mid-stream is routine, not an error.
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			t, _ := r.Context().Value(targetKey{}).(target)
+			if sandbox.EndCause(r.Context()) != nil {
+				// The sandbox ended (died, OOM-killed, stopped, paused)
+				// before it answered.
+				sandboxGone(w, t.id)
+				return
+			}
 			if errors.Is(err, context.Canceled) {
 				return
 			}
-			t, _ := r.Context().Value(targetKey{}).(target)
 			_, port, _ := net.SplitHostPort(t.addr)
 			// 502 is what E2B's proxy answers when nothing serves the port;
 			// the SDKs read it as "sandbox gone or port closed".
@@ -91,32 +109,30 @@ func (s *Server) sandboxProxy() *httputil.ReverseProxy {
 // trafficAccessToken from create must come in E2b-Traffic-Access-Token (the
 // SDKs do not send it themselves; the caller adds it, as on E2B).
 func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
-	gone := func() {
-		// E2B's answer (and wording) for a sandbox that does not run;
-		// isRunning reads it.
-		writeJSON(w, http.StatusBadGateway, map[string]any{
-			"code": http.StatusBadGateway, "message": "The sandbox was not found: " + strconv.Quote(id) + " does not exist or is not running", "sandboxId": id,
-		})
-	}
 	if !validID(id) {
-		gone()
+		sandboxGone(w, id)
 		return
 	}
-	addr, token, err := s.cfg.Manager.Agent(r.Context(), id)
+	// Bound to the sandbox's ready period: a call into a sandbox that
+	// dies ends instead of waiting on a connection its dead network stack
+	// will never reset (gVisor).
+	ctx, agent, release, err := s.cfg.Manager.AgentSession(r.Context(), id)
 	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrFailedPrecondition) {
-		gone()
+		sandboxGone(w, id)
 		return
 	}
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	host, _, err := net.SplitHostPort(addr)
+	defer release()
+	token := agent.Token
+	host, _, err := net.SplitHostPort(agent.Addr)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	t := target{addr: net.JoinHostPort(host, strconv.Itoa(port))}
+	t := target{id: id, addr: net.JoinHostPort(host, strconv.Itoa(port))}
 	if port == envd.Port {
 		switch {
 		case equal(r.Header.Get("X-Access-Token"), token), s.ownerKey(r, id):
@@ -146,7 +162,15 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 	if err := http.NewResponseController(w).EnableFullDuplex(); err != nil && !errors.Is(err, http.ErrNotSupported) {
 		s.log.Debug("full_duplex_unavailable", "err", err)
 	}
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(r.Context(), id, "e2b"), targetKey{}, t)))
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(ctx, id, "e2b"), targetKey{}, t)))
+}
+
+// sandboxGone is E2B's answer (and wording) for a sandbox that does not
+// run; the SDKs' isRunning reads it.
+func sandboxGone(w http.ResponseWriter, id string) {
+	writeJSON(w, http.StatusBadGateway, map[string]any{
+		"code": http.StatusBadGateway, "message": "The sandbox was not found: " + strconv.Quote(id) + " does not exist or is not running", "sandboxId": id,
+	})
 }
 
 // ownerKey reports whether the request carries the API key that owns

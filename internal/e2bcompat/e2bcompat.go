@@ -41,7 +41,8 @@ type Manager interface {
 	List(ctx context.Context, opts sandbox.ListOptions) ([]sandbox.Sandbox, error)
 	Destroy(ctx context.Context, id, reason string) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) (sandbox.Sandbox, error)
-	Agent(ctx context.Context, id string) (addr, token string, err error)
+	AgentSession(ctx context.Context, id string) (context.Context, sandbox.AgentEndpoint, context.CancelFunc, error)
+	CheckRunning(ctx context.Context, id string)
 	SetNetworkPolicy(ctx context.Context, id string, p policy.Policy) (policy.Policy, error)
 	Pause(ctx context.Context, id string) (sandbox.Sandbox, error)
 	Resume(ctx context.Context, id string, timeout time.Duration) (sandbox.Sandbox, error)

@@ -178,9 +178,11 @@ func (f *fakeManager) Resume(ctx context.Context, id string, d time.Duration) (s
 	return sb, nil
 }
 
-func (f *fakeManager) Agent(ctx context.Context, id string) (string, string, error) {
-	return "", "", errdefs.ErrNotFound
+func (f *fakeManager) AgentSession(ctx context.Context, id string) (context.Context, sandbox.AgentEndpoint, context.CancelFunc, error) {
+	return nil, sandbox.AgentEndpoint{}, nil, errdefs.ErrNotFound
 }
+
+func (f *fakeManager) CheckRunning(ctx context.Context, id string) {}
 
 func TestControlPlaneAuth(t *testing.T) {
 	db, err := store.Open(t.Context(), filepath.Join(t.TempDir(), "berth.db"))

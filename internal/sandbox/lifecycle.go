@@ -82,6 +82,8 @@ type entry struct {
 
 	// cur is the last published status; it is replaced, never changed.
 	cur atomic.Pointer[status]
+	// pub serializes publish (its ready-period handover, session.go).
+	pub sync.Mutex
 	// ooms is the OOM-kill count last seen by the monitor.
 	ooms atomic.Int64
 
@@ -100,6 +102,9 @@ type status struct {
 	state  State
 	att    Attachment
 	closed bool
+	// run is the ready period requests are bound to (session.go): set
+	// while ready, and the same one for as long as it stays ready.
+	run *running
 }
 
 func newEntry(rec core.Sandbox, abort context.CancelFunc) *entry {
@@ -121,9 +126,25 @@ func (e *entry) moveTo(to State) error {
 	return nil
 }
 
-// publish makes the op holder's view what readers load.
+// publish makes the op holder's view what readers load. A sandbox that
+// turns ready starts a ready period; one that stops being ready ends it,
+// which ends every request bound to it (session.go).
 func (e *entry) publish() {
-	e.cur.Store(&status{rec: e.rec, state: e.state(), att: e.att, closed: e.closed})
+	e.pub.Lock()
+	defer e.pub.Unlock()
+	st := &status{rec: e.rec, state: e.state(), att: e.att, closed: e.closed}
+	prev := e.cur.Load()
+	if st.state == StateReady && !st.closed {
+		if prev != nil && prev.run != nil && prev.att == st.att {
+			st.run = prev.run
+		} else {
+			st.run = newRunning()
+		}
+	}
+	e.cur.Store(st)
+	if prev != nil && prev.run != nil && prev.run != st.run {
+		prev.run.cancel(st.endCause(e.id))
+	}
 }
 
 // lock takes the operation lock, or gives up when ctx ends with an error

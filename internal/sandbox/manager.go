@@ -592,6 +592,8 @@ func (m *Manager) destroyIf(ctx context.Context, e *entry, reason string, still 
 	if err := e.moveTo(StateStopping); err != nil {
 		return err
 	}
+	// On record while it stops, and what its requests end with.
+	e.rec.Reason = reason
 	e.publish()
 	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
 		return err
@@ -761,12 +763,27 @@ func (m *Manager) SetTimeout(ctx context.Context, id string, d time.Duration) (S
 // It reads the published status, so the data-plane proxy never waits for
 // a lifecycle operation.
 func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err error) {
+	st, err := m.readyStatus(ctx, id)
+	if err != nil {
+		return "", "", err
+	}
+	return agentAddr(st.att), st.rec.Token, nil
+}
+
+// readyStatus is the published status of a ready sandbox, resuming a
+// paused one that resumes on demand, or why it is not ready.
+func (m *Manager) readyStatus(ctx context.Context, id string) (*status, error) {
 	e, ok := m.lookup(id)
 	if !ok {
-		if _, err := m.deps.Store.GetSandbox(ctx, id); err != nil {
-			return "", "", err
+		rec, err := m.deps.Store.GetSandbox(ctx, id)
+		if err != nil {
+			return nil, err
 		}
-		return "", "", fmt.Errorf("sandbox %s is not running: %w", id, errdefs.ErrFailedPrecondition)
+		why := ""
+		if rec.Reason != "" {
+			why = ": " + rec.Reason
+		}
+		return nil, fmt.Errorf("sandbox %s is not running (%s%s): %w", id, rec.State, why, errdefs.ErrFailedPrecondition)
 	}
 	e.act.trackRequest(ctx)
 	st := e.cur.Load()
@@ -774,12 +791,12 @@ func (m *Manager) Agent(ctx context.Context, id string) (addr, token string, err
 		// A request to a paused sandbox that resumes on demand waits
 		// for it (pausing or resuming ones too, once that is done).
 		if _, err := m.Resume(ctx, id, 0); err != nil {
-			return "", "", err
+			return nil, err
 		}
 		st = e.cur.Load()
 	}
-	if st.state != StateReady {
-		return "", "", fmt.Errorf("sandbox %s is %s: %w", id, st.state, errdefs.ErrFailedPrecondition)
+	if st.state != StateReady || st.run == nil {
+		return nil, st.endCause(id)
 	}
-	return agentAddr(st.att), st.rec.Token, nil
+	return st, nil
 }

@@ -76,7 +76,7 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 			now, err := rt.Inspect(ctx, id)
 			return err == nil && now.Status != runtime.StatusRunning && now.Status != runtime.StatusPaused
 		}
-		if err := m.destroyIf(ctx, e, fmt.Sprintf("sandbox init exited (runtime status %s)", st.Status), exited); err != nil {
+		if err := m.destroyIf(ctx, e, m.exitReason(ctx, e, rt, st.Status), exited); err != nil {
 			m.log.Warn("destroy_exited_failed", "sandbox_id", e.id, "err", err)
 		}
 		return
@@ -94,6 +94,30 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	if prev := e.ooms.Swap(stats.OOMKills); stats.OOMKills > prev {
 		m.event(ctx, id, EventOOM, fmt.Sprintf("out of memory: %d process(es) killed inside the sandbox (limit %d bytes)", stats.OOMKills-prev, stats.MemoryLimit))
 	}
+}
+
+// exitReason says why a ready sandbox's init is gone. Under gVisor the
+// host's OOM killer sees one process, the sentry, holding all the
+// sandbox's memory, so an out-of-memory gVisor sandbox dies whole; its
+// cgroup's OOM count, still readable until teardown, tells that apart from
+// any other death, and the reason and an oom event say so.
+func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status runtime.Status) string {
+	reason := fmt.Sprintf("sandbox init exited (runtime status %s)", status)
+	sr, ok := rt.(StatsReader)
+	if !ok {
+		return reason
+	}
+	stats, err := sr.Stats(ctx, e.id)
+	if err != nil {
+		return reason
+	}
+	prev := e.ooms.Swap(stats.OOMKills)
+	if stats.OOMKills <= prev {
+		return reason
+	}
+	reason = fmt.Sprintf("out of memory: the sandbox was killed at its memory limit (%s); %s", fmtBytes(stats.MemoryLimit), reason)
+	m.event(ctx, e.id, EventOOM, reason)
+	return reason
 }
 
 // meter hands a sample to the usage sink.

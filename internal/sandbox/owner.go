@@ -58,6 +58,11 @@ func agentArgs(rec core.Sandbox) []string {
 	if rec.User != "" {
 		args = append(args, "--user", rec.User)
 	}
+	if rec.Isolation == core.IsolationGVisor {
+		// This sentry's PTYs do not turn ^C, ^\ and ^Z into signals
+		// (gVisor before 2023-02): the agent does (internal/agent/ptysig.go).
+		args = append(args, "--pty-signals")
+	}
 	return args
 }
 

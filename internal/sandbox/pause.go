@@ -147,7 +147,16 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 		m.arm(e)
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
+	run := e.cur.Load().run
 	e.publish()
+	if run != nil {
+		// Publishing pausing ended the calls into it (session.go): their
+		// connections are connected endpoints in the sandbox's network
+		// stack, which gVisor will not checkpoint, so they go first.
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		run.wait(wctx)
+		cancel()
+	}
 	// back returns the sandbox to ready when the pause failed before
 	// anything was lost.
 	back := func(err error) error {

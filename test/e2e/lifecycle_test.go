@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -213,12 +214,8 @@ func TestLimits(t *testing.T) {
 				t.Fatal(err)
 			}
 			AssertNoLeaks(t, d)
-			// An out-of-memory or forked-out gVisor sandbox dies whole
-			// (the host sees one sentry), and an exec into the dead
-			// sandbox hangs to its deadline instead of failing: the API
-			// does not yet map that (docs/security.md, gVisor). The
-			// runtime conformance suite covers gVisor's OOM and disk.
-			t.Skip("gvisor: OOM and pids limits end the whole sandbox (known difference, docs/security.md); covered by the runtime conformance suite")
+			limitsGVisor(t, d)
+			return
 		}
 		sb := d.Create(t, client.CreateRequest{Memory: "64M", Disk: "128M", Isolation: iso})
 		neighbour := d.Create(t, client.CreateRequest{Isolation: iso})
@@ -260,6 +257,57 @@ func TestLimits(t *testing.T) {
 		}
 		AssertNoLeaks(t, d)
 	})
+}
+
+// limitsGVisor: under gVisor the host's OOM killer sees one process, the
+// sentry, holding all the sandbox's memory, so an out-of-memory sandbox
+// dies whole (docs/security.md, gVisor): an exec streaming from it ends
+// with "out of memory" instead of hanging, the daemon records why, and
+// the neighbour is unaffected. A fork bomb may take its sandbox down the
+// same way (the pids gap); whichever way it goes, no call hangs and
+// nothing leaks.
+func limitsGVisor(t *testing.T, d *Daemon) {
+	iso := client.IsolationGVisor
+	sb := d.Create(t, client.CreateRequest{Memory: "64M", Isolation: iso})
+	neighbour := d.Create(t, client.CreateRequest{Isolation: iso})
+	done, _ := streamingExec(t, sb)
+	// The balloon's own exec ends with the sandbox, with an error.
+	if _, err := sb.Exec(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "head -c 300000000 /dev/zero | tail > /dev/null"}}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("a 300 MB allocation in a 64 MiB gvisor sandbox = %v, want failed_precondition (the sandbox died)", err)
+	}
+	waitEnded(t, d, sb.ID, done, "out of memory")
+	got, err := d.Client.Get(t.Context(), sb.ID)
+	if err != nil || got.State != client.StateStopped || !strings.Contains(got.Reason, "out of memory") {
+		t.Errorf("OOM-killed gvisor sandbox = %+v, %v; want stopped, reason out of memory", got, err)
+	}
+	evs, _ := d.Client.Events(t.Context(), sb.ID)
+	if !slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == client.EventOOM }) {
+		t.Errorf("events of the OOM-killed gvisor sandbox = %+v, want an oom event", evs)
+	}
+	MustRun(t, neighbour, "echo neighbour fine")
+
+	bomb := d.Create(t, client.CreateRequest{Isolation: iso})
+	_, err = bomb.Exec(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true"}})
+	if err != nil && !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("fork bomb in a gvisor sandbox = %v, want an exit or failed_precondition (the sandbox died)", err)
+	}
+	MustRun(t, neighbour, "echo neighbour fine")
+	b, err := d.Client.Get(t.Context(), bomb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.State == client.StateReady {
+		// (It may die meanwhile: then it is gone already.)
+		if err := d.Client.Kill(t.Context(), bomb.ID); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			t.Fatalf("kill the bombed sandbox: %v", err)
+		}
+	} else {
+		t.Logf("the fork bomb ended its gvisor sandbox: %s %s", b.State, b.Reason)
+	}
+	if err := d.Client.Kill(t.Context(), neighbour.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeaks(t, d)
 }
 
 // MustAgentPid returns the host pid of a sandbox's agent, from runc's state.

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -82,12 +84,24 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Fatalf("the sandbox's memory cgroup holds %d bytes, want at least the counter's 48 MiB", charged)
 	}
 	before := readCount(t, sb)
+	// An exec streaming through the daemon holds a connection in the
+	// sandbox's network stack, which runsc will not checkpoint: the pause
+	// ends it first, and the exec says so.
+	streaming, _ := streamingExec(t, sb)
 	p, err := d.Client.Pause(ctx, sb.ID)
 	if err != nil {
 		t.Fatalf("pause: %v\n%s", err, d.Logs())
 	}
 	if p.State != client.StatePaused || p.Pause != client.PauseMemory {
 		t.Fatalf("Pause = %s/%q, want paused with memory", p.State, p.Pause)
+	}
+	select {
+	case err := <-streaming:
+		if !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), "pausing") {
+			t.Errorf("streaming exec across the pause = %v, want failed_precondition naming pausing", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the streaming exec still runs after the pause")
 	}
 	if out, _, code := d.CLI(t, nil, "inspect", sb.ID); code != 0 || !strings.Contains(out, `"pause": "memory"`) {
 		t.Errorf("berth inspect of the paused sandbox = %q, want \"pause\": \"memory\"", out)
