@@ -239,8 +239,9 @@ func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id, ip string
 		return err
 	}
 	// The daemon's connections into the sandbox (to its agent, or
-	// proxied to its ports) are connected endpoints in its network stack, which gVisor will not save (and a
-	// failed save ends the sandbox): all of them go first, idle ones
+	// proxied to its ports) are connected endpoints in its network
+	// stack, which gVisor will not save (and a failed save ends the
+	// sandbox): all of them go first, idle ones
 	// and those carrying an attached stream or a call (which then end;
 	// the sandbox is pausing, so no new one starts), each with a reset
 	// (see agentlink) that reaches the sandbox well before the
