@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -67,7 +68,38 @@ type Request struct {
 	// Start overrides the start command (CMD/ENTRYPOINT) and sets the
 	// ready check.
 	Start template.StartOptions
+	// Plan, when set, is the build's steps (E2B's template builder makes
+	// them); Dockerfile is then only named in the template's source.
+	Plan *Plan
+	// PreferUser, when the base has this account, is the user steps run
+	// as (and its home the working directory) until a step sets another:
+	// E2B's templates run their steps as "user" in /home/user.
+	PreferUser string
 }
+
+// StepError is a build that failed at a step: Line is the step's line (of
+// the Dockerfile, or the step's number in a Plan), 0 for FROM of a Plan.
+type StepError struct {
+	Line int
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// RunAs is a RUN as a given user without changing the build's user (E2B's
+// runCmd with a user), which a Dockerfile cannot say.
+type RunAs struct {
+	Shell string
+	// User is "" for the build's current user.
+	User string
+}
+
+// Name is the instruction's name in logs and errors.
+func (*RunAs) Name() string { return "run" }
+
+// Location is none: a RunAs has no Dockerfile line.
+func (*RunAs) Location() []parser.Range { return nil }
 
 // state is what the instructions so far have set.
 type state struct {
@@ -113,14 +145,17 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 	}
 	defer bctx.Close()
 	dfPath := cleanRel(req.Dockerfile)
-	f, err := bctx.root.Open(dfPath)
-	if err != nil {
-		return template.Template{}, fmt.Errorf("dockerfile %s: %v: %w", req.Dockerfile, err, errdefs.ErrInvalidArgument)
-	}
-	plan, err := Parse(f)
-	f.Close()
-	if err != nil {
-		return template.Template{}, err
+	plan := req.Plan
+	if plan == nil {
+		f, err := bctx.root.Open(dfPath)
+		if err != nil {
+			return template.Template{}, fmt.Errorf("dockerfile %s: %v: %w", req.Dockerfile, err, errdefs.ErrInvalidArgument)
+		}
+		plan, err = Parse(f)
+		f.Close()
+		if err != nil {
+			return template.Template{}, err
+		}
 	}
 	lex := shell.NewLex('\\')
 	meta := map[string]string{}
@@ -136,14 +171,14 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 	metaEnv := &state{args: meta}
 	from, _, err := lex.ProcessWord(plan.FromRef, metaEnv.getenv())
 	if err != nil || from == "" {
-		return template.Template{}, lineError(plan.From.Line, plan.From.Text, fmt.Errorf("base %q: %v", plan.FromRef, err))
+		return template.Template{}, &StepError{Line: plan.From.Line, Err: plan.lineError(plan.From.Line, plan.From.Text, fmt.Errorf("base %q: %v", plan.FromRef, err))}
 	}
 
 	release := st.HoldLayers()
 	defer release()
 	start := time.Now()
 	total := len(plan.Steps) + 1
-	fmt.Fprintf(log, "#1/%d [line %d] FROM %s\n", total, plan.From.Line, from)
+	fmt.Fprintf(log, "#1/%d [%s] FROM %s\n", total, plan.where(plan.From.Line), from)
 	var layers []string
 	var base template.Defaults
 	var baseSrc string
@@ -154,9 +189,17 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 		layers, base, baseSrc, err = st.PullLayers(ctx, from, log)
 	}
 	if err != nil {
-		return template.Template{}, fmt.Errorf("dockerfile line %d: FROM %s: %w", plan.From.Line, from, err)
+		return template.Template{}, &StepError{Line: plan.From.Line, Err: fmt.Errorf("%s: FROM %s: %w", plan.at(plan.From.Line), from, err)}
 	}
 	s := &state{env: slices.Clone(base.Env), args: map[string]string{}, user: base.User, workdir: base.Workdir, cmd: base.Command}
+	if req.PreferUser != "" {
+		if home, ok := homeOf(req.PreferUser, st, layers); ok {
+			s.user = req.PreferUser
+			if existsIn(st, layers, home) {
+				s.workdir = home
+			}
+		}
+	}
 	key := "from " + strings.Join(layers, ",")
 	nonce := ""
 	if req.NoCache {
@@ -167,10 +210,10 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 		return w, err
 	}
 	for i, step := range plan.Steps {
-		fmt.Fprintf(log, "#%d/%d [line %d] %s\n", i+2, total, step.Line, shorten(step.Text))
+		fmt.Fprintf(log, "#%d/%d [%s] %s\n", i+2, total, plan.where(step.Line), shorten(step.Text))
 		fail := func(err error) (template.Template, error) {
-			fmt.Fprintf(log, "==> build failed at line %d: %v\n", step.Line, err)
-			return template.Template{}, fmt.Errorf("dockerfile line %d: %s: %w", step.Line, shorten(step.Text), err)
+			fmt.Fprintf(log, "==> build failed at %s: %v\n", plan.where(step.Line), err)
+			return template.Template{}, &StepError{Line: step.Line, Err: fmt.Errorf("%s: %s: %w", plan.at(step.Line), shorten(step.Text), err)}
 		}
 		if e, ok := step.Cmd.(instructions.SupportsSingleWordExpansion); ok {
 			if _, isRun := step.Cmd.(*instructions.RunCommand); !isRun {
@@ -236,21 +279,17 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 				}
 			}
 		case *instructions.CopyCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
+			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, c.Chmod, s, layers)
 		case *instructions.AddCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
+			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, c.Chmod, s, layers)
 		case *instructions.RunCommand:
-			argv := shellForm(c.CmdLine, c.PrependShell)
-			env := map[string]string{}
-			for k, v := range s.args {
-				env[k] = v
+			runCmd, layerKey = runStep(s, key, nonce, shellForm(c.CmdLine, c.PrependShell), s.user)
+		case *RunAs:
+			user := c.User
+			if user == "" {
+				user = s.user
 			}
-			for _, kv := range s.env {
-				k, v, _ := strings.Cut(kv, "=")
-				env[k] = v
-			}
-			runCmd = &Command{Argv: argv, Env: env, User: s.user, Cwd: s.workdir}
-			layerKey = stepKey(key, fmt.Sprintf("run %q %s", argv, s.describe()), nonce)
+			runCmd, layerKey = runStep(s, key, nonce, []string{"/bin/sh", "-c", c.Shell}, user)
 		default:
 			err = fmt.Errorf("%s is not supported: %w", step.Cmd.Name(), errdefs.ErrInvalidArgument)
 		}
@@ -298,19 +337,44 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 	if err := opts.ApplyTo(&d); err != nil {
 		return template.Template{}, err
 	}
-	t, err := st.PutBuilt(ctx, template.BuildRecord{
+	rec := template.BuildRecord{
 		Name: req.Name, Description: "from Dockerfile on " + baseSrc, Layers: layers, Defaults: d,
 		Source: "dockerfile " + path.Base(dfPath) + " from " + baseSrc,
-	})
+	}
+	what := path.Base(dfPath)
+	if req.Plan != nil {
+		// A plan's builds name themselves in req.Dockerfile ("e2b build ID").
+		what = req.Dockerfile
+		rec.Description = "from " + what + " on " + baseSrc
+		rec.Source = what + " from " + baseSrc
+	}
+	t, err := st.PutBuilt(ctx, rec)
 	if err != nil {
 		return template.Template{}, err
 	}
-	fmt.Fprintf(log, "==> template %s built from %s in %s (%d layers)\n", req.Name, path.Base(dfPath), time.Since(start).Round(time.Millisecond), len(layers))
+	fmt.Fprintf(log, "==> template %s built from %s in %s (%d layers)\n", req.Name, what, time.Since(start).Round(time.Millisecond), len(layers))
 	return t, nil
 }
 
+// runStep is a RUN of argv as user: the command and its key.
+func runStep(s *state, parent, nonce string, argv []string, user string) (*Command, string) {
+	env := map[string]string{}
+	for k, v := range s.args {
+		env[k] = v
+	}
+	for _, kv := range s.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	what := fmt.Sprintf("run %q %s", argv, s.describe())
+	if user != s.user {
+		what += fmt.Sprintf(" as=%q", user)
+	}
+	return &Command{Argv: argv, Env: env, User: user, Cwd: s.workdir}, stepKey(parent, what, nonce)
+}
+
 // copyStep is a COPY/ADD: its key covers the files it reads.
-func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string, dest, chown string, s *state, layers []string) (string, func(context.Context, string) error, error) {
+func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string, dest, chown, chmod string, s *state, layers []string) (string, func(context.Context, string) error, error) {
 	if !path.IsAbs(dest) {
 		wd := s.workdir
 		if wd == "" {
@@ -334,12 +398,62 @@ func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string,
 	if err != nil {
 		return "", nil, err
 	}
+	mode, err := parseChmod(chmod)
+	if err != nil {
+		return "", nil, err
+	}
 	base := st.UIDBase()
-	key := stepKey(parent, fmt.Sprintf("copy %s %d:%d", sum, uid, gid), nonce)
+	what := fmt.Sprintf("copy %s %d:%d", sum, uid, gid)
+	if mode != 0 {
+		what += fmt.Sprintf(" mode=%v", mode)
+	}
+	key := stepKey(parent, what, nonce)
 	attrs := stackAttrs(st, slices.Clone(layers))
 	return key, func(_ context.Context, dir string) error {
-		return bctx.copyTo(es, dir, int(base+uid), int(base+gid), attrs, int(base))
+		return bctx.copyTo(es, dir, int(base+uid), int(base+gid), attrs, int(base), mode)
 	}, nil
+}
+
+// parseChmod reads an octal --chmod (0 when unset).
+func parseChmod(chmod string) (fs.FileMode, error) {
+	if chmod == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(chmod, 8, 32)
+	if err != nil || n > 0o7777 || n == 0 {
+		return 0, fmt.Errorf("--chmod=%s: want an octal mode from 1 to 7777: %w", chmod, errdefs.ErrInvalidArgument)
+	}
+	mode := fs.FileMode(n & 0o777)
+	for bit, m := range map[uint64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
+		if n&bit != 0 {
+			mode |= m
+		}
+	}
+	return mode, nil
+}
+
+// homeOf is user's home directory in the stack's /etc/passwd, if it has
+// the account.
+func homeOf(user string, st Store, layers []string) (string, bool) {
+	for j := len(layers) - 1; j >= 0; j-- {
+		r, err := os.OpenRoot(st.SharedLayerDir(layers[j]))
+		if err != nil {
+			continue
+		}
+		b, err := r.ReadFile("etc/passwd")
+		r.Close()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Split(line, ":")
+			if len(f) >= 6 && f[0] == user {
+				return f[5], true
+			}
+		}
+		return "", false
+	}
+	return "", false
 }
 
 // chownIDs resolves --chown=user[:group] (names from the stack's

@@ -32,6 +32,32 @@ type Plan struct {
 	// FromRef is FROM's image reference, before ARG expansion.
 	FromRef string
 	Steps   []Step
+	// Unit names what Step.Line counts in logs and errors: "" for a
+	// Dockerfile's lines, "step" for a Plan made of steps.
+	Unit string
+}
+
+// where is a step's place as the build log shows it ("line 3", "step 3").
+func (p *Plan) where(line int) string {
+	if p.Unit == "" {
+		return fmt.Sprintf("line %d", line)
+	}
+	return fmt.Sprintf("%s %d", p.Unit, line)
+}
+
+// at prefixes a step's errors ("dockerfile line 3", "step 3").
+func (p *Plan) at(line int) string {
+	if p.Unit == "" {
+		return fmt.Sprintf("dockerfile line %d", line)
+	}
+	return p.where(line)
+}
+
+func (p *Plan) lineError(line int, text string, err error) error {
+	if p.Unit == "" {
+		return lineError(line, text, err)
+	}
+	return fmt.Errorf("%s: %s: %v: %w", p.at(line), shorten(text), err, errdefs.ErrInvalidArgument)
 }
 
 // Step is one instruction with where it is.
