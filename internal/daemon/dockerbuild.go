@@ -135,3 +135,34 @@ type dockerBuilder struct {
 func (d dockerBuilder) BuildDockerfile(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
 	return dockerfile.Build(ctx, d.store, d.runner, req, log)
 }
+
+// e2bTemplates runs E2B's template builds (e2bcompat.TemplateBuilder) with
+// the Dockerfile builder.
+type e2bTemplates struct{ dockerBuilder }
+
+func (e e2bTemplates) BuildPlan(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
+	return dockerfile.Build(ctx, e.store, e.runner, req, log)
+}
+
+func (e e2bTemplates) Built(ctx context.Context, name string) (bool, error) {
+	t, err := e.store.Get(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	return t.Built, nil
+}
+
+// Copy makes dst a template of src's layers (shared, so nothing is
+// copied but the manifest) and defaults.
+func (e e2bTemplates) Copy(ctx context.Context, src, dst string) error {
+	release := e.store.HoldLayers()
+	defer release()
+	layers, d, err := e.store.ImportLayers(ctx, src)
+	if err != nil {
+		return err
+	}
+	_, err = e.store.PutBuilt(ctx, template.BuildRecord{
+		Name: dst, Description: "tag of " + src, Layers: layers, Defaults: d, Source: "tag of template " + src,
+	})
+	return err
+}
