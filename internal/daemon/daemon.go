@@ -394,7 +394,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork,
 		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), BuildContext: ctx,
-		Native:         srv.Handler(), Logger: log.With("component", "e2b"),
+		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)

@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -64,7 +67,7 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 				return err
 			}
 			if !res.Exited || res.ExitCode != 0 {
-				return fmt.Errorf("the command ended with %s: %w", res.Status, errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("the command ended with %s%s: %w", res.Status, b.denials(ctx, h.ID()), errdefs.ErrFailedPrecondition)
 			}
 			if !h.CanPause() {
 				return fmt.Errorf("the build sandbox's runtime cannot pause to freeze its layer: %w", errdefs.ErrFailedPrecondition)
@@ -93,6 +96,29 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 		return fmt.Errorf("RUN: %w", err)
 	}
 	return nil
+}
+
+// denials names what the build network refused the step, so a build
+// that failed for want of the internet says which hosts it wanted.
+func (b *buildRunner) denials(ctx context.Context, id string) string {
+	recs, err := b.mgr.NetworkLog(ctx, id, audit.Filter{DeniedOnly: true})
+	if err != nil || len(recs) == 0 {
+		return ""
+	}
+	var dests []string
+	for _, r := range recs {
+		d := r.Name
+		if d == "" {
+			d = net.JoinHostPort(r.IP, strconv.Itoa(int(r.Port)))
+		}
+		if !slices.Contains(dests, d) {
+			dests = append(dests, d)
+		}
+	}
+	if len(dests) > 5 {
+		dests = append(dests[:5], "...")
+	}
+	return fmt.Sprintf(" (the build network denied %s; build_network in the daemon's config says what builds may reach)", strings.Join(dests, ", "))
 }
 
 // buildNetwork is the egress policy of build sandboxes: the configured

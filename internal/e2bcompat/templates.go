@@ -670,9 +670,12 @@ func (t *templateAPI) alias(w http.ResponseWriter, r *http.Request, alias string
 		writeErr(w, fmt.Errorf("alias: %w", err))
 		return
 	}
-	target := alias
+	target := name
 	if tgt, ok := t.resolve(alias); ok {
 		target = tgt
+	} else if name != alias {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", alias))
+		return
 	}
 	built, err := t.b.Built(r.Context(), target)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {

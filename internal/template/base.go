@@ -24,13 +24,15 @@ import (
 const (
 	baseSuite          = "bookworm"
 	baseVariant        = "minbase"
-	baseRecipeVersion  = "base/1"
+	baseRecipeVersion  = "base/2"
 	debootstrapTimeout = 30 * time.Minute
 )
 
 // basePackages is what --include adds to minbase: a shell, an interpreter,
 // the usual tools an agent reaches for, TLS roots, and ip and nc so users
-// can see for themselves what the egress policy lets through. The list is
+// can see for themselves what the egress policy lets through; and what
+// E2B's base image has, which its SDK's users assume: python (and
+// python3) with pip, node with npm, sudo for the user account. The list is
 // part of the debootstrap cache key (baseHash): changing it rebuilds.
 var basePackages = []string{
 	"bash",
@@ -42,8 +44,13 @@ var basePackages = []string{
 	"less",
 	"netbase",
 	"netcat-openbsd",
+	"nodejs",
+	"npm",
 	"procps",
+	"python-is-python3",
 	"python3",
+	"python3-pip",
+	"sudo",
 	"xz-utils",
 }
 
@@ -129,6 +136,18 @@ func finishBase(w layerWriter) error {
 		}
 	}
 	if err := w.dir(".berth", 0o755, 0, 0); err != nil {
+		return err
+	}
+	// As on E2B's base: user may sudo without a password, and pip installs
+	// system-wide (E2B's pipInstall runs `pip install` as root), which
+	// Debian's python otherwise refuses (PEP 668).
+	if err := w.dir("etc/sudoers.d", 0o755, 0, 0); err != nil {
+		return err
+	}
+	if err := w.file("etc/sudoers.d/user", "user ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440, 0, 0); err != nil {
+		return err
+	}
+	if err := w.file("etc/pip.conf", "[global]\nbreak-system-packages = true\n", 0o644, 0, 0); err != nil {
 		return err
 	}
 	// debootstrap copies the build host's resolv.conf and hostname; the

@@ -113,6 +113,15 @@ func TestBaseTemplate(t *testing.T) {
 	if err != nil || code != 0 || o.String() != "user\n/home/user\n/home/user\n" {
 		t.Errorf("as user: %q %d %v", o.String(), code, err)
 	}
+	// Parity with E2B's base image, which its SDK's users assume: python
+	// and python3 with pip, node and npm, and sudo for user.
+	o.Reset()
+	code, err = sb.Exec(ctx, client.ExecRequest{Cmd: "bash", Args: []string{"-c", "python -c 'import sys; print(sys.version_info[0])' && pip --version | cut -d' ' -f1 && python3 -m pip --version | cut -d' ' -f1 && node -e 'console.log(6*7)' && npm --version >/dev/null && echo npm && sudo -n -l true && cat /etc/sudoers.d/user"}, User: "user", Stdout: &o, Stderr: &o})
+	for _, want := range []string{"3\n", "pip\npip\n", "42\n", "npm\n", "user ALL=(ALL:ALL) NOPASSWD: ALL"} {
+		if err != nil || code != 0 || !strings.Contains(o.String(), want) {
+			t.Errorf("base parity as user: %q (exit %d, %v) lacks %q", o.String(), code, err, want)
+		}
+	}
 	// Each sandbox writes to its own layer: the template stays as built.
 	MustRun(t, sb, "rm -rf /usr/bin/python3 && touch /etc/changed")
 	sb2 := d.Create(t, client.CreateRequest{Template: "base"})
