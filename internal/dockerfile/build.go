@@ -17,7 +17,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
@@ -168,164 +167,28 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 			}
 		}
 	}
-	metaEnv := &state{args: meta}
-	from, _, err := lex.ProcessWord(plan.FromRef, metaEnv.getenv())
-	if err != nil || from == "" {
-		return template.Template{}, &StepError{Line: plan.From.Line, Err: plan.lineError(plan.From.Line, plan.From.Text, fmt.Errorf("base %q: %v", plan.FromRef, err))}
-	}
-
 	release := st.HoldLayers()
 	defer release()
 	start := time.Now()
-	total := len(plan.Steps) + 1
-	fmt.Fprintf(log, "#1/%d [%s] FROM %s\n", total, plan.where(plan.From.Line), from)
-	var layers []string
-	var base template.Defaults
-	var baseSrc string
-	if name, ok := strings.CutPrefix(from, "berth:"); ok {
-		layers, base, err = st.ImportLayers(ctx, name)
-		baseSrc = "template " + name
-	} else {
-		layers, base, baseSrc, err = st.PullLayers(ctx, from, log)
+	b := &builder{st: st, run: run, req: req, bctx: bctx, lex: lex, meta: meta, log: log, done: map[string]*stageResult{}}
+	stages := append(slices.Clone(plan.Prior), plan)
+	for _, sp := range stages {
+		b.total += len(sp.Steps) + 1
 	}
-	if err != nil {
-		return template.Template{}, &StepError{Line: plan.From.Line, Err: fmt.Errorf("%s: FROM %s: %w", plan.at(plan.From.Line), from, err)}
-	}
-	s := &state{env: slices.Clone(base.Env), args: map[string]string{}, user: base.User, workdir: base.Workdir, cmd: base.Command}
-	if req.PreferUser != "" {
-		if home, ok := homeOf(req.PreferUser, st, layers); ok {
-			s.user = req.PreferUser
-			if existsIn(st, layers, home) {
-				s.workdir = home
-			}
-		}
-	}
-	key := "from " + strings.Join(layers, ",")
-	nonce := ""
 	if req.NoCache {
-		nonce = randNonce()
+		b.nonce = randNonce()
 	}
-	expand := func(word string) (string, error) {
-		w, _, err := lex.ProcessWord(word, s.getenv())
-		return w, err
+	var res *stageResult
+	for i, sp := range stages {
+		if res, err = b.stage(ctx, sp); err != nil {
+			return template.Template{}, err
+		}
+		b.done[strconv.Itoa(i)] = res
+		if sp.Name != "" {
+			b.done[strings.ToLower(sp.Name)] = res
+		}
 	}
-	for i, step := range plan.Steps {
-		fmt.Fprintf(log, "#%d/%d [%s] %s\n", i+2, total, plan.where(step.Line), shorten(step.Text))
-		fail := func(err error) (template.Template, error) {
-			fmt.Fprintf(log, "==> build failed at %s: %v\n", plan.where(step.Line), err)
-			return template.Template{}, &StepError{Line: step.Line, Err: fmt.Errorf("%s: %s: %w", plan.at(step.Line), shorten(step.Text), err)}
-		}
-		if e, ok := step.Cmd.(instructions.SupportsSingleWordExpansion); ok {
-			if _, isRun := step.Cmd.(*instructions.RunCommand); !isRun {
-				if err := e.Expand(expand); err != nil {
-					return fail(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument))
-				}
-			}
-		}
-		var layerKey string
-		var fill func(ctx context.Context, dir string) error
-		var runCmd *Command
-		switch c := step.Cmd.(type) {
-		case *instructions.EnvCommand:
-			for _, kv := range c.Env {
-				s.setenv(kv.Key, kv.Value)
-			}
-		case *instructions.ArgCommand:
-			for _, kv := range c.Args {
-				switch v, ok := req.BuildArgs[kv.Key]; {
-				case ok:
-					s.args[kv.Key] = v
-				case kv.Value != nil:
-					s.args[kv.Key] = *kv.Value
-				default:
-					if v, ok := meta[kv.Key]; ok {
-						s.args[kv.Key] = v
-					} else {
-						s.args[kv.Key] = ""
-					}
-				}
-			}
-		case *instructions.UserCommand:
-			s.user = c.User
-		case *instructions.CmdCommand:
-			s.cmd = shellForm(c.CmdLine, c.PrependShell)
-			s.startSet = true
-		case *instructions.EntrypointCommand:
-			s.entrypoint = shellForm(c.CmdLine, c.PrependShell)
-			if !s.startSet {
-				s.cmd = nil
-			}
-			s.startSet = true
-		case *instructions.LabelCommand, *instructions.ExposeCommand, *instructions.MaintainerCommand:
-			fmt.Fprintln(log, "---> noted (no effect on a template)")
-		case *instructions.WorkdirCommand:
-			wd := c.Path
-			if !path.IsAbs(wd) {
-				wd = path.Join("/"+strings.TrimPrefix(s.workdir, "/"), wd)
-			}
-			s.workdir = path.Clean(wd)
-			if !existsIn(st, layers, s.workdir) {
-				layerKey = stepKey(key, "workdir "+s.workdir, nonce)
-				rootID := int(st.UIDBase())
-				attrs := stackAttrs(st, slices.Clone(layers))
-				wd := s.workdir
-				fill = func(_ context.Context, dir string) error {
-					r, err := os.OpenRoot(dir)
-					if err != nil {
-						return err
-					}
-					defer r.Close()
-					return mkParents(r, strings.TrimPrefix(wd, "/"), attrs, rootID)
-				}
-			}
-		case *instructions.CopyCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, c.Chmod, s, layers)
-		case *instructions.AddCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, c.Chmod, s, layers)
-		case *instructions.RunCommand:
-			runCmd, layerKey = runStep(s, key, nonce, shellForm(c.CmdLine, c.PrependShell), s.user)
-		case *RunAs:
-			user := c.User
-			if user == "" {
-				user = s.user
-			}
-			runCmd, layerKey = runStep(s, key, nonce, []string{"/bin/sh", "-c", c.Shell}, user)
-		default:
-			err = fmt.Errorf("%s is not supported: %w", step.Cmd.Name(), errdefs.ErrInvalidArgument)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		if layerKey == "" {
-			continue
-		}
-		if dir, ok := st.StepLayer(layerKey); ok {
-			fmt.Fprintln(log, "---> CACHED")
-			_ = dir
-		} else if runCmd != nil {
-			stepStart := time.Now()
-			err := run.Run(ctx, dirs(st, layers), *runCmd, log, func(ctx context.Context, upper string) error {
-				_, err := st.AddStepLayer(ctx, layerKey, func(dir string) error {
-					if err := os.Remove(dir); err != nil {
-						return err
-					}
-					return st.FreezeInto(ctx, upper, dir)
-				})
-				return err
-			})
-			if err != nil {
-				return fail(err)
-			}
-			fmt.Fprintf(log, "---> done in %s\n", time.Since(stepStart).Round(time.Millisecond))
-		} else {
-			if _, err := st.AddStepLayer(ctx, layerKey, func(dir string) error { return fill(ctx, dir) }); err != nil {
-				return fail(err)
-			}
-			fmt.Fprintln(log, "---> done")
-		}
-		layers = append(layers, layerKey)
-		key = layerKey
-	}
+	s, layers, baseSrc := res.s, res.layers, res.baseSrc
 	d := template.Defaults{Env: s.env, Workdir: s.workdir, User: s.user, Command: append(slices.Clone(s.entrypoint), s.cmd...)}
 	if d.Workdir == "" {
 		d.Workdir = "/"
