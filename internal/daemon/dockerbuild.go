@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -58,7 +59,7 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 			if c.Cwd != "" && c.Cwd != "/" {
 				// WORKDIR exists (the build made it), but a RUN may
 				// have removed it: Docker makes it again, as root.
-				if _, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: []string{"/bin/mkdir", "-p", "--", c.Cwd}, User: "root"}); err != nil {
+				if _, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: []string{"/bin/mkdir", "-p", "--", c.Cwd}, User: "root", Cwd: "/"}); err != nil {
 					return err
 				}
 			}
@@ -133,8 +134,14 @@ func buildNetwork(cfg Config) policy.Policy {
 		if u, err := url.Parse(h); err == nil && u.Host != "" {
 			h = u.Host
 		}
-		if host, _, ok := strings.Cut(h, ":"); ok {
+		if host, _, err := net.SplitHostPort(h); err == nil {
 			h = host
+		}
+		// A loopback registry is the daemon's to pull from: a sandbox
+		// cannot reach the host's loopback, and the egress ceiling refuses
+		// a policy naming it.
+		if ip, err := netip.ParseAddr(h); (err == nil && ip.IsLoopback()) || h == "localhost" {
+			return
 		}
 		if h != "" && !slices.Contains(hosts, h) {
 			hosts = append(hosts, h)

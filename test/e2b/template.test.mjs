@@ -28,6 +28,19 @@ async function sandbox(template) {
   return sbx
 }
 
+// build is Template.build with the build's log in the error when it fails.
+async function build(tpl, name, o = {}) {
+  const logs = []
+  try {
+    return await Template.build(tpl, name, { ...opts, ...o, onBuildLogs: (l) => { logs.push(l.message); o.onBuildLogs?.(l) } })
+  } catch (err) {
+    // The SDK's BuildError carries the caller's stack, not its message:
+    // say both.
+    console.error(`build ${name} failed: ${err.message}\n--- build log ---\n${logs.join('\n')}`)
+    throw err
+  }
+}
+
 async function sh(sbx, cmd, user) {
   const r = await sbx.commands.run(cmd, user ? { user } : {})
   return r.stdout
@@ -43,6 +56,8 @@ function context() {
   fs.writeFileSync(path.join(dir, 'dir', 'b.txt'), 'b\n')
   fs.writeFileSync(path.join(dir, 'dir', 'ignored.log'), 'never uploaded\n')
   fs.writeFileSync(path.join(dir, '.dockerignore'), '**/*.log\n')
+  // The SDK runs commands with /bin/bash -l -c; busybox has no bash.
+  fs.writeFileSync(path.join(dir, 'bash'), '#!/bin/sh\n[ "$1" = -l ] && shift\nexec /bin/sh "$@"\n')
   // A repository to clone (file://, inside the build sandbox).
   const work = path.join(dir, 'work')
   fs.mkdirSync(work)
@@ -78,6 +93,7 @@ test('a template from an image (through the registry mirror) with every file and
   const logs = []
   const tpl = Template({ fileContextPath: ctxDir })
     .fromImage(image)
+    .copy('bash', '/bin/bash', { mode: 0o755 })
     .copy('hello.txt', '/app/hello.txt', { user: 'user', mode: 0o640 })
     .copy('dir', '/app/dir/')
     .runCmd('id -un > /tmp/whoami-default')
@@ -92,7 +108,7 @@ test('a template from an image (through the registry mirror) with every file and
     .rename('/app/dir/a.txt', '/app/dir/renamed.txt')
     .setUser('user')
     .setStartCmd('echo started > /tmp/started; sleep 3600', waitForFile('/tmp/started'))
-  const info = await Template.build(tpl, imageName, { ...opts, onBuildLogs: (l) => logs.push(l.message) })
+  const info = await build(tpl, imageName, { onBuildLogs: (l) => logs.push(l.message) })
   assert.equal(info.name, imageName)
   assert.ok(logs.some((m) => /pulling .*berthtest-busybox/.test(m)), logs.join('\n'))
   assert.ok(logs.some((m) => /template .* built/.test(m)), logs.join('\n'))
@@ -113,7 +129,7 @@ test('a template from an image (through the registry mirror) with every file and
 
   // Unchanged steps come from the step cache, and the uploads are kept.
   const again = []
-  await Template.build(tpl, imageName, { ...opts, onBuildLogs: (l) => again.push(l.message) })
+  await build(tpl, imageName, { onBuildLogs: (l) => again.push(l.message) })
   assert.ok(again.filter((m) => m.includes('CACHED')).length >= 8, again.join('\n'))
   assert.ok(again.some((m) => /Skipping upload of 'hello.txt'/.test(m)), again.join('\n'))
 })
@@ -128,7 +144,7 @@ test('a template from E2B\'s base image: git clone, pip and npm install, tags', 
     .gitClone('file:///src/repo.git', '/home/user/repo', { branch: 'main', depth: 1 })
     .pipInstall('/src/berthdemo-1.0-py3-none-any.whl')
     .npmInstall('/src/npm-pkg', { g: true })
-  const info = await Template.build(tpl, `${baseName}:v1`, { ...opts, tags: ['latest'] })
+  const info = await build(tpl, `${baseName}:v1`, { tags: ['latest'] })
   assert.deepEqual([...info.tags].sort(), ['latest', 'v1'])
   assert.equal(await Template.exists(`${baseName}:v1`, opts), true)
 
@@ -153,7 +169,7 @@ test('a template from E2B\'s base image: git clone, pip and npm install, tags', 
 
 test('fromTemplate builds on another template; a failing step names itself', { skip }, async () => {
   const child = Template().fromTemplate(imageName).runCmd('echo child > /tmp/child')
-  await Template.build(child, `${imageName}-child`, opts)
+  await build(child, `${imageName}-child`)
   const sbx = await sandbox(`${imageName}-child`)
   assert.equal(await sh(sbx, 'cat /tmp/child /app/hello.txt'), 'child\nhello from the context\n')
 
