@@ -386,13 +386,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
+	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork,
-		Native:         srv.Handler(), Logger: log.With("component", "e2b"),
+		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), BuildContext: ctx,
+		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)

@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
+	"net/netip"
 	"net/url"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
+	"github.com/berth-sandbox/berth/internal/audit"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -55,7 +59,7 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 			if c.Cwd != "" && c.Cwd != "/" {
 				// WORKDIR exists (the build made it), but a RUN may
 				// have removed it: Docker makes it again, as root.
-				if _, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: []string{"/bin/mkdir", "-p", "--", c.Cwd}, User: "root"}); err != nil {
+				if _, err := b.link.Run(ctx, addr, token, agentlink.Command{Argv: []string{"/bin/mkdir", "-p", "--", c.Cwd}, User: "root", Cwd: "/"}); err != nil {
 					return err
 				}
 			}
@@ -64,7 +68,7 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 				return err
 			}
 			if !res.Exited || res.ExitCode != 0 {
-				return fmt.Errorf("the command ended with %s: %w", res.Status, errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("the command ended with %s%s: %w", res.Status, b.denials(ctx, h.ID()), errdefs.ErrFailedPrecondition)
 			}
 			if !h.CanPause() {
 				return fmt.Errorf("the build sandbox's runtime cannot pause to freeze its layer: %w", errdefs.ErrFailedPrecondition)
@@ -95,6 +99,29 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 	return nil
 }
 
+// denials names what the build network refused the step, so a build
+// that failed for want of the internet says which hosts it wanted.
+func (b *buildRunner) denials(ctx context.Context, id string) string {
+	recs, err := b.mgr.NetworkLog(ctx, id, audit.Filter{DeniedOnly: true})
+	if err != nil || len(recs) == 0 {
+		return ""
+	}
+	var dests []string
+	for _, r := range recs {
+		d := r.Name
+		if d == "" {
+			d = net.JoinHostPort(r.IP, strconv.Itoa(int(r.Port)))
+		}
+		if !slices.Contains(dests, d) {
+			dests = append(dests, d)
+		}
+	}
+	if len(dests) > 5 {
+		dests = append(dests[:5], "...")
+	}
+	return fmt.Sprintf(" (the build network denied %s; build_network in the daemon's config says what builds may reach)", strings.Join(dests, ", "))
+}
+
 // buildNetwork is the egress policy of build sandboxes: the configured
 // build_network, or by default only the registries and mirrors the daemon
 // is configured with.
@@ -107,8 +134,14 @@ func buildNetwork(cfg Config) policy.Policy {
 		if u, err := url.Parse(h); err == nil && u.Host != "" {
 			h = u.Host
 		}
-		if host, _, ok := strings.Cut(h, ":"); ok {
+		if host, _, err := net.SplitHostPort(h); err == nil {
 			h = host
+		}
+		// A loopback registry is the daemon's to pull from: a sandbox
+		// cannot reach the host's loopback, and the egress ceiling refuses
+		// a policy naming it.
+		if ip, err := netip.ParseAddr(h); (err == nil && ip.IsLoopback()) || h == "localhost" {
+			return
 		}
 		if h != "" && !slices.Contains(hosts, h) {
 			hosts = append(hosts, h)
@@ -134,4 +167,35 @@ type dockerBuilder struct {
 
 func (d dockerBuilder) BuildDockerfile(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
 	return dockerfile.Build(ctx, d.store, d.runner, req, log)
+}
+
+// e2bTemplates runs E2B's template builds (e2bcompat.TemplateBuilder) with
+// the Dockerfile builder.
+type e2bTemplates struct{ dockerBuilder }
+
+func (e e2bTemplates) BuildPlan(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
+	return dockerfile.Build(ctx, e.store, e.runner, req, log)
+}
+
+func (e e2bTemplates) Built(ctx context.Context, name string) (bool, error) {
+	t, err := e.store.Get(ctx, name)
+	if err != nil {
+		return false, err
+	}
+	return t.Built, nil
+}
+
+// Copy makes dst a template of src's layers (shared, so nothing is
+// copied but the manifest) and defaults.
+func (e e2bTemplates) Copy(ctx context.Context, src, dst string) error {
+	release := e.store.HoldLayers()
+	defer release()
+	layers, d, err := e.store.ImportLayers(ctx, src)
+	if err != nil {
+		return err
+	}
+	_, err = e.store.PutBuilt(ctx, template.BuildRecord{
+		Name: dst, Description: "tag of " + src, Layers: layers, Defaults: d, Source: "tag of template " + src,
+	})
+	return err
 }

@@ -13,7 +13,7 @@ func TestBuildNetwork(t *testing.T) {
 	}
 	p := buildNetwork(Config{
 		RegistryMirrors:    map[string]string{"docker.io": "http://mirror.example:5000", "ghcr.io": "https://mirror.example"},
-		InsecureRegistries: []string{"reg.example:5000"},
+		InsecureRegistries: []string{"reg.example:5000", "127.0.0.1:5000", "[::1]:5000", "localhost:5000"},
 	})
 	slices.Sort(p.Allow)
 	if p.Mode != policy.ModeAllow || !slices.Equal(p.Allow, []string{"mirror.example", "reg.example"}) {
@@ -21,6 +21,10 @@ func TestBuildNetwork(t *testing.T) {
 	}
 	if err := p.Validate(); err != nil {
 		t.Errorf("default build network invalid: %v", err)
+	}
+	// Loopback registries are the daemon's own to pull from.
+	if p := buildNetwork(Config{RegistryMirrors: map[string]string{"docker.io": "http://127.0.0.1:5000"}}); p.Mode != policy.ModeNone {
+		t.Errorf("loopback mirror only: %+v, want mode none", p)
 	}
 	own := &policy.Policy{Mode: policy.ModeOpen}
 	if p := buildNetwork(Config{BuildNetwork: own}); p.Mode != policy.ModeOpen {

@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/moby/buildkit/frontend/dockerfile/instructions"
+	"github.com/moby/buildkit/frontend/dockerfile/parser"
 	"github.com/moby/buildkit/frontend/dockerfile/shell"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -67,7 +67,38 @@ type Request struct {
 	// Start overrides the start command (CMD/ENTRYPOINT) and sets the
 	// ready check.
 	Start template.StartOptions
+	// Plan, when set, is the build's steps (E2B's template builder makes
+	// them); Dockerfile is then only named in the template's source.
+	Plan *Plan
+	// PreferUser, when the base has this account, is the user steps run
+	// as (and its home the working directory) until a step sets another:
+	// E2B's templates run their steps as "user" in /home/user.
+	PreferUser string
 }
+
+// StepError is a build that failed at a step: Line is the step's line (of
+// the Dockerfile, or the step's number in a Plan), 0 for FROM of a Plan.
+type StepError struct {
+	Line int
+	Err  error
+}
+
+func (e *StepError) Error() string { return e.Err.Error() }
+func (e *StepError) Unwrap() error { return e.Err }
+
+// RunAs is a RUN as a given user without changing the build's user (E2B's
+// runCmd with a user), which a Dockerfile cannot say.
+type RunAs struct {
+	Shell string
+	// User is "" for the build's current user.
+	User string
+}
+
+// Name is the instruction's name in logs and errors.
+func (*RunAs) Name() string { return "run" }
+
+// Location is none: a RunAs has no Dockerfile line.
+func (*RunAs) Location() []parser.Range { return nil }
 
 // state is what the instructions so far have set.
 type state struct {
@@ -113,14 +144,17 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 	}
 	defer bctx.Close()
 	dfPath := cleanRel(req.Dockerfile)
-	f, err := bctx.root.Open(dfPath)
-	if err != nil {
-		return template.Template{}, fmt.Errorf("dockerfile %s: %v: %w", req.Dockerfile, err, errdefs.ErrInvalidArgument)
-	}
-	plan, err := Parse(f)
-	f.Close()
-	if err != nil {
-		return template.Template{}, err
+	plan := req.Plan
+	if plan == nil {
+		f, err := bctx.root.Open(dfPath)
+		if err != nil {
+			return template.Template{}, fmt.Errorf("dockerfile %s: %v: %w", req.Dockerfile, err, errdefs.ErrInvalidArgument)
+		}
+		plan, err = Parse(f)
+		f.Close()
+		if err != nil {
+			return template.Template{}, err
+		}
 	}
 	lex := shell.NewLex('\\')
 	meta := map[string]string{}
@@ -133,160 +167,28 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 			}
 		}
 	}
-	metaEnv := &state{args: meta}
-	from, _, err := lex.ProcessWord(plan.FromRef, metaEnv.getenv())
-	if err != nil || from == "" {
-		return template.Template{}, lineError(plan.From.Line, plan.From.Text, fmt.Errorf("base %q: %v", plan.FromRef, err))
-	}
-
 	release := st.HoldLayers()
 	defer release()
 	start := time.Now()
-	total := len(plan.Steps) + 1
-	fmt.Fprintf(log, "#1/%d [line %d] FROM %s\n", total, plan.From.Line, from)
-	var layers []string
-	var base template.Defaults
-	var baseSrc string
-	if name, ok := strings.CutPrefix(from, "berth:"); ok {
-		layers, base, err = st.ImportLayers(ctx, name)
-		baseSrc = "template " + name
-	} else {
-		layers, base, baseSrc, err = st.PullLayers(ctx, from, log)
+	b := &builder{st: st, run: run, req: req, bctx: bctx, lex: lex, meta: meta, log: log, done: map[string]*stageResult{}}
+	stages := append(slices.Clone(plan.Prior), plan)
+	for _, sp := range stages {
+		b.total += len(sp.Steps) + 1
 	}
-	if err != nil {
-		return template.Template{}, fmt.Errorf("dockerfile line %d: FROM %s: %w", plan.From.Line, from, err)
-	}
-	s := &state{env: slices.Clone(base.Env), args: map[string]string{}, user: base.User, workdir: base.Workdir, cmd: base.Command}
-	key := "from " + strings.Join(layers, ",")
-	nonce := ""
 	if req.NoCache {
-		nonce = randNonce()
+		b.nonce = randNonce()
 	}
-	expand := func(word string) (string, error) {
-		w, _, err := lex.ProcessWord(word, s.getenv())
-		return w, err
+	var res *stageResult
+	for i, sp := range stages {
+		if res, err = b.stage(ctx, sp); err != nil {
+			return template.Template{}, err
+		}
+		b.done[strconv.Itoa(i)] = res
+		if sp.Name != "" {
+			b.done[strings.ToLower(sp.Name)] = res
+		}
 	}
-	for i, step := range plan.Steps {
-		fmt.Fprintf(log, "#%d/%d [line %d] %s\n", i+2, total, step.Line, shorten(step.Text))
-		fail := func(err error) (template.Template, error) {
-			fmt.Fprintf(log, "==> build failed at line %d: %v\n", step.Line, err)
-			return template.Template{}, fmt.Errorf("dockerfile line %d: %s: %w", step.Line, shorten(step.Text), err)
-		}
-		if e, ok := step.Cmd.(instructions.SupportsSingleWordExpansion); ok {
-			if _, isRun := step.Cmd.(*instructions.RunCommand); !isRun {
-				if err := e.Expand(expand); err != nil {
-					return fail(fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument))
-				}
-			}
-		}
-		var layerKey string
-		var fill func(ctx context.Context, dir string) error
-		var runCmd *Command
-		switch c := step.Cmd.(type) {
-		case *instructions.EnvCommand:
-			for _, kv := range c.Env {
-				s.setenv(kv.Key, kv.Value)
-			}
-		case *instructions.ArgCommand:
-			for _, kv := range c.Args {
-				switch v, ok := req.BuildArgs[kv.Key]; {
-				case ok:
-					s.args[kv.Key] = v
-				case kv.Value != nil:
-					s.args[kv.Key] = *kv.Value
-				default:
-					if v, ok := meta[kv.Key]; ok {
-						s.args[kv.Key] = v
-					} else {
-						s.args[kv.Key] = ""
-					}
-				}
-			}
-		case *instructions.UserCommand:
-			s.user = c.User
-		case *instructions.CmdCommand:
-			s.cmd = shellForm(c.CmdLine, c.PrependShell)
-			s.startSet = true
-		case *instructions.EntrypointCommand:
-			s.entrypoint = shellForm(c.CmdLine, c.PrependShell)
-			if !s.startSet {
-				s.cmd = nil
-			}
-			s.startSet = true
-		case *instructions.LabelCommand, *instructions.ExposeCommand, *instructions.MaintainerCommand:
-			fmt.Fprintln(log, "---> noted (no effect on a template)")
-		case *instructions.WorkdirCommand:
-			wd := c.Path
-			if !path.IsAbs(wd) {
-				wd = path.Join("/"+strings.TrimPrefix(s.workdir, "/"), wd)
-			}
-			s.workdir = path.Clean(wd)
-			if !existsIn(st, layers, s.workdir) {
-				layerKey = stepKey(key, "workdir "+s.workdir, nonce)
-				rootID := int(st.UIDBase())
-				attrs := stackAttrs(st, slices.Clone(layers))
-				wd := s.workdir
-				fill = func(_ context.Context, dir string) error {
-					r, err := os.OpenRoot(dir)
-					if err != nil {
-						return err
-					}
-					defer r.Close()
-					return mkParents(r, strings.TrimPrefix(wd, "/"), attrs, rootID)
-				}
-			}
-		case *instructions.CopyCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
-		case *instructions.AddCommand:
-			layerKey, fill, err = copyStep(st, bctx, key, nonce, c.SourcePaths, c.DestPath, c.Chown, s, layers)
-		case *instructions.RunCommand:
-			argv := shellForm(c.CmdLine, c.PrependShell)
-			env := map[string]string{}
-			for k, v := range s.args {
-				env[k] = v
-			}
-			for _, kv := range s.env {
-				k, v, _ := strings.Cut(kv, "=")
-				env[k] = v
-			}
-			runCmd = &Command{Argv: argv, Env: env, User: s.user, Cwd: s.workdir}
-			layerKey = stepKey(key, fmt.Sprintf("run %q %s", argv, s.describe()), nonce)
-		default:
-			err = fmt.Errorf("%s is not supported: %w", step.Cmd.Name(), errdefs.ErrInvalidArgument)
-		}
-		if err != nil {
-			return fail(err)
-		}
-		if layerKey == "" {
-			continue
-		}
-		if dir, ok := st.StepLayer(layerKey); ok {
-			fmt.Fprintln(log, "---> CACHED")
-			_ = dir
-		} else if runCmd != nil {
-			stepStart := time.Now()
-			err := run.Run(ctx, dirs(st, layers), *runCmd, log, func(ctx context.Context, upper string) error {
-				_, err := st.AddStepLayer(ctx, layerKey, func(dir string) error {
-					if err := os.Remove(dir); err != nil {
-						return err
-					}
-					return st.FreezeInto(ctx, upper, dir)
-				})
-				return err
-			})
-			if err != nil {
-				return fail(err)
-			}
-			fmt.Fprintf(log, "---> done in %s\n", time.Since(stepStart).Round(time.Millisecond))
-		} else {
-			if _, err := st.AddStepLayer(ctx, layerKey, func(dir string) error { return fill(ctx, dir) }); err != nil {
-				return fail(err)
-			}
-			fmt.Fprintln(log, "---> done")
-		}
-		layers = append(layers, layerKey)
-		key = layerKey
-	}
+	s, layers, baseSrc := res.s, res.layers, res.baseSrc
 	d := template.Defaults{Env: s.env, Workdir: s.workdir, User: s.user, Command: append(slices.Clone(s.entrypoint), s.cmd...)}
 	if d.Workdir == "" {
 		d.Workdir = "/"
@@ -298,19 +200,44 @@ func Build(ctx context.Context, st Store, run Runner, req Request, log io.Writer
 	if err := opts.ApplyTo(&d); err != nil {
 		return template.Template{}, err
 	}
-	t, err := st.PutBuilt(ctx, template.BuildRecord{
+	rec := template.BuildRecord{
 		Name: req.Name, Description: "from Dockerfile on " + baseSrc, Layers: layers, Defaults: d,
 		Source: "dockerfile " + path.Base(dfPath) + " from " + baseSrc,
-	})
+	}
+	what := path.Base(dfPath)
+	if req.Plan != nil {
+		// A plan's builds name themselves in req.Dockerfile ("e2b build ID").
+		what = req.Dockerfile
+		rec.Description = "from " + what + " on " + baseSrc
+		rec.Source = what + " from " + baseSrc
+	}
+	t, err := st.PutBuilt(ctx, rec)
 	if err != nil {
 		return template.Template{}, err
 	}
-	fmt.Fprintf(log, "==> template %s built from %s in %s (%d layers)\n", req.Name, path.Base(dfPath), time.Since(start).Round(time.Millisecond), len(layers))
+	fmt.Fprintf(log, "==> template %s built from %s in %s (%d layers)\n", req.Name, what, time.Since(start).Round(time.Millisecond), len(layers))
 	return t, nil
 }
 
+// runStep is a RUN of argv as user: the command and its key.
+func runStep(s *state, parent, nonce string, argv []string, user string) (*Command, string) {
+	env := map[string]string{}
+	for k, v := range s.args {
+		env[k] = v
+	}
+	for _, kv := range s.env {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	what := fmt.Sprintf("run %q %s", argv, s.describe())
+	if user != s.user {
+		what += fmt.Sprintf(" as=%q", user)
+	}
+	return &Command{Argv: argv, Env: env, User: user, Cwd: s.workdir}, stepKey(parent, what, nonce)
+}
+
 // copyStep is a COPY/ADD: its key covers the files it reads.
-func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string, dest, chown string, s *state, layers []string) (string, func(context.Context, string) error, error) {
+func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string, dest, chown, chmod string, s *state, layers []string) (string, func(context.Context, string) error, error) {
 	if !path.IsAbs(dest) {
 		wd := s.workdir
 		if wd == "" {
@@ -334,12 +261,62 @@ func copyStep(st Store, bctx *BuildContext, parent, nonce string, srcs []string,
 	if err != nil {
 		return "", nil, err
 	}
+	mode, err := parseChmod(chmod)
+	if err != nil {
+		return "", nil, err
+	}
 	base := st.UIDBase()
-	key := stepKey(parent, fmt.Sprintf("copy %s %d:%d", sum, uid, gid), nonce)
+	what := fmt.Sprintf("copy %s %d:%d", sum, uid, gid)
+	if mode != 0 {
+		what += fmt.Sprintf(" mode=%v", mode)
+	}
+	key := stepKey(parent, what, nonce)
 	attrs := stackAttrs(st, slices.Clone(layers))
 	return key, func(_ context.Context, dir string) error {
-		return bctx.copyTo(es, dir, int(base+uid), int(base+gid), attrs, int(base))
+		return bctx.copyTo(es, dir, int(base+uid), int(base+gid), attrs, int(base), mode)
 	}, nil
+}
+
+// parseChmod reads an octal --chmod (0 when unset).
+func parseChmod(chmod string) (fs.FileMode, error) {
+	if chmod == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(chmod, 8, 32)
+	if err != nil || n > 0o7777 || n == 0 {
+		return 0, fmt.Errorf("--chmod=%s: want an octal mode from 1 to 7777: %w", chmod, errdefs.ErrInvalidArgument)
+	}
+	mode := fs.FileMode(n & 0o777)
+	for bit, m := range map[uint64]fs.FileMode{0o4000: fs.ModeSetuid, 0o2000: fs.ModeSetgid, 0o1000: fs.ModeSticky} {
+		if n&bit != 0 {
+			mode |= m
+		}
+	}
+	return mode, nil
+}
+
+// homeOf is user's home directory in the stack's /etc/passwd, if it has
+// the account.
+func homeOf(user string, st Store, layers []string) (string, bool) {
+	for j := len(layers) - 1; j >= 0; j-- {
+		r, err := os.OpenRoot(st.SharedLayerDir(layers[j]))
+		if err != nil {
+			continue
+		}
+		b, err := r.ReadFile("etc/passwd")
+		r.Close()
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			f := strings.Split(line, ":")
+			if len(f) >= 6 && f[0] == user {
+				return f[5], true
+			}
+		}
+		return "", false
+	}
+	return "", false
 }
 
 // chownIDs resolves --chown=user[:group] (names from the stack's

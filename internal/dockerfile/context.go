@@ -259,10 +259,11 @@ func mkParents(dst *os.Root, rel string, attrs DirAttrs, rootID int) error {
 
 // copyTo writes the entries into the layer directory layer, owned by
 // uid:gid (host ids, already shifted); directories above them that the
-// layer lacks take their attributes from attrs. Writes go through an
-// os.Root of the layer: a symlink copied from the context is never
-// followed.
-func (c *BuildContext) copyTo(es []entry, layer string, uid, gid int, attrs DirAttrs, rootID int) error {
+// layer lacks take their attributes from attrs; chmod, when not zero,
+// is the mode of every copied file and directory (COPY --chmod). Writes
+// go through an os.Root of the layer: a symlink copied from the context is
+// never followed.
+func (c *BuildContext) copyTo(es []entry, layer string, uid, gid int, attrs DirAttrs, rootID int, chmod fs.FileMode) error {
 	dst, err := os.OpenRoot(layer)
 	if err != nil {
 		return err
@@ -279,14 +280,14 @@ func (c *BuildContext) copyTo(es []entry, layer string, uid, gid int, attrs DirA
 		if e.top {
 			continue
 		}
-		if err := c.copyOne(dst, e, uid, gid); err != nil {
+		if err := c.copyOne(dst, e, uid, gid, chmod); err != nil {
 			return fmt.Errorf("copy %s to /%s: %w", e.src, e.dst, err)
 		}
 	}
 	return nil
 }
 
-func (c *BuildContext) copyOne(dst *os.Root, e entry, uid, gid int) error {
+func (c *BuildContext) copyOne(dst *os.Root, e entry, uid, gid int, chmod fs.FileMode) error {
 	mode := e.info.Mode()
 	switch {
 	case mode.IsDir():
@@ -329,6 +330,9 @@ func (c *BuildContext) copyOne(dst *os.Root, e entry, uid, gid int) error {
 	}
 	if err := dst.Lchown(e.dst, uid, gid); err != nil {
 		return err
+	}
+	if chmod != 0 {
+		return dst.Chmod(e.dst, chmod)
 	}
 	return dst.Chmod(e.dst, mode.Perm()|mode&(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky))
 }

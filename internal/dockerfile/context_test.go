@@ -69,7 +69,7 @@ func TestContextPlan(t *testing.T) {
 		t.Errorf("missing source: %v", err)
 	}
 	layer := t.TempDir()
-	if err := c.copyTo(es, layer, os.Getuid(), os.Getgid(), nil, os.Getuid()); err != nil {
+	if err := c.copyTo(es, layer, os.Getuid(), os.Getgid(), nil, os.Getuid(), 0); err != nil {
 		t.Fatal(err)
 	}
 	if b, _ := os.ReadFile(filepath.Join(layer, "app/b.txt")); string(b) != "changed" {
@@ -163,7 +163,7 @@ func FuzzExtractContext(f *testing.F) {
 		if err := os.Mkdir(layer, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		_ = c.copyTo(es, layer, os.Getuid(), os.Getgid(), nil, os.Getuid())
+		_ = c.copyTo(es, layer, os.Getuid(), os.Getgid(), nil, os.Getuid(), 0)
 		ents, _ = os.ReadDir(outside)
 		if len(ents) != 2 {
 			t.Fatalf("copy wrote beside the layer: %v", ents)

@@ -6,6 +6,10 @@
 // build sandbox under Berth's own isolation, COPY/ADD host-side into a new
 // layer, the rest as template defaults. Each step's layer is cached under
 // a key of its parent, its instruction and the hashes of what it reads.
+// In a multi-stage Dockerfile every stage is built the same way; a later
+// stage may build FROM an earlier one or COPY --from it (its files read
+// through a read-only overlay of its layers); the last stage is the
+// template.
 package dockerfile
 
 import (
@@ -13,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
@@ -32,6 +37,38 @@ type Plan struct {
 	// FromRef is FROM's image reference, before ARG expansion.
 	FromRef string
 	Steps   []Step
+	// Unit names what Step.Line counts in logs and errors: "" for a
+	// Dockerfile's lines, "step" for a Plan made of steps.
+	Unit string
+	// Name is the stage's name (FROM ... AS name), if any.
+	Name string
+	// Prior are the stages before this one, the last stage (a
+	// multi-stage Dockerfile's earlier ones, which later stages may
+	// COPY --from or build FROM).
+	Prior []*Plan
+}
+
+// where is a step's place as the build log shows it ("line 3", "step 3").
+func (p *Plan) where(line int) string {
+	if p.Unit == "" {
+		return fmt.Sprintf("line %d", line)
+	}
+	return fmt.Sprintf("%s %d", p.Unit, line)
+}
+
+// at prefixes a step's errors ("dockerfile line 3", "step 3").
+func (p *Plan) at(line int) string {
+	if p.Unit == "" {
+		return fmt.Sprintf("dockerfile line %d", line)
+	}
+	return p.where(line)
+}
+
+func (p *Plan) lineError(line int, text string, err error) error {
+	if p.Unit == "" {
+		return lineError(line, text, err)
+	}
+	return fmt.Errorf("%s: %s: %v: %w", p.at(line), shorten(text), err, errdefs.ErrInvalidArgument)
 }
 
 // Step is one instruction with where it is.
@@ -70,6 +107,9 @@ func Parse(r io.Reader) (*Plan, error) {
 		return nil, fmt.Errorf("dockerfile: %v: %w", err, errdefs.ErrInvalidArgument)
 	}
 	p := &Plan{}
+	var prior []*Plan
+	names := map[string]bool{}
+	var metaArgs []*instructions.ArgCommand
 	seenFrom := false
 	for _, n := range res.AST.Children {
 		text := n.Original
@@ -78,15 +118,24 @@ func Parse(r io.Reader) (*Plan, error) {
 			return nil, lineError(n.StartLine, text, err)
 		}
 		if st, ok := parsed.(*instructions.Stage); ok {
-			if seenFrom {
-				return nil, lineError(n.StartLine, text, errors.New("multi-stage builds are not supported: one FROM per Dockerfile"))
-			}
 			if st.Platform != "" {
 				return nil, lineError(n.StartLine, text, errors.New("FROM --platform is not supported (the host's platform is used)"))
+			}
+			if seenFrom {
+				prior = append(prior, p)
+				p = &Plan{}
+			}
+			if st.Name != "" {
+				name := strings.ToLower(st.Name)
+				if names[name] {
+					return nil, lineError(n.StartLine, text, fmt.Errorf("stage name %q is used twice", st.Name))
+				}
+				names[name] = true
 			}
 			seenFrom = true
 			p.From = Step{Line: n.StartLine, Text: text}
 			p.FromRef = st.BaseName
+			p.Name = st.Name
 			continue
 		}
 		cmd, ok := parsed.(instructions.Command)
@@ -99,17 +148,30 @@ func Parse(r io.Reader) (*Plan, error) {
 			if !ok {
 				return nil, lineError(n.StartLine, text, errors.New("only ARG may come before FROM"))
 			}
-			p.MetaArgs = append(p.MetaArgs, a)
+			metaArgs = append(metaArgs, a)
 			continue
 		}
 		if err := check(cmd); err != nil {
 			return nil, lineError(n.StartLine, text, err)
+		}
+		if c, ok := cmd.(*instructions.CopyCommand); ok && c.From != "" {
+			// Only earlier stages, by name or number: an image named in
+			// --from would be pulled behind the build's back.
+			idx, err := strconv.Atoi(c.From)
+			if !names[strings.ToLower(c.From)] && (err != nil || idx < 0 || idx >= len(prior)) {
+				return nil, lineError(n.StartLine, text, fmt.Errorf("COPY --from=%s: no earlier stage has that name or number (copying from an image is not supported)", c.From))
+			}
+			if strings.EqualFold(c.From, p.Name) {
+				return nil, lineError(n.StartLine, text, fmt.Errorf("COPY --from=%s: a stage cannot copy from itself", c.From))
+			}
 		}
 		p.Steps = append(p.Steps, step)
 	}
 	if !seenFrom {
 		return nil, fmt.Errorf("dockerfile has no FROM: %w", errdefs.ErrInvalidArgument)
 	}
+	p.MetaArgs = metaArgs
+	p.Prior = prior
 	return p, nil
 }
 
@@ -125,9 +187,6 @@ func check(cmd instructions.Command) error {
 			return errors.New("heredocs are not supported")
 		}
 	case *instructions.CopyCommand:
-		if c.From != "" {
-			return errors.New("COPY --from is not supported (one stage per Dockerfile)")
-		}
 		if c.Link || c.Parents || len(c.ExcludePatterns) > 0 {
 			return errors.New("COPY --link, --parents and --exclude are not supported")
 		}
@@ -156,7 +215,9 @@ func checkSources(s instructions.SourcesAndDest, chmod string) error {
 		return errors.New("heredocs are not supported")
 	}
 	if chmod != "" {
-		return errors.New("--chmod is not supported")
+		if _, err := parseChmod(chmod); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -36,6 +36,19 @@ CMD ["exec sleep 1000"]
 	}
 }
 
+func TestParseStages(t *testing.T) {
+	p, err := Parse(strings.NewReader("ARG V=1\nFROM berth:minimal AS build\nRUN make\nFROM build AS test\nRUN test\nFROM berth:minimal\nCOPY --from=build /out /app\nCOPY --from=1 --chmod=0755 /t /t\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Prior) != 2 || p.Prior[0].Name != "build" || p.Prior[1].FromRef != "build" || len(p.Prior[1].Steps) != 1 {
+		t.Fatalf("prior stages %+v", p.Prior)
+	}
+	if len(p.MetaArgs) != 1 || p.FromRef != "berth:minimal" || len(p.Steps) != 2 || p.Steps[1].Line != 8 {
+		t.Fatalf("last stage %+v", p)
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	cases := map[string]struct {
 		src  string
@@ -44,8 +57,12 @@ func TestParseErrors(t *testing.T) {
 		"no from":           {"RUN true\n", "line 1"},
 		"empty":             {"", "no instructions"},
 		"bad instr":         {"FROM x\nRUN true\nFROBNICATE now\n", "line 3"},
-		"multi stage":       {"FROM a AS one\nFROM b\n", "line 2"},
+		"stage name twice":  {"FROM a AS one\nFROM b AS ONE\n", "line 2"},
 		"copy from":         {"FROM a\nCOPY --from=b /x /y\n", "line 2"},
+		"copy from itself":  {"FROM a AS one\nCOPY --from=one /x /y\n", "line 2"},
+		"copy from later":   {"FROM a\nCOPY --from=1 /x /y\nFROM b\n", "line 2"},
+		"copy from self #":  {"FROM a\nFROM b\nCOPY --from=1 /x /y\n", "line 3"},
+		"bad chmod":         {"FROM a\nCOPY --chmod=999 x /y\n", "line 2"},
 		"add url":           {"FROM a\n\nADD http://example.com/x /x\n", "line 3"},
 		"run mount":         {"FROM a\nRUN --mount=type=cache,target=/x true\n", "line 2"},
 		"shell":             {"FROM a\nSHELL [\"/bin/bash\", \"-c\"]\n", "line 2"},

@@ -49,6 +49,9 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.owned(s.fork)))
 	m.HandleFunc("GET /snapshots", s.auth(s.listSnapshots))
 	m.HandleFunc("DELETE /templates/{templateID}", s.auth(s.deleteTemplate))
+	if s.tpl != nil {
+		s.templateRoutes()
+	}
 	for pattern, missing := range unimplemented {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
@@ -81,7 +84,7 @@ var unimplemented = map[string]string{
 	"/volumes/":               "volumes are not supported yet",
 }
 
-const templatesMissing = "E2B's template API (builds, tags, aliases) is not served: templates are built with `berth template build NAME` and listed with `berth template ls`"
+const templatesMissing = "this part of E2B's template API is not served (Berth serves the SDK's Template() builds, their status and logs, tags and Template.exists); templates are listed with `berth template ls` and removed with `berth template rm NAME`"
 
 type keyCtx struct{}
 
@@ -282,6 +285,11 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	}
 	if ok {
 		template, fromSnapshot = "", snap.ID
+	} else if s.tpl != nil {
+		// "name:tag" names a build of E2B's template API (templates.go).
+		if tgt, ok := s.tpl.resolve(template); ok {
+			template = tgt
+		}
 	}
 	sb, err := s.cfg.Manager.Create(r.Context(), sandbox.CreateRequest{
 		Template: template,

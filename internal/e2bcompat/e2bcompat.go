@@ -73,7 +73,14 @@ type Config struct {
 	// MetricsInterval is how often RecordMetrics samples each sandbox
 	// (DefaultMetricsInterval if zero).
 	MetricsInterval time.Duration
-	Logger          *slog.Logger
+	// Templates, when set, serves E2B's template API (templates.go) with
+	// its uploads and tags kept in TemplateDir.
+	Templates   TemplateBuilder
+	TemplateDir string
+	// BuildContext bounds the builds the template API runs in the
+	// background (the daemon's lifetime).
+	BuildContext context.Context
+	Logger       *slog.Logger
 }
 
 // Server is the daemon's root handler.
@@ -85,6 +92,9 @@ type Server struct {
 
 	// metrics is each E2B sandbox's usage history (RecordMetrics).
 	history metricsHistory
+
+	// tpl serves E2B's template API; nil answers it with 501.
+	tpl *templateAPI
 }
 
 // New builds the root handler.
@@ -104,6 +114,13 @@ func New(cfg Config) *Server {
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), history: metricsHistory{by: map[string][]metricSample{}}}
 	s.proxy = s.sandboxProxy()
+	if cfg.Templates != nil {
+		bctx := cfg.BuildContext
+		if bctx == nil {
+			bctx = context.Background()
+		}
+		s.tpl = newTemplateAPI(bctx, cfg.Templates, cfg.TemplateDir)
+	}
 	s.routes()
 	return s
 }

@@ -24,13 +24,15 @@ import (
 const (
 	baseSuite          = "bookworm"
 	baseVariant        = "minbase"
-	baseRecipeVersion  = "base/1"
+	baseRecipeVersion  = "base/2"
 	debootstrapTimeout = 30 * time.Minute
 )
 
 // basePackages is what --include adds to minbase: a shell, an interpreter,
 // the usual tools an agent reaches for, TLS roots, and ip and nc so users
-// can see for themselves what the egress policy lets through. The list is
+// can see for themselves what the egress policy lets through; and what
+// E2B's base image has, which its SDK's users assume: python (and
+// python3) with pip, node with npm, sudo for the user account. The list is
 // part of the debootstrap cache key (baseHash): changing it rebuilds.
 var basePackages = []string{
 	"bash",
@@ -42,16 +44,25 @@ var basePackages = []string{
 	"less",
 	"netbase",
 	"netcat-openbsd",
+	"nodejs",
 	"procps",
+	"python-is-python3",
 	"python3",
+	"python3-pip",
+	"sudo",
 	"xz-utils",
 }
+
+// baseAptPackages are installed with apt inside the debootstrap result,
+// after it: debootstrap's own resolver does not follow virtual packages
+// (Provides), which npm's dependencies need. Part of the cache key too.
+var baseAptPackages = []string{"npm"}
 
 func baseHash(s *Store) (string, error) {
 	pkgs := slices.Clone(basePackages)
 	slices.Sort(pkgs)
 	h := sha256.New()
-	for _, part := range []string{baseRecipeVersion, baseSuite, baseVariant, s.cfg.Mirror, strings.Join(pkgs, ",")} {
+	for _, part := range []string{baseRecipeVersion, baseSuite, baseVariant, s.cfg.Mirror, strings.Join(pkgs, ","), "apt:" + strings.Join(baseAptPackages, ",")} {
 		h.Write([]byte(part + "\x00"))
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
@@ -129,6 +140,18 @@ func finishBase(w layerWriter) error {
 		}
 	}
 	if err := w.dir(".berth", 0o755, 0, 0); err != nil {
+		return err
+	}
+	// As on E2B's base: user may sudo without a password, and pip installs
+	// system-wide (E2B's pipInstall runs `pip install` as root), which
+	// Debian's python otherwise refuses (PEP 668).
+	if err := w.dir("etc/sudoers.d", 0o755, 0, 0); err != nil {
+		return err
+	}
+	if err := w.file("etc/sudoers.d/user", "user ALL=(ALL:ALL) NOPASSWD: ALL\n", 0o440, 0, 0); err != nil {
+		return err
+	}
+	if err := w.file("etc/pip.conf", "[global]\nbreak-system-packages = true\n", 0o644, 0, 0); err != nil {
 		return err
 	}
 	// debootstrap copies the build host's resolv.conf and hostname; the
@@ -216,7 +239,29 @@ func (s *Store) runDebootstrap(ctx context.Context, target string, log io.Writer
 	}
 	fmt.Fprintf(log, "==> debootstrap %s\n", strings.Join(args, " "))
 	s.log.Info("debootstrap started", "target", target, "mirror", s.cfg.Mirror)
-	cmd := exec.CommandContext(ctx, s.cfg.DebootstrapPath, args...)
+	if err := s.runTree(ctx, log, s.cfg.DebootstrapPath, args...); err != nil {
+		return fmt.Errorf("debootstrap (output above): %w", err)
+	}
+	if len(baseAptPackages) == 0 {
+		return nil
+	}
+	// apt in the new tree, through its own sources (the same mirror),
+	// with /proc for dpkg's maintainer scripts: the private mount
+	// namespace drops the mount when the command ends.
+	apt := append([]string{"-c", `chroot="$1"; shift; mount -t proc proc "$0/proc" && "$chroot" "$0" apt-get update && exec "$chroot" "$0" apt-get install -y --no-install-recommends "$@"`, target, s.cfg.ChrootPath}, baseAptPackages...)
+	fmt.Fprintf(log, "==> apt-get install %s in the new tree\n", strings.Join(baseAptPackages, " "))
+	if err := s.runTree(ctx, log, "/bin/sh", apt...); err != nil {
+		return fmt.Errorf("apt-get install %s (output above): %w", strings.Join(baseAptPackages, " "), err)
+	}
+	return nil
+}
+
+// runTree runs a step of building the debootstrap tree, its output going
+// to log, in its own process group (cancelling stops dpkg and friends too)
+// and in a private mount namespace, so the /proc and /sys it mounts inside
+// the tree vanish with it however it ends.
+func (s *Store) runTree(ctx context.Context, log io.Writer, name string, args ...string) error {
+	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Stdout = log
 	cmd.Stderr = log
 	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C")
@@ -236,9 +281,9 @@ func (s *Store) runDebootstrap(ctx context.Context, target string, log io.Writer
 			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		}
 		if cerr := ctx.Err(); cerr != nil {
-			return fmt.Errorf("debootstrap: %w", cerr)
+			return fmt.Errorf("%s: %w", name, cerr)
 		}
-		return fmt.Errorf("debootstrap (output above): %w", err)
+		return err
 	}
 	return nil
 }

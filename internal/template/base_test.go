@@ -25,7 +25,7 @@ set -e
 echo run >> ` + counter + `
 target="$4"
 echo "I: Retrieving InRelease"
-mkdir -p "$target/etc/skel" "$target/usr/bin" "$target/dev" "$target/var/cache/apt/archives" "$target/var/lib/apt/lists/partial" "$target/home" "$target/root"
+mkdir -p "$target/proc" "$target/etc/skel" "$target/usr/bin" "$target/dev" "$target/var/cache/apt/archives" "$target/var/lib/apt/lists/partial" "$target/home" "$target/root"
 printf 'root:x:0:0:root:/root:/bin/bash\n' > "$target/etc/passwd"
 printf 'root:x:0:\nshadow:x:42:\n' > "$target/etc/group"
 printf 'root:*:19000:0:99999:7:::\n' > "$target/etc/shadow"
@@ -48,6 +48,18 @@ mknod "$target/dev/null" c 1 3
 	return path, counter
 }
 
+// fakeChroot stands in for chroot running apt in the tree: it logs its
+// arguments (and checks /proc is mounted there) into the tree.
+func fakeChroot(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "chroot")
+	script := "#!/bin/sh\nset -e\ntest -e \"$1/proc/self\"\necho \"$@\" >> \"$1/apt.log\"\n"
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
 func runs(t *testing.T, counter string) int {
 	t.Helper()
 	b, err := os.ReadFile(counter)
@@ -66,7 +78,7 @@ func TestBuildBaseWithFakeDebootstrap(t *testing.T) {
 	deboot, counter := fakeDebootstrap(t, false)
 	cache := t.TempDir()
 	newStore := func() *Store {
-		s, err := New(Config{DataDir: t.TempDir(), CacheDir: cache, UIDBase: testUIDBase, DebootstrapPath: deboot})
+		s, err := New(Config{DataDir: t.TempDir(), CacheDir: cache, UIDBase: testUIDBase, DebootstrapPath: deboot, ChrootPath: fakeChroot(t)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,6 +93,13 @@ func TestBuildBaseWithFakeDebootstrap(t *testing.T) {
 		t.Errorf("build log lacks debootstrap output:\n%s", log.String())
 	}
 	root := tpl.Layers[0]
+	// apt ran in the tree (with /proc) for what debootstrap cannot resolve.
+	if b, _ := os.ReadFile(filepath.Join(root, "apt.log")); !strings.Contains(string(b), "apt-get update\n") || !strings.Contains(string(b), "apt-get install -y --no-install-recommends npm\n") {
+		t.Errorf("apt in the tree: %q", b)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "etc/sudoers.d/user")); string(b) != "user ALL=(ALL:ALL) NOPASSWD: ALL\n" {
+		t.Errorf("sudoers entry %q", b)
+	}
 	passwd, _ := os.ReadFile(filepath.Join(root, "etc/passwd"))
 	if !strings.Contains(string(passwd), "\nuser:x:1000:1000:user:/home/user:/bin/bash\n") {
 		t.Errorf("etc/passwd lacks user:\n%s", passwd)
@@ -132,7 +151,7 @@ func TestBuildBaseCancelledDuringDebootstrap(t *testing.T) {
 	deboot, _ := fakeDebootstrap(t, true)
 	cache := t.TempDir()
 	dataDir := t.TempDir()
-	s, err := New(Config{DataDir: dataDir, CacheDir: cache, UIDBase: testUIDBase, DebootstrapPath: deboot})
+	s, err := New(Config{DataDir: dataDir, CacheDir: cache, UIDBase: testUIDBase, DebootstrapPath: deboot, ChrootPath: fakeChroot(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func builtinRecipes() map[string]recipe {
 			build:       buildMinimal,
 		},
 		"base": {
-			description: "Debian bookworm (minbase) with bash, python3, git and curl, and a user account",
+			description: "Debian bookworm (minbase) with bash, python (3) and pip, node and npm, git, curl, and a user account with sudo",
 			sourceHash:  baseHash,
 			build:       buildBase,
 		},

@@ -52,6 +52,9 @@ type Config struct {
 	// DebootstrapPath is the debootstrap program. Default "debootstrap"
 	// (looked up in PATH). Tests point it at a stand-in.
 	DebootstrapPath string
+	// ChrootPath is the chroot program that runs apt in the debootstrap
+	// result (baseAptPackages). Default "chroot" (tests replace it).
+	ChrootPath string
 	// Logger receives operational logs. Default: discard.
 	Logger *slog.Logger
 	// Puller resolves images for image templates (BuildImage); nil
@@ -121,6 +124,9 @@ func New(cfg Config) (*Store, error) {
 	}
 	if cfg.BusyboxPath == "" {
 		cfg.BusyboxPath = DefaultBusyboxPath
+	}
+	if cfg.ChrootPath == "" {
+		cfg.ChrootPath = "chroot"
 	}
 	if cfg.DebootstrapPath == "" {
 		cfg.DebootstrapPath = "debootstrap"

@@ -153,3 +153,63 @@ CMD ["echo started > /tmp/started; exec sleep 100000"]
 	}
 	AssertNoLeaks(t, d)
 }
+
+// A multi-stage Dockerfile: stages build FROM earlier ones and the last
+// one COPY --from them (by name and by number); what a stage deleted stays
+// deleted in what is copied from it (its layers are read merged).
+func TestDockerfileMultiStage(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string]string{
+		"Dockerfile": `FROM berth:minimal AS build
+WORKDIR /src
+COPY src/ ./
+RUN mkdir -p /out && cat a.txt b.txt > /out/joined && rm /src/b.txt
+FROM build AS check
+RUN test -f /out/joined && echo checked > /out/check
+FROM berth:minimal
+COPY --from=build /out/joined /app/joined
+COPY --from=1 --chmod=0600 /out/check /app/
+COPY --from=build /src/ /app/src/
+`,
+		"src/a.txt": "a\n",
+		"src/b.txt": "b\n",
+	}
+	for name, content := range files {
+		p := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := StartDaemon(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var log strings.Builder
+	if _, err := d.Client.BuildDockerfile(ctx, "multi", client.DockerfileBuild{Dockerfile: filepath.Join(dir, "Dockerfile"), ContextDir: dir}, &log); err != nil {
+		t.Fatalf("multi-stage build: %v\n%s", err, log.String())
+	}
+	for _, want := range []string{"#1/10 [line 1] FROM berth:minimal", "#5/10 [line 5] FROM build", "#10/10 [line 10] COPY --from=build"} {
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("build log lacks %q:\n%s", want, log.String())
+		}
+	}
+	sb := d.Create(t, client.CreateRequest{Template: "multi"})
+	got := MustRun(t, sb, "cat /app/joined /app/check; stat -c '%a' /app/check; ls /app/src; test -e /out || echo no-out; test -e /src || echo no-src")
+	if want := "a\nb\nchecked\n600\na.txt\nno-out\nno-src\n"; got != want {
+		t.Errorf("sandbox of the multi-stage template:\n%s\nwant:\n%s", got, want)
+	}
+	if err := d.Client.Kill(ctx, sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	// A rebuild is all cache hits.
+	log.Reset()
+	if _, err := d.Client.BuildDockerfile(ctx, "multi", client.DockerfileBuild{Dockerfile: filepath.Join(dir, "Dockerfile"), ContextDir: dir}, &log); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(log.String(), "---> CACHED"); n != 7 || strings.Contains(log.String(), "---> done") {
+		t.Errorf("rebuild: %d cached steps, want 7:\n%s", n, log.String())
+	}
+	AssertNoLeaks(t, d)
+}

@@ -113,6 +113,24 @@ func TestBaseTemplate(t *testing.T) {
 	if err != nil || code != 0 || o.String() != "user\n/home/user\n/home/user\n" {
 		t.Errorf("as user: %q %d %v", o.String(), code, err)
 	}
+	// Parity with E2B's base image, which its SDK's users assume: python
+	// and python3 with pip, node and npm, and sudo for user.
+	o.Reset()
+	code, err = sb.Exec(ctx, client.ExecRequest{Cmd: "bash", Args: []string{"-c", "python -c 'import sys; print(sys.version_info[0])' && pip --version | cut -d' ' -f1 && python3 -m pip --version | cut -d' ' -f1 && node -e 'console.log(6*7)' && npm --version >/dev/null && echo npm && stat -c '%U %a' /usr/bin/sudo"}, User: "user", Stdout: &o, Stderr: &o})
+	for _, want := range []string{"3\n", "pip\npip\n", "42\n", "npm\n", "root 4755\n"} {
+		if err != nil || code != 0 || !strings.Contains(o.String(), want) {
+			t.Errorf("base parity as user: %q (exit %d, %v) lacks %q", o.String(), code, err, want)
+		}
+	}
+	// The sudoers entry is one sudo accepts. (sudo itself cannot raise a
+	// user while the runtime sets no_new_privs on the sandbox.)
+	if got := MustRun(t, sb, "cat /etc/sudoers.d/user && visudo -c -f /etc/sudoers.d/user >/dev/null && echo valid"); got != "user ALL=(ALL:ALL) NOPASSWD: ALL\nvalid\n" {
+		t.Errorf("visudo -c of the sudoers entry: %q", got)
+	}
+	// pip installs system-wide, as E2B's pipInstall does (as root).
+	if got := MustRun(t, sb, "pip config list"); !strings.Contains(got, "break-system-packages") {
+		t.Errorf("pip config: %q", got)
+	}
 	// Each sandbox writes to its own layer: the template stays as built.
 	MustRun(t, sb, "rm -rf /usr/bin/python3 && touch /etc/changed")
 	sb2 := d.Create(t, client.CreateRequest{Template: "base"})
