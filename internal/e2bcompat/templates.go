@@ -229,11 +229,9 @@ func (t *templateAPI) request(w http.ResponseWriter, r *http.Request) {
 	if tag != "" {
 		tags = append(tags, tag)
 	}
-	for _, tg := range tags {
-		if !validTag.MatchString(tg) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("tags: %q: want [A-Za-z0-9._-], at most 64", tg))
-			return
-		}
+	if msg := badTag(tags); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
 	}
 	if len(tags) == 0 {
 		tags = []string{defaultTag}
@@ -737,11 +735,9 @@ func (t *templateAPI) assignTags(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "tags: at least one is required")
 		return
 	}
-	for _, tg := range in.Tags {
-		if !validTag.MatchString(tg) {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("tags: %q: want [A-Za-z0-9._-], at most 64", tg))
-			return
-		}
+	if msg := badTag(in.Tags); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
 	}
 	t.mu.Lock()
 	all, err := t.loadTags()
@@ -827,6 +823,16 @@ func (t *templateAPI) removeTags(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// badTag names the first of tags that is not a valid tag ("" if none is).
+func badTag(tags []string) string {
+	for _, tg := range tags {
+		if !validTag.MatchString(tg) {
+			return fmt.Sprintf("tags: %q: want [A-Za-z0-9._-], at most 64", tg)
+		}
+	}
+	return ""
 }
 
 // maybeGunzip reads r as gzip when it starts like gzip (the SDK gzips
