@@ -84,6 +84,9 @@ func TestAgentSessionEndsWithSandbox(t *testing.T) {
 		f.rt.mu.Lock()
 		f.rt.running[oom.ID] = runtime.StatusStopped
 		f.rt.mu.Unlock()
+		// Fake clock (synctest): moves time on by one monitor round,
+		// whose sample then finds the sandbox stopped; wantEnded waits
+		// for it with synctest.Wait.
 		time.Sleep(f.m.cfg.MonitorInterval)
 		wantEnded(ctxO, "OOM-killed sandbox", "out of memory")
 		got, err := f.m.Get(t.Context(), oom.ID)
