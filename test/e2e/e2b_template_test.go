@@ -20,19 +20,7 @@ import (
 // sandboxes from what it built. The Node file skips itself in the plain
 // SDK run (TestE2BSDK), which has no registry or admin key.
 func TestE2BTemplates(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: the E2B SDK tests need Node.js 20 or later")
-	}
-	dir := filepath.Join(repoRootDir(t), "test", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		t.Fatalf("the e2b npm package is not installed: run `npm ci` in %s (scripts/test.sh does)", dir)
-	}
-	if os.Getenv("BERTH_TEST_BASE") != "1" {
-		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
-			t.Skip("the E2B template tests need the base template (debootstrap's result): set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
-		}
-	}
+	node, dir := e2bNode(t, "the E2B template tests")
 	reg := harness.StartRegistry(t)
 	busyboxImage(t).Push("bb", reg, "library/berthtest-busybox:1")
 	cfg := filepath.Join(t.TempDir(), "berth.yaml")

@@ -21,19 +21,7 @@ import (
 // supports and asserts real outputs. It needs node and `npm ci` in test/e2b
 // (scripts/test.sh runs it) and the base template's debootstrap cache.
 func TestE2BSDK(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: the E2B SDK tests need Node.js 20 or later")
-	}
-	dir := filepath.Join(repoRootDir(t), "test", "e2b")
-	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
-		t.Fatalf("the e2b npm package is not installed: run `npm ci` in %s (scripts/test.sh does)", dir)
-	}
-	if os.Getenv("BERTH_TEST_BASE") != "1" {
-		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
-			t.Skip("the E2B SDK tests need the base template (debootstrap's result): set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
-		}
-	}
+	node, dir := e2bNode(t, "the E2B SDK tests")
 	// A stand-in internet, so the SDK's network options are checked
 	// against real egress (the daemon treats it as public).
 	tn := harness.StartTestNet(t)
@@ -131,6 +119,27 @@ func TestE2BSDK(t *testing.T) {
 		t.Errorf("list with a revoked key = %d %s, want 401 in the E2B error shape", status, body)
 	}
 	AssertNoLeaks(t, d)
+}
+
+// e2bNode is what a test of the npm e2b SDK needs: node, and test/e2b with
+// the SDK installed and the base template's debootstrap result at hand
+// (what says which suite skips).
+func e2bNode(t *testing.T, what string) (node, dir string) {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: " + what + " need Node.js 20 or later")
+	}
+	dir = filepath.Join(repoRootDir(t), "test", "e2b")
+	if _, err := os.Stat(filepath.Join(dir, "node_modules", "e2b")); err != nil {
+		t.Fatalf("the e2b npm package is not installed: run `npm ci` in %s (scripts/test.sh does)", dir)
+	}
+	if os.Getenv("BERTH_TEST_BASE") != "1" {
+		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
+			t.Skip(what + " need the base template (debootstrap's result): set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
+		}
+	}
+	return node, dir
 }
 
 func createKey(t *testing.T, d *Daemon, name string) string {
