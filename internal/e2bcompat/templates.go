@@ -557,7 +557,7 @@ func (t *templateAPI) run(job *buildJob, req dockerfile.Request, ctxDir string) 
 		msg := err.Error()
 		job.entries = append(job.entries, logEntry{Timestamp: now(), Level: "error", Message: msg, Step: step})
 		tail := job.entries[max(0, len(job.entries)-20):]
-		job.reason = &buildReason{Message: msg, Step: step, LogEntries: slices.Clone(tail)}
+		job.reason = &buildReason{Message: msg, Step: step, LogEntries: append([]logEntry{}, tail...)}
 		job.status = "error"
 		return
 	}
@@ -633,7 +633,9 @@ func (t *templateAPI) status(w http.ResponseWriter, r *http.Request) {
 		}
 		off = min(n, len(job.entries))
 	}
-	entries := slices.Clone(job.entries[off:])
+	// Never null: the SDK maps logEntries without a nil check, and a
+	// build polled before its first log line has none yet.
+	entries := append([]logEntry{}, job.entries[off:]...)
 	logs := make([]string, len(entries))
 	for i, e := range entries {
 		logs[i] = e.Message

@@ -205,6 +205,11 @@ func TestTemplateBuildFlow(t *testing.T) {
 		if code, _ := call(t, srv, "POST", "/v2/templates/app/builds/"+buildID, admin, trig); code != 404 {
 			t.Fatalf("second trigger = %d, want 404", code)
 		}
+		// Polled before its first log line, a build still lists its
+		// entries as an empty array: the SDK maps it without a nil check.
+		if _, body := call(t, srv, "GET", "/templates/app/builds/"+buildID+"/status", admin, nil); body["logEntries"] == nil {
+			t.Fatalf("status before any log = %v, want logEntries as an array", body)
+		}
 		synctest.Wait()
 		code, body = call(t, srv, "GET", "/templates/app/builds/"+buildID+"/status", admin, nil)
 		if code != 200 || body["status"] != "ready" {
@@ -213,7 +218,7 @@ func TestTemplateBuildFlow(t *testing.T) {
 		if logs := fmt.Sprint(body["logs"]); logs != "[step one partial line]" {
 			t.Errorf("logs = %s", logs)
 		}
-		if _, body = call(t, srv, "GET", "/templates/app/builds/"+buildID+"/status?logsOffset=2", admin, nil); fmt.Sprint(body["logs"]) != "[]" {
+		if _, body = call(t, srv, "GET", "/templates/app/builds/"+buildID+"/status?logsOffset=2", admin, nil); fmt.Sprint(body["logs"]) != "[]" || body["logEntries"] == nil {
 			t.Errorf("logs from offset 2 = %v", body["logs"])
 		}
 
