@@ -128,6 +128,7 @@ func newRootCmd(a *app) *cobra.Command {
 	})
 	root.AddCommand(
 		newServeCmd(),
+		newNodeCmd(),
 		newCreateCmd(a),
 		newExecCmd(a),
 		newAttachCmd(a),

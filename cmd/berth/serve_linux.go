@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -23,11 +24,7 @@ import (
 // newServeCmd runs the daemon. Settings come from defaults, then the
 // config file (YAML or JSON), then flags.
 func newServeCmd() *cobra.Command {
-	var (
-		cfgFile string
-		flags   daemon.Config
-		debug   bool
-	)
+	var o serveOptions
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Berth daemon (as root)",
@@ -41,81 +38,106 @@ SIGTERM or SIGINT stops the daemon; running sandboxes keep running and are
 re-adopted when it starts again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var cfg daemon.Config
-			if cfgFile != "" {
-				data, err := os.ReadFile(cfgFile)
-				if err != nil {
-					return fmt.Errorf("--config: %w", err)
-				}
-				dec := yaml.NewDecoder(bytes.NewReader(data))
-				dec.KnownFields(true)
-				if err := dec.Decode(&cfg); err != nil {
-					return fmt.Errorf("--config %s: %w", cfgFile, err)
-				}
-			}
-			set := func(name string, dst *string, v string) {
-				if cmd.Flags().Changed(name) {
-					*dst = v
-				}
-			}
-			set("listen", &cfg.Listen, flags.Listen)
-			set("data-dir", &cfg.DataDir, flags.DataDir)
-			set("cache-dir", &cfg.CacheDir, flags.CacheDir)
-			set("instance", &cfg.Instance, flags.Instance)
-			set("agent", &cfg.AgentPath, flags.AgentPath)
-			set("runtime", &cfg.RuntimeBinary, flags.RuntimeBinary)
-			set("pool", &cfg.Pool, flags.Pool)
-			set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
-			set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
-			set("default-isolation", &cfg.DefaultIsolation, flags.DefaultIsolation)
-			set("gvisor-runtime", &cfg.GVisorBinary, flags.GVisorBinary)
-			set("gvisor-platform", &cfg.GVisorPlatform, flags.GVisorPlatform)
-			set("retention", &cfg.Retention, flags.Retention)
-			if cmd.Flags().Changed("require-auth") {
-				cfg.RequireAuth = flags.RequireAuth
-			}
-			if cmd.Flags().Changed("insecure-no-auth") {
-				cfg.InsecureNoAuth = flags.InsecureNoAuth
-			}
-			if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
-				cfg.Mirror = m
-			}
-			cfg.Version = buildVersion()
-			if os.Geteuid() != 0 {
-				return fmt.Errorf("berth serve must run as root (it creates namespaces, mounts and firewall rules): %w", errdefs.ErrPermissionDenied)
-			}
-			level := slog.LevelInfo
-			if debug {
-				level = slog.LevelDebug
-			}
-			set("log-file", &cfg.LogFile, flags.LogFile)
-			if cmd.Flags().Changed("preview-listen") {
-				cfg.PreviewListen = flags.PreviewListen
-			}
-			out, rotate, closeLog, err := logOutput(cfg.LogFile, cfg.LogMaxMB, cfg.LogMaxFiles)
+			cfg, log, ctx, done, err := o.setup(cmd, "berth serve")
 			if err != nil {
 				return err
 			}
-			defer func() { _ = closeLog() }()
-			log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
-			ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			// SIGHUP starts a new log file (for an outside logrotate).
-			hup := make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
-			go func() {
-				for range hup {
-					if err := rotate(); err != nil {
-						log.Warn("log_rotate_failed", "err", err)
-					}
-				}
-			}()
+			defer done()
 			return daemon.Run(ctx, cfg, log)
 		},
 	}
-	f := cmd.Flags()
-	f.StringVar(&cfgFile, "config", "", "config file (YAML or JSON)")
+	o.bind(cmd.Flags())
+	return cmd
+}
+
+// serveOptions are the daemon's flags, shared by serve and node.
+type serveOptions struct {
+	cfgFile string
+	flags   daemon.Config
+	debug   bool
+}
+
+// setup reads the settings (defaults, then --config, then flags), opens
+// the log and returns a context that SIGTERM or SIGINT ends; done releases
+// what it holds.
+func (o *serveOptions) setup(cmd *cobra.Command, what string) (cfg daemon.Config, log *slog.Logger, ctx context.Context, done func(), err error) {
+	flags := &o.flags
+	if o.cfgFile != "" {
+		data, err := os.ReadFile(o.cfgFile)
+		if err != nil {
+			return cfg, nil, nil, nil, fmt.Errorf("--config: %w", err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(data))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil {
+			return cfg, nil, nil, nil, fmt.Errorf("--config %s: %w", o.cfgFile, err)
+		}
+	}
+	set := func(name string, dst *string, v string) {
+		if cmd.Flags().Changed(name) {
+			*dst = v
+		}
+	}
+	set("listen", &cfg.Listen, flags.Listen)
+	set("data-dir", &cfg.DataDir, flags.DataDir)
+	set("cache-dir", &cfg.CacheDir, flags.CacheDir)
+	set("instance", &cfg.Instance, flags.Instance)
+	set("agent", &cfg.AgentPath, flags.AgentPath)
+	set("runtime", &cfg.RuntimeBinary, flags.RuntimeBinary)
+	set("pool", &cfg.Pool, flags.Pool)
+	set("default-template", &cfg.DefaultTemplate, flags.DefaultTemplate)
+	set("e2b-domain", &cfg.E2BDomain, flags.E2BDomain)
+	set("default-isolation", &cfg.DefaultIsolation, flags.DefaultIsolation)
+	set("gvisor-runtime", &cfg.GVisorBinary, flags.GVisorBinary)
+	set("gvisor-platform", &cfg.GVisorPlatform, flags.GVisorPlatform)
+	set("retention", &cfg.Retention, flags.Retention)
+	if cmd.Flags().Changed("require-auth") {
+		cfg.RequireAuth = flags.RequireAuth
+	}
+	if cmd.Flags().Changed("insecure-no-auth") {
+		cfg.InsecureNoAuth = flags.InsecureNoAuth
+	}
+	if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
+		cfg.Mirror = m
+	}
+	cfg.Version = buildVersion()
+	if os.Geteuid() != 0 {
+		return cfg, nil, nil, nil, fmt.Errorf("%s must run as root (it creates namespaces, mounts and firewall rules): %w", what, errdefs.ErrPermissionDenied)
+	}
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	set("log-file", &cfg.LogFile, flags.LogFile)
+	if cmd.Flags().Changed("preview-listen") {
+		cfg.PreviewListen = flags.PreviewListen
+	}
+	out, rotate, closeLog, err := logOutput(cfg.LogFile, cfg.LogMaxMB, cfg.LogMaxFiles)
+	if err != nil {
+		return cfg, nil, nil, nil, err
+	}
+	log = slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	// SIGHUP starts a new log file (for an outside logrotate).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			if err := rotate(); err != nil {
+				log.Warn("log_rotate_failed", "err", err)
+			}
+		}
+	}()
+	return cfg, log, ctx, func() {
+		signal.Stop(hup)
+		stop()
+		_ = closeLog()
+	}, nil
+}
+
+func (o *serveOptions) bind(f *pflag.FlagSet) {
+	flags := &o.flags
+	f.StringVar(&o.cfgFile, "config", "", "config file (YAML or JSON)")
 	f.StringVar(&flags.Listen, "listen", daemon.DefaultListen, "API address")
 	f.StringVar(&flags.DataDir, "data-dir", "/var/lib/berth", "state, templates and sandboxes")
 	f.StringVar(&flags.CacheDir, "cache-dir", "/var/cache/berth", "download cache (debootstrap base)")
@@ -133,8 +155,7 @@ re-adopted when it starts again.`,
 	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")
 	f.StringSliceVar(&flags.PreviewListen, "preview-listen", nil, "addresses serving preview hosts PORT-ID.<e2b-domain> over HTTP (default 127.0.0.1:80 and [::1]:80 where free; none: off)")
 	f.StringVar(&flags.LogFile, "log-file", "", "log to this file instead of stderr, rotated by size (log_max_mb, log_max_files; SIGHUP rotates)")
-	f.BoolVar(&debug, "debug", false, "debug logging")
-	return cmd
+	f.BoolVar(&o.debug, "debug", false, "debug logging")
 }
 
 // configKeys are the config file's keys, read from daemon.Config's tags so

@@ -69,7 +69,7 @@ func TestImportGraph(t *testing.T) {
 		allowed   []string
 	}{
 		// The agent lives inside untrusted sandboxes: nothing host-side.
-		{"cmd/berth-agent", []string{module + "/internal/", module + "/client"}, []string{module + "/internal/agent", module + "/proto/"}},
+		{"cmd/berth-agent", []string{module + "/internal/", module + "/client", "k8s.io/", "github.com/virtual-kubelet/"}, []string{module + "/internal/agent", module + "/proto/"}},
 		// The Manager owns no concrete backend and speaks no HTTP: its
 		// records and Store interface are internal/core's, and the SQLite
 		// store implements them.
@@ -84,8 +84,13 @@ func TestImportGraph(t *testing.T) {
 		{"internal/e2bcompat", []string{runcPkg, storePkg, sqlite, nftables, netlink, apiPkg}, nil},
 		{"internal/worklog", []string{sandboxes, module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg}, nil},
 		{"internal/review", []string{sandboxes, module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg}, nil},
-		// The SDK is public: nothing under internal/.
-		{"client", []string{module + "/internal/"}, nil},
+		// The SDK is public: nothing under internal/, and none of
+		// Kubernetes' client libraries (the node pulls them in).
+		{"client", []string{module + "/internal/", "k8s.io/", "github.com/virtual-kubelet/"}, nil},
+		// A Kubernetes node reaches the daemon through its API (the
+		// Sandboxes interface over the SDK), never its internals.
+		{"internal/kube/node", []string{sandboxes, module + "/internal/daemon", module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg,
+			module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template"}, nil},
 		// The wire contract is a leaf both the daemon and the SDK import.
 		{"api/types", []string{module + "/"}, []string{module + "/api/types", module + "/errdefs"}},
 		// The agent protocol's constants are a leaf the agent may import

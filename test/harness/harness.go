@@ -122,6 +122,9 @@ type Daemon struct {
 	SocketURL string
 	Local     *client.Client
 	extra     []string
+	// command is the subcommand and its own arguments: serve, or node
+	// and its flags (StartNode).
+	command []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -150,8 +153,20 @@ func freeAddr(t TB) string {
 // checked for leaks when the test ends.
 func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 	t.Helper()
+	return startDaemon(t, bin, []string{"serve"}, extra)
+}
+
+// StartNode starts `berth node` (the daemon and a Kubernetes node) with
+// nodeArgs, its node flags, like StartDaemon starts `berth serve`.
+func StartNode(t TB, bin Binaries, nodeArgs []string, extra ...string) *Daemon {
+	t.Helper()
+	return startDaemon(t, bin, append([]string{"node"}, nodeArgs...), extra)
+}
+
+func startDaemon(t TB, bin Binaries, command, extra []string) *Daemon {
+	t.Helper()
 	RequireHost(t)
-	d := &Daemon{t: t, bin: bin, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra}
+	d := &Daemon{t: t, bin: bin, DataDir: t.TempDir(), Instance: "t" + randName(5), Addr: freeAddr(t), extra: extra, command: command}
 	d.URL = "http://" + d.Addr
 	// The sandboxes' mapped root must traverse the path to the data dir.
 	if err := os.Chmod(filepath.Dir(d.DataDir), 0o711); err != nil {
@@ -183,11 +198,12 @@ func StartDaemon(t TB, bin Binaries, extra ...string) *Daemon {
 func (d *Daemon) Start() {
 	t := d.t
 	t.Helper()
-	args := append([]string{"serve", "--listen", d.Addr, "--data-dir", d.DataDir, "--instance", d.Instance,
+	args := append(append([]string{}, d.command...), "--listen", d.Addr, "--data-dir", d.DataDir, "--instance", d.Instance,
 		"--cache-dir", CacheDir(), "--agent", d.bin.Agent, "--default-template", "minimal",
 		// Test daemons leave port 80 alone; a test that wants preview
 		// hosts passes its own --preview-listen.
-		"--preview-listen", "none"}, d.extra...)
+		"--preview-listen", "none")
+	args = append(args, d.extra...)
 	cmd := exec.Command(d.bin.Berth, args...)
 	d.mu.Lock()
 	if d.logs == nil {

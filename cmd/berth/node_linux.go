@@ -1,0 +1,202 @@
+//go:build linux
+
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/daemon"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+)
+
+// newNodeCmd runs the daemon and registers the host as a Kubernetes node
+// whose pods are Berth sandboxes.
+func newNodeCmd() *cobra.Command {
+	var (
+		o          serveOptions
+		kubeconfig string
+		name       string
+		ip         string
+		listen     string
+		cert, key  string
+		clientCA   string
+		maxPods    int
+		reserveCPU string
+		reserveMem string
+	)
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "Run the Berth daemon as a Kubernetes node (as root)",
+		Long: `Run the Berth daemon (every flag of serve applies) and register this host as a
+Kubernetes node through --kubeconfig. Pods the scheduler binds to the node run
+as Berth sandboxes: one sandbox per pod, each container a process in it.
+
+The node is tainted ` + node.TaintKey + `=true:NoSchedule: only pods that
+tolerate it land there. A pod chooses its sandbox with annotations:
+  ` + node.AnnotationTemplate + `   template (default: the first image's name without registry or tag)
+  ` + node.AnnotationIsolation + `  runc or gvisor
+  ` + node.AnnotationNetwork + `    none (default), open, or a JSON network policy
+Resource limits (or requests) of the containers bound the sandbox's CPU and
+memory.
+
+The kubelet API (logs, exec) is served on --kubelet-listen over TLS to
+clients whose certificate --client-ca signed: the API server's
+--kubelet-client-certificate. Pods keep running across a restart of the node.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if kubeconfig == "" || cert == "" || key == "" || clientCA == "" {
+				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "kubeconfig",
+					Message: "berth node needs --kubeconfig, --tls-cert, --tls-key and --client-ca"}
+			}
+			cfg, log, ctx, done, err := o.setup(cmd, "berth node")
+			if err != nil {
+				return err
+			}
+			defer done()
+			cfg = cfg.WithDefaults()
+			if name == "" {
+				if name, err = os.Hostname(); err != nil {
+					return err
+				}
+			}
+			rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				return fmt.Errorf("--kubeconfig: %w", err)
+			}
+			kube, err := kubernetes.NewForConfig(rc)
+			if err != nil {
+				return fmt.Errorf("--kubeconfig: %w", err)
+			}
+			capacity, err := hostCapacity(cfg, maxPods)
+			if err != nil {
+				return err
+			}
+			reserved := corev1.ResourceList{}
+			for res, v := range map[corev1.ResourceName]string{corev1.ResourceCPU: reserveCPU, corev1.ResourceMemory: reserveMem} {
+				q, err := resource.ParseQuantity(v)
+				if err != nil {
+					return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "reserve-" + string(res),
+						Message: fmt.Sprintf("--reserve-%s %q: %v", res, v, err)}
+				}
+				reserved[res] = q
+			}
+
+			// The daemon runs under its own context, ended after the node
+			// stopped, so the node never talks to a daemon half gone.
+			dctx, dcancel := context.WithCancel(context.WithoutCancel(ctx))
+			defer dcancel()
+			derr := make(chan error, 1)
+			go func() { derr <- daemon.Run(dctx, cfg, log.With("component", "daemon")) }()
+			c, err := client.New("unix://" + daemon.SocketPath(cfg.DataDir))
+			if err != nil {
+				return err
+			}
+			if err := waitDaemon(ctx, c, derr); err != nil {
+				dcancel()
+				return err
+			}
+			nerr := node.Run(ctx, node.Config{
+				Name: name, IP: ip, Listen: listen,
+				TLSCert: cert, TLSKey: key, ClientCA: clientCA,
+				Kube: kube, Capacity: capacity, Reserved: reserved,
+				Version: buildVersion(), Logger: log.With("component", "node"),
+			}, node.FromClient(c))
+			dcancel()
+			return errors.Join(nerr, <-derr)
+		},
+	}
+	o.bind(cmd.Flags())
+	f := cmd.Flags()
+	f.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the cluster to join")
+	f.StringVar(&name, "node-name", "", "the node's name (default: the host name)")
+	f.StringVar(&ip, "node-ip", "", "the address the API server reaches the kubelet API at (default: --kubelet-listen's host)")
+	f.StringVar(&listen, "kubelet-listen", "127.0.0.1:10250", "address of the kubelet API (logs, exec)")
+	f.StringVar(&cert, "tls-cert", "", "kubelet API serving certificate (PEM)")
+	f.StringVar(&key, "tls-key", "", "kubelet API serving key (PEM)")
+	f.StringVar(&clientCA, "client-ca", "", "CA (PEM) whose client certificates the kubelet API accepts")
+	f.IntVar(&maxPods, "max-pods", 0, "pods the node takes (default: host memory / the default sandbox memory)")
+	f.StringVar(&reserveCPU, "reserve-cpu", "0", "CPU held back from the node's allocatable for the host")
+	f.StringVar(&reserveMem, "reserve-memory", "512Mi", "memory held back from the node's allocatable for the host")
+	return cmd
+}
+
+// waitDaemon waits until the daemon answers on its socket, or fails.
+func waitDaemon(ctx context.Context, c *client.Client, derr <-chan error) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
+	defer cancel()
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if _, err := c.Health(ctx); err == nil {
+			return nil
+		}
+		select {
+		case err := <-derr:
+			return fmt.Errorf("daemon: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("daemon did not answer: %w", ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// hostCapacity is what the node offers: the host's CPUs and memory, the
+// data dir's disk, and as many pods as fit the host's memory at the
+// daemon's default sandbox size (or maxPods).
+func hostCapacity(cfg daemon.Config, maxPods int) (corev1.ResourceList, error) {
+	mem, err := memTotal()
+	if err != nil {
+		return nil, err
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(cfg.DataDir, &st); err != nil {
+		return nil, fmt.Errorf("statfs %s: %w", cfg.DataDir, err)
+	}
+	disk := int64(st.Blocks) * st.Bsize
+	if maxPods <= 0 {
+		maxPods = int(max(1, mem/max(1, cfg.Defaults.MemoryBytes)))
+	}
+	return corev1.ResourceList{
+		corev1.ResourceCPU:              *resource.NewQuantity(int64(goruntime.NumCPU()), resource.DecimalSI),
+		corev1.ResourceMemory:           *resource.NewQuantity(mem, resource.BinarySI),
+		corev1.ResourceEphemeralStorage: *resource.NewQuantity(disk, resource.BinarySI),
+		corev1.ResourcePods:             *resource.NewQuantity(int64(maxPods), resource.DecimalSI),
+	}, nil
+}
+
+func memTotal() (int64, error) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) >= 2 && fields[0] == "MemTotal:" {
+			kb, err := strconv.ParseInt(fields[1], 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("/proc/meminfo: %w", err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, fmt.Errorf("/proc/meminfo has no MemTotal: %w", errdefs.ErrUnavailable)
+}

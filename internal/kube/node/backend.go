@@ -1,0 +1,89 @@
+package node
+
+import (
+	"context"
+	"io"
+	"time"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// Sandboxes is what the node needs of the Berth daemon on its host: the
+// sandbox lifecycle and the agent's process and file calls. FromClient
+// backs it with the daemon's API (its root-only local socket); unit tests
+// back it with a fake.
+type Sandboxes interface {
+	Health(ctx context.Context) (*client.Health, error)
+	Create(ctx context.Context, req client.CreateRequest) (*client.Sandbox, error)
+	Get(ctx context.Context, id string) (*client.Sandbox, error)
+	List(ctx context.Context, labels map[string]string) ([]*client.Sandbox, error)
+	Kill(ctx context.Context, id string) error
+	// FollowEvents calls fn with the sandbox's events, past and new,
+	// until it ends or ctx does.
+	FollowEvents(ctx context.Context, id string, fn func(client.Event) error) error
+	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// Start runs a command in the background and returns its pid; Attach
+	// waits for it to end and returns its exit code.
+	Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error)
+	Attach(ctx context.Context, id string, pid uint32) (int, error)
+	Processes(ctx context.Context, id string) ([]client.ProcessInfo, error)
+	// Exec runs a command with its streams attached and returns its exit
+	// code; ExecPTY does the same on a terminal.
+	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
+	ExecPTY(ctx context.Context, id string, req client.PTYRequest) (*client.PTY, error)
+	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+}
+
+// FromClient backs Sandboxes with a Berth API client.
+func FromClient(c *client.Client) Sandboxes { return apiSandboxes{c} }
+
+type apiSandboxes struct{ c *client.Client }
+
+func (a apiSandboxes) Health(ctx context.Context) (*client.Health, error) { return a.c.Health(ctx) }
+
+func (a apiSandboxes) Create(ctx context.Context, req client.CreateRequest) (*client.Sandbox, error) {
+	return a.c.Create(ctx, req)
+}
+
+func (a apiSandboxes) Get(ctx context.Context, id string) (*client.Sandbox, error) {
+	return a.c.Get(ctx, id)
+}
+
+func (a apiSandboxes) List(ctx context.Context, labels map[string]string) ([]*client.Sandbox, error) {
+	return a.c.List(ctx, client.ListOptions{Labels: labels})
+}
+
+func (a apiSandboxes) Kill(ctx context.Context, id string) error { return a.c.Kill(ctx, id) }
+
+func (a apiSandboxes) FollowEvents(ctx context.Context, id string, fn func(client.Event) error) error {
+	return a.c.FollowEvents(ctx, id, fn)
+}
+
+func (a apiSandboxes) SetTimeout(ctx context.Context, id string, d time.Duration) error {
+	_, err := a.c.SetTimeout(ctx, id, d)
+	return err
+}
+
+func (a apiSandboxes) Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error) {
+	return a.c.Sandbox(id).Start(ctx, req)
+}
+
+func (a apiSandboxes) Attach(ctx context.Context, id string, pid uint32) (int, error) {
+	return a.c.Sandbox(id).Attach(ctx, pid, io.Discard, io.Discard)
+}
+
+func (a apiSandboxes) Processes(ctx context.Context, id string) ([]client.ProcessInfo, error) {
+	return a.c.Sandbox(id).Processes(ctx)
+}
+
+func (a apiSandboxes) Exec(ctx context.Context, id string, req client.ExecRequest) (int, error) {
+	return a.c.Sandbox(id).Exec(ctx, req)
+}
+
+func (a apiSandboxes) ExecPTY(ctx context.Context, id string, req client.PTYRequest) (*client.PTY, error) {
+	return a.c.Sandbox(id).StartPTY(ctx, req)
+}
+
+func (a apiSandboxes) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
+	return a.c.Sandbox(id).ReadFile(ctx, path, w)
+}

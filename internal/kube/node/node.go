@@ -1,0 +1,296 @@
+// Package node makes a Berth host a Kubernetes node through the
+// virtual-kubelet library: it registers the node (capacity, a taint that
+// keeps all but sandbox pods away, conditions from the daemon's health,
+// lease heartbeats), runs the pods Kubernetes binds to it as Berth
+// sandboxes, and serves the kubelet API (logs, exec) on TLS. It reaches
+// the daemon only through the Sandboxes interface.
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	goruntime "runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	vknode "github.com/virtual-kubelet/virtual-kubelet/node"
+	"github.com/virtual-kubelet/virtual-kubelet/node/api"
+	"github.com/virtual-kubelet/virtual-kubelet/node/nodeutil"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Config is a Berth node's settings.
+type Config struct {
+	// Name is the node's name in Kubernetes.
+	Name string
+	// IP is the address the API server reaches the kubelet API at (the
+	// node's InternalIP); Listen is where that API listens (host:port).
+	IP     string
+	Listen string
+	// TLSCert and TLSKey (PEM files) are the kubelet API's serving
+	// certificate; ClientCA (PEM) signs the certificates of the clients
+	// it accepts (the API server's --kubelet-client-certificate).
+	TLSCert, TLSKey, ClientCA string
+	// Kube is the client of the cluster's API.
+	Kube kubernetes.Interface
+	// Resources are the node's capacity: cpu, memory, pods, and
+	// ephemeral-storage; Reserved is held back from it for the host
+	// (allocatable = capacity − reserved).
+	Capacity corev1.ResourceList
+	Reserved corev1.ResourceList
+	// Version is Berth's, shown as the node's kubelet version suffix.
+	Version string
+	// HealthEvery is how often the daemon's health is checked for the
+	// node's conditions (default 10s).
+	HealthEvery time.Duration
+	Logger      *slog.Logger
+}
+
+// Run registers the node and serves it until ctx ends. Pods left running
+// by a previous run are taken back first.
+func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.HealthEvery == 0 {
+		cfg.HealthEvery = 10 * time.Second
+	}
+	host, portStr, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("kubelet listen %q: %w", cfg.Listen, errdefs.ErrInvalidArgument)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 {
+		return fmt.Errorf("kubelet listen %q: want a fixed port: %w", cfg.Listen, errdefs.ErrInvalidArgument)
+	}
+	if cfg.IP == "" {
+		cfg.IP = host
+	}
+	if net.ParseIP(cfg.IP) == nil {
+		return fmt.Errorf("node ip %q: want an address: %w", cfg.IP, errdefs.ErrInvalidArgument)
+	}
+	tlsCfg, err := serverTLS(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pods := newPods(ctx, cfg.Name, cfg.IP, sb, cfg.Kube, cfg.Logger)
+	defer pods.Wait()
+	defer cancel()
+	if err := pods.reconcile(ctx); err != nil {
+		return err
+	}
+	spec := nodeSpec(cfg, port)
+	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy()}
+	mux := http.NewServeMux()
+	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
+		return provider{pods}, status, nil
+	},
+		nodeutil.WithClient(cfg.Kube),
+		nodeutil.AttachProviderRoutes(mux),
+		func(nc *nodeutil.NodeConfig) error {
+			nc.NodeSpec = spec
+			nc.HTTPListenAddr = cfg.Listen
+			nc.Handler = mux
+			nc.TLSConfig = tlsCfg
+			nc.NumWorkers = max(2, goruntime.NumCPU())
+			return nil
+		})
+	if err != nil {
+		return fmt.Errorf("node %s: %w", cfg.Name, err)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	wg.Add(2)
+	go func() { defer wg.Done(); pods.renew(ctx) }()
+	go func() { defer wg.Done(); status.run(ctx, cfg.HealthEvery) }()
+	cfg.Logger.Info("node_starting", "node", cfg.Name, "kubelet_listen", cfg.Listen)
+	err = n.Run(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// serverTLS serves the kubelet API only to clients with a certificate
+// ClientCA signed: the API server, for logs and exec.
+func serverTLS(cfg Config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet tls certificate: %w", err)
+	}
+	pem, err := os.ReadFile(cfg.ClientCA)
+	if err != nil {
+		return nil, fmt.Errorf("kubelet client ca: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("kubelet client ca %s: no certificate: %w", cfg.ClientCA, errdefs.ErrInvalidArgument)
+	}
+	return &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+	}, nil
+}
+
+// nodeSpec is the node as registered: sandbox-only (tainted), with the
+// host's capacity and the kubelet API's endpoint.
+func nodeSpec(cfg Config, port int) corev1.Node {
+	alloc := corev1.ResourceList{}
+	for name, q := range cfg.Capacity {
+		a := q.DeepCopy()
+		if r, ok := cfg.Reserved[name]; ok {
+			a.Sub(r)
+			if a.Sign() < 0 {
+				a = resource.Quantity{Format: q.Format}
+			}
+		}
+		alloc[name] = a
+	}
+	return corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: cfg.Name,
+			Labels: map[string]string{
+				"type":                   "virtual-kubelet",
+				"kubernetes.io/role":     "agent",
+				"kubernetes.io/hostname": cfg.Name,
+				"kubernetes.io/os":       "linux",
+				"kubernetes.io/arch":     goruntime.GOARCH,
+				TaintKey:                 "true",
+			},
+		},
+		Spec: corev1.NodeSpec{
+			Taints: []corev1.Taint{{Key: TaintKey, Value: "true", Effect: corev1.TaintEffectNoSchedule}},
+		},
+		Status: corev1.NodeStatus{
+			Phase:       corev1.NodeRunning,
+			Capacity:    cfg.Capacity,
+			Allocatable: alloc,
+			Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: cfg.IP},
+				{Type: corev1.NodeHostName, Address: cfg.Name},
+			},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(port)}},
+			NodeInfo: corev1.NodeSystemInfo{
+				OperatingSystem:         "linux",
+				Architecture:            goruntime.GOARCH,
+				KubeletVersion:          "v1.34.0-berth-" + cfg.Version,
+				ContainerRuntimeVersion: "berth://" + cfg.Version,
+			},
+			Conditions: conditions(nil),
+		},
+	}
+}
+
+// conditions are the node's conditions given the daemon's health (nil
+// err: healthy).
+func conditions(err error) []corev1.NodeCondition {
+	now := metav1.Now()
+	ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "BerthReady",
+		Message: "the Berth daemon is healthy", LastHeartbeatTime: now, LastTransitionTime: now}
+	if err != nil {
+		ready.Status, ready.Reason, ready.Message = corev1.ConditionFalse, "BerthUnhealthy", err.Error()
+	}
+	out := []corev1.NodeCondition{ready}
+	for _, t := range []corev1.NodeConditionType{corev1.NodeMemoryPressure, corev1.NodeDiskPressure, corev1.NodePIDPressure, corev1.NodeNetworkUnavailable} {
+		out = append(out, corev1.NodeCondition{Type: t, Status: corev1.ConditionFalse, Reason: "BerthOK", LastHeartbeatTime: now, LastTransitionTime: now})
+	}
+	return out
+}
+
+// nodeStatus is the virtual-kubelet NodeProvider: Ping and the Ready
+// condition follow the daemon's health.
+type nodeStatus struct {
+	sb   Sandboxes
+	log  *slog.Logger
+	base *corev1.Node
+
+	mu      sync.Mutex
+	cb      func(*corev1.Node)
+	healthy *bool
+}
+
+func (s *nodeStatus) Ping(ctx context.Context) error { return s.check(ctx) }
+
+func (s *nodeStatus) NotifyNodeStatus(_ context.Context, cb func(*corev1.Node)) {
+	s.mu.Lock()
+	s.cb = cb
+	s.mu.Unlock()
+}
+
+func (s *nodeStatus) check(ctx context.Context) error {
+	h, err := s.sb.Health(ctx)
+	if err == nil && h.Status != "ok" {
+		err = fmt.Errorf("daemon health %q: %w", h.Status, errdefs.ErrUnavailable)
+	}
+	return err
+}
+
+// run reports a change of the daemon's health as the node's Ready
+// condition.
+func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, every)
+		err := s.check(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		ok := err == nil
+		s.mu.Lock()
+		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok
+		if cb != nil && changed {
+			s.healthy = &ok
+		}
+		s.mu.Unlock()
+		if cb != nil && changed {
+			if !ok {
+				s.log.Warn("node_unhealthy", "err", err)
+			}
+			// The controller takes status, labels and annotations
+			// whole from what it is given.
+			n := s.base.DeepCopy()
+			n.Status.Conditions = conditions(err)
+			cb(n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// provider is the virtual-kubelet Provider: Pods, with no stats yet.
+type provider struct{ *Pods }
+
+func (provider) GetStatsSummary(context.Context) (*statsv1alpha1.Summary, error) {
+	return nil, errors.New("stats summary is not served by Berth nodes yet")
+}
+
+func (provider) GetMetricsResource(context.Context) ([]*dto.MetricFamily, error) {
+	return nil, nil
+}
+
+var _ api.ContainerLogsHandlerFunc = (&Pods{}).GetContainerLogs

@@ -1,0 +1,223 @@
+package node
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+// Annotations a pod sets to choose how its sandbox is made.
+const (
+	// AnnotationTemplate names the Berth template; without it the
+	// template is the last path element of the first container's image,
+	// without tag or digest ("registry/team/base:1" → "base").
+	AnnotationTemplate = "berth.dev/template"
+	// AnnotationIsolation is the isolation level: runc or gvisor.
+	AnnotationIsolation = "berth.dev/isolation"
+	// AnnotationNetwork is the egress policy: "none" (the default),
+	// "open", or a JSON network policy as the API takes it
+	// ({"mode":"allowlist","allow":["pypi.org"]}).
+	AnnotationNetwork = "berth.dev/network"
+)
+
+// Labels the node puts on a pod's sandbox, so a restarted node finds its
+// pods' sandboxes again.
+const (
+	LabelPodUID       = "berth.dev/pod-uid"
+	LabelPodNamespace = "berth.dev/pod-namespace"
+	LabelPodName      = "berth.dev/pod-name"
+	LabelNode         = "berth.dev/node"
+)
+
+// TaintKey is the taint every Berth node carries (NoSchedule): only pods
+// that tolerate it, sandbox pods, land there.
+const TaintKey = "berth.dev/sandbox"
+
+// podDir is where, inside the sandbox, each container's output and exit
+// code are kept: they outlive the node process, so a restarted node still
+// serves the logs and learns how a container ended while it was away.
+const podDir = "/tmp/.berth-pod"
+
+// plan is a pod translated to Berth: one sandbox and one process per
+// container.
+type plan struct {
+	req        client.CreateRequest
+	containers []containerPlan
+}
+
+type containerPlan struct {
+	name string
+	// argv is command then args; empty means the container has no
+	// process of its own and runs as long as the sandbox does.
+	argv []string
+	env  map[string]string
+	cwd  string
+}
+
+// planError is a pod Berth cannot run as asked; the pod fails with it.
+type planError struct {
+	field string
+	msg   string
+}
+
+func (e *planError) Error() string { return e.field + ": " + e.msg }
+
+var (
+	dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+	// Label values Berth accepts (internal/sandbox's validLabel).
+	labelValue = regexp.MustCompile(`^[A-Za-z0-9._/-]{1,63}$`)
+)
+
+// planPod translates a pod bound to nodeName into a sandbox create request
+// and the processes to start in it.
+func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
+	var p plan
+	spec := &pod.Spec
+	if len(spec.InitContainers) > 0 {
+		return p, &planError{"spec.initContainers", "init containers are not supported on Berth nodes yet"}
+	}
+	if len(spec.Containers) == 0 {
+		return p, &planError{"spec.containers", "a pod needs at least one container"}
+	}
+	for k, v := range map[string]string{"metadata.uid": string(pod.UID), "metadata.namespace": pod.Namespace, "metadata.name": pod.Name, "spec.nodeName": nodeName} {
+		if !labelValue.MatchString(v) {
+			return p, &planError{k, fmt.Sprintf("%q is longer than 63 characters or has characters a Berth label cannot hold", v)}
+		}
+	}
+	p.req.Labels = map[string]string{
+		LabelPodUID:       string(pod.UID),
+		LabelPodNamespace: pod.Namespace,
+		LabelPodName:      pod.Name,
+		LabelNode:         nodeName,
+	}
+	tpl := pod.Annotations[AnnotationTemplate]
+	if tpl == "" {
+		tpl = imageTemplate(spec.Containers[0].Image)
+	}
+	if tpl == "" {
+		return p, &planError{"spec.containers[0].image", fmt.Sprintf("image %q names no template; set the %s annotation", spec.Containers[0].Image, AnnotationTemplate)}
+	}
+	p.req.Template = tpl
+	switch iso := pod.Annotations[AnnotationIsolation]; iso {
+	case "", client.IsolationRunc, client.IsolationGVisor:
+		p.req.Isolation = iso
+	default:
+		return p, &planError{"metadata.annotations[" + AnnotationIsolation + "]", fmt.Sprintf("%q: want runc or gvisor", iso)}
+	}
+	netp, err := parseNetwork(pod.Annotations[AnnotationNetwork])
+	if err != nil {
+		return p, err
+	}
+	p.req.Network = netp
+	// A pod lives until Kubernetes deletes it; the node renews the
+	// sandbox's deadline while it does. activeDeadlineSeconds is a hard
+	// bound instead.
+	p.req.Timeout = podLease.String()
+	if d := spec.ActiveDeadlineSeconds; d != nil {
+		if *d <= 0 {
+			return p, &planError{"spec.activeDeadlineSeconds", "must be positive"}
+		}
+		p.req.Timeout = strconv.FormatInt(*d, 10) + "s"
+	}
+
+	var cpuMilli, memBytes int64
+	for i, c := range spec.Containers {
+		field := fmt.Sprintf("spec.containers[%d]", i)
+		if !dnsLabel.MatchString(c.Name) {
+			return p, &planError{field + ".name", fmt.Sprintf("%q is not a DNS label", c.Name)}
+		}
+		if c.TTY || c.Stdin {
+			return p, &planError{field + ".stdin", "attaching to a container's own stdin or TTY is not supported; use exec"}
+		}
+		// Limits bound the sandbox; requests stand in where a container
+		// sets no limit (they are what the scheduler counted).
+		cpu, mem := c.Resources.Limits.Cpu(), c.Resources.Limits.Memory()
+		if cpu.IsZero() {
+			cpu = c.Resources.Requests.Cpu()
+		}
+		if mem.IsZero() {
+			mem = c.Resources.Requests.Memory()
+		}
+		cpuMilli += cpu.MilliValue()
+		memBytes += mem.Value()
+		cp := containerPlan{name: c.Name, cwd: c.WorkingDir}
+		cp.argv = append(append(cp.argv, c.Command...), c.Args...)
+		for j, e := range c.Env {
+			if e.ValueFrom != nil {
+				// The pod controller resolves references before the
+				// pod reaches the node; one left is one it could not.
+				return p, &planError{fmt.Sprintf("%s.env[%d].valueFrom", field, j), "unresolved reference"}
+			}
+			if cp.env == nil {
+				cp.env = map[string]string{}
+			}
+			cp.env[e.Name] = e.Value
+		}
+		p.containers = append(p.containers, cp)
+	}
+	if cpuMilli > 0 {
+		p.req.CPU = float64(cpuMilli) / 1000
+	}
+	if memBytes > 0 {
+		p.req.Memory = strconv.FormatInt(memBytes, 10)
+	}
+	return p, nil
+}
+
+// imageTemplate is the template an image reference names: its last path
+// element without tag or digest.
+func imageTemplate(image string) string {
+	ref, _, _ := strings.Cut(image, "@")
+	ref = path.Base(ref)
+	if i := strings.LastIndexByte(ref, ':'); i >= 0 {
+		ref = ref[:i]
+	}
+	if ref == "." || ref == "/" {
+		return ""
+	}
+	return ref
+}
+
+// parseNetwork reads the network annotation.
+func parseNetwork(s string) (*client.NetworkPolicy, error) {
+	field := "metadata.annotations[" + AnnotationNetwork + "]"
+	switch s = strings.TrimSpace(s); {
+	case s == "" || s == "none":
+		return nil, nil
+	case s == "open":
+		return &client.NetworkPolicy{Mode: "open"}, nil
+	case strings.HasPrefix(s, "{"):
+		var np client.NetworkPolicy
+		dec := json.NewDecoder(bytes.NewReader([]byte(s)))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&np); err != nil {
+			return nil, &planError{field, "not a network policy: " + err.Error()}
+		}
+		if dec.More() {
+			return nil, &planError{field, "trailing data after the policy"}
+		}
+		return &np, nil
+	}
+	return nil, &planError{field, fmt.Sprintf("%q: want none, open, or a JSON network policy", s)}
+}
+
+// wrapArgv is the process a container runs as: its own argv under sh,
+// with output appended to the container's log file and the exit code
+// written once it ends (renamed into place, so a reader never sees half).
+func wrapArgv(name string, argv []string) (string, []string) {
+	log := podDir + "/" + name + ".log"
+	exit := podDir + "/" + name + ".exit"
+	script := `mkdir -p ` + podDir + ` && "$@" >>` + log + ` 2>&1; echo $? >` + exit + `.tmp && mv ` + exit + `.tmp ` + exit
+	return "/bin/sh", append([]string{"-c", script, "berth-pod-" + name}, argv...)
+}
+
+// processTag names a container's process in the agent's process table.
+func processTag(name string) string { return "berth-pod/" + name }

@@ -1,0 +1,140 @@
+package node
+
+import (
+	"errors"
+	"reflect"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/client"
+)
+
+func testPod() *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "job-1", UID: "0b6a1c1e-55d4-4c39-9a4e-0a4f6ddc1a11"},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{
+			Name: "main", Image: "registry.example/berth/minimal:1.2",
+			Command: []string{"sh", "-c"}, Args: []string{"echo hi; exit 3"},
+			Env:        []corev1.EnvVar{{Name: "A", Value: "1"}},
+			WorkingDir: "/tmp",
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")}},
+		}}},
+	}
+}
+
+func TestPlanPod(t *testing.T) {
+	p, err := planPod(testPod(), "berth-a")
+	if err != nil {
+		t.Fatalf("planPod = %v", err)
+	}
+	want := client.CreateRequest{
+		Template: "minimal", CPU: 0.5, Memory: "268435456", Timeout: podLease.String(),
+		Labels: map[string]string{LabelPodUID: "0b6a1c1e-55d4-4c39-9a4e-0a4f6ddc1a11", LabelPodNamespace: "team", LabelPodName: "job-1", LabelNode: "berth-a"},
+	}
+	if !reflect.DeepEqual(p.req, want) {
+		t.Errorf("request = %+v, want %+v", p.req, want)
+	}
+	wantC := []containerPlan{{name: "main", argv: []string{"sh", "-c", "echo hi; exit 3"}, env: map[string]string{"A": "1"}, cwd: "/tmp"}}
+	if !reflect.DeepEqual(p.containers, wantC) {
+		t.Errorf("containers = %+v, want %+v", p.containers, wantC)
+	}
+}
+
+func TestPlanPodAnnotations(t *testing.T) {
+	pod := testPod()
+	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
+		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`}
+	d := int64(90)
+	pod.Spec.ActiveDeadlineSeconds = &d
+	p, err := planPod(pod, "n")
+	if err != nil {
+		t.Fatalf("planPod = %v", err)
+	}
+	if p.req.Template != "base" || p.req.Isolation != "gvisor" || p.req.Timeout != "90s" {
+		t.Errorf("request = %+v", p.req)
+	}
+	if p.req.Network == nil || p.req.Network.Mode != "allowlist" || !reflect.DeepEqual(p.req.Network.Allow, []string{"pypi.org"}) {
+		t.Errorf("network = %+v", p.req.Network)
+	}
+}
+
+func TestPlanPodRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*corev1.Pod)
+		field string
+	}{
+		{"isolation", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationIsolation: "vm"} }, "metadata.annotations[berth.dev/isolation]"},
+		{"network", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: "wide"} }, "metadata.annotations[berth.dev/network]"},
+		{"network json", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: `{"mode":"open","x":1}`} }, "metadata.annotations[berth.dev/network]"},
+		{"init", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers"},
+		{"stdin", func(p *corev1.Pod) { p.Spec.Containers[0].Stdin = true }, "spec.containers[0].stdin"},
+		{"valueFrom", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "S", ValueFrom: &corev1.EnvVarSource{}}}
+		}, "spec.containers[0].env[0].valueFrom"},
+		{"long name", func(p *corev1.Pod) { p.Name = string(make([]byte, 70)) }, "metadata.name"},
+		{"deadline", func(p *corev1.Pod) { d := int64(0); p.Spec.ActiveDeadlineSeconds = &d }, "spec.activeDeadlineSeconds"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod()
+			tc.edit(pod)
+			_, err := planPod(pod, "n")
+			var pe *planError
+			if !errors.As(err, &pe) || pe.field != tc.field {
+				t.Errorf("planPod = %v, want a plan error on %s", err, tc.field)
+			}
+		})
+	}
+}
+
+func TestImageTemplate(t *testing.T) {
+	for in, want := range map[string]string{
+		"minimal":                         "minimal",
+		"base:latest":                     "base",
+		"registry:5000/team/python:3.12":  "python",
+		"team/x@sha256:0123":              "x",
+		"registry:5000/team/y:1@sha256:0": "y",
+		"":                                "",
+	} {
+		if got := imageTemplate(in); got != want {
+			t.Errorf("imageTemplate(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestTail(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		n    int
+		want string
+	}{
+		{"a\nb\nc\n", 2, "b\nc\n"},
+		{"a\nb\nc", 1, "c"},
+		{"a\n", 5, "a\n"},
+		{"", 1, ""},
+	} {
+		if got := string(tail([]byte(tc.in), tc.n)); got != tc.want {
+			t.Errorf("tail(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
+		}
+	}
+}
+
+// FuzzParseNetwork: the annotation is the pod author's; whatever it holds
+// is either a policy or a plan error, never a panic.
+func FuzzParseNetwork(f *testing.F) {
+	for _, s := range []string{"", "none", "open", `{"mode":"allowlist","allow":["a.b"]}`, `{"mode":1}`, "{", `{} {}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		np, err := parseNetwork(s)
+		var pe *planError
+		if err != nil && !errors.As(err, &pe) {
+			t.Fatalf("parseNetwork(%q) = %v, not a plan error", s, err)
+		}
+		_ = np
+	})
+}

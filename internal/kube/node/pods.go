@@ -1,0 +1,597 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	vkerrdefs "github.com/virtual-kubelet/virtual-kubelet/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// podLease is the deadline a pod's sandbox is created with and renewed to
+// (the daemon's longest); renewEvery is how often the node renews it.
+const (
+	podLease   = 24 * time.Hour
+	renewEvery = time.Hour
+)
+
+// Pods runs the pods bound to one node as Berth sandboxes. It is the
+// virtual-kubelet PodLifecycleHandler and PodNotifier of the node.
+type Pods struct {
+	node string
+	ip   string
+	sb   Sandboxes
+	kube kubernetes.Interface
+	log  *slog.Logger
+	// ctx is the node's lifetime: sandboxes are made and watched under
+	// it, never under a request's context.
+	ctx context.Context
+	wg  sync.WaitGroup
+
+	mu     sync.Mutex
+	pods   map[string]*podState // by namespace/name
+	notify func(*corev1.Pod)
+}
+
+type podState struct {
+	pod     *corev1.Pod
+	plan    plan
+	started time.Time
+	cancel  context.CancelFunc
+
+	sandboxID string
+	podIP     string
+	// reason and message, once set, fail the pod: it could not be made,
+	// or its sandbox ended under it.
+	reason, message string
+	deleted         bool
+	containers      map[string]*containerState
+}
+
+type containerState struct {
+	running    bool
+	startedAt  time.Time
+	exited     bool
+	exitCode   int
+	finishedAt time.Time
+}
+
+func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, log *slog.Logger) *Pods {
+	return &Pods{ctx: ctx, node: nodeName, ip: nodeIP, sb: sb, kube: kube, log: log, pods: map[string]*podState{}}
+}
+
+func key(ns, name string) string { return ns + "/" + name }
+
+// Wait waits for every goroutine the pods started (their contexts end with
+// the node's).
+func (p *Pods) Wait() { p.wg.Wait() }
+
+// NotifyPods registers the callback that reports a pod's new status.
+func (p *Pods) NotifyPods(_ context.Context, fn func(*corev1.Pod)) {
+	p.mu.Lock()
+	p.notify = fn
+	p.mu.Unlock()
+}
+
+// changed reports ps's status; call without p.mu held.
+func (p *Pods) changed(ps *podState) {
+	p.mu.Lock()
+	fn := p.notify
+	pod := p.withStatus(ps)
+	p.mu.Unlock()
+	if fn != nil {
+		fn(pod)
+	}
+}
+
+// CreatePod makes the pod's sandbox and starts its containers. The work
+// runs in the background; the pod stays Pending until it is done.
+func (p *Pods) CreatePod(_ context.Context, pod *corev1.Pod) error {
+	k := key(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	if old, ok := p.pods[k]; ok && old.pod.UID == pod.UID {
+		p.mu.Unlock()
+		return nil
+	}
+	ctx, cancel := context.WithCancel(p.ctx)
+	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), cancel: cancel, containers: map[string]*containerState{}}
+	p.pods[k] = ps
+	p.mu.Unlock()
+
+	pl, err := planPod(pod, p.node)
+	if err != nil {
+		p.fail(ps, "BerthInvalidPod", err.Error())
+		return nil
+	}
+	ps.plan = pl
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.run(ctx, ps)
+	}()
+	return nil
+}
+
+// run makes the sandbox, starts each container's process and follows them.
+func (p *Pods) run(ctx context.Context, ps *podState) {
+	sb, err := p.sb.Create(ctx, ps.plan.req)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.fail(ps, "BerthCreateFailed", err.Error())
+		}
+		return
+	}
+	p.mu.Lock()
+	ps.sandboxID = sb.ID
+	gone := ps.deleted
+	p.mu.Unlock()
+	if gone {
+		// Deleted while it was being made.
+		p.kill(sb.ID)
+		return
+	}
+	// Create's answer leaves out where the sandbox sits; a get has it.
+	if full, err := p.sb.Get(ctx, sb.ID); err == nil {
+		sb = full
+	}
+	p.adopt(ctx, ps, sb)
+	for _, c := range ps.plan.containers {
+		if len(c.argv) == 0 {
+			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
+			continue
+		}
+		cmd, args := wrapArgv(c.name, c.argv)
+		pid, err := p.sb.Start(ctx, sb.ID, client.ExecRequest{Cmd: cmd, Args: args, Env: c.env, Cwd: c.cwd, Tag: processTag(c.name)})
+		if err != nil {
+			if ctx.Err() == nil {
+				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
+			}
+			return
+		}
+		p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
+		p.follow(ctx, ps, c.name, pid)
+	}
+}
+
+// adopt records a live sandbox's address and follows its events, so the
+// pod fails when the sandbox ends under it.
+func (p *Pods) adopt(ctx context.Context, ps *podState, sb *client.Sandbox) {
+	p.mu.Lock()
+	if sb.Network != nil {
+		ps.podIP = sb.Network.Address
+	}
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		p.watchSandbox(ctx, ps, sb.ID)
+	}()
+}
+
+// follow waits for a container's process to end, then reads its exit code.
+func (p *Pods) follow(ctx context.Context, ps *podState, name string, pid uint32) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		_, _ = p.sb.Attach(ctx, ps.sandboxID, pid)
+		if ctx.Err() != nil {
+			return
+		}
+		p.collectExit(ctx, ps, name)
+	}()
+}
+
+// collectExit reads the exit code the container's wrapper left. A process
+// gone without one died with its sandbox (the sandbox watch reports that).
+func (p *Pods) collectExit(ctx context.Context, ps *podState, name string) bool {
+	code, err := p.exitCode(ctx, ps.sandboxID, name)
+	if err != nil {
+		p.log.Debug("container_exit_unknown", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", name, "err", err)
+		return false
+	}
+	p.setContainer(ps, name, func(cs *containerState) {
+		cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, code, time.Now()
+	})
+	return true
+}
+
+func (p *Pods) exitCode(ctx context.Context, id, name string) (int, error) {
+	var buf bytes.Buffer
+	if err := p.sb.ReadFile(ctx, id, podDir+"/"+name+".exit", &limitWriter{w: &buf, n: 32}); err != nil {
+		return 0, err
+	}
+	// The sandbox wrote it: parse strictly.
+	code, err := strconv.Atoi(strings.TrimSpace(buf.String()))
+	if err != nil || code < 0 || code > 255 {
+		return 0, fmt.Errorf("exit file %q: %w", buf.String(), errdefs.ErrInvalidArgument)
+	}
+	return code, nil
+}
+
+// watchSandbox fails the pod when its sandbox stops or fails under it.
+func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
+	check := func() bool {
+		sb, err := p.sb.Get(ctx, id)
+		if err != nil {
+			return false
+		}
+		switch sb.State {
+		case client.StateStopped, client.StateFailed:
+			reason := sb.Reason
+			if reason == "" {
+				reason = "the sandbox " + sb.State
+			}
+			p.fail(ps, "BerthSandboxEnded", reason)
+			return true
+		}
+		return false
+	}
+	err := p.sb.FollowEvents(ctx, id, func(ev client.Event) error {
+		switch ev.Type {
+		case client.EventFailed, client.EventDestroyed, client.EventDeadline, client.EventOOM:
+			if check() {
+				return errStopFollow
+			}
+		}
+		return nil
+	})
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil || errors.Is(err, errdefs.ErrNotFound) {
+		check()
+	}
+}
+
+var errStopFollow = errors.New("stop following")
+
+func (p *Pods) setContainer(ps *podState, name string, fn func(*containerState)) {
+	p.mu.Lock()
+	cs := ps.containers[name]
+	if cs == nil {
+		cs = &containerState{}
+		ps.containers[name] = cs
+	}
+	fn(cs)
+	p.mu.Unlock()
+	p.changed(ps)
+}
+
+func (p *Pods) fail(ps *podState, reason, msg string) {
+	p.mu.Lock()
+	if ps.reason == "" && !ps.deleted {
+		ps.reason, ps.message = reason, msg
+	}
+	p.mu.Unlock()
+	p.log.Info("pod_failed", "pod", key(ps.pod.Namespace, ps.pod.Name), "reason", reason, "message", msg)
+	p.changed(ps)
+}
+
+// kill destroys a sandbox under the node's lifetime, bounded.
+func (p *Pods) kill(id string) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(p.ctx), 2*time.Minute)
+	defer cancel()
+	err := p.sb.Kill(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// UpdatePod takes a changed pod's metadata; a running pod's spec does not
+// change.
+func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ps, ok := p.pods[key(pod.Namespace, pod.Name)]; ok && ps.pod.UID == pod.UID {
+		ps.pod = pod.DeepCopy()
+	}
+	return nil
+}
+
+// DeletePod destroys the pod's sandbox and reports the pod terminated.
+func (p *Pods) DeletePod(_ context.Context, pod *corev1.Pod) error {
+	k := key(pod.Namespace, pod.Name)
+	p.mu.Lock()
+	ps, ok := p.pods[k]
+	if !ok {
+		p.mu.Unlock()
+		return vkerrdefs.NotFoundf("pod %s is not on node %s", k, p.node)
+	}
+	ps.deleted = true
+	id := ps.sandboxID
+	ps.cancel()
+	now := time.Now()
+	for _, c := range ps.plan.containers {
+		cs := ps.containers[c.name]
+		if cs == nil {
+			cs = &containerState{}
+			ps.containers[c.name] = cs
+		}
+		if !cs.exited {
+			cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, now
+		}
+	}
+	p.mu.Unlock()
+	if id != "" {
+		if err := p.kill(id); err != nil {
+			return fmt.Errorf("destroy sandbox %s of pod %s: %w", id, k, err)
+		}
+	}
+	p.changed(ps)
+	p.mu.Lock()
+	if p.pods[k] == ps {
+		delete(p.pods, k)
+	}
+	p.mu.Unlock()
+	return nil
+}
+
+// GetPod returns the pod with its current status.
+func (p *Pods) GetPod(_ context.Context, namespace, name string) (*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, ok := p.pods[key(namespace, name)]
+	if !ok {
+		return nil, vkerrdefs.NotFoundf("pod %s/%s is not on node %s", namespace, name, p.node)
+	}
+	return p.withStatus(ps), nil
+}
+
+// GetPodStatus returns the pod's current status.
+func (p *Pods) GetPodStatus(ctx context.Context, namespace, name string) (*corev1.PodStatus, error) {
+	pod, err := p.GetPod(ctx, namespace, name)
+	if err != nil {
+		return nil, err
+	}
+	return &pod.Status, nil
+}
+
+// GetPods returns every pod the node runs.
+func (p *Pods) GetPods(context.Context) ([]*corev1.Pod, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]*corev1.Pod, 0, len(p.pods))
+	for _, ps := range p.pods {
+		out = append(out, p.withStatus(ps))
+	}
+	return out, nil
+}
+
+// sandboxOf is the sandbox of a pod's container, for logs and exec.
+func (p *Pods) sandboxOf(namespace, name, container string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, ok := p.pods[key(namespace, name)]
+	if !ok {
+		return "", vkerrdefs.NotFoundf("pod %s/%s is not on node %s", namespace, name, p.node)
+	}
+	found := false
+	for _, c := range ps.plan.containers {
+		found = found || c.name == container
+	}
+	if !found {
+		return "", vkerrdefs.NotFoundf("pod %s/%s has no container %q", namespace, name, container)
+	}
+	if ps.sandboxID == "" {
+		return "", vkerrdefs.InvalidInputf("pod %s/%s has no sandbox yet", namespace, name)
+	}
+	return ps.sandboxID, nil
+}
+
+// withStatus is a copy of the pod with its status; call with p.mu held.
+func (p *Pods) withStatus(ps *podState) *corev1.Pod {
+	pod := ps.pod.DeepCopy()
+	st := &pod.Status
+	st.HostIP = p.ip
+	if p.ip != "" {
+		st.HostIPs = []corev1.HostIP{{IP: p.ip}}
+	}
+	st.PodIP = ps.podIP
+	if ps.podIP != "" {
+		st.PodIPs = []corev1.PodIP{{IP: ps.podIP}}
+	}
+	start := metav1.NewTime(ps.started)
+	st.StartTime = &start
+	st.ContainerStatuses = nil
+	running, exited, failed := 0, 0, 0
+	for _, c := range ps.plan.containers {
+		cs := ps.containers[c.name]
+		var img string
+		for _, sc := range pod.Spec.Containers {
+			if sc.Name == c.name {
+				img = sc.Image
+			}
+		}
+		s := corev1.ContainerStatus{Name: c.name, Image: img, ImageID: "berth://" + ps.plan.req.Template}
+		if ps.sandboxID != "" {
+			s.ContainerID = "berth://" + ps.sandboxID + "/" + c.name
+		}
+		switch {
+		case cs != nil && cs.exited:
+			reason := "Completed"
+			if cs.exitCode != 0 {
+				reason = "Error"
+				failed++
+			}
+			s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: int32(cs.exitCode), Reason: reason,
+				StartedAt: metav1.NewTime(cs.startedAt), FinishedAt: metav1.NewTime(cs.finishedAt), ContainerID: s.ContainerID}
+			exited++
+		case ps.reason != "":
+			s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: ps.reason, Message: ps.message, FinishedAt: metav1.Now()}
+			exited++
+			failed++
+		case cs != nil && cs.running:
+			s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(cs.startedAt)}
+			s.Ready, s.Started = true, ptr(true)
+			running++
+		default:
+			s.State.Waiting = &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, s)
+	}
+	n := len(ps.plan.containers)
+	switch {
+	case ps.reason != "" && n == 0:
+		st.Phase = corev1.PodFailed
+	case n > 0 && exited == n && failed == 0:
+		st.Phase = corev1.PodSucceeded
+	case n > 0 && exited == n:
+		st.Phase = corev1.PodFailed
+	case running > 0 || exited > 0:
+		st.Phase = corev1.PodRunning
+	default:
+		st.Phase = corev1.PodPending
+	}
+	st.Reason, st.Message = "", ""
+	if ps.reason != "" {
+		st.Reason, st.Message = ps.reason, ps.message
+	}
+	ready := corev1.ConditionFalse
+	if n > 0 && running == n {
+		ready = corev1.ConditionTrue
+	}
+	now := metav1.Now()
+	st.Conditions = []corev1.PodCondition{
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: start},
+		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: start},
+		{Type: corev1.ContainersReady, Status: ready, LastTransitionTime: now},
+		{Type: corev1.PodReady, Status: ready, LastTransitionTime: now},
+	}
+	return pod
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// renew keeps the deadline of every pod sandbox without an
+// activeDeadlineSeconds ahead, until ctx ends.
+func (p *Pods) renew(ctx context.Context) {
+	t := time.NewTicker(renewEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		p.mu.Lock()
+		var ids []string
+		for _, ps := range p.pods {
+			if ps.sandboxID != "" && ps.reason == "" && ps.pod.Spec.ActiveDeadlineSeconds == nil {
+				ids = append(ids, ps.sandboxID)
+			}
+		}
+		p.mu.Unlock()
+		for _, id := range ids {
+			if err := p.sb.SetTimeout(ctx, id, podLease); err != nil && ctx.Err() == nil {
+				p.log.Warn("sandbox_renew_failed", "sandbox_id", id, "err", err)
+			}
+		}
+	}
+}
+
+// reconcile takes back the pods a previous run of this node left: each
+// live sandbox labelled with this node whose pod still exists (same UID)
+// is followed again; the sandboxes of pods gone from the API are
+// destroyed.
+func (p *Pods) reconcile(ctx context.Context) error {
+	sbs, err := p.sb.List(ctx, map[string]string{LabelNode: p.node})
+	if err != nil {
+		return fmt.Errorf("list sandboxes of node %s: %w", p.node, err)
+	}
+	for _, sb := range sbs {
+		if sb.State != client.StateReady && sb.State != client.StateCreating && sb.State != client.StatePaused {
+			continue
+		}
+		ns, name, uid := sb.Labels[LabelPodNamespace], sb.Labels[LabelPodName], sb.Labels[LabelPodUID]
+		pod, err := p.kube.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && (pod.UID != types.UID(uid) || pod.Spec.NodeName != p.node)) {
+			p.log.Info("pod_gone_sandbox_destroyed", "pod", key(ns, name), "sandbox_id", sb.ID)
+			if err := p.kill(sb.ID); err != nil {
+				return fmt.Errorf("destroy sandbox %s of a deleted pod: %w", sb.ID, err)
+			}
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("get pod %s: %w", key(ns, name), err)
+		}
+		pl, err := planPod(pod, p.node)
+		if err != nil {
+			// It was made from this pod once; it cannot fail now.
+			return fmt.Errorf("pod %s: %w", key(ns, name), err)
+		}
+		cctx, cancel := context.WithCancel(p.ctx)
+		ps := &podState{pod: pod.DeepCopy(), plan: pl, started: sb.CreatedAt, cancel: cancel, sandboxID: sb.ID, containers: map[string]*containerState{}}
+		if pod.Status.StartTime != nil {
+			ps.started = pod.Status.StartTime.Time
+		}
+		p.mu.Lock()
+		p.pods[key(ns, name)] = ps
+		p.mu.Unlock()
+		if err := p.readopt(cctx, ps, sb); err != nil {
+			return err
+		}
+		p.log.Info("pod_adopted", "pod", key(ns, name), "sandbox_id", sb.ID)
+	}
+	return nil
+}
+
+// readopt finds each container's process again: still running (followed
+// again), ended (its exit code read back), or without a process of its own.
+func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) error {
+	procs, err := p.sb.Processes(ctx, sb.ID)
+	if err != nil {
+		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
+	}
+	p.adopt(ctx, ps, sb)
+	started := ps.started
+	for _, c := range ps.plan.containers {
+		var pid uint32
+		for _, pr := range procs {
+			if pr.Tag == processTag(c.name) {
+				pid = pr.PID
+			}
+		}
+		p.mu.Lock()
+		ps.containers[c.name] = &containerState{running: true, startedAt: started}
+		p.mu.Unlock()
+		switch {
+		case len(c.argv) == 0:
+		case pid != 0:
+			p.follow(ctx, ps, c.name, pid)
+		case !p.collectExit(ctx, ps, c.name):
+			p.fail(ps, "BerthContainerLost", "container "+c.name+" ended without an exit code")
+		}
+	}
+	p.changed(ps)
+	return nil
+}
+
+// limitWriter takes at most n bytes and then fails.
+type limitWriter struct {
+	w io.Writer
+	n int
+}
+
+func (l *limitWriter) Write(b []byte) (int, error) {
+	if len(b) > l.n {
+		return 0, fmt.Errorf("more than the limit: %w", errdefs.ErrResourceExhausted)
+	}
+	l.n -= len(b)
+	return l.w.Write(b)
+}
