@@ -142,7 +142,9 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	p.mu.Unlock()
 	if gone {
 		// Deleted while it was being made.
-		p.kill(sb.ID)
+		if err := p.kill(sb.ID); err != nil {
+			p.log.Warn("sandbox_destroy_failed", "sandbox_id", sb.ID, "err", err)
+		}
 		return
 	}
 	// Create's answer leaves out where the sandbox sits; a get has it.
