@@ -299,7 +299,7 @@ func TestPods(t *testing.T) {
 		t.Fatalf("create pod: %v", err)
 	}
 
-	onNode := map[string]string{}
+	onNode, sandboxOf := map[string]string{}, map[string]string{}
 	for _, p := range long {
 		got := waitPod(t, cp, "default", p.Name, "Running", phase(corev1.PodRunning))
 		if _, ok := c.nodes[got.Spec.NodeName]; !ok {
@@ -314,7 +314,7 @@ func TestPods(t *testing.T) {
 		}
 		if sbs := podSandboxes(t, c.nodes[got.Spec.NodeName], string(p.UID)); len(sbs) != 1 {
 			t.Errorf("pod %s: %d live sandboxes on %s, want 1", p.Name, len(sbs), got.Spec.NodeName)
-		} else if sbs[0].CPU != 0.25 || sbs[0].MemoryBytes != 128<<20 || sbs[0].Template != "minimal" {
+		} else if sandboxOf[p.Name] = sbs[0].ID; sbs[0].CPU != 0.25 || sbs[0].MemoryBytes != 128<<20 || sbs[0].Template != "minimal" {
 			t.Errorf("pod %s sandbox = cpu %v memory %d template %s, want 0.25, 128 MiB, minimal", p.Name, sbs[0].CPU, sbs[0].MemoryBytes, sbs[0].Template)
 		}
 	}
@@ -414,8 +414,18 @@ func TestPods(t *testing.T) {
 	for _, name := range []string{"long-1", "long-2", "bad-isolation", "untolerated"} {
 		waitPodGone(t, cp, "default", name)
 	}
+	// A pod that ended leaves the API first and its sandbox right after
+	// (the node destroys it once the pod is gone): follow the sandbox's
+	// events until it is destroyed.
 	for _, p := range long {
-		if sbs := podSandboxes(t, c.nodes[onNode[p.Name]], string(p.UID)); len(sbs) != 0 {
+		d := c.nodes[onNode[p.Name]]
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := d.Local.FollowEvents(fctx, sandboxOf[p.Name], func(client.Event) error { return nil })
+		cancel()
+		if err != nil {
+			t.Errorf("pod %s deleted; its sandbox %s: %v", p.Name, sandboxOf[p.Name], err)
+		}
+		if sbs := podSandboxes(t, d, string(p.UID)); len(sbs) != 0 {
 			t.Errorf("pod %s deleted, sandboxes left: %v", p.Name, ids(sbs))
 		}
 	}
