@@ -49,6 +49,9 @@ type PidsCgroup struct {
 // the sentry's time.
 const pidsCheckInterval = 50 * time.Millisecond
 
+// drainLimit bounds the wait for killed processes to leave the count.
+const drainLimit = 10 * time.Second
+
 // SetupPidsCgroup mounts the pids cgroup hierarchy on a fresh directory
 // under dir, makes the workload cgroup with pids.max = max, opens what the
 // agent needs and detaches the mount.
@@ -206,26 +209,39 @@ func (k *pidsKiller) run() {
 
 // killAll kills every process in the workload cgroup, round after round
 // until it is empty: a process may fork between the listing and the
-// signal, and at the limit most forks fail, so the rounds are few.
+// signal, and at the limit most forks fail, so the rounds are few. It
+// holds the table's fork lock throughout, and until the killed tasks are
+// gone from the count, so a process started meanwhile waits and then
+// starts in an empty cgroup instead of dying with the bomb.
 func (k *pidsKiller) killAll(n int64) {
+	k.procs.forkMu.Lock()
+	defer k.procs.forkMu.Unlock()
 	msg := fmt.Sprintf("the sandbox's processes reached its limit of %d; the agent killed them all", k.cg.max)
 	for _, p := range k.procs.list() {
 		p.mu.Lock()
 		p.pidsKilled = msg
 		p.mu.Unlock()
 	}
+	// Until the count is zero, not just the listing empty: a task being
+	// forked is counted before it is listed, and killed ones count until
+	// they are reaped (orphans by this agent, as PID 1). No event says
+	// when either happens, so poll, bounded.
 	rounds := 0
-	for ; rounds < 1000; rounds++ {
-		pids, err := k.cg.pids()
-		if err != nil || len(pids) == 0 {
+	for deadline := time.Now().Add(drainLimit); time.Now().Before(deadline); rounds++ {
+		if c, err := k.cg.count(); err == nil && c == 0 {
 			break
+		}
+		pids, err := k.cg.pids()
+		if err != nil {
+			k.procs.logger.Warn("pids_list_failed", "err", err)
 		}
 		for _, pid := range pids {
 			_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
 		}
-		time.Sleep(time.Millisecond) // let the killed exit before listing again
+		time.Sleep(2 * time.Millisecond)
 	}
-	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds)
+	left, _ := k.cg.count()
+	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left)
 }
 
 // DropSysAdmin takes CAP_SYS_ADMIN out of every thread's bounding,
