@@ -35,6 +35,7 @@ func run() error {
 	group := flag.String("group", "/etc/group", "group file of the sandbox")
 	version := flag.Bool("version", false, "print the envd version the agent implements and exit")
 	ptySignals := flag.Bool("pty-signals", false, "turn a PTY's ^C, ^\\ and ^Z into signals in the agent (for a kernel whose line discipline does not: gVisor's sentry before 2023)")
+	pidsMax := flag.Int64("pids-max", 0, "hold the processes the agent starts to N tasks with the pids cgroup of the sandbox's own kernel, mounted by the agent, which drops CAP_SYS_ADMIN afterwards (gVisor, whose host-side cgroup counts the sentry's threads instead)")
 	flag.Parse()
 	if *version {
 		fmt.Println(envd.Version)
@@ -72,6 +73,26 @@ func run() error {
 		defer reaper.Close()
 	}
 
+	var pids *agent.PidsCgroup
+	if *pidsMax > 0 {
+		// /dev is a tmpfs of the sandbox's own: the mount point never
+		// reaches the disk (or a snapshot of it).
+		if pids, err = agent.SetupPidsCgroup("/dev", *pidsMax); err != nil {
+			return err
+		}
+		// The runtime let mount and umount2 through the sandbox's
+		// seccomp profile for this; they are denied again from here on,
+		// for the agent and everything it starts.
+		if err := agent.DenyMounts(); err != nil {
+			return err
+		}
+	}
+	// Whatever granted it, no process of the sandbox keeps CAP_SYS_ADMIN
+	// past this point.
+	if err := agent.DropSysAdmin(); err != nil {
+		return err
+	}
+
 	srv, err := agent.New(agent.Config{
 		Listen:      *listen,
 		Token:       token,
@@ -82,6 +103,7 @@ func run() error {
 		Env:         agent.SandboxEnv(os.Environ()),
 		Reaper:      reaper,
 		PTYSignals:  *ptySignals,
+		Pids:        pids,
 		Logger:      logger,
 	})
 	if err != nil {

@@ -61,7 +61,10 @@ type Config struct {
 	// itself, for kernels whose line discipline does not (gVisor's sentry
 	// before 2023; ptysig.go).
 	PTYSignals bool
-	Logger     *slog.Logger
+	// Pids, when set, holds the processes the agent starts to its limit
+	// (pids.go); the Server owns it from New on.
+	Pids   *PidsCgroup
+	Logger *slog.Logger
 	// Version is reported by nothing on the wire today but kept for logs;
 	// default envd.Version.
 	Version string
@@ -76,8 +79,10 @@ type Server struct {
 	id      identity
 	procs   *procTable
 	watches *watcherSet
-	cpu     cpuSampler
-	handler http.Handler
+	// pidsKiller runs with Config.Pids.
+	pidsKiller *pidsKiller
+	cpu        cpuSampler
+	handler    http.Handler
 
 	mu     sync.Mutex
 	srvs   []*http.Server
@@ -118,7 +123,7 @@ func New(cfg Config) (*Server, error) {
 		cfg:     cfg,
 		log:     cfg.Logger,
 		id:      identity{token: cfg.Token, env: env, user: cfg.DefaultUser},
-		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, ptySignals: cfg.PTYSignals, byPID: map[int]*proc{}},
+		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, ptySignals: cfg.PTYSignals, pids: cfg.Pids, byPID: map[int]*proc{}},
 		watches: newWatcherSet(),
 	}
 	mux := http.NewServeMux()
@@ -131,6 +136,9 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /files", s.postFile)
 	mux.HandleFunc("POST /init", s.postInit)
 	s.handler = s.authorize(mux)
+	if cfg.Pids != nil {
+		s.pidsKiller = startPidsKiller(cfg.Pids, s.procs)
+	}
 	return s, nil
 }
 
@@ -195,6 +203,10 @@ func (s *Server) Close() {
 	defer cancel()
 	s.procs.killAll(ctx)
 	s.watches.closeAll()
+	if s.pidsKiller != nil {
+		s.pidsKiller.close()
+		s.cfg.Pids.Close()
+	}
 }
 
 // authorize requires the access token on everything but /health; /files also

@@ -20,6 +20,7 @@ var (
 	errPermission         = errors.New("permission denied")
 	errFailedPrecondition = errors.New("failed precondition")
 	errNoSpace            = errors.New("no space left on device")
+	errResourceExhausted  = errors.New("resource exhausted")
 )
 
 func connectCode(err error) connect.Code {
@@ -34,7 +35,7 @@ func connectCode(err error) connect.Code {
 		return connect.CodeAlreadyExists
 	case errors.Is(err, errPermission), errors.Is(err, os.ErrPermission), errors.Is(err, unix.EROFS):
 		return connect.CodePermissionDenied
-	case errors.Is(err, errNoSpace), errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT):
+	case errors.Is(err, errNoSpace), errors.Is(err, unix.ENOSPC), errors.Is(err, unix.EDQUOT), errors.Is(err, errResourceExhausted):
 		return connect.CodeResourceExhausted
 	case errors.Is(err, errFailedPrecondition):
 		return connect.CodeFailedPrecondition

@@ -72,6 +72,8 @@ type proc struct {
 	timedOut  bool
 	limitCode bool
 	limitText string
+	// pidsKilled, when set, is why the pids killer ended the process.
+	pidsKilled string
 }
 
 // subscribe registers a stream for the process's further data events. The
@@ -427,7 +429,11 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		// workloadOOMScoreAdj.
 		restore := t.oomForFork()
 		defer restore()
-		if err := cmd.Start(); err != nil {
+		start := cmd.Start
+		if t.pids != nil {
+			start = func() error { return t.pids.fork(cmd.Start) }
+		}
+		if err := start(); err != nil {
 			return 0, err
 		}
 		return cmd.Process.Pid, nil
@@ -509,8 +515,18 @@ func (p *proc) expire() {
 // keeps its own status.
 func (p *proc) endEvent(st exitStatus) *pb.ProcessEvent {
 	p.mu.Lock()
-	timedOut, code, limit := p.timedOut, p.limitCode, p.limitText
+	timedOut, code, limit, pidsKilled := p.timedOut, p.limitCode, p.limitText, p.pidsKilled
 	p.mu.Unlock()
+	if pidsKilled != "" && st.err == nil && st.ws.Signaled() && st.ws.Signal() == unix.SIGKILL {
+		// The status stays Go's, which clients parse into 137; the
+		// error says why.
+		msg := "signal: killed: " + pidsKilled
+		return &pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: &pb.ProcessEvent_EndEvent{
+			ExitCode: -1,
+			Status:   "signal: killed",
+			Error:    &msg,
+		}}}
+	}
 	if !timedOut || !code || st.err != nil || !st.ws.Signaled() || st.ws.Signal() != unix.SIGKILL {
 		return endEvent(st)
 	}
@@ -567,6 +583,9 @@ func classifyStartErr(err error) error {
 		return fmt.Errorf("%w: %w", err, errNotFound)
 	case errors.Is(err, os.ErrPermission):
 		return fmt.Errorf("%w: %w", err, errPermission)
+	case errors.Is(err, unix.EAGAIN):
+		// The fork was refused: the sandbox is at its pids limit.
+		return fmt.Errorf("%w (the sandbox is at its process limit): %w", err, errResourceExhausted)
 	}
 	return err
 }
@@ -589,6 +608,8 @@ type procTable struct {
 	logger  *slog.Logger
 	// ptySignals is Config.PTYSignals.
 	ptySignals bool
+	// pids is Config.Pids: processes are started in its cgroup.
+	pids *PidsCgroup
 	// forkMu serializes forks while the agent's oom_score_adj is raised
 	// for them (oomForFork).
 	forkMu sync.Mutex

@@ -36,6 +36,13 @@ type Spec struct {
 	AgentArgs []string
 	// AgentEnv is the agent's environment, KEY=VALUE.
 	AgentEnv []string
+	// AgentPids says the agent holds the sandbox's processes to PidsLimit
+	// itself, with the pids cgroup of the sandbox's own kernel (gVisor,
+	// whose host-side cgroup counts the sentry's threads; berth-agent
+	// --pids-max). The agent then starts with CAP_SYS_ADMIN to mount that
+	// hierarchy and drops it before it serves. runc ignores it: its host
+	// cgroup counts the sandbox's own tasks.
+	AgentPids bool
 	// BeforeStart, when set, runs once the sandbox's namespaces exist and
 	// before its agent starts, with the host pid of the sandbox's init.
 	// The Manager uses it to wire the sandbox's own network namespace

@@ -63,7 +63,18 @@ func agentArgs(rec core.Sandbox) []string {
 		// (gVisor before 2023-02): the agent does (internal/agent/ptysig.go).
 		args = append(args, "--pty-signals")
 	}
+	if agentPids(rec) {
+		args = append(args, "--pids-max", strconv.FormatInt(rec.PidsLimit, 10))
+	}
 	return args
+}
+
+// agentPids reports whether a sandbox's agent holds its processes to the
+// pids limit itself (runtime.Spec.AgentPids): under gVisor, whose host
+// cgroup counts the sentry's threads and ptrace stubs, not the sandbox's
+// tasks.
+func agentPids(rec core.Sandbox) bool {
+	return rec.Isolation == core.IsolationGVisor && rec.PidsLimit > 0
 }
 
 // OwnedListOptions filter ListOwned.

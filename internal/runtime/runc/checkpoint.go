@@ -167,7 +167,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	}
 	defer done()
 	phases.mark("network")
-	gvisorSpec(&sp, netns)
+	gvisorSpec(&sp, spec, netns)
 	if err := r.writeConfig(id, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -79,13 +80,54 @@ func (r *Runtime) gvisorFlags() []string {
 	}
 }
 
+// agentMountCalls are the calls the agent's pids cgroup set-up makes that
+// the seccomp profile denies (runtime.Spec.AgentPids).
+var agentMountCalls = []string{"mount", "umount", "umount2"}
+
+// allowAgentMount returns a copy of profile without agentMountCalls.
+func allowAgentMount(profile *specs.LinuxSeccomp) *specs.LinuxSeccomp {
+	if profile == nil {
+		return nil
+	}
+	out := *profile
+	out.Syscalls = nil
+	for _, sc := range profile.Syscalls {
+		sc.Names = slices.DeleteFunc(slices.Clone(sc.Names), func(n string) bool { return slices.Contains(agentMountCalls, n) })
+		if len(sc.Names) > 0 {
+			out.Syscalls = append(out.Syscalls, sc)
+		}
+	}
+	return &out
+}
+
 // sentryTasks is the headroom a gVisor sandbox's host pids cgroup gets
-// over the sandbox's own limit, for the sentry's and gofer's threads.
+// for the sentry's and gofer's own threads.
 const sentryTasks = 128
+
+// sentryPidsLimit is the host pids limit of a gVisor sandbox whose own
+// tasks are limited to limit. The host cgroup holds the sentry, the gofer
+// and, on the ptrace platform, the stub processes: one per address space
+// the sandbox ever had at once (they are pooled, never killed), each with
+// a thread per sentry thread that ran it. So each sandbox task costs the
+// host ten and more tasks (64 sleeps: 698 host tasks), and a sentry that
+// cannot make a stub thread dies. This wall is the host's protection;
+// the sandbox's own limit, held inside by the agent
+// (internal/agent/pids.go), is what a fork bomb should meet first, which
+// at small limits it does and at large ones it may not (docs/security.md,
+// gVisor).
+func sentryPidsLimit(limit int64) int64 {
+	return limitTimesStubs*limit + 2*sentryTasks
+}
+
+// limitTimesStubs is how many host tasks a gVisor sandbox's host cgroup
+// allows per task of the sandbox's own limit (sentryPidsLimit): room for
+// a bomb at a limit of 64 to be killed inside before the host wall (peak
+// 874 of 1,280 measured).
+const limitTimesStubs = 16
 
 // gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
 // this file). netns is the namespace to join, "" for a new one.
-func gvisorSpec(sp *specs.Spec, netns string) {
+func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
 	for i, n := range sp.Linux.Namespaces {
 		if n.Type == specs.NetworkNamespace {
 			sp.Linux.Namespaces[i].Path = netns
@@ -113,7 +155,20 @@ func gvisorSpec(sp *specs.Spec, netns string) {
 	// a sandbox that forks through all of it still takes its sentry down
 	// (docs/security.md, gVisor, pids limit gap).
 	if p := sp.Linux.Resources.Pids; p != nil && p.Limit != nil && *p.Limit > 0 {
-		p.Limit = ptr(*p.Limit + sentryTasks)
+		p.Limit = ptr(sentryPidsLimit(*p.Limit))
+	}
+	if spec.AgentPids {
+		// The sentry's CAP_SYS_ADMIN, not the host's: the agent mounts
+		// the sentry's pids cgroup with it and drops it before serving
+		// (runtime.Spec.AgentPids).
+		c := sp.Process.Capabilities
+		c.Bounding = append(slices.Clone(c.Bounding), "CAP_SYS_ADMIN")
+		c.Effective = append(slices.Clone(c.Effective), "CAP_SYS_ADMIN")
+		c.Permitted = append(slices.Clone(c.Permitted), "CAP_SYS_ADMIN")
+		// The sentry applies the profile to the agent too: its mount and
+		// detach must pass. The agent denies the same calls to itself
+		// and to every process it starts right after (agent.DenyMounts).
+		sp.Linux.Seccomp = allowAgentMount(sp.Linux.Seccomp)
 	}
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil
@@ -133,7 +188,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	}
 	defer done()
 	phases.mark("before_start")
-	gvisorSpec(sp, netns)
+	gvisorSpec(sp, spec, netns)
 	if err := r.writeConfig(id, sp); err != nil {
 		return err
 	}

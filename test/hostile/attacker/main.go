@@ -314,8 +314,12 @@ func table() map[string]func([]string) {
 			blocked("stopped at %d open files: %v", n, err)
 		},
 		"inodes": func(a []string) {
-			// Creates empty files until the filesystem runs out.
+			// Creates empty files until the filesystem runs out, in
+			// the directory given after the count (default /tmp/inodes).
 			dir := "/tmp/inodes"
+			if len(a) > 1 {
+				dir = a[1]
+			}
 			os.MkdirAll(dir, 0o755)
 			limit := 2000000
 			if len(a) > 0 {

@@ -1,0 +1,348 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// PidsCgroup holds the processes the agent starts to a number of tasks
+// with the pids cgroup of the sandbox's own kernel. Under gVisor the
+// host's pids cgroup cannot do it: it counts the sentry's threads and, on
+// the ptrace platform, stub threads that pile up without bound while a
+// fork bomb churns (subprocesses are pooled and never killed, and each
+// gains a stub thread per sentry thread that ever ran it). Measured here:
+// with 1,024 sandbox tasks the host count passed 20,000 in 50 s, and a
+// sentry that cannot make a stub thread panics. So the sandbox's limit is
+// enforced inside, on the sandbox's own tasks, and the processes that
+// reach it together are killed (like the OOM killer at the memory limit),
+// to stop them before the host-side wall, which stays as the host's
+// protection, is reached. At large limits a churning bomb's stubs can
+// still reach that wall first (docs/security.md, gVisor).
+//
+// The hierarchy is mounted by the agent, which needs CAP_SYS_ADMIN for
+// it and drops the capability before serving (DropSysAdmin); it is then
+// unmounted (detached), so no path in the sandbox leads to it and a
+// sandbox process cannot raise its own limit: only the agent's open
+// descriptors reach it.
+type PidsCgroup struct {
+	max int64
+	// work is the cgroup the agent's processes run in; root is the
+	// hierarchy's root, where the agent itself stays (unlimited).
+	workTasks, rootTasks *os.File
+	current, procs       *os.File
+}
+
+// pidsCheckInterval is how often the agent reads the cgroup's task count.
+// The sentry's cgroupfs has no notification (no pids.events, no inotify
+// on its files), so it is polled; one read costs a few microseconds of
+// the sentry's time.
+const pidsCheckInterval = 50 * time.Millisecond
+
+// drainLimit bounds the wait for killed processes to leave the count.
+const drainLimit = 10 * time.Second
+
+// SetupPidsCgroup mounts the pids cgroup hierarchy on a fresh directory
+// under dir, makes the workload cgroup with pids.max = max, opens what the
+// agent needs and detaches the mount.
+func SetupPidsCgroup(dir string, max int64) (*PidsCgroup, error) {
+	if max <= 0 {
+		return nil, fmt.Errorf("pids cgroup: limit %d: %w", max, errInvalid)
+	}
+	mnt, err := os.MkdirTemp(dir, ".berth-pids-")
+	if err != nil {
+		return nil, fmt.Errorf("pids cgroup: %w", err)
+	}
+	defer os.Remove(mnt)
+	if err := unix.Mount("berth-pids", mnt, "cgroup", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, "pids"); err != nil {
+		return nil, fmt.Errorf("pids cgroup: mount: %w", err)
+	}
+	defer unix.Unmount(mnt, unix.MNT_DETACH) //nolint:errcheck // nothing to do if it fails; the directory then stays busy
+	work := filepath.Join(mnt, "workload")
+	if err := os.Mkdir(work, 0o755); err != nil {
+		return nil, fmt.Errorf("pids cgroup: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.FormatInt(max, 10)), 0); err != nil {
+		return nil, fmt.Errorf("pids cgroup: pids.max: %w", err)
+	}
+	c := &PidsCgroup{max: max}
+	for _, f := range []struct {
+		dst  **os.File
+		path string
+		flag int
+	}{
+		{&c.workTasks, filepath.Join(work, "tasks"), os.O_WRONLY},
+		{&c.rootTasks, filepath.Join(mnt, "tasks"), os.O_WRONLY},
+		{&c.current, filepath.Join(work, "pids.current"), os.O_RDONLY},
+		{&c.procs, filepath.Join(work, "cgroup.procs"), os.O_RDONLY},
+	} {
+		if *f.dst, err = os.OpenFile(f.path, f.flag, 0); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("pids cgroup: %w", err)
+		}
+	}
+	return c, nil
+}
+
+// Close closes the cgroup's descriptors.
+func (c *PidsCgroup) Close() {
+	for _, f := range []*os.File{c.workTasks, c.rootTasks, c.current, c.procs} {
+		if f != nil {
+			f.Close()
+		}
+	}
+}
+
+// Max is the limit.
+func (c *PidsCgroup) Max() int64 { return c.max }
+
+// fork runs start, which forks, from a thread that is in the workload
+// cgroup for the moment, so the child is born there (cgroup v1 moves
+// single threads through "tasks"; the agent's other threads stay in the
+// root). A fork past the limit fails with EAGAIN. The caller serializes
+// forks.
+func (c *PidsCgroup) fork(start func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	tid := []byte(strconv.Itoa(unix.Gettid()))
+	if _, err := unix.Pwrite(int(c.workTasks.Fd()), tid, 0); err != nil {
+		return fmt.Errorf("pids cgroup: enter: %w", err)
+	}
+	err := start()
+	if _, berr := unix.Pwrite(int(c.rootTasks.Fd()), tid, 0); berr != nil {
+		// A thread left in the workload cgroup would count against the
+		// sandbox and fork its limit away: the agent cannot go on.
+		panic(fmt.Sprintf("pids cgroup: leave: %v", berr))
+	}
+	return err
+}
+
+// count is the number of tasks in the workload cgroup.
+func (c *PidsCgroup) count() (int64, error) {
+	var b [32]byte
+	n, err := unix.Pread(int(c.current.Fd()), b[:], 0)
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(string(bytes.TrimSpace(b[:n])), 10, 64)
+}
+
+// pids lists the processes in the workload cgroup.
+func (c *PidsCgroup) pids() ([]int, error) {
+	buf := make([]byte, 0, 8*(c.max+16))
+	for {
+		chunk := buf[len(buf):cap(buf)]
+		if len(chunk) == 0 {
+			buf = append(buf, make([]byte, cap(buf))...)[:len(buf)]
+			continue
+		}
+		n, err := unix.Pread(int(c.procs.Fd()), chunk, int64(len(buf)))
+		if err != nil {
+			return nil, err
+		}
+		if n == 0 {
+			break
+		}
+		buf = buf[:len(buf)+n]
+	}
+	var out []int
+	for _, f := range bytes.Fields(buf) {
+		if pid, err := strconv.Atoi(string(f)); err == nil && pid > 1 {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
+// pidsKiller kills every process the agent started when they reach the
+// limit together, and marks the processes of the table it ends so their
+// end events say why.
+type pidsKiller struct {
+	cg    *PidsCgroup
+	procs *procTable
+	stop  chan struct{}
+	wg    sync.WaitGroup
+}
+
+func startPidsKiller(cg *PidsCgroup, procs *procTable) *pidsKiller {
+	k := &pidsKiller{cg: cg, procs: procs, stop: make(chan struct{})}
+	k.wg.Add(1)
+	go k.run()
+	return k
+}
+
+func (k *pidsKiller) close() {
+	close(k.stop)
+	k.wg.Wait()
+}
+
+func (k *pidsKiller) run() {
+	defer k.wg.Done()
+	tick := time.NewTicker(pidsCheckInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-k.stop:
+			return
+		case <-tick.C:
+		}
+		n, err := k.cg.count()
+		if err != nil {
+			k.procs.logger.Warn("pids_count_failed", "err", err)
+			continue
+		}
+		if n >= k.cg.max {
+			k.killAll(n)
+		}
+	}
+}
+
+// killAll kills every process in the workload cgroup, round after round
+// until it is empty: a process may fork between the listing and the
+// signal, and at the limit most forks fail, so the rounds are few. It
+// holds the table's fork lock throughout, and until the killed tasks are
+// gone from the count, so a process started meanwhile waits and then
+// starts in an empty cgroup instead of dying with the bomb.
+func (k *pidsKiller) killAll(n int64) {
+	k.procs.forkMu.Lock()
+	defer k.procs.forkMu.Unlock()
+	msg := fmt.Sprintf("the sandbox's processes reached its limit of %d; the agent killed them all", k.cg.max)
+	for _, p := range k.procs.list() {
+		p.mu.Lock()
+		p.pidsKilled = msg
+		p.mu.Unlock()
+	}
+	// Until the count is zero, not just the listing empty: a task being
+	// forked is counted before it is listed, and killed ones count until
+	// they are reaped (orphans by this agent, as PID 1). No event says
+	// when either happens, so poll, bounded.
+	rounds := 0
+	for deadline := time.Now().Add(drainLimit); time.Now().Before(deadline); rounds++ {
+		if c, err := k.cg.count(); err == nil && c == 0 {
+			break
+		}
+		pids, err := k.cg.pids()
+		if err != nil {
+			k.procs.logger.Warn("pids_list_failed", "err", err)
+		}
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	left, _ := k.cg.count()
+	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left)
+}
+
+// DropSysAdmin takes CAP_SYS_ADMIN out of every thread's bounding,
+// effective, permitted and inheritable sets, so neither the agent nor any
+// process it starts has it again. Having it is how the agent mounts the
+// pids cgroup (SetupPidsCgroup); without it the call does nothing.
+func DropSysAdmin() error {
+	if ok, err := hasCap(unix.CAP_SYS_ADMIN); err != nil || !ok {
+		return err
+	}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_CAPBSET_DROP, unix.CAP_SYS_ADMIN, 0); e != 0 {
+		return fmt.Errorf("drop CAP_SYS_ADMIN from the bounding set: %w", e)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("capget: %w", err)
+	}
+	bit := uint32(1) << (unix.CAP_SYS_ADMIN % 32)
+	i := unix.CAP_SYS_ADMIN / 32
+	data[i].Effective &^= bit
+	data[i].Permitted &^= bit
+	data[i].Inheritable &^= bit
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); e != 0 {
+		return fmt.Errorf("capset: %w", e)
+	}
+	runtime.KeepAlive(&hdr)
+	runtime.KeepAlive(&data)
+	if ok, err := hasCap(unix.CAP_SYS_ADMIN); err != nil || ok {
+		return errors.Join(err, errors.New("CAP_SYS_ADMIN still held after the drop"))
+	}
+	return nil
+}
+
+// hasCap reports whether the calling thread has capability c in its
+// bounding or permitted set.
+func hasCap(c int) (bool, error) {
+	r, err := unix.PrctlRetInt(unix.PR_CAPBSET_READ, uintptr(c), 0, 0, 0)
+	if err != nil {
+		return false, fmt.Errorf("read the bounding set: %w", err)
+	}
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return false, fmt.Errorf("capget: %w", err)
+	}
+	return r == 1 || data[c/32].Permitted&(1<<(c%32)) != 0, nil
+}
+
+// mountCalls are the mount-table calls the agent denies to itself and to
+// every process it starts once its pids cgroup is set up: the sandbox's
+// seccomp profile lets them through for the agent's one mount (gVisor
+// applies the profile to the agent as to everything else), and this
+// filter, inherited by every child and never removable, puts the deny
+// back, the same as the profile's "mounts" group.
+var mountCalls = []uint32{
+	unix.SYS_MOUNT, unix.SYS_UMOUNT2, unix.SYS_PIVOT_ROOT,
+	unix.SYS_FSOPEN, unix.SYS_FSCONFIG, unix.SYS_FSMOUNT, unix.SYS_FSPICK,
+	unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT, unix.SYS_MOUNT_SETATTR,
+}
+
+// DenyMounts installs, on every thread of the agent, a seccomp filter
+// that fails mountCalls with EPERM (and every call of a foreign
+// architecture's ABI). The agent runs with no_new_privs, so no privilege
+// is needed.
+func DenyMounts() error {
+	var arch uint32
+	switch runtime.GOARCH {
+	case "amd64":
+		arch = unix.AUDIT_ARCH_X86_64
+	case "arm64":
+		arch = unix.AUDIT_ARCH_AARCH64
+	default:
+		return fmt.Errorf("deny mounts: no seccomp arch for %s", runtime.GOARCH)
+	}
+	const (
+		ldAbs  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
+		jeqK   = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+		retK   = unix.BPF_RET | unix.BPF_K
+		allow  = unix.SECCOMP_RET_ALLOW
+		eperm  = unix.SECCOMP_RET_ERRNO | uint32(unix.EPERM)
+		offNr  = 0 // struct seccomp_data: nr, arch, ...
+		offArc = 4
+	)
+	n := len(mountCalls)
+	prog := []unix.SockFilter{
+		{Code: ldAbs, K: offArc},
+		{Code: jeqK, K: arch, Jt: 1},
+		{Code: retK, K: eperm},
+		{Code: ldAbs, K: offNr},
+	}
+	for i, nr := range mountCalls {
+		// Jump to the deny at the end: past the remaining compares and
+		// the allow.
+		prog = append(prog, unix.SockFilter{Code: jeqK, K: nr, Jt: uint8(n - i)})
+	}
+	prog = append(prog, unix.SockFilter{Code: retK, K: allow}, unix.SockFilter{Code: retK, K: eperm})
+	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
+	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); e != 0 {
+		return fmt.Errorf("deny mounts: seccomp: %w", e)
+	}
+	runtime.KeepAlive(prog)
+	return nil
+}
