@@ -393,13 +393,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork,
-		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), BuildContext: ctx,
+		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)
 	defer stopMetrics()
 	go root.RecordMetrics(mctx)
+	go root.SweepUploads(mctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -77,6 +77,9 @@ type Config struct {
 	// its uploads and tags kept in TemplateDir.
 	Templates   TemplateBuilder
 	TemplateDir string
+	// Builds keeps the template builds and their logs; without it (and
+	// a Store that keeps them) the template API answers 501.
+	Builds BuildStore
 	// BuildContext bounds the builds the template API runs in the
 	// background (the daemon's lifetime).
 	BuildContext context.Context
@@ -119,7 +122,13 @@ func New(cfg Config) *Server {
 		if bctx == nil {
 			bctx = context.Background()
 		}
-		s.tpl = newTemplateAPI(bctx, cfg.Templates, cfg.TemplateDir)
+		if cfg.Builds == nil {
+			// The daemon's store keeps both.
+			cfg.Builds, _ = cfg.Store.(BuildStore)
+		}
+		if cfg.Builds != nil {
+			s.tpl = newTemplateAPI(bctx, cfg.Templates, cfg.Builds, cfg.TemplateDir, cfg.Logger)
+		}
 	}
 	s.routes()
 	return s

@@ -37,6 +37,11 @@ type fakeBuilder struct {
 	fail   error
 	built  map[string]bool
 	copies [][2]string
+	// logf, when set, writes the build's log instead of the default.
+	logf func(io.Writer)
+	// block, when set, holds every build (after its log) until it
+	// yields the build's result.
+	block chan error
 }
 
 func (f *fakeBuilder) BuildPlan(_ context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
@@ -52,8 +57,24 @@ func (f *fakeBuilder) BuildPlan(_ context.Context, req dockerfile.Request, log i
 		}
 		return nil
 	})
-	fmt.Fprintln(log, "step one")
-	fmt.Fprint(log, "partial line")
+	logf, block := f.logf, f.block
+	if logf == nil {
+		logf = func(w io.Writer) {
+			fmt.Fprintln(w, "step one")
+			fmt.Fprint(w, "partial line")
+		}
+	}
+	if block != nil {
+		f.mu.Unlock()
+		logf(log)
+		err := <-block
+		f.mu.Lock()
+		if err != nil {
+			return template.Template{}, err
+		}
+	} else {
+		logf(log)
+	}
 	if f.fail != nil {
 		return template.Template{}, f.fail
 	}
@@ -85,8 +106,15 @@ func newTemplateServer(t *testing.T, b *fakeBuilder) (srv *Server, admin, user s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
+	return newTemplateServerOn(t, b, db, t.TempDir())
+}
+
+// newTemplateServerOn serves the template API on db and dir, as a daemon
+// started (or restarted) on them would.
+func newTemplateServerOn(t *testing.T, b *fakeBuilder, db *store.DB, dir string) (srv *Server, admin, user string) {
+	t.Helper()
 	keys := NewKeys(db)
-	_, admin, err = keys.CreateWith(t.Context(), "admin", true, core.Quota{})
+	_, admin, err := keys.CreateWith(t.Context(), "admin", true, core.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +123,7 @@ func newTemplateServer(t *testing.T, b *fakeBuilder) (srv *Server, admin, user s
 		t.Fatal(err)
 	}
 	srv = New(Config{Manager: &fakeManager{sbs: map[string]sandbox.Sandbox{}}, Store: db, Keys: keys,
-		Templates: b, TemplateDir: t.TempDir(), BuildContext: t.Context()})
+		Templates: b, TemplateDir: dir, BuildContext: t.Context()})
 	return srv, admin, user
 }
 

@@ -91,6 +91,10 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
+	if err := migrateBuilds(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
 	// Readers: WAL (set above, persistent in the file) lets them read
 	// the last commit while the writer writes; query_only keeps them
 	// readers.
