@@ -272,10 +272,12 @@ func (t *templateAPI) plan(job core.TemplateBuild, in triggerBody) (dockerfile.R
 			return fail(fmt.Errorf("step %d (%s): %w", i+1, st.Type, err))
 		}
 		step.Line = i + 1
+		// The SDK marks every step from skipCache() on: the builder
+		// rebuilds from the first one marked, and takes those before
+		// from the cache. (The template's own force, skipCache()
+		// before its base or build's skipCache option, is NoCache.)
+		step.NoCache = st.Force
 		plan.Steps = append(plan.Steps, step)
-		// skipCache() on a step rebuilds it and what follows; the
-		// builder's cache switch is per build.
-		req.NoCache = req.NoCache || st.Force
 	}
 	req.Plan = plan
 	return req, dir, nil
