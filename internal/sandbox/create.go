@@ -144,6 +144,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		AgentPath:   m.cfg.AgentPath,
 		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
 		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
+		AllowSetuid: e.rec.AllowSudo,
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
 		// before the agent starts. The hook runs within Runtime.Create,
@@ -294,6 +295,7 @@ func (m *Manager) newRecord(req CreateRequest, template, iso string, now time.Ti
 		User:           req.User,
 		Isolation:      iso,
 		RuntimeVersion: m.runtimeVersion(iso),
+		AllowSudo:      req.AllowSudo,
 		Token:          newToken(),
 		CreatedAt:      now,
 	}

@@ -415,6 +415,7 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		AgentPath:   m.cfg.AgentPath,
 		AgentArgs:   agentArgs(e.rec),
 		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		AllowSetuid: e.rec.AllowSudo,
 		BeforeStart: func(bctx context.Context, pid int) error {
 			u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
 			nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"
