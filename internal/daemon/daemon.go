@@ -99,6 +99,10 @@ type Config struct {
 	// SDK's default on every create) means: "open" (the internet, within
 	// the egress ceiling; the default) or "none" (no egress at all).
 	E2BDefaultNetwork string `json:"e2b_default_network" yaml:"e2b_default_network"`
+	// E2BNoSudo turns off what E2B's templates promise and E2B sandboxes
+	// get by default: sudo for their user (allow_sudo, see
+	// docs/security.md). Native creates ask for it themselves.
+	E2BNoSudo bool `json:"e2b_no_sudo" yaml:"e2b_no_sudo"`
 	// PreviewListen are the addresses where preview hosts
 	// ("<port>-<sandbox>.<E2BDomain>", what sandbox.getHost(port) names,
 	// without the API's port) are served over plain HTTP; default
@@ -392,8 +396,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
-		DefaultNetwork: cfg.E2BDefaultNetwork,
-		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
+		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
+		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.

@@ -68,6 +68,11 @@ type Config struct {
 	// (or empty: the internet, within the operator's egress ceiling) or
 	// "none" (no egress; allowOut entries are still let out).
 	DefaultNetwork string
+	// NoSudo creates E2B sandboxes with no_new_privs like native ones.
+	// By default they get sandbox.CreateRequest.AllowSudo: E2B's base
+	// image lets its user sudo, and E2B's SDK tests and users' agents
+	// rely on it.
+	NoSudo bool
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
 	// MetricsInterval is how often RecordMetrics samples each sandbox
