@@ -70,9 +70,8 @@ type Instance struct {
 	// sandbox alive at its pids limit; the pids cases are skipped with it.
 	PidsLimitGap string
 	// SetuidGap, when set, says why a set-user-ID program does not raise
-	// a process even with Spec.AllowSetuid; the raising half of
-	// SetuidContained is skipped with it (the half without must still
-	// hold).
+	// a process even with Spec.AllowSetuid; SetuidContained then expects
+	// no raise either way (the sandbox must still run).
 	SetuidGap string
 	// Checkpoints says the backend can checkpoint and restore; one that
 	// cannot must refuse with ErrNotImplemented.
@@ -640,8 +639,11 @@ func testSetuidContained(t *testing.T, h Harness) {
 	}
 	for _, allow := range []bool{false, true} {
 		t.Run(fmt.Sprint("allow=", allow), func(t *testing.T) {
-			if allow && inst.SetuidGap != "" {
-				t.Skip(inst.SetuidGap)
+			// A backend with a gap still runs the sandbox; the program
+			// just does not raise.
+			raises := allow && inst.SetuidGap == ""
+			if allow && !raises {
+				t.Log(inst.SetuidGap)
 			}
 			id := NewID()
 			spec := h.Spec(t, id)
@@ -704,8 +706,10 @@ func testSetuidContained(t *testing.T, h Harness) {
 				}
 			}
 			// Without a host view, the FIFO's appearing says the raised
-			// process is about to hold.
-			if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "i=0; while [ ! -p /tmp/hold ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; echo > /tmp/hold"); err != nil {
+			// process is about to hold. Opening it for writing, without
+			// writing, releases it (a write could meet a reader already
+			// gone: SIGPIPE).
+			if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "i=0; while [ ! -p /tmp/hold ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; : > /tmp/hold"); err != nil {
 				t.Fatalf("release: %v: %s", err, out)
 			}
 			var r execResult
@@ -715,7 +719,7 @@ func testSetuidContained(t *testing.T, h Harness) {
 				t.Fatal("the raised process did not end once released")
 			}
 			want := "ruid=1000 euid=1000"
-			if allow {
+			if raises {
 				want = "ruid=1000 euid=0"
 			}
 			if r.err != nil || !strings.Contains(string(r.out), want) {
