@@ -235,6 +235,14 @@ test('steps that need the internet fail under the build network, naming what it 
   })
 })
 
+test('user can sudo in an E2B sandbox, as on E2B\'s base image', { skip }, async () => {
+  const sbx = await sandbox('base')
+  assert.equal(await sh(sbx, 'whoami'), 'user\n')
+  assert.equal(await sh(sbx, 'sudo -n id -u'), '0\n')
+  // apt-get as the SDK's users run it (the install itself needs a mirror).
+  assert.equal(await sh(sbx, 'sudo -n test -w /var/lib/dpkg && echo writable'), 'writable\n')
+})
+
 test('template builds need an admin key; what Berth lacks answers 501', { skip }, async () => {
   await assert.rejects(Template.build(Template().fromBaseImage(), `${baseName}-nokey`), /admin API key/)
   const withCreds = Template().fromImage(image, { username: 'u', password: 'p' })
