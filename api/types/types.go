@@ -111,6 +111,11 @@ type CreateRequest struct {
 	// Isolation is the level to run at (IsolationRunc, IsolationGVisor);
 	// empty takes the template's default, then the daemon's.
 	Isolation string `json:"isolation,omitempty"`
+	// AllowSudo lets set-user-ID programs such as sudo raise a process
+	// to the sandbox's root, which stays inside the sandbox's user
+	// namespace (never host root). Off, every process in the sandbox has
+	// no_new_privs. docs/security.md says what it opens.
+	AllowSudo bool `json:"allow_sudo,omitempty"`
 	// Snapshot makes the sandbox from a snapshot (its files, and the
 	// template, isolation, limits, env, labels, user and network policy
 	// the request leaves unset).
@@ -179,7 +184,9 @@ type Sandbox struct {
 	OnTimeout  string `json:"on_timeout,omitempty"`
 	AutoResume bool   `json:"auto_resume,omitempty"`
 	IdlePause  string `json:"idle_pause,omitempty"`
-	Usage      *Usage `json:"usage,omitempty"`
+	// AllowSudo is as created.
+	AllowSudo bool   `json:"allow_sudo,omitempty"`
+	Usage     *Usage `json:"usage,omitempty"`
 	// Network is where a live sandbox sits on the host's network (get and
 	// inspect only).
 	Network *SandboxNetwork `json:"network,omitempty"`

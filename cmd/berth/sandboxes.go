@@ -126,6 +126,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")
+	f.BoolVar(&req.AllowSudo, "allow-sudo", false, "let set-user-ID programs (sudo) raise processes to the sandbox's root, inside its user namespace (off: no_new_privs)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause the sandbox once it has had no request, no open stream and under 1% CPU this long")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")

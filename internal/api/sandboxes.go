@@ -50,6 +50,7 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 		Isolation: s.Isolation, RuntimeVersion: s.RuntimeVersion,
 	}
 	out.Pause, out.OnTimeout, out.AutoResume = s.Pause, s.OnTimeout, s.AutoResume
+	out.AllowSudo = s.AllowSudo
 	if s.IdlePause > 0 {
 		out.IdlePause = s.IdlePause.String()
 	}
@@ -89,6 +90,7 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		out.Network = &p
 	}
 	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
+	out.AllowSudo = in.AllowSudo
 	if in.IdlePause != "" {
 		var err error
 		if out.IdlePause, err = units.ParseDuration(in.IdlePause); err != nil {

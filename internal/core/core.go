@@ -56,6 +56,9 @@ type Sandbox struct {
 	// RuntimeVersion names the runtime build the sandbox was created
 	// under ("runc 1.1.5", "runsc 0.0~20221219.0 (ptrace)").
 	RuntimeVersion string
+	// AllowSudo lets set-user-ID programs (sudo) raise a process to the
+	// sandbox's root, inside its user namespace: no_new_privs is off.
+	AllowSudo bool
 }
 
 // Isolation levels: each is one runtime backend the daemon may offer.

@@ -99,6 +99,10 @@ type Config struct {
 	// SDK's default on every create) means: "open" (the internet, within
 	// the egress ceiling; the default) or "none" (no egress at all).
 	E2BDefaultNetwork string `json:"e2b_default_network" yaml:"e2b_default_network"`
+	// E2BNoSudo turns off what E2B's templates promise and E2B sandboxes
+	// get by default: sudo for their user (allow_sudo, see
+	// docs/security.md). Native creates ask for it themselves.
+	E2BNoSudo bool `json:"e2b_no_sudo" yaml:"e2b_no_sudo"`
 	// PreviewListen are the addresses where preview hosts
 	// ("<port>-<sandbox>.<E2BDomain>", what sandbox.getHost(port) names,
 	// without the API's port) are served over plain HTTP; default
@@ -386,20 +390,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	go recs.run(rctx)
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
-	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg)}}
+	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg), records: recs}}
 	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
-		DefaultNetwork: cfg.E2BDefaultNetwork,
-		Templates:      e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), BuildContext: ctx,
+		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
+		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
 		Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	// getMetrics({start, end}) reads the history this keeps.
 	mctx, stopMetrics := context.WithCancel(ctx)
 	defer stopMetrics()
 	go root.RecordMetrics(mctx)
+	go root.SweepUploads(mctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -25,12 +25,19 @@ import (
 // buildRunner runs a Dockerfile's RUN steps, each in a build sandbox of
 // its own (dockerfile.Runner): a sandbox stacked on the layers so far,
 // under the build network policy, whose writable layer is frozen into the
-// step's layer once the command exits 0. The sandbox is destroyed after.
+// step's layer once the command exits 0. The sandbox is destroyed after
+// and its record removed with its logs, whether the step worked or not: a
+// build's sandboxes are its own business, not entries for `berth ls` or
+// E2B's Sandbox.list.
 type buildRunner struct {
 	mgr      *sandbox.Manager
 	link     *agentlink.Link
 	stateDir string
 	network  policy.Policy
+	// records removes an ended sandbox's record and logs.
+	records interface {
+		remove(ctx context.Context, id string) error
+	}
 }
 
 // buildTemplate is the template whose settings (isolation) build
@@ -86,9 +93,17 @@ func (b *buildRunner) Run(ctx context.Context, layers []string, c dockerfile.Com
 	if sb.ID != "" {
 		id = sb.ID
 	}
-	if id != "" && err == nil {
-		if derr := b.mgr.Destroy(context.WithoutCancel(ctx), id, "build step done"); derr != nil {
-			return derr
+	if id != "" {
+		// A failed create has ended the sandbox already; a destroy
+		// that fails leaves the record to say what was left.
+		dctx := context.WithoutCancel(ctx)
+		if err == nil {
+			if derr := b.mgr.Destroy(dctx, id, "build step done"); derr != nil {
+				return derr
+			}
+		}
+		if rerr := b.records.remove(dctx, id); rerr != nil && err == nil {
+			return fmt.Errorf("remove the record of build sandbox %s: %w", id, rerr)
 		}
 	}
 	if err != nil {

@@ -2,6 +2,7 @@ package dockerfile
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -437,6 +438,4 @@ func stepKey(parent, what, nonce string) string {
 	return hex.EncodeToString(sum[:])
 }
 
-func randNonce() string {
-	return strconv.FormatInt(time.Now().UnixNano(), 36)
-}
+func randNonce() string { return rand.Text() }

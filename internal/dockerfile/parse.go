@@ -77,6 +77,10 @@ type Step struct {
 	// Text is the instruction as written (continuations joined).
 	Text string
 	Cmd  instructions.Command
+	// NoCache rebuilds this step and every one after it, wherever the
+	// cache has them (E2B's skipCache() from a point of the template
+	// on); the steps before still come from the cache.
+	NoCache bool
 }
 
 // LineError is a bad instruction: invalid_argument, naming the line.

@@ -96,6 +96,11 @@ func (b *builder) stage(ctx context.Context, sp *Plan) (*stageResult, error) {
 		return w, err
 	}
 	for _, step := range plan.Steps {
+		if step.NoCache && nonce == "" {
+			// From here on every key is new; later stages too.
+			nonce = randNonce()
+			b.nonce = nonce
+		}
 		b.n++
 		fmt.Fprintf(log, "#%d/%d [%s] %s\n", b.n, b.total, plan.where(step.Line), shorten(step.Text))
 		fail := func(err error) (*stageResult, error) {

@@ -68,6 +68,11 @@ type Config struct {
 	// (or empty: the internet, within the operator's egress ceiling) or
 	// "none" (no egress; allowOut entries are still let out).
 	DefaultNetwork string
+	// NoSudo creates E2B sandboxes with no_new_privs like native ones.
+	// By default they get sandbox.CreateRequest.AllowSudo: E2B's base
+	// image lets its user sudo, and E2B's SDK tests and users' agents
+	// rely on it.
+	NoSudo bool
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
 	// MetricsInterval is how often RecordMetrics samples each sandbox
@@ -77,6 +82,9 @@ type Config struct {
 	// its uploads and tags kept in TemplateDir.
 	Templates   TemplateBuilder
 	TemplateDir string
+	// Builds keeps the template builds and their logs; without it (and
+	// a Store that keeps them) the template API answers 501.
+	Builds BuildStore
 	// BuildContext bounds the builds the template API runs in the
 	// background (the daemon's lifetime).
 	BuildContext context.Context
@@ -119,7 +127,13 @@ func New(cfg Config) *Server {
 		if bctx == nil {
 			bctx = context.Background()
 		}
-		s.tpl = newTemplateAPI(bctx, cfg.Templates, cfg.TemplateDir)
+		if cfg.Builds == nil {
+			// The daemon's store keeps both.
+			cfg.Builds, _ = cfg.Store.(BuildStore)
+		}
+		if cfg.Builds != nil {
+			s.tpl = newTemplateAPI(bctx, cfg.Templates, cfg.Builds, cfg.TemplateDir, cfg.Logger)
+		}
 	}
 	s.routes()
 	return s

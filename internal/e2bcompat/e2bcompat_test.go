@@ -583,3 +583,23 @@ func TestEgressPolicyDefaultNetworkNone(t *testing.T) {
 		t.Errorf("egressPolicy(internet, open) = %+v, internet %v, %v; want mode open", p, internet, err)
 	}
 }
+
+// TestCreateAllowsSudo: E2B sandboxes get sudo for their user (as E2B's
+// base image gives it), unless the operator turned it off.
+func TestCreateAllowsSudo(t *testing.T) {
+	for _, noSudo := range []bool{false, true} {
+		mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+		srv, key, _ := newTestServer(t, mgr)
+		srv.cfg.NoSudo = noSudo
+		req := httptest.NewRequest("POST", "/v2/sandboxes", strings.NewReader(`{"templateID":"base"}`))
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 201 {
+			t.Fatalf("create = %d %s", w.Code, w.Body)
+		}
+		if mgr.lastCreate.AllowSudo == noSudo {
+			t.Errorf("NoSudo %v: create asked AllowSudo %v", noSudo, mgr.lastCreate.AllowSudo)
+		}
+	}
+}

@@ -1,25 +1,20 @@
 package e2bcompat
 
 import (
-	"bufio"
-	"compress/gzip"
 	"context"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,6 +22,7 @@ import (
 	"github.com/moby/buildkit/frontend/dockerfile/instructions"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
 	"github.com/berth-sandbox/berth/internal/template"
 )
@@ -72,9 +68,19 @@ type templateAPI struct {
 	// secret signs upload links (they carry no API key).
 	secret []byte
 	ctx    context.Context
+	// store keeps the builds and their logs (builds.go).
+	store BuildStore
+	log   *slog.Logger
 
-	mu     sync.Mutex
-	builds map[string]*buildJob
+	// mu guards tags.json and what follows.
+	mu sync.Mutex
+	// starting holds the builds whose trigger is being handled, so a
+	// second trigger of one is refused.
+	starting map[string]bool
+	// waiting counts each name's builds requested and not yet
+	// triggered, and files the uploads (uploads.go).
+	waiting map[string]int
+	files   map[string]*upload
 }
 
 // tagEntry is what one NAME:TAG names.
@@ -84,35 +90,19 @@ type tagEntry struct {
 	Created  time.Time `json:"created"`
 }
 
-// buildJob is one requested build.
-type buildJob struct {
-	name     string // E2B name (the templateID Berth answers)
-	id       string
-	tags     []string
-	target   string // Berth template it writes
-	status   string // waiting, building, ready, error
-	entries  []logEntry
-	reason   *buildReason
-	triggerd bool
-}
-
-type logEntry struct {
-	Timestamp string `json:"timestamp"`
-	Level     string `json:"level"`
-	Message   string `json:"message"`
-	Step      string `json:"step,omitempty"`
-}
-
-type buildReason struct {
-	Message    string     `json:"message"`
-	Step       string     `json:"step,omitempty"`
-	LogEntries []logEntry `json:"logEntries"`
-}
-
-func newTemplateAPI(ctx context.Context, b TemplateBuilder, dir string) *templateAPI {
+func newTemplateAPI(ctx context.Context, b TemplateBuilder, st BuildStore, dir string, log *slog.Logger) *templateAPI {
 	secret := make([]byte, 32)
 	_, _ = rand.Read(secret)
-	return &templateAPI{b: b, dir: dir, secret: secret, ctx: ctx, builds: map[string]*buildJob{}}
+	t := &templateAPI{b: b, dir: dir, secret: secret, ctx: ctx, store: st, log: log,
+		starting: map[string]bool{}, waiting: map[string]int{}, files: map[string]*upload{}}
+	// A build that was running when the daemon died ran in it: say so.
+	if n, err := st.InterruptBuilds(ctx, interruptedReason, time.Now().UTC()); err != nil {
+		log.Error("interrupt_builds", "err", err)
+	} else if n > 0 {
+		log.Info("builds_interrupted", "builds", n)
+	}
+	t.adoptUploads()
+	return t
 }
 
 func (s *Server) templateRoutes() {
@@ -206,142 +196,6 @@ func (t *templateAPI) resolve(ref string) (string, bool) {
 	return e.Template, ok
 }
 
-type requestBody struct {
-	Name     string   `json:"name"`
-	Tags     []string `json:"tags"`
-	CPUCount *int     `json:"cpuCount"`
-	MemoryMB *int     `json:"memoryMB"`
-}
-
-// request answers POST /v3/templates: a build, waiting for its trigger.
-func (t *templateAPI) request(w http.ResponseWriter, r *http.Request) {
-	var in requestBody
-	if err := decode(r, &in); err != nil {
-		writeErr(w, err)
-		return
-	}
-	name, tag, err := splitName(in.Name)
-	if err != nil {
-		writeErr(w, fmt.Errorf("name: %w", err))
-		return
-	}
-	tags := slices.Clone(in.Tags)
-	if tag != "" {
-		tags = append(tags, tag)
-	}
-	if msg := badTag(tags); msg != "" {
-		writeError(w, http.StatusBadRequest, msg)
-		return
-	}
-	if len(tags) == 0 {
-		tags = []string{defaultTag}
-	}
-	slices.Sort(tags)
-	tags = slices.Compact(tags)
-	job := &buildJob{name: name, id: newBuildID(), tags: tags, status: "waiting"}
-	job.target = name
-	if !slices.Contains(tags, defaultTag) {
-		job.target = name + "-" + job.id[:8]
-		if err := template.ValidName(job.target); err != nil {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("name %q: at most 54 characters when the build has no default tag (its template is NAME-<build>)", name))
-			return
-		}
-	}
-	t.mu.Lock()
-	t.builds[job.id] = job
-	t.mu.Unlock()
-	writeJSON(w, http.StatusAccepted, map[string]any{
-		"templateID": name, "buildID": job.id, "public": false,
-		"aliases": []string{name}, "names": []string{name}, "tags": tags,
-	})
-}
-
-func newBuildID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	h := hex.EncodeToString(b)
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
-
-func (t *templateAPI) uploadPath(hash string) string {
-	return filepath.Join(t.dir, "files", hash)
-}
-
-func (t *templateAPI) sign(name, hash string, expires int64) string {
-	m := hmac.New(sha256.New, t.secret)
-	fmt.Fprintf(m, "%s\x00%s\x00%d", name, hash, expires)
-	return hex.EncodeToString(m.Sum(nil))
-}
-
-// uploadLink answers GET /templates/{id}/files/{hash}: present, or a link
-// (on this daemon, signed, for an hour) to PUT the files' tar to.
-func (t *templateAPI) uploadLink(w http.ResponseWriter, r *http.Request) {
-	name, hash := r.PathValue("templateID"), r.PathValue("hash")
-	if err := template.ValidName(name); err != nil {
-		writeErr(w, fmt.Errorf("templateID: %w", err))
-		return
-	}
-	if !validHash.MatchString(hash) {
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("hash %q: want 64 lowercase hex digits", hash))
-		return
-	}
-	if _, err := os.Stat(t.uploadPath(hash)); err == nil {
-		writeJSON(w, http.StatusCreated, map[string]any{"present": true})
-		return
-	}
-	scheme := "http"
-	if r.TLS != nil {
-		scheme = "https"
-	}
-	exp := time.Now().Add(uploadLinkTTL).Unix()
-	url := fmt.Sprintf("%s://%s/templates/%s/files/%s?expires=%d&signature=%s", scheme, r.Host, name, hash, exp, t.sign(name, hash, exp))
-	writeJSON(w, http.StatusCreated, map[string]any{"present": false, "url": url})
-}
-
-// upload answers the PUT of an upload link: the signature is its only
-// authentication. The tar (gzipped or not) is stored under its hash.
-func (t *templateAPI) upload(w http.ResponseWriter, r *http.Request) {
-	name, hash := r.PathValue("templateID"), r.PathValue("hash")
-	exp, err := strconv.ParseInt(r.URL.Query().Get("expires"), 10, 64)
-	if err != nil || !validHash.MatchString(hash) ||
-		!hmac.Equal([]byte(r.URL.Query().Get("signature")), []byte(t.sign(name, hash, exp))) {
-		writeError(w, http.StatusForbidden, "upload link: bad or missing signature (ask GET /templates/{templateID}/files/{hash} for a link)")
-		return
-	}
-	if time.Now().Unix() > exp {
-		writeError(w, http.StatusForbidden, "upload link expired: ask for a new one")
-		return
-	}
-	if err := os.MkdirAll(filepath.Dir(t.uploadPath(hash)), 0o700); err != nil {
-		writeErr(w, err)
-		return
-	}
-	f, err := os.CreateTemp(filepath.Dir(t.uploadPath(hash)), ".upload-")
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	defer os.Remove(f.Name())
-	n, err := io.Copy(f, io.LimitReader(r.Body, dockerfile.MaxContext+1))
-	if err == nil && n > dockerfile.MaxContext {
-		err = fmt.Errorf("upload is larger than %d bytes: %w", int64(dockerfile.MaxContext), errdefs.ErrInvalidArgument)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), t.uploadPath(hash))
-	}
-	if err != nil {
-		writeErr(w, err)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
-}
-
 // stepBody is one of the SDK's serialized instructions.
 type stepBody struct {
 	Type      string   `json:"type"`
@@ -363,50 +217,11 @@ type triggerBody struct {
 // errNotImplemented marks what the trigger cannot do (501).
 var errNotImplemented = errors.New("not implemented by Berth")
 
-// trigger answers POST /v2/templates/{id}/builds/{build}: the steps, run
-// in the background.
-func (t *templateAPI) trigger(w http.ResponseWriter, r *http.Request) {
-	t.mu.Lock()
-	job := t.builds[r.PathValue("buildID")]
-	ok := job != nil && job.name == r.PathValue("templateID") && !job.triggerd
-	if ok {
-		job.triggerd = true
-	}
-	t.mu.Unlock()
-	if !ok {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("build %q of template %q not found, or already started", r.PathValue("buildID"), r.PathValue("templateID")))
-		return
-	}
-	var in triggerBody
-	err := decode(r, &in)
-	var req dockerfile.Request
-	var ctxDir string
-	if err == nil {
-		req, ctxDir, err = t.plan(job, in)
-	}
-	if err != nil {
-		t.mu.Lock()
-		job.triggerd = false
-		t.mu.Unlock()
-		if errors.Is(err, errNotImplemented) {
-			writeError(w, http.StatusNotImplemented, err.Error())
-			return
-		}
-		writeErr(w, err)
-		return
-	}
-	t.mu.Lock()
-	job.status = "building"
-	t.mu.Unlock()
-	go t.run(job, req, ctxDir)
-	w.WriteHeader(http.StatusAccepted)
-}
-
 // plan turns the SDK's template into a build request; its copy steps'
 // uploads are unpacked into a context directory, each under its hash.
-func (t *templateAPI) plan(job *buildJob, in triggerBody) (dockerfile.Request, string, error) {
+func (t *templateAPI) plan(job core.TemplateBuild, in triggerBody) (dockerfile.Request, string, error) {
 	req := dockerfile.Request{
-		Name: job.target, Dockerfile: "e2b build " + job.id, NoCache: in.Force,
+		Name: job.Target, Dockerfile: "e2b build " + job.ID, NoCache: in.Force,
 		PreferUser: DefaultUser,
 	}
 	if len(in.FromImageRegistry) > 0 && string(in.FromImageRegistry) != "null" {
@@ -457,10 +272,12 @@ func (t *templateAPI) plan(job *buildJob, in triggerBody) (dockerfile.Request, s
 			return fail(fmt.Errorf("step %d (%s): %w", i+1, st.Type, err))
 		}
 		step.Line = i + 1
+		// The SDK marks every step from skipCache() on: the builder
+		// rebuilds from the first one marked, and takes those before
+		// from the cache. (The template's own force, skipCache()
+		// before its base or build's skipCache option, is NoCache.)
+		step.NoCache = st.Force
 		plan.Steps = append(plan.Steps, step)
-		// skipCache() on a step rebuilds it and what follows; the
-		// builder's cache switch is per build.
-		req.NoCache = req.NoCache || st.Force
 	}
 	req.Plan = plan
 	return req, dir, nil
@@ -510,60 +327,6 @@ func (t *templateAPI) step(dir string, st stepBody) (dockerfile.Step, error) {
 	return dockerfile.Step{}, fmt.Errorf("step type %q is %w", st.Type, errNotImplemented)
 }
 
-// unpack extracts the upload hash into dir/hash, once.
-func (t *templateAPI) unpack(dir, hash string) error {
-	dst := filepath.Join(dir, hash)
-	if _, err := os.Stat(dst); err == nil {
-		return nil
-	}
-	f, err := os.Open(t.uploadPath(hash))
-	if errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("the files of hash %s were not uploaded (GET /templates/{templateID}/files/%s gives the link): %w", hash, hash, errdefs.ErrFailedPrecondition)
-	}
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := os.Mkdir(dst, 0o755); err != nil {
-		return err
-	}
-	rd, err := maybeGunzip(f)
-	if err != nil {
-		return fmt.Errorf("upload %s: %v: %w", hash, err, errdefs.ErrInvalidArgument)
-	}
-	return dockerfile.ExtractContext(rd, dst)
-}
-
-// run runs a triggered build and records its end.
-func (t *templateAPI) run(job *buildJob, req dockerfile.Request, ctxDir string) {
-	defer os.RemoveAll(ctxDir)
-	lw := &jobLog{t: t, job: job}
-	_, err := t.b.BuildPlan(t.ctx, req, lw)
-	lw.flush()
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if err == nil {
-		err = t.tagLocked(job.name, job.tags, tagEntry{BuildID: job.id, Template: job.target, Created: time.Now().UTC()})
-	}
-	if err != nil {
-		step := ""
-		var se *dockerfile.StepError
-		if errors.As(err, &se) {
-			step = "base"
-			if se.Line > 0 {
-				step = strconv.Itoa(se.Line)
-			}
-		}
-		msg := err.Error()
-		job.entries = append(job.entries, logEntry{Timestamp: now(), Level: "error", Message: msg, Step: step})
-		tail := job.entries[max(0, len(job.entries)-20):]
-		job.reason = &buildReason{Message: msg, Step: step, LogEntries: append([]logEntry{}, tail...)}
-		job.status = "error"
-		return
-	}
-	job.status = "ready"
-}
-
 // tagLocked points name's tags at e. The caller holds mu.
 func (t *templateAPI) tagLocked(name string, tags []string, e tagEntry) error {
 	all, err := t.loadTags()
@@ -577,77 +340,6 @@ func (t *templateAPI) tagLocked(name string, tags []string, e tagEntry) error {
 		all[name][tg] = e
 	}
 	return t.saveTags(all)
-}
-
-func now() string { return time.Now().UTC().Format(time.RFC3339Nano) }
-
-// jobLog turns a build's log into E2B log entries, a line each.
-type jobLog struct {
-	t       *templateAPI
-	job     *buildJob
-	partial []byte
-}
-
-func (l *jobLog) Write(p []byte) (int, error) {
-	l.partial = append(l.partial, p...)
-	for {
-		i := slices.Index(l.partial, '\n')
-		if i < 0 {
-			break
-		}
-		l.add(string(l.partial[:i]))
-		l.partial = l.partial[i+1:]
-	}
-	return len(p), nil
-}
-
-func (l *jobLog) flush() {
-	if len(l.partial) > 0 {
-		l.add(string(l.partial))
-		l.partial = nil
-	}
-}
-
-func (l *jobLog) add(line string) {
-	l.t.mu.Lock()
-	defer l.t.mu.Unlock()
-	l.job.entries = append(l.job.entries, logEntry{Timestamp: now(), Level: "info", Message: line})
-}
-
-// status answers GET /templates/{id}/builds/{build}/status: the state and
-// the log entries from ?logsOffset= on.
-func (t *templateAPI) status(w http.ResponseWriter, r *http.Request) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	job := t.builds[r.PathValue("buildID")]
-	if job == nil || job.name != r.PathValue("templateID") {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("build %q of template %q not found (builds are kept until the daemon restarts)", r.PathValue("buildID"), r.PathValue("templateID")))
-		return
-	}
-	off := 0
-	if v := r.URL.Query().Get("logsOffset"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("logsOffset %q: want a number >= 0", v))
-			return
-		}
-		off = min(n, len(job.entries))
-	}
-	// Never null: the SDK maps logEntries without a nil check, and a
-	// build polled before its first log line has none yet.
-	entries := append([]logEntry{}, job.entries[off:]...)
-	logs := make([]string, len(entries))
-	for i, e := range entries {
-		logs[i] = e.Message
-	}
-	body := map[string]any{
-		"templateID": job.name, "buildID": job.id, "status": job.status,
-		"logEntries": entries, "logs": logs,
-	}
-	if job.reason != nil {
-		body["reason"] = job.reason
-	}
-	writeJSON(w, http.StatusOK, body)
 }
 
 // aliasOrTags answers GET /templates/aliases/{alias} (Template.exists) and
@@ -835,15 +527,4 @@ func badTag(tags []string) string {
 		}
 	}
 	return ""
-}
-
-// maybeGunzip reads r as gzip when it starts like gzip (the SDK gzips
-// uploads unless told not to).
-func maybeGunzip(r io.Reader) (io.Reader, error) {
-	br := bufio.NewReader(r)
-	magic, err := br.Peek(2)
-	if err == nil && magic[0] == 0x1f && magic[1] == 0x8b {
-		return gzip.NewReader(br)
-	}
-	return br, nil
 }

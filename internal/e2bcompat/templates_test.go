@@ -37,6 +37,11 @@ type fakeBuilder struct {
 	fail   error
 	built  map[string]bool
 	copies [][2]string
+	// logf, when set, writes the build's log instead of the default.
+	logf func(io.Writer)
+	// block, when set, holds every build (after its log) until it
+	// yields the build's result.
+	block chan error
 }
 
 func (f *fakeBuilder) BuildPlan(_ context.Context, req dockerfile.Request, log io.Writer) (template.Template, error) {
@@ -52,8 +57,24 @@ func (f *fakeBuilder) BuildPlan(_ context.Context, req dockerfile.Request, log i
 		}
 		return nil
 	})
-	fmt.Fprintln(log, "step one")
-	fmt.Fprint(log, "partial line")
+	logf, block := f.logf, f.block
+	if logf == nil {
+		logf = func(w io.Writer) {
+			fmt.Fprintln(w, "step one")
+			fmt.Fprint(w, "partial line")
+		}
+	}
+	if block != nil {
+		f.mu.Unlock()
+		logf(log)
+		err := <-block
+		f.mu.Lock()
+		if err != nil {
+			return template.Template{}, err
+		}
+	} else {
+		logf(log)
+	}
 	if f.fail != nil {
 		return template.Template{}, f.fail
 	}
@@ -85,8 +106,15 @@ func newTemplateServer(t *testing.T, b *fakeBuilder) (srv *Server, admin, user s
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
+	return newTemplateServerOn(t, b, db, t.TempDir())
+}
+
+// newTemplateServerOn serves the template API on db and dir, as a daemon
+// started (or restarted) on them would.
+func newTemplateServerOn(t *testing.T, b *fakeBuilder, db *store.DB, dir string) (srv *Server, admin, user string) {
+	t.Helper()
 	keys := NewKeys(db)
-	_, admin, err = keys.CreateWith(t.Context(), "admin", true, core.Quota{})
+	_, admin, err := keys.CreateWith(t.Context(), "admin", true, core.Quota{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +123,7 @@ func newTemplateServer(t *testing.T, b *fakeBuilder) (srv *Server, admin, user s
 		t.Fatal(err)
 	}
 	srv = New(Config{Manager: &fakeManager{sbs: map[string]sandbox.Sandbox{}}, Store: db, Keys: keys,
-		Templates: b, TemplateDir: t.TempDir(), BuildContext: t.Context()})
+		Templates: b, TemplateDir: dir, BuildContext: t.Context()})
 	return srv, admin, user
 }
 
@@ -223,7 +251,9 @@ func TestTemplateBuildFlow(t *testing.T) {
 		}
 
 		req := b.reqs[0]
-		if req.Name != "app-"+buildID[:8] || req.PreferUser != "user" || !req.NoCache || req.Plan.FromRef != "berth:base" {
+		// skipCache() before the last step marks only it: the build
+		// itself keeps its cache.
+		if req.Name != "app-"+buildID[:8] || req.PreferUser != "user" || req.NoCache || req.Plan.FromRef != "berth:base" {
 			t.Errorf("request: name %q prefer %q nocache %v from %q", req.Name, req.PreferUser, req.NoCache, req.Plan.FromRef)
 		}
 		if req.Start.Cmd != "serve" || req.Start.Ready == nil || req.Start.Ready.Cmd != "test -f /ready" {
@@ -233,6 +263,11 @@ func TestTemplateBuildFlow(t *testing.T) {
 			t.Errorf("build context %v, want the upload under its hash", b.files)
 		}
 		steps := req.Plan.Steps
+		for i, st := range steps {
+			if st.NoCache != (i == 4) {
+				t.Errorf("step %d NoCache = %v, want only the forced step 5 marked", i+1, st.NoCache)
+			}
+		}
 		if c, ok := steps[0].Cmd.(*instructions.CopyCommand); !ok || c.SourcePaths[0] != hash+"/src" || c.DestPath != "/app/" || c.Chown != "user" || c.Chmod != "0755" {
 			t.Errorf("copy step %#v", steps[0].Cmd)
 		}

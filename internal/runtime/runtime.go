@@ -52,6 +52,12 @@ type Spec struct {
 	// will join (gVisor reads its interfaces when it starts, so they must
 	// be wired first); only its /proc/<pid>/ns/net is meaningful.
 	BeforeStart func(ctx context.Context, pid int) error
+	// AllowSetuid leaves no_new_privs off, so a set-user-ID program (sudo)
+	// can raise a process to the sandbox's root: root of the sandbox's
+	// user namespace, a host uid of its own range, with the same bounding
+	// set and seccomp filter as the agent. Off, every process in the
+	// sandbox has no_new_privs.
+	AllowSetuid bool
 }
 
 // Status is a backend's view of a sandbox's boundary.

@@ -145,6 +145,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
 		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
 		AgentPids:   agentPids(e.rec),
+		AllowSetuid: e.rec.AllowSudo,
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
 		// before the agent starts. The hook runs within Runtime.Create,
@@ -295,6 +296,7 @@ func (m *Manager) newRecord(req CreateRequest, template, iso string, now time.Ti
 		User:           req.User,
 		Isolation:      iso,
 		RuntimeVersion: m.runtimeVersion(iso),
+		AllowSudo:      req.AllowSudo,
 		Token:          newToken(),
 		CreatedAt:      now,
 	}

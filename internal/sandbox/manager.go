@@ -296,6 +296,9 @@ type CreateRequest struct {
 	Isolation string
 	// Quota bounds the live sandboxes of Owner (quota.go); zero: none.
 	Quota core.Quota
+	// AllowSudo lets set-user-ID programs raise privileges inside the
+	// sandbox's user namespace (runtime.Spec.AllowSetuid).
+	AllowSudo bool
 
 	// Snapshot, when set, makes the sandbox from that snapshot
 	// (snapshot.go): its layers, and whatever the request leaves unset.

@@ -416,6 +416,7 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		AgentArgs:   agentArgs(e.rec),
 		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
 		AgentPids:   agentPids(e.rec),
+		AllowSetuid: e.rec.AllowSudo,
 		BeforeStart: func(bctx context.Context, pid int) error {
 			u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
 			nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"

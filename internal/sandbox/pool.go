@@ -440,7 +440,8 @@ func (m *Manager) drainPools() {
 // claimable reports whether a create may take a pooled sandbox: it asks
 // for nothing a running sandbox cannot be given.
 func (m *Manager) claimable(req CreateRequest, p policy.Policy) bool {
-	if req.Layers != nil || req.Setup != nil {
+	// Pooled sandboxes run with no_new_privs, which cannot be lifted.
+	if req.Layers != nil || req.Setup != nil || req.AllowSudo {
 		return false
 	}
 	// Without egress services a policy other than none fails the create

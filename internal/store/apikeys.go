@@ -37,6 +37,7 @@ var sandboxColumns = []struct{ name, decl string }{
 	// Every sandbox before isolation levels ran under runc.
 	{"isolation", `TEXT NOT NULL DEFAULT 'runc'`},
 	{"runtime_version", `TEXT NOT NULL DEFAULT ''`},
+	{"allow_sudo", `INTEGER NOT NULL DEFAULT 0`},
 }
 
 // apiKeyColumns are the columns added to api_keys after its first schema

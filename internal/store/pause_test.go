@@ -21,19 +21,19 @@ func TestPauseFieldsRoundTrip(t *testing.T) {
 	ctx := t.Context()
 	s := core.Sandbox{ID: "p1", State: "paused", Template: "base", Token: "t", CreatedAt: time.Now().UTC(),
 		Pause: core.PauseMemory, Remaining: 90*time.Second + 5*time.Millisecond, OnTimeout: core.OnTimeoutPause, AutoResume: true,
-		IdlePause: 5 * time.Minute}
+		IdlePause: 5 * time.Minute, AllowSudo: true}
 	if err := db.PutSandbox(ctx, s); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.GetSandbox(ctx, "p1")
-	if err != nil || got.Pause != s.Pause || got.Remaining != s.Remaining || got.OnTimeout != s.OnTimeout || !got.AutoResume || !got.Deadline.IsZero() || got.IdlePause != s.IdlePause {
+	if err != nil || got.Pause != s.Pause || got.Remaining != s.Remaining || got.OnTimeout != s.OnTimeout || !got.AutoResume || !got.Deadline.IsZero() || got.IdlePause != s.IdlePause || !got.AllowSudo {
 		t.Errorf("GetSandbox = %+v, %v; want pause fields %+v", got, err, s)
 	}
 	if err := db.PutSandbox(ctx, core.Sandbox{ID: "p2", State: "ready", Template: "base", Token: "t", CreatedAt: time.Now().UTC()}); err != nil {
 		t.Fatal(err)
 	}
 	got, err = db.GetSandbox(ctx, "p2")
-	if err != nil || got.Pause != "" || got.Remaining != 0 || got.OnTimeout != "" || got.AutoResume {
+	if err != nil || got.Pause != "" || got.Remaining != 0 || got.OnTimeout != "" || got.AutoResume || got.AllowSudo {
 		t.Errorf("GetSandbox(p2) = %+v, %v; want no pause fields", got, err)
 	}
 }

@@ -91,6 +91,10 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
+	if err := migrateBuilds(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
 	// Readers: WAL (set above, persistent in the file) lets them read
 	// the last commit while the writer writes; query_only keeps them
 	// readers.
@@ -150,13 +154,13 @@ func decodeMap(s string) (map[string]string, error) {
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.exec(ctx, `INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
-		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
 		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion,
-		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause))
+		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause), s.AllowSudo)
 	if err != nil {
 		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
 	}
@@ -164,7 +168,7 @@ func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 }
 
 const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
-	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause`
+	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo`
 
 // isolationOrRunc stores an unset isolation as runc, what a record that
 // names none has always meant.
@@ -183,7 +187,7 @@ func scanSandbox(r scanner) (core.Sandbox, error) {
 	var created, deadline, ended, remaining, idle int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
 		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User, &s.Isolation, &s.RuntimeVersion,
-		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle); err != nil {
+		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle, &s.AllowSudo); err != nil {
 		return s, err
 	}
 	var err error

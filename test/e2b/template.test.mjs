@@ -127,11 +127,13 @@ test('a template from an image (through the registry mirror) with every file and
   // .dockerignore's *.log was never uploaded.
   assert.equal(await sh(sbx, 'test -e /app/dir/ignored.log || echo none'), 'none\n')
 
-  // Unchanged steps come from the step cache, and the uploads are kept.
+  // Unchanged steps come from the step cache. The uploads went when the
+  // first build ended, so they are sent again; the same files are the
+  // same cache key.
   const again = []
   await build(tpl, imageName, { onBuildLogs: (l) => again.push(l.message) })
   assert.ok(again.filter((m) => m.includes('CACHED')).length >= 8, again.join('\n'))
-  assert.ok(again.some((m) => /Skipping upload of 'hello.txt'/.test(m)), again.join('\n'))
+  assert.ok(again.some((m) => /Uploaded 'hello.txt'/.test(m)), again.join('\n'))
 })
 
 test('a template from E2B\'s base image: git clone, pip and npm install, tags', { skip }, async () => {
@@ -184,6 +186,43 @@ test('fromTemplate builds on another template; a failing step names itself', { s
   assert.equal(await Template.exists(`${imageName}-bad`, opts), false)
 })
 
+// stepCache reads a build log: for each step number, whether it came
+// from the cache (Berth logs "#N/T [step K] …" then "---> CACHED" or
+// "---> done").
+function stepCache(logs) {
+  const out = {}
+  let step = null
+  for (const m of logs) {
+    const at = /\[step (\d+)\]/.exec(m)
+    if (at) step = Number(at[1])
+    else if (step !== null && /^---> CACHED/.test(m)) out[step] = true
+    else if (step !== null && /^---> done/.test(m)) out[step] = false
+  }
+  return out
+}
+
+test('skipCache() rebuilds from where it is set on; the steps before come from the cache', { skip }, async () => {
+  const name = `${imageName}-skipcache`
+  const plain = () => Template().fromTemplate(imageName)
+    .runCmd('echo one > /tmp/one').runCmd('cat /proc/sys/kernel/random/uuid > /tmp/two').runCmd('echo three > /tmp/three')
+  await build(plain(), name)
+  const first = await sandbox(name)
+  const stamp = await sh(first, 'cat /tmp/two')
+
+  const logs = []
+  const skipping = Template().fromTemplate(imageName)
+    .runCmd('echo one > /tmp/one').skipCache().runCmd('cat /proc/sys/kernel/random/uuid > /tmp/two').runCmd('echo three > /tmp/three')
+  await build(skipping, name, { onBuildLogs: (l) => logs.push(l.message) })
+  assert.deepEqual(stepCache(logs), { 1: true, 2: false, 3: false }, logs.join('\n'))
+  const again = await sandbox(name)
+  assert.notEqual(await sh(again, 'cat /tmp/two'), stamp) // step 2 really ran again
+
+  // Without skipCache(), the same steps are all cached again.
+  const cached = []
+  await build(plain(), name, { onBuildLogs: (l) => cached.push(l.message) })
+  assert.deepEqual(stepCache(cached), { 1: true, 2: true, 3: true }, cached.join('\n'))
+})
+
 test('steps that need the internet fail under the build network, naming what it denied', { skip }, async () => {
   const apt = Template().fromBaseImage().aptInstall('cowsay')
   await assert.rejects(Template.build(apt, `${baseName}-apt`, opts), (err) => {
@@ -194,6 +233,14 @@ test('steps that need the internet fail under the build network, naming what it 
     assert.match(err.message, /exit status 100 \(the build network denied [^)]*:53; build_network/)
     return true
   })
+})
+
+test('user can sudo in an E2B sandbox, as on E2B\'s base image', { skip }, async () => {
+  const sbx = await sandbox('base')
+  assert.equal(await sh(sbx, 'whoami'), 'user\n')
+  assert.equal(await sh(sbx, 'sudo -n id -u'), '0\n')
+  // apt-get as the SDK's users run it (the install itself needs a mirror).
+  assert.equal(await sh(sbx, 'sudo -n test -w /var/lib/dpkg && echo writable'), 'writable\n')
 })
 
 test('template builds need an admin key; what Berth lacks answers 501', { skip }, async () => {

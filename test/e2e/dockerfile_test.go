@@ -150,6 +150,14 @@ CMD ["echo started > /tmp/started; exec sleep 100000"]
 		if sb.State != client.StateFailed && sb.State != client.StateStopped {
 			t.Errorf("sandbox %s left %s", sb.ID, sb.State)
 		}
+		// The build sandboxes' records go with them, those of the
+		// steps that worked and of the one that failed.
+		if sb.Labels["berth.build"] != "" {
+			t.Errorf("build sandbox %s left a %s record (%s)", sb.ID, sb.State, sb.Reason)
+		}
+	}
+	if len(live) != 1 {
+		t.Errorf("%d sandbox records after the builds, want only the one created from app", len(live))
 	}
 	AssertNoLeaks(t, d)
 }

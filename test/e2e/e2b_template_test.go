@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -59,5 +60,25 @@ func TestE2BTemplates(t *testing.T) {
 		t.Fatalf("node --test template.test.mjs failed: %v\n%s\n--- daemon log (tail) ---\n%s", err, b, tail(d.Logs(), 80))
 	}
 	t.Logf("node --test:\n%s", b)
+	// Every build has ended: the files they uploaded are gone, and their
+	// build sandboxes left no records.
+	if ents, err := os.ReadDir(filepath.Join(d.DataDir, "e2b-templates", "files")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	} else if len(ents) != 0 {
+		var names []string
+		for _, e := range ents {
+			names = append(names, e.Name())
+		}
+		t.Errorf("uploads left after every build ended: %v", names)
+	}
+	all, err := d.Client.List(ctx, client.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sb := range all {
+		if sb.Labels["berth.build"] != "" {
+			t.Errorf("build sandbox %s left a %s record (%s)", sb.ID, sb.State, sb.Reason)
+		}
+	}
 	AssertNoLeaks(t, d)
 }

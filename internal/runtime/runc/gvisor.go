@@ -169,6 +169,11 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
 		// detach must pass. The agent denies the same calls to itself
 		// and to every process it starts right after (agent.DenyMounts).
 		sp.Linux.Seccomp = allowAgentMount(sp.Linux.Seccomp)
+		// agent.DenyMounts installs its filter after dropping
+		// CAP_SYS_ADMIN, which needs no_new_privs. Spec.AllowSetuid has
+		// no effect under this runsc anyway (set-user-ID programs do not
+		// raise; runsc's conformance SetuidGap), so it is not honoured.
+		sp.Process.NoNewPrivileges = true
 	}
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil

@@ -15,7 +15,10 @@ import (
 // The host pids wall is sized for the ptrace stubs either way.
 func TestGVisorSpecAgentPids(t *testing.T) {
 	r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"}, nofile: 65536}
-	base := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent"}
+	// AllowSetuid (E2B creates ask for it) must not leave the agent
+	// without no_new_privs: agent.DenyMounts needs it once it has
+	// dropped CAP_SYS_ADMIN.
+	base := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent", AllowSetuid: true}
 	for _, agentPids := range []bool{false, true} {
 		s := base
 		s.AgentPids = agentPids
@@ -34,6 +37,9 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 			if got := slices.Contains(after, n); got == (agentPids && allowed) {
 				t.Errorf("AgentPids %v: seccomp rule for %s kept = %v", agentPids, n, got)
 			}
+		}
+		if agentPids && !sp.Process.NoNewPrivileges {
+			t.Errorf("AgentPids with AllowSetuid: no_new_privs off, want on")
 		}
 		if got, want := *sp.Linux.Resources.Pids.Limit, int64(16*64+256); got != want {
 			t.Errorf("host pids limit = %d, want %d", got, want)

@@ -192,8 +192,12 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 				Effective: caps,
 				Permitted: caps,
 			},
-			Rlimits:         r.rlimits(s, nofile),
-			NoNewPrivileges: true,
+			Rlimits: r.rlimits(s, nofile),
+			// Off only on request (Spec.AllowSetuid): runc then loads
+			// the seccomp filter while it still holds its namespace's
+			// capabilities, before dropping to caps, so every process
+			// is filtered either way.
+			NoNewPrivileges: !s.AllowSetuid,
 			OOMScoreAdj:     ptr(agentOOMScoreAdj),
 		},
 		Hostname: s.Hostname,

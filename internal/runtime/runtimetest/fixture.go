@@ -73,6 +73,10 @@ func main() {
 		probe()
 	case "count":
 		count(os.Args[2])
+	case "raise":
+		raise()
+	case "raised":
+		raised(os.Args[2])
 	default:
 		fmt.Println("unknown mode", os.Args[1])
 		os.Exit(2)
@@ -83,6 +87,47 @@ func main() {
 // counts, writing "token n checksum" to path after each step: a process
 // restored from a checkpoint goes on with the same token, checksum and a
 // growing n, while a restarted one would start over with new ones.
+// raise, as the sandbox's root, makes a set-user-ID copy of itself and a
+// FIFO, becomes uid 1000 and runs the copy: what "sudo" is to a user.
+func raise() {
+	self, err := os.ReadFile("/proc/self/exe")
+	if err == nil {
+		err = os.WriteFile("/tmp/raise", self, 0o755)
+	}
+	if err == nil {
+		err = syscall.Chmod("/tmp/raise", 0o4755) // os.Chmod drops a raw set-uid bit
+	}
+	if err == nil {
+		err = syscall.Mkfifo("/tmp/hold", 0o666)
+	}
+	if err == nil {
+		err = syscall.Setgroups(nil)
+	}
+	if err == nil {
+		err = syscall.Setresgid(1000, 1000, 1000)
+	}
+	if err == nil {
+		err = syscall.Setresuid(1000, 1000, 1000)
+	}
+	if err == nil {
+		err = syscall.Exec("/tmp/raise", []string{"/tmp/raise", "raised", "/tmp/hold"}, nil)
+	}
+	fmt.Println("raise:", err)
+	os.Exit(1)
+}
+
+// raised reports its uids as the sandbox sees them and holds until the
+// FIFO at path is written, so the host can look at it meanwhile.
+func raised(path string) {
+	fmt.Printf("ruid=%d euid=%d\n", syscall.Getuid(), syscall.Geteuid())
+	f, err := os.Open(path)
+	if err != nil {
+		fmt.Println("hold:", err)
+		os.Exit(1)
+	}
+	f.Close()
+}
+
 func count(path string) {
 	var tok [8]byte
 	buf := make([]byte, 4<<20)

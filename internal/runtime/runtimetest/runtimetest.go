@@ -69,6 +69,10 @@ type Instance struct {
 	// PidsLimitGap, when set, says why the backend cannot yet keep a
 	// sandbox alive at its pids limit; the pids cases are skipped with it.
 	PidsLimitGap string
+	// SetuidGap, when set, says why a set-user-ID program does not raise
+	// a process even with Spec.AllowSetuid; SetuidContained then expects
+	// no raise either way (the sandbox must still run).
+	SetuidGap string
 	// Checkpoints says the backend can checkpoint and restore; one that
 	// cannot must refuse with ErrNotImplemented.
 	Checkpoints bool
@@ -94,6 +98,7 @@ func Run(t *testing.T, h Harness) {
 		{"Lifecycle", testLifecycle},
 		{"Isolation", testIsolation},
 		{"Seccomp", testSeccomp},
+		{"SetuidContained", testSetuidContained},
 		{"AlreadyExists", testAlreadyExists},
 		{"BadLayerLeavesNothing", testBadLayer},
 		{"FailingStartLeavesNothing", testFailingStart},
@@ -619,4 +624,138 @@ func procStatus(t *testing.T, pid int) map[string]string {
 		}
 	}
 	return m
+}
+
+// testSetuidContained: with Spec.AllowSetuid a set-user-ID program raises
+// a uid-1000 process to the sandbox's root, and no further: as the host
+// sees it, that process runs as the sandbox's own host uid (never 0), under
+// the same seccomp filter and bounding set as the agent. Without it
+// (every other case checks no_new_privs on the init) the same program
+// stays uid 1000.
+func testSetuidContained(t *testing.T, h Harness) {
+	inst := h.New(t)
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprint("allow=", allow), func(t *testing.T) {
+			// A backend with a gap still runs the sandbox; the program
+			// just does not raise.
+			raises := allow && inst.SetuidGap == ""
+			if allow && !raises {
+				t.Log(inst.SetuidGap)
+			}
+			id := NewID()
+			spec := h.Spec(t, id)
+			spec.AllowSetuid = allow
+			if err := inst.Backend.Create(t.Context(), spec); err != nil {
+				t.Fatalf("Create(%s) = %v", id, err)
+			}
+			t.Cleanup(func() {
+				if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+					t.Errorf("cleanup Destroy(%s) = %v", id, err)
+				}
+			})
+			var hostUID uint32
+			var initPid int
+			if inst.HostPidIsInit {
+				st, err := inst.Backend.Inspect(t.Context(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				initPid = st.Pid
+				status := procStatus(t, st.Pid)
+				wantNNP := "1"
+				if allow {
+					wantNNP = "0"
+				}
+				if status["NoNewPrivs"] != wantNNP || status["Seccomp"] != "2" {
+					t.Errorf("init NoNewPrivs %q Seccomp %q, want %s and 2", status["NoNewPrivs"], status["Seccomp"], wantNNP)
+				}
+				if hostUID, err = inst.HostUID(id); err != nil || hostUID == 0 {
+					t.Fatalf("HostUID = %d, %v", hostUID, err)
+				}
+			}
+			done := make(chan execResult, 1)
+			go func() {
+				out, err := inst.Exec(context.WithoutCancel(t.Context()), id, "/.berth/berth-agent", "raise")
+				done <- execResult{out, err}
+			}()
+			if inst.HostPidIsInit {
+				p := waitRaised(t, initPid, done)
+				// Uid: real, effective, saved, filesystem.
+				want := fmt.Sprintf("%d %d %d %d", hostUID+1000, hostUID+1000, hostUID+1000, hostUID+1000)
+				if allow {
+					want = fmt.Sprintf("%d %d %d %d", hostUID+1000, hostUID, hostUID, hostUID)
+				}
+				if p["Uid"] != want {
+					t.Errorf("raised process's host Uid = %q, want %q", p["Uid"], want)
+				}
+				if p["Seccomp"] != "2" {
+					t.Errorf("raised process's Seccomp = %q, want 2", p["Seccomp"])
+				}
+				var bnd uint64
+				if _, err := fmt.Sscanf(p["CapBnd"], "%x", &bnd); err != nil {
+					t.Fatalf("CapBnd %q: %v", p["CapBnd"], err)
+				}
+				const capMknod, capNetRaw, capSysAdmin = 27, 13, 21
+				for _, c := range []uint{capMknod, capNetRaw, capSysAdmin} {
+					if bnd&(1<<c) != 0 {
+						t.Errorf("raised process's CapBnd %s has capability %d", p["CapBnd"], c)
+					}
+				}
+			}
+			// Without a host view, the FIFO's appearing says the raised
+			// process is about to hold. Opening it for writing, without
+			// writing, releases it (a write could meet a reader already
+			// gone: SIGPIPE).
+			if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "i=0; while [ ! -p /tmp/hold ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; : > /tmp/hold"); err != nil {
+				t.Fatalf("release: %v: %s", err, out)
+			}
+			var r execResult
+			select {
+			case r = <-done:
+			case <-time.After(time.Minute):
+				t.Fatal("the raised process did not end once released")
+			}
+			want := "ruid=1000 euid=1000"
+			if raises {
+				want = "ruid=1000 euid=0"
+			}
+			if r.err != nil || !strings.Contains(string(r.out), want) {
+				t.Errorf("raise = %v: %q, want %q", r.err, r.out, want)
+			}
+		})
+	}
+}
+
+// execResult is what an Exec returned.
+type execResult struct {
+	out []byte
+	err error
+}
+
+// waitRaised finds the host process of the agent's "raised" mode in the
+// sandbox whose init is initPid and returns its /proc status.
+func waitRaised(t *testing.T, initPid int, done <-chan execResult) map[string]string {
+	t.Helper()
+	initNS, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", initPid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		for _, p := range harness.Procs(func(p harness.Proc) bool { return strings.HasPrefix(p.Cmdline, "/tmp/raise raised") }) {
+			if ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", p.PID)); err == nil && ns == initNS {
+				return procStatus(t, p.PID)
+			}
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("raise ended before the host saw it: %v: %s", r.err, r.out)
+		case <-time.After(50 * time.Millisecond): // polling /proc: a process's start sends no event
+		}
+	}
+	t.Fatal("the raised process never appeared")
+	return nil
 }

@@ -22,6 +22,12 @@ func main() {
 	if len(os.Args) < 2 {
 		usage()
 	}
+	switch os.Args[1] {
+	case "setuid":
+		asUserViaSetuid(os.Args[2:])
+	case "raised":
+		raised(os.Args[2:])
+	}
 	fn, ok := table()[os.Args[1]]
 	if !ok {
 		fn, ok = poolTable()[os.Args[1]]
