@@ -166,11 +166,22 @@ func (c *Client) SetTemplateIsolation(ctx context.Context, name, isolation strin
 // pool fills in the background: Ready in the answer counts what it holds
 // now, Templates reports it later.
 func (c *Client) SetTemplateWarm(ctx context.Context, name string, target int) (*WarmPool, error) {
+	return c.setTemplateWarm(ctx, name, types.WarmRequest{Target: &target})
+}
+
+// SetTemplateWarmSudo is SetTemplateWarm for the template's pool of
+// sudo-capable sandboxes, which creates with AllowSudo claim from (and
+// only they).
+func (c *Client) SetTemplateWarmSudo(ctx context.Context, name string, target int) (*WarmPool, error) {
+	return c.setTemplateWarm(ctx, name, types.WarmRequest{Target: &target, AllowSudo: true})
+}
+
+func (c *Client) setTemplateWarm(ctx context.Context, name string, in types.WarmRequest) (*WarmPool, error) {
 	if name == "" {
 		return nil, fmt.Errorf("template name is empty: %w", errdefs.ErrInvalidArgument)
 	}
 	var out WarmPool
-	if err := c.doJSON(ctx, http.MethodPut, "/v1/templates/"+url.PathEscape(name)+"/warm", nil, types.WarmRequest{Target: &target}, &out); err != nil {
+	if err := c.doJSON(ctx, http.MethodPut, "/v1/templates/"+url.PathEscape(name)+"/warm", nil, in, &out); err != nil {
 		return nil, err
 	}
 	return &out, nil

@@ -280,8 +280,11 @@ type Template struct {
 	Workdir string   `json:"workdir,omitempty"`
 	User    string   `json:"user,omitempty"`
 	Command []string `json:"command,omitempty"`
-	// Warm is the template's warm pool, when it has one.
-	Warm *WarmPool `json:"warm,omitempty"`
+	// Warm is the template's warm pool, when it has one; WarmSudo its
+	// pool of sudo-capable sandboxes (made with allow_sudo), which only
+	// creates with allow_sudo claim from.
+	Warm     *WarmPool `json:"warm,omitempty"`
+	WarmSudo *WarmPool `json:"warm_sudo,omitempty"`
 	// StartCmd is the start command (argv) each new sandbox runs in the
 	// background; Ready the check that must pass before it is ready.
 	StartCmd []string    `json:"start_cmd,omitempty"`
@@ -301,16 +304,21 @@ type ReadyCheck struct {
 
 // WarmPool is a template's pool of ready sandboxes: a create of the
 // template claims one instead of making it. Target is how many it keeps,
-// Ready how many it holds now.
+// Ready how many it holds now; AllowSudo says its sandboxes are made with
+// allow_sudo, and only a create with allow_sudo claims one (a create
+// without it claims only from the template's other pool).
 type WarmPool struct {
-	Target int `json:"target"`
-	Ready  int `json:"ready"`
+	Target    int  `json:"target"`
+	Ready     int  `json:"ready"`
+	AllowSudo bool `json:"allow_sudo,omitempty"`
 }
 
 // WarmRequest sets a template's warm pool target (PUT
-// /v1/templates/{name}/warm); 0 drops the pool.
+// /v1/templates/{name}/warm); 0 drops the pool. AllowSudo names the
+// template's pool of sudo-capable sandboxes instead of its plain one.
 type WarmRequest struct {
-	Target *int `json:"target"`
+	Target    *int `json:"target"`
+	AllowSudo bool `json:"allow_sudo,omitempty"`
 }
 
 // TemplateCreateRequest is the body of POST /v1/templates: make template

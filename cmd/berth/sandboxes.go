@@ -359,9 +359,16 @@ func newTemplateCmd(a *app) *cobra.Command {
 				if src == "" {
 					src = "-"
 				}
-				warm := "-"
+				var pools []string
 				if t.Warm != nil {
-					warm = fmt.Sprintf("%d/%d", t.Warm.Ready, t.Warm.Target)
+					pools = append(pools, fmt.Sprintf("%d/%d", t.Warm.Ready, t.Warm.Target))
+				}
+				if t.WarmSudo != nil {
+					pools = append(pools, fmt.Sprintf("sudo %d/%d", t.WarmSudo.Ready, t.WarmSudo.Target))
+				}
+				warm := "-"
+				if len(pools) > 0 {
+					warm = strings.Join(pools, ", ")
 				}
 				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src, warm)
 			}
@@ -524,8 +531,9 @@ command. Steps are cached (the log says CACHED) unless --no-cache.`,
 			return nil
 		},
 	}
+	var warmSudo bool
 	warm := &cobra.Command{
-		Use:   "warm NAME N",
+		Use:   "warm [--allow-sudo] NAME N",
 		Short: "Keep N ready sandboxes of a template, so a create of it starts at once (0 drops the pool)",
 		Long: `Keep N ready sandboxes of a template in a warm pool. A create of the template
 that asks for nothing a running sandbox cannot be given (another disk size, a
@@ -534,7 +542,12 @@ network policy are applied at claim, so it is the sandbox a cold create would
 have made. Pooled sandboxes count toward the host's resources but no key's
 listings, usage or quotas; the pool refills in the background and is rebuilt
 when the template changes. The target lasts until the daemon restarts;
-warm_pool in the daemon's config sets it at start.`,
+warm_pool in the daemon's config sets it at start.
+
+--allow-sudo sets the template's other pool: sandboxes made with allow_sudo
+(no no_new_privs), which only a create with allow_sudo claims (E2B creates
+ask for it by default), and which no other create ever gets; warm_pool_sudo
+in the daemon's config sets it at start. A template may have both pools.`,
 		Args: exactArgs(2, "a template name and a number of sandboxes"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			n, err := strconv.Atoi(args[1])
@@ -545,14 +558,19 @@ warm_pool in the daemon's config sets it at start.`,
 			if err != nil {
 				return err
 			}
-			w, err := c.SetTemplateWarm(cmd.Context(), args[0], n)
+			set, kind := c.SetTemplateWarm, "warm pool"
+			if warmSudo {
+				set, kind = c.SetTemplateWarmSudo, "sudo warm pool"
+			}
+			w, err := set(cmd.Context(), args[0], n)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.out, "%s: warm pool target %d (%d ready)\n", args[0], w.Target, w.Ready)
+			fmt.Fprintf(a.out, "%s: %s target %d (%d ready)\n", args[0], kind, w.Target, w.Ready)
 			return nil
 		},
 	}
+	warm.Flags().BoolVar(&warmSudo, "allow-sudo", false, "set the pool of sudo-capable sandboxes (made with allow_sudo), which only creates with allow_sudo claim")
 	cmd.AddCommand(ls, build, rm, prune, isolation, warm)
 	return cmd
 }

@@ -35,8 +35,8 @@ type Templates interface {
 
 // WarmPools is the Manager's warm pools (sandbox/pool.go).
 type WarmPools interface {
-	Warm() map[string]sandbox.WarmStatus
-	SetWarm(ctx context.Context, name string, n int) (sandbox.WarmStatus, error)
+	Warm() map[sandbox.WarmKey]sandbox.WarmStatus
+	SetWarm(ctx context.Context, name sandbox.WarmKey, n int) (sandbox.WarmStatus, error)
 	// TemplateChanged drains a template's pool before its layers go or
 	// after they changed.
 	TemplateChanged(ctx context.Context, name string) error

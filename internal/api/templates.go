@@ -57,15 +57,18 @@ func (s *Server) listTemplates(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	var warm map[string]sandbox.WarmStatus
+	var warm map[sandbox.WarmKey]sandbox.WarmStatus
 	if s.cfg.Warm != nil {
 		warm = s.cfg.Warm.Warm()
 	}
 	out := types.TemplateList{Templates: make([]types.Template, 0, len(ts))}
 	for _, t := range ts {
 		j := templateToJSON(t)
-		if w, ok := warm[t.Name]; ok {
+		if w, ok := warm[sandbox.WarmKey{Template: t.Name}]; ok {
 			j.Warm = &types.WarmPool{Target: w.Target, Ready: w.Ready}
+		}
+		if w, ok := warm[sandbox.WarmKey{Template: t.Name, AllowSudo: true}]; ok {
+			j.WarmSudo = &types.WarmPool{Target: w.Target, Ready: w.Ready, AllowSudo: true}
 		}
 		out.Templates = append(out.Templates, j)
 	}
@@ -205,11 +208,13 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("template %q is in use by %d sandbox(es) (%s); destroy them first: %w", name, len(users), strings.Join(users, ", "), errdefs.ErrFailedPrecondition))
 		return
 	}
-	// Its warm pool stands on its layers: drained first and dropped.
+	// Its warm pools stand on its layers: drained first and dropped.
 	if s.cfg.Warm != nil {
-		if _, err := s.cfg.Warm.SetWarm(r.Context(), name, 0); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			writeError(w, err)
-			return
+		for _, sudo := range []bool{false, true} {
+			if _, err := s.cfg.Warm.SetWarm(r.Context(), sandbox.WarmKey{Template: name, AllowSudo: sudo}, 0); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+				writeError(w, err)
+				return
+			}
 		}
 		if err := s.cfg.Warm.TemplateChanged(r.Context(), name); err != nil {
 			writeError(w, err)
@@ -314,10 +319,10 @@ func (s *Server) setWarm(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("target", fmt.Errorf("target is required (0 to %d): %w", sandbox.MaxWarm, errdefs.ErrInvalidArgument)))
 		return
 	}
-	st, err := s.cfg.Warm.SetWarm(r.Context(), name, *in.Target)
+	st, err := s.cfg.Warm.SetWarm(r.Context(), sandbox.WarmKey{Template: name, AllowSudo: in.AllowSudo}, *in.Target)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, types.WarmPool{Target: st.Target, Ready: st.Ready})
+	writeJSON(w, http.StatusOK, types.WarmPool{Target: st.Target, Ready: st.Ready, AllowSudo: in.AllowSudo})
 }

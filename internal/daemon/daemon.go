@@ -13,12 +13,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -139,8 +141,12 @@ type Config struct {
 	InsecureNoAuth bool   `json:"insecure_no_auth" yaml:"insecure_no_auth"`
 	// WarmPool is how many ready sandboxes to keep per template, so a
 	// create of it skips the cold path (`berth template warm` changes
-	// it until the daemon restarts).
-	WarmPool map[string]int `json:"warm_pool" yaml:"warm_pool"`
+	// it until the daemon restarts). WarmPoolSudo is the same for
+	// sudo-capable sandboxes (made with allow_sudo), the only ones a
+	// create with allow_sudo (an E2B create, by default) claims, and
+	// which no other create does.
+	WarmPool     map[string]int `json:"warm_pool" yaml:"warm_pool"`
+	WarmPoolSudo map[string]int `json:"warm_pool_sudo" yaml:"warm_pool_sudo"`
 
 	// LogFile, when set, is where the daemon logs (instead of stderr),
 	// rotated when it reaches LogMaxMB (default 100) with LogMaxFiles
@@ -265,6 +271,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 			return fmt.Errorf("config build_network: %w", err)
 		}
 	}
+	warmPools, err := cfg.warmPools()
+	if err != nil {
+		return err
+	}
 	// `berth registry login` keeps its credentials root-only in the data
 	// dir, consulted before ~/.docker/config.json.
 	logins := imagepull.NewLogins(filepath.Join(cfg.DataDir, "registry-auth.json"))
@@ -356,7 +366,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		RuntimeVersions:  lv.versions,
 		CheckpointDir:    filepath.Join(cfg.DataDir, "checkpoints"),
 		SnapshotDir:      filepath.Join(cfg.DataDir, "snapshots"),
-		WarmPool:         cfg.WarmPool,
+		WarmPool:         warmPools,
 		Ceiling:          ceiling,
 		Logger:           log.With("component", "sandbox"),
 	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
@@ -600,4 +610,29 @@ func dropRecord(d hostnet.Drop) audit.Record {
 		r.Reason = "refused by the firewall (mode or policy)"
 	}
 	return r
+}
+
+// warmPools is the Manager's pool targets from warm_pool and
+// warm_pool_sudo; an error names the key and the template.
+func (c Config) warmPools() (map[sandbox.WarmKey]int, error) {
+	out := map[sandbox.WarmKey]int{}
+	for _, f := range []struct {
+		key   string
+		sudo  bool
+		pools map[string]int
+	}{{"warm_pool", false, c.WarmPool}, {"warm_pool_sudo", true, c.WarmPoolSudo}} {
+		for _, name := range slices.Sorted(maps.Keys(f.pools)) {
+			n := f.pools[name]
+			if err := template.ValidName(name); err != nil {
+				return nil, fmt.Errorf("config %s: %w", f.key, err)
+			}
+			if n < 0 || n > sandbox.MaxWarm {
+				return nil, fmt.Errorf("config %s: %s: %d is out of range [0, %d]: %w", f.key, name, n, sandbox.MaxWarm, errdefs.ErrInvalidArgument)
+			}
+			if n > 0 {
+				out[sandbox.WarmKey{Template: name, AllowSudo: f.sudo}] = n
+			}
+		}
+	}
+	return out, nil
 }

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"go.yaml.in/yaml/v3"
 )
 
 func TestCheckTraversable(t *testing.T) {
@@ -40,6 +43,45 @@ func TestCheckTraversable(t *testing.T) {
 	for _, want := range []string{private, "chmod o+x"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+// warm_pool keeps its plain form and warm_pool_sudo names the
+// sudo-capable pools, both decoded as serve decodes its --config; a bad
+// count or template name is refused with the key that holds it.
+func TestWarmPoolConfig(t *testing.T) {
+	decode := func(t *testing.T, text string) Config {
+		t.Helper()
+		var c Config
+		dec := yaml.NewDecoder(strings.NewReader(text))
+		dec.KnownFields(true)
+		if err := dec.Decode(&c); err != nil {
+			t.Fatalf("decode %q: %v", text, err)
+		}
+		return c
+	}
+	c := decode(t, "warm_pool: {base: 4, minimal: 0}\nwarm_pool_sudo: {base: 2}\n")
+	got, err := c.warmPools()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[sandbox.WarmKey]int{{Template: "base"}: 4, {Template: "base", AllowSudo: true}: 2}
+	if !maps.Equal(got, want) {
+		t.Errorf("warmPools() = %v, want %v", got, want)
+	}
+	if got, err := decode(t, "listen: 127.0.0.1:0\n").warmPools(); err != nil || len(got) != 0 {
+		t.Errorf("no pools: %v, %v", got, err)
+	}
+	for _, tc := range []struct{ text, want string }{
+		{"warm_pool_sudo: {base: -1}\n", "warm_pool_sudo: base: -1 is out of range"},
+		{"warm_pool_sudo: {base: 65}\n", "warm_pool_sudo: base: 65 is out of range"},
+		{"warm_pool: {base: 100}\n", "warm_pool: base: 100 is out of range"},
+		{"warm_pool_sudo: {Bad/Name: 1}\n", `warm_pool_sudo: template name "Bad/Name"`},
+	} {
+		_, err := decode(t, tc.text).warmPools()
+		if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: err %v, want ErrInvalidArgument saying %q", tc.text, err, tc.want)
 		}
 	}
 }

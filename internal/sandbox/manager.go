@@ -80,9 +80,10 @@ type Config struct {
 	// RuntimeVersions names, per level, the runtime build its sandboxes
 	// run under; each sandbox records it at create (inspect shows it).
 	RuntimeVersions map[string]string
-	// WarmPool is how many ready sandboxes to keep per template
-	// (pool.go); SetWarm changes it at run time.
-	WarmPool map[string]int
+	// WarmPool is how many ready sandboxes to keep per template, and
+	// per template whether sudo-capable (pool.go); SetWarm changes it at
+	// run time.
+	WarmPool map[WarmKey]int
 	// Ceiling is the operator's egress ceiling: a policy naming anything
 	// outside it is refused when set (nil: no ceiling beyond the guard).
 	Ceiling *policy.CompiledCeiling
@@ -189,7 +190,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	for name, n := range cfg.WarmPool {
 		if n < 0 || n > MaxWarm {
-			return nil, fmt.Errorf("sandbox manager: warm_pool %s: %d is out of range [0, %d]: %w", name, n, MaxWarm, errdefs.ErrInvalidArgument)
+			return nil, fmt.Errorf("sandbox manager: warm_pool %s (allow_sudo %v): %d is out of range [0, %d]: %w", name.Template, name.AllowSudo, n, MaxWarm, errdefs.ErrInvalidArgument)
 		}
 	}
 	if cfg.Logger == nil {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,12 +19,15 @@ import (
 )
 
 // Warm pools: per template, a few sandboxes made ahead of time with the
-// daemon's default limits, no request environment and egress mode none,
+// daemon's default limits, no request environment and egress mode none
+// (and with no_new_privs, or for a sudo-capable pool without, as
+// allow_sudo makes them),
 // and kept out of m.live and the store, so no listing, quota, usage meter
 // or monitor sees them (they do use the host's memory, cpu and uid
 // ranges like any sandbox). A create that names a pooled template and
 // asks for nothing that cannot be applied to a running sandbox (its own
-// layers, a setup hook, another disk size) claims one: its limits are set
+// layers, a setup hook, another disk size) claims one from the pool of its
+// allow_sudo: its limits are set
 // in the cgroup, its agent is handed the request's environment, default
 // user and a fresh token (the pool's token stops working), its egress
 // policy is applied, and only then is it recorded and published, with the
@@ -50,8 +54,30 @@ type AgentIniter interface {
 	Init(ctx context.Context, addr, token string, env map[string]string, newToken, user string, nproc uint64) error
 }
 
-// MaxWarm bounds one template's pool.
+// MaxWarm bounds one pool.
 const MaxWarm = 64
+
+// WarmKey names a pool: a template, and whether its sandboxes are made
+// with allow_sudo (no no_new_privs). A claim takes only from the pool of
+// its own request's allow_sudo: a sudo-capable sandbox never goes to a
+// create that did not ask for one, nor the other way round.
+type WarmKey struct {
+	Template  string
+	AllowSudo bool
+}
+
+func (k WarmKey) compare(o WarmKey) int {
+	if c := strings.Compare(k.Template, o.Template); c != 0 {
+		return c
+	}
+	switch {
+	case k.AllowSudo == o.AllowSudo:
+		return 0
+	case o.AllowSudo:
+		return -1
+	}
+	return 1
+}
 
 // WarmStatus is one template's pool: how many sandboxes it should hold and
 // how many are ready to be claimed.
@@ -70,32 +96,32 @@ type warm struct {
 // pool is the Manager's warm pools.
 type pool struct {
 	mu      sync.Mutex
-	targets map[string]int
-	ready   map[string][]*warm // by template name
-	// gen counts drains per template: a fill that started before one is
+	targets map[WarmKey]int
+	ready   map[WarmKey][]*warm
+	// gen counts drains per pool: a fill that started before one is
 	// discarded when it ends.
-	gen map[string]int
-	// filling is the template a fill is running for ("": none) and done
+	gen map[WarmKey]int
+	// filling is the pool a fill is running for (zero: none) and done
 	// is closed when it ends.
-	filling string
+	filling WarmKey
 	done    chan struct{}
 	// creates is the creates in flight: the refill waits for none, and
 	// lastCreate is when the last one ended.
 	creates    int
 	lastCreate time.Time
-	// retryAt holds templates whose last fill failed until then.
-	retryAt map[string]time.Time
-	backoff map[string]time.Duration
+	// retryAt holds pools whose last fill failed until then.
+	retryAt map[WarmKey]time.Time
+	backoff map[WarmKey]time.Duration
 	wake    chan struct{}
 }
 
-func newPool(targets map[string]int) *pool {
+func newPool(targets map[WarmKey]int) *pool {
 	p := &pool{
-		targets: map[string]int{},
-		ready:   map[string][]*warm{},
-		gen:     map[string]int{},
-		retryAt: map[string]time.Time{},
-		backoff: map[string]time.Duration{},
+		targets: map[WarmKey]int{},
+		ready:   map[WarmKey][]*warm{},
+		gen:     map[WarmKey]int{},
+		retryAt: map[WarmKey]time.Time{},
+		backoff: map[WarmKey]time.Duration{},
 		wake:    make(chan struct{}, 1),
 	}
 	for k, v := range targets {
@@ -129,14 +155,14 @@ func (p *pool) createDone() {
 	p.poke()
 }
 
-// next picks the template to fill now ("" for none) and marks it filling.
-func (p *pool) next(now time.Time) (name string, gen int, retry time.Duration) {
+// next picks the pool to fill now (zero for none) and marks it filling.
+func (p *pool) next(now time.Time) (name WarmKey, gen int, retry time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.creates > 0 || p.filling != "" {
-		return "", 0, 0
+	if p.creates > 0 || p.filling != (WarmKey{}) {
+		return WarmKey{}, 0, 0
 	}
-	for _, n := range slices.Sorted(maps.Keys(p.targets)) {
+	for _, n := range slices.SortedFunc(maps.Keys(p.targets), WarmKey.compare) {
 		if len(p.ready[n]) >= p.targets[n] {
 			continue
 		}
@@ -149,7 +175,7 @@ func (p *pool) next(now time.Time) (name string, gen int, retry time.Duration) {
 		p.filling, p.done = n, make(chan struct{})
 		return n, p.gen[n], 0
 	}
-	return "", 0, retry
+	return WarmKey{}, 0, retry
 }
 
 // refillSettle is how long the refill waits after the last create before
@@ -174,21 +200,21 @@ func (p *pool) settle(ctx context.Context) bool {
 }
 
 // unfill undoes next's mark when the fill does not start.
-func (p *pool) unfill(name string) {
+func (p *pool) unfill(name WarmKey) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.filling == name {
-		p.filling = ""
+		p.filling = WarmKey{}
 		close(p.done)
 	}
 }
 
 // filled ends a fill: it returns w to the caller to discard when the pool
 // no longer wants it (drained meanwhile, or above target).
-func (p *pool) filled(name string, w *warm, err error) (discard *warm) {
+func (p *pool) filled(name WarmKey, w *warm, err error) (discard *warm) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.filling = ""
+	p.filling = WarmKey{}
 	close(p.done)
 	if err != nil {
 		b := max(p.backoff[name]*2, time.Second)
@@ -205,8 +231,8 @@ func (p *pool) filled(name string, w *warm, err error) (discard *warm) {
 	return nil
 }
 
-// take removes a pooled sandbox of the template at level iso.
-func (p *pool) take(name, iso string) *warm {
+// take removes a pooled sandbox of the pool at level iso.
+func (p *pool) take(name WarmKey, iso string) *warm {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ws := p.ready[name]
@@ -221,7 +247,7 @@ func (p *pool) take(name, iso string) *warm {
 
 // giveBack returns an untouched pooled sandbox (a claim that could not
 // use it), unless the pool was drained meanwhile.
-func (p *pool) giveBack(name string, w *warm) (discard *warm) {
+func (p *pool) giveBack(name WarmKey, w *warm) (discard *warm) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if w.gen != p.gen[name] || len(p.ready[name]) >= p.targets[name] {
@@ -231,37 +257,39 @@ func (p *pool) giveBack(name string, w *warm) (discard *warm) {
 	return nil
 }
 
-// drain takes every pooled sandbox of the template (all templates for
-// ""), so a fill under way is discarded, and returns them with the
-// channel of that fill (nil: none).
+// drain takes every pooled sandbox of the template, sudo-capable or not
+// (all templates for ""), so a fill under way is discarded, and returns
+// them with the channel of that fill (nil: none).
 func (p *pool) drain(name string) ([]*warm, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var out []*warm
 	for n, ws := range p.ready {
-		if name == "" || n == name {
+		if name == "" || n.Template == name {
 			out = append(out, ws...)
 			delete(p.ready, n)
 			p.gen[n]++
 		}
 	}
 	if name != "" {
-		p.gen[name]++ // also when it held none yet
+		// also when they held none yet
+		p.gen[WarmKey{Template: name}]++
+		p.gen[WarmKey{Template: name, AllowSudo: true}]++
 	}
 	var done chan struct{}
-	if p.filling != "" && (name == "" || p.filling == name) {
+	if p.filling != (WarmKey{}) && (name == "" || p.filling.Template == name) {
 		done = p.done
 	}
 	return out, done
 }
 
-// SetWarm sets how many ready sandboxes a template's pool keeps (0 drops
-// the pool). The template must exist.
-func (m *Manager) SetWarm(ctx context.Context, name string, n int) (WarmStatus, error) {
+// SetWarm sets how many ready sandboxes a pool keeps (0 drops the pool).
+// The template must exist.
+func (m *Manager) SetWarm(ctx context.Context, name WarmKey, n int) (WarmStatus, error) {
 	if n < 0 || n > MaxWarm {
 		return WarmStatus{}, &FieldError{Field: "target", Err: fmt.Errorf("target %d is out of range [0, %d]: %w", n, MaxWarm, errdefs.ErrInvalidArgument)}
 	}
-	if _, err := m.deps.Templates.Get(ctx, name); err != nil {
+	if _, err := m.deps.Templates.Get(ctx, name.Template); err != nil {
 		return WarmStatus{}, err
 	}
 	p := m.pool
@@ -282,17 +310,16 @@ func (m *Manager) SetWarm(ctx context.Context, name string, n int) (WarmStatus, 
 	p.mu.Unlock()
 	m.discard(extra...)
 	p.poke()
-	m.log.Info("warm_pool_target", "template", name, "target", n)
+	m.log.Info("warm_pool_target", "template", name.Template, "allow_sudo", name.AllowSudo, "target", n)
 	return st, nil
 }
 
-// Warm reports every template's pool that has a target or holds
-// sandboxes.
-func (m *Manager) Warm() map[string]WarmStatus {
+// Warm reports every pool that has a target or holds sandboxes.
+func (m *Manager) Warm() map[WarmKey]WarmStatus {
 	p := m.pool
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := map[string]WarmStatus{}
+	out := map[WarmKey]WarmStatus{}
 	for n, t := range p.targets {
 		out[n] = WarmStatus{Target: t, Ready: len(p.ready[n])}
 	}
@@ -325,8 +352,10 @@ func (m *Manager) TemplateChanged(ctx context.Context, name string) error {
 	}
 	m.discard(ws...)
 	m.pool.mu.Lock()
-	delete(m.pool.retryAt, name)
-	delete(m.pool.backoff, name)
+	for _, k := range []WarmKey{{Template: name}, {Template: name, AllowSudo: true}} {
+		delete(m.pool.retryAt, k)
+		delete(m.pool.backoff, k)
+	}
 	m.pool.mu.Unlock()
 	m.pool.poke()
 	if len(ws) > 0 {
@@ -351,12 +380,12 @@ func (m *Manager) discard(ws ...*warm) {
 func (m *Manager) refill() {
 	for m.life.Err() == nil {
 		name, gen, retry := m.pool.next(time.Now())
-		if name != "" && m.pool.settle(m.life) {
+		if name != (WarmKey{}) && m.pool.settle(m.life) {
 			// A create came in while we waited: yield to it.
 			m.pool.unfill(name)
 			continue
 		}
-		if name == "" {
+		if name == (WarmKey{}) {
 			var timer <-chan time.Time
 			if retry > 0 {
 				timer = time.After(retry)
@@ -371,7 +400,7 @@ func (m *Manager) refill() {
 		}
 		w, err := m.fill(m.life, name, gen)
 		if err != nil && m.life.Err() == nil {
-			m.log.Warn("warm_pool_fill", "template", name, "err", err)
+			m.log.Warn("warm_pool_fill", "template", name.Template, "allow_sudo", name.AllowSudo, "err", err)
 		}
 		if d := m.pool.filled(name, w, err); d != nil {
 			m.discard(d)
@@ -387,17 +416,18 @@ func (m *Manager) refill() {
 // nothing but its agent.
 // Under gVisor, whose limits cannot change (runc.Runtime.Update), the
 // pool has the defaults, which a request for the defaults matches.
-func (m *Manager) poolRequest(name, iso string) (CreateRequest, error) {
-	req := CreateRequest{Template: name}
+// A sudo-capable pool's sandboxes are made with allow_sudo.
+func (m *Manager) poolRequest(name WarmKey, iso string) (CreateRequest, error) {
+	req := CreateRequest{Template: name.Template, AllowSudo: name.AllowSudo}
 	if m.cfg.Max.PidsLimit > 0 && iso != core.IsolationGVisor {
 		req.Limits.PidsLimit = m.cfg.Max.PidsLimit
 	}
 	return req, m.validate(&req)
 }
 
-// fill makes one pooled sandbox of the template.
-func (m *Manager) fill(ctx context.Context, name string, gen int) (*warm, error) {
-	tpl, err := m.deps.Templates.Get(ctx, name)
+// fill makes one pooled sandbox of the pool.
+func (m *Manager) fill(ctx context.Context, name WarmKey, gen int) (*warm, error) {
+	tpl, err := m.deps.Templates.Get(ctx, name.Template)
 	if err != nil {
 		return nil, err
 	}
@@ -426,7 +456,7 @@ func (m *Manager) fill(ctx context.Context, name string, gen int) (*warm, error)
 		}
 		return nil, err
 	}
-	c.log.Debug("warm_ready", "template", name, "elapsed_ms", time.Since(now).Milliseconds())
+	c.log.Debug("warm_ready", "template", name.Template, "allow_sudo", name.AllowSudo, "elapsed_ms", time.Since(now).Milliseconds())
 	return &warm{c: c, iso: iso, gen: gen}, nil
 }
 
@@ -438,10 +468,11 @@ func (m *Manager) drainPools() {
 }
 
 // claimable reports whether a create may take a pooled sandbox: it asks
-// for nothing a running sandbox cannot be given.
+// for nothing a running sandbox cannot be given. (allow_sudo cannot be
+// given either, nor taken away; claim looks in the pool made with the
+// request's.)
 func (m *Manager) claimable(req CreateRequest, p policy.Policy) bool {
-	// Pooled sandboxes run with no_new_privs, which cannot be lifted.
-	if req.Layers != nil || req.Setup != nil || req.AllowSudo {
+	if req.Layers != nil || req.Setup != nil {
 		return false
 	}
 	// Without egress services a policy other than none fails the create
@@ -459,13 +490,21 @@ func (m *Manager) claim(ctx context.Context, req CreateRequest, tpl template.Tem
 	if !m.claimable(req, p) {
 		return Sandbox{}, errNoClaim
 	}
+	key := WarmKey{Template: tpl.Name, AllowSudo: req.AllowSudo}
 	for {
-		w := m.pool.take(tpl.Name, iso)
+		w := m.pool.take(key, iso)
 		if w == nil {
 			return Sandbox{}, errNoClaim
 		}
 		m.pool.poke() // refill behind the claim
 		pc := w.c
+		if pc.e.rec.AllowSudo != req.AllowSudo {
+			// Cannot be: take looked in the pool of the request's
+			// allow_sudo. Never hand it over.
+			m.log.Error("warm_sudo_mismatch", "sandbox_id", pc.e.id, "template", tpl.Name)
+			m.discard(w)
+			continue
+		}
 		if !slices.Equal(pc.tpl.Layers, tpl.Layers) || !reflect.DeepEqual(pc.tpl.Defaults, tpl.Defaults) {
 			// Made from an older build; TemplateChanged drains these
 			// too, this catches a change it was not told about.
@@ -475,16 +514,16 @@ func (m *Manager) claim(ctx context.Context, req CreateRequest, tpl template.Tem
 		}
 		if pc.e.rec.DiskBytes != req.Limits.DiskBytes {
 			m.log.Debug("warm_miss", "template", tpl.Name, "reason", "disk size")
-			if d := m.pool.giveBack(tpl.Name, w); d != nil {
+			if d := m.pool.giveBack(key, w); d != nil {
 				m.discard(d)
 			}
 			return Sandbox{}, errNoClaim
 		}
-		return m.claimOne(ctx, req, tpl, p, w)
+		return m.claimOne(ctx, req, tpl, p, key, w)
 	}
 }
 
-func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.Template, p policy.Policy, w *warm) (Sandbox, error) {
+func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.Template, p policy.Policy, key WarmKey, w *warm) (Sandbox, error) {
 	c, e := w.c, w.c.e
 	pool := e.rec
 	rt := m.runtimeOf(pool)
@@ -493,7 +532,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	up, canUpdate := rt.(Updater)
 	if !same && !canUpdate {
 		m.log.Debug("warm_miss", "template", tpl.Name, "reason", "limits cannot change")
-		if d := m.pool.giveBack(tpl.Name, w); d != nil {
+		if d := m.pool.giveBack(key, w); d != nil {
 			m.discard(d)
 		}
 		return Sandbox{}, errNoClaim
@@ -519,7 +558,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	m.mu.Lock()
 	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits); err != nil {
 		m.mu.Unlock()
-		if d := m.pool.giveBack(tpl.Name, w); d != nil {
+		if d := m.pool.giveBack(key, w); d != nil {
 			m.discard(d)
 		}
 		return Sandbox{}, err
@@ -551,7 +590,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 				m.forget(rec.ID)
 				e.rec = pool
 				e.publish()
-				if d := m.pool.giveBack(tpl.Name, w); d != nil {
+				if d := m.pool.giveBack(key, w); d != nil {
 					m.discard(d)
 				}
 				return Sandbox{}, errNoClaim

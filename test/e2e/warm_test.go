@@ -32,13 +32,24 @@ func startEgressOn(t *testing.T, tn *harness.TestNet, args ...string) *egressEnv
 // warmOf reports a template's warm pool as GET /v1/templates shows it.
 func warmOf(t *testing.T, d *Daemon, name string) client.WarmPool {
 	t.Helper()
+	return warmPoolOf(t, d, name, false)
+}
+
+// warmPoolOf reports a template's plain or (sudo) sudo-capable warm pool
+// as GET /v1/templates shows it.
+func warmPoolOf(t *testing.T, d *Daemon, name string, sudo bool) client.WarmPool {
+	t.Helper()
 	ts, err := d.Client.Templates(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, tp := range ts {
-		if tp.Name == name && tp.Warm != nil {
-			return *tp.Warm
+		w := tp.Warm
+		if sudo {
+			w = tp.WarmSudo
+		}
+		if tp.Name == name && w != nil {
+			return *w
 		}
 	}
 	return client.WarmPool{}
@@ -46,8 +57,13 @@ func warmOf(t *testing.T, d *Daemon, name string) client.WarmPool {
 
 func waitWarm(t *testing.T, d *Daemon, name string, ready int) {
 	t.Helper()
-	waitFor(t, 90*time.Second, "warm pool of "+name+" at "+strconv.Itoa(ready), func() bool {
-		return warmOf(t, d, name).Ready == ready
+	waitWarmPool(t, d, name, false, ready)
+}
+
+func waitWarmPool(t *testing.T, d *Daemon, name string, sudo bool, ready int) {
+	t.Helper()
+	waitFor(t, 90*time.Second, "warm pool of "+name+" (sudo "+strconv.FormatBool(sudo)+") at "+strconv.Itoa(ready), func() bool {
+		return warmPoolOf(t, d, name, sudo).Ready == ready
 	})
 }
 
@@ -211,7 +227,8 @@ func TestWarmPoolClaimIsFresh(t *testing.T) {
 
 // A pool set at run time survives neither a daemon crash nor a clean stop:
 // after SIGKILL the restarted daemon removes the pooled sandboxes it finds
-// (no record owns them), and a stop drains the pool.
+// (no record owns them), and a stop drains the pool. A sudo-capable pool
+// serves allow_sudo creates, and only them, without no_new_privs.
 func TestWarmPoolCrashLeavesNothing(t *testing.T) {
 	d := StartDaemon(t)
 	if out, errOut, code := d.CLI(t, nil, "template", "warm", "minimal", "2"); code != 0 || !strings.Contains(out, "target 2") {
@@ -251,4 +268,40 @@ func TestWarmPoolCrashLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitWarm(t, d, "minimal", 1)
+
+	// A sudo-capable pool beside it: allow_sudo creates claim from it,
+	// and only they do.
+	if out, errOut, code := d.CLI(t, nil, "template", "warm", "--allow-sudo", "minimal", "1"); code != 0 || !strings.Contains(out, "sudo warm pool target 1") {
+		t.Fatalf("template warm --allow-sudo: %d %q %q", code, out, errOut)
+	}
+	waitWarmPool(t, d, "minimal", true, 1)
+	if w := warmPoolOf(t, d, "minimal", true); w != (client.WarmPool{Target: 1, Ready: 1, AllowSudo: true}) {
+		t.Errorf("sudo pool = %+v, want target 1, ready 1, allow_sudo", w)
+	}
+	if out, errOut, code := d.CLI(t, nil, "template", "ls"); code != 0 || !strings.Contains(out, "1/1, sudo 1/1") {
+		t.Errorf("template ls: %d %q %q; want both pools in WARM", code, out, errOut)
+	}
+	nnp := func(sb *client.Sandbox) string {
+		for l := range strings.Lines(MustRun(t, sb, "cat /proc/self/status")) {
+			if v, ok := strings.CutPrefix(l, "NoNewPrivs:"); ok {
+				return strings.TrimSpace(v)
+			}
+		}
+		t.Fatalf("%s: no NoNewPrivs in /proc/self/status", sb.ID)
+		return ""
+	}
+	plain := d.Create(t, client.CreateRequest{Template: "minimal"})
+	if !createdWarm(t, d, plain.ID) || plain.AllowSudo || nnp(plain) != "1" {
+		t.Errorf("plain create %s: warm %v, allow_sudo %v, NoNewPrivs %s; want a plain pooled one", plain.ID, createdWarm(t, d, plain.ID), plain.AllowSudo, nnp(plain))
+	}
+	if w := warmPoolOf(t, d, "minimal", true); w.Ready != 1 {
+		t.Errorf("sudo pool after a plain create = %+v, want its one kept", w)
+	}
+	sudo := d.Create(t, client.CreateRequest{Template: "minimal", AllowSudo: true})
+	if !createdWarm(t, d, sudo.ID) || !sudo.AllowSudo || nnp(sudo) != "0" {
+		t.Errorf("allow_sudo create %s: warm %v, allow_sudo %v, NoNewPrivs %s; want the sudo pool's, without no_new_privs", sudo.ID, createdWarm(t, d, sudo.ID), sudo.AllowSudo, nnp(sudo))
+	}
+	// Both refill; the clean stop drains both.
+	waitWarm(t, d, "minimal", 1)
+	waitWarmPool(t, d, "minimal", true, 1)
 }
