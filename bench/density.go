@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/meminfo"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -142,19 +142,11 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.
 func memAvailable() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, err
+	info, err := meminfo.Read()
+	if err == nil && info.Available == 0 {
+		err = fmt.Errorf("no MemAvailable in /proc/meminfo")
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, fmt.Errorf("no MemAvailable in /proc/meminfo")
+	return info.Available, err
 }
 
 // rss is a process's resident set size in bytes (0 if unknown).

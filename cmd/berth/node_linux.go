@@ -3,14 +3,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	goruntime "runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,6 +21,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/daemon"
 	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/meminfo"
 )
 
 // newNodeCmd runs the daemon and registers the host as a Kubernetes node
@@ -182,21 +180,9 @@ func hostCapacity(cfg daemon.Config, maxPods int) (corev1.ResourceList, error) {
 }
 
 func memTotal() (int64, error) {
-	f, err := os.Open("/proc/meminfo")
+	info, err := meminfo.Read()
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("host memory: %w: %w", err, errdefs.ErrUnavailable)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) >= 2 && fields[0] == "MemTotal:" {
-			kb, err := strconv.ParseInt(fields[1], 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("/proc/meminfo: %w", err)
-			}
-			return kb << 10, nil
-		}
-	}
-	return 0, fmt.Errorf("/proc/meminfo has no MemTotal: %w", errdefs.ErrUnavailable)
+	return info.Total, nil
 }

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/meminfo"
 )
 
 // cpuSampler remembers the previous /proc/stat reading so each /metrics call
@@ -62,26 +64,12 @@ func readCPU() (busy, total uint64, ok bool) {
 }
 
 func readMem() (used, total uint64) {
-	f, err := os.Open("/proc/meminfo")
+	info, err := meminfo.Read()
 	if err != nil {
 		return 0, 0
 	}
-	defer f.Close()
-	var avail uint64
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 {
-			continue
-		}
-		n, _ := strconv.ParseUint(fields[1], 10, 64)
-		switch fields[0] {
-		case "MemTotal:":
-			total = n * 1024
-		case "MemAvailable:":
-			avail = n * 1024
-		}
-	}
+	total = uint64(info.Total)
+	avail := uint64(info.Available)
 	if avail > total {
 		return 0, total
 	}
