@@ -4,7 +4,6 @@
 package e2e
 
 import (
-	"fmt"
 	"os"
 	"testing"
 
@@ -14,16 +13,7 @@ import (
 var bin harness.Binaries
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		b, cleanup, err := harness.Build()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer cleanup()
-		bin = b
-		return m.Run()
-	}())
+	os.Exit(harness.Main(m, &bin, nil))
 }
 
 // StartDaemon starts a daemon for this test.

@@ -64,6 +64,26 @@ func Build() (Binaries, func(), error) {
 	return b, cleanup, nil
 }
 
+// Main is a test package's TestMain: it builds the binaries into *bin,
+// runs prepare (if any) with them, runs the tests (m is the *testing.M)
+// and removes the build. Use: os.Exit(harness.Main(m, &bin, nil)).
+func Main(m interface{ Run() int }, bin *Binaries, prepare func(Binaries) error) int {
+	b, cleanup, err := Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer cleanup()
+	*bin = b
+	if prepare != nil {
+		if err := prepare(b); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	return m.Run()
+}
+
 // TB is the part of testing.TB the harness uses, so benchmarks outside
 // `go test` can drive it too.
 type TB interface {

@@ -25,21 +25,13 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		b, cleanup, err := harness.Build()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer cleanup()
-		bin = b
+	os.Exit(harness.Main(m, &bin, func(b harness.Binaries) error {
 		attackerBin = filepath.Join(b.Dir, "attacker")
 		cmd := exec.Command("go", "build", "-o", attackerBin, "./attacker")
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "build attacker: %v\n%s", err, out)
-			return 1
+			return fmt.Errorf("build attacker: %v\n%s", err, out)
 		}
-		return m.Run()
-	}())
+		return nil
+	}))
 }

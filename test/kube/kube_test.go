@@ -33,16 +33,7 @@ import (
 var bin harness.Binaries
 
 func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		b, cleanup, err := harness.Build()
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer cleanup()
-		bin = b
-		return m.Run()
-	}())
+	os.Exit(harness.Main(m, &bin, nil))
 }
 
 // cluster is the control plane and two Berth nodes.
