@@ -3,7 +3,8 @@
 # (unit, conformance, end-to-end against a real daemon). Run as root.
 #
 # The debootstrap base used by the `base` template is cached in
-# ${BERTH_CACHE_DIR:-/var/cache/berth}; the first run builds it (~2 min).
+# ${BERTH_CACHE_DIR:-/var/cache/berth}; the first run builds it (~15 min),
+# as it does the Kubernetes control plane the test/kube suite runs (k8s/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh

@@ -121,7 +121,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 
 	r, err := d.Client.Resume(ctx, sb.ID, 0)
 	if err != nil || r.State != client.StateReady || r.Pause != "" {
-		t.Fatalf("resume: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+		t.Fatalf("resume: %+v, %v\n%s", r, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after resume")
 
@@ -135,7 +135,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	harness.AssertPausedClean(t, d, sb.ID)
 	r, err = d.Client.Resume(ctx, sb.ID, 0)
 	if err != nil || r.State != client.StateReady || r.Pause != "" {
-		t.Fatalf("resume after a restart: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+		t.Fatalf("resume after a restart: %+v, %v\n%s", r, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after a restart and resume")
 	t.Logf("memory cgroup holds %d MiB after resume", d.CgroupMemory(sb.ID)>>20)

@@ -59,7 +59,7 @@ func TestPauseGVisorOpenStream(t *testing.T) {
 	}
 
 	if r, err := d.Client.Resume(ctx, sb.ID, 0); err != nil || r.State != client.StateReady {
-		t.Fatalf("resume: %+v, %v\n%s", r.Sandbox, err, d.Logs())
+		t.Fatalf("resume: %+v, %v\n%s", r, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after resume")
 	if err := d.Client.Kill(ctx, sb.ID); err != nil {

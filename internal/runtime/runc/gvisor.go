@@ -154,17 +154,21 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
 	// unavailable") and died. The cgroup gets headroom for gVisor itself;
 	// a sandbox that forks through all of it still takes its sentry down
 	// (docs/security.md, gVisor, pids limit gap).
-	if p := sp.Linux.Resources.Pids; p != nil && p.Limit != nil && *p.Limit > 0 {
-		p.Limit = ptr(sentryPidsLimit(*p.Limit))
+	// Computed from the sandbox's own limit, never from the config's
+	// current value: a restore adapts the config.json this already
+	// adapted, and each pass would multiply the wall again (until the
+	// kernel refuses pids.max).
+	if p := sp.Linux.Resources.Pids; p != nil && spec.PidsLimit > 0 {
+		p.Limit = ptr(sentryPidsLimit(spec.PidsLimit))
 	}
 	if spec.AgentPids {
 		// The sentry's CAP_SYS_ADMIN, not the host's: the agent mounts
 		// the sentry's pids cgroup with it and drops it before serving
 		// (runtime.Spec.AgentPids).
 		c := sp.Process.Capabilities
-		c.Bounding = append(slices.Clone(c.Bounding), "CAP_SYS_ADMIN")
-		c.Effective = append(slices.Clone(c.Effective), "CAP_SYS_ADMIN")
-		c.Permitted = append(slices.Clone(c.Permitted), "CAP_SYS_ADMIN")
+		c.Bounding = withCap(c.Bounding, "CAP_SYS_ADMIN")
+		c.Effective = withCap(c.Effective, "CAP_SYS_ADMIN")
+		c.Permitted = withCap(c.Permitted, "CAP_SYS_ADMIN")
 		// The sentry applies the profile to the agent too: its mount and
 		// detach must pass. The agent denies the same calls to itself
 		// and to every process it starts right after (agent.DenyMounts).
@@ -178,6 +182,14 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil
 	sp.Linux.ReadonlyPaths = nil
+}
+
+// withCap is set plus name, once (gvisorSpec may adapt a config twice).
+func withCap(set []string, name string) []string {
+	if slices.Contains(set, name) {
+		return set
+	}
+	return append(slices.Clone(set), name)
 }
 
 // createGVisor starts a prepared gVisor sandbox: the config is written,

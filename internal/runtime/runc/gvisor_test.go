@@ -44,6 +44,17 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 		if got, want := *sp.Linux.Resources.Pids.Limit, int64(16*64+256); got != want {
 			t.Errorf("host pids limit = %d, want %d", got, want)
 		}
+		// A restore adapts the stored, already adapted config again:
+		// nothing may compound (a pids wall multiplied each resume
+		// ended past what the kernel accepts).
+		caps := len(sp.Process.Capabilities.Bounding)
+		gvisorSpec(sp, s, "/proc/1/ns/net")
+		if got, want := *sp.Linux.Resources.Pids.Limit, int64(16*64+256); got != want {
+			t.Errorf("host pids limit after a second pass = %d, want %d", got, want)
+		}
+		if got := len(sp.Process.Capabilities.Bounding); got != caps {
+			t.Errorf("bounding set after a second pass has %d entries, want %d", got, caps)
+		}
 	}
 	// The runc profile the gVisor one is cut from stays whole.
 	if names := seccompNames(seccompProfile().Syscalls); !slices.Contains(names, "mount") || !slices.Contains(names, "umount2") {
