@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -554,7 +555,8 @@ func TestMetrics(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("/metrics with an admin key = %d %s", st, body)
 	}
-	var parser expfmt.TextParser
+	// Strict names: every metric Berth exports is a legacy Prometheus name.
+	parser := expfmt.NewTextParser(model.LegacyValidation)
 	fams, err := parser.TextToMetricFamilies(strings.NewReader(body))
 	if err != nil {
 		t.Fatalf("parse /metrics: %v\n%s", err, body)
