@@ -205,6 +205,8 @@ func TestUploadsPruned(t *testing.T) {
 		if left := uploadsLeft(t, srv); len(left) != 1 {
 			t.Fatalf("uploads = %v, want h2", left)
 		}
+		// synctest's fake clock: these sleeps move time for the sweeper
+		// and wait for nothing real; synctest.Wait settles it.
 		time.Sleep(uploadMaxAge / 2)
 		synctest.Wait()
 		if left := uploadsLeft(t, srv); len(left) != 1 {
@@ -242,7 +244,7 @@ func TestUploadsAdoptedAfterRestart(t *testing.T) {
 		if left := uploadsLeft(t, srv); len(left) != 1 || left[0] != strings.Repeat("c3", 32) {
 			t.Fatalf("uploads after start = %v, want the whole one only", left)
 		}
-		time.Sleep(uploadMaxAge + uploadSweepEvery)
+		time.Sleep(uploadMaxAge + uploadSweepEvery) // synctest's fake clock, as above
 		synctest.Wait()
 		if left := uploadsLeft(t, srv); len(left) != 0 {
 			t.Fatalf("left uploads past the age bound = %v, want none", left)
