@@ -83,6 +83,8 @@ type Server struct {
 	pidsKiller *pidsKiller
 	cpu        cpuSampler
 	handler    http.Handler
+	// conns is what the servers hold open (quiesce.go).
+	conns *connTracker
 
 	mu     sync.Mutex
 	srvs   []*http.Server
@@ -125,6 +127,7 @@ func New(cfg Config) (*Server, error) {
 		id:      identity{token: cfg.Token, env: env, user: cfg.DefaultUser},
 		procs:   &procTable{spawner: spawner{reaper: cfg.Reaper}, logger: cfg.Logger, ptySignals: cfg.PTYSignals, pids: cfg.Pids, byPID: map[int]*proc{}},
 		watches: newWatcherSet(),
+		conns:   newConnTracker(),
 	}
 	mux := http.NewServeMux()
 	mux.Handle(processconnect.NewProcessHandler(&processService{s: s}))
@@ -135,6 +138,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("GET /files", s.getFile)
 	mux.HandleFunc("POST /files", s.postFile)
 	mux.HandleFunc("POST /init", s.postInit)
+	mux.HandleFunc("POST /quiesce", s.postQuiesce)
 	s.handler = s.authorize(mux)
 	if cfg.Pids != nil {
 		s.pidsKiller = startPidsKiller(cfg.Pids, s.procs)
@@ -172,6 +176,8 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		Protocols:         protos,
 		ReadHeaderTimeout: 30 * time.Second,
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ConnState:         s.conns.hook,
+		ConnContext:       func(ctx context.Context, c net.Conn) context.Context { return context.WithValue(ctx, connKey{}, c) },
 	}
 	s.mu.Lock()
 	if s.closed {

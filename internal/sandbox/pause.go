@@ -63,6 +63,12 @@ type reattacher interface {
 // returns (agentlink.Link).
 type connCloser interface{ CloseTo(host string) }
 
+// quiescer is the Prober's optional ability to have a sandbox's agent
+// close every connection it holds and confirm it (agentlink.Link).
+type quiescer interface {
+	Quiesce(ctx context.Context, addr, token string) error
+}
+
 // idleCloser is the Prober's optional ability to drop its idle
 // connections to agents.
 type idleCloser interface{ CloseIdle() }
@@ -173,7 +179,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	}
 	kind, note := "", ""
 	if canCheckpoint {
-		err := m.checkpoint(ctx, cp, id, e.att.SandboxIP.String())
+		err := m.checkpoint(ctx, cp, e)
 		switch {
 		case err == nil:
 			kind = core.PauseMemory
@@ -229,9 +235,10 @@ func (m *Manager) pauseAtDeadline(e *entry) bool {
 	return true
 }
 
-// checkpoint saves sandbox id, at address ip, into its checkpoint dir:
-// written under a temporary name and renamed once complete.
-func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id, ip string) error {
+// checkpoint saves sandbox e into its checkpoint dir: written under a
+// temporary name and renamed once complete.
+func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, e *entry) error {
+	id := e.id
 	if err := m.removeCheckpoint(id); err != nil {
 		return err
 	}
@@ -241,15 +248,24 @@ func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, id, ip string
 	// The daemon's connections into the sandbox (to its agent, or
 	// proxied to its ports) are connected endpoints in its network
 	// stack, which gVisor will not save (and a failed save ends the
-	// sandbox): all of them go first, idle ones
-	// and those carrying an attached stream or a call (which then end;
-	// the sandbox is pausing, so no new one starts), each with a reset
-	// (see agentlink) that reaches the sandbox well before the
-	// checkpoint, a runsc start away, stops its network stack.
+	// sandbox): all of them go first, idle ones and those carrying an
+	// attached stream or a call (which then end; the sandbox is pausing,
+	// so no new one starts), each with a reset (see agentlink).
 	if cc, ok := m.deps.Prober.(connCloser); ok {
-		cc.CloseTo(ip)
+		cc.CloseTo(e.att.SandboxIP.String())
 	} else if ic, ok := m.deps.Prober.(idleCloser); ok {
 		ic.CloseIdle()
+	}
+	// A reset endpoint the agent has not closed yet is refused too (it
+	// still has waiters), and when the agent notices the reset is a race
+	// with the checkpoint: the agent closes what is left and says so.
+	if q, ok := m.deps.Prober.(quiescer); ok {
+		qctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := q.Quiesce(qctx, agentAddr(e.att), e.rec.Token)
+		cancel()
+		if err != nil {
+			m.log.Warn("quiesce", "sandbox_id", id, "err", err)
+		}
 	}
 	tmp := m.partialDir(id)
 	if err := cp.Checkpoint(ctx, id, tmp); err != nil {

@@ -17,19 +17,24 @@ import (
 
 // counterScript fills 48 MiB of sentry memory (/tmp is a tmpfs there)
 // with random bytes, records their sum, then counts in a shell variable,
-// writing each value to /tmp/count: a process whose state lives only in
-// memory.
-const counterScript = `head -c 50331648 /dev/urandom > /tmp/ballast && md5sum /tmp/ballast > /tmp/sum && i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done`
+// writing each value to /tmp/count (by rename, so a reader never sees it
+// empty): a process whose state lives only in memory.
+const counterScript = `head -c 50331648 /dev/urandom > /tmp/ballast && md5sum /tmp/ballast > /tmp/sum && i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done`
 
 // readCount reads the counter's last value, 0 when there is none yet.
 func readCount(t *testing.T, sb *client.Sandbox) int {
 	t.Helper()
+	n, _ := countOf(t, sb)
+	return n
+}
+
+// countOf reads the counter's last value, failing when it cannot.
+func countOf(t *testing.T, sb *client.Sandbox) (int, error) {
 	var b bytes.Buffer
 	if err := sb.ReadFile(t.Context(), "/tmp/count", &b); err != nil {
-		return 0
+		return 0, err
 	}
-	n, _ := strconv.Atoi(strings.TrimSpace(b.String()))
-	return n
+	return strconv.Atoi(strings.TrimSpace(b.String()))
 }
 
 // startCounter starts counterScript in sb and waits until it counts.
@@ -45,7 +50,10 @@ func startCounter(t *testing.T, sb *client.Sandbox) {
 // count at least since, its memory's sum unchanged) and still counts.
 func assertCounting(t *testing.T, sb *client.Sandbox, since int, when string) {
 	t.Helper()
-	first := readCount(t, sb)
+	first, err := countOf(t, sb)
+	if err != nil {
+		t.Fatalf("%s: reading the count: %v", when, err)
+	}
 	if first < since {
 		t.Fatalf("%s: count %d, below %d before: the counter's memory was not kept", when, first, since)
 	}
