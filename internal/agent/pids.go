@@ -50,7 +50,11 @@ type PidsCgroup struct {
 const pidsCheckInterval = 50 * time.Millisecond
 
 // drainLimit bounds the wait for killed processes to leave the count.
-const drainLimit = 10 * time.Second
+// Starts wait for the drain (it holds the fork lock), so it is generous:
+// on the ptrace platform, next to a CPU hog on both cores, 64 killed
+// tasks took more than 10 s to be reaped, and an exec started right after
+// the bomb's then failed at the limit.
+const drainLimit = time.Minute
 
 // SetupPidsCgroup mounts the pids cgroup hierarchy on a fresh directory
 // under dir, makes the workload cgroup with pids.max = max, opens what the

@@ -393,3 +393,60 @@ func TestMonitor(t *testing.T) {
 		f.assertNothingLeft(t)
 	})
 }
+
+// TestMonitorGVisorOOMSampledBeforeExit: a gVisor sandbox dies whole when
+// the host's OOM killer takes its sentry, and the monitor's sampling may
+// count that kill (and report it) while the dying sentry still looks
+// running: the exit that follows is still put down to memory. A runc
+// sandbox, where an OOM kill takes one process and init lives on, keeps
+// the plain reason.
+func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
+	for _, iso := range []string{core.IsolationGVisor, core.IsolationRunc} {
+		t.Run(iso, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var (
+					mu   sync.Mutex
+					ooms = map[string]int64{}
+				)
+				stats := func(ctx context.Context, id string) (runtime.Stats, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					return runtime.Stats{OOMKills: ooms[id], MemoryLimit: 64 << 20}, nil
+				}
+				f := newLifeFixture(t, func(d *Deps) {
+					rt := statsRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), stats: stats}
+					d.Runtime = rt
+					d.Runtimes = map[string]Runtime{core.IsolationRunc: rt, core.IsolationGVisor: rt}
+				})
+				sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour, Isolation: iso})
+				if err != nil {
+					t.Fatal(err)
+				}
+				mu.Lock()
+				ooms[sb.ID] = 1
+				mu.Unlock()
+				time.Sleep(f.m.cfg.MonitorInterval)
+				synctest.Wait()
+				if got := f.st.types(sb.ID); !slices.Contains(got, EventOOM) {
+					t.Fatalf("events after an OOM kill = %v, want %s", got, EventOOM)
+				}
+				f.rt.mu.Lock()
+				f.rt.running[sb.ID] = runtime.StatusStopped
+				f.rt.mu.Unlock()
+				time.Sleep(f.m.cfg.MonitorInterval)
+				synctest.Wait()
+				got, err := f.m.Get(t.Context(), sb.ID)
+				if err != nil || State(got.State) != StateStopped {
+					t.Fatalf("sandbox whose init died = %+v, %v; want stopped", got.Sandbox, err)
+				}
+				if oom := strings.Contains(got.Reason, "out of memory"); oom != (iso == core.IsolationGVisor) {
+					t.Errorf("reason = %q; out of memory named: %v, want %v", got.Reason, oom, iso == core.IsolationGVisor)
+				}
+				if evs := f.st.types(sb.ID); len(slices.DeleteFunc(evs, func(s string) bool { return s != EventOOM })) != 1 {
+					t.Errorf("events = %v, want one %s", evs, EventOOM)
+				}
+				f.assertNothingLeft(t)
+			})
+		})
+	}
+}

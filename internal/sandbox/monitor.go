@@ -7,6 +7,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -112,11 +113,19 @@ func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status r
 		return reason
 	}
 	prev := e.ooms.Swap(stats.OOMKills)
-	if stats.OOMKills <= prev {
+	fresh := stats.OOMKills > prev
+	// Under gVisor every process in the sandbox's cgroup is the sentry
+	// or its gofer, and the sandbox cannot run without either: any kill
+	// there ended it, also one the monitor's sampling already counted
+	// (and reported) while the dying sentry still looked running.
+	fatal := e.cur.Load().rec.Isolation == core.IsolationGVisor && stats.OOMKills > 0
+	if !fresh && !fatal {
 		return reason
 	}
 	reason = fmt.Sprintf("out of memory: the sandbox was killed at its memory limit (%s); %s", fmtBytes(stats.MemoryLimit), reason)
-	m.event(ctx, e.id, EventOOM, reason)
+	if fresh {
+		m.event(ctx, e.id, EventOOM, reason)
+	}
 	return reason
 }
 
