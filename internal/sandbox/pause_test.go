@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -70,9 +71,14 @@ type cpRuntime struct {
 	checkpointErr error
 	lose          bool
 	restores      int
+	// onCheckpoint, when set, is called as Checkpoint begins.
+	onCheckpoint func()
 }
 
 func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
+	if r.onCheckpoint != nil {
+		r.onCheckpoint()
+	}
 	if r.checkpointErr != nil {
 		if r.lose {
 			_ = r.Stop(ctx, id)
@@ -713,4 +719,69 @@ func TestIdlePause(t *testing.T) {
 			t.Errorf("Create(idle pause 1ms) = %v, want invalid argument", err)
 		}
 	})
+}
+
+// callLog is the calls a pause makes into a sandbox, in order.
+type callLog struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (l *callLog) add(c string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, c)
+}
+
+func (l *callLog) list() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.calls)
+}
+
+// quiesceProber is a Prober that closes connections and quiesces agents
+// (as agentlink.Link does), recording both; Quiesce fails with err.
+type quiesceProber struct {
+	fakeProber
+	log *callLog
+	err error
+}
+
+func (p quiesceProber) CloseTo(host string) { p.log.add("close") }
+
+func (p quiesceProber) Quiesce(ctx context.Context, addr, token string) error {
+	p.log.add("quiesce " + token)
+	return p.err
+}
+
+// TestPauseQuiescesBeforeCheckpoint: a memory pause closes the daemon's
+// connections into the sandbox, then has the agent close its own (with
+// the sandbox's token), and only then checkpoints; an agent that cannot
+// quiesce (an older one) does not stop the pause.
+func TestPauseQuiescesBeforeCheckpoint(t *testing.T) {
+	for _, qerr := range []error{nil, errdefs.ErrNotImplemented} {
+		t.Run(fmt.Sprint(qerr), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				log := &callLog{}
+				rt := newCPRuntime()
+				rt.onCheckpoint = func() { log.add("checkpoint") }
+				f := newPauseFixture(t, rt)
+				f.deps.Prober = quiesceProber{log: log, err: qerr}
+				f.m.Close()
+				f.start(t)
+				ctx := t.Context()
+				sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := f.m.Pause(ctx, sb.ID)
+				if err != nil || got.Pause != core.PauseMemory {
+					t.Fatalf("Pause = %+v, %v; want paused with memory", got.Sandbox, err)
+				}
+				if want := []string{"close", "quiesce " + sb.Token, "checkpoint"}; !slices.Equal(log.list(), want) {
+					t.Errorf("calls = %q, want %q", log.list(), want)
+				}
+			})
+		})
+	}
 }
