@@ -219,6 +219,12 @@ func (x *execRecorder) onMsg(flags byte, msg []byte) {
 		if end.Error != nil {
 			x.e.Error = end.GetError()
 		}
+		// Written now, while the end event is on its way to the client
+		// (this runs inside the read that hands it over), so a client
+		// that reads the work log once its command ended finds the end
+		// there; finish writes the entry again if the stream adds to it.
+		x.e.Stdout, x.e.Stderr, x.e.PTYOut = x.out[0].stream(), x.out[1].stream(), x.out[2].stream()
+		x.l.Append(x.e)
 	}
 }
 

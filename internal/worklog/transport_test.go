@@ -20,15 +20,25 @@ import (
 
 type fakeProc struct {
 	processconnect.UnimplementedProcessHandler
+	// hold, when set, keeps the stream open after the end event until it
+	// is closed.
+	hold chan struct{}
 }
 
-func (fakeProc) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
+func (f fakeProc) Start(ctx context.Context, req *connect.Request[process.StartRequest], st *connect.ServerStream[process.StartResponse]) error {
 	send := func(ev *process.ProcessEvent) error { return st.Send(&process.StartResponse{Event: ev}) }
 	send(&process.ProcessEvent{Event: &process.ProcessEvent_Start{Start: &process.ProcessEvent_StartEvent{Pid: 42}}})
 	out := strings.Repeat("o", 3000) + "END"
 	send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stdout{Stdout: []byte(out)}}}})
 	send(&process.ProcessEvent{Event: &process.ProcessEvent_Data{Data: &process.ProcessEvent_DataEvent{Output: &process.ProcessEvent_DataEvent_Stderr{Stderr: []byte("oops")}}}})
-	return send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{ExitCode: 3, Exited: true, Status: "exit status 3"}}})
+	err := send(&process.ProcessEvent{Event: &process.ProcessEvent_End{End: &process.ProcessEvent_EndEvent{ExitCode: 3, Exited: true, Status: "exit status 3"}}})
+	if f.hold != nil {
+		select {
+		case <-f.hold:
+		case <-ctx.Done():
+		}
+	}
+	return err
 }
 
 type fakeFS struct {
@@ -43,8 +53,14 @@ func (fakeFS) MakeDir(context.Context, *connect.Request[filesystem.MakeDirReques
 // transport records traffic to it.
 func agentFixture(t *testing.T) (*Log, *http.Client, string) {
 	t.Helper()
+	return agentFixtureProc(t, fakeProc{})
+}
+
+// agentFixtureProc is agentFixture with proc as the process service.
+func agentFixtureProc(t *testing.T, proc fakeProc) (*Log, *http.Client, string) {
+	t.Helper()
 	mux := http.NewServeMux()
-	mux.Handle(processconnect.NewProcessHandler(fakeProc{}))
+	mux.Handle(processconnect.NewProcessHandler(proc))
 	mux.Handle(filesystemconnect.NewFilesystemHandler(fakeFS{}))
 	mux.HandleFunc("POST /files", func(w http.ResponseWriter, r *http.Request) {
 		buf := make([]byte, 1024)
@@ -120,6 +136,33 @@ func TestTransportRecordsExec(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTransportRecordsExecEndBeforeClient: the entry says how a command
+// ended by the time the client has the end event, though the stream is
+// still open (a client that reads the work log once its command ended
+// finds the end there).
+func TestTransportRecordsExecEndBeforeClient(t *testing.T) {
+	hold := make(chan struct{})
+	defer close(hold)
+	l, hc, base := agentFixtureProc(t, fakeProc{hold: hold})
+	pc := processconnect.NewProcessClient(marked{hc}, base)
+	st, err := pc.Start(t.Context(), connect.NewRequest(&process.StartRequest{Process: &process.ProcessConfig{Cmd: "sh"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	for st.Receive() {
+		if st.Msg().GetEvent().GetEnd() == nil {
+			continue
+		}
+		es, err := l.Read(t.Context(), "sb1")
+		if err != nil || len(es) != 1 || !es[0].Done || es[0].ExitCode != 3 || es[0].Stderr.Bytes != 4 {
+			t.Fatalf("work log when the client has the end event = %+v, %v; want one entry, done, exit 3, its stderr", es, err)
+		}
+		return
+	}
+	t.Fatalf("the stream ended without an end event: %v", st.Err())
 }
 
 func TestTransportRecordsFiles(t *testing.T) {
