@@ -425,6 +425,8 @@ func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
 				mu.Lock()
 				ooms[sb.ID] = 1
 				mu.Unlock()
+				// synctest bubble: the sleep moves the fake clock one
+				// monitor round on; Wait lets that round finish.
 				time.Sleep(f.m.cfg.MonitorInterval)
 				synctest.Wait()
 				if got := f.st.types(sb.ID); !slices.Contains(got, EventOOM) {
@@ -433,6 +435,8 @@ func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
 				f.rt.mu.Lock()
 				f.rt.running[sb.ID] = runtime.StatusStopped
 				f.rt.mu.Unlock()
+				// synctest bubble: the sleep moves the fake clock one
+				// monitor round on; Wait lets that round finish.
 				time.Sleep(f.m.cfg.MonitorInterval)
 				synctest.Wait()
 				got, err := f.m.Get(t.Context(), sb.ID)
