@@ -45,7 +45,7 @@ type IsolationLevel struct {
 	Default bool `json:"default"`
 	// Runtime is the runtime's build ("runc 1.1.5+ds1", "runsc
 	// 0.0~20221219.0"); Platform is gVisor's syscall interception
-	// platform (ptrace, kvm).
+	// platform (ptrace, systrap, kvm).
 	Runtime  string `json:"runtime,omitempty"`
 	Platform string `json:"platform,omitempty"`
 }

@@ -149,7 +149,7 @@ func (o *serveOptions) bind(f *pflag.FlagSet) {
 	f.StringVar(&flags.E2BDomain, "e2b-domain", "berth.localhost", "preview domain of the E2B API: Host <port>-<sandbox>.<domain> reaches that sandbox port")
 	f.StringVar(&flags.DefaultIsolation, "default-isolation", "runc", "isolation level (runc or gvisor) of sandboxes whose request and template name none")
 	f.StringVar(&flags.GVisorBinary, "gvisor-runtime", "runsc", "gVisor's runsc binary (the gvisor isolation level)")
-	f.StringVar(&flags.GVisorPlatform, "gvisor-platform", "", "runsc platform: ptrace or kvm (default: probed)")
+	f.StringVar(&flags.GVisorPlatform, "gvisor-platform", "", "runsc platform: ptrace, systrap or kvm (default: probed)")
 	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
 	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
 	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")

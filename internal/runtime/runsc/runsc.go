@@ -28,8 +28,9 @@ import (
 
 // Platforms runsc can intercept system calls with.
 const (
-	PlatformPtrace = "ptrace"
-	PlatformKVM    = "kvm"
+	PlatformPtrace  = "ptrace"
+	PlatformSystrap = "systrap"
+	PlatformKVM     = "kvm"
 )
 
 // Config configures a Runtime. The directory and uid fields mean what
@@ -46,9 +47,10 @@ type Config struct {
 	SlotDir             string
 	DiskPoolDir         string
 	DiskPoolDepth       int
-	// Platform is "ptrace", "kvm" or "" to probe: kvm when /dev/kvm
-	// exists and a trial sandbox on it runs within ProbeTimeout, else
-	// ptrace. (A nested, paravirtual /dev/kvm can hang runsc's kvm
+	// Platform is "ptrace", "systrap", "kvm" or "" to probe: kvm when
+	// /dev/kvm exists and a trial sandbox on it runs within ProbeTimeout,
+	// else systrap when this runsc has it (releases from mid-2023 on),
+	// else ptrace. (A nested, paravirtual /dev/kvm can hang runsc's kvm
 	// platform; the bound catches that.)
 	Platform     string
 	ProbeTimeout time.Duration // default 20s
@@ -82,10 +84,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	platform := cfg.Platform
 	switch platform {
 	case PlatformPtrace, PlatformKVM:
+	case PlatformSystrap:
+		if !hasSystrap(version) {
+			return nil, fmt.Errorf("gvisor: platform %q: runsc %s predates it; want ptrace or kvm, or a newer runsc: %w", platform, version, errdefs.ErrInvalidArgument)
+		}
 	case "":
-		platform = probePlatform(ctx, bin, cfg.ProbeTimeout, cfg.Logger)
+		platform = probePlatform(ctx, bin, version, cfg.ProbeTimeout, cfg.Logger)
 	default:
-		return nil, fmt.Errorf("gvisor: platform %q: want ptrace or kvm: %w", platform, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, systrap or kvm: %w", platform, errdefs.ErrInvalidArgument)
 	}
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
@@ -107,8 +113,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	return &Runtime{Runtime: r, version: version, platform: platform}, nil
 }
 
-// Version is the runsc version, e.g. "0.0~20221219.0", for `berth
-// version` and inspect.
+// Version is the runsc version, e.g. "0.0~20221219.0" (Debian),
+// "release-20260817.0" (a gVisor release) or "go-20260701204157-69c2d17aea96"
+// (built from source by scripts/runsc-bin.sh), for `berth version` and
+// inspect.
 func (r *Runtime) Version() string { return r.version }
 
 // Platform is the platform sandboxes run on.
@@ -131,32 +139,65 @@ func Version(ctx context.Context, bin string) (string, error) {
 	return v, nil
 }
 
+// versionDate is the build date, YYYYMMDD, in a runsc version:
+// "0.0~YYYYMMDD.N" (Debian), "release-YYYYMMDD.N" (gVisor releases) or
+// "go-YYYYMMDDhhmmss-commit" (scripts/runsc-bin.sh). "" if the form is
+// unknown.
+func versionDate(version string) string {
+	v := version
+	for _, p := range []string{"0.0~", "release-", "go-"} {
+		v = strings.TrimPrefix(v, p)
+	}
+	if len(v) < 8 {
+		return ""
+	}
+	for _, c := range v[:8] {
+		if c < '0' || c > '9' {
+			return ""
+		}
+	}
+	if len(v) > 8 && v[8] != '.' && (v[8] < '0' || v[8] > '9') {
+		return ""
+	}
+	return v[:8]
+}
+
 // probesRmemDefault reports whether runsc version tells the host's
 // network namespace by /proc/sys/net/core/rmem_default, as releases before
-// 2024-08-01 do (runc.GVisor.HideNetSysctl). Versions are
-// "0.0~YYYYMMDD.N" (Debian) or "release-YYYYMMDD.N"; an unknown form is
-// taken as old, which costs only the shim.
+// 2024-08-01 do (runc.GVisor.HideNetSysctl). An unknown version is taken
+// as old, which costs only the shim.
 func probesRmemDefault(version string) bool {
-	v := strings.TrimPrefix(strings.TrimPrefix(version, "0.0~"), "release-")
-	date, _, _ := strings.Cut(v, ".")
-	if len(date) != 8 {
-		return true
-	}
-	return date < "20240801"
+	date := versionDate(version)
+	return date == "" || date < "20240801"
+}
+
+// hasSystrap reports whether runsc version has the systrap platform,
+// runsc's default since mid-2023 (Debian bookworm's 2022 build has only
+// ptrace and kvm). An unknown version is taken as old.
+func hasSystrap(version string) bool {
+	date := versionDate(version)
+	return date != "" && date >= "20230601"
 }
 
 // probePlatform picks kvm if /dev/kvm exists and a trial sandbox on it
-// runs to completion within timeout, else ptrace.
-func probePlatform(ctx context.Context, bin string, timeout time.Duration, log *slog.Logger) string {
+// runs to completion within timeout, else systrap if runsc has it, else
+// ptrace. Systrap intercepts system calls with seccomp and shared memory
+// instead of a ptrace stop per call: much faster, and it keeps up with a
+// process storm that ptrace's per-thread tracer cannot.
+func probePlatform(ctx context.Context, bin, version string, timeout time.Duration, log *slog.Logger) string {
+	fallback := PlatformPtrace
+	if hasSystrap(version) {
+		fallback = PlatformSystrap
+	}
 	if _, err := os.Stat("/dev/kvm"); err != nil {
-		return PlatformPtrace
+		return fallback
 	}
 	if timeout <= 0 {
 		timeout = 20 * time.Second
 	}
 	if err := trial(ctx, bin, PlatformKVM, timeout); err != nil {
-		log.Warn("gvisor kvm platform unusable, using ptrace", "err", err)
-		return PlatformPtrace
+		log.Warn("gvisor kvm platform unusable", "err", err, "using", fallback)
+		return fallback
 	}
 	return PlatformKVM
 }
