@@ -21,6 +21,10 @@
 // With -pause N it instead pauses and resumes one sandbox holding
 // -pause-mib MiB N times (bench/pause.go).
 //
+// With -template-build N it instead builds one Dockerfile N times through
+// the daemon and with Debian's buildah, cold and cached, and compares the
+// TTI of the built template with base's (bench/templatebuild.go).
+//
 // With -runtimes it instead measures at the runtime level, runc and gVisor
 // side by side: raw `runc run` / `runsc run` floors, runtime Create →
 // agent ready, exec round trip and memory per idle sandbox
@@ -31,6 +35,7 @@
 // or: go run ./bench -runtimes [-n 20] [-exec-n 50]
 // or: go run ./bench -pause 10 [-pause-mib 256]
 // or: go run ./bench -snapshot 5 [-snapshot-mib 64]
+// or: go run ./bench -template-build 5
 package main
 
 import (
@@ -68,6 +73,7 @@ func main() {
 	pause := flag.Int("pause", 0, "instead, this many pause/resume rounds of a sandbox holding -pause-mib MiB (bench/pause.go)")
 	pauseMiB := flag.Int("pause-mib", 256, "memory the paused sandbox's process holds")
 	snapshot := flag.Int("snapshot", 0, "instead, this many rounds of snapshot, create-from-snapshot and fork of a sandbox that wrote -snapshot-mib MiB (bench/snapshot.go)")
+	templateBuild := flag.Int("template-build", 0, "instead, this many rounds of a Dockerfile build through the daemon next to `buildah bud` (bench/templatebuild.go)")
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
 	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
 	only := flag.String("rows", "tti,exec,warm,burst,e2b", "which of the latency rows to measure")
@@ -80,6 +86,12 @@ func main() {
 	burstProfileDir = *pprofDir
 	tb := &runner{}
 	defer tb.finish()
+	if *templateBuild > 0 {
+		if err := runTemplateBuild(tb, *templateBuild); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
 	if *snapshot > 0 {
 		if err := runSnapshot(tb, *snapshot, *snapshotMiB); err != nil {
 			tb.Fatalf("%v", err)

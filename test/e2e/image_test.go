@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,40 +28,23 @@ func busyboxImage(t *testing.T) *harness.OCILayout {
 	return oci
 }
 
-// busyboxRoot fills root with a static busybox, its applets, accounts for
-// root and user (uid 1000), and /work.
+// busyboxRoot fills root with harness.BusyboxRoot's tree plus what the
+// layer tests look for: /opt/gone (whited out later), /data/old (hidden
+// by an opaque dir later) and /etc/arch.
 func busyboxRoot(t *testing.T) func(root string) {
+	base := harness.BusyboxRoot(t)
 	return func(root string) {
 		t.Helper()
-		out, err := exec.Command("/bin/busybox", "--list-full").Output()
-		if err != nil {
-			t.Fatalf("busybox --list-full: %v", err)
-		}
+		base(root)
 		must := func(err error) {
 			t.Helper()
 			if err != nil {
 				t.Fatal(err)
 			}
 		}
-		for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "tmp", "work", "home/user", "opt/gone", "data"} {
+		for _, d := range []string{"opt/gone", "data"} {
 			must(os.MkdirAll(filepath.Join(root, d), 0o755))
 		}
-		must(os.Chmod(filepath.Join(root, "tmp"), 0o1777))
-		b, err := os.ReadFile("/bin/busybox")
-		must(err)
-		must(os.WriteFile(filepath.Join(root, "bin/busybox"), b, 0o755))
-		for _, applet := range strings.Fields(string(out)) {
-			p := filepath.Join(root, filepath.Clean("/"+applet))
-			if _, err := os.Lstat(p); err == nil {
-				continue
-			}
-			must(os.MkdirAll(filepath.Dir(p), 0o755))
-			must(os.Symlink("/bin/busybox", p))
-		}
-		must(os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n"), 0o644))
-		must(os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\nuser:x:1000:\n"), 0o644))
-		must(os.Chown(filepath.Join(root, "home/user"), 1000, 1000))
-		must(os.Chown(filepath.Join(root, "work"), 1000, 1000))
 		must(os.WriteFile(filepath.Join(root, "opt/gone/file"), []byte("deleted later\n"), 0o644))
 		must(os.WriteFile(filepath.Join(root, "data/old"), []byte("hidden by an opaque dir\n"), 0o644))
 		must(os.WriteFile(filepath.Join(root, "etc/arch"), []byte("amd64\n"), 0o644))

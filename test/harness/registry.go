@@ -322,3 +322,42 @@ func (l *OCILayout) Push(tag string, r *Registry, repoTag string) {
 	}
 	l.run("skopeo", append(args, "oci:"+l.image(tag), "docker://"+r.Addr+"/"+repoTag)...)
 }
+
+// BusyboxRoot returns a fill for OCILayout.AddLayer: a static busybox
+// (the host's /bin/busybox, Debian's busybox-static) with every applet
+// linked, accounts for root and user (uid 1000) with their homes, /tmp
+// and /work (owned by user).
+func BusyboxRoot(t TB) func(root string) {
+	return func(root string) {
+		t.Helper()
+		out, err := exec.Command("/bin/busybox", "--list-full").Output()
+		if err != nil {
+			t.Fatalf("busybox --list-full: %v", err)
+		}
+		must := func(err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatalf("busybox root: %v", err)
+			}
+		}
+		for _, d := range []string{"bin", "sbin", "usr/bin", "usr/sbin", "etc", "tmp", "work", "home/user"} {
+			must(os.MkdirAll(filepath.Join(root, d), 0o755))
+		}
+		must(os.Chmod(filepath.Join(root, "tmp"), 0o1777))
+		b, err := os.ReadFile("/bin/busybox")
+		must(err)
+		must(os.WriteFile(filepath.Join(root, "bin/busybox"), b, 0o755))
+		for _, applet := range strings.Fields(string(out)) {
+			p := filepath.Join(root, filepath.Clean("/"+applet))
+			if _, err := os.Lstat(p); err == nil {
+				continue
+			}
+			must(os.MkdirAll(filepath.Dir(p), 0o755))
+			must(os.Symlink("/bin/busybox", p))
+		}
+		must(os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nuser:x:1000:1000:user:/home/user:/bin/sh\n"), 0o644))
+		must(os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\nuser:x:1000:\n"), 0o644))
+		must(os.Chown(filepath.Join(root, "home/user"), 1000, 1000))
+		must(os.Chown(filepath.Join(root, "work"), 1000, 1000))
+	}
+}
