@@ -13,7 +13,6 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/internal/meminfo"
-	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // runDensity holds n idle sandboxes of template minimal on one daemon,
@@ -29,12 +28,11 @@ import (
 //     namespaces and links, runc's short-lived processes) but also whatever
 //     else the host did meanwhile.
 func runDensity(tb *runner, n, batch int, iso string) error {
-	bin, cleanup, err := harness.Build()
+	d, cleanup, err := startDaemon(tb)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
 	ctx := context.Background()
 	// One sandbox made and destroyed first: the daemon's caches, the
 	// template and the disk pool are warm before the baseline.

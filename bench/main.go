@@ -122,13 +122,12 @@ func main() {
 }
 
 func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso string) error {
-	bin, cleanup, err := harness.Build()
+	// Debug logging gives the create phases (bench/phases.go).
+	d, cleanup, err := startDaemon(tb, "--debug")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	// Debug logging gives the create phases (bench/phases.go).
-	d := harness.StartDaemon(tb, bin, "--debug")
 	ctx := context.Background()
 	var rows []row
 	var phases []row
@@ -237,6 +236,16 @@ func (f *firstByte) Write(p []byte) (int, error) {
 		f.once.Do(func() { f.at = time.Now(); close(f.ch) })
 	}
 	return len(p), nil
+}
+
+// startDaemon builds berth and starts a daemon of it with args; cleanup
+// removes the build once the daemon is done with it.
+func startDaemon(tb *runner, args ...string) (*harness.Daemon, func(), error) {
+	bin, cleanup, err := harness.Build()
+	if err != nil {
+		return nil, nil, err
+	}
+	return harness.StartDaemon(tb, bin, args...), cleanup, nil
 }
 
 func measureTTI(ctx context.Context, d *harness.Daemon, tpl string, n int, iso string) ([]time.Duration, error) {

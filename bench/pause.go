@@ -23,14 +23,13 @@ import (
 // template and level (create → agent answers), which a filesystem resume
 // resembles.
 func runPause(tb *runner, n, mib int, isos []string) error {
-	bin, cleanup, err := harness.Build()
+	// Debug logging: the runtime's phase timings say how much of a
+	// gVisor pause and resume runsc itself took (runscPhase).
+	d, cleanup, err := startDaemon(tb, "--debug")
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	// Debug logging: the runtime's phase timings say how much of a
-	// gVisor pause and resume runsc itself took (runscPhase).
-	d := harness.StartDaemon(tb, bin, "--debug")
 	for _, iso := range isos {
 		if err := pauseRows(tb, d, n, mib, iso); err != nil {
 			return fmt.Errorf("isolation %s: %w", iso, err)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
-	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // runSnapshot measures snapshots and fork through the daemon (runc level,
@@ -17,12 +16,11 @@ import (
 // agent answers), and fork of one copy. The floor is a fresh create of the
 // same template in the same rounds.
 func runSnapshot(tb *runner, n, mib int) error {
-	bin, cleanup, err := harness.Build()
+	d, cleanup, err := startDaemon(tb)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
 	ctx := context.Background()
 	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Disk: strconv.Itoa(mib*2+256) + "M", Timeout: "2h"})
 	if err != nil {

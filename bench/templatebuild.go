@@ -40,12 +40,11 @@ func runTemplateBuild(tb *runner, n int) error {
 	if err != nil {
 		return fmt.Errorf("buildah not found: the floor of the template build rows is Debian's buildah (apt-get install buildah)")
 	}
-	bin, cleanup, err := harness.Build()
+	d, cleanup, err := startDaemon(tb)
 	if err != nil {
 		return err
 	}
 	defer cleanup()
-	d := harness.StartDaemon(tb, bin)
 	ctx := context.Background()
 
 	reg := harness.StartRegistry(tb)
