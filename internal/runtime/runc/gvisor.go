@@ -53,7 +53,7 @@ import (
 
 // GVisor configures gVisor mode.
 type GVisor struct {
-	// Platform is runsc's --platform: "ptrace" or "kvm".
+	// Platform is runsc's --platform: "ptrace", "systrap" or "kvm".
 	Platform string
 	// HideNetSysctl runs `runsc run` and `runsc restore` with the host's
 	// /proc/sys/net hidden (see netSysctlShim): runsc releases before
@@ -414,14 +414,26 @@ func (r *Runtime) hasState(id string) bool {
 	return exists(filepath.Join(r.cfg.RuncRoot, id))
 }
 
+// runscSockets are the paths where runsc may have made the control socket
+// of sandbox id. Releases from 2023 on bind a file, "runsc-<id>.sock", in
+// the first of their root, /var/run, /run and /tmp where the bind
+// succeeds, and only `runsc delete` removes it: a checkpointed sandbox's
+// socket stays, and a stale one pushes the next restore's bind to the next
+// directory until none is left. (The 2022 release binds an abstract
+// socket; then none of these exist.)
+func (r *Runtime) runscSockets(id string) []string {
+	name := "runsc-" + id + ".sock"
+	return []string{filepath.Join(r.cfg.RuncRoot, name), filepath.Join("/var/run", name), filepath.Join("/run", name), filepath.Join("/tmp", name)}
+}
+
 // removeState removes the runtime's own state of id (after a failed
-// delete; its processes are gone).
+// delete, or once checkpointed; its processes are gone).
 func (r *Runtime) removeState(id string) error {
 	if r.cfg.GVisor == nil {
 		return os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id))
 	}
 	var errs []error
-	for _, f := range r.runscStateFiles(id) {
+	for _, f := range append(r.runscStateFiles(id), r.runscSockets(id)...) {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}

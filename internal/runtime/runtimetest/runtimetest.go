@@ -214,7 +214,9 @@ func testIsolation(t *testing.T, h Harness) {
 	}
 	// One stream (exec 2>&1): stdout and stderr are separate pipes, and
 	// under load the shell's error lines could overtake the first lines.
-	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "exec 2>&1; hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; echo x > /sys/x; echo x > /proc/sys/kernel/domainname; true")
+	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "exec 2>&1; hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; "+
+		"echo x > /sys/x && echo WROTE-sys; [ -e /sys/x ] && echo EXISTS-sys; "+
+		"echo berthx > /proc/sys/kernel/domainname && echo WROTE-domainname; echo domainname=$(cat /proc/sys/kernel/domainname); true")
 	t.Logf("inside:\n%s", out)
 	if err != nil {
 		t.Fatalf("exec = %v", err)
@@ -226,8 +228,11 @@ func testIsolation(t *testing.T, h Harness) {
 	if !strings.Contains(string(out), spec.Hostname) || !strings.Contains(string(out), "ok") {
 		t.Errorf("hosts file or agent marker missing inside:\n%s", out)
 	}
-	// runc says EROFS for both; gVisor's /proc/sys says EPERM.
-	if strings.Count(string(out), "can't create") < 2 {
+	// The effect, not the error text: runc says EROFS for both; gVisor's
+	// 2022 release refuses the /proc/sys open (EPERM), later ones take
+	// the open (root's CAP_DAC_OVERRIDE) and fail the write (EIO, a
+	// read-only file). Either way nothing may change.
+	if s := string(out); strings.Contains(s, "WROTE-") || strings.Contains(s, "EXISTS-sys") || strings.Contains(s, "domainname=berthx") {
 		t.Errorf("/sys or /proc/sys writable inside:\n%s", out)
 	}
 }
