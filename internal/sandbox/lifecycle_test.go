@@ -394,31 +394,15 @@ func TestMonitor(t *testing.T) {
 	})
 }
 
-// partialOOMRuntime is a gVisor runtime on systrap: a host OOM kill takes
-// one guest process, not the sandbox.
-type partialOOMRuntime struct{ statsRuntime }
-
-func (partialOOMRuntime) OOMKillsSandbox() bool { return false }
-
 // TestMonitorGVisorOOMSampledBeforeExit: a gVisor sandbox dies whole when
 // the host's OOM killer takes its sentry, and the monitor's sampling may
 // count that kill (and report it) while the dying sentry still looks
 // running: the exit that follows is still put down to memory. A runc
 // sandbox, where an OOM kill takes one process and init lives on, keeps
-// the plain reason, as does a gVisor one whose runtime says an OOM kill
-// takes only the one process (systrap: WholeSandboxOOM false).
+// the plain reason.
 func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
-	for _, c := range []struct {
-		name, iso string
-		partial   bool // the runtime says an OOM kill is not the sandbox's end
-	}{
-		{"gvisor", core.IsolationGVisor, false},
-		{"runc", core.IsolationRunc, false},
-		{"gvisor-systrap", core.IsolationGVisor, true},
-	} {
-		iso := c.iso
-		wantOOM := iso == core.IsolationGVisor && !c.partial
-		t.Run(c.name, func(t *testing.T) {
+	for _, iso := range []string{core.IsolationGVisor, core.IsolationRunc} {
+		t.Run(iso, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var (
 					mu   sync.Mutex
@@ -430,10 +414,7 @@ func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
 					return runtime.Stats{OOMKills: ooms[id], MemoryLimit: 64 << 20}, nil
 				}
 				f := newLifeFixture(t, func(d *Deps) {
-					var rt Runtime = statsRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), stats: stats}
-					if c.partial {
-						rt = partialOOMRuntime{rt.(statsRuntime)}
-					}
+					rt := statsRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), stats: stats}
 					d.Runtime = rt
 					d.Runtimes = map[string]Runtime{core.IsolationRunc: rt, core.IsolationGVisor: rt}
 				})
@@ -462,8 +443,8 @@ func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
 				if err != nil || State(got.State) != StateStopped {
 					t.Fatalf("sandbox whose init died = %+v, %v; want stopped", got.Sandbox, err)
 				}
-				if oom := strings.Contains(got.Reason, "out of memory"); oom != wantOOM {
-					t.Errorf("reason = %q; out of memory named: %v, want %v", got.Reason, oom, wantOOM)
+				if oom := strings.Contains(got.Reason, "out of memory"); oom != (iso == core.IsolationGVisor) {
+					t.Errorf("reason = %q; out of memory named: %v, want %v", got.Reason, oom, iso == core.IsolationGVisor)
 				}
 				if evs := f.st.types(sb.ID); len(slices.DeleteFunc(evs, func(s string) bool { return s != EventOOM })) != 1 {
 					t.Errorf("events = %v, want one %s", evs, EventOOM)

@@ -97,13 +97,11 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	}
 }
 
-// exitReason says why a ready sandbox's init is gone. Under gVisor on
-// the ptrace or kvm platform an OOM kill of any process in the sandbox's
-// cgroup (the sentry, which holds the sandbox's memory, or a stub it
-// cannot lose) ends the sandbox whole; its cgroup's OOM count, still
-// readable until teardown, tells that apart from any other death, and the
-// reason and an oom event say so. On systrap a killed stub takes only its
-// own guest process with it, as under runc (WholeSandboxOOM).
+// exitReason says why a ready sandbox's init is gone. Under gVisor the
+// host's OOM killer sees one process, the sentry, holding all the
+// sandbox's memory, so an out-of-memory gVisor sandbox dies whole; its
+// cgroup's OOM count, still readable until teardown, tells that apart from
+// any other death, and the reason and an oom event say so.
 func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status runtime.Status) string {
 	reason := fmt.Sprintf("sandbox init exited (runtime status %s)", status)
 	sr, ok := rt.(StatsReader)
@@ -116,14 +114,14 @@ func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status r
 	}
 	prev := e.ooms.Swap(stats.OOMKills)
 	fresh := stats.OOMKills > prev
-	// Under gVisor on ptrace or kvm the sandbox cannot outlive an OOM
-	// kill of any of its host processes: any kill there ended it, also
-	// one the monitor's sampling already counted (and reported) while
-	// the dying sentry still looked running.
+	// Under gVisor the processes in the sandbox's cgroup are the sentry,
+	// its gofer and the platform's stubs, and on ptrace or kvm the
+	// sandbox cannot outlive a kill of any of them (on systrap a killed
+	// stub may take just its guest process, but the sentry is as likely
+	// the victim, as seen). The sandbox is gone here, so an OOM kill
+	// ended it, also one the monitor's sampling already counted (and
+	// reported) while the dying sentry still looked running.
 	fatal := e.cur.Load().rec.Isolation == core.IsolationGVisor && stats.OOMKills > 0
-	if w, ok := rt.(WholeSandboxOOM); ok && !w.OOMKillsSandbox() {
-		fatal = false
-	}
 	if !fresh && !fatal {
 		return reason
 	}
@@ -132,13 +130,6 @@ func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status r
 		m.event(ctx, e.id, EventOOM, reason)
 	}
 	return reason
-}
-
-// WholeSandboxOOM is a runtime that says whether a host OOM kill of any
-// process of a sandbox ends the sandbox (gVisor: on ptrace and kvm yes, on
-// systrap no). A gVisor runtime that does not say is taken to.
-type WholeSandboxOOM interface {
-	OOMKillsSandbox() bool
 }
 
 // meter hands a sample to the usage sink.

@@ -122,13 +122,6 @@ func (r *Runtime) Version() string { return r.version }
 // Platform is the platform sandboxes run on.
 func (r *Runtime) Platform() string { return r.platform }
 
-// OOMKillsSandbox reports whether a host OOM kill of any of a sandbox's
-// processes ends the sandbox (sandbox.WholeSandboxOOM). On ptrace a
-// killed stub takes the sentry with it, on kvm the sentry holds the
-// memory; on systrap each guest address space is a stub process of its
-// own, and a killed one takes only its guest process with it.
-func (r *Runtime) OOMKillsSandbox() bool { return r.platform != PlatformSystrap }
-
 // Version asks the runsc binary at bin for its version.
 func Version(ctx context.Context, bin string) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

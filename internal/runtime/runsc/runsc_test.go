@@ -101,7 +101,7 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			return out, err
 		},
 		HostUID:         r.HostUID,
-		OOMKillsSandbox: r.OOMKillsSandbox(),
+		OOMKillsSandbox: true,
 		ExecUnfiltered:  true,
 		// The host pids cgroup counts the sentry's threads and the ptrace
 		// platform's stub tasks; the sandbox's own limit is held inside
