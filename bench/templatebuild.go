@@ -104,31 +104,26 @@ func runTemplateBuild(tb *runner, n int) error {
 		return fmt.Errorf("first build: %w", err)
 	}
 
-	timed := func(f func() error) (time.Duration, error) {
-		t0 := time.Now()
-		err := f()
-		return time.Since(t0), err
-	}
 	var cold, bahCold, warm, bahWarm []time.Duration
+	steps := []struct {
+		what string
+		run  func() error
+		into *[]time.Duration
+	}{
+		{"build --no-cache", func() error { return build(true) }, &cold},
+		{"buildah bud --no-cache", func() error { return bud(true) }, &bahCold},
+		{"cached rebuild", func() error { return build(false) }, &warm},
+		{"buildah bud, cached", func() error { return bud(false) }, &bahWarm},
+	}
 	for i := range n {
-		c, err := timed(func() error { return build(true) })
-		if err != nil {
-			return fmt.Errorf("build --no-cache: %w", err)
+		for _, st := range steps {
+			t0 := time.Now()
+			if err := st.run(); err != nil {
+				return fmt.Errorf("%s: %w", st.what, err)
+			}
+			*st.into = append(*st.into, time.Since(t0))
 		}
-		bc, err := timed(func() error { return bud(true) })
-		if err != nil {
-			return err
-		}
-		w, err := timed(func() error { return build(false) })
-		if err != nil {
-			return fmt.Errorf("cached rebuild: %w", err)
-		}
-		bw, err := timed(func() error { return bud(false) })
-		if err != nil {
-			return err
-		}
-		cold, bahCold, warm, bahWarm = append(cold, c), append(bahCold, bc), append(warm, w), append(bahWarm, bw)
-		tb.Logf("template build round %d: berth %s (cached %s), buildah %s (cached %s)", i, c, w, bc, bw)
+		tb.Logf("template build round %d: berth %s (cached %s), buildah %s (cached %s)", i, cold[i], warm[i], bahCold[i], bahWarm[i])
 	}
 	// base is built once (from the cache dir's debootstrap tree), outside
 	// the timing, as the latency rows do.

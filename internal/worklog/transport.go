@@ -167,10 +167,20 @@ type execRecorder struct {
 	codec  codec
 	parser envelopeParser
 
-	mu   sync.Mutex
-	e    Entry
-	out  [3]capture // stdout, stderr, pty
-	once sync.Once
+	mu  sync.Mutex
+	e   Entry
+	out [3]capture // stdout, stderr, pty
+	// endWritten: the entry was written at the end event; changed: the
+	// stream added to it since (so finish writes it again).
+	endWritten, changed bool
+	once                sync.Once
+}
+
+// write appends the entry with the output so far; mu is held.
+func (x *execRecorder) write() {
+	x.e.Stdout, x.e.Stderr, x.e.PTYOut = x.out[0].stream(), x.out[1].stream(), x.out[2].stream()
+	x.l.Append(x.e)
+	x.changed = false
 }
 
 func (x *execRecorder) onMsg(flags byte, msg []byte) {
@@ -185,6 +195,7 @@ func (x *execRecorder) onMsg(flags byte, msg []byte) {
 		}
 		if json.Unmarshal(x.codec.endStream(flags, msg), &end) == nil && end.Error != nil && x.e.Error == "" {
 			x.e.Error = strings.TrimSpace(end.Error.Code + ": " + end.Error.Message)
+			x.changed = true
 		}
 		return
 	}
@@ -209,6 +220,7 @@ func (x *execRecorder) onMsg(flags byte, msg []byte) {
 		case *process.ProcessEvent_DataEvent_Pty:
 			x.out[2].add(d.GetPty())
 		}
+		x.changed = true
 	case ev.GetEnd() != nil:
 		end := ev.GetEnd()
 		x.e.Done = true
@@ -223,8 +235,8 @@ func (x *execRecorder) onMsg(flags byte, msg []byte) {
 		// (this runs inside the read that hands it over), so a client
 		// that reads the work log once its command ended finds the end
 		// there; finish writes the entry again if the stream adds to it.
-		x.e.Stdout, x.e.Stderr, x.e.PTYOut = x.out[0].stream(), x.out[1].stream(), x.out[2].stream()
-		x.l.Append(x.e)
+		x.write()
+		x.endWritten = true
 	}
 }
 
@@ -233,11 +245,13 @@ func (x *execRecorder) finish() {
 	x.once.Do(func() {
 		x.mu.Lock()
 		defer x.mu.Unlock()
+		if x.endWritten && !x.changed {
+			return // written at the end event, and nothing came after it
+		}
 		if x.e.End.IsZero() {
 			x.e.End = time.Now()
 		}
-		x.e.Stdout, x.e.Stderr, x.e.PTYOut = x.out[0].stream(), x.out[1].stream(), x.out[2].stream()
-		x.l.Append(x.e)
+		x.write()
 	})
 }
 
