@@ -60,6 +60,7 @@ type Config struct {
 // Runtime is a runc.Runtime in gVisor mode plus what is gVisor's own.
 type Runtime struct {
 	*runc.Runtime
+	bin      string
 	version  string
 	platform string
 }
@@ -110,7 +111,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
 	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform)
-	return &Runtime{Runtime: r, version: version, platform: platform}, nil
+	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform}, nil
 }
 
 // Version is the runsc version, e.g. "0.0~20221219.0" (Debian),
@@ -118,6 +119,9 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 // (built from source by scripts/runsc-bin.sh), for `berth version` and
 // inspect.
 func (r *Runtime) Version() string { return r.version }
+
+// Binary is the runsc binary's path.
+func (r *Runtime) Binary() string { return r.bin }
 
 // Platform is the platform sandboxes run on.
 func (r *Runtime) Platform() string { return r.platform }

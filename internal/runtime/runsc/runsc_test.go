@@ -16,9 +16,31 @@ import (
 const uidBase = 1000000
 
 // harness runs the conformance suite against real runsc with a busybox
-// layer and the test agent built once per test.
+// layer and the test agent built once per test. binary is the runsc run:
+// "runsc" on PATH unless set.
 type harness struct {
 	layer, agent string
+	binary       string
+}
+
+// debianRunsc is Debian's packaged runsc (scripts/deps.sh), a 2022 build.
+const debianRunsc = "/usr/bin/runsc"
+
+// runscs are the runsc builds on this host the conformance suite runs
+// against: the one on PATH (the tests' current one, scripts/runsc-bin.sh),
+// and Debian's where that is another, so both keep working.
+func runscs(t *testing.T) map[string]string {
+	t.Helper()
+	onPath, err := exec.LookPath("runsc")
+	if err != nil {
+		return nil
+	}
+	out := map[string]string{"path": onPath}
+	a, _ := filepath.EvalSymlinks(onPath)
+	if b, err := filepath.EvalSymlinks(debianRunsc); err == nil && a != b {
+		out["debian"] = debianRunsc
+	}
+	return out
 }
 
 func requireRunsc(t *testing.T) {
@@ -58,6 +80,7 @@ func (h *harness) config(t *testing.T) runsc.Config {
 		t.Fatal(err)
 	}
 	return runsc.Config{
+		Binary:       h.binary,
 		StateDir:     filepath.Join(dir, "state"),
 		RunscRoot:    filepath.Join(dir, "runsc"),
 		CgroupParent: "berth-test-" + filepath.Base(dir),
@@ -87,7 +110,7 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 		Footprint: runtimetest.Footprint{StateDir: cfg.StateDir, RuncRoot: cfg.RunscRoot, CgroupParent: cfg.CgroupParent, SlotDir: "/run/berth/uid-slots"},
 		Exec: func(ctx context.Context, id string, argv ...string) ([]byte, error) {
 			args := append([]string{"--root", cfg.RunscRoot, "exec", id}, argv...)
-			cmd := exec.CommandContext(ctx, "runsc", args...)
+			cmd := exec.CommandContext(ctx, r.Binary(), args...)
 			cmd.WaitDelay = 10 * time.Second
 			out, err := cmd.CombinedOutput()
 			if err != nil {
@@ -101,7 +124,8 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 			return out, err
 		},
 		HostUID:         r.HostUID,
-		OOMKillsSandbox: true,
+		OOMKillsSandbox: r.Platform() != runsc.PlatformSystrap,
+		OOMKillsEither:  r.Platform() == runsc.PlatformSystrap,
 		ExecUnfiltered:  true,
 		// The host pids cgroup counts the sentry's threads and the ptrace
 		// platform's stub tasks; the sandbox's own limit is held inside
@@ -147,5 +171,12 @@ func removeCgroupParent(parent string) {
 }
 
 func TestConformance(t *testing.T) {
-	runtimetest.Run(t, newHarness(t))
+	requireRunsc(t)
+	for name, bin := range runscs(t) {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t)
+			h.binary = bin
+			runtimetest.Run(t, h)
+		})
+	}
 }

@@ -62,6 +62,11 @@ type Instance struct {
 	// sees one process (the sentry) holding all the sandbox's memory. The
 	// suite then checks that the OOM is reported and the sandbox stopped.
 	OOMKillsSandbox bool
+	// OOMKillsEither says the host's OOM killer may take the sandbox whole
+	// or only its biggest process, the kernel's pick (gVisor on systrap:
+	// each guest address space is a stub process of its own, next to
+	// the sentry). The suite then accepts either outcome.
+	OOMKillsEither bool
 	// ExecUnfiltered says Exec's processes do not descend from the agent
 	// and do not carry its seccomp filter (runsc exec), so the suite
 	// checks the agent's own filter instead of probing through Exec.
@@ -576,7 +581,11 @@ func testMemoryLimit(t *testing.T, h Harness) {
 	if inst.OOMKillsSandbox {
 		want = runtime.StatusStopped
 	}
-	if st, err := inst.Backend.Inspect(t.Context(), id); err != nil || st.Status != want {
+	st, err := inst.Backend.Inspect(t.Context(), id)
+	switch {
+	case err == nil && inst.OOMKillsEither && (st.Status == runtime.StatusRunning || st.Status == runtime.StatusStopped):
+		t.Logf("after the OOM the sandbox is %s (the kernel's pick)", st.Status)
+	case err != nil || st.Status != want:
 		t.Errorf("Inspect after OOM = %+v, %v; want %s", st, err, want)
 	}
 }
