@@ -5,8 +5,8 @@ import "time"
 // What a snapshot holds (Snapshot.Kind).
 const (
 	// SnapshotFilesystem: the sandbox's files (its writable layer) plus
-	// its template, isolation, limits, env, labels, user and network
-	// policy; a sandbox made from it starts its processes afresh.
+	// its template, isolation, limits, env, labels, user, network policy
+	// and allow_sudo; a sandbox made from it starts its processes afresh.
 	SnapshotFilesystem = "filesystem"
 	// SnapshotMemory: the files and every process with its memory.
 	SnapshotMemory = "memory"
@@ -23,6 +23,9 @@ type Snapshot struct {
 	Isolation string            `json:"isolation,omitempty"`
 	Env       map[string]string `json:"env,omitempty"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// AllowSudo is the source's: a sandbox made from the snapshot gets it
+	// unless its create says otherwise.
+	AllowSudo bool `json:"allow_sudo,omitempty"`
 	// SizeBytes is what the snapshot's own files take on disk (it shares
 	// its template's layers).
 	SizeBytes int64 `json:"size_bytes"`

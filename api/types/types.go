@@ -48,6 +48,10 @@ type IsolationLevel struct {
 	// platform (ptrace, systrap, kvm).
 	Runtime  string `json:"runtime,omitempty"`
 	Platform string `json:"platform,omitempty"`
+	// Sudo says allow_sudo takes effect at this level: always under runc;
+	// under gVisor only with a runsc that has --allow-suid (Debian's
+	// 20221219 has not, and ignores set-user-ID bits).
+	Sudo bool `json:"sudo,omitempty"`
 }
 
 // Sandbox states.
@@ -114,11 +118,13 @@ type CreateRequest struct {
 	// AllowSudo lets set-user-ID programs such as sudo raise a process
 	// to the sandbox's root, which stays inside the sandbox's user
 	// namespace (never host root). Off, every process in the sandbox has
-	// no_new_privs. docs/security.md says what it opens.
-	AllowSudo bool `json:"allow_sudo,omitempty"`
+	// no_new_privs. docs/security.md says what it opens. Unset (nil) is
+	// off, or the snapshot's when Snapshot is set; false says off even
+	// then.
+	AllowSudo *bool `json:"allow_sudo,omitempty"`
 	// Snapshot makes the sandbox from a snapshot (its files, and the
-	// template, isolation, limits, env, labels, user and network policy
-	// the request leaves unset).
+	// template, isolation, limits, env, labels, user, network policy and
+	// allow_sudo the request leaves unset).
 	Snapshot string `json:"snapshot,omitempty"`
 }
 

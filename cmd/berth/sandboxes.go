@@ -33,6 +33,7 @@ func newCreateCmd(a *app) *cobra.Command {
 		req         client.CreateRequest
 		env, labels []string
 		asJSON      bool
+		sudo        bool
 		pf          policyFlags
 		ws          workspaceFlags
 	)
@@ -69,6 +70,11 @@ func newCreateCmd(a *app) *cobra.Command {
 				if err := checkSize(s.flag, *s.v); err != nil {
 					return err
 				}
+			}
+			// Unset, a create from a snapshot takes the snapshot's;
+			// --allow-sudo=false turns it off even then.
+			if f.Changed("allow-sudo") {
+				req.AllowSudo = &sudo
 			}
 			if f.Changed("timeout") {
 				d, err := time.ParseDuration(req.Timeout)
@@ -119,14 +125,14 @@ func newCreateCmd(a *app) *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&req.Template, "template", "base", "template to start from")
 	f.StringVar(&req.Isolation, "isolation", "", "isolation level: runc or gvisor (default: the template's, then the daemon's)")
-	f.StringVar(&req.Snapshot, "snapshot", "", "start from this snapshot (berth snapshot): its files, and its template, limits, env, labels and network policy unless set here")
+	f.StringVar(&req.Snapshot, "snapshot", "", "start from this snapshot (berth snapshot): its files, and its template, limits, env, labels, network policy and allow-sudo unless set here")
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")
 	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")
-	f.BoolVar(&req.AllowSudo, "allow-sudo", false, "let set-user-ID programs (sudo) raise processes to the sandbox's root, inside its user namespace (off: no_new_privs)")
+	f.BoolVar(&sudo, "allow-sudo", false, "let set-user-ID programs (sudo) raise processes to the sandbox's root, inside its user namespace (off: no_new_privs; with --snapshot, the snapshot's unless set)")
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause the sandbox once it has had no request, no open stream and under 1% CPU this long")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
@@ -610,6 +616,9 @@ func describeLevel(l client.IsolationLevel) string {
 	out := l.Runtime
 	if l.Platform != "" {
 		out += ", platform " + l.Platform
+	}
+	if !l.Sudo {
+		out += ", allow_sudo has no effect"
 	}
 	if l.Default {
 		out += " (default)"

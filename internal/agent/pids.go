@@ -309,8 +309,10 @@ var mountCalls = []uint32{
 
 // DenyMounts installs, on every thread of the agent, a seccomp filter
 // that fails mountCalls with EPERM (and every call of a foreign
-// architecture's ABI). The agent runs with no_new_privs, so no privilege
-// is needed.
+// architecture's ABI). The kernel wants no_new_privs or CAP_SYS_ADMIN
+// for it: the agent has no_new_privs unless its sandbox lets set-user-ID
+// programs raise (allow_sudo, on a runsc with --allow-suid), and holds the
+// sentry's CAP_SYS_ADMIN until DropSysAdmin, which must run after this.
 func DenyMounts() error {
 	var arch uint32
 	switch runtime.GOARCH {

@@ -30,7 +30,7 @@ const maxImport = 64 << 30
 func snapshotToJSON(s core.Snapshot) types.Snapshot {
 	return types.Snapshot{
 		ID: s.ID, Name: s.Name, Source: s.Source, Kind: s.Kind, Template: s.Template, Isolation: s.Isolation,
-		Env: s.Env, Labels: s.Labels, SizeBytes: s.SizeBytes, Fork: s.Fork, CreatedAt: utc(s.CreatedAt),
+		Env: s.Env, Labels: s.Labels, AllowSudo: s.AllowSudo, SizeBytes: s.SizeBytes, Fork: s.Fork, CreatedAt: utc(s.CreatedAt),
 	}
 }
 

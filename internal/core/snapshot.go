@@ -35,6 +35,9 @@ type Snapshot struct {
 	Env         map[string]string
 	Labels      map[string]string
 	User        string
+	// AllowSudo is the source's (core.Sandbox.AllowSudo); a record
+	// written before it was kept reads as false.
+	AllowSudo bool
 	// Policy is the source's egress policy as JSON (policy.Policy); ""
 	// for none.
 	Policy string

@@ -302,7 +302,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		User:     DefaultUser,
 		Network:  &policy,
 		// sudo for "user", as on E2B; inside the user namespace only.
-		AllowSudo: !s.cfg.NoSudo,
+		AllowSudo: new(!s.cfg.NoSudo),
 		// lifecycle {onTimeout: "pause", autoResume: true} (pause.go)
 		OnTimeout:  onTimeoutOf(in),
 		AutoResume: in.AutoResume != nil && in.AutoResume.Enabled,

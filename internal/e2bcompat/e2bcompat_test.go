@@ -598,8 +598,9 @@ func TestCreateAllowsSudo(t *testing.T) {
 		if w.Code != 201 {
 			t.Fatalf("create = %d %s", w.Code, w.Body)
 		}
-		if mgr.lastCreate.AllowSudo == noSudo {
-			t.Errorf("NoSudo %v: create asked AllowSudo %v", noSudo, mgr.lastCreate.AllowSudo)
+		// Always said, never left to a snapshot's default.
+		if got := mgr.lastCreate.AllowSudo; got == nil || *got == noSudo {
+			t.Errorf("NoSudo %v: create asked AllowSudo %v, want %v", noSudo, got, !noSudo)
 		}
 	}
 }

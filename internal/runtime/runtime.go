@@ -56,7 +56,9 @@ type Spec struct {
 	// can raise a process to the sandbox's root: root of the sandbox's
 	// user namespace, a host uid of its own range, with the same bounding
 	// set and seccomp filter as the agent. Off, every process in the
-	// sandbox has no_new_privs.
+	// sandbox has no_new_privs. Under gVisor it takes a runsc with
+	// --allow-suid (runsc.Runtime.RaisesSetuid); on another it has no
+	// effect and no_new_privs stays on.
 	AllowSetuid bool
 }
 

@@ -296,7 +296,7 @@ func (m *Manager) newRecord(req CreateRequest, template, iso string, now time.Ti
 		User:           req.User,
 		Isolation:      iso,
 		RuntimeVersion: m.runtimeVersion(iso),
-		AllowSudo:      req.AllowSudo,
+		AllowSudo:      req.sudo(),
 		Token:          newToken(),
 		CreatedAt:      now,
 	}

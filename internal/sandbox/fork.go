@@ -78,7 +78,7 @@ func (m *Manager) Fork(ctx context.Context, id string, req ForkRequest) ([]Sandb
 		wg.Go(func() {
 			out[i], errs[i] = m.Create(ctx, CreateRequest{
 				Snapshot: snap.ID, Timeout: timeout, Owner: req.Owner, Quota: req.Quota,
-				Metadata: maps.Clone(rec.Metadata), Isolation: rec.Isolation,
+				Metadata: maps.Clone(rec.Metadata), Isolation: rec.Isolation, AllowSudo: new(rec.AllowSudo),
 				OnTimeout: rec.OnTimeout, AutoResume: rec.AutoResume, IdlePause: rec.IdlePause,
 			})
 		})

@@ -298,8 +298,9 @@ type CreateRequest struct {
 	// Quota bounds the live sandboxes of Owner (quota.go); zero: none.
 	Quota core.Quota
 	// AllowSudo lets set-user-ID programs raise privileges inside the
-	// sandbox's user namespace (runtime.Spec.AllowSetuid).
-	AllowSudo bool
+	// sandbox's user namespace (runtime.Spec.AllowSetuid). nil is off, or
+	// the snapshot's when Snapshot is set (fromSnapshot fills it).
+	AllowSudo *bool
 
 	// Snapshot, when set, makes the sandbox from that snapshot
 	// (snapshot.go): its layers, and whatever the request leaves unset.
@@ -313,6 +314,9 @@ type CreateRequest struct {
 	// turns ready (setup.go).
 	Setup SetupFunc
 }
+
+// sudo is the request's allow_sudo, nil taken as off.
+func (r CreateRequest) sudo() bool { return r.AllowSudo != nil && *r.AllowSudo }
 
 // setupTimeout is how long a create may spend in its setup hook: up to the
 // sandbox's whole lifetime (setup bounds itself by the deadline too).

@@ -418,7 +418,7 @@ func (m *Manager) refill() {
 // pool has the defaults, which a request for the defaults matches.
 // A sudo-capable pool's sandboxes are made with allow_sudo.
 func (m *Manager) poolRequest(name WarmKey, iso string) (CreateRequest, error) {
-	req := CreateRequest{Template: name.Template, AllowSudo: name.AllowSudo}
+	req := CreateRequest{Template: name.Template, AllowSudo: new(name.AllowSudo)}
 	if m.cfg.Max.PidsLimit > 0 && iso != core.IsolationGVisor {
 		req.Limits.PidsLimit = m.cfg.Max.PidsLimit
 	}
@@ -490,7 +490,7 @@ func (m *Manager) claim(ctx context.Context, req CreateRequest, tpl template.Tem
 	if !m.claimable(req, p) {
 		return Sandbox{}, errNoClaim
 	}
-	key := WarmKey{Template: tpl.Name, AllowSudo: req.AllowSudo}
+	key := WarmKey{Template: tpl.Name, AllowSudo: req.sudo()}
 	for {
 		w := m.pool.take(key, iso)
 		if w == nil {
@@ -498,7 +498,7 @@ func (m *Manager) claim(ctx context.Context, req CreateRequest, tpl template.Tem
 		}
 		m.pool.poke() // refill behind the claim
 		pc := w.c
-		if pc.e.rec.AllowSudo != req.AllowSudo {
+		if pc.e.rec.AllowSudo != req.sudo() {
 			// Cannot be: take looked in the pool of the request's
 			// allow_sudo. Never hand it over.
 			m.log.Error("warm_sudo_mismatch", "sandbox_id", pc.e.id, "template", tpl.Name)

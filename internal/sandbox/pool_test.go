@@ -203,7 +203,7 @@ func TestWarmClaimSudo(t *testing.T) {
 		}
 
 		// With allow_sudo: the pooled one.
-		sudo, err := m.Create(t.Context(), CreateRequest{Template: "minimal", AllowSudo: true})
+		sudo, err := m.Create(t.Context(), CreateRequest{Template: "minimal", AllowSudo: new(true)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -230,7 +230,7 @@ func TestWarmClaimSudo(t *testing.T) {
 		if rt.madeSetuid(plainID) {
 			t.Fatal("the plain pool's sandbox was made without no_new_privs")
 		}
-		cold, err := m.Create(t.Context(), CreateRequest{Template: "minimal", AllowSudo: true})
+		cold, err := m.Create(t.Context(), CreateRequest{Template: "minimal", AllowSudo: new(true)})
 		if err != nil {
 			t.Fatal(err)
 		}

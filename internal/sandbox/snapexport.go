@@ -67,7 +67,7 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 	meta := snaparchive.Meta{
 		Name: s.Name, Source: s.Source, Kind: s.Kind, Template: s.Template, Isolation: s.Isolation,
 		CPUMillis: s.CPUMillis, MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PidsLimit: s.PidsLimit,
-		Env: s.Env, Labels: s.Labels, User: s.User, CreatedAt: s.CreatedAt,
+		Env: s.Env, Labels: s.Labels, User: s.User, AllowSudo: s.AllowSudo, CreatedAt: s.CreatedAt,
 	}
 	if s.Policy != "" {
 		meta.Policy = json.RawMessage(s.Policy)
@@ -135,7 +135,7 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string)
 	rec := core.Snapshot{
 		ID: id, Name: meta.Name, Source: meta.Source, Kind: meta.Kind, Template: tpl.Name, Isolation: meta.Isolation, Owner: owner,
 		CPUMillis: meta.CPUMillis, MemoryBytes: meta.MemoryBytes, DiskBytes: meta.DiskBytes, PidsLimit: meta.PidsLimit,
-		Env: meta.Env, Labels: meta.Labels, User: meta.User, Policy: string(meta.Policy),
+		Env: meta.Env, Labels: meta.Labels, User: meta.User, AllowSudo: meta.AllowSudo, Policy: string(meta.Policy),
 		BaseLayers: base, SizeBytes: size, CreatedAt: time.Now().UTC(),
 	}
 	if err := m.checkImported(rec); err != nil {

@@ -25,7 +25,8 @@ import (
 // A snapshot is a running sandbox's writable layer frozen into a read-only
 // layer (owners moved to the canonical range, like a template's), plus
 // what a new sandbox made from it gets: template, isolation, limits,
-// environment, labels, user and egress policy. It stores only what the
+// environment, labels, user, egress policy and allow_sudo (each unless
+// the create sets it: a create may turn allow_sudo off explicitly). It stores only what the
 // sandbox changed: a sandbox made from it stacks the snapshot's layer on
 // the layers the source sat on (the template's, shared), with a fresh
 // writable layer of its own on top. Both isolation levels keep files this
@@ -173,7 +174,7 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 		Template: e.rec.Template, Isolation: e.rec.Isolation, Owner: e.rec.Owner,
 		CPUMillis: e.rec.CPUMillis, MemoryBytes: e.rec.MemoryBytes, DiskBytes: e.rec.DiskBytes, PidsLimit: e.rec.PidsLimit,
 		Env: maps.Clone(e.rec.Env), Labels: maps.Clone(e.rec.Labels), User: e.rec.User,
-		BaseLayers: layers, Fork: fork,
+		AllowSudo: e.rec.AllowSudo, BaseLayers: layers, Fork: fork,
 	}
 	if m.deps.Egress != nil {
 		p, err := m.deps.Egress.LoadPolicy(id)
@@ -427,6 +428,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(),
 	req.Labels = merged(s.Labels, req.Labels)
 	if req.User == "" {
 		req.User = s.User
+	}
+	if req.AllowSudo == nil {
+		req.AllowSudo = new(s.AllowSudo)
 	}
 	if req.Network == nil && s.Policy != "" {
 		var p policy.Policy

@@ -49,6 +49,10 @@ type Meta struct {
 	Env         map[string]string `json:"env,omitempty"`
 	Labels      map[string]string `json:"labels,omitempty"`
 	User        string            `json:"user,omitempty"`
+	// AllowSudo is the source sandbox's allow_sudo. Absent (an archive
+	// written before it was kept) is false; a reader that predates it
+	// refuses an archive that has it, rather than drop it.
+	AllowSudo bool `json:"allow_sudo,omitempty"`
 	// Policy is the egress policy as JSON; empty for none.
 	Policy    json.RawMessage `json:"policy,omitempty"`
 	CreatedAt time.Time       `json:"created_at"`

@@ -297,7 +297,7 @@ func TestWarmPoolCrashLeavesNothing(t *testing.T) {
 	if w := warmPoolOf(t, d, "minimal", true); w.Ready != 1 {
 		t.Errorf("sudo pool after a plain create = %+v, want its one kept", w)
 	}
-	sudo := d.Create(t, client.CreateRequest{Template: "minimal", AllowSudo: true})
+	sudo := d.Create(t, client.CreateRequest{Template: "minimal", AllowSudo: new(true)})
 	if !createdWarm(t, d, sudo.ID) || !sudo.AllowSudo || nnp(sudo) != "0" {
 		t.Errorf("allow_sudo create %s: warm %v, allow_sudo %v, NoNewPrivs %s; want the sudo pool's, without no_new_privs", sudo.ID, createdWarm(t, d, sudo.ID), sudo.AllowSudo, nnp(sudo))
 	}

@@ -1,6 +1,8 @@
 package harness
 
 import (
+	"context"
+	"fmt"
 	"os/exec"
 	"testing"
 
@@ -32,4 +34,23 @@ func ForEachIsolation(t *testing.T, fn func(t *testing.T, iso string)) {
 			fn(t, iso)
 		})
 	}
+}
+
+// SudoTakesEffect reports whether allow_sudo raises processes at level
+// iso on d, as the daemon reports the level (GET /v1/health: its sudo);
+// when it does not, why names the runtime. Under gVisor that takes a
+// runsc with --allow-suid: Debian's 20221219 ignores set-user-ID bits.
+func SudoTakesEffect(t TB, d *Daemon, iso string) (ok bool, why string) {
+	t.Helper()
+	h, err := d.Client.Health(context.Background())
+	if err != nil {
+		t.Fatalf("health: %v", err)
+	}
+	for _, l := range h.Isolation {
+		if l.Name == iso {
+			return l.Sudo, fmt.Sprintf("allow_sudo has no effect at %s on %s (a runsc without --allow-suid ignores set-user-ID bits)", iso, l.Runtime)
+		}
+	}
+	t.Fatalf("health lists no isolation level %s: %+v", iso, h.Isolation)
+	return false, ""
 }

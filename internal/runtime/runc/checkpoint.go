@@ -167,11 +167,11 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	}
 	defer done()
 	phases.mark("network")
-	gvisorSpec(&sp, spec, netns)
+	gvisorSpec(&sp, spec, netns, r.raisesSetuid(spec))
 	if err := r.writeConfig(id, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	if err := r.runscStart(ctx, id, "restore", "--detach", "--image-path", dir); err != nil {
+	if err := r.runscStart(ctx, spec, "restore", "--detach", "--image-path", dir); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	phases.mark("runsc_restore")

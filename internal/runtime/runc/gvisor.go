@@ -61,6 +61,19 @@ type GVisor struct {
 	// /proc/sys/net/core/rmem_default exists, which on Linux 6.x it does in
 	// every namespace, so they refuse every sandbox network.
 	HideNetSysctl bool
+	// AllowSUID says this runsc has --allow-suid (releases from 2024 on;
+	// Debian's 20221219 has not): without it the sentry ignores the
+	// set-user-ID bit whatever no_new_privs says. A sandbox with
+	// runtime.Spec.AllowSetuid then gets the flag and no no_new_privs;
+	// every other sandbox gets neither, so its sentry honours no
+	// set-user-ID bit at all.
+	AllowSUID bool
+}
+
+// raisesSetuid reports whether sandbox spec runs with set-user-ID programs
+// honoured: it asks for it and this runsc can.
+func (r *Runtime) raisesSetuid(spec runtime.Spec) bool {
+	return spec.AllowSetuid && r.cfg.GVisor != nil && r.cfg.GVisor.AllowSUID
 }
 
 // gvisorFlags are the global runsc flags every invocation carries: runsc
@@ -126,8 +139,9 @@ func sentryPidsLimit(limit int64) int64 {
 const limitTimesStubs = 16
 
 // gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
-// this file). netns is the namespace to join, "" for a new one.
-func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
+// this file). netns is the namespace to join, "" for a new one; setuid
+// says the sentry honours set-user-ID programs (Runtime.raisesSetuid).
+func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string, setuid bool) {
 	for i, n := range sp.Linux.Namespaces {
 		if n.Type == specs.NetworkNamespace {
 			sp.Linux.Namespaces[i].Path = netns
@@ -173,12 +187,13 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string) {
 		// detach must pass. The agent denies the same calls to itself
 		// and to every process it starts right after (agent.DenyMounts).
 		sp.Linux.Seccomp = allowAgentMount(sp.Linux.Seccomp)
-		// agent.DenyMounts installs its filter after dropping
-		// CAP_SYS_ADMIN, which needs no_new_privs. Spec.AllowSetuid has
-		// no effect under this runsc anyway (set-user-ID programs do not
-		// raise; runsc's conformance SetuidGap), so it is not honoured.
-		sp.Process.NoNewPrivileges = true
 	}
+	// no_new_privs unless set-user-ID programs are to raise: a runsc
+	// without --allow-suid never raises them (Spec.AllowSetuid has no
+	// effect there), so its sandboxes all keep it. Without it the agent
+	// still installs its own filter (agent.DenyMounts) while it holds
+	// the sentry's CAP_SYS_ADMIN, which the kernel then requires instead.
+	sp.Process.NoNewPrivileges = !setuid
 	// Host paths: meaningless inside the sentry, which shows none of them.
 	sp.Linux.MaskedPaths = nil
 	sp.Linux.ReadonlyPaths = nil
@@ -205,12 +220,12 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	}
 	defer done()
 	phases.mark("before_start")
-	gvisorSpec(sp, spec, netns)
+	gvisorSpec(sp, spec, netns, r.raisesSetuid(spec))
 	if err := r.writeConfig(id, sp); err != nil {
 		return err
 	}
 	phases.mark("config")
-	if err := r.runscStart(ctx, id, "run", "--detach"); err != nil {
+	if err := r.runscStart(ctx, spec, "run", "--detach"); err != nil {
 		return err
 	}
 	phases.mark("runsc_run")
@@ -268,13 +283,20 @@ func (r *Runtime) checkPrefixFree(id string) error {
 
 // runscStart runs `runsc <verb> <args...> --bundle <dir> <id>` with the
 // agent's output going to AgentLog.
-func (r *Runtime) runscStart(ctx context.Context, id, verb string, args ...string) error {
+func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string, args ...string) error {
+	id := spec.ID
 	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return err
 	}
 	defer logf.Close()
-	argv := append([]string{verb}, args...)
+	var argv []string
+	if r.raisesSetuid(spec) {
+		// A global flag the sandbox's kernel takes at boot (and keeps
+		// across a checkpoint); the later commands need not repeat it.
+		argv = append(argv, "--allow-suid")
+	}
+	argv = append(append(argv, verb), args...)
 	argv = append(argv, "--bundle", r.dir(id), id)
 	cmd := r.command(ctx, id, argv...)
 	cmd.Stdout, cmd.Stderr = logf, logf

@@ -15,16 +15,13 @@ import (
 // The host pids wall is sized for the ptrace stubs either way.
 func TestGVisorSpecAgentPids(t *testing.T) {
 	r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"}, nofile: 65536}
-	// AllowSetuid (E2B creates ask for it) must not leave the agent
-	// without no_new_privs: agent.DenyMounts needs it once it has
-	// dropped CAP_SYS_ADMIN.
-	base := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent", AllowSetuid: true}
+	base := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent"}
 	for _, agentPids := range []bool{false, true} {
 		s := base
 		s.AgentPids = agentPids
 		sp := r.ociSpec(s, "/rootfs", 1065536)
 		before := seccompNames(sp.Linux.Seccomp.Syscalls)
-		gvisorSpec(sp, s, "/proc/1/ns/net")
+		gvisorSpec(sp, s, "/proc/1/ns/net", false)
 		c := sp.Process.Capabilities
 		for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
 			if got := slices.Contains(set, "CAP_SYS_ADMIN"); got != agentPids {
@@ -38,9 +35,6 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 				t.Errorf("AgentPids %v: seccomp rule for %s kept = %v", agentPids, n, got)
 			}
 		}
-		if agentPids && !sp.Process.NoNewPrivileges {
-			t.Errorf("AgentPids with AllowSetuid: no_new_privs off, want on")
-		}
 		if got, want := *sp.Linux.Resources.Pids.Limit, int64(16*64+256); got != want {
 			t.Errorf("host pids limit = %d, want %d", got, want)
 		}
@@ -48,7 +42,7 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 		// nothing may compound (a pids wall multiplied each resume
 		// ended past what the kernel accepts).
 		caps := len(sp.Process.Capabilities.Bounding)
-		gvisorSpec(sp, s, "/proc/1/ns/net")
+		gvisorSpec(sp, s, "/proc/1/ns/net", false)
 		if got, want := *sp.Linux.Resources.Pids.Limit, int64(16*64+256); got != want {
 			t.Errorf("host pids limit after a second pass = %d, want %d", got, want)
 		}
@@ -59,6 +53,40 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 	// The runc profile the gVisor one is cut from stays whole.
 	if names := seccompNames(seccompProfile().Syscalls); !slices.Contains(names, "mount") || !slices.Contains(names, "umount2") {
 		t.Errorf("runc seccomp profile lost its mount rules: %v", names)
+	}
+}
+
+// TestGVisorSpecSetuid: no_new_privs is off only for a sandbox that asks
+// for set-user-ID programs (AllowSetuid, what E2B creates ask for) on a
+// runsc that honours them (--allow-suid), whether or not its agent holds
+// the pids limit; a runsc without the flag would not raise them anyway,
+// so every sandbox of it keeps no_new_privs. The flag goes only to
+// sandboxes that get no no_new_privs.
+func TestGVisorSpecSetuid(t *testing.T) {
+	for _, c := range []struct {
+		allow, agentPids, runscSUID bool
+		wantNNP                     bool
+	}{
+		{allow: false, agentPids: true, runscSUID: true, wantNNP: true},
+		{allow: false, agentPids: false, runscSUID: true, wantNNP: true},
+		{allow: true, agentPids: true, runscSUID: true, wantNNP: false},
+		{allow: true, agentPids: false, runscSUID: true, wantNNP: false},
+		{allow: true, agentPids: true, runscSUID: false, wantNNP: true},
+		{allow: true, agentPids: false, runscSUID: false, wantNNP: true},
+	} {
+		r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test", GVisor: &GVisor{AllowSUID: c.runscSUID}}, nofile: 65536}
+		s := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent", AllowSetuid: c.allow, AgentPids: c.agentPids}
+		sp := r.ociSpec(s, "/rootfs", 1065536)
+		// Twice: a restore adapts the adapted config again.
+		for range 2 {
+			gvisorSpec(sp, s, "/proc/1/ns/net", r.raisesSetuid(s))
+			if sp.Process.NoNewPrivileges != c.wantNNP {
+				t.Errorf("AllowSetuid %v, AgentPids %v, runsc --allow-suid %v: NoNewPrivileges = %v, want %v", c.allow, c.agentPids, c.runscSUID, sp.Process.NoNewPrivileges, c.wantNNP)
+			}
+		}
+		if got := r.raisesSetuid(s); got == c.wantNNP {
+			t.Errorf("AllowSetuid %v, runsc --allow-suid %v: --allow-suid passed = %v, want %v", c.allow, c.runscSUID, got, !c.wantNNP)
+		}
 	}
 }
 

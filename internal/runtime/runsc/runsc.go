@@ -63,6 +63,7 @@ type Runtime struct {
 	bin      string
 	version  string
 	platform string
+	setuid   bool
 }
 
 // New finds runsc, settles the platform and returns a Runtime. A host
@@ -94,6 +95,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	default:
 		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, systrap or kvm: %w", platform, errdefs.ErrInvalidArgument)
 	}
+	setuid, err := hasAllowSUID(ctx, bin)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
+	}
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -104,14 +109,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		SlotDir:       cfg.SlotDir,
 		DiskPoolDir:   cfg.DiskPoolDir,
 		DiskPoolDepth: cfg.DiskPoolDepth,
-		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version)},
+		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid},
 		Logger:        cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform)
-	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform}, nil
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid)
+	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
 // Version is the runsc version, e.g. "0.0~20221219.0" (Debian),
@@ -125,6 +130,39 @@ func (r *Runtime) Binary() string { return r.bin }
 
 // Platform is the platform sandboxes run on.
 func (r *Runtime) Platform() string { return r.platform }
+
+// RaisesSetuid reports whether set-user-ID programs (sudo) raise a
+// process in a sandbox created with runtime.Spec.AllowSetuid: this runsc
+// has --allow-suid. Without it the sentry ignores the bit, and
+// AllowSetuid has no effect.
+func (r *Runtime) RaisesSetuid() bool { return r.setuid }
+
+// hasAllowSUID reports whether the runsc at bin has the --allow-suid
+// flag, asking the binary itself (`runsc flags`) rather than guessing
+// from its version: builds from source carry no release date of the
+// flag's arrival.
+func hasAllowSUID(ctx context.Context, bin string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	// runsc prints the list on stderr.
+	out, err := exec.CommandContext(ctx, bin, "flags").CombinedOutput()
+	if err != nil {
+		return false, fmt.Errorf("%s flags: %w", bin, err)
+	}
+	return hasFlag(out, "allow-suid"), nil
+}
+
+// hasFlag reports whether `runsc flags` output lists flag name (a line
+// "  -name" or "  -name value").
+func hasFlag(out []byte, name string) bool {
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) > 0 && f[0] == "-"+name {
+			return true
+		}
+	}
+	return false
+}
 
 // Version asks the runsc binary at bin for its version.
 func Version(ctx context.Context, bin string) (string, error) {

@@ -133,11 +133,18 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 		// (docs/security.md, gVisor section), which this suite's are not.
 		Checkpoints:  true,
 		PidsLimitGap: "gVisor: the sandbox's pids limit is held inside the sentry by berth-agent (--pids-max) for the processes it starts; this suite's come from runsc exec, and the host cgroup counts sentry threads and ptrace stubs",
-		// Measured with Debian's runsc 20221219: with no_new_privs off a
-		// set-user-ID program still runs as its caller, so allow_sudo
-		// has no effect under gVisor (docs/security.md).
-		SetuidGap: "gVisor (runsc 20221219): set-user-ID programs do not raise their caller, with or without no_new_privs",
+		SetuidGap:    setuidGap(r),
 	}
+}
+
+// setuidGap: a runsc without --allow-suid (Debian's 20221219) ignores the
+// set-user-ID bit, with or without no_new_privs, so AllowSetuid has no
+// effect there (docs/security.md).
+func setuidGap(r *runsc.Runtime) string {
+	if r.RaisesSetuid() {
+		return ""
+	}
+	return "gVisor: runsc " + r.Version() + " has no --allow-suid: set-user-ID programs do not raise their caller, with or without no_new_privs"
 }
 
 func (h *harness) Spec(t *testing.T, id string) runtime.Spec {

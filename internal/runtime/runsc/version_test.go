@@ -62,3 +62,25 @@ func FuzzVersionDate(f *testing.F) {
 		}
 	})
 }
+
+func TestHasFlag(t *testing.T) {
+	// Excerpts of `runsc flags`: the current runsc's, and Debian's
+	// 20221219, which has no --allow-suid.
+	current := []byte("  -allow-packet-socket-write\n    \tallows writes...\n  -allow-suid\n    \tallows ID elevation when executing binaries with the SUID/SGID bits set.\n  -alsologtostderr\n")
+	old := []byte("  -EXPERIMENTAL-afxdp\n    \tEXPERIMENTAL. Use an AF_XDP socket to receive packets.\n  -TESTONLY-allow-packet-endpoint-write\n    \tallow-suid is not a flag here\n")
+	cases := []struct {
+		out  []byte
+		name string
+		want bool
+	}{
+		{current, "allow-suid", true},
+		{current, "allow", false},
+		{old, "allow-suid", false},
+		{nil, "allow-suid", false},
+	}
+	for _, c := range cases {
+		if got := hasFlag(c.out, c.name); got != c.want {
+			t.Errorf("hasFlag(%q, %q) = %v, want %v", c.out, c.name, got, c.want)
+		}
+	}
+}
