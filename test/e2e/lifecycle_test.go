@@ -204,14 +204,20 @@ func TestLimits(t *testing.T) {
 		d := StartDaemon(t)
 		if iso == client.IsolationGVisor {
 			// Disk: the same size-capped disk image, so writes hit
-			// ENOSPC at the limit and the sandbox lives on. (Not in
-			// /tmp: runsc makes that a tmpfs in sentry memory.)
+			// ENOSPC at the limit and the sandbox lives on, in /tmp
+			// too (on the disk, as under runc, not a tmpfs in the
+			// sentry's memory: runc.diskTmp), which disk usage shows.
 			sb := d.Create(t, client.CreateRequest{Disk: "128M", Isolation: iso})
-			out, errOut, _ := Run(t, sb, "dd if=/dev/zero of=/root/fill bs=1M count=400 2>&1; echo rc=$?")
-			if !strings.Contains(out+errOut, "No space left") {
-				t.Errorf("filling a gvisor sandbox's disk: %q %q, want ENOSPC", out, errOut)
+			MustRun(t, sb, "head -c 20000000 /dev/zero > /tmp/blob")
+			got, err := d.Client.Get(t.Context(), sb.ID)
+			if err != nil || got.Usage == nil || got.Usage.DiskUsedBytes < 20_000_000 {
+				t.Errorf("disk usage after writing 20 MB to /tmp = %+v, %v; want at least 20 MB", got.Usage, err)
 			}
-			MustRun(t, sb, "rm /root/fill; echo still alive")
+			out, errOut, _ := Run(t, sb, "dd if=/dev/zero of=/tmp/fill bs=1M count=400 2>&1; echo rc=$?")
+			if !strings.Contains(out+errOut, "No space left") {
+				t.Errorf("filling a gvisor sandbox's disk through /tmp: %q %q, want ENOSPC", out, errOut)
+			}
+			MustRun(t, sb, "rm /tmp/fill; echo still alive")
 			if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
 				t.Fatal(err)
 			}

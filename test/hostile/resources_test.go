@@ -44,12 +44,10 @@ var gvisorResourceSkips = map[string]string{
 func testResourceExhaustion(t *testing.T, iso string) {
 	gvisor := iso == client.IsolationGVisor
 	l := newLab(t, client.CreateRequest{Memory: "128M", Disk: "64M", CPU: 0.5, Isolation: iso})
-	// disk is a directory on the sandbox's size-capped disk: runsc makes
-	// /tmp a tmpfs in the sentry's memory.
+	// disk is a directory on the sandbox's size-capped disk, /tmp on both
+	// levels (under gVisor a bind of the root's own, not runsc's tmpfs in
+	// the sentry's memory: runc.diskTmp).
 	disk := "/tmp"
-	if gvisor {
-		disk = "/root"
-	}
 	run := func(name string, fn func(t *testing.T)) {
 		t.Run(name, func(t *testing.T) {
 			if why, ok := gvisorResourceSkips[name]; ok && gvisor {

@@ -207,6 +207,33 @@ func withCap(set []string, name string) []string {
 	return append(slices.Clone(set), name)
 }
 
+// diskTmp keeps a gVisor sandbox's /tmp on its disk, as under runc. runsc
+// mounts a tmpfs in the sentry's memory over an empty /tmp that the config
+// mounts nothing on, so files written there would count against the
+// sandbox's memory (a big one ending the sandbox whole) instead of its
+// disk, show in no disk usage, and be missing from a filesystem snapshot
+// or fork. An explicit bind of the root's own /tmp turns that off. Only
+// at create: a restore reuses the config its sandbox was created with
+// (runsc checks that the mounts match the checkpoint's), so one made
+// before this keeps its tmpfs.
+func diskTmp(sp *specs.Spec) {
+	if sp.Root == nil {
+		return
+	}
+	for _, m := range sp.Mounts {
+		if filepath.Clean(m.Destination) == "/tmp" {
+			return
+		}
+	}
+	src := filepath.Join(sp.Root.Path, "tmp")
+	// Lstat: a root whose /tmp is a symlink (or missing) keeps runsc's
+	// default rather than a bind that would follow it out of the root.
+	if fi, err := os.Lstat(src); err != nil || !fi.IsDir() {
+		return
+	}
+	sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
+}
+
 // createGVisor starts a prepared gVisor sandbox: the config is written,
 // the network namespace wired, then one `runsc run --detach`.
 func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs.Spec, phases *phaseTimer) error {
@@ -221,6 +248,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	defer done()
 	phases.mark("before_start")
 	gvisorSpec(sp, spec, netns, r.raisesSetuid(spec))
+	diskTmp(sp)
 	if err := r.writeConfig(id, sp); err != nil {
 		return err
 	}

@@ -1,6 +1,8 @@
 package runc
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -96,4 +98,52 @@ func seccompNames(rules []specs.LinuxSyscall) []string {
 		out = append(out, r.Names...)
 	}
 	return out
+}
+
+// TestDiskTmp: a gVisor sandbox's /tmp is a bind of its root's own /tmp
+// (on the disk, not a tmpfs in the sentry's memory), added once, and not
+// where the root's /tmp is missing, a symlink or already mounted.
+func TestDiskTmp(t *testing.T) {
+	bindsTmp := func(sp *specs.Spec) int {
+		n := 0
+		for _, m := range sp.Mounts {
+			if m.Destination == "/tmp" {
+				n++
+			}
+		}
+		return n
+	}
+	dir := t.TempDir()
+	withTmp := filepath.Join(dir, "a")
+	if err := os.MkdirAll(filepath.Join(withTmp, "tmp"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	sp := &specs.Spec{Root: &specs.Root{Path: withTmp}}
+	diskTmp(sp)
+	diskTmp(sp)
+	if got := bindsTmp(sp); got != 1 {
+		t.Fatalf("/tmp mounts after two passes = %d, want 1: %+v", got, sp.Mounts)
+	}
+	if m := sp.Mounts[0]; m.Type != "bind" || m.Source != filepath.Join(withTmp, "tmp") {
+		t.Errorf("/tmp mount = %+v, want a bind of the root's tmp", m)
+	}
+	link := filepath.Join(dir, "b")
+	if err := os.MkdirAll(link, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("/", filepath.Join(link, "tmp")); err != nil {
+		t.Fatal(err)
+	}
+	for name, root := range map[string]string{"missing": filepath.Join(dir, "none"), "symlink": link} {
+		sp := &specs.Spec{Root: &specs.Root{Path: root}}
+		diskTmp(sp)
+		if got := bindsTmp(sp); got != 0 {
+			t.Errorf("%s /tmp: %d mounts, want none: %+v", name, got, sp.Mounts)
+		}
+	}
+	own := &specs.Spec{Root: &specs.Root{Path: withTmp}, Mounts: []specs.Mount{{Destination: "/tmp/", Type: "tmpfs"}}}
+	diskTmp(own)
+	if len(own.Mounts) != 1 || own.Mounts[0].Type != "tmpfs" {
+		t.Errorf("an explicit /tmp mount was changed: %+v", own.Mounts)
+	}
 }
