@@ -3,7 +3,6 @@ package runc
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -61,6 +60,12 @@ type GVisor struct {
 	// /proc/sys/net/core/rmem_default exists, which on Linux 6.x it does in
 	// every namespace, so they refuse every sandbox network.
 	HideNetSysctl bool
+	// ResumeBeforeDelete thaws a paused sandbox (`runsc resume`) before
+	// `runsc delete`, which in old releases (Debian's 2022 one) panics
+	// on the paused => stopped transition; newer ones let every state
+	// go to stopped. Only a sandbox whose sentry survived the cgroup kill
+	// gets a delete at all (endProcesses).
+	ResumeBeforeDelete bool
 }
 
 // gvisorFlags are the global runsc flags every invocation carries: runsc
@@ -283,7 +288,7 @@ func (r *Runtime) runscStart(ctx context.Context, id, verb string, args ...strin
 			return err
 		}
 	}
-	if err := cmd.Run(); err != nil {
+	if err := runPinned(cmd, ""); err != nil {
 		return fmt.Errorf("runsc %s: %w%s", verb, err, r.logTail(id))
 	}
 	return nil
@@ -433,7 +438,22 @@ func (r *Runtime) removeState(id string) error {
 		return os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id))
 	}
 	var errs []error
-	for _, f := range append(r.runscStateFiles(id), r.runscSockets(id)...) {
+	socks := r.runscSockets(id)
+	// Where runsc says it bound it, should that be none of the above.
+	if rec, ok, _ := r.readRunscRecord(id); ok && rec.Sandbox != nil && filepath.IsAbs(rec.Sandbox.ControlSocketPath) {
+		socks = append(socks, rec.Sandbox.ControlSocketPath)
+	}
+	for _, s := range socks {
+		// Only sockets: the paths are runsc's, but a stray file of
+		// someone else's by that name is not for Berth to remove.
+		if fi, err := os.Lstat(s); err != nil || fi.Mode().Type() != os.ModeSocket {
+			continue
+		}
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for _, f := range r.runscStateFiles(id) {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -482,22 +502,11 @@ type runscStats struct {
 // The gofer is not always in the sandbox's cgroup, so the cgroup kill
 // may miss it.
 func (r *Runtime) goferPid(id string) int {
-	for _, f := range r.runscStateFiles(id) {
-		if !strings.HasSuffix(f, ".state") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var st struct {
-			GoferPid int `json:"goferPid"`
-		}
-		if json.Unmarshal(b, &st) == nil && st.GoferPid > 0 {
-			return st.GoferPid
-		}
+	rec, ok, err := r.readRunscRecord(id)
+	if err != nil || !ok {
+		return 0
 	}
-	return 0
+	return max(rec.GoferPid, 0)
 }
 
 // killGofer kills pid if it is still a runsc gofer: `runsc delete` kills
