@@ -73,8 +73,15 @@ func (f *fakeRuntime) Inspect(ctx context.Context, id string) (runtime.State, er
 	if !ok {
 		return runtime.State{}, errdefs.ErrNotFound
 	}
+	if st == statusUnresponsive {
+		return runtime.State{}, fmt.Errorf("inspect sandbox %s: runsc unresponsive: %w", id, errdefs.ErrUnavailable)
+	}
 	return runtime.State{ID: id, Status: st, Pid: 42}, nil
 }
+
+// statusUnresponsive, in fakeRuntime.running, is a sandbox whose runtime
+// does not answer Inspect (a wedged gVisor sentry); Stop still works.
+const statusUnresponsive runtime.Status = "unresponsive"
 
 func (f *fakeRuntime) List(ctx context.Context) ([]string, error) {
 	f.mu.Lock()

@@ -2,11 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -20,7 +22,15 @@ func (m *Manager) adoptPause(ctx context.Context, e *entry, fail func(string) bo
 	id := e.id
 	rt := m.runtimeOf(e.rec)
 	st, err := rt.Inspect(ctx, id)
-	if err != nil {
+	switch {
+	case errors.Is(err, errdefs.ErrUnavailable):
+		// Alive but not answering (a gVisor sentry frozen or wedged by
+		// the kill): not running as far as a pause is concerned. It is
+		// stopped below like any sandbox a pause had under way, which
+		// needs no answer from it.
+		m.log.Warn("runtime_unresponsive_at_restart", "sandbox_id", id, "err", err)
+		st = runtime.State{ID: id, Status: runtime.StatusUnknown}
+	case err != nil:
 		return fail("sandbox disk not found by the runtime after a daemon restart: " + err.Error()), true
 	}
 	running := st.Status == runtime.StatusRunning

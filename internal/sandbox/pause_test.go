@@ -435,6 +435,23 @@ func TestAdoptPauseStates(t *testing.T) {
 			writeCheckpoint(t, f, id+".partial")
 			f.rt.running[id] = runtime.StatusStopped
 		}, StatePaused, core.PauseFilesystem},
+		// A runtime that does not answer is stopped, which needs no
+		// answer: what the pause kept on disk decides what it is.
+		{"pausing, runtime unresponsive, no checkpoint", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id+".partial")
+			f.rt.running[id] = statusUnresponsive
+		}, StatePaused, core.PauseFilesystem},
+		{"pausing, runtime unresponsive, checkpoint complete", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StatePausing, "")
+			writeCheckpoint(t, f, id)
+			f.rt.running[id] = statusUnresponsive
+		}, StatePaused, core.PauseMemory},
+		{"resuming, runtime unresponsive", func(t *testing.T, f *pauseFixture, id string) {
+			setState(t, f, id, StateResuming, core.PauseMemory)
+			writeCheckpoint(t, f, id)
+			f.rt.running[id] = statusUnresponsive
+		}, StatePaused, core.PauseMemory},
 		{"resuming before the runtime ran", func(t *testing.T, f *pauseFixture, id string) {
 			setState(t, f, id, StateResuming, core.PauseMemory)
 			writeCheckpoint(t, f, id)

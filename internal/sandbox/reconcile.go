@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -124,6 +126,14 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	}
 	rt := m.runtimeOf(rec)
 	st, err := rt.Inspect(ctx, rec.ID)
+	if errors.Is(err, errdefs.ErrUnavailable) {
+		// Alive, but its runtime did not say how it is (a gVisor sentry
+		// busy or wedged): whether it serves is the agent's to say, below;
+		// if it does not, the sandbox is failed and torn down like any
+		// other whose agent is gone.
+		m.log.Warn("runtime_unresponsive_at_restart", "sandbox_id", rec.ID, "err", err)
+		st, err = runtime.State{ID: rec.ID, Status: runtime.StatusRunning}, nil
+	}
 	if err != nil {
 		return fail("sandbox not found by the runtime after a daemon restart: " + err.Error())
 	}

@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -49,15 +48,14 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	}
 	start := time.Now()
 	phases := phaseTimer{last: start}
+	// Like every runsc CLI (cli.go), it dies with the daemon, so a
+	// restarted daemon never races a checkpoint it did not start (the
+	// sentry may still finish a save already under way; the restart
+	// stops the sandbox then, see sandbox.adoptPause).
 	cmd := r.command(ctx, id, "checkpoint", "--image-path", dir, id)
-	// It dies with the daemon, so a restarted daemon never races a
-	// checkpoint it did not start (the sentry may still finish a save
-	// already under way; the restart stops the sandbox then, see
-	// sandbox.adoptPause).
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
+	if err := runPinned(cmd, ""); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: runsc checkpoint: %w: %s%s", id, err, strings.TrimSpace(stderr.String()), r.logTail(id))
 	}
 	phases.mark("runsc_checkpoint")
@@ -126,20 +124,27 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err := json.Unmarshal(b, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: config: %w", id, err)
 	}
-	if st, ok, err := r.state(ctx, id); err != nil {
+	// Never on top of a running sandbox. The state file settles this
+	// without runsc for a checkpointed one (its sentry is gone); one
+	// whose sentry lives but does not answer is stopped like the rest.
+	if st, ok, err := r.state(ctx, id); err != nil && !errors.Is(err, errUnresponsive) {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
-	} else if ok && st.Status != "stopped" {
+	} else if err == nil && ok && st.Status != "stopped" {
 		return fmt.Errorf("restore sandbox %s: it is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
 	}
 	// What is left of the checkpointed sandbox: runsc's record and the
-	// cgroup it ran in.
+	// cgroup it ran in. Killed first, then runsc's record goes (without
+	// runsc, once the sentry is gone).
+	gofer := r.goferPid(id)
 	if err := r.killCgroup(ctx, id); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	if r.hasState(id) {
-		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil {
-			return fmt.Errorf("restore sandbox %s: %w", id, err)
-		}
+	if err := r.deleteRecord(ctx, id); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	killGofer(gofer)
+	if err := r.removeState(id); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	if err := r.removeCgroups(id); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)

@@ -64,25 +64,21 @@ func (r *Runtime) endProcesses(ctx context.Context, id string, phases *phaseTime
 	var errs []error
 	gofer := 0
 	if r.cfg.GVisor != nil {
-		// runsc cannot delete a paused sandbox (it panics on the
-		// paused => stopped transition); thawed, it can.
-		if st, ok, _ := r.state(ctx, id); ok && st.Status == "paused" {
-			_, _ = r.runcOutput(ctx, "resume", id)
-		}
+		r.resumeOld(ctx, id)
 		gofer = r.goferPid(id)
 	}
-	// Kill first, through the cgroup: it knows every process the sandbox
-	// ever forked (setsid and double-forked ones too), thaws a paused
-	// sandbox so SIGKILL lands, and is much faster than letting runc
+	// Kill first, through the cgroup, and ask the runtime nothing before:
+	// the cgroup knows every process the sandbox ever forked (setsid and
+	// double-forked ones too), the kill thaws a paused or frozen sandbox
+	// so SIGKILL lands, it needs no answer from a sentry that may not
+	// give one (runscstate.go), and it is much faster than letting runc
 	// poll for its init to die.
 	if err := r.killCgroup(ctx, id); err != nil {
 		errs = append(errs, err)
 	}
 	phases.mark("kill")
-	if r.hasState(id) {
-		if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
-			errs = append(errs, err)
-		}
+	if err := r.deleteRecord(ctx, id); err != nil {
+		errs = append(errs, err)
 	}
 	killGofer(gofer)
 	phases.mark("runc_delete")
@@ -95,4 +91,37 @@ func (r *Runtime) endProcesses(ctx context.Context, id string, phases *phaseTime
 	}
 	phases.mark("cgroups")
 	return errs
+}
+
+// deleteRecord runs the runtime's delete on id's container, if it has
+// one. A gVisor sandbox whose sentry is gone (the cgroup kill got it)
+// skips it: runsc would only take the flock, find the sandbox dead and
+// remove its files, which removeState does without runsc.
+func (r *Runtime) deleteRecord(ctx context.Context, id string) error {
+	if !r.hasState(id) || (r.cfg.GVisor != nil && r.sentryGone(id)) {
+		return nil
+	}
+	if _, err := r.runcOutput(ctx, "delete", "--force", id); err != nil && !strings.Contains(err.Error(), "does not exist") {
+		return err
+	}
+	return nil
+}
+
+// resumeOld thaws sandbox id if it is paused and its runsc is one that
+// cannot delete a paused sandbox (GVisor.ResumeBeforeDelete). "Paused" is
+// the state file's word, and a sentry that is dead or frozen is left to
+// the kill: it would not answer.
+func (r *Runtime) resumeOld(ctx context.Context, id string) {
+	if !r.cfg.GVisor.ResumeBeforeDelete {
+		return
+	}
+	rec, ok, err := r.readRunscRecord(id)
+	if err != nil || !ok || rec.Status != "paused" || !r.sentryAlive(rec.sentryPid()) || r.cgroupFrozen(id) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, askTimeout)
+	defer cancel()
+	if _, err := r.runcOutput(ctx, "resume", id); err != nil {
+		r.log.Warn("resume_before_delete", "sandbox_id", id, "err", err)
+	}
 }

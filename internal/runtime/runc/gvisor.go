@@ -3,7 +3,6 @@ package runc
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -68,6 +67,12 @@ type GVisor struct {
 	// every other sandbox gets neither, so its sentry honours no
 	// set-user-ID bit at all.
 	AllowSUID bool
+	// ResumeBeforeDelete thaws a paused sandbox (`runsc resume`) before
+	// `runsc delete`, which in old releases (Debian's 2022 one) panics
+	// on the paused => stopped transition; newer ones let every state
+	// go to stopped. Only a sandbox whose sentry survived the cgroup kill
+	// gets a delete at all (endProcesses).
+	ResumeBeforeDelete bool
 }
 
 // raisesSetuid reports whether sandbox spec runs with set-user-ID programs
@@ -333,7 +338,7 @@ func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string
 			return err
 		}
 	}
-	if err := cmd.Run(); err != nil {
+	if err := runPinned(cmd, ""); err != nil {
 		return fmt.Errorf("runsc %s: %w%s", verb, err, r.logTail(id))
 	}
 	return nil
@@ -483,7 +488,22 @@ func (r *Runtime) removeState(id string) error {
 		return os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id))
 	}
 	var errs []error
-	for _, f := range append(r.runscStateFiles(id), r.runscSockets(id)...) {
+	socks := r.runscSockets(id)
+	// Where runsc says it bound it, should that be none of the above.
+	if rec, ok, _ := r.readRunscRecord(id); ok && rec.Sandbox != nil && filepath.IsAbs(rec.Sandbox.ControlSocketPath) {
+		socks = append(socks, rec.Sandbox.ControlSocketPath)
+	}
+	for _, s := range socks {
+		// Only sockets: the paths are runsc's, but a stray file of
+		// someone else's by that name is not for Berth to remove.
+		if fi, err := os.Lstat(s); err != nil || fi.Mode().Type() != os.ModeSocket {
+			continue
+		}
+		if err := os.Remove(s); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	for _, f := range r.runscStateFiles(id) {
 		if err := os.Remove(f); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -532,22 +552,11 @@ type runscStats struct {
 // The gofer is not always in the sandbox's cgroup, so the cgroup kill
 // may miss it.
 func (r *Runtime) goferPid(id string) int {
-	for _, f := range r.runscStateFiles(id) {
-		if !strings.HasSuffix(f, ".state") {
-			continue
-		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		var st struct {
-			GoferPid int `json:"goferPid"`
-		}
-		if json.Unmarshal(b, &st) == nil && st.GoferPid > 0 {
-			return st.GoferPid
-		}
+	rec, ok, err := r.readRunscRecord(id)
+	if err != nil || !ok {
+		return 0
 	}
-	return 0
+	return max(rec.GoferPid, 0)
 }
 
 // killGofer kills pid if it is still a runsc gofer: `runsc delete` kills

@@ -10,7 +10,6 @@
 package runc
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -81,6 +80,7 @@ type Runtime struct {
 	sigpending, msgqueue uint64
 	pool                 *diskPool
 	slots                *slots
+	proc                 string // where /proc is; "" is /proc (a seam for tests)
 }
 
 // New checks the configuration and the host and returns a Runtime.
@@ -491,38 +491,6 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	return nil
 }
 
-// command builds a runc invocation with the daemon's root and the
-// sandbox's log file.
-func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.Cmd {
-	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
-	if id != "" {
-		if _, err := os.Stat(r.dir(id)); err == nil {
-			argv = append(argv, "--log", r.runcLog(id), "--log-format", "text")
-			if r.cfg.GVisor != nil {
-				// The sentry's own crash report, which would otherwise
-				// go nowhere once runsc has detached.
-				argv = append(argv, "--panic-log", r.panicLog(id))
-			}
-		}
-	}
-	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
-	cmd.WaitDelay = 5 * time.Second
-	return cmd
-}
-
-// runcOutput runs runc and returns its stdout; errors carry stderr.
-func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
-	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
-	cmd := exec.CommandContext(ctx, r.cfg.Binary, append(argv, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return out, fmt.Errorf("%s %s: %w: %s", filepath.Base(r.cfg.Binary), args[0], err, strings.TrimSpace(stderr.String()))
-	}
-	return out, nil
-}
-
 // logTail returns the last lines of the sandbox's runc log (and, under
 // gVisor, the sentry's panic log), for errors.
 func (r *Runtime) logTail(id string) string {
@@ -550,20 +518,28 @@ type runcState struct {
 	Status string `json:"status"`
 }
 
-// stateTimeout bounds one `runc state`: a `runsc state` was seen hanging
-// for over a minute at a daemon start after the daemon had been SIGKILLed
-// during a gVisor checkpoint (TestPauseResumeSurviveKill9), which kept the
-// daemon from ever answering. Bounded, the sandbox is one the runtime
-// could not inspect, which the caller fails with that reason.
+// stateTimeout bounds one `runc state`, which reads runc's state file and
+// asks no process: it is a guard, not a wait. (gVisor sandboxes are
+// inspected by runscState, whose `runsc state` gets askTimeout.)
 const stateTimeout = 30 * time.Second
 
-// state asks runc about id; ok is false when runc has no record of it.
+// state reports id as the runtime's `state` command would; ok is false
+// when the runtime has no record of it. Under gVisor it reads runsc's
+// state file first (runscState) and may fail with errUnresponsive.
 func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
 	if !r.hasState(id) {
 		return st, false, nil
 	}
+	if r.cfg.GVisor != nil {
+		return r.runscState(ctx, id, r.askState)
+	}
 	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
+	return r.askState(ctx, id)
+}
+
+// askState runs the runtime's `state` command on id.
+func (r *Runtime) askState(ctx context.Context, id string) (st runcState, ok bool, err error) {
 	out, err := r.runcOutput(ctx, "state", id)
 	if err != nil {
 		if strings.Contains(err.Error(), "does not exist") {

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,8 +23,10 @@ func (r *Runtime) start(ctx context.Context, id string, initPid int) error {
 	fifo := filepath.Join(r.cfg.RuncRoot, id, "exec.fifo")
 	if fi, err := os.Stat(fifo); err != nil || fi.Mode()&os.ModeNamedPipe == 0 {
 		cmd := r.command(ctx, id, "start", id)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("runc start: %w: %s%s", err, strings.TrimSpace(string(out)), r.logTail(id))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := runPinned(cmd, ""); err != nil {
+			return fmt.Errorf("runc start: %w: %s%s", err, strings.TrimSpace(out.String()), r.logTail(id))
 		}
 		return nil
 	}

@@ -181,35 +181,41 @@ func startInNetNS(path string, cmd *exec.Cmd) error {
 	if path == "" {
 		return cmd.Start()
 	}
-	target, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("open netns %s: %w", path, err)
-	}
-	defer target.Close()
 	errc := make(chan error, 1)
 	go func() {
 		goruntime.LockOSThread()
-		orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
+		back, err := inNetNS(path, cmd.Start)
+		if back {
 			goruntime.UnlockOSThread()
-			errc <- err
-			return
-		}
-		defer orig.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			goruntime.UnlockOSThread()
-			errc <- fmt.Errorf("join netns %s: %w", path, err)
-			return
-		}
-		startErr := cmd.Start()
-		if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- errors.Join(startErr, fmt.Errorf("restore netns: %w", err))
-			return // the thread stays locked and ends with the goroutine
-		}
-		goruntime.UnlockOSThread()
-		errc <- startErr
+		} // else the thread stays locked and ends with the goroutine
+		errc <- err
 	}()
 	return <-errc
+}
+
+// inNetNS runs fn on the calling goroutine's thread, which must be locked
+// to it, with the thread in the network namespace at path, then moves the
+// thread back. back is false when it could not: the thread must then stay
+// locked until its goroutine ends, which ends the thread too.
+func inNetNS(path string, fn func() error) (back bool, err error) {
+	target, err := os.Open(path)
+	if err != nil {
+		return true, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	orig, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+	if err != nil {
+		return true, err
+	}
+	defer orig.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		return true, fmt.Errorf("join netns %s: %w", path, err)
+	}
+	fnErr := fn()
+	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
+		return false, errors.Join(fnErr, fmt.Errorf("restore netns: %w", err))
+	}
+	return true, fnErr
 }
 
 // joinUserNS makes the spec's user namespace the one at path instead of a
@@ -229,10 +235,7 @@ func runIn(path string, rl []specs.POSIXRlimit, cmd *exec.Cmd) error {
 	if err := withRlimits(cmd, rl); err != nil {
 		return err
 	}
-	if err := startInNetNS(path, cmd); err != nil {
-		return err
-	}
-	return cmd.Wait()
+	return runPinned(cmd, path)
 }
 
 // takeRlimits moves the rlimits out of the spec: runc would set them on

@@ -109,7 +109,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		SlotDir:       cfg.SlotDir,
 		DiskPoolDir:   cfg.DiskPoolDir,
 		DiskPoolDepth: cfg.DiskPoolDepth,
-		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid},
+		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid, ResumeBeforeDelete: deletePanicsWhenPaused(version)},
 		Logger:        cfg.Logger,
 	})
 	if err != nil {
@@ -219,6 +219,16 @@ func probesRmemDefault(version string) bool {
 func hasSystrap(version string) bool {
 	date := versionDate(version)
 	return date != "" && date >= "20230601"
+}
+
+// deletePanicsWhenPaused reports whether runsc version may panic deleting
+// a paused sandbox (runc.GVisor.ResumeBeforeDelete): Debian's 2022 build
+// does, current ones let every state go to stopped. When upstream changed
+// it is not known; releases with systrap (mid-2023 on) stand in for the
+// fixed ones, and an unknown version is taken as old, which costs only a
+// `runsc resume` of a paused sandbox before its delete.
+func deletePanicsWhenPaused(version string) bool {
+	return !hasSystrap(version)
 }
 
 // probePlatform picks kvm if /dev/kvm exists and a trial sandbox on it

@@ -1,0 +1,165 @@
+package runc
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// fakeCLI writes a runtime CLI stand-in to dir that records its pid (and,
+// with a child, its child's) in dir and then blocks.
+func fakeCLI(t *testing.T, dir string, child bool) string {
+	t.Helper()
+	body := "#!/bin/sh\n"
+	if child {
+		body += "sleep 1000 &\necho $! > \"$0.child.tmp\" && mv \"$0.child.tmp\" \"$0.child\"\n"
+	}
+	body += "echo $$ > \"$0.pid.tmp\" && mv \"$0.pid.tmp\" \"$0.pid\"\nexec sleep 1000\n"
+	bin := filepath.Join(dir, "fake-runsc")
+	if err := os.WriteFile(bin, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return bin
+}
+
+// waitPid waits for the pid file at path and opens a pidfd on its pid.
+func waitPid(t *testing.T, path string) int {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if b, err := os.ReadFile(path); err == nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatalf("%s holds %q", path, b)
+			}
+			fd, err := unix.PidfdOpen(pid, 0)
+			if err != nil {
+				t.Fatalf("pidfd_open(%d): %v", pid, err)
+			}
+			t.Cleanup(func() {
+				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+				unix.Close(fd)
+			})
+			return fd
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s within 30s", path)
+		}
+		time.Sleep(5 * time.Millisecond) // poll: the fake CLI writes it once
+	}
+}
+
+// awaitExit waits, up to a generous bound, for the process behind pidfd
+// to exit: the kernel makes a pidfd readable then.
+func awaitExit(t *testing.T, fd int, what string) {
+	t.Helper()
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds, 60_000)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("poll pidfd: %v", err)
+		}
+		if n == 0 {
+			t.Fatalf("%s still alive", what)
+		}
+		return
+	}
+}
+
+// TestCLIDiesWithDaemon: a runtime CLI the daemon started gets SIGKILL
+// when the daemon dies, so none is left holding a sandbox's flock, and
+// not before, when other threads of the daemon end. The "daemon" is this
+// test binary run again (TestCLIDaemonHelper).
+func TestCLIDiesWithDaemon(t *testing.T) {
+	dir := t.TempDir()
+	bin := fakeCLI(t, dir, false)
+	daemon := exec.Command(os.Args[0], "-test.run=^TestCLIDaemonHelper$", "-test.count=1")
+	daemon.Env = append(os.Environ(), "BERTH_TEST_CLI_DAEMON="+bin)
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	cli := waitPid(t, bin+".pid")
+	churned := waitPid(t, bin+".churned") // the daemon's own pid, once its threads have churned
+	unix.Close(churned)
+	fds := []unix.PollFd{{Fd: int32(cli), Events: unix.POLLIN}}
+	if n, err := unix.Poll(fds, 0); err != nil || n != 0 {
+		t.Fatalf("the CLI died with threads of its daemon (poll = %d, %v)", n, err)
+	}
+	if err := daemon.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = daemon.Wait() // killed: the error says so
+	awaitExit(t, cli, "the CLI of a killed daemon")
+}
+
+// TestCLIDaemonHelper is the daemon of TestCLIDiesWithDaemon: it runs the
+// fake CLI, which never returns, and meanwhile ends OS threads (goroutines
+// that exit locked to one), which must leave the CLI alone.
+func TestCLIDaemonHelper(t *testing.T) {
+	bin := os.Getenv("BERTH_TEST_CLI_DAEMON")
+	if bin == "" {
+		t.Skip("helper process of TestCLIDiesWithDaemon")
+	}
+	r := &Runtime{cfg: Config{Binary: bin, RuncRoot: filepath.Dir(bin)}, log: slog.New(slog.DiscardHandler)}
+	go func() {
+		_, err := r.runcOutput(context.Background(), "state", "sb1")
+		t.Errorf("fake CLI returned: %v", err)
+		os.Exit(1)
+	}()
+	for {
+		if _, err := os.Stat(bin + ".pid"); err == nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond) // poll: the fake CLI writes it once
+	}
+	for range 200 {
+		done := make(chan struct{})
+		go func() {
+			goruntime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			close(done)
+		}()
+		<-done
+	}
+	if err := os.WriteFile(bin+".churned.tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(bin+".churned.tmp", bin+".churned"); err != nil {
+		t.Fatal(err)
+	}
+	select {}
+}
+
+// TestCLICancelKillsGroup: cancelling a CLI call kills the CLI and the
+// children it has not detached (its process group), and returns.
+func TestCLICancelKillsGroup(t *testing.T) {
+	dir := t.TempDir()
+	bin := fakeCLI(t, dir, true)
+	r := &Runtime{cfg: Config{Binary: bin, RuncRoot: dir}, log: slog.New(slog.DiscardHandler)}
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.runcOutput(ctx, "state", "sb1")
+		errc <- err
+	}()
+	child := waitPid(t, bin+".child")
+	cli := waitPid(t, bin+".pid")
+	cancel()
+	if err := <-errc; err == nil {
+		t.Errorf("runcOutput of a cancelled CLI = nil, want an error")
+	}
+	awaitExit(t, cli, "the cancelled CLI")
+	awaitExit(t, child, "the cancelled CLI's child")
+}
