@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -84,6 +85,22 @@ func run() error {
 		// seccomp profile for this; they are denied again from here on,
 		// for the agent and everything it starts.
 		if err := agent.DenyMounts(); err != nil {
+			return err
+		}
+	}
+	// Calls the runtime's seccomp could not fail with their own errno
+	// (gVisor: clone3 must say ENOSYS, or glibc starts no thread).
+	if spec, ok := os.LookupEnv(envd.ErrnoCallsEnv); ok {
+		if err := os.Unsetenv(envd.ErrnoCallsEnv); err != nil {
+			return err
+		}
+		switch err := agent.DenyCalls(spec); {
+		case errors.Is(err, unix.EACCES):
+			// Neither no_new_privs nor CAP_SYS_ADMIN (a set-user-ID
+			// sandbox without a pids limit): the calls keep the
+			// runtime's EPERM.
+			logger.Warn("deny_calls_unavailable", "calls", spec, "err", err)
+		case err != nil:
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -314,6 +315,65 @@ var mountCalls = []uint32{
 // programs raise (allow_sudo, on a runsc with --allow-suid), and holds the
 // sentry's CAP_SYS_ADMIN until DropSysAdmin, which must run after this.
 func DenyMounts() error {
+	calls := make([]deniedCall, len(mountCalls))
+	for i, nr := range mountCalls {
+		calls[i] = deniedCall{nr: nr, errno: uint32(unix.EPERM)}
+	}
+	if err := installDenyFilter(calls); err != nil {
+		return fmt.Errorf("deny mounts: %w", err)
+	}
+	return nil
+}
+
+// DenyCalls installs, on every thread of the agent, a seccomp filter that
+// fails each call spec names with its errno, for the agent and every
+// process it starts (inherited, never removable). spec is
+// envd.ErrnoCallsEnv's value, "clone3:38,io_setup:38": the runtime's
+// seccomp rules whose errno its own seccomp cannot return (gVisor's
+// answers EPERM to every one; ENOSYS is what callers fall back on). A name
+// this architecture has no such call for is skipped: nothing can make the
+// call there. The same kernel conditions as DenyMounts apply.
+func DenyCalls(spec string) error {
+	calls, err := parseDeniedCalls(spec)
+	if err != nil || len(calls) == 0 {
+		return err
+	}
+	if err := installDenyFilter(calls); err != nil {
+		return fmt.Errorf("deny calls %q: %w", spec, err)
+	}
+	return nil
+}
+
+// deniedCall is one call a filter fails, and with which errno.
+type deniedCall struct {
+	nr, errno uint32
+}
+
+// parseDeniedCalls reads DenyCalls' spec.
+func parseDeniedCalls(spec string) ([]deniedCall, error) {
+	var out []deniedCall
+	for _, item := range strings.Split(spec, ",") {
+		if item == "" {
+			continue
+		}
+		name, num, ok := strings.Cut(item, ":")
+		errno, err := strconv.ParseUint(num, 10, 12)
+		if !ok || err != nil || errno == 0 {
+			return nil, fmt.Errorf("deny calls: %q is not name:errno (errno 1-4095)", item)
+		}
+		nr, known := syscallNumbers[name]
+		if !known {
+			continue
+		}
+		out = append(out, deniedCall{nr: nr, errno: uint32(errno)})
+	}
+	return out, nil
+}
+
+// installDenyFilter installs, on every thread, a seccomp filter that
+// fails each of calls with its errno and every call of a foreign
+// architecture's ABI with EPERM, and allows the rest.
+func installDenyFilter(calls []deniedCall) error {
 	var arch uint32
 	switch runtime.GOARCH {
 	case "amd64":
@@ -321,7 +381,7 @@ func DenyMounts() error {
 	case "arm64":
 		arch = unix.AUDIT_ARCH_AARCH64
 	default:
-		return fmt.Errorf("deny mounts: no seccomp arch for %s", runtime.GOARCH)
+		return fmt.Errorf("no seccomp arch for %s", runtime.GOARCH)
 	}
 	const (
 		ldAbs  = unix.BPF_LD | unix.BPF_W | unix.BPF_ABS
@@ -332,22 +392,22 @@ func DenyMounts() error {
 		offNr  = 0 // struct seccomp_data: nr, arch, ...
 		offArc = 4
 	)
-	n := len(mountCalls)
 	prog := []unix.SockFilter{
 		{Code: ldAbs, K: offArc},
 		{Code: jeqK, K: arch, Jt: 1},
 		{Code: retK, K: eperm},
 		{Code: ldAbs, K: offNr},
 	}
-	for i, nr := range mountCalls {
-		// Jump to the deny at the end: past the remaining compares and
-		// the allow.
-		prog = append(prog, unix.SockFilter{Code: jeqK, K: nr, Jt: uint8(n - i)})
+	// Each call: if equal, fall through to its return; else skip it.
+	for _, c := range calls {
+		prog = append(prog,
+			unix.SockFilter{Code: jeqK, K: c.nr, Jf: 1},
+			unix.SockFilter{Code: retK, K: unix.SECCOMP_RET_ERRNO | c.errno&unix.SECCOMP_RET_DATA})
 	}
-	prog = append(prog, unix.SockFilter{Code: retK, K: allow}, unix.SockFilter{Code: retK, K: eperm})
+	prog = append(prog, unix.SockFilter{Code: retK, K: allow})
 	fprog := unix.SockFprog{Len: uint16(len(prog)), Filter: &prog[0]}
 	if _, _, e := syscall.AllThreadsSyscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, 0, uintptr(unsafe.Pointer(&fprog))); e != 0 {
-		return fmt.Errorf("deny mounts: seccomp: %w", e)
+		return fmt.Errorf("seccomp: %w", e)
 	}
 	runtime.KeepAlive(prog)
 	return nil

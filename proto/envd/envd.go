@@ -15,3 +15,11 @@ const Port = 49983
 // gzip uploads 0.5.7, watch entry info 0.6.3); control planes report it as
 // envdVersion.
 const Version = "0.6.13"
+
+// ErrnoCallsEnv names the environment variable through which the runtime
+// hands the agent system calls to fail with an errno of its own, for
+// itself and everything it starts: "clone3:38,io_setup:38". gVisor's
+// runsc answers every errno rule of an OCI seccomp profile with EPERM, so
+// rules whose errno matters (ENOSYS, which callers fall back on) travel
+// this way instead. The agent removes it from its environment.
+const ErrnoCallsEnv = "BERTH_ERRNO_CALLS"

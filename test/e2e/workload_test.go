@@ -138,3 +138,34 @@ func TestBaseTemplate(t *testing.T) {
 		t.Errorf("second sandbox sees the first one's writes: %q", got)
 	}
 }
+
+// TestBaseWorkloads: what everyday tools need from the kernel works the
+// same on both levels: threads (glibc's pthread_create tries clone3 and
+// falls back to clone only on ENOSYS, which under gVisor the agent's own
+// filter answers: runsc's seccomp says EPERM to every errno rule), node
+// (its platform threads), and stat(1) and ls -l (statx). (/tmp on the
+// sandbox's disk: TestLimits.)
+func TestBaseWorkloads(t *testing.T) {
+	if os.Getenv("BERTH_TEST_BASE") != "1" {
+		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
+			t.Skip("the base template needs debootstrap's result: set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
+		}
+	}
+	d := StartDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
+		t.Fatalf("build base: %v", err)
+	}
+	forEachIsolation(t, func(t *testing.T, iso string) {
+		sb := d.Create(t, client.CreateRequest{Template: "base", Isolation: iso})
+		got := MustRun(t, sb, `python3 -c 'import threading; t = threading.Thread(target=print, args=("thread ok",)); t.start(); t.join()' && `+
+			`node -e 'require("worker_threads"); new (require("worker_threads").Worker)("process.exit(0)", {eval: true}).on("exit", c => console.log("worker " + c))' && `+
+			`ls -l /etc/hostname | cut -c1 && stat -c %F /tmp`)
+		for _, want := range []string{"thread ok\n", "worker 0\n", "-\n", "directory\n"} {
+			if !strings.Contains(got, want) {
+				t.Errorf("%s: output %q lacks %q", iso, got, want)
+			}
+		}
+	})
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // gVisor's runsc speaks runc's command line (create, start, state, kill,
@@ -239,6 +240,41 @@ func diskTmp(sp *specs.Spec) {
 	sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
 }
 
+// agentErrnoCalls hands the seccomp profile's rules that answer an errno
+// other than EPERM to the agent. runsc's OCI seccomp answers every
+// SCMP_ACT_ERRNO rule with EPERM, whatever errno the rule names, and
+// callers that fall back on ENOSYS then fail instead: glibc's
+// pthread_create tries clone3 and falls back to clone only on ENOSYS, so
+// no glibc program could start a thread (python's threading, curl's
+// resolver, node). Such rules (unconditional ones: clone3 and the AIO
+// calls) leave the profile, and the agent installs them with their own
+// errno through the sentry's seccomp, which returns what a filter says,
+// for itself and everything it starts (envd.ErrnoCallsEnv,
+// agent.DenyCalls). Only at create, as diskTmp: runsc checks that a
+// restore's seccomp matches the checkpoint's.
+func agentErrnoCalls(sp *specs.Spec) {
+	if sp.Linux == nil || sp.Linux.Seccomp == nil || sp.Process == nil {
+		return
+	}
+	var moved []string
+	kept := sp.Linux.Seccomp.Syscalls[:0]
+	for _, rule := range sp.Linux.Seccomp.Syscalls {
+		if rule.Action != specs.ActErrno || rule.ErrnoRet == nil || *rule.ErrnoRet == errnoEPERM || len(rule.Args) > 0 {
+			kept = append(kept, rule)
+			continue
+		}
+		for _, name := range rule.Names {
+			moved = append(moved, fmt.Sprintf("%s:%d", name, *rule.ErrnoRet))
+		}
+	}
+	sp.Linux.Seccomp.Syscalls = kept
+	if len(moved) == 0 {
+		return
+	}
+	env := slices.DeleteFunc(sp.Process.Env, func(e string) bool { return strings.HasPrefix(e, envd.ErrnoCallsEnv+"=") })
+	sp.Process.Env = append(env, envd.ErrnoCallsEnv+"="+strings.Join(moved, ","))
+}
+
 // createGVisor starts a prepared gVisor sandbox: the config is written,
 // the network namespace wired, then one `runsc run --detach`.
 func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs.Spec, phases *phaseTimer) error {
@@ -254,6 +290,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	phases.mark("before_start")
 	gvisorSpec(sp, spec, netns, r.raisesSetuid(spec))
 	diskTmp(sp)
+	agentErrnoCalls(sp)
 	if err := r.writeConfig(id, sp); err != nil {
 		return err
 	}

@@ -4,11 +4,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // TestGVisorSpecAgentPids: a gVisor sandbox whose agent holds the pids
@@ -145,5 +147,48 @@ func TestDiskTmp(t *testing.T) {
 	diskTmp(own)
 	if len(own.Mounts) != 1 || own.Mounts[0].Type != "tmpfs" {
 		t.Errorf("an explicit /tmp mount was changed: %+v", own.Mounts)
+	}
+}
+
+// TestAgentErrnoCalls: the profile's unconditional rules with an errno
+// other than EPERM (runsc would answer EPERM: glibc then starts no
+// thread) leave a gVisor sandbox's profile for the agent's environment,
+// once; every other rule stays.
+func TestAgentErrnoCalls(t *testing.T) {
+	sp := &specs.Spec{Process: &specs.Process{Env: []string{"A=1"}}, Linux: &specs.Linux{Seccomp: seccompProfile()}}
+	before := len(sp.Linux.Seccomp.Syscalls)
+	agentErrnoCalls(sp)
+	agentErrnoCalls(sp)
+	names := seccompNames(sp.Linux.Seccomp.Syscalls)
+	for _, gone := range []string{"clone3", "io_setup", "io_submit"} {
+		if slices.Contains(names, gone) {
+			t.Errorf("%s still in the gVisor profile", gone)
+		}
+	}
+	for _, kept := range []string{"clone", "unshare", "socket", "keyctl"} {
+		if !slices.Contains(names, kept) {
+			t.Errorf("%s left the gVisor profile", kept)
+		}
+	}
+	for _, r := range sp.Linux.Seccomp.Syscalls {
+		if r.Action == specs.ActErrno && r.ErrnoRet != nil && *r.ErrnoRet != errnoEPERM && len(r.Args) == 0 {
+			t.Errorf("rule %v with errno %d kept", r.Names, *r.ErrnoRet)
+		}
+	}
+	if len(sp.Linux.Seccomp.Syscalls) >= before {
+		t.Errorf("profile has %d rules, had %d", len(sp.Linux.Seccomp.Syscalls), before)
+	}
+	var env []string
+	for _, e := range sp.Process.Env {
+		if strings.HasPrefix(e, envd.ErrnoCallsEnv+"=") {
+			env = append(env, e)
+		}
+	}
+	if len(env) != 1 || !strings.Contains(env[0], "clone3:38") || !strings.Contains(env[0], "io_setup:38") || !slices.Contains(sp.Process.Env, "A=1") {
+		t.Errorf("env = %v, want one %s with clone3:38 and io_setup:38, A=1 kept", sp.Process.Env, envd.ErrnoCallsEnv)
+	}
+	// The runc profile itself is untouched.
+	if !slices.Contains(seccompNames(seccompProfile().Syscalls), "clone3") {
+		t.Error("runc's profile lost clone3")
 	}
 }
