@@ -37,6 +37,8 @@ type fakeAgent struct {
 	sizes    chan [2]uint32
 	signals  chan process.Signal
 	files    map[string][]byte
+	// wholeFiles answers file reads whole, ignoring Range.
+	wholeFiles bool
 }
 
 func newFakeAgent() *fakeAgent {
@@ -177,7 +179,12 @@ func (f *fakeAgent) serveFiles(w http.ResponseWriter, r *http.Request) {
 			io.WriteString(w, `{"code":404,"message":"file not found"}`)
 			return
 		}
-		w.Write(b)
+		if f.wholeFiles {
+			w.Write(b)
+			return
+		}
+		// As the agent serves files: ranges honoured.
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(b))
 	case http.MethodPost:
 		if r.Header.Get("Content-Type") != "application/octet-stream" {
 			http.Error(w, "want octet-stream", 400)
@@ -312,5 +319,33 @@ func TestFiles(t *testing.T) {
 	}
 	if _, err := sb.Stat(ctx, "/tmp/missing"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Stat(missing) = %v, want not found", err)
+	}
+}
+
+// TestReadFileRange: a range from an offset, bounded or to the end; an
+// offset past the end reads nothing; an agent that ignores the range
+// still gives the range.
+func TestReadFileRange(t *testing.T) {
+	f, c := newAgentClient(t)
+	sb := c.Sandbox("sb1")
+	if err := sb.WriteFile(t.Context(), "/tmp/a", strings.NewReader("0123456789")); err != nil {
+		t.Fatal(err)
+	}
+	for _, whole := range []bool{false, true} {
+		f.mu.Lock()
+		f.wholeFiles = whole
+		f.mu.Unlock()
+		for _, tc := range []struct {
+			off, n int64
+			want   string
+		}{{0, 0, "0123456789"}, {3, 0, "3456789"}, {3, 2, "34"}, {8, 5, "89"}, {10, 0, ""}, {12, 3, ""}} {
+			var got bytes.Buffer
+			if err := sb.ReadFileRange(t.Context(), "/tmp/a", tc.off, tc.n, &got); err != nil || got.String() != tc.want {
+				t.Errorf("ReadFileRange(%d, %d) (range ignored: %v) = %q, %v; want %q", tc.off, tc.n, whole, got.String(), err, tc.want)
+			}
+		}
+	}
+	if err := sb.ReadFileRange(t.Context(), "/tmp/missing", 0, 0, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("ReadFileRange(missing) = %v, want not found", err)
 	}
 }

@@ -2,11 +2,13 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
@@ -145,6 +147,58 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer) error 
 		return fmt.Errorf("read %s: %w", path, decodeError(resp))
 	}
 	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	return nil
+}
+
+// ReadFileRange copies at most n bytes of the file at path, from byte
+// offset on, to w (n <= 0: to the end). An offset at or past the end copies
+// nothing. Followers of a growing file (a log) read only what is new.
+func (s *Sandbox) ReadFileRange(ctx context.Context, path string, offset, n int64, w io.Writer) error {
+	if offset < 0 {
+		return fmt.Errorf("read %s: offset %d: %w", path, offset, errdefs.ErrInvalidArgument)
+	}
+	user := s.userOr("")
+	u, err := s.filesURL(path, user)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, err)
+	}
+	req.Header.Set("Authorization", basicUser(user))
+	rng := fmt.Sprintf("bytes=%d-", offset)
+	if n > 0 {
+		rng += strconv.FormatInt(offset+n-1, 10)
+	}
+	req.Header.Set("Range", rng)
+	resp, err := s.c.hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("read %s: %w", path, s.c.unreachable(err))
+	}
+	defer resp.Body.Close()
+	body := io.Reader(resp.Body)
+	switch {
+	case resp.StatusCode == http.StatusRequestedRangeNotSatisfiable:
+		// Nothing at offset: the file is no longer than that.
+		return nil
+	case resp.StatusCode == http.StatusOK:
+		// The whole file, the range ignored: skip to offset.
+		if _, err := io.CopyN(io.Discard, resp.Body, offset); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+		if n > 0 {
+			body = io.LimitReader(resp.Body, n)
+		}
+	case resp.StatusCode != http.StatusPartialContent:
+		return fmt.Errorf("read %s: %w", path, decodeError(resp))
+	}
+	if _, err := io.Copy(w, body); err != nil {
 		return fmt.Errorf("read %s: %w", path, err)
 	}
 	return nil

@@ -1,6 +1,8 @@
 // Command berth-agent is the in-sandbox agent: PID 1 of every sandbox,
 // serving E2B envd's protocol on port 49983. Build it static
-// (CGO_ENABLED=0); it links nothing host-side.
+// (CGO_ENABLED=0); it links nothing host-side. Run as
+// `berth-agent podlog …` it is instead the logging wrapper a Kubernetes
+// node runs each container's command under (podlog.go).
 package main
 
 import (
@@ -22,6 +24,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "podlog" {
+		os.Exit(podLog(os.Args[2:]))
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "berth-agent:", err)
 		os.Exit(1)

@@ -69,7 +69,7 @@ func TestImportGraph(t *testing.T) {
 		allowed   []string
 	}{
 		// The agent lives inside untrusted sandboxes: nothing host-side.
-		{"cmd/berth-agent", []string{module + "/internal/", module + "/client", "k8s.io/", "github.com/virtual-kubelet/"}, []string{module + "/internal/agent", module + "/internal/meminfo", module + "/proto/"}},
+		{"cmd/berth-agent", []string{module + "/internal/", module + "/client", "k8s.io/", "github.com/virtual-kubelet/"}, []string{module + "/internal/agent", module + "/internal/meminfo", module + "/internal/crilog", module + "/proto/"}},
 		// The Manager owns no concrete backend and speaks no HTTP: its
 		// records and Store interface are internal/core's, and the SQLite
 		// store implements them.
@@ -79,6 +79,8 @@ func TestImportGraph(t *testing.T) {
 			module + "/internal/workspace", module + "/internal/review", module + "/internal/worklog", module + "/internal/e2bcompat", module + "/internal/secret"}, nil},
 		// The agent links meminfo, so it stays a leaf.
 		{"internal/meminfo", []string{module + "/"}, []string{module + "/internal/meminfo"}},
+		// So does the log format it shares with the Kubernetes node.
+		{"internal/crilog", []string{module + "/"}, []string{module + "/internal/crilog"}},
 		// The core's records import nothing of Berth's.
 		{"internal/core", []string{module + "/"}, []string{module + "/internal/core"}},
 		// The layers beside the Manager use it, not its backends.

@@ -32,6 +32,21 @@ type Sandboxes interface {
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
 	ExecPTY(ctx context.Context, id string, req client.PTYRequest) (*client.PTY, error)
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+	MakeDir(ctx context.Context, id, path string) error
+	logFiles
+}
+
+// logFiles is what following a container's log takes: its size, what
+// was added past an offset, and word when its directory changes.
+type logFiles interface {
+	Stat(ctx context.Context, id, path string) (client.EntryInfo, error)
+	// ReadFileRange copies at most n bytes from offset (n <= 0: to the
+	// end); past the end it copies nothing.
+	ReadFileRange(ctx context.Context, id, path string, offset, n int64, w io.Writer) error
+	// WatchDir calls ready once the watch is in place, then fn with each
+	// change in the directory, until ctx ends, the sandbox goes away, or
+	// fn fails.
+	WatchDir(ctx context.Context, id, path string, ready func(), fn func(client.FileEvent) error) error
 }
 
 // FromClient backs Sandboxes with a Berth API client.
@@ -86,4 +101,21 @@ func (a apiSandboxes) ExecPTY(ctx context.Context, id string, req client.PTYRequ
 
 func (a apiSandboxes) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
 	return a.c.Sandbox(id).ReadFile(ctx, path, w)
+}
+
+func (a apiSandboxes) MakeDir(ctx context.Context, id, path string) error {
+	_, err := a.c.Sandbox(id).MakeDir(ctx, path)
+	return err
+}
+
+func (a apiSandboxes) Stat(ctx context.Context, id, path string) (client.EntryInfo, error) {
+	return a.c.Sandbox(id).Stat(ctx, path)
+}
+
+func (a apiSandboxes) ReadFileRange(ctx context.Context, id, path string, offset, n int64, w io.Writer) error {
+	return a.c.Sandbox(id).ReadFileRange(ctx, path, offset, n, w)
+}
+
+func (a apiSandboxes) WatchDir(ctx context.Context, id, path string, ready func(), fn func(client.FileEvent) error) error {
+	return a.c.Sandbox(id).WatchDirNotify(ctx, path, false, ready, fn)
 }

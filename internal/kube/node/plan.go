@@ -209,15 +209,21 @@ func parseNetwork(s string) (*client.NetworkPolicy, error) {
 	return nil, &planError{field, fmt.Sprintf("%q: want none, open, or a JSON network policy", s)}
 }
 
-// wrapArgv is the process a container runs as: its own argv under sh,
-// with output appended to the container's log file and the exit code
-// written once it ends (renamed into place, so a reader never sees half).
+// agentPath is where every sandbox has the agent binary
+// (internal/runtime/runc's agentMount).
+const agentPath = "/.berth/berth-agent"
+
+// wrapArgv is the process a container runs as: its own argv under the
+// agent's podlog wrapper, which writes the output to the container's log
+// as CRI records (each line timed, for --since and --timestamps) and the
+// exit code to its exit file once it ends.
 func wrapArgv(name string, argv []string) (string, []string) {
-	log := podDir + "/" + name + ".log"
-	exit := podDir + "/" + name + ".exit"
-	script := `mkdir -p ` + podDir + ` && "$@" >>` + log + ` 2>&1; echo $? >` + exit + `.tmp && mv ` + exit + `.tmp ` + exit
-	return "/bin/sh", append([]string{"-c", script, "berth-pod-" + name}, argv...)
+	return agentPath, append([]string{"podlog", "-log", logPath(name), "-exit", exitPath(name), "--"}, argv...)
 }
+
+// logPath and exitPath are a container's log and exit code in its sandbox.
+func logPath(name string) string  { return podDir + "/" + name + ".log" }
+func exitPath(name string) string { return podDir + "/" + name + ".exit" }
 
 // processTag names a container's process in the agent's process table.
 func processTag(name string) string { return "berth-pod/" + name }

@@ -106,23 +106,6 @@ func TestImageTemplate(t *testing.T) {
 	}
 }
 
-func TestTail(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		n    int
-		want string
-	}{
-		{"a\nb\nc\n", 2, "b\nc\n"},
-		{"a\nb\nc", 1, "c"},
-		{"a\n", 5, "a\n"},
-		{"", 1, ""},
-	} {
-		if got := string(tail([]byte(tc.in), tc.n)); got != tc.want {
-			t.Errorf("tail(%q, %d) = %q, want %q", tc.in, tc.n, got, tc.want)
-		}
-	}
-}
-
 // FuzzParseNetwork: the annotation is the pod author's; whatever it holds
 // is either a policy or a plan error, never a panic.
 func FuzzParseNetwork(f *testing.F) {

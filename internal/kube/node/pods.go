@@ -152,6 +152,14 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		sb = full
 	}
 	p.adopt(ctx, ps, sb)
+	// The containers' log directory exists before any of them starts: a
+	// log follower watches it from the container's start on.
+	if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		if ctx.Err() == nil {
+			p.fail(ps, "BerthStartFailed", fmt.Sprintf("make %s: %v", podDir, err))
+		}
+		return
+	}
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
@@ -214,7 +222,7 @@ func (p *Pods) collectExit(ctx context.Context, ps *podState, name string) bool 
 
 func (p *Pods) exitCode(ctx context.Context, id, name string) (int, error) {
 	var buf bytes.Buffer
-	if err := p.sb.ReadFile(ctx, id, podDir+"/"+name+".exit", &limitWriter{w: &buf, n: 32}); err != nil {
+	if err := p.sb.ReadFile(ctx, id, exitPath(name), &limitWriter{w: &buf, n: 32}); err != nil {
 		return 0, err
 	}
 	// The sandbox wrote it: parse strictly.

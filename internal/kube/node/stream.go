@@ -1,9 +1,7 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -15,69 +13,6 @@ import (
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 )
-
-// maxLog bounds what one logs request reads of a container's log file.
-const maxLog = 16 << 20
-
-// GetContainerLogs returns what the container's process has printed
-// (stdout and stderr, interleaved as written), kept inside the sandbox.
-func (p *Pods) GetContainerLogs(ctx context.Context, namespace, podName, container string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	id, err := p.sandboxOf(namespace, podName, container)
-	if err != nil {
-		return nil, err
-	}
-	limit := maxLog
-	if opts.LimitBytes > 0 && opts.LimitBytes < limit {
-		limit = opts.LimitBytes
-	}
-	var buf bytes.Buffer
-	err = p.sb.ReadFile(ctx, id, podDir+"/"+container+".log", &truncWriter{w: &buf, n: limit})
-	switch {
-	case errors.Is(err, errdefs.ErrNotFound):
-		// Nothing printed yet (or a container without a process).
-	case err != nil:
-		return nil, fmt.Errorf("read log of %s/%s/%s: %w", namespace, podName, container, err)
-	}
-	out := buf.Bytes()
-	if opts.Tail > 0 {
-		out = tail(out, opts.Tail)
-	}
-	return io.NopCloser(bytes.NewReader(out)), nil
-}
-
-// tail keeps the last n lines of b.
-func tail(b []byte, n int) []byte {
-	end := len(b)
-	if end > 0 && b[end-1] == '\n' {
-		end--
-	}
-	for i := end - 1; i >= 0; i-- {
-		if b[i] == '\n' {
-			n--
-			if n == 0 {
-				return b[i+1:]
-			}
-		}
-	}
-	return b
-}
-
-// truncWriter keeps the first n bytes and drops the rest.
-type truncWriter struct {
-	w io.Writer
-	n int
-}
-
-func (t *truncWriter) Write(b []byte) (int, error) {
-	k := min(len(b), t.n)
-	if k > 0 {
-		if _, err := t.w.Write(b[:k]); err != nil {
-			return 0, err
-		}
-		t.n -= k
-	}
-	return len(b), nil
-}
 
 // RunInContainer runs cmd in the pod's sandbox through the agent (kubectl
 // exec), on a terminal when asked. A non-zero exit is returned as an exit
