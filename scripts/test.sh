@@ -4,7 +4,8 @@
 #
 # The debootstrap base used by the `base` template is cached in
 # ${BERTH_CACHE_DIR:-/var/cache/berth}; the first run builds it (~15 min),
-# as it does the Kubernetes control plane the test/kube suite runs (k8s/).
+# as it does the Kubernetes control plane the test/kube suite runs (k8s/)
+# and a current runsc (runsc/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -16,6 +17,12 @@ BERTH_CACHE_DIR=${BERTH_CACHE_DIR:-/var/cache/berth} ./scripts/k8s-bins.sh >/dev
 command -v go >/dev/null || export PATH=$PATH:/usr/local/go/bin
 export BERTH_CACHE_DIR=${BERTH_CACHE_DIR:-/var/cache/berth}
 export BERTH_TEST_BASE=${BERTH_TEST_BASE:-1}
+# gVisor: the suites run on a current runsc, built from gVisor's Go source
+# once into ${BERTH_CACHE_DIR}/runsc (scripts/runsc-bin.sh; a few minutes
+# of CPU cold) and found first on PATH. Debian's runsc (scripts/deps.sh)
+# stays installed: internal/runtime/runsc runs its conformance suite too.
+runsc_bin=$(./scripts/runsc-bin.sh)
+export PATH=$(dirname "$runsc_bin"):$PATH
 go vet ./...
 # golangci-lint (.golangci.yml) and generated code up to date.
 ./scripts/lint.sh
