@@ -15,11 +15,11 @@ import (
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
-// counterScript fills 48 MiB of sentry memory (/tmp is a tmpfs there)
-// with random bytes, records their sum, then counts in a shell variable,
-// writing each value to /tmp/count (by rename, so a reader never sees it
-// empty): a process whose state lives only in memory.
-const counterScript = `head -c 50331648 /dev/urandom > /tmp/ballast && md5sum /tmp/ballast > /tmp/sum && i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done`
+// counterScript fills 48 MiB of sentry memory (/dev/shm is a tmpfs there;
+// /tmp is on the disk) with random bytes, records their sum, then counts
+// in a shell variable, writing each value to /tmp/count (by rename, so a
+// reader never sees it empty): a process whose state lives only in memory.
+const counterScript = `head -c 50331648 /dev/urandom > /dev/shm/ballast && md5sum /dev/shm/ballast > /tmp/sum && i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done`
 
 // readCount reads the counter's last value, 0 when there is none yet.
 func readCount(t *testing.T, sb *client.Sandbox) int {
@@ -58,7 +58,7 @@ func assertCounting(t *testing.T, sb *client.Sandbox, since int, when string) {
 		t.Fatalf("%s: count %d, below %d before: the counter's memory was not kept", when, first, since)
 	}
 	waitFor(t, time.Minute, when+": the counter to count on", func() bool { return readCount(t, sb) > first })
-	if got := MustRun(t, sb, "md5sum /tmp/ballast | cmp -s - /tmp/sum && echo same"); got != "same\n" {
+	if got := MustRun(t, sb, "md5sum /dev/shm/ballast | cmp -s - /tmp/sum && echo same"); got != "same\n" {
 		t.Errorf("%s: the 48 MiB in memory changed", when)
 	}
 }
