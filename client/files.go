@@ -128,19 +128,9 @@ func (s *Sandbox) filesURL(path, user string) (string, error) {
 
 // ReadFile copies the file at path in the sandbox to w, streaming.
 func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer) error {
-	user := s.userOr("")
-	u, err := s.filesURL(path, user)
+	resp, err := s.getFile(ctx, path, "")
 	if err != nil {
 		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
-	}
-	req.Header.Set("Authorization", basicUser(user))
-	resp, err := s.c.hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, s.c.unreachable(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
@@ -152,6 +142,29 @@ func (s *Sandbox) ReadFile(ctx context.Context, path string, w io.Writer) error 
 	return nil
 }
 
+// getFile sends the agent a GET of the file at path, with a Range header
+// when rng is set.
+func (s *Sandbox) getFile(ctx context.Context, path, rng string) (*http.Response, error) {
+	user := s.userOr("")
+	u, err := s.filesURL(path, user)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	req.Header.Set("Authorization", basicUser(user))
+	if rng != "" {
+		req.Header.Set("Range", rng)
+	}
+	resp, err := s.c.hc.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, s.c.unreachable(err))
+	}
+	return resp, nil
+}
+
 // ReadFileRange copies at most n bytes of the file at path, from byte
 // offset on, to w (n <= 0: to the end). An offset at or past the end copies
 // nothing. Followers of a growing file (a log) read only what is new.
@@ -159,24 +172,13 @@ func (s *Sandbox) ReadFileRange(ctx context.Context, path string, offset, n int6
 	if offset < 0 {
 		return fmt.Errorf("read %s: offset %d: %w", path, offset, errdefs.ErrInvalidArgument)
 	}
-	user := s.userOr("")
-	u, err := s.filesURL(path, user)
-	if err != nil {
-		return err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	if err != nil {
-		return fmt.Errorf("read %s: %w", path, err)
-	}
-	req.Header.Set("Authorization", basicUser(user))
 	rng := fmt.Sprintf("bytes=%d-", offset)
 	if n > 0 {
 		rng += strconv.FormatInt(offset+n-1, 10)
 	}
-	req.Header.Set("Range", rng)
-	resp, err := s.c.hc.Do(req)
+	resp, err := s.getFile(ctx, path, rng)
 	if err != nil {
-		return fmt.Errorf("read %s: %w", path, s.c.unreachable(err))
+		return err
 	}
 	defer resp.Body.Close()
 	body := io.Reader(resp.Body)

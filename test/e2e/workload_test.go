@@ -85,17 +85,9 @@ func TestCPUQuota(t *testing.T) {
 }
 
 func TestBaseTemplate(t *testing.T) {
-	if os.Getenv("BERTH_TEST_BASE") != "1" {
-		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
-			t.Skip("the base template needs debootstrap's result: set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
-		}
-	}
-	d := StartDaemon(t)
+	d := baseDaemon(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
 	defer cancel()
-	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
-		t.Fatalf("build base: %v", err)
-	}
 	out, errOut, code := d.CLI(t, nil, "template", "ls")
 	if code != 0 || !strings.Contains(out, "base") || !strings.Contains(out, "minimal") {
 		t.Errorf("template ls = %q %q", out, errOut)
@@ -146,17 +138,7 @@ func TestBaseTemplate(t *testing.T) {
 // (its platform threads), and stat(1) and ls -l (statx). (/tmp on the
 // sandbox's disk: TestLimits.)
 func TestBaseWorkloads(t *testing.T) {
-	if os.Getenv("BERTH_TEST_BASE") != "1" {
-		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
-			t.Skip("the base template needs debootstrap's result: set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
-		}
-	}
-	d := StartDaemon(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
-	defer cancel()
-	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
-		t.Fatalf("build base: %v", err)
-	}
+	d := baseDaemon(t)
 	forEachIsolation(t, func(t *testing.T, iso string) {
 		sb := d.Create(t, client.CreateRequest{Template: "base", Isolation: iso})
 		got := MustRun(t, sb, `python3 -c 'import threading; t = threading.Thread(target=print, args=("thread ok",)); t.start(); t.join()' && `+
@@ -168,4 +150,22 @@ func TestBaseWorkloads(t *testing.T) {
 			}
 		}
 	})
+}
+
+// baseDaemon starts a daemon with the base template built, or skips
+// where debootstrap's result is not to be had.
+func baseDaemon(t *testing.T) *Daemon {
+	t.Helper()
+	if os.Getenv("BERTH_TEST_BASE") != "1" {
+		if _, err := os.Stat(harness.CacheDir() + "/debootstrap"); err != nil {
+			t.Skip("the base template needs debootstrap's result: set BERTH_TEST_BASE=1 (scripts/test.sh does) to build it")
+		}
+	}
+	d := StartDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Minute)
+	defer cancel()
+	if _, err := d.Client.BuildTemplate(ctx, "base", io.Discard); err != nil {
+		t.Fatalf("build base: %v", err)
+	}
+	return d
 }
