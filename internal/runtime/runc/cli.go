@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -102,8 +103,13 @@ func (r *Runtime) command(ctx context.Context, id string, args ...string) *exec.
 	return r.cli(ctx, append(argv, args...)...)
 }
 
-// runcOutput runs runc and returns its stdout; errors carry stderr.
+// runcOutput runs runc and returns its stdout; errors carry stderr. Its
+// last argument is the sandbox's ID, as in every runc verb it runs; the
+// call counts as in flight for it (removeState waits for those).
 func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error) {
+	id := args[len(args)-1]
+	r.calls.begin(id)
+	defer r.calls.end(id)
 	argv := append([]string{"--root", r.cfg.RuncRoot}, r.gvisorFlags()...)
 	cmd := r.cli(ctx, append(argv, args...)...)
 	var stdout, stderr bytes.Buffer
@@ -112,4 +118,68 @@ func (r *Runtime) runcOutput(ctx context.Context, args ...string) ([]byte, error
 		return stdout.Bytes(), fmt.Errorf("%s %s: %w: %s", filepath.Base(r.cfg.Binary), args[0], err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.Bytes(), nil
+}
+
+// inflight counts the runtime CLI calls under way per sandbox. runsc
+// creates a container's lock file (O_CREAT) when it takes the container's
+// flock, after finding its state file: a `runsc state` or `events` that
+// found it just before Destroy removed the files would put the lock file
+// back, for good. removeState therefore waits for the calls in flight.
+type inflight struct {
+	mu   sync.Mutex
+	n    map[string]int
+	idle map[string]chan struct{} // closed when n[id] drops to 0
+}
+
+func (f *inflight) begin(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n == nil {
+		f.n = map[string]int{}
+	}
+	f.n[id]++
+}
+
+func (f *inflight) end(id string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n[id]--; f.n[id] > 0 {
+		return
+	}
+	delete(f.n, id)
+	if ch, ok := f.idle[id]; ok {
+		close(ch)
+		delete(f.idle, id)
+	}
+}
+
+// inflightLimit bounds removeState's wait for the calls in flight.
+const inflightLimit = 30 * time.Second
+
+// wait returns once no call for id is in flight, or after limit (every
+// call is bounded by its context; a sentry killed first answers none of
+// them for long).
+func (f *inflight) wait(id string, limit time.Duration) bool {
+	f.mu.Lock()
+	if f.n[id] == 0 {
+		f.mu.Unlock()
+		return true
+	}
+	if f.idle == nil {
+		f.idle = map[string]chan struct{}{}
+	}
+	ch, ok := f.idle[id]
+	if !ok {
+		ch = make(chan struct{})
+		f.idle[id] = ch
+	}
+	f.mu.Unlock()
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }

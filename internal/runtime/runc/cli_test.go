@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -162,4 +163,36 @@ func TestCLICancelKillsGroup(t *testing.T) {
 	}
 	awaitExit(t, cli, "the cancelled CLI")
 	awaitExit(t, child, "the cancelled CLI's child")
+}
+
+// TestInflightWait: removeState's wait returns at once with no call in
+// flight, when the last call for the sandbox ends, and at its limit when
+// one never does; other sandboxes' calls do not hold it.
+func TestInflightWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var f inflight
+		if !f.wait("a", time.Minute) {
+			t.Fatal("wait with no call in flight timed out")
+		}
+		f.begin("a")
+		f.begin("a")
+		f.begin("b")
+		done := make(chan bool)
+		go func() { done <- f.wait("a", time.Hour) }()
+		synctest.Wait()
+		f.end("a")
+		synctest.Wait()
+		select {
+		case <-done:
+			t.Fatal("wait returned with a call still in flight")
+		default:
+		}
+		f.end("a")
+		if !<-done {
+			t.Fatal("wait timed out after the last call ended")
+		}
+		if f.wait("b", time.Minute) {
+			t.Fatal("wait returned true with b's call never ending")
+		}
+	})
 }

@@ -524,6 +524,11 @@ func (r *Runtime) removeState(id string) error {
 	if r.cfg.GVisor == nil {
 		return os.RemoveAll(filepath.Join(r.cfg.RuncRoot, id))
 	}
+	// A runsc call that found the state file before it goes would put
+	// the lock file back (inflight).
+	if !r.calls.wait(id, inflightLimit) {
+		r.log.Warn("runsc_calls_in_flight", "sandbox_id", id, "waited", inflightLimit)
+	}
 	var errs []error
 	socks := r.runscSockets(id)
 	// Where runsc says it bound it, should that be none of the above.

@@ -72,9 +72,10 @@ type Runtime struct {
 	cfg      Config
 	log      *slog.Logger
 	cg       cgroupLayout
-	swapAcct bool   // swap accounting exists, so memory+swap can be capped
-	nofile   uint64 // RLIMIT_NOFILE for sandboxes
-	nsNproc  bool   // the kernel counts RLIMIT_NPROC per user namespace
+	swapAcct bool     // swap accounting exists, so memory+swap can be capped
+	nofile   uint64   // RLIMIT_NOFILE for sandboxes
+	nsNproc  bool     // the kernel counts RLIMIT_NPROC per user namespace
+	calls    inflight // runtime CLI calls under way per sandbox (removeState waits)
 	// sigpending and msgqueue are the sandbox's RLIMIT_SIGPENDING and
 	// RLIMIT_MSGQUEUE (poolRlimits), capped at the daemon's own.
 	sigpending, msgqueue uint64
