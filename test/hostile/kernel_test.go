@@ -152,14 +152,14 @@ for f in CapEff CapBnd CapPrm; do c=$((0x$(awk "/^$f:/{print \$2}" $s))); [ $((c
 var gvisorContained = map[string]string{
 	// A mount namespace of the sentry's; mounting in it is still refused.
 	"unshare-mount": `! mount -t tmpfs none /tmp 2>/dev/null`,
-	// Nodes in the sentry's /tmp (a tmpfs in sentry memory); the sentry
-	// has no driver for them, so they open nothing, and on the disk the
-	// gofer refuses them.
+	// Nodes in /tmp (refused by the current runsc; made in a tmpfs of
+	// the sentry's by Debian's): the sentry has no driver for them, so
+	// they open nothing, and on the disk the gofer refuses them.
 	"mknod-block": `! head -c1 /tmp/sda >/dev/null 2>&1 && ! mknod /root/sda b 8 0 2>/dev/null`,
 	"mknod-mem":   `! head -c1 /tmp/mem >/dev/null 2>&1 && ! mknod /root/mem c 1 1 2>/dev/null`,
 	// The sentry lets a process write its own executable (no ETXTBSY),
-	// here /tmp/attacker in sentry memory; there is no runtime binary
-	// inside to overwrite, and the agent's stays read-only.
+	// here /tmp/attacker; there is no runtime binary inside to
+	// overwrite, and the agent's stays read-only.
 	"exe-write": `! (exec 3>>/proc/1/exe) 2>/dev/null && ! (exec 3>>/.berth/berth-agent) 2>/dev/null`,
 	// The sentry's terminals are its own: the attack cannot make one its
 	// controlling terminal (TIOCSCTTY is EINVAL), and no host terminal

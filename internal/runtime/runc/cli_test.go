@@ -16,47 +16,72 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// fakeCLI writes a runtime CLI stand-in to dir that records its pid (and,
-// with a child, its child's) in dir and then blocks.
-func fakeCLI(t *testing.T, dir string, child bool) string {
+// fakeCLI writes a runsc stand-in that reports its pid (and, with child,
+// its child's) through named pipes next to it, then blocks. The pipes
+// make every wait an event: a reader's open returns when the writer
+// comes. With started it also reports its pid on "<bin>.started", for a
+// second reader (TestCLIDaemonHelper).
+func fakeCLI(t *testing.T, dir string, child, started bool) string {
 	t.Helper()
-	body := "#!/bin/sh\n"
-	if child {
-		body += "sleep 1000 &\necho $! > \"$0.child.tmp\" && mv \"$0.child.tmp\" \"$0.child\"\n"
-	}
-	body += "echo $$ > \"$0.pid.tmp\" && mv \"$0.pid.tmp\" \"$0.pid\"\nexec sleep 1000\n"
 	bin := filepath.Join(dir, "fake-runsc")
+	body := "#!/bin/sh\n"
+	fifos := []string{bin + ".pid"}
+	if child {
+		body += "sleep 1000 &\necho $! > \"$0.child\"\n"
+		fifos = append(fifos, bin+".child")
+	}
+	body += "echo $$ > \"$0.pid\"\n"
+	if started {
+		body += "echo $$ > \"$0.started\"\n"
+		fifos = append(fifos, bin+".started")
+	}
+	body += "exec sleep 1000\n"
+	for _, f := range fifos {
+		if err := unix.Mkfifo(f, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if err := os.WriteFile(bin, []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	return bin
 }
 
-// waitPid waits for the pid file at path and opens a pidfd on its pid.
+// waitPid reads a pid from the named pipe at path, waiting (up to a
+// generous bound) for its writer, and opens a pidfd on it.
 func waitPid(t *testing.T, path string) int {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if b, err := os.ReadFile(path); err == nil {
-			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-			if err != nil {
-				t.Fatalf("%s holds %q", path, b)
-			}
-			fd, err := unix.PidfdOpen(pid, 0)
-			if err != nil {
-				t.Fatalf("pidfd_open(%d): %v", pid, err)
-			}
-			t.Cleanup(func() {
-				_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-				unix.Close(fd)
-			})
-			return fd
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s within 30s", path)
-		}
-		time.Sleep(5 * time.Millisecond) // poll: the fake CLI writes it once
+	type read struct {
+		b   []byte
+		err error
 	}
+	got := make(chan read, 1)
+	go func() {
+		b, err := os.ReadFile(path)
+		got <- read{b, err}
+	}()
+	var r read
+	select {
+	case r = <-got:
+	case <-time.After(time.Minute):
+		t.Fatalf("nothing written to %s within a minute", path)
+	}
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(r.b)))
+	if err != nil {
+		t.Fatalf("%s holds %q", path, r.b)
+	}
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatalf("pidfd_open(%d): %v", pid, err)
+	}
+	t.Cleanup(func() {
+		_ = unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		unix.Close(fd)
+	})
+	return fd
 }
 
 // awaitExit waits, up to a generous bound, for the process behind pidfd
@@ -85,7 +110,10 @@ func awaitExit(t *testing.T, fd int, what string) {
 // test binary run again (TestCLIDaemonHelper).
 func TestCLIDiesWithDaemon(t *testing.T) {
 	dir := t.TempDir()
-	bin := fakeCLI(t, dir, false)
+	bin := fakeCLI(t, dir, false, true)
+	if err := unix.Mkfifo(bin+".churned", 0o600); err != nil {
+		t.Fatal(err)
+	}
 	daemon := exec.Command(os.Args[0], "-test.run=^TestCLIDaemonHelper$", "-test.count=1")
 	daemon.Env = append(os.Environ(), "BERTH_TEST_CLI_DAEMON="+bin)
 	if err := daemon.Start(); err != nil {
@@ -120,11 +148,9 @@ func TestCLIDaemonHelper(t *testing.T) {
 		t.Errorf("fake CLI returned: %v", err)
 		os.Exit(1)
 	}()
-	for {
-		if _, err := os.Stat(bin + ".pid"); err == nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond) // poll: the fake CLI writes it once
+	// The CLI runs (its parent-death signal armed) once it says so.
+	if _, err := os.ReadFile(bin + ".started"); err != nil {
+		t.Fatal(err)
 	}
 	for range 200 {
 		done := make(chan struct{})
@@ -134,10 +160,8 @@ func TestCLIDaemonHelper(t *testing.T) {
 		}()
 		<-done
 	}
-	if err := os.WriteFile(bin+".churned.tmp", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(bin+".churned.tmp", bin+".churned"); err != nil {
+	// A named pipe: the write waits for the test to read it.
+	if err := os.WriteFile(bin+".churned", []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	select {}
@@ -147,7 +171,7 @@ func TestCLIDaemonHelper(t *testing.T) {
 // children it has not detached (its process group), and returns.
 func TestCLICancelKillsGroup(t *testing.T) {
 	dir := t.TempDir()
-	bin := fakeCLI(t, dir, true)
+	bin := fakeCLI(t, dir, true, false)
 	r := &Runtime{cfg: Config{Binary: bin, RuncRoot: dir}, log: slog.New(slog.DiscardHandler)}
 	ctx, cancel := context.WithCancel(t.Context())
 	errc := make(chan error, 1)
