@@ -34,7 +34,7 @@
 // or: go run ./bench -density 500 [-density-batch 25]
 // or: go run ./bench -runtimes [-n 20] [-exec-n 50]
 // or: go run ./bench -pause 10 [-pause-mib 256]
-// or: go run ./bench -snapshot 5 [-snapshot-mib 64]
+// or: go run ./bench -snapshot 5 [-snapshot-mib 64] [-snapshot-isolation gvisor]
 // or: go run ./bench -template-build 5
 package main
 
@@ -75,6 +75,7 @@ func main() {
 	snapshot := flag.Int("snapshot", 0, "instead, this many rounds of snapshot, create-from-snapshot and fork of a sandbox that wrote -snapshot-mib MiB (bench/snapshot.go)")
 	templateBuild := flag.Int("template-build", 0, "instead, this many rounds of a Dockerfile build through the daemon next to `buildah bud` (bench/templatebuild.go)")
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
+	snapshotIso := flag.String("snapshot-isolation", "runc", "isolation level of the snapshotted sandbox (gvisor: memory snapshots where runsc can; the sandbox also holds -snapshot-mib MiB in memory)")
 	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
 	only := flag.String("rows", "tti,exec,warm,burst,e2b", "which of the latency rows to measure")
 	pprofDir := flag.String("pprof", "", "write the daemon's CPU profile (and, with BERTH_PROFILE_CONTENTION=1, mutex and block profiles) during the burst here")
@@ -93,7 +94,7 @@ func main() {
 		return
 	}
 	if *snapshot > 0 {
-		if err := runSnapshot(tb, *snapshot, *snapshotMiB); err != nil {
+		if err := runSnapshot(tb, *snapshot, *snapshotMiB, *snapshotIso); err != nil {
 			tb.Fatalf("%v", err)
 		}
 		return

@@ -8,7 +8,9 @@ const (
 	// its template, isolation, limits, env, labels, user, network policy
 	// and allow_sudo; a sandbox made from it starts its processes afresh.
 	SnapshotFilesystem = "filesystem"
-	// SnapshotMemory: the files and every process with its memory.
+	// SnapshotMemory: the files and every process with its memory; a
+	// sandbox made from it carries on where its source was, with an
+	// identity of its own (ID, token, address, hostname).
 	SnapshotMemory = "memory"
 )
 

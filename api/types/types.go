@@ -52,6 +52,12 @@ type IsolationLevel struct {
 	// under gVisor only with a runsc that has --allow-suid (Debian's
 	// 20221219 has not, and ignores set-user-ID bits).
 	Sudo bool `json:"sudo,omitempty"`
+	// Snapshots is what a snapshot or fork of a sandbox at this level
+	// keeps: SnapshotMemory (its files and every process with its
+	// memory: gVisor with a runsc that can restore one sandbox's image
+	// into another) or SnapshotFilesystem (its files; processes start
+	// afresh).
+	Snapshots string `json:"snapshots,omitempty"`
 }
 
 // Sandbox states.

@@ -48,6 +48,11 @@ type Snapshot struct {
 	// SizeBytes is what the snapshot's own files take (its layer, and
 	// its checkpoint for a memory snapshot).
 	SizeBytes int64
+	// AgentToken is the access token the source's agent held when a
+	// memory snapshot was taken: a sandbox made from the snapshot starts
+	// with that agent, memory and all, and the daemon hands it the new
+	// sandbox's own token with it. Never shown by the API.
+	AgentToken string `json:",omitempty"`
 	// Fork marks a snapshot made by a fork: it is removed once no
 	// sandbox or snapshot uses it.
 	Fork      bool

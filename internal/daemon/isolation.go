@@ -73,7 +73,7 @@ func newLevels(ctx context.Context, cfg Config, log *slog.Logger) (*levels, erro
 	}
 	l.runtimes[core.IsolationRunc] = rc
 	l.versions[core.IsolationRunc] = runcVersion(ctx, cfg.RuntimeBinary)
-	l.wire = append(l.wire, types.IsolationLevel{Name: core.IsolationRunc, Available: true, Runtime: l.versions[core.IsolationRunc], Sudo: true})
+	l.wire = append(l.wire, types.IsolationLevel{Name: core.IsolationRunc, Available: true, Runtime: l.versions[core.IsolationRunc], Sudo: true, Snapshots: types.SnapshotFilesystem})
 
 	// The gofer reaches the rootfs as the sandbox's unprivileged root: the
 	// level's dir must be searchable (as the data dir is; Run checks).
@@ -105,7 +105,7 @@ func newLevels(ctx context.Context, cfg Config, log *slog.Logger) (*levels, erro
 		}
 		l.runtimes[core.IsolationGVisor] = gv
 		l.versions[core.IsolationGVisor] = "runsc " + gv.Version() + " (" + gv.Platform() + ")"
-		l.wire = append(l.wire, types.IsolationLevel{Name: core.IsolationGVisor, Available: true, Runtime: "runsc " + gv.Version(), Platform: gv.Platform(), Sudo: gv.RaisesSetuid()})
+		l.wire = append(l.wire, types.IsolationLevel{Name: core.IsolationGVisor, Available: true, Runtime: "runsc " + gv.Version(), Platform: gv.Platform(), Sudo: gv.RaisesSetuid(), Snapshots: snapshotKind(gv.CopiesMemory())})
 	case errors.Is(err, errdefs.ErrUnavailable):
 		why := fmt.Sprintf("%v; %s", err, gvisorInstall)
 		l.unavailable[core.IsolationGVisor] = why
@@ -141,4 +141,12 @@ func runcVersion(ctx context.Context, bin string) string {
 		return "runc " + v
 	}
 	return "runc"
+}
+
+// snapshotKind is what a snapshot at a level keeps (types.IsolationLevel.Snapshots).
+func snapshotKind(memory bool) string {
+	if memory {
+		return types.SnapshotMemory
+	}
+	return types.SnapshotFilesystem
 }

@@ -60,6 +60,16 @@ type Spec struct {
 	// --allow-suid (runsc.Runtime.RaisesSetuid); on another it has no
 	// effect and no_new_privs stays on.
 	AllowSetuid bool
+	// RestoreImage, when set, makes Create start the sandbox from this
+	// checkpoint image (one another sandbox's CheckpointLive wrote)
+	// instead of booting its agent: every process of that sandbox, with
+	// its memory, carries on in this one, on this one's root filesystem
+	// (which must hold the files the image's sandbox had: its layers and
+	// its writable layer as frozen with the image), network namespace,
+	// hostname and limits. Only a runtime that can (CopiesMemory) takes
+	// it; the agent arguments and mounts must be those the image's
+	// sandbox was created with.
+	RestoreImage string
 }
 
 // Status is a backend's view of a sandbox's boundary.

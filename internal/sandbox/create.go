@@ -28,6 +28,9 @@ type creation struct {
 	egress *egressPrep
 	// undo removes what the steps made so far.
 	undo undo
+	// restore is set when the sandbox starts from a memory snapshot's
+	// image rather than booting its agent.
+	restore *memoryStart
 	// recorded, provisioned, agentUp and answered are when the first
 	// store write, provision, the agent's first answer and awaitReady
 	// (with the egress install) ended (the debug log's create phases).
@@ -42,7 +45,7 @@ type creation struct {
 // The create holds the sandbox's operation lock throughout (a setup can
 // take minutes); readers never wait for it, and a destroy aborts it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
-	unpin, err := m.fromSnapshot(ctx, &req)
+	unpin, restore, err := m.fromSnapshot(ctx, &req)
 	if err != nil {
 		return Sandbox{}, err
 	}
@@ -71,7 +74,11 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	// The pool refills only while no create runs (pool.go).
 	m.pool.createStarted()
 	defer m.pool.createDone()
-	if s, err := m.claim(ctx, req, tpl, iso, policy); !errors.Is(err, errNoClaim) {
+	if restore != nil {
+		if err := m.checkMemoryStart(req, iso); err != nil {
+			return Sandbox{}, err
+		}
+	} else if s, err := m.claim(ctx, req, tpl, iso, policy); !errors.Is(err, errNoClaim) {
 		return s, err
 	}
 	now := time.Now().UTC()
@@ -97,8 +104,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		m.forget(rec.ID)
 		return Sandbox{}, err
 	}
-	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name+", isolation "+iso)
-	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now, recorded: time.Now()}
+	how := "template " + tpl.Name + ", isolation " + iso
+	if restore != nil {
+		how += ", from the memory of snapshot " + restore.snapshot
+	}
+	m.event(cctx, rec.ID, EventCreated, how)
+	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now, recorded: time.Now(), restore: restore}
 
 	if err := m.provision(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
@@ -108,8 +119,12 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 		return m.abandon(cctx, c, err)
 	}
 	c.answered = time.Now()
-	if err := m.startTemplate(cctx, c); err != nil {
-		return m.abandon(cctx, c, err)
+	// A sandbox started from a memory image runs what its source ran,
+	// the template's start command included.
+	if c.restore == nil {
+		if err := m.startTemplate(cctx, c); err != nil {
+			return m.abandon(cctx, c, err)
+		}
 	}
 	if req.Setup != nil {
 		// Setup runs under cctx (budgeted for it, not tied to the request,
@@ -171,6 +186,9 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	if c.req.Layers != nil {
 		spec.Layers = c.req.Layers
 	}
+	if c.restore != nil {
+		spec.RestoreImage = c.restore.image
+	}
 	// Pushed first, so unwound last: a Create that fails half-way may
 	// leave a container behind, and Destroy takes whatever is there.
 	rt := m.runtimeOf(e.rec)
@@ -194,6 +212,11 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	}
 	if eerr != nil {
 		return fmt.Errorf("network policy: %w", eerr)
+	}
+	if c.restore != nil {
+		if err := m.reidentify(ctx, c); err != nil {
+			return err
+		}
 	}
 	if err := m.installEgress(ctx, c.e, ca); err != nil {
 		return fmt.Errorf("network policy: %w", err)

@@ -28,6 +28,16 @@ type Checkpointer interface {
 	Restore(ctx context.Context, spec runtime.Spec, dir string) error
 }
 
+// MemoryCopier is the optional ability to save a running sandbox's
+// memory image without stopping it (CheckpointLive) and to start other
+// sandboxes from such an image (runtime.Spec.RestoreImage): gVisor on a
+// runsc that can (runc.Runtime.CopiesMemory). Snapshots and forks of
+// its sandboxes keep their processes and memory.
+type MemoryCopier interface {
+	CopiesMemory() bool
+	CheckpointLive(ctx context.Context, id, dir string) error
+}
+
 // StatsReader is the optional ability to report resource usage.
 type StatsReader interface {
 	Stats(ctx context.Context, id string) (runtime.Stats, error)

@@ -16,15 +16,19 @@ import (
 //
 // A fork is a snapshot of a running sandbox (snapshot.go, marked Fork)
 // and N new sandboxes made from it at once. The parent keeps running (its
-// processes are frozen only while its writable layer is copied). Each copy
-// is a sandbox of its own: its own ID, agent token, writable layer (what
-// one writes, no other copy nor the parent sees), network namespace,
-// veth (own MAC) and address, egress services, and deadline (the time the
-// parent had left). Copies start their processes afresh on the parent's
-// files: no memory image is shared, so no two copies share random-number
-// state; every copy's kernel pool (runc: the host's; gVisor: each sentry
-// seeds its own from the host's getrandom) is independent. The fork's
-// snapshot goes once the last copy is gone.
+// processes are frozen only while its memory image is saved and its
+// writable layer copied). Each copy is a sandbox of its own: its own ID,
+// agent token, writable layer (what one writes, no other copy nor the
+// parent sees), network namespace, veth (own MAC) and address, egress
+// services, and deadline (the time the parent had left).
+//
+// Where the runtime copies memory (gVisor on a current runsc), the copies
+// start from the parent's memory image: every process the parent ran
+// runs on in each copy (memcopy.go says what each copy gets of its own,
+// randomness included). Elsewhere (runc, an old runsc) the copies start
+// their processes afresh on the parent's files, and inspect says so
+// (the snapshot's kind: filesystem). The fork's snapshot goes once the
+// last copy is gone.
 
 // MaxForkCount bounds the copies of one fork.
 const MaxForkCount = 16

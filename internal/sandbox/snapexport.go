@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -64,6 +65,28 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 			return fmt.Errorf("export snapshot %s: %w", id, err)
 		}
 	}
+	// A memory snapshot's image travels too, with the token its agent
+	// holds (the image holds it anyway: the archive is as secret as the
+	// sandbox's memory).
+	var memory []snaparchive.MemoryFile
+	if s.Kind == core.SnapshotMemory {
+		dir := m.snapshotMemoryIn(m.snapshotDir(id))
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return fmt.Errorf("export snapshot %s: memory image: %w", id, err)
+		}
+		for _, ent := range ents {
+			if !ent.Type().IsRegular() {
+				continue
+			}
+			f, err := os.Open(filepath.Join(dir, ent.Name()))
+			if err != nil {
+				return fmt.Errorf("export snapshot %s: memory image: %w", id, err)
+			}
+			files = append(files, f) // closed with the layers
+			memory = append(memory, snaparchive.MemoryFile{Name: ent.Name(), File: f})
+		}
+	}
 	meta := snaparchive.Meta{
 		Name: s.Name, Source: s.Source, Kind: s.Kind, Template: s.Template, Isolation: s.Isolation,
 		CPUMillis: s.CPUMillis, MemoryBytes: s.MemoryBytes, DiskBytes: s.DiskBytes, PidsLimit: s.PidsLimit,
@@ -72,7 +95,10 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 	if s.Policy != "" {
 		meta.Policy = json.RawMessage(s.Policy)
 	}
-	return snaparchive.Write(w, meta, files)
+	if s.Kind == core.SnapshotMemory {
+		meta.AgentToken = s.AgentToken
+	}
+	return snaparchive.Write(w, meta, files[:len(own)], memory)
 }
 
 // ImportSnapshot reads an archive from r into a new snapshot owned by
@@ -113,6 +139,19 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string)
 		size += n
 		last = i
 		return err
+	}, func(name string, r io.Reader) error {
+		// A plain name (snaparchive checked it), under memory/.
+		dir := m.snapshotMemoryIn(partial)
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		n, err := io.Copy(f, r)
+		size += n
+		return errors.Join(err, f.Close())
 	})
 	if err != nil {
 		return core.Snapshot{}, &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: %w", err)}
@@ -122,8 +161,22 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string)
 	if err != nil {
 		return core.Snapshot{}, &FieldError{Field: "template", Err: fmt.Errorf("import snapshot: it sits on template %q, which this daemon lacks (build or create it first): %w", meta.Template, err)}
 	}
-	if meta.Kind != core.SnapshotFilesystem {
-		return core.Snapshot{}, &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: kind %q: this daemon imports %s snapshots: %w", meta.Kind, core.SnapshotFilesystem, errdefs.ErrNotImplemented)}
+	kind, token := meta.Kind, meta.AgentToken
+	switch {
+	case kind == core.SnapshotFilesystem && len(man.Memory) == 0:
+	case kind == core.SnapshotMemory && len(man.Memory) > 0:
+		// Where this daemon cannot start sandboxes from a memory image
+		// (no gVisor, or an older runsc), the files still make a
+		// snapshot; the record says it keeps files only.
+		if mc, ok := m.rts[meta.Isolation].(MemoryCopier); !ok || !mc.CopiesMemory() {
+			if err := os.RemoveAll(m.snapshotMemoryIn(partial)); err != nil {
+				return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+			}
+			m.log.Warn("snapshot_import_memory_dropped", "isolation", meta.Isolation, "why", "this daemon's runtime cannot start a sandbox from a memory image")
+			kind, token = core.SnapshotFilesystem, ""
+		}
+	default:
+		return core.Snapshot{}, &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: kind %q with %d memory image files: want filesystem without, or memory with: %w", meta.Kind, len(man.Memory), errdefs.ErrInvalidArgument)}
 	}
 	if err := os.Rename(filepath.Join(partial, "base", strconv.Itoa(last)), filepath.Join(partial, "layer")); err != nil {
 		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
@@ -133,7 +186,7 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string)
 		base = append(base, filepath.Join(m.snapshotDir(id), "base", strconv.Itoa(i)))
 	}
 	rec := core.Snapshot{
-		ID: id, Name: meta.Name, Source: meta.Source, Kind: meta.Kind, Template: tpl.Name, Isolation: meta.Isolation, Owner: owner,
+		ID: id, Name: meta.Name, Source: meta.Source, Kind: kind, AgentToken: token, Template: tpl.Name, Isolation: meta.Isolation, Owner: owner,
 		CPUMillis: meta.CPUMillis, MemoryBytes: meta.MemoryBytes, DiskBytes: meta.DiskBytes, PidsLimit: meta.PidsLimit,
 		Env: meta.Env, Labels: meta.Labels, User: meta.User, AllowSudo: meta.AllowSudo, Policy: string(meta.Policy),
 		BaseLayers: base, SizeBytes: size, CreatedAt: time.Now().UTC(),

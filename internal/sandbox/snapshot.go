@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/template"
 )
 
 // Snapshots.
@@ -99,6 +100,9 @@ func (m *Manager) layerStore() (LayerStore, error) {
 func (m *Manager) snapshotDir(id string) string   { return filepath.Join(m.cfg.SnapshotDir, id) }
 func (m *Manager) snapshotLayer(id string) string { return filepath.Join(m.snapshotDir(id), "layer") }
 
+// snapshotMemoryIn is where a snapshot dir holds its memory image.
+func (m *Manager) snapshotMemoryIn(dir string) string { return filepath.Join(dir, "memory") }
+
 // snapshotLayers is what a sandbox made from s mounts, lowest first.
 func (m *Manager) snapshotLayers(s core.Snapshot) []string {
 	return append(slices.Clone(s.BaseLayers), m.snapshotLayer(s.ID))
@@ -161,6 +165,8 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 	if !ok || !ok2 {
 		return core.Snapshot{}, fmt.Errorf("snapshot sandbox %s: its runtime cannot show or freeze its writable layer: %w", id, errdefs.ErrNotImplemented)
 	}
+	mc, memory := rt.(MemoryCopier)
+	memory = memory && mc.CopiesMemory()
 	layers, err := sr.Layers(id)
 	if err != nil {
 		return core.Snapshot{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
@@ -175,6 +181,9 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 		CPUMillis: e.rec.CPUMillis, MemoryBytes: e.rec.MemoryBytes, DiskBytes: e.rec.DiskBytes, PidsLimit: e.rec.PidsLimit,
 		Env: maps.Clone(e.rec.Env), Labels: maps.Clone(e.rec.Labels), User: e.rec.User,
 		AllowSudo: e.rec.AllowSudo, BaseLayers: layers, Fork: fork,
+	}
+	if memory {
+		rec.Kind, rec.AgentToken = core.SnapshotMemory, e.rec.Token
 	}
 	if m.deps.Egress != nil {
 		p, err := m.deps.Egress.LoadPolicy(id)
@@ -206,7 +215,22 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 	if err := fr.Pause(ctx, id); err != nil {
 		return core.Snapshot{}, fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
 	}
-	size, ferr := ls.FreezeLayer(ctx, upper, filepath.Join(partial, "layer"))
+	// The memory image first: saving it flushes the sandbox kernel's
+	// file state to the writable layer, which is copied next, so files
+	// and memory are of the same instant.
+	var size int64
+	var ferr error
+	if memory {
+		ferr = mc.CheckpointLive(ctx, id, m.snapshotMemoryIn(partial))
+		if ferr == nil {
+			size, ferr = template.DirSize(m.snapshotMemoryIn(partial))
+		}
+	}
+	if ferr == nil {
+		var n int64
+		n, ferr = ls.FreezeLayer(ctx, upper, filepath.Join(partial, "layer"))
+		size += n
+	}
 	frozen := time.Since(start)
 	if err := fr.Resume(ctx, id); err != nil {
 		// A sandbox that cannot be thawed is of no use to anyone.
@@ -383,32 +407,39 @@ func (m *Manager) reconcileSnapshots(ctx context.Context) {
 }
 
 // fromSnapshot fills a create request from its snapshot: the layers to
-// stack, and everything the request leaves unset. It pins the snapshot
-// until the returned func is called (the create is over).
-func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(), error) {
+// stack, and everything the request leaves unset; for a memory snapshot
+// also what the sandbox starts from instead of booting. It pins the
+// snapshot until the returned func is called (the create is over).
+func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(), *memoryStart, error) {
 	if req.Snapshot == "" {
-		return func() {}, nil
+		return func() {}, nil, nil
 	}
 	ss, err := m.snapStore()
 	if err != nil {
-		return nil, &FieldError{Field: "snapshot", Err: err}
+		return nil, nil, &FieldError{Field: "snapshot", Err: err}
 	}
 	if err := checkSnapshotID(req.Snapshot); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	m.snaps.mu.Lock()
 	defer m.snaps.mu.Unlock()
 	s, err := ss.GetSnapshot(ctx, req.Snapshot)
 	if err != nil {
-		return nil, &FieldError{Field: "snapshot", Err: err}
+		return nil, nil, &FieldError{Field: "snapshot", Err: err}
 	}
 	if req.Template != "" && req.Template != s.Template {
-		return nil, &FieldError{Field: "template", Err: fmt.Errorf("template %q: snapshot %s is of template %q; leave template unset: %w", req.Template, s.ID, s.Template, errdefs.ErrInvalidArgument)}
+		return nil, nil, &FieldError{Field: "template", Err: fmt.Errorf("template %q: snapshot %s is of template %q; leave template unset: %w", req.Template, s.ID, s.Template, errdefs.ErrInvalidArgument)}
 	}
 	layers := m.snapshotLayers(s)
 	for _, l := range layers {
 		if fi, err := os.Stat(l); err != nil || !fi.IsDir() {
-			return nil, &FieldError{Field: "snapshot", Err: fmt.Errorf("snapshot %s: layer %s is gone (its template was removed or rebuilt?): %w", s.ID, l, errdefs.ErrFailedPrecondition)}
+			return nil, nil, &FieldError{Field: "snapshot", Err: fmt.Errorf("snapshot %s: layer %s is gone (its template was removed or rebuilt?): %w", s.ID, l, errdefs.ErrFailedPrecondition)}
+		}
+	}
+	var restore *memoryStart
+	if s.Kind == core.SnapshotMemory {
+		if restore, err = m.memoryStartOf(s, req); err != nil {
+			return nil, nil, err
 		}
 	}
 	req.Template, req.Layers = s.Template, layers
@@ -435,7 +466,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(),
 	if req.Network == nil && s.Policy != "" {
 		var p policy.Policy
 		if err := json.Unmarshal([]byte(s.Policy), &p); err != nil {
-			return nil, fmt.Errorf("snapshot %s: policy: %w", s.ID, err)
+			return nil, nil, fmt.Errorf("snapshot %s: policy: %w", s.ID, err)
 		}
 		req.Network = &p
 	}
@@ -444,7 +475,7 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(),
 		m.snaps.pins = map[string]int{}
 	}
 	m.snaps.pins[id]++
-	return func() { m.snaps.unpin(id) }, nil
+	return func() { m.snaps.unpin(id) }, restore, nil
 }
 
 // merged is base overlaid with over (over wins), never nil.

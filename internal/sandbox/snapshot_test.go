@@ -96,7 +96,7 @@ func TestSnapshotRecords(t *testing.T) {
 	}
 
 	req := CreateRequest{Snapshot: "keptsnap", Env: map[string]string{"B": "req"}}
-	unpin, err := m.fromSnapshot(t.Context(), &req)
+	unpin, _, err := m.fromSnapshot(t.Context(), &req)
 	if err != nil {
 		t.Fatalf("fromSnapshot: %v", err)
 	}
@@ -117,13 +117,66 @@ func TestSnapshotRecords(t *testing.T) {
 		t.Errorf("snapshot dir after removal: %v; want gone", err)
 	}
 	req = CreateRequest{Snapshot: "keptsnap"}
-	_, err = m.fromSnapshot(t.Context(), &req)
+	_, _, err = m.fromSnapshot(t.Context(), &req)
 	var fe *FieldError
 	if !errors.Is(err, errdefs.ErrNotFound) || !errors.As(err, &fe) || fe.Field != "snapshot" {
 		t.Errorf("fromSnapshot(removed) = %v; want not found naming snapshot", err)
 	}
 	req = CreateRequest{Snapshot: "../etc"}
-	if _, err := m.fromSnapshot(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, _, err := m.fromSnapshot(t.Context(), &req); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("fromSnapshot(../etc) = %v; want invalid argument", err)
+	}
+}
+
+// TestMemorySnapshotRequests: a create from a memory snapshot starts from
+// its image with its agent's token, and is refused, naming the field,
+// when it asks for what the snapshot's running processes cannot change
+// (another isolation level, pids limit, allow_sudo, workdir); a
+// runtime that cannot start from an image refuses it naming snapshot.
+func TestMemorySnapshotRequests(t *testing.T) {
+	dir := t.TempDir()
+	base := t.TempDir()
+	st := &snapMemStore{memStore: newMemStore(), snaps: map[string]core.Snapshot{}}
+	snap := core.Snapshot{ID: "memsnap", Kind: core.SnapshotMemory, Template: "minimal", Isolation: core.IsolationGVisor,
+		PidsLimit: 64, User: "user", AllowSudo: true, AgentToken: "parenttoken", BaseLayers: []string{base}}
+	st.snaps[snap.ID] = snap
+	if err := os.MkdirAll(filepath.Join(dir, "memsnap", "layer"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m, err := New(Config{AgentPath: "/agent", SnapshotDir: dir, Logger: slog.New(slog.DiscardHandler)},
+		Deps{Runtime: &fakeRuntime{running: map[string]runtime.Status{}}, Network: &fakeNet{ids: map[string]bool{}}, Templates: fakeTemplates{}, Store: st, Prober: fakeProber{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := CreateRequest{Snapshot: "memsnap", Isolation: core.IsolationGVisor, User: "user", Limits: Limits{PidsLimit: 64}, AllowSudo: new(true)}
+	unpin, ms, err := m.fromSnapshot(t.Context(), &req)
+	if err != nil {
+		t.Fatalf("fromSnapshot naming the snapshot's own settings: %v", err)
+	}
+	unpin()
+	if ms == nil || ms.token != "parenttoken" || ms.image != filepath.Join(dir, "memsnap", "memory") {
+		t.Errorf("memory start = %+v; want the snapshot's image and its agent's token", ms)
+	}
+	if !req.sudo() || req.Limits.PidsLimit != 64 || req.User != "user" {
+		t.Errorf("request filled to %+v; want the snapshot's", req)
+	}
+	for field, r := range map[string]CreateRequest{
+		"isolation":  {Isolation: core.IsolationRunc},
+		"pids_limit": {Limits: Limits{PidsLimit: 128}},
+		"allow_sudo": {AllowSudo: new(false)},
+		"workdir":    {Workdir: "/tmp"},
+	} {
+		r.Snapshot = "memsnap"
+		_, _, err := m.fromSnapshot(t.Context(), &r)
+		var fe *FieldError
+		if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &fe) || fe.Field != field {
+			t.Errorf("create from a memory snapshot setting %s = %v; want invalid_argument naming it", field, err)
+		}
+	}
+	// The fake runtime copies no memory.
+	err = m.checkMemoryStart(CreateRequest{Snapshot: "memsnap"}, core.IsolationGVisor)
+	var fe *FieldError
+	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !errors.As(err, &fe) || fe.Field != "snapshot" {
+		t.Errorf("checkMemoryStart on a runtime without memory copies = %v; want failed_precondition naming snapshot", err)
 	}
 }

@@ -2,7 +2,8 @@
 // export/import): a tar whose first entry, manifest.json, describes the
 // snapshot and lists its layers with their sizes and SHA-256 digests, and
 // whose next entries are those layers, each an OCI-style layer tar, in
-// order. Reading validates everything before a caller acts on it: the
+// order, then, for a memory snapshot, the files of its memory image
+// (memory/<name>, listed in the manifest the same way). Reading validates everything before a caller acts on it: the
 // manifest's shape, every entry's name, type, order and size, and every
 // layer's digest (a mismatch fails the read, and the caller discards what
 // it extracted). Names in the archive are never used as host paths.
@@ -20,6 +21,7 @@ import (
 	"os"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -54,8 +56,12 @@ type Meta struct {
 	// refuses an archive that has it, rather than drop it.
 	AllowSudo bool `json:"allow_sudo,omitempty"`
 	// Policy is the egress policy as JSON; empty for none.
-	Policy    json.RawMessage `json:"policy,omitempty"`
-	CreatedAt time.Time       `json:"created_at"`
+	Policy json.RawMessage `json:"policy,omitempty"`
+	// AgentToken is, for a memory snapshot, the access token its image's
+	// agent holds (the image holds it anyway); the importing daemon
+	// hands each sandbox made from it a token of its own.
+	AgentToken string    `json:"agent_token,omitempty"`
+	CreatedAt  time.Time `json:"created_at"`
 }
 
 // Layer is one layer's entry in the manifest.
@@ -70,6 +76,22 @@ type Manifest struct {
 	Format   string  `json:"format"`
 	Snapshot Meta    `json:"snapshot"`
 	Layers   []Layer `json:"layers"`
+	// Memory lists a memory snapshot's image files (File
+	// "memory/<name>"), after the layers.
+	Memory []Layer `json:"memory,omitempty"`
+}
+
+// MaxMemoryFiles bounds the files of a memory image (runsc writes three).
+const MaxMemoryFiles = 8
+
+// memoryName is what a memory image file may be called: a plain name,
+// no directory, as runsc names them (checkpoint.img, pages.img, …).
+var memoryName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}\.img$`)
+
+// MemoryFile is one file of a memory image, for Write.
+type MemoryFile struct {
+	Name string
+	File *os.File
 }
 
 // layerFile is the only name layer i may have.
@@ -112,15 +134,39 @@ func ParseManifest(b []byte) (Manifest, error) {
 			return Manifest{}, bad("layer %d digest %q is not a SHA-256", i, l.SHA256)
 		}
 	}
+	if len(m.Memory) > MaxMemoryFiles {
+		return Manifest{}, bad("%d memory image files: want at most %d", len(m.Memory), MaxMemoryFiles)
+	}
+	seen := map[string]bool{}
+	for i, l := range m.Memory {
+		name, ok := strings.CutPrefix(l.File, "memory/")
+		if !ok || !memoryName.MatchString(name) || seen[name] {
+			return Manifest{}, bad("memory file %d is %q: want memory/<name>.img, each once", i, l.File)
+		}
+		seen[name] = true
+		if l.Size < 0 {
+			return Manifest{}, bad("memory file %d has size %d", i, l.Size)
+		}
+		if !hexDigest.MatchString(l.SHA256) {
+			return Manifest{}, bad("memory file %d digest %q is not a SHA-256", i, l.SHA256)
+		}
+	}
+	if len(m.Memory) > 0 && !seen["checkpoint.img"] {
+		return Manifest{}, bad("a memory image without checkpoint.img")
+	}
+	if (len(m.Memory) > 0) != (m.Snapshot.AgentToken != "") {
+		return Manifest{}, bad("a memory image and its agent token come together")
+	}
 	return m, nil
 }
 
 // Read reads an archive from r: the manifest, then each layer in order,
-// handed to layer as a stream of exactly its size. Once layer returns,
-// what it left unread is consumed and the layer's digest checked; a
-// mismatch, a misplaced or extra entry, or a short file fails the read.
-// A layer func's error ends the read too.
-func Read(r io.Reader, layer func(i int, r io.Reader) error) (Manifest, error) {
+// handed to layer as a stream of exactly its size, then each memory image
+// file, handed to memory by name (checked: a plain name). Once a func
+// returns, what it left unread is consumed and the entry's digest
+// checked; a mismatch, a misplaced or extra entry, or a short file fails
+// the read. A func's error ends the read too.
+func Read(r io.Reader, layer func(i int, r io.Reader) error, memory func(name string, r io.Reader) error) (Manifest, error) {
 	tr := tar.NewReader(r)
 	hdr, err := tr.Next()
 	if err != nil {
@@ -141,50 +187,82 @@ func Read(r io.Reader, layer func(i int, r io.Reader) error) (Manifest, error) {
 		return Manifest{}, err
 	}
 	for i, l := range m.Layers {
-		hdr, err := tr.Next()
-		if err != nil {
-			return m, bad("layer %d (%s): %v", i, l.File, err)
+		if err := readEntry(tr, l, fmt.Sprintf("layer %d (%s)", i, l.File), func(r io.Reader) error { return layer(i, r) }); err != nil {
+			return m, err
 		}
-		if hdr.Name != l.File || hdr.Typeflag != tar.TypeReg {
-			return m, bad("entry %q where the manifest has %s", hdr.Name, l.File)
-		}
-		if hdr.Size != l.Size {
-			return m, bad("%s is %d bytes, the manifest says %d", l.File, hdr.Size, l.Size)
-		}
-		h := sha256.New()
-		tee := io.TeeReader(tr, h)
-		if err := layer(i, tee); err != nil {
-			return m, fmt.Errorf("snapshot archive: %s: %w", l.File, err)
-		}
-		if _, err := io.Copy(h, tr); err != nil {
-			return m, bad("read %s: %v", l.File, err)
-		}
-		if got := hex.EncodeToString(h.Sum(nil)); got != l.SHA256 {
-			return m, bad("%s has digest %s, the manifest says %s", l.File, got, l.SHA256)
+	}
+	for _, l := range m.Memory {
+		name := strings.TrimPrefix(l.File, "memory/")
+		if err := readEntry(tr, l, "memory image file "+l.File, func(r io.Reader) error { return memory(name, r) }); err != nil {
+			return m, err
 		}
 	}
 	if hdr, err := tr.Next(); err == nil {
-		return m, bad("unexpected entry %q after the last layer", hdr.Name)
+		return m, bad("unexpected entry %q after the last one listed", hdr.Name)
 	} else if !errors.Is(err, io.EOF) {
-		return m, bad("after the last layer: %v", err)
+		return m, bad("after the last entry: %v", err)
 	}
 	return m, nil
 }
 
-// Write writes an archive of meta and the layer tars in files (lowest
-// first; each read from its start) to w.
-func Write(w io.Writer, meta Meta, files []*os.File) error {
+// readEntry reads the next entry of tr, which must be l (what names it
+// in errors), into fn and checks its digest.
+func readEntry(tr *tar.Reader, l Layer, what string, fn func(io.Reader) error) error {
+	hdr, err := tr.Next()
+	if err != nil {
+		return bad("%s: %v", what, err)
+	}
+	if hdr.Name != l.File || hdr.Typeflag != tar.TypeReg {
+		return bad("entry %q where the manifest has %s", hdr.Name, l.File)
+	}
+	if hdr.Size != l.Size {
+		return bad("%s is %d bytes, the manifest says %d", l.File, hdr.Size, l.Size)
+	}
+	h := sha256.New()
+	if err := fn(io.TeeReader(tr, h)); err != nil {
+		return fmt.Errorf("snapshot archive: %s: %w", l.File, err)
+	}
+	if _, err := io.Copy(h, tr); err != nil {
+		return bad("read %s: %v", l.File, err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != l.SHA256 {
+		return bad("%s has digest %s, the manifest says %s", l.File, got, l.SHA256)
+	}
+	return nil
+}
+
+// Write writes an archive of meta, the layer tars in files (lowest
+// first) and the memory image files in memory (a memory snapshot's; each
+// file read from its start) to w.
+func Write(w io.Writer, meta Meta, files []*os.File, memory []MemoryFile) error {
 	m := Manifest{Format: Format, Snapshot: meta}
-	for i, f := range files {
+	digest := func(f *os.File, name string) (Layer, error) {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			return err
+			return Layer{}, err
 		}
 		h := sha256.New()
 		n, err := io.Copy(h, f)
 		if err != nil {
-			return fmt.Errorf("digest layer %d: %w", i, err)
+			return Layer{}, fmt.Errorf("digest %s: %w", name, err)
 		}
-		m.Layers = append(m.Layers, Layer{File: layerFile(i), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))})
+		return Layer{File: name, Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
+	}
+	for i, f := range files {
+		l, err := digest(f, layerFile(i))
+		if err != nil {
+			return err
+		}
+		m.Layers = append(m.Layers, l)
+	}
+	for _, mf := range memory {
+		if !memoryName.MatchString(mf.Name) {
+			return fmt.Errorf("memory image file %q: not a plain image name", mf.Name)
+		}
+		l, err := digest(mf.File, "memory/"+mf.Name)
+		if err != nil {
+			return err
+		}
+		m.Memory = append(m.Memory, l)
 	}
 	b, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -197,15 +275,26 @@ func Write(w io.Writer, meta Meta, files []*os.File) error {
 	if _, err := tw.Write(b); err != nil {
 		return err
 	}
-	for i, f := range files {
+	write := func(f *os.File, l Layer) error {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: m.Layers[i].File, Typeflag: tar.TypeReg, Mode: 0o644, Size: m.Layers[i].Size, ModTime: meta.CreatedAt}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: l.File, Typeflag: tar.TypeReg, Mode: 0o644, Size: l.Size, ModTime: meta.CreatedAt}); err != nil {
 			return err
 		}
-		if _, err := io.CopyN(tw, f, m.Layers[i].Size); err != nil {
-			return fmt.Errorf("write layer %d: %w", i, err)
+		if _, err := io.CopyN(tw, f, l.Size); err != nil {
+			return fmt.Errorf("write %s: %w", l.File, err)
+		}
+		return nil
+	}
+	for i, f := range files {
+		if err := write(f, m.Layers[i]); err != nil {
+			return err
+		}
+	}
+	for i, mf := range memory {
+		if err := write(mf.File, m.Memory[i]); err != nil {
+			return err
 		}
 	}
 	return tw.Close()

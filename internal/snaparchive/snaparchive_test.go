@@ -35,7 +35,7 @@ func archive(t *testing.T, contents ...string) []byte {
 	t.Helper()
 	var buf bytes.Buffer
 	meta := Meta{Name: "n", Kind: "filesystem", Template: "base", CreatedAt: time.Unix(1, 0).UTC(), Env: map[string]string{"A": "1"}}
-	if err := Write(&buf, meta, layerFiles(t, contents...)); err != nil {
+	if err := Write(&buf, meta, layerFiles(t, contents...), nil); err != nil {
 		t.Fatal(err)
 	}
 	return buf.Bytes()
@@ -48,7 +48,7 @@ func TestRoundTrip(t *testing.T) {
 		data, err := io.ReadAll(r)
 		got = append(got, string(data))
 		return err
-	})
+	}, nil)
 	if err != nil {
 		t.Fatalf("Read: %v", err)
 	}
@@ -64,7 +64,7 @@ func TestRoundTrip(t *testing.T) {
 // layer.
 func TestReadChecksWholeLayer(t *testing.T) {
 	b := archive(t, "0123456789")
-	if _, err := Read(bytes.NewReader(b), func(int, io.Reader) error { return nil }); err != nil {
+	if _, err := Read(bytes.NewReader(b), func(int, io.Reader) error { return nil }, nil); err != nil {
 		t.Fatalf("Read: %v", err)
 	}
 }
@@ -168,7 +168,7 @@ func TestReadRejects(t *testing.T) {
 		}()...), "unexpected entry"},
 	}
 	for _, c := range cases {
-		_, err := Read(bytes.NewReader(c.b), func(_ int, r io.Reader) error { _, err := io.Copy(io.Discard, r); return err })
+		_, err := Read(bytes.NewReader(c.b), func(_ int, r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }, discardMemory)
 		if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Read = %v, want invalid argument mentioning %q", c.name, err, c.want)
 		}
@@ -189,7 +189,12 @@ func FuzzRead(f *testing.F) {
 		fl.WriteString(c)
 		files = append(files, fl)
 	}
-	if err := Write(&buf, Meta{Kind: "filesystem", Template: "base"}, files); err != nil {
+	if err := Write(&buf, Meta{Kind: "filesystem", Template: "base"}, files, nil); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	buf.Reset()
+	if err := Write(&buf, Meta{Kind: "memory", Template: "base", AgentToken: "t"}, files[:1], []MemoryFile{{"checkpoint.img", files[1]}}); err != nil {
 		f.Fatal(err)
 	}
 	f.Add(buf.Bytes())
@@ -201,6 +206,12 @@ func FuzzRead(f *testing.F) {
 			if err == nil && n > 0 && i >= 0 && i < MaxLayers && n > 1<<30 {
 				t.Errorf("layer %d: read %d bytes", i, n)
 			}
+			return err
+		}, func(name string, r io.Reader) error {
+			if !memoryName.MatchString(name) {
+				t.Errorf("memory file handed over by name %q", name)
+			}
+			_, err := io.Copy(io.Discard, r)
 			return err
 		})
 		if err == nil {
@@ -231,5 +242,56 @@ func FuzzParseManifest(f *testing.F) {
 				t.Errorf("accepted layer %+v", l)
 			}
 		}
+		for _, l := range m.Memory {
+			name, ok := strings.CutPrefix(l.File, "memory/")
+			if !ok || strings.ContainsAny(name, "/\x00") || strings.Contains(name, "..") || !hexDigest.MatchString(l.SHA256) || l.Size < 0 {
+				t.Errorf("accepted memory file %+v", l)
+			}
+		}
+		if len(m.Memory) > 0 && m.Snapshot.AgentToken == "" {
+			t.Errorf("accepted a memory image without its agent token")
+		}
 	})
+}
+
+func discardMemory(_ string, r io.Reader) error {
+	_, err := io.Copy(io.Discard, r)
+	return err
+}
+
+// TestMemoryRoundTrip: a memory snapshot's image files travel after its
+// layers, each by its plain name, with the agent token; a manifest with a
+// memory file named out of its directory, without checkpoint.img, or
+// without the token is refused.
+func TestMemoryRoundTrip(t *testing.T) {
+	files := layerFiles(t, "layer", "checkpoint data", "pages data")
+	var buf bytes.Buffer
+	meta := Meta{Kind: "memory", Template: "base", AgentToken: "tok", CreatedAt: time.Unix(1, 0).UTC()}
+	if err := Write(&buf, meta, files[:1], []MemoryFile{{"checkpoint.img", files[1]}, {"pages.img", files[2]}}); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	m, err := Read(bytes.NewReader(buf.Bytes()), func(int, io.Reader) error { return nil }, func(name string, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		got[name] = string(b)
+		return err
+	})
+	if err != nil || m.Snapshot.AgentToken != "tok" || got["checkpoint.img"] != "checkpoint data" || got["pages.img"] != "pages data" || len(got) != 2 {
+		t.Fatalf("Read = %+v, %v, memory %q", m, err, got)
+	}
+	if err := Write(&buf, meta, files[:1], []MemoryFile{{"../x.img", files[1]}}); err == nil {
+		t.Errorf("Write took a memory file name with a directory")
+	}
+	digest := strings.Repeat("a", 64)
+	for name, man := range map[string]string{
+		"escaping name": `"memory":[{"file":"memory/../../etc/x.img","size":1,"sha256":"` + digest + `"}],"snapshot":{"kind":"memory","template":"b","agent_token":"t"}`,
+		"no checkpoint": `"memory":[{"file":"memory/pages.img","size":1,"sha256":"` + digest + `"}],"snapshot":{"kind":"memory","template":"b","agent_token":"t"}`,
+		"no token":      `"memory":[{"file":"memory/checkpoint.img","size":1,"sha256":"` + digest + `"}],"snapshot":{"kind":"memory","template":"b"}`,
+		"twice":         `"memory":[{"file":"memory/checkpoint.img","size":1,"sha256":"` + digest + `"},{"file":"memory/checkpoint.img","size":1,"sha256":"` + digest + `"}],"snapshot":{"kind":"memory","template":"b","agent_token":"t"}`,
+	} {
+		b := `{"format":"berth-snapshot/1","layers":[{"file":"layers/0.tar","size":1,"sha256":"` + digest + `"}],` + man + `}`
+		if _, err := ParseManifest([]byte(b)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: ParseManifest = %v; want invalid_argument", name, err)
+		}
+	}
 }

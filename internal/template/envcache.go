@@ -169,7 +169,7 @@ func (s *Store) AddEnvironment(ctx context.Context, key string, base Template, r
 		os.RemoveAll(dir)
 		return Environment{}, err
 	}
-	size, _ := dirSize(layer)
+	size, _ := DirSize(layer)
 	now := time.Now().UTC()
 	e := Environment{Key: key, Template: base.Name, Repo: repo, Commit: commit, Created: now, LastUsed: now, SizeBytes: size, BaseLayers: base.Layers, EnvFile: envFile}
 	b, err := json.MarshalIndent(e, "", "  ")

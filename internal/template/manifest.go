@@ -224,7 +224,7 @@ func (s *Store) buildLocked(ctx context.Context, name string, log io.Writer) (Te
 	if err := ctx.Err(); err != nil {
 		return fail(err)
 	}
-	size, err := dirSize(tmp)
+	size, err := DirSize(tmp)
 	if err != nil {
 		return fail(err)
 	}

@@ -317,9 +317,9 @@ func splitNul(b []byte) []string {
 	return out
 }
 
-// dirSize is the apparent size of the regular files under root, counting
+// DirSize is the apparent size of the regular files under root, counting
 // each hardlinked file once.
-func dirSize(root string) (int64, error) {
+func DirSize(root string) (int64, error) {
 	var total int64
 	seen := map[inode]bool{}
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {

@@ -107,7 +107,7 @@ func TestShiftCopy(t *testing.T) {
 			t.Errorf("%s copied (%v), want skipped", gone, err)
 		}
 	}
-	size, err := dirSize(dst)
+	size, err := DirSize(dst)
 	if err != nil || size != 3<<20+1+int64(len("export A=1\n")) {
 		t.Errorf("dirSize = %d, %v; want hardlinked file counted once", size, err)
 	}

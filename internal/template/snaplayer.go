@@ -67,7 +67,7 @@ func (s *Store) FreezeLayer(ctx context.Context, src, dst string) (size int64, e
 	if err := syncFS(dst); err != nil {
 		return 0, err
 	}
-	return dirSize(dst)
+	return DirSize(dst)
 }
 
 // isWhiteout reports whether st is an overlay whiteout: a 0/0 character
@@ -249,7 +249,7 @@ func (s *Store) ImportLayer(ctx context.Context, r io.Reader, dst string) (size 
 	if err := syncFS(dst); err != nil {
 		return 0, err
 	}
-	return dirSize(dst)
+	return DirSize(dst)
 }
 
 func timeOf(ts unix.Timespec) time.Time { return time.Unix(ts.Unix()) }

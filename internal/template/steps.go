@@ -81,7 +81,7 @@ func (s *Store) AddStepLayer(ctx context.Context, key string, fill func(dir stri
 	if err := syncFS(tmp); err != nil {
 		return cleanup(err)
 	}
-	size, _ := dirSize(tmp)
+	size, _ := DirSize(tmp)
 	if err := os.Rename(tmp, s.sharedDir(key)); err != nil {
 		return cleanup(err)
 	}

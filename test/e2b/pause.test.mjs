@@ -58,8 +58,10 @@ test('on gVisor, pause() keeps memory: a background process counts on after conn
     t.skip('runc keeps files only (BERTH_TEST_E2B_GVISOR=1 runs this file on a gVisor template)')
     return
   }
-  // The count lives in the shell's memory; /tmp is in the sentry's memory too.
-  const h = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done', { background: true })
+  // The count lives in the shell's memory. Each value replaces the file
+  // by rename, so no read (and no checkpoint taken between a truncate and
+  // a write) finds it empty.
+  const h = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done', { background: true })
   // The command keeps running; its output stream goes (a pause would cut
   // it anyway: the daemon closes its connections into a sandbox before
   // the checkpoint, as this runsc cannot save a connected one).

@@ -359,16 +359,7 @@ func limitsGVisor(t *testing.T, d *Daemon) {
 // gvisorPlatform is the syscall platform the daemon's runsc runs on.
 func gvisorPlatform(t *testing.T, d *Daemon) string {
 	t.Helper()
-	h, err := d.Client.Health(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, l := range h.Isolation {
-		if l.Name == client.IsolationGVisor {
-			return l.Platform
-		}
-	}
-	return ""
+	return isolationLevel(t, d, client.IsolationGVisor).Platform
 }
 
 // MustAgentPid returns the host pid of a sandbox's agent, from runc's state.

@@ -19,7 +19,7 @@ import (
 // from it; the snapshot survives a daemon restart; removing one in use is
 // refused, an unknown one is not found naming snapshot, and nothing is
 // left once it is removed. On both isolation levels (a filesystem
-// snapshot on each).
+// snapshot under runc; a memory one under gVisor where runsc can).
 func TestSnapshotCreateFrom(t *testing.T) {
 	forEachIsolation(t, func(t *testing.T, iso string) {
 		d := StartDaemon(t)
@@ -36,8 +36,8 @@ func TestSnapshotCreateFrom(t *testing.T) {
 		}
 		snapID := strings.TrimSpace(out)
 		snap, err := d.Client.GetSnapshot(ctx, snapID)
-		if err != nil || snap.Kind != client.SnapshotFilesystem || snap.Source != src.ID || snap.Name != "first" || snap.SizeBytes <= 0 || snap.Template == "" {
-			t.Fatalf("GetSnapshot = %+v, %v; want a filesystem snapshot of %s with a size", snap, err, src.ID)
+		if err != nil || snap.Kind != snapshotsAt(t, d, iso) || snap.Source != src.ID || snap.Name != "first" || snap.SizeBytes <= 0 || snap.Template == "" {
+			t.Fatalf("GetSnapshot = %+v, %v; want a %s snapshot of %s with a size", snap, err, snapshotsAt(t, d, iso), src.ID)
 		}
 		// The source kept running, its processes included.
 		if got, err := d.Client.Get(ctx, src.ID); err != nil || got.State != client.StateReady {
@@ -59,6 +59,12 @@ func TestSnapshotCreateFrom(t *testing.T) {
 		got := MustRun(t, cp, "cat /home/f; test -e /etc/profile && echo profile; test -e /home/g && echo g; echo $FOO")
 		if got != "data\nbar\n" {
 			t.Errorf("copy sees %q; want the snapshot's file, /etc/profile still deleted, no later file, FOO", got)
+		}
+		// A memory snapshot's copy runs what its source ran; a
+		// filesystem one's starts afresh.
+		running := MustRun(t, cp, "pidof sleep >/dev/null && echo running || echo none")
+		if want := map[string]string{client.SnapshotMemory: "running\n", client.SnapshotFilesystem: "none\n"}[snap.Kind]; running != want {
+			t.Errorf("the source's sleep in a copy from a %s snapshot: %q, want %q", snap.Kind, running, want)
 		}
 		if pol, err := d.Client.NetworkPolicy(ctx, cp.ID); err != nil || pol.Mode != "allow" || !slices.Contains(pol.Allow, "example.com") {
 			t.Errorf("copy's network policy = %+v, %v; want the source's", pol, err)

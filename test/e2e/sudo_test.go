@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -187,6 +189,15 @@ func TestSnapshotAllowSudo(t *testing.T) {
 			t.Fatal(err)
 		}
 
+		// A memory snapshot's processes keep the no_new_privs they run
+		// with: a create from it that asks otherwise is refused.
+		if snap.Kind == client.SnapshotMemory {
+			_, err := d.Client.Create(ctx, client.CreateRequest{Template: "base", Snapshot: snap.ID, AllowSudo: new(false)})
+			var ee *errdefs.Error
+			if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &ee) || ee.Field != "allow_sudo" {
+				t.Errorf("create from a memory snapshot with allow_sudo false = %v; want invalid_argument naming allow_sudo", err)
+			}
+		}
 		for _, c := range []struct {
 			name string
 			req  client.CreateRequest
@@ -198,6 +209,9 @@ func TestSnapshotAllowSudo(t *testing.T) {
 			{name: "create from it imported", req: client.CreateRequest{Template: "base", Snapshot: imported.ID}, want: true},
 			{name: "fork", id: fork.Sandboxes[0].ID, want: true},
 		} {
+			if c.req.AllowSudo != nil && !*c.req.AllowSudo && snap.Kind == client.SnapshotMemory {
+				continue // refused, above
+			}
 			t.Run(strings.ReplaceAll(c.name, " ", "_"), func(t *testing.T) {
 				var sb *client.Sandbox
 				if c.id != "" {

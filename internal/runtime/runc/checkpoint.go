@@ -23,6 +23,50 @@ import (
 // failure.
 var errNoCheckpoint = fmt.Errorf("checkpoint/restore needs gVisor (runc has no working CRIU on this host): %w", errdefs.ErrNotImplemented)
 
+// errNoCopies is why a sandbox cannot be copied with its memory: runc
+// cannot checkpoint at all, and an old runsc cannot restore one
+// sandbox's image into another.
+var errNoCopies = fmt.Errorf("copying a sandbox with its memory needs gVisor with a runsc that has --restore-spec-validation (releases from 2024 on): %w", errdefs.ErrNotImplemented)
+
+// CopiesMemory reports whether a running sandbox's memory image can be
+// taken without stopping it (CheckpointLive) and started as another
+// sandbox (runtime.Spec.RestoreImage).
+func (r *Runtime) CopiesMemory() bool {
+	return r.cfg.GVisor != nil && r.cfg.GVisor.RestoreCopies
+}
+
+// CheckpointLive saves sandbox id's whole state (processes, memory, open
+// files, sockets) into dir, as Checkpoint does, and leaves the sandbox as
+// it was: a paused one stays paused, a running one runs on. The image
+// starts new sandboxes (runtime.Spec.RestoreImage); it never replaces
+// this one. A failed save leaves the sandbox as it was too.
+func (r *Runtime) CheckpointLive(ctx context.Context, id, dir string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if !r.CopiesMemory() {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, errNoCopies)
+	}
+	if !filepath.IsAbs(dir) {
+		return fmt.Errorf("checkpoint sandbox %s: image dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
+	}
+	if !r.hasState(id) {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	start := time.Now()
+	cmd := r.command(ctx, id, "checkpoint", "--leave-running", "--image-path", dir, id)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := runPinned(cmd, ""); err != nil {
+		return fmt.Errorf("checkpoint sandbox %s: runsc checkpoint --leave-running: %w: %s%s", id, err, strings.TrimSpace(stderr.String()), r.logTail(id))
+	}
+	r.log.Debug("sandbox checkpointed, left running", "sandbox_id", id, "total", time.Since(start))
+	return nil
+}
+
 // Checkpoint saves sandbox id's whole state (processes, memory, open
 // files, sockets) into dir and stops it. Its filesystem stays, for
 // Restore. Only gVisor sandboxes can; runc ones fail with

@@ -74,6 +74,15 @@ type GVisor struct {
 	// go to stopped. Only a sandbox whose sentry survived the cgroup kill
 	// gets a delete at all (endProcesses).
 	ResumeBeforeDelete bool
+	// RestoreCopies says this runsc can restore one sandbox's checkpoint
+	// into another (runtime.Spec.RestoreImage): it checkpoints a running
+	// sandbox without stopping it (--leave-running) and it can be told to
+	// only warn about the spec differences a copy has
+	// (--restore-spec-validation; a copy has its own uid range, which
+	// releases with that flag refuse by default). Debian's 20221219
+	// release has not the flag; its sandboxes are copied by their files
+	// only.
+	RestoreCopies bool
 }
 
 // raisesSetuid reports whether sandbox spec runs with set-user-ID programs
@@ -295,6 +304,13 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 		return err
 	}
 	phases.mark("config")
+	if spec.RestoreImage != "" {
+		if err := r.runscStart(ctx, spec, "restore", "--detach", "--image-path", spec.RestoreImage); err != nil {
+			return err
+		}
+		phases.mark("runsc_restore")
+		return nil
+	}
 	if err := r.runscStart(ctx, spec, "run", "--detach"); err != nil {
 		return err
 	}
@@ -365,6 +381,12 @@ func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string
 		// A global flag the sandbox's kernel takes at boot (and keeps
 		// across a checkpoint); the later commands need not repeat it.
 		argv = append(argv, "--allow-suid")
+	}
+	if spec.RestoreImage != "" {
+		// A copy differs from the sandbox its image came from in what
+		// must differ (uid range, network namespace, hostname, cgroup):
+		// runsc then warns instead of refusing.
+		argv = append(argv, "--restore-spec-validation=warning")
 	}
 	argv = append(append(argv, verb), args...)
 	argv = append(argv, "--bundle", r.dir(id), id)

@@ -299,6 +299,17 @@ func (r *Runtime) validate(s runtime.Spec) error {
 	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
 		return bad("netns path %q is not absolute", s.NetNSPath)
 	}
+	if s.RestoreImage != "" {
+		if !r.CopiesMemory() {
+			return fmt.Errorf("sandbox %s: start from a checkpoint image: %w", s.ID, errNoCopies)
+		}
+		if !filepath.IsAbs(s.RestoreImage) {
+			return bad("checkpoint image path %q is not absolute", s.RestoreImage)
+		}
+		if _, err := os.Stat(filepath.Join(s.RestoreImage, "checkpoint.img")); err != nil {
+			return fmt.Errorf("sandbox %s: no checkpoint image in %s: %w", s.ID, s.RestoreImage, errdefs.ErrNotFound)
+		}
+	}
 	return nil
 }
 

@@ -95,10 +95,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	default:
 		return nil, fmt.Errorf("gvisor: platform %q: want ptrace, systrap or kvm: %w", platform, errdefs.ErrInvalidArgument)
 	}
-	setuid, err := hasAllowSUID(ctx, bin)
+	flags, err := runscFlags(ctx, bin)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
 	}
+	setuid := hasFlag(flags, "allow-suid")
+	copies := hasFlag(flags, "restore-spec-validation")
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -109,13 +111,13 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		SlotDir:       cfg.SlotDir,
 		DiskPoolDir:   cfg.DiskPoolDir,
 		DiskPoolDepth: cfg.DiskPoolDepth,
-		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid, ResumeBeforeDelete: deletePanicsWhenPaused(version)},
+		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid, ResumeBeforeDelete: deletePanicsWhenPaused(version), RestoreCopies: copies},
 		Logger:        cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
@@ -137,19 +139,19 @@ func (r *Runtime) Platform() string { return r.platform }
 // AllowSetuid has no effect.
 func (r *Runtime) RaisesSetuid() bool { return r.setuid }
 
-// hasAllowSUID reports whether the runsc at bin has the --allow-suid
-// flag, asking the binary itself (`runsc flags`) rather than guessing
-// from its version: builds from source carry no release date of the
-// flag's arrival.
-func hasAllowSUID(ctx context.Context, bin string) (bool, error) {
+// runscFlags returns the global flags the runsc at bin lists (`runsc
+// flags`), which say what it can: Berth asks the binary rather than
+// guessing from its version, as builds from source carry no release date
+// of a flag's arrival.
+func runscFlags(ctx context.Context, bin string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	// runsc prints the list on stderr.
 	out, err := exec.CommandContext(ctx, bin, "flags").CombinedOutput()
 	if err != nil {
-		return false, fmt.Errorf("%s flags: %w", bin, err)
+		return nil, fmt.Errorf("%s flags: %w", bin, err)
 	}
-	return hasFlag(out, "allow-suid"), nil
+	return out, nil
 }
 
 // hasFlag reports whether `runsc flags` output lists flag name (a line
