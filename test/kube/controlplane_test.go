@@ -78,8 +78,9 @@ func freePort(t *testing.T) int {
 }
 
 // startControlPlane starts etcd, the API server and the scheduler, each
-// stopped when the test ends.
-func startControlPlane(t *testing.T) *controlPlane {
+// stopped when the test ends. apiserverArgs go to kube-apiserver after
+// its own.
+func startControlPlane(t *testing.T, apiserverArgs ...string) *controlPlane {
 	t.Helper()
 	bins := binDir(t)
 	dir := t.TempDir()
@@ -104,7 +105,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 
 	port := freePort(t)
 	server := fmt.Sprintf("https://127.0.0.1:%d", port)
-	start(t, "kube-apiserver", filepath.Join(bins, "kube-apiserver"),
+	start(t, "kube-apiserver", filepath.Join(bins, "kube-apiserver"), append([]string{
 		"--etcd-servers", etcdURL,
 		"--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1", "--secure-port", fmt.Sprint(port),
 		"--tls-cert-file", serving.cert, "--tls-private-key-file", serving.key,
@@ -124,7 +125,7 @@ func startControlPlane(t *testing.T) *controlPlane {
 		"--kubelet-client-certificate", kubeletClient.cert, "--kubelet-client-key", kubeletClient.key,
 		"--kubelet-certificate-authority", pki.caFile,
 		"--kubelet-preferred-address-types", "InternalIP",
-		"--cert-dir", filepath.Join(dir, "apiserver-certs"))
+		"--cert-dir", filepath.Join(dir, "apiserver-certs")}, apiserverArgs...)...)
 
 	cp.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
 	writeKubeconfig(t, cp.Kubeconfig, server, pki.caFile, admin)

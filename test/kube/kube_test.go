@@ -45,13 +45,19 @@ type cluster struct {
 func startCluster(t *testing.T, names ...string) *cluster {
 	t.Helper()
 	harness.RequireHost(t)
-	cp := startControlPlane(t)
+	return joinNodes(t, startControlPlane(t), nil, names...)
+}
+
+// joinNodes starts a Berth node per name on cp, each with nodeArgs after
+// its own flags, and waits until they are Ready.
+func joinNodes(t *testing.T, cp *controlPlane, nodeArgs []string, names ...string) *cluster {
+	t.Helper()
 	c := &cluster{cp: cp, nodes: map[string]*harness.Daemon{}}
 	for _, name := range names {
 		args := []string{"--kubeconfig", cp.Kubeconfig, "--node-name", name,
 			"--kubelet-listen", fmt.Sprintf("127.0.0.1:%d", freePort(t)),
 			"--tls-cert", cp.NodeCert, "--tls-key", cp.NodeKey, "--client-ca", cp.CA}
-		c.nodes[name] = harness.StartNode(t, bin, args)
+		c.nodes[name] = harness.StartNode(t, bin, append(args, nodeArgs...))
 	}
 	for _, name := range names {
 		waitNode(t, cp, name, func(n *corev1.Node) bool { return nodeReady(n) == corev1.ConditionTrue })
