@@ -3,6 +3,7 @@ package kube
 import (
 	"bufio"
 	"context"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,12 @@ exit 1`)
 	}
 	logs := func(name string, previous bool) (string, error) {
 		t.Helper()
-		b, err := pods.GetLogs(name, &corev1.PodLogOptions{Container: "main", Previous: previous}).DoRaw(ctx)
+		rc, err := pods.GetLogs(name, &corev1.PodLogOptions{Container: "main", Previous: previous}).Stream(ctx)
+		if err != nil {
+			return "", err
+		}
+		defer rc.Close()
+		b, err := io.ReadAll(rc)
 		return string(b), err
 	}
 	wantPrevious := func(name, want string) {

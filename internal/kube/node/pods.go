@@ -546,7 +546,22 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		p.mu.Lock()
 		ps.containers[c.name] = cs
 		p.mu.Unlock()
-		if len(c.argv) > 0 {
+		switch {
+		case len(c.argv) == 0:
+		case pid == 0 && p.neverStarted(ctx, sb.ID, c.name):
+			// The node stopped between making the sandbox and starting
+			// this container: it starts now.
+			if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+				p.fail(ps, "BerthStartFailed", fmt.Sprintf("make %s: %v", podDir, err))
+				continue
+			}
+			pid, err := p.startContainer(ctx, ps, c, 0)
+			if err != nil {
+				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
+				continue
+			}
+			p.follow(ctx, ps, c, pid)
+		default:
 			// Still running, or ended while the node was away: its exit
 			// code is read back and the restart policy applied.
 			p.follow(ctx, ps, c, pid)

@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -223,6 +224,17 @@ func (p *Pods) recoverRuns(ctx context.Context, id, name string, cs *containerSt
 		return
 	}
 	cs.last = &containerRun{exitCode: code, startedAt: prev.Started, finishedAt: at}
+}
+
+// neverStarted says whether a container without a process left no trace
+// of a run in its sandbox: no log, no run record, no exit code.
+func (p *Pods) neverStarted(ctx context.Context, id, name string) bool {
+	for _, f := range []string{logPath(name), runPath(name), exitPath(name)} {
+		if _, err := p.sb.Stat(ctx, id, f); !errors.Is(err, errdefs.ErrNotFound) {
+			return false
+		}
+	}
+	return true
 }
 
 // startContainer starts run restart of a container (0: its first) and

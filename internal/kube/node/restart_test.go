@@ -295,3 +295,19 @@ func (f *fakeRunner) starts() []int {
 	defer f.mu.Unlock()
 	return slices.Clone(f.runs)
 }
+
+// TestNeverStarted: a container whose sandbox holds no log, run record
+// or exit code never started (the node stopped before it could).
+func TestNeverStarted(t *testing.T) {
+	f := newFakeRunner()
+	p := &Pods{sb: f, log: slog.New(slog.DiscardHandler)}
+	if !p.neverStarted(t.Context(), "sb", "main") {
+		t.Errorf("no files: neverStarted = false, want true")
+	}
+	for _, path := range []string{logPath("main"), runPath("main"), exitPath("main")} {
+		f.files = map[string]string{path: ""}
+		if p.neverStarted(t.Context(), "sb", "main") {
+			t.Errorf("with %s: neverStarted = true, want false", path)
+		}
+	}
+}
