@@ -29,25 +29,47 @@ const podLogDrain = 200 * time.Millisecond
 // grandchild writing without pause cannot keep the container running.
 const podLogDrainBudget = 1 << 20
 
-// podLog is `berth-agent podlog -log FILE -exit FILE -- CMD [ARG…]`, the
-// process a Kubernetes node runs each container as: it runs CMD with its
-// stdout and stderr written to FILE as CRI log records, each timed as it
-// is read, then writes CMD's exit code (128+n for signal n, 127 when CMD
-// is not found, as sh reports) to the exit file, renamed into place so a
-// reader never sees half of it. It runs as an ordinary process of the
-// sandbox, with nothing of the agent's.
+// podLog is `berth-agent podlog -log FILE -exit FILE [-run FILE -restart N]
+// -- CMD [ARG…]`, the process a Kubernetes node runs each container as: it
+// runs CMD with its stdout and stderr written to FILE as CRI log records,
+// each timed as it is read, then writes CMD's exit code (128+n for signal
+// n, 127 when CMD is not found, as sh reports) to the exit file, renamed
+// into place so a reader never sees half of it. The run file, when named,
+// records which run of the container this is (N, the restarts before it)
+// and when it started.
+//
+// `berth-agent podlog -rotate -log FILE -exit FILE -run FILE` runs nothing:
+// it keeps a container's last run's files beside them (crilog.Previous),
+// replacing the run before, as the kubelet keeps one previous log per
+// container for `kubectl logs --previous`. The node runs it, and waits for
+// it, before it restarts a container.
+//
+// Both run as ordinary processes of the sandbox, with nothing of the
+// agent's.
 func podLog(args []string) int {
 	fs := flag.NewFlagSet("podlog", flag.ContinueOnError)
-	logPath := fs.String("log", "", "log file to append records to")
-	exitPath := fs.String("exit", "", "file to write the exit code to")
+	var r podRun
+	fs.StringVar(&r.log, "log", "", "log file to append records to")
+	fs.StringVar(&r.exit, "exit", "", "file to write the exit code to")
+	fs.StringVar(&r.run, "run", "", "file to record the run's restart count and start time in")
+	fs.IntVar(&r.restart, "restart", 0, "restarts of the container before this run")
+	rotate := fs.Bool("rotate", false, "keep the last run's files as the previous run's and run nothing")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *logPath == "" || *exitPath == "" || fs.NArg() == 0 {
-		fmt.Fprintln(os.Stderr, "usage: berth-agent podlog -log FILE -exit FILE -- CMD [ARG...]")
+	if r.log == "" || r.exit == "" || (fs.NArg() == 0) != *rotate || r.restart < 0 {
+		fmt.Fprintln(os.Stderr, "usage: berth-agent podlog -log FILE -exit FILE [-run FILE -restart N] -- CMD [ARG...]\n"+
+			"       berth-agent podlog -rotate -log FILE -exit FILE [-run FILE]")
 		return 2
 	}
-	code, err := runLogged(*logPath, *exitPath, fs.Args())
+	if *rotate {
+		if err := r.rotate(); err != nil {
+			fmt.Fprintln(os.Stderr, "berth-agent podlog:", err)
+			return 1
+		}
+		return 0
+	}
+	code, err := r.runLogged(fs.Args())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "berth-agent podlog:", err)
 		return 1
@@ -55,12 +77,24 @@ func podLog(args []string) int {
 	return code
 }
 
+// podRun is one run of a container: where its files go.
+type podRun struct {
+	log, exit, run string
+	restart        int
+}
+
 // runLogged runs argv with its output logged and returns its exit code.
-func runLogged(logPath, exitPath string, argv []string) (int, error) {
-	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+func (r podRun) runLogged(argv []string) (int, error) {
+	if err := os.MkdirAll(filepath.Dir(r.log), 0o755); err != nil {
 		return -1, err
 	}
-	f, err := os.OpenFile(logPath, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if r.run != "" {
+		rec := crilog.Run{Restart: r.restart, Started: time.Now()}
+		if err := writeAtomic(r.run, rec.Append(nil)); err != nil {
+			return -1, err
+		}
+	}
+	f, err := os.OpenFile(r.log, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
 	if err != nil {
 		return -1, err
 	}
@@ -70,14 +104,33 @@ func runLogged(logPath, exitPath string, argv []string) (int, error) {
 	if err != nil {
 		return -1, err
 	}
-	tmp := exitPath + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(code)+"\n"), 0o644); err != nil {
-		return -1, err
-	}
-	if err := os.Rename(tmp, exitPath); err != nil {
+	if err := writeAtomic(r.exit, []byte(strconv.Itoa(code)+"\n")); err != nil {
 		return -1, err
 	}
 	return code, nil
+}
+
+// rotate keeps the last run's files as the previous run's. The exit file
+// goes first: while a run's exit code is in place, so is its whole log.
+func (r podRun) rotate() error {
+	for _, p := range []string{r.exit, r.log, r.run} {
+		if p == "" {
+			continue
+		}
+		if err := os.Rename(p, p+crilog.Previous); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeAtomic writes b to path through a temporary file renamed into place.
+func writeAtomic(path string, b []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 func runCopying(w *crilog.Writer, argv []string) (int, error) {

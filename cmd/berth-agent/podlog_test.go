@@ -47,7 +47,7 @@ func TestRunLogged(t *testing.T) {
 					}
 				})
 			}
-			if _, err := runLogged(logPath, exitPath, tc.argv); err != nil {
+			if _, err := (podRun{log: logPath, exit: exitPath}).runLogged(tc.argv); err != nil {
 				t.Fatalf("runLogged: %v", err)
 			}
 			if b, err := os.ReadFile(exitPath); err != nil || string(b) != tc.code {
@@ -86,4 +86,81 @@ func sameByStream(got, want []string) bool {
 		return out
 	}
 	return len(got) == len(want) && slices.Equal(of(got, crilog.Stdout), of(want, crilog.Stdout)) && slices.Equal(of(got, crilog.Stderr), of(want, crilog.Stderr))
+}
+
+// TestRunLoggedRestart: a rotation before a restart keeps the last run's
+// log, exit code and run record beside them, and the restart starts new
+// ones; a first run keeps nothing.
+func TestRunLoggedRestart(t *testing.T) {
+	dir := t.TempDir()
+	r := podRun{log: filepath.Join(dir, "c.log"), exit: filepath.Join(dir, "c.exit"), run: filepath.Join(dir, "c.run")}
+	read := func(p string) string {
+		t.Helper()
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	content := func(p string) []string {
+		t.Helper()
+		var out []string
+		sc := bufio.NewScanner(strings.NewReader(read(p)))
+		for sc.Scan() {
+			rec, err := crilog.Parse(sc.Bytes())
+			if err != nil {
+				t.Fatalf("%s: line %q: %v", p, sc.Text(), err)
+			}
+			out = append(out, string(rec.Content))
+		}
+		return out
+	}
+	run := func(p string) crilog.Run {
+		t.Helper()
+		rec, err := crilog.ParseRun([]byte(read(p)))
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		return rec
+	}
+
+	if _, err := r.runLogged([]string{"sh", "-c", "echo first; exit 1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(r.log + crilog.Previous); !os.IsNotExist(err) {
+		t.Errorf("first run left a previous log: %v", err)
+	}
+	if got := run(r.run); got.Restart != 0 {
+		t.Errorf("first run record = %+v, want restart 0", got)
+	}
+	for i, out := range []string{"second", "third"} {
+		r.restart = i + 1
+		if err := r.rotate(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Stat(r.exit); !os.IsNotExist(err) {
+			t.Errorf("rotated: the exit file is still there: %v", err)
+		}
+		if _, err := r.runLogged([]string{"sh", "-c", "echo " + out}); err != nil {
+			t.Fatal(err)
+		}
+		if got := content(r.log); !slices.Equal(got, []string{out}) {
+			t.Errorf("restart %d: log = %q, want %q", r.restart, got, out)
+		}
+		if got := read(r.exit); got != "0\n" {
+			t.Errorf("restart %d: exit = %q", r.restart, got)
+		}
+		if got := run(r.run); got.Restart != r.restart {
+			t.Errorf("restart %d: run record = %+v", r.restart, got)
+		}
+		if got := run(r.run + crilog.Previous); got.Restart != i {
+			t.Errorf("restart %d: previous run record = %+v, want restart %d", r.restart, got, i)
+		}
+	}
+	if got := content(r.log + crilog.Previous); !slices.Equal(got, []string{"second"}) {
+		t.Errorf("previous log = %q, want only the run before (second)", got)
+	}
+	if got := read(r.exit + crilog.Previous); got != "0\n" {
+		t.Errorf("previous exit = %q", got)
+	}
 }

@@ -38,6 +38,8 @@ func newNodeCmd() *cobra.Command {
 		maxPods    int
 		reserveCPU string
 		reserveMem string
+		backOff    time.Duration
+		backOffMax time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -56,12 +58,20 @@ memory.
 
 The kubelet API (logs, exec) is served on --kubelet-listen over TLS to
 clients whose certificate --client-ca signed: the API server's
---kubelet-client-certificate. Pods keep running across a restart of the node.`,
+--kubelet-client-certificate. Pods keep running across a restart of the node.
+
+Containers restart as the pod's restartPolicy says (Always, the default;
+OnFailure; Never), with the kubelet's back-off: at once, then
+--restart-backoff doubling up to --restart-backoff-max.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if kubeconfig == "" || cert == "" || key == "" || clientCA == "" {
 				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "kubeconfig",
 					Message: "berth node needs --kubeconfig, --tls-cert, --tls-key and --client-ca"}
+			}
+			if backOff <= 0 || backOffMax < backOff {
+				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "restart-backoff",
+					Message: "--restart-backoff must be positive and at most --restart-backoff-max"}
 			}
 			cfg, log, ctx, done, err := o.setup(cmd, "berth node")
 			if err != nil {
@@ -114,6 +124,7 @@ clients whose certificate --client-ca signed: the API server's
 				Name: name, IP: ip, Listen: listen,
 				TLSCert: cert, TLSKey: key, ClientCA: clientCA,
 				Kube: kube, Capacity: capacity, Reserved: reserved,
+				RestartBackOff: backOff, RestartBackOffMax: backOffMax,
 				Version: buildVersion(), Logger: log.With("component", "node"),
 			}, node.FromClient(c))
 			dcancel()
@@ -132,6 +143,8 @@ clients whose certificate --client-ca signed: the API server's
 	f.IntVar(&maxPods, "max-pods", 0, "pods the node takes (default: host memory / the default sandbox memory)")
 	f.StringVar(&reserveCPU, "reserve-cpu", "0", "CPU held back from the node's allocatable for the host")
 	f.StringVar(&reserveMem, "reserve-memory", "512Mi", "memory held back from the node's allocatable for the host")
+	f.DurationVar(&backOff, "restart-backoff", node.DefaultRestartBackOff, "wait before the second restart of a container that keeps exiting (doubled for each next one)")
+	f.DurationVar(&backOffMax, "restart-backoff-max", node.DefaultRestartBackOffMax, "longest wait before restarting a container")
 	return cmd
 }
 

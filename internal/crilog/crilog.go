@@ -6,7 +6,9 @@
 // where F ends a line of the container's output and P is a piece of a line
 // longer than MaxLine, continued by the next record of the stream. Records
 // carry the time each piece was read, which `kubectl logs --since` and
-// `--timestamps` need. It is a leaf: the agent links it to write the log
+// `--timestamps` need. Beside a log it defines the run record, which run
+// of a restarted container wrote it, and the suffix a previous run's files
+// are kept under. It is a leaf: the agent links it to write the log
 // inside the sandbox, the Kubernetes node to read it back.
 package crilog
 
@@ -15,6 +17,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -24,6 +27,11 @@ const (
 	Stdout = "stdout"
 	Stderr = "stderr"
 )
+
+// Previous is the suffix of the files a container's previous run left:
+// a restart keeps one previous log per container (with its exit code and
+// run record), as the kubelet does, for `kubectl logs --previous`.
+const Previous = ".previous"
 
 // MaxLine is the longest content of one record, as the kubelet's 16 KiB:
 // longer lines are written as P records and a final F.
@@ -76,6 +84,42 @@ func Parse(line []byte) (Record, error) {
 }
 
 var errNotRecord = errors.New("not a CRI log record")
+
+// Run is the record of one run of a container: how many restarts came
+// before it and when it started. It is one line,
+//
+//	<restarts> <time, RFC 3339 with nanoseconds>
+type Run struct {
+	Restart int
+	Started time.Time
+}
+
+// Append appends r as its line, with the newline, to b.
+func (r Run) Append(b []byte) []byte {
+	b = strconv.AppendInt(b, int64(r.Restart), 10)
+	b = append(b, ' ')
+	b = r.Started.UTC().AppendFormat(b, time.RFC3339Nano)
+	return append(b, '\n')
+}
+
+// ParseRun reads a run record, with or without its newline.
+func ParseRun(b []byte) (Run, error) {
+	n, ts, ok := bytes.Cut(bytes.TrimSuffix(b, []byte{'\n'}), []byte{' '})
+	if !ok {
+		return Run{}, errNotRun
+	}
+	restart, err := strconv.Atoi(string(n))
+	if err != nil || restart < 0 || string(n) != strconv.Itoa(restart) {
+		return Run{}, errNotRun
+	}
+	t, err := time.Parse(time.RFC3339Nano, string(ts))
+	if err != nil {
+		return Run{}, errNotRun
+	}
+	return Run{Restart: restart, Started: t}, nil
+}
+
+var errNotRun = errors.New("not a container run record")
 
 // Writer writes the records of a container's streams to one log. Each
 // record is one Write, so records of two streams never interleave.

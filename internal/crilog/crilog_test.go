@@ -76,3 +76,43 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestParseRun(t *testing.T) {
+	t0 := time.Date(2025, 3, 4, 5, 6, 7, 123456789, time.UTC)
+	for _, r := range []Run{{Restart: 0, Started: t0}, {Restart: 12, Started: t0.Truncate(time.Second)}} {
+		line := r.Append(nil)
+		for _, b := range [][]byte{line, line[:len(line)-1]} {
+			got, err := ParseRun(b)
+			if err != nil || got.Restart != r.Restart || !got.Started.Equal(r.Started) {
+				t.Errorf("ParseRun(%q) = %+v, %v; want %+v", b, got, err, r)
+			}
+		}
+	}
+	for _, bad := range []string{"", "3", "-1 2025-03-04T05:06:07Z", "+1 2025-03-04T05:06:07Z", "01 2025-03-04T05:06:07Z", "x 2025-03-04T05:06:07Z", "1 yesterday", "1 2025-03-04T05:06:07Z extra"} {
+		if r, err := ParseRun([]byte(bad)); err == nil {
+			t.Errorf("ParseRun(%q) = %+v, want an error", bad, r)
+		}
+	}
+}
+
+// FuzzParseRun: the sandbox writes run records and the node reads them:
+// any input parses or fails without panicking, and what parses encodes
+// back to a record that parses the same.
+func FuzzParseRun(f *testing.F) {
+	f.Add([]byte("0 2025-03-04T05:06:07.1Z\n"))
+	f.Add([]byte("7 2025-03-04T05:06:07Z"))
+	f.Add([]byte("not a run"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRun(b)
+		if err != nil {
+			return
+		}
+		if r.Restart < 0 {
+			t.Errorf("ParseRun(%q) = %+v: negative restarts", b, r)
+		}
+		r2, err := ParseRun(r.Append(nil))
+		if err != nil || r2.Restart != r.Restart || !r2.Started.Equal(r.Started) {
+			t.Errorf("ParseRun(%q) = %+v; its encoding parses to %+v, %v", b, r, r2, err)
+		}
+	})
+}

@@ -44,8 +44,15 @@ type cluster struct {
 
 func startCluster(t *testing.T, names ...string) *cluster {
 	t.Helper()
+	return startClusterWith(t, nil, names...)
+}
+
+// startClusterWith starts the cluster with nodeArgs added to each node's
+// flags.
+func startClusterWith(t *testing.T, nodeArgs []string, names ...string) *cluster {
+	t.Helper()
 	harness.RequireHost(t)
-	return joinNodes(t, startControlPlane(t), nil, names...)
+	return joinNodes(t, startControlPlane(t), nodeArgs, names...)
 }
 
 // joinNodes starts a Berth node per name on cp, each with nodeArgs after
@@ -348,19 +355,7 @@ func TestPods(t *testing.T) {
 	// process, and still answers exec.
 	restarted := c.nodes[onNode["long-1"]]
 	before := podSandboxes(t, restarted, string(long[0].UID))
-	restarted.Stop()
-	stopped := time.Now()
-	restarted.Start()
-	// Back once the new process has written the node's status (the
-	// kubelet API listens before that): a heartbeat after the stop.
-	waitNode(t, cp, onNode["long-1"], func(n *corev1.Node) bool {
-		for _, c := range n.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.Unix() > stopped.Unix() {
-				return true
-			}
-		}
-		return false
-	})
+	restartNode(t, cp, restarted, onNode["long-1"])
 	if out, _, code := execPod(t, cp, "default", "long-1", "", "cat", "/tmp/.berth-pod/main.log"); code != 0 || !strings.Contains(out, "hello from kubernetes") {
 		t.Errorf("exec after node restart = (%q, %d)", out, code)
 	}
@@ -430,6 +425,24 @@ func TestPods(t *testing.T) {
 	for _, d := range c.nodes {
 		harness.AssertNoLeaks(t, d)
 	}
+}
+
+// restartNode stops the node's process and starts it again, and returns
+// once the new process has written the node's status (the kubelet API
+// listens before that): a heartbeat after the stop.
+func restartNode(t *testing.T, cp *controlPlane, d *harness.Daemon, name string) {
+	t.Helper()
+	d.Stop()
+	stopped := time.Now()
+	d.Start()
+	waitNode(t, cp, name, func(n *corev1.Node) bool {
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue && c.LastHeartbeatTime.Unix() > stopped.Unix() {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func ids(sbs []*client.Sandbox) []string {

@@ -30,18 +30,23 @@ const (
 // its wrapper keeps inside the sandbox. Tail, SinceSeconds/SinceTime,
 // Timestamps and LimitBytes are applied as the kubelet applies them;
 // Follow streams new output as the container writes it, until it ends or
-// the client goes away. Containers are never restarted on Berth nodes, so
-// Previous has no log to give.
+// the client goes away. Previous serves the log of the container's run
+// before the current one, kept when it was restarted; a container never
+// restarted has none, and the answer is the kubelet's.
 func (p *Pods) GetContainerLogs(ctx context.Context, namespace, podName, container string, opts api.ContainerLogOpts) (io.ReadCloser, error) {
-	id, err := p.logTarget(namespace, podName, container)
+	id, restarts, err := p.logTarget(namespace, podName, container)
 	if err != nil {
 		return nil, err
 	}
-	if opts.Previous {
-		return nil, vkerrdefs.InvalidInputf("previous terminated container %q in pod %q not found", container, podName)
-	}
 	f := newLogFilter(opts, time.Now())
-	s := &logStream{files: p.sb, id: id, container: container, follow: opts.Follow}
+	s := &logStream{files: p.sb, id: id, log: logPath(container), exit: exitPath(container), follow: opts.Follow}
+	if opts.Previous {
+		if restarts == 0 {
+			return nil, vkerrdefs.InvalidInputf("previous terminated container %q in pod %q not found", container, podName)
+		}
+		// That run is over: its log is whole.
+		s.log, s.exit, s.follow = logPath(container)+crilog.Previous, exitPath(container)+crilog.Previous, false
+	}
 	// The stream ends with the request or with the node.
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(p.ctx, cancel)
@@ -60,25 +65,27 @@ func (p *Pods) GetContainerLogs(ctx context.Context, namespace, podName, contain
 	return rc, nil
 }
 
-// logTarget is the sandbox of a container whose log can be read: one that
-// has started.
-func (p *Pods) logTarget(namespace, name, container string) (string, error) {
+// logTarget is the sandbox of a container whose log can be read, one that
+// has started, and how many times it was restarted.
+func (p *Pods) logTarget(namespace, name, container string) (string, int, error) {
 	id, err := p.sandboxOf(namespace, name, container)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var started bool
+	var cs *containerState
 	var reason string
 	if ps, ok := p.pods[key(namespace, name)]; ok {
-		started, reason = ps.containers[container] != nil, ps.reason
+		cs, reason = ps.containers[container], ps.reason
 	}
 	switch {
-	case (err == nil || vkerrdefs.IsInvalidInput(err)) && !started && reason != "":
-		return "", vkerrdefs.InvalidInputf("container %q in pod %q did not start: %s", container, name, reason)
-	case (err == nil || vkerrdefs.IsInvalidInput(err)) && !started:
+	case (err == nil || vkerrdefs.IsInvalidInput(err)) && cs == nil && reason != "":
+		return "", 0, vkerrdefs.InvalidInputf("container %q in pod %q did not start: %s", container, name, reason)
+	case (err == nil || vkerrdefs.IsInvalidInput(err)) && cs == nil:
 		// As the kubelet answers for a container not yet started.
-		return "", vkerrdefs.InvalidInputf("container %q in pod %q is waiting to start: ContainerCreating", container, name)
+		return "", 0, vkerrdefs.InvalidInputf("container %q in pod %q is waiting to start: %s", container, name, reasonCreating)
+	case err != nil:
+		return "", 0, err
 	}
-	return id, err
+	return id, cs.restarts, nil
 }
 
 // logReader is the log stream's reading end; Close stops the stream and
@@ -96,11 +103,12 @@ func (r *logReader) Close() error {
 	return err
 }
 
-// logStream reads one container's log file out of its sandbox.
+// logStream reads one container's log file out of its sandbox; exit is
+// the file whose appearance says the log is whole.
 type logStream struct {
 	files     logFiles
 	id        string
-	container string
+	log, exit string
 	follow    bool
 }
 
@@ -135,7 +143,7 @@ func (s *logStream) run(ctx context.Context, f *logFilter, tail int, w io.Writer
 		// Everything written so far, in chunks.
 		for {
 			cw := &countWriter{w: out}
-			err := s.files.ReadFileRange(ctx, s.id, logPath(s.container), off, logChunk, cw)
+			err := s.files.ReadFileRange(ctx, s.id, s.log, off, logChunk, cw)
 			off += cw.n
 			switch {
 			case errors.Is(err, errLimit):
@@ -200,7 +208,7 @@ func (lw *logWatch) stop() {
 // the watch is in place (or could not be), so that every change from then
 // on is seen.
 func (s *logStream) watch(ctx context.Context) (*logWatch, error) {
-	logName, exitName := path.Base(logPath(s.container)), path.Base(exitPath(s.container))
+	logName, exitName := path.Base(s.log), path.Base(s.exit)
 	wctx, cancel := context.WithCancel(ctx)
 	lw := &logWatch{changed: make(chan struct{}, 1), ended: make(chan struct{}), cancel: cancel}
 	ready := make(chan struct{})
@@ -235,7 +243,7 @@ func (s *logStream) watch(ctx context.Context) (*logWatch, error) {
 		return nil, ctx.Err()
 	}
 	// After the watch is in place: an exit from here on is an event.
-	if _, err := s.files.Stat(ctx, s.id, exitPath(s.container)); err == nil {
+	if _, err := s.files.Stat(ctx, s.id, s.exit); err == nil {
 		lw.mu.Lock()
 		lw.exited = true
 		lw.mu.Unlock()
@@ -246,7 +254,7 @@ func (s *logStream) watch(ctx context.Context) (*logWatch, error) {
 // tailOffset is where the last n lines of the log start, looked for in
 // growing windows back from its end, up to maxTailWindow.
 func (s *logStream) tailOffset(ctx context.Context, n int) (int64, error) {
-	st, err := s.files.Stat(ctx, s.id, logPath(s.container))
+	st, err := s.files.Stat(ctx, s.id, s.log)
 	if errors.Is(err, errdefs.ErrNotFound) {
 		return 0, nil
 	}
@@ -256,7 +264,7 @@ func (s *logStream) tailOffset(ctx context.Context, n int) (int64, error) {
 	for window := int64(64 << 10); ; window *= 2 {
 		from := max(0, st.Size-window)
 		var buf bytes.Buffer
-		if err := s.files.ReadFileRange(ctx, s.id, logPath(s.container), from, st.Size-from, &buf); err != nil {
+		if err := s.files.ReadFileRange(ctx, s.id, s.log, from, st.Size-from, &buf); err != nil {
 			return 0, err
 		}
 		off, ok := lastLines(buf.Bytes(), from == 0, n)

@@ -215,8 +215,8 @@ func TestLogFollowEnds(t *testing.T) {
 	})
 }
 
-// TestLogErrors: --previous has no log to give (containers never restart
-// on Berth nodes); a container not started yet has none either.
+// TestLogErrors: --previous has no log to give for a container never
+// restarted; a container not started yet has none either.
 func TestLogErrors(t *testing.T) {
 	f := newFakeLogs()
 	p, pod := newLogPods(t, f)
@@ -237,6 +237,39 @@ func TestLogErrors(t *testing.T) {
 	}
 }
 
+// TestLogPrevious: --previous of a restarted container is its previous
+// run's log, whole (not followed), with the options applied; the current
+// log is the current run's.
+func TestLogPrevious(t *testing.T) {
+	f := newFakeLogs()
+	p, pod := newLogPods(t, f)
+	p.mu.Lock()
+	p.pods[key(pod.Namespace, pod.Name)].containers["main"].restarts = 1
+	p.mu.Unlock()
+	f.files[logPath("main")+crilog.Previous] = []byte(rec(0, "stdout", "F", "run one") + rec(1, "stderr", "F", "failed"))
+	f.files[exitPath("main")+crilog.Previous] = []byte("1\n")
+	f.files[logPath("main")] = []byte(rec(5, "stdout", "F", "run two"))
+	for _, tc := range []struct {
+		opts api.ContainerLogOpts
+		want string
+	}{
+		{api.ContainerLogOpts{Previous: true}, "run one\nfailed\n"},
+		{api.ContainerLogOpts{Previous: true, Follow: true}, "run one\nfailed\n"},
+		{api.ContainerLogOpts{Previous: true, Tail: 1, Timestamps: true}, "2025-06-01T12:00:01Z failed\n"},
+		{api.ContainerLogOpts{}, "run two\n"},
+	} {
+		rc, err := p.GetContainerLogs(t.Context(), pod.Namespace, pod.Name, "main", tc.opts)
+		if err != nil {
+			t.Fatalf("logs %+v: %v", tc.opts, err)
+		}
+		b, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || string(b) != tc.want {
+			t.Errorf("logs %+v = %q, %v; want %q", tc.opts, b, err, tc.want)
+		}
+	}
+}
+
 func expectLine(t *testing.T, br *bufio.Reader, want string) {
 	t.Helper()
 	got, err := br.ReadString('\n')
@@ -249,7 +282,7 @@ func expectLine(t *testing.T, br *bufio.Reader, want string) {
 func readAll(t *testing.T, f *fakeLogs, opts api.ContainerLogOpts) (string, error) {
 	t.Helper()
 	var out bytes.Buffer
-	s := &logStream{files: f, id: "sb", container: "main"}
+	s := &logStream{files: f, id: "sb", log: logPath("main"), exit: exitPath("main")}
 	err := s.run(t.Context(), newLogFilter(opts, t0), opts.Tail, &out)
 	return out.String(), err
 }

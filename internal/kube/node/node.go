@@ -58,7 +58,12 @@ type Config struct {
 	// HealthEvery is how often the daemon's health is checked for the
 	// node's conditions (default 10s).
 	HealthEvery time.Duration
-	Logger      *slog.Logger
+	// RestartBackOff and RestartBackOffMax are the first wait before
+	// restarting a container that keeps exiting and the longest
+	// (default DefaultRestartBackOff and DefaultRestartBackOffMax, the
+	// kubelet's).
+	RestartBackOff, RestartBackOffMax time.Duration
+	Logger                            *slog.Logger
 }
 
 // Run registers the node and serves it until ctx ends. Pods left running
@@ -90,7 +95,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pods := newPods(ctx, cfg.Name, cfg.IP, sb, cfg.Kube, cfg.Logger)
+	pods := newPods(ctx, cfg.Name, cfg.IP, sb, cfg.Kube, newBackOff(cfg.RestartBackOff, cfg.RestartBackOffMax), cfg.Logger)
 	defer pods.Wait()
 	defer cancel()
 	if err := pods.reconcile(ctx); err != nil {

@@ -215,15 +215,26 @@ const agentPath = "/.berth/berth-agent"
 
 // wrapArgv is the process a container runs as: its own argv under the
 // agent's podlog wrapper, which writes the output to the container's log
-// as CRI records (each line timed, for --since and --timestamps) and the
-// exit code to its exit file once it ends.
-func wrapArgv(name string, argv []string) (string, []string) {
-	return agentPath, append([]string{"podlog", "-log", logPath(name), "-exit", exitPath(name), "--"}, argv...)
+// as CRI records (each line timed, for --since and --timestamps), the
+// run's record (restart count, start time) to its run file, and the exit
+// code to its exit file once it ends; restart is the run's restart count.
+func wrapArgv(name string, restart int, argv []string) (string, []string) {
+	return agentPath, append([]string{"podlog", "-log", logPath(name), "-exit", exitPath(name),
+		"-run", runPath(name), "-restart", strconv.Itoa(restart), "--"}, argv...)
 }
 
-// logPath and exitPath are a container's log and exit code in its sandbox.
+// rotateArgv keeps a container's last run's files as its previous run's,
+// for --previous: the node runs it before it restarts the container.
+func rotateArgv(name string) (string, []string) {
+	return agentPath, []string{"podlog", "-rotate", "-log", logPath(name), "-exit", exitPath(name), "-run", runPath(name)}
+}
+
+// logPath, exitPath and runPath are a container's log, exit code and run
+// record in its sandbox; its previous run's are beside them, with the
+// suffix crilog.Previous.
 func logPath(name string) string  { return podDir + "/" + name + ".log" }
 func exitPath(name string) string { return podDir + "/" + name + ".exit" }
+func runPath(name string) string  { return podDir + "/" + name + ".run" }
 
 // processTag names a container's process in the agent's process table.
 func processTag(name string) string { return "berth-pod/" + name }

@@ -1,14 +1,11 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -33,11 +30,12 @@ const (
 // Pods runs the pods bound to one node as Berth sandboxes. It is the
 // virtual-kubelet PodLifecycleHandler and PodNotifier of the node.
 type Pods struct {
-	node string
-	ip   string
-	sb   Sandboxes
-	kube kubernetes.Interface
-	log  *slog.Logger
+	node    string
+	ip      string
+	sb      Sandboxes
+	backOff backOff
+	kube    kubernetes.Interface
+	log     *slog.Logger
 	// ctx is the node's lifetime: sandboxes are made and watched under
 	// it, never under a request's context.
 	ctx context.Context
@@ -63,16 +61,28 @@ type podState struct {
 	containers      map[string]*containerState
 }
 
+// containerState is a container's current run (running, or exited with
+// its code), the run before it, and its restarts.
 type containerState struct {
 	running    bool
 	startedAt  time.Time
 	exited     bool
 	exitCode   int
 	finishedAt time.Time
+
+	// restarts is the container's restart count; last is its previous
+	// run, once it has one.
+	restarts int
+	last     *containerRun
+	// backOff, while the current run is exited, is the wait before the
+	// next (CrashLoopBackOff); steps counts the restarts since the
+	// back-off was last reset.
+	backOff time.Duration
+	steps   int
 }
 
-func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, log *slog.Logger) *Pods {
-	return &Pods{ctx: ctx, node: nodeName, ip: nodeIP, sb: sb, kube: kube, log: log, pods: map[string]*podState{}}
+func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, bo backOff, log *slog.Logger) *Pods {
+	return &Pods{ctx: ctx, node: nodeName, ip: nodeIP, sb: sb, kube: kube, backOff: bo, log: log, pods: map[string]*podState{}}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -165,16 +175,14 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
 			continue
 		}
-		cmd, args := wrapArgv(c.name, c.argv)
-		pid, err := p.sb.Start(ctx, sb.ID, client.ExecRequest{Cmd: cmd, Args: args, Env: c.env, Cwd: c.cwd, Tag: processTag(c.name)})
+		pid, err := p.startContainer(ctx, ps, c, 0)
 		if err != nil {
 			if ctx.Err() == nil {
 				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
 			}
 			return
 		}
-		p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
-		p.follow(ctx, ps, c.name, pid)
+		p.follow(ctx, ps, c, pid)
 	}
 }
 
@@ -193,44 +201,18 @@ func (p *Pods) adopt(ctx context.Context, ps *podState, sb *client.Sandbox) {
 	}()
 }
 
-// follow waits for a container's process to end, then reads its exit code.
-func (p *Pods) follow(ctx context.Context, ps *podState, name string, pid uint32) {
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		_, _ = p.sb.Attach(ctx, ps.sandboxID, pid)
-		if ctx.Err() != nil {
-			return
-		}
-		p.collectExit(ctx, ps, name)
-	}()
-}
-
 // collectExit reads the exit code the container's wrapper left. A process
 // gone without one died with its sandbox (the sandbox watch reports that).
-func (p *Pods) collectExit(ctx context.Context, ps *podState, name string) bool {
-	code, err := p.exitCode(ctx, ps.sandboxID, name)
+func (p *Pods) collectExit(ctx context.Context, ps *podState, name string) (int, bool) {
+	code, at, err := p.readExit(ctx, ps.sandboxID, name, "")
 	if err != nil {
 		p.log.Debug("container_exit_unknown", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", name, "err", err)
-		return false
+		return 0, false
 	}
 	p.setContainer(ps, name, func(cs *containerState) {
-		cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, code, time.Now()
+		cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, code, at
 	})
-	return true
-}
-
-func (p *Pods) exitCode(ctx context.Context, id, name string) (int, error) {
-	var buf bytes.Buffer
-	if err := p.sb.ReadFile(ctx, id, exitPath(name), &limitWriter{w: &buf, n: 32}); err != nil {
-		return 0, err
-	}
-	// The sandbox wrote it: parse strictly.
-	code, err := strconv.Atoi(strings.TrimSpace(buf.String()))
-	if err != nil || code < 0 || code > 255 {
-		return 0, fmt.Errorf("exit file %q: %w", buf.String(), errdefs.ErrInvalidArgument)
-	}
-	return code, nil
+	return code, true
 }
 
 // watchSandbox fails the pod when its sandbox stops or fails under it.
@@ -336,6 +318,7 @@ func (p *Pods) DeletePod(_ context.Context, pod *corev1.Pod) error {
 		if !cs.exited {
 			cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, now
 		}
+		cs.backOff = 0
 	}
 	p.mu.Unlock()
 	if id != "" {
@@ -419,54 +402,31 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	start := metav1.NewTime(ps.started)
 	st.StartTime = &start
 	st.ContainerStatuses = nil
-	running, exited, failed := 0, 0, 0
+	running := 0
 	for _, c := range ps.plan.containers {
-		cs := ps.containers[c.name]
 		var img string
 		for _, sc := range pod.Spec.Containers {
 			if sc.Name == c.name {
 				img = sc.Image
 			}
 		}
-		s := corev1.ContainerStatus{Name: c.name, Image: img, ImageID: "berth://" + ps.plan.req.Template}
+		var id string
 		if ps.sandboxID != "" {
-			s.ContainerID = "berth://" + ps.sandboxID + "/" + c.name
+			id = "berth://" + ps.sandboxID + "/" + c.name
 		}
-		switch {
-		case cs != nil && cs.exited:
-			reason := "Completed"
-			if cs.exitCode != 0 {
-				reason = "Error"
-				failed++
-			}
-			s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: int32(cs.exitCode), Reason: reason,
-				StartedAt: metav1.NewTime(cs.startedAt), FinishedAt: metav1.NewTime(cs.finishedAt), ContainerID: s.ContainerID}
-			exited++
-		case ps.reason != "":
-			s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: ps.reason, Message: ps.message, FinishedAt: metav1.Now()}
-			exited++
-			failed++
-		case cs != nil && cs.running:
-			s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(cs.startedAt)}
-			s.Ready, s.Started = true, ptr(true)
+		s := containerStatus(c.name, img, id, ps.containers[c.name], ps.reason, ps.message, pod.Name+"_"+pod.Namespace+"("+string(pod.UID)+")")
+		s.ImageID = "berth://" + ps.plan.req.Template
+		if s.State.Running != nil {
 			running++
-		default:
-			s.State.Waiting = &corev1.ContainerStateWaiting{Reason: "ContainerCreating"}
 		}
 		st.ContainerStatuses = append(st.ContainerStatuses, s)
 	}
 	n := len(ps.plan.containers)
-	switch {
-	case ps.reason != "" && n == 0:
+	st.Phase = podPhase(pod.Spec.RestartPolicy, st.ContainerStatuses)
+	if ps.reason != "" {
+		// A pod that could not be made, or whose sandbox ended, is over
+		// whatever its restart policy.
 		st.Phase = corev1.PodFailed
-	case n > 0 && exited == n && failed == 0:
-		st.Phase = corev1.PodSucceeded
-	case n > 0 && exited == n:
-		st.Phase = corev1.PodFailed
-	case running > 0 || exited > 0:
-		st.Phase = corev1.PodRunning
-	default:
-		st.Phase = corev1.PodPending
 	}
 	st.Reason, st.Message = "", ""
 	if ps.reason != "" {
@@ -562,7 +522,9 @@ func (p *Pods) reconcile(ctx context.Context) error {
 }
 
 // readopt finds each container's process again: still running (followed
-// again), ended (its exit code read back), or without a process of its own.
+// again), ended (its exit code read back, and restarted if its pod's
+// policy says so), or without a process of its own. Restart counts and
+// previous runs are read back from the sandbox.
 func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) error {
 	procs, err := p.sb.Processes(ctx, sb.ID)
 	if err != nil {
@@ -577,15 +539,32 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 				pid = pr.PID
 			}
 		}
+		cs := &containerState{running: true, startedAt: started}
+		if len(c.argv) > 0 {
+			p.recoverRuns(ctx, sb.ID, c.name, cs)
+		}
 		p.mu.Lock()
-		ps.containers[c.name] = &containerState{running: true, startedAt: started}
+		ps.containers[c.name] = cs
 		p.mu.Unlock()
 		switch {
 		case len(c.argv) == 0:
-		case pid != 0:
-			p.follow(ctx, ps, c.name, pid)
-		case !p.collectExit(ctx, ps, c.name):
-			p.fail(ps, "BerthContainerLost", "container "+c.name+" ended without an exit code")
+		case pid == 0 && p.neverStarted(ctx, sb.ID, c.name):
+			// The node stopped between making the sandbox and starting
+			// this container: it starts now.
+			if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+				p.fail(ps, "BerthStartFailed", fmt.Sprintf("make %s: %v", podDir, err))
+				continue
+			}
+			pid, err := p.startContainer(ctx, ps, c, 0)
+			if err != nil {
+				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
+				continue
+			}
+			p.follow(ctx, ps, c, pid)
+		default:
+			// Still running, or ended while the node was away: its exit
+			// code is read back and the restart policy applied.
+			p.follow(ctx, ps, c, pid)
 		}
 	}
 	p.changed(ps)
