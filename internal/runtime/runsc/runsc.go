@@ -99,6 +99,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
 	}
+	background, err := hasBackgroundRestore(ctx, bin)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
+	}
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -109,13 +113,19 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		SlotDir:       cfg.SlotDir,
 		DiskPoolDir:   cfg.DiskPoolDir,
 		DiskPoolDepth: cfg.DiskPoolDepth,
-		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid, ResumeBeforeDelete: deletePanicsWhenPaused(version)},
-		Logger:        cfg.Logger,
+		GVisor: &runc.GVisor{
+			Platform:           platform,
+			HideNetSysctl:      probesRmemDefault(version),
+			AllowSUID:          setuid,
+			ResumeBeforeDelete: deletePanicsWhenPaused(version),
+			BackgroundRestore:  background,
+		},
+		Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "background_restore", background)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
@@ -152,8 +162,46 @@ func hasAllowSUID(ctx context.Context, bin string) (bool, error) {
 	return hasFlag(out, "allow-suid"), nil
 }
 
-// hasFlag reports whether `runsc flags` output lists flag name (a line
-// "  -name" or "  -name value").
+// hasBackgroundRestore reports whether the runsc at bin has `restore
+// --background` (the sentry loads the memory pages while the sandbox
+// runs) and `checkpoint --compression`, whose "none" writes the
+// uncompressed image a background load needs (a release with the flag but
+// another default would compress it, and the background load would then
+// silently load everything first). It asks the binary (`runsc help
+// checkpoint`, `runsc help restore`) rather than guessing from its
+// version: builds from source carry no release date of a flag's arrival.
+// Debian's 20221219 has neither.
+func hasBackgroundRestore(ctx context.Context, bin string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	help := func(cmd string) ([]byte, error) {
+		// runsc prints the usage on stdout or stderr, depending on the
+		// release: both are read.
+		out, err := exec.CommandContext(ctx, bin, "help", cmd).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("%s help %s: %w", bin, cmd, err)
+		}
+		return out, nil
+	}
+	cp, err := help("checkpoint")
+	if err != nil {
+		return false, err
+	}
+	rs, err := help("restore")
+	if err != nil {
+		return false, err
+	}
+	return backgroundRestoreIn(cp, rs), nil
+}
+
+// backgroundRestoreIn reads hasBackgroundRestore's answer from the output
+// of `runsc help checkpoint` and `runsc help restore`.
+func backgroundRestoreIn(checkpointHelp, restoreHelp []byte) bool {
+	return hasFlag(restoreHelp, "background") && hasFlag(checkpointHelp, "compression")
+}
+
+// hasFlag reports whether `runsc flags` or `runsc help <command>` output
+// lists flag name (a line "  -name" or "  -name value").
 func hasFlag(out []byte, name string) bool {
 	for line := range strings.Lines(string(out)) {
 		f := strings.Fields(line)
