@@ -120,11 +120,21 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		fmt.Printf("| of the resume: `runsc restore` itself (the sentry loads its memory) | %d | %s | %s |\n", len(loads), fmtDur(pct(loads, 50)), fmtDur(pct(loads, 99)))
 	}
 	fmt.Printf("| floor: create of the same template (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(creates, 50)), fmtDur(pct(creates, 99)))
+	// The phases behind the rows, for a look at where the time went.
+	for line := range strings.SplitSeq(d.Logs(), "\n") {
+		if strings.Contains(line, "sandbox_id="+sb.ID) && slices.ContainsFunc(pauseLogMsgs, func(m string) bool { return strings.Contains(line, m) }) {
+			tb.Logf("%s", line)
+		}
+	}
 	fmt.Printf("\n| memory | p50 |\n|---|---|\n")
 	fmt.Printf("| sandbox cgroup memory before the pause | %d MiB |\n", median(held)>>20)
 	fmt.Printf("| host MemAvailable gained by the pause | %d MiB |\n", median(freed)>>20)
 	return d.Client.Kill(ctx, sb.ID)
 }
+
+// pauseLogMsgs are the daemon's debug lines with the phases of a pause and a
+// resume (the runtime's and the Manager's), printed after each table.
+var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=pause_phases", "msg=resume_phases"}
 
 // waitMemory waits until the sandbox's cgroup holds at least want bytes
 // (the holder has built its string) and returns what it holds.

@@ -471,44 +471,76 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 			return fmt.Errorf("start: %w", err)
 		}
 	}
+	p, err := m.keptPolicy(e)
+	if err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	// The egress services need the attachment, not the agent: they come
+	// up while the agent answers again, as at create.
 	started := time.Now()
+	prep := m.prepareEgressAsync(ctx, e, p)
+	u.push("egress", func(context.Context) error {
+		_, _ = prep.wait() // never stopped under its feet; its error was the resume's
+		if m.deps.Egress != nil {
+			m.deps.Egress.Stop(id)
+		}
+		return nil
+	})
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	cancel()
+	ready := time.Now()
+	ca, eerr := prep.wait()
 	if err != nil {
 		return fmt.Errorf("agent did not become ready: %w", err)
 	}
-	ready := time.Now()
+	if eerr != nil {
+		return fmt.Errorf("network policy: %w", eerr)
+	}
 	defer func() {
 		m.log.Debug("resume_phases", "sandbox_id", id, "ready", ready.Sub(started), "egress", time.Since(ready))
 	}()
-	if m.deps.Egress != nil {
-		u.push("egress", func(context.Context) error { m.deps.Egress.Stop(id); return nil })
-	}
-	if err := m.restartEgress(ctx, e); err != nil {
-		return fmt.Errorf("network policy: %w", err)
+	if m.newGateway(e) {
+		if err := m.installEgress(ctx, e, ca); err != nil {
+			return fmt.Errorf("network policy: %w", err)
+		}
 	}
 	return nil
 }
 
+// keptPolicy is the egress policy a paused sandbox kept (none if it kept
+// none).
+func (m *Manager) keptPolicy(e *entry) (policy.Policy, error) {
+	if m.deps.Egress == nil {
+		return policy.Policy{}, nil
+	}
+	p, err := m.deps.Egress.LoadPolicy(e.id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return policy.Policy{Mode: policy.ModeNone}, nil
+	}
+	return p, err
+}
+
+// newGateway reports whether a resumed sandbox's gateway differs from the
+// one it had. Its resolver settings and CA are on its disk, which a pause
+// keeps; they name the gateway, so only a new one needs them written
+// again (a round trip to the agent saved on most resumes).
+func (m *Manager) newGateway(e *entry) bool {
+	return !e.lastHost.IsValid() || e.lastHost != e.att.HostIP
+}
+
 // restartEgress starts a resumed sandbox's resolver and proxy with its
 // kept policy and CA, on its (new) attachment, and writes its resolver
-// and CA into it again (its gateway may have changed).
+// and CA into it again if its gateway changed.
 func (m *Manager) restartEgress(ctx context.Context, e *entry) error {
 	if m.deps.Egress == nil {
 		return nil
 	}
-	p, err := m.deps.Egress.LoadPolicy(e.id)
-	if errors.Is(err, errdefs.ErrNotFound) {
-		p = policy.Policy{Mode: policy.ModeNone}
-	} else if err != nil {
+	p, err := m.keptPolicy(e)
+	if err != nil {
 		return err
 	}
-	// Its resolver settings and CA are on its disk, which a pause keeps;
-	// they name the gateway, so only a new one needs them written again
-	// (a round trip to the agent saved on most resumes).
-	same := e.lastHost.IsValid() && e.lastHost == e.att.HostIP
-	return m.startEgress(ctx, e, p, !same)
+	return m.startEgress(ctx, e, p, m.newGateway(e))
 }
 
 // stopRuntime stops a restored sandbox that did not come back whole,
@@ -551,7 +583,10 @@ func (m *Manager) finishResume(ctx context.Context, e *entry, d time.Duration, w
 	e.publish()
 	m.arm(e)
 	// Only once ready is on record: a restart before this still finds
-	// the checkpoint, and removes it when it adopts the ready sandbox.
+	// the checkpoint, and removes it when it adopts the ready sandbox. A
+	// runtime still loading memory from it (gVisor's background restore)
+	// reads from the files it holds open: removing the names is safe, and
+	// the disk space comes back when it closes them.
 	if err := m.removeCheckpoint(e.id); err != nil {
 		m.log.Warn("remove_checkpoint", "sandbox_id", e.id, "err", err)
 	}

@@ -96,7 +96,8 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	// restarted daemon never races a checkpoint it did not start (the
 	// sentry may still finish a save already under way; the restart
 	// stops the sandbox then, see sandbox.adoptPause).
-	cmd := r.command(ctx, id, "checkpoint", "--image-path", dir, id)
+	args := append(append([]string{"checkpoint"}, r.cfg.GVisor.checkpointArgs()...), "--image-path", dir, id)
+	cmd := r.command(ctx, id, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := runPinned(cmd, ""); err != nil {
@@ -143,7 +144,10 @@ func (r *Runtime) dropCheckpointed(ctx context.Context, id string) []error {
 // created with. The network is spec's: NetNSPath, or a new namespace wired
 // by spec.BeforeStart as in Create, so a restored sandbox may come back in
 // a namespace it has never seen. On failure the sandbox stays stopped, for
-// the caller to destroy or retry.
+// the caller to destroy or retry. With GVisor.BackgroundRestore the
+// sandbox runs before all its memory is back: the sentry goes on loading
+// pages from the image files it holds open, so dir may be removed once
+// Restore returns (a load that fails later kills the sandbox).
 func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
 	id := spec.ID
 	if err := checkID(id); err != nil {
@@ -220,7 +224,8 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err := r.writeConfig(id, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	if err := r.runscStart(ctx, spec, "restore", "--detach", "--image-path", dir); err != nil {
+	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs()...), "--image-path", dir)
+	if err := r.runscStart(ctx, spec, "restore", args...); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	phases.mark("runsc_restore")

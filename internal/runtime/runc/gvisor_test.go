@@ -192,3 +192,24 @@ func TestAgentErrnoCalls(t *testing.T) {
 		t.Error("runc's profile lost clone3")
 	}
 }
+
+// TestCheckpointRestoreArgs: background restore adds its flags and
+// nothing else, so a runsc without it (Debian's) gets the bare commands
+// it always got.
+func TestCheckpointRestoreArgs(t *testing.T) {
+	cases := []struct {
+		g                 GVisor
+		checkpoint, restr []string
+	}{
+		{GVisor{}, nil, nil},
+		{GVisor{BackgroundRestore: true}, []string{"--compression=none"}, []string{"--background"}},
+	}
+	for _, c := range cases {
+		if got := c.g.checkpointArgs(); !slices.Equal(got, c.checkpoint) {
+			t.Errorf("%+v.checkpointArgs() = %q, want %q", c.g, got, c.checkpoint)
+		}
+		if got := c.g.restoreArgs(); !slices.Equal(got, c.restr) {
+			t.Errorf("%+v.restoreArgs() = %q, want %q", c.g, got, c.restr)
+		}
+	}
+}

@@ -101,6 +101,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	setuid := hasFlag(flags, "allow-suid")
 	copies := hasFlag(flags, "restore-spec-validation")
+	background, err := hasBackgroundRestore(ctx, bin)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
+	}
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -111,13 +115,27 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 		SlotDir:       cfg.SlotDir,
 		DiskPoolDir:   cfg.DiskPoolDir,
 		DiskPoolDepth: cfg.DiskPoolDepth,
-		GVisor:        &runc.GVisor{Platform: platform, HideNetSysctl: probesRmemDefault(version), AllowSUID: setuid, ResumeBeforeDelete: deletePanicsWhenPaused(version), RestoreCopies: copies},
-		Logger:        cfg.Logger,
+		GVisor: &runc.GVisor{
+			Platform:           platform,
+			HideNetSysctl:      probesRmemDefault(version),
+			AllowSUID:          setuid,
+			ResumeBeforeDelete: deletePanicsWhenPaused(version),
+			// Probed but not used yet: on a runsc built without
+			// precompiled seccomp filters (scripts/runsc-bin.sh's `go
+			// build`) the sentry's filter build outlasts the page load,
+			// so a background restore measured no faster (README,
+			// "Where a gVisor resume's time goes"), while a page load
+			// that failed after the resume was reported would lose the
+			// sandbox with its checkpoint already removed.
+			BackgroundRestore: false,
+			RestoreCopies:     copies,
+		},
+		Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
@@ -154,8 +172,46 @@ func runscFlags(ctx context.Context, bin string) ([]byte, error) {
 	return out, nil
 }
 
-// hasFlag reports whether `runsc flags` output lists flag name (a line
-// "  -name" or "  -name value").
+// hasBackgroundRestore reports whether the runsc at bin has `restore
+// --background` (the sentry loads the memory pages while the sandbox
+// runs) and `checkpoint --compression`, whose "none" writes the
+// uncompressed image a background load needs (a release with the flag but
+// another default would compress it, and the background load would then
+// silently load everything first). It asks the binary (`runsc help
+// checkpoint`, `runsc help restore`) rather than guessing from its
+// version: builds from source carry no release date of a flag's arrival.
+// Debian's 20221219 has neither.
+func hasBackgroundRestore(ctx context.Context, bin string) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	help := func(cmd string) ([]byte, error) {
+		// runsc prints the usage on stdout or stderr, depending on the
+		// release: both are read.
+		out, err := exec.CommandContext(ctx, bin, "help", cmd).CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("%s help %s: %w", bin, cmd, err)
+		}
+		return out, nil
+	}
+	cp, err := help("checkpoint")
+	if err != nil {
+		return false, err
+	}
+	rs, err := help("restore")
+	if err != nil {
+		return false, err
+	}
+	return backgroundRestoreIn(cp, rs), nil
+}
+
+// backgroundRestoreIn reads hasBackgroundRestore's answer from the output
+// of `runsc help checkpoint` and `runsc help restore`.
+func backgroundRestoreIn(checkpointHelp, restoreHelp []byte) bool {
+	return hasFlag(restoreHelp, "background") && hasFlag(checkpointHelp, "compression")
+}
+
+// hasFlag reports whether `runsc flags` or `runsc help <command>` output
+// lists flag name (a line "  -name" or "  -name value").
 func hasFlag(out []byte, name string) bool {
 	for line := range strings.Lines(string(out)) {
 		f := strings.Fields(line)

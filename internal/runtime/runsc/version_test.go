@@ -1,6 +1,10 @@
 package runsc
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"testing"
+)
 
 func TestProbesRmemDefault(t *testing.T) {
 	cases := []struct {
@@ -82,5 +86,63 @@ func TestHasFlag(t *testing.T) {
 		if got := hasFlag(c.out, c.name); got != c.want {
 			t.Errorf("hasFlag(%q, %q) = %v, want %v", c.out, c.name, got, c.want)
 		}
+	}
+}
+
+// Excerpts of `runsc help checkpoint` and `runsc help restore`: the
+// current runsc's (go-20260701204157-69c2d17aea96) and Debian's 20221219.
+var (
+	currentCheckpointHelp = []byte("checkpoint [flags] <container id> - save current state of container.\n  -compression value\n    \tcompress checkpoint image on disk. Values: none|flate-best-speed. (default none)\n  -direct\n    \tuse O_DIRECT for writing checkpoint pages file\n  -exclude-committed-zero-pages\n    \texclude committed zero-filled pages from checkpoint\n  -image-path string\n    \tdirectory path to saved container image\n  -leave-running\n    \trestart the container after checkpointing\n")
+	currentRestoreHelp    = []byte("restore [flags] <container id> - restore saved state of container.\n  -background\n    \tallow image loading to continue after restore exits (requires uncompressed checkpoint)\n  -bundle string\n    \tpath to the root of the bundle directory, defaults to the current directory\n  -detach\n    \tdetach from the container's process\n  -direct\n    \tuse O_DIRECT for reading checkpoint pages file\n")
+	debianCheckpointHelp  = []byte("checkpoint [flags] <container id> - save current state of container.\n  -image-path string\n    \tdirectory path to saved container image\n  -leave-running\n    \trestart the container after checkpointing\n  -work-path string\n    \tignored\n")
+	debianRestoreHelp     = []byte("restore [flags] <container id> - restore saved state of container.\n  -bundle string\n    \tpath to the root of the bundle directory, defaults to the current directory\n  -detach\n    \tdetach from the container's process\n  -image-path string\n    \tdirectory path to saved container image\n")
+)
+
+func TestBackgroundRestoreIn(t *testing.T) {
+	// A restore --background without a checkpoint --compression could
+	// not be sure to get an uncompressed image.
+	noCompression := []byte("  -exclude-committed-zero-pages\n    \texclude committed zero-filled pages from checkpoint\n")
+	cases := []struct {
+		name       string
+		checkpoint []byte
+		restore    []byte
+		want       bool
+	}{
+		{"current", currentCheckpointHelp, currentRestoreHelp, true},
+		{"debian", debianCheckpointHelp, debianRestoreHelp, false},
+		{"background without compression", noCompression, currentRestoreHelp, false},
+		{"compression without background", currentCheckpointHelp, debianRestoreHelp, false},
+		{"empty", nil, nil, false},
+	}
+	for _, c := range cases {
+		if got := backgroundRestoreIn(c.checkpoint, c.restore); got != c.want {
+			t.Errorf("%s: backgroundRestoreIn = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestHasBackgroundRestore asks the runsc builds on this host: Debian's
+// has no background restore, so it keeps the commands it always got.
+func TestHasBackgroundRestore(t *testing.T) {
+	const debian = "/usr/bin/runsc"
+	if _, err := os.Stat(debian); err != nil {
+		t.Skip("Debian's runsc not installed")
+	}
+	got, err := hasBackgroundRestore(t.Context(), debian)
+	if err != nil || got {
+		t.Errorf("hasBackgroundRestore(%s) = %v, %v; want false, nil", debian, got, err)
+	}
+	if bin, err := exec.LookPath("runsc"); err == nil && bin != debian {
+		got, err := hasBackgroundRestore(t.Context(), bin)
+		if err != nil {
+			t.Fatalf("hasBackgroundRestore(%s) = %v", bin, err)
+		}
+		t.Logf("%s: background restore %v", bin, got)
+	}
+}
+
+func TestHasBackgroundRestoreMissingBinary(t *testing.T) {
+	if _, err := hasBackgroundRestore(t.Context(), "/nonexistent/runsc"); err == nil {
+		t.Error("hasBackgroundRestore(/nonexistent/runsc) = nil error, want one")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -114,6 +115,14 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 		t.Fatalf("Restore = %v", err)
 	}
 	t.Logf("Restore took %v", time.Since(t0))
+	// The image goes as soon as Restore returns, as a resumed sandbox's
+	// does: a runtime that loads memory pages after Restore returns (a
+	// runsc with restore --background) must read them from files it
+	// holds open, and the counter's checksum below, computed again and
+	// again over its memory, says whether every page came back.
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
 	st, err := inst.Backend.Inspect(ctx, id)
 	if err != nil || st.Status != runtime.StatusRunning || st.Pid <= 0 {
 		t.Fatalf("Inspect after Restore = %+v, %v; want running", st, err)
