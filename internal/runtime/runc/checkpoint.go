@@ -41,20 +41,8 @@ func (r *Runtime) CopiesMemory() bool {
 // starts new sandboxes (runtime.Spec.RestoreImage); it never replaces
 // this one. A failed save leaves the sandbox as it was too.
 func (r *Runtime) CheckpointLive(ctx context.Context, id, dir string) error {
-	if err := checkID(id); err != nil {
+	if err := r.prepareCheckpoint(id, dir, r.CopiesMemory(), errNoCopies); err != nil {
 		return err
-	}
-	if !r.CopiesMemory() {
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, errNoCopies)
-	}
-	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("checkpoint sandbox %s: image dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
-	}
-	if !r.hasState(id) {
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, errdefs.ErrNotFound)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
 	}
 	start := time.Now()
 	cmd := r.command(ctx, id, "checkpoint", "--leave-running", "--image-path", dir, id)
@@ -67,28 +55,37 @@ func (r *Runtime) CheckpointLive(ctx context.Context, id, dir string) error {
 	return nil
 }
 
-// Checkpoint saves sandbox id's whole state (processes, memory, open
-// files, sockets) into dir and stops it. Its filesystem stays, for
-// Restore. Only gVisor sandboxes can; runc ones fail with
-// ErrNotImplemented.
-func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
+// prepareCheckpoint checks a checkpoint of sandbox id into dir may go
+// ahead (the runtime can, or cannot says why not) and makes dir. No
+// `runsc state` first (a runsc start costs a few hundred milliseconds on
+// a busy host): runsc checkpoint refuses a sandbox that is not running,
+// and the caller asks the runtime then.
+func (r *Runtime) prepareCheckpoint(id, dir string, can bool, cannot error) error {
 	if err := checkID(id); err != nil {
 		return err
 	}
-	if r.cfg.GVisor == nil {
-		return fmt.Errorf("checkpoint sandbox %s: %w", id, errNoCheckpoint)
+	if !can {
+		return fmt.Errorf("checkpoint sandbox %s: %w", id, cannot)
 	}
 	if !filepath.IsAbs(dir) {
 		return fmt.Errorf("checkpoint sandbox %s: image dir %q is not absolute: %w", id, dir, errdefs.ErrInvalidArgument)
 	}
-	// No `runsc state` first (a runsc start costs a few hundred
-	// milliseconds on a busy host): runsc checkpoint refuses a sandbox
-	// that is not running, and the caller asks the runtime then.
 	if !r.hasState(id) {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("checkpoint sandbox %s: %w", id, err)
+	}
+	return nil
+}
+
+// Checkpoint saves sandbox id's whole state (processes, memory, open
+// files, sockets) into dir and stops it. Its filesystem stays, for
+// Restore. Only gVisor sandboxes can; runc ones fail with
+// ErrNotImplemented.
+func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
+	if err := r.prepareCheckpoint(id, dir, r.cfg.GVisor != nil, errNoCheckpoint); err != nil {
+		return err
 	}
 	start := time.Now()
 	phases := phaseTimer{last: start}
