@@ -2,12 +2,12 @@ package e2e
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestConcurrentCreates runs three rounds of 50 creates at once against one
@@ -46,7 +46,7 @@ func TestConcurrentCreates(t *testing.T) {
 		for _, err := range errs {
 			t.Errorf("round %d: create: %v", round+1, err)
 		}
-		p50, p99 := percentile(lat, 50), percentile(lat, 99)
+		p50, p99 := harness.Percentile(lat, 50), harness.Percentile(lat, 99)
 		t.Logf("round %d: %d/%d created in %s (p50 %s, p99 %s)", round+1, len(ids), burst, total.Round(time.Millisecond), p50, p99)
 		// Every sandbox works: its agent answers a command.
 		for _, id := range ids {
@@ -68,15 +68,4 @@ func TestConcurrentCreates(t *testing.T) {
 		}
 	}
 	AssertNoLeaks(t, d)
-}
-
-// percentile is the p-th percentile of ds (nearest rank).
-func percentile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	return s[max(i-1, 0)].Round(time.Millisecond)
 }

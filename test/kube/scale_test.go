@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -104,7 +103,7 @@ func TestScale(t *testing.T) {
 	allRunning := time.Now()
 	toRun := since(created, running)
 	t.Logf("pods %d on one node; all created and Running in %v (%.2f pods/s); create → Running: p50 %v p99 %v",
-		n, allRunning.Sub(begin).Round(time.Millisecond), float64(n)/allRunning.Sub(begin).Seconds(), percentile(toRun, 50), percentile(toRun, 99))
+		n, allRunning.Sub(begin).Round(time.Millisecond), float64(n)/allRunning.Sub(begin).Seconds(), harness.Percentile(toRun, 50), harness.Percentile(toRun, 99))
 
 	// At the peak: the size of one pod object as stored (protobuf), and
 	// the events the run made so far.
@@ -124,7 +123,7 @@ func TestScale(t *testing.T) {
 	end := time.Now()
 	toGo := since(deleted, gone)
 	t.Logf("all deleted and gone in %v; delete → gone: p50 %v p99 %v",
-		end.Sub(allRunning).Round(time.Millisecond), percentile(toGo, 50), percentile(toGo, 99))
+		end.Sub(allRunning).Round(time.Millisecond), harness.Percentile(toGo, 50), harness.Percentile(toGo, 99))
 	t.Logf("pod object (protobuf, as stored): %d bytes; events in the namespace at the peak: %d (%.2f per pod)",
 		one.Size(), len(events.Items), float64(len(events.Items))/float64(n))
 	reportAudit(t, auditLog, begin, end, n)
@@ -211,17 +210,6 @@ func since(from, to map[string]time.Time) []time.Duration {
 		}
 	}
 	return out
-}
-
-// percentile is the p-th percentile of ds (nearest rank).
-func percentile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	return s[max(i-1, 0)].Round(time.Millisecond)
 }
 
 // auditEvent is the part of an audit.k8s.io/v1 Event the report reads.
@@ -315,7 +303,7 @@ func reportAudit(t *testing.T, path string, begin, end time.Time, n int) {
 		c := counts[k]
 		total[k.client] += c
 		t.Logf("| %s | %s | %s | %d | %.2f | %.1f | %v | %v |", k.client, k.verb, k.resource, c,
-			float64(c)/float64(n), float64(c)/minutes, percentile(latency[k], 50), percentile(latency[k], 99))
+			float64(c)/float64(n), float64(c)/minutes, harness.Percentile(latency[k], 50), harness.Percentile(latency[k], 99))
 	}
 	for _, c := range []string{"user", "scheduler", "node", "apiserver"} {
 		t.Logf("total %s: %d requests, %.2f per pod", c, total[c], float64(total[c])/float64(n))
