@@ -40,6 +40,8 @@ func newNodeCmd() *cobra.Command {
 		reserveMem string
 		backOff    time.Duration
 		backOffMax time.Duration
+		apiQPS     float64
+		apiBurst   int
 	)
 	cmd := &cobra.Command{
 		Use:   "node",
@@ -73,6 +75,9 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "restart-backoff",
 					Message: "--restart-backoff must be positive and at most --restart-backoff-max"}
 			}
+			if err := checkAPIRate(apiQPS, apiBurst); err != nil {
+				return err
+			}
 			cfg, log, ctx, done, err := o.setup(cmd, "berth node")
 			if err != nil {
 				return err
@@ -88,6 +93,9 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 			if err != nil {
 				return fmt.Errorf("--kubeconfig: %w", err)
 			}
+			// client-go's own default (5/s, bursts of 10) would hold a
+			// node to about one pod lifecycle a second (docs/scale.md).
+			rc.QPS, rc.Burst = float32(apiQPS), apiBurst
 			kube, err := kubernetes.NewForConfig(rc)
 			if err != nil {
 				return fmt.Errorf("--kubeconfig: %w", err)
@@ -145,7 +153,29 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 	f.StringVar(&reserveMem, "reserve-memory", "512Mi", "memory held back from the node's allocatable for the host")
 	f.DurationVar(&backOff, "restart-backoff", node.DefaultRestartBackOff, "wait before the second restart of a container that keeps exiting (doubled for each next one)")
 	f.DurationVar(&backOffMax, "restart-backoff-max", node.DefaultRestartBackOffMax, "longest wait before restarting a container")
+	f.Float64Var(&apiQPS, "kube-api-qps", defaultKubeAPIQPS, "requests per second the node sends the API server at most (as the kubelet's --kube-api-qps)")
+	f.IntVar(&apiBurst, "kube-api-burst", defaultKubeAPIBurst, "requests the node may send the API server at once above --kube-api-qps (as the kubelet's --kube-api-burst)")
 	return cmd
+}
+
+// The node's API request rate by default: the kubelet's defaults.
+const (
+	defaultKubeAPIQPS   = 50
+	defaultKubeAPIBurst = 100
+)
+
+// checkAPIRate checks --kube-api-qps and --kube-api-burst: a positive rate
+// and a burst of at least one request.
+func checkAPIRate(qps float64, burst int) error {
+	if qps <= 0 || qps > 1e6 {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "kube-api-qps",
+			Message: fmt.Sprintf("--kube-api-qps %v: want a rate above 0 and at most 1000000", qps)}
+	}
+	if burst < 1 {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "kube-api-burst",
+			Message: fmt.Sprintf("--kube-api-burst %d: want at least 1", burst)}
+	}
+	return nil
 }
 
 // waitDaemon waits until the daemon answers on its socket, or fails.

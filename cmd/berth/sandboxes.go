@@ -608,7 +608,8 @@ func newVersionCmd(a *app) *cobra.Command {
 }
 
 // describeLevel is one isolation level for `berth version`: the runtime
-// and platform, or why the daemon cannot offer it.
+// and platform, what a snapshot there keeps, or why the daemon cannot
+// offer it.
 func describeLevel(l client.IsolationLevel) string {
 	if !l.Available {
 		return "unavailable (" + l.Reason + ")"
@@ -619,6 +620,9 @@ func describeLevel(l client.IsolationLevel) string {
 	}
 	if !l.Sudo {
 		out += ", allow_sudo has no effect"
+	}
+	if l.Snapshots != "" {
+		out += ", snapshots keep " + l.Snapshots
 	}
 	if l.Default {
 		out += " (default)"

@@ -21,9 +21,12 @@ func newSnapshotCmd(a *app) *cobra.Command {
 		Use:   "snapshot ID",
 		Short: "Snapshot a running sandbox and print the snapshot's ID",
 		Long: "Snapshot a running sandbox: its files (writable layer) plus its template, isolation, " +
-			"limits, env, labels, user and network policy. The sandbox keeps running (its processes " +
-			"are frozen only while its files are copied). Start a sandbox from it with " +
-			"`berth create --snapshot SNAPSHOT`; list, remove, export and import with the subcommands.",
+			"limits, env, labels, user and network policy; under gVisor, where runsc can (`berth version` " +
+			"says per level), also every process with its memory (kind memory). The sandbox keeps " +
+			"running (its processes are frozen only while its memory and files are saved). Start a " +
+			"sandbox from it with `berth create --snapshot SNAPSHOT` (from a memory snapshot, it carries " +
+			"on the snapshot's processes under its own ID, token, address and hostname); list, remove, " +
+			"export and import with the subcommands.",
 		Args: exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
@@ -192,7 +195,9 @@ func newForkCmd(a *app) *cobra.Command {
 		Short: "Make live copies of a running sandbox and print their IDs",
 		Long: "Fork a running sandbox into N copies made from a snapshot of it. The parent keeps " +
 			"running; each copy has its own ID, token, files (writes in one are invisible to the " +
-			"others), network address and deadline (the time the parent had left). The fork's " +
+			"others), network address and deadline (the time the parent had left). Under gVisor, " +
+			"where snapshots keep memory, every copy carries on the parent's running processes " +
+			"with their memory; elsewhere copies start their processes afresh. The fork's " +
 			"snapshot goes with its last copy.",
 		Args: exactArgs(1, "a sandbox ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {

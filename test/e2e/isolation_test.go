@@ -43,8 +43,9 @@ func TestIsolationChoice(t *testing.T) {
 	requireIsolation(t, client.IsolationGVisor)
 	d := StartDaemon(t)
 	out, errOut, code := d.CLI(t, nil, "version")
-	if code != 0 || !strings.Contains(out, "isolation runc: runc ") || !strings.Contains(out, "isolation gvisor: runsc ") || !strings.Contains(out, "platform ") {
-		t.Errorf("berth version = (%q, %q, %d), want both levels with runtime versions and gVisor's platform", out, errOut, code)
+	if code != 0 || !strings.Contains(out, "isolation runc: runc ") || !strings.Contains(out, "isolation gvisor: runsc ") || !strings.Contains(out, "platform ") ||
+		!strings.Contains(out, "snapshots keep filesystem") || !strings.Contains(out, "snapshots keep "+snapshotsAt(t, d, client.IsolationGVisor)) {
+		t.Errorf("berth version = (%q, %q, %d), want both levels with runtime versions, gVisor's platform and what snapshots keep", out, errOut, code)
 	}
 	host := hostKernel(t)
 	out, errOut, code = d.CLI(t, nil, "create", "--template", "minimal", "--isolation", "gvisor")
