@@ -61,6 +61,9 @@ func TestRestartLoop(t *testing.T) {
 		if !strings.Contains(cs.State.Waiting.Message, "back-off 1s restarting failed container=main") {
 			t.Errorf("waiting message = %q", cs.State.Waiting.Message)
 		}
+		// Inside the synctest bubble: Sleep advances the fake clock to
+		// just before the back-off ends (no real time passes), and Wait
+		// lets the restart loop act on it.
 		time.Sleep(time.Second - time.Millisecond)
 		synctest.Wait()
 		if got := f.starts(); len(got) != 2 {
@@ -113,6 +116,8 @@ func TestBackOffResets(t *testing.T) {
 		synctest.Wait()
 		f.exit(0) // backs off 1 s
 		synctest.Wait()
+		// Fake clock (synctest): the 1 s back-off passes, then a run as
+		// long as the reset period.
 		time.Sleep(time.Second)
 		synctest.Wait()
 		time.Sleep(p.backOff.reset)
