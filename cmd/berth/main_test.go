@@ -129,6 +129,7 @@ func TestLocalValidation(t *testing.T) {
 		{[]string{"create", "--disk", "2X"}, "--disk"},
 		{[]string{"create", "--timeout", "soon"}, "--timeout"},
 		{[]string{"create", "--cpu", "-1"}, "--cpu"},
+		{[]string{"create", "--pids", "0"}, "--pids"},
 		{[]string{"exec", "sb1", "--env", "X", "--", "ls"}, "--env"},
 		{[]string{"exec", "sb1"}, "command"},
 		{[]string{"exec", "sb1", "--timeout", "soon", "--", "ls"}, "--timeout"},
@@ -170,11 +171,11 @@ func TestCreateAndList(t *testing.T) {
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
-	code, out, stderr := runBerth(t, srv.URL, "create", "--memory", "1G", "--env", "A=b=c", "--label", "k=v")
+	code, out, stderr := runBerth(t, srv.URL, "create", "--memory", "1G", "--pids", "64", "--env", "A=b=c", "--label", "k=v")
 	if code != 0 || out != "abc123\n" {
 		t.Fatalf("create = %d, %q, %q", code, out, stderr)
 	}
-	want := map[string]any{"memory": "1G", "env": map[string]any{"A": "b=c"}, "labels": map[string]any{"k": "v"}}
+	want := map[string]any{"memory": "1G", "pids": 64, "env": map[string]any{"A": "b=c"}, "labels": map[string]any{"k": "v"}}
 	if fmt.Sprint(gotBody) != fmt.Sprint(want) {
 		t.Errorf("create sent %v, want only the set flags %v", gotBody, want)
 	}

@@ -59,6 +59,9 @@ func newCreateCmd(a *app) *cobra.Command {
 			} else {
 				req.CPU = 0
 			}
+			if f.Changed("pids") && req.PIDs <= 0 {
+				return invalidf("--pids %d: want a positive number of processes and threads", req.PIDs)
+			}
 			for _, s := range []struct {
 				flag string
 				v    *string
@@ -129,6 +132,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")
+	f.Int64Var(&req.PIDs, "pids", 0, "processes and threads the sandbox may hold at once (default: the daemon's)")
 	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")

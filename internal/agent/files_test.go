@@ -359,6 +359,49 @@ func TestReaperReapsOrphans(t *testing.T) {
 	})
 }
 
+// TestStartWaitingForForkLetsReaperRun: a start that waits for the fork
+// lock (the pids killer holds it while it empties the sandbox and waits
+// for the reaper to collect what it killed) must not hold the reaper's
+// lock meanwhile, or nothing is reaped until the killer gives up, and the
+// start then forks into the dead processes' unreaped count.
+func TestStartWaitingForForkLetsReaperRun(t *testing.T) {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		t.Skipf("PR_SET_CHILD_SUBREAPER: %v", err)
+	}
+	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
+	r := NewReaper()
+	t.Cleanup(r.Close)
+	e := newEnv(t, "")
+	e.srv.procs.spawner = spawner{reaper: r}
+
+	e.srv.procs.forkMu.Lock()
+	started := make(chan error, 1)
+	go func() {
+		stream, err := e.proc.Start(t.Context(), connect.NewRequest(sh("true")))
+		if err == nil {
+			for stream.Receive() {
+			}
+			err = stream.Err()
+		}
+		started <- err
+	}()
+	// Until the start is parked on the fork lock: no event says so, so
+	// the goroutine's stack is read, bounded.
+	harness.WaitFor(t, 10*time.Second, "the start to wait for the fork lock", func() bool {
+		buf := make([]byte, 1<<20)
+		return strings.Contains(string(buf[:runtime.Stack(buf, true)]), "oomForFork")
+	})
+	if !r.mu.TryLock() {
+		e.srv.procs.forkMu.Unlock()
+		t.Fatal("a start waiting for the fork lock holds the reaper's lock")
+	}
+	r.mu.Unlock()
+	e.srv.procs.forkMu.Unlock()
+	if err := <-started; err != nil {
+		t.Fatal(err)
+	}
+}
+
 // A FIFO is listed as what it is and refused, at once, for reading and
 // writing: opening it plainly would wait for a peer forever.
 func TestFilesNonRegular(t *testing.T) {

@@ -228,11 +228,16 @@ func (k *pidsKiller) killAll(n int64) {
 		p.mu.Unlock()
 	}
 	// Until the count is zero, not just the listing empty: a task being
-	// forked is counted before it is listed, and killed ones count until
-	// they are reaped (orphans by this agent, as PID 1). No event says
+	// forked is counted before it is listed. Then until every killed
+	// process is reaped (orphans by this agent, as PID 1): the sentry's
+	// cgroup lets go of a task when it exits, but RLIMIT_NPROC counts it
+	// until it is reaped, so a start right after the cgroup emptied could
+	// still be refused at the rlimit by the bomb's zombies. No event says
 	// when either happens, so poll, bounded.
+	killed := map[int]bool{}
 	rounds := 0
-	for deadline := time.Now().Add(drainLimit); time.Now().Before(deadline); rounds++ {
+	deadline := time.Now().Add(drainLimit)
+	for ; time.Now().Before(deadline); rounds++ {
 		if c, err := k.cg.count(); err == nil && c == 0 {
 			break
 		}
@@ -242,11 +247,25 @@ func (k *pidsKiller) killAll(n int64) {
 		}
 		for _, pid := range pids {
 			_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
+			killed[pid] = true
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	for time.Now().Before(deadline) {
+		for pid := range killed {
+			// No fork can reuse the number meanwhile: the cgroup is empty
+			// and the agent's own starts wait for this lock.
+			if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
+				delete(killed, pid)
+			}
+		}
+		if len(killed) == 0 {
+			break
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	left, _ := k.cg.count()
-	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left)
+	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left, "unreaped", len(killed))
 }
 
 // DropSysAdmin takes CAP_SYS_ADMIN out of every thread's bounding,

@@ -424,11 +424,14 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		// Without stdin the child reads /dev/null (exec's default for nil).
 	}
 
+	// The child inherits the agent's oom_score_adj at fork; see
+	// workloadOOMScoreAdj. The fork lock is taken before the reaper's
+	// (spawn), never inside it: the pids killer holds the fork lock while
+	// it waits for the reaper to collect what it killed, so a start that
+	// waited for the fork lock while holding the reaper's would stop all
+	// reaping until the killer gave up.
+	restore := t.oomForFork()
 	pid, status, err := t.spawner.spawn(func() (int, error) {
-		// The child inherits the agent's oom_score_adj at fork; see
-		// workloadOOMScoreAdj.
-		restore := t.oomForFork()
-		defer restore()
 		start := cmd.Start
 		if t.pids != nil {
 			start = func() error { return t.pids.fork(cmd.Start) }
@@ -438,6 +441,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		}
 		return cmd.Process.Pid, nil
 	})
+	restore()
 	closeAll(childEnds)
 	if err != nil {
 		closeAll(p.outputs)
@@ -611,7 +615,8 @@ type procTable struct {
 	// pids is Config.Pids: processes are started in its cgroup.
 	pids *PidsCgroup
 	// forkMu serializes forks while the agent's oom_score_adj is raised
-	// for them (oomForFork).
+	// for them (oomForFork), and holds them off while the pids killer
+	// empties the sandbox. Lock order: forkMu, then the reaper's lock.
 	forkMu sync.Mutex
 
 	mu    sync.Mutex

@@ -43,6 +43,13 @@ type StatsReader interface {
 	Stats(ctx context.Context, id string) (runtime.Stats, error)
 }
 
+// CrashReporter is the optional ability to say why a sandbox's init died
+// on its own: under gVisor, the sentry's crash report. It is read before
+// the sandbox's state is removed; "" when there is none.
+type CrashReporter interface {
+	CrashReport(id string) string
+}
+
 // Network is what the Manager needs from the per-sandbox network layer
 // (hostnet.Network, which the daemon adapts to this Attachment so the
 // Manager links no netlink or nftables).

@@ -104,6 +104,11 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 // any other death, and the reason and an oom event say so.
 func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status runtime.Status) string {
 	reason := fmt.Sprintf("sandbox init exited (runtime status %s)", status)
+	if cr, ok := rt.(CrashReporter); ok {
+		if report := cr.CrashReport(e.id); report != "" {
+			reason += ": " + report
+		}
+	}
 	sr, ok := rt.(StatsReader)
 	if !ok {
 		return reason

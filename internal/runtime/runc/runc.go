@@ -187,6 +187,25 @@ func (r *Runtime) rootfs(id string) string   { return filepath.Join(r.dir(id), "
 func (r *Runtime) runcLog(id string) string  { return filepath.Join(r.dir(id), "runc.log") }
 func (r *Runtime) panicLog(id string) string { return filepath.Join(r.dir(id), "panic.log") }
 
+// CrashReport is the first lines of the sentry's crash report, under
+// gVisor, where a sandbox whose sentry panicked says nothing else about
+// why it is gone; "" on runc or when the sentry did not crash.
+func (r *Runtime) CrashReport(id string) string {
+	if r.cfg.GVisor == nil || checkID(id) != nil {
+		return ""
+	}
+	b, err := os.ReadFile(r.panicLog(id))
+	if err != nil {
+		return ""
+	}
+	text := strings.TrimSpace(string(b[:min(len(b), 4096)]))
+	if text == "" {
+		return ""
+	}
+	lines := strings.SplitN(text, "\n", 4)
+	return "sentry crash: " + strings.Join(lines[:min(len(lines), 3)], " | ")
+}
+
 // AgentLog is the host path of a sandbox's agent stdout/stderr. It lives in
 // the sandbox's disk image, so its size counts against the sandbox's disk
 // limit instead of the host's disk.
