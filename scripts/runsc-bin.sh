@@ -13,12 +13,23 @@
 # from one is current gVisor (the systrap platform, statx flags, checkpoint
 # of sockets with waiters). The binary reports the pseudo-version as its
 # version: "go-<YYYYMMDDhhmmss>-<commit>".
+#
+# The build carries precompiled seccomp filters, as gVisor's own Bazel
+# build does: without them every sentry start (each create, restore and
+# resume) compiles its host filter from scratch, which takes seconds on a
+# loaded host. scripts/seccompgen.go, run against the pinned source, prints
+# the programs of the configurations Berth runs (each platform, no GPU or
+# TPU proxy); they are written into a vendored copy of runsc's boot/filter
+# package before the build. A configuration without a program still
+# works: the sentry compiles it, as before.
 set -euo pipefail
 trap 'echo "runsc-bin: failed at line $LINENO" >&2' ERR
 
+scripts=$(cd "$(dirname "$0")" && pwd)
 GVISOR_VERSION=${BERTH_GVISOR_VERSION:-v0.0.0-20260701204157-69c2d17aea96}
 cache=${BERTH_CACHE_DIR:-/var/cache/berth}/runsc
-out=$cache/$GVISOR_VERSION
+# The directory names the recipe too, so a changed recipe builds afresh.
+out=$cache/$GVISOR_VERSION-precompiled
 
 have() { [ -x "$out/runsc" ] && [ -f "$out/.complete" ]; }
 
@@ -58,10 +69,29 @@ printf '//go:build tools\n\npackage tools\n\nimport _ "gvisor.dev/gvisor/runsc"\
 # requires what it was tested with, and `go get` takes exactly that.
 GOFLAGS=-mod=mod go get "gvisor.dev/gvisor@$GVISOR_VERSION" >/dev/null 2>&1
 
+go mod tidy >/dev/null 2>&1
+go mod vendor
+
+# The generator (scripts/seccompgen.go) runs in this module, against the
+# pinned gVisor.
+cp "$scripts/seccompgen.go" seccompgen.go
+CGO_ENABLED=0 go run -mod=vendor seccompgen.go >"$work/programs.txt"
+lib=vendor/gvisor.dev/gvisor/runsc/boot/filter/filter_precompiled.go
+chmod -R u+w vendor/gvisor.dev/gvisor/runsc/boot/filter
+# The module's file registers no program and says precompilation was
+# disabled at build time; both lines must be where they were.
+awk -v programs="$work/programs.txt" '
+/^const PrecompilationDisabledAtBuildTime = true$/ { print "const PrecompilationDisabledAtBuildTime = false"; c++; next }
+{ print }
+/^\tprograms := make\(map\[string\]precompiledseccomp\.Program\)$/ { while ((getline l < programs) > 0) print l; r++ }
+END { if (c != 1 || r != 1) { print "runsc-bin: unexpected layout of filter_precompiled.go" > "/dev/stderr"; exit 1 } }
+' "$lib" >"$lib.new"
+mv "$lib.new" "$lib"
+
 # v0.0.0-20260701204157-69c2d17aea96 -> go-20260701204157-69c2d17aea96
 stamp=go-${GVISOR_VERSION#v0.0.0-}
-echo "runsc-bin: building runsc $stamp" >&2
-CGO_ENABLED=0 GOFLAGS=-mod=mod go build -trimpath \
+echo "runsc-bin: building runsc $stamp with precompiled seccomp filters" >&2
+CGO_ENABLED=0 go build -mod=vendor -trimpath \
 	-ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$stamp" \
 	-o "$work/runsc" gvisor.dev/gvisor/runsc
 

@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
@@ -203,10 +205,25 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 // up, then writes the egress CA and resolver into the sandbox.
 func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	rctx, rcancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
+	exited := m.watchInit(rctx, rcancel, c.e)
 	err := m.deps.Prober.WaitReady(rctx, agentAddr(c.e.att))
 	rcancel()
 	c.agentUp = time.Now()
 	ca, eerr := c.egress.wait()
+	if err != nil && exited.Load() {
+		why := "sandbox init exited before its agent answered"
+		if w, ok := m.runtimeOf(c.e.rec).(InitWatcher); ok {
+			if tail := w.AgentLogTail(c.e.id); tail != "" {
+				why += "; the agent's last words: " + tail
+			}
+		}
+		if cr, ok := m.runtimeOf(c.e.rec).(CrashReporter); ok {
+			if report := cr.CrashReport(c.e.id); report != "" {
+				why += "; " + report
+			}
+		}
+		return fmt.Errorf("agent did not become ready: %s: %w", why, errdefs.ErrUnavailable)
+	}
 	if err != nil {
 		return fmt.Errorf("agent did not become ready: %w", err)
 	}
@@ -222,6 +239,44 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 		return fmt.Errorf("network policy: %w", err)
 	}
 	return nil
+}
+
+// initWatchDelay is how long a create waits for its agent before it also
+// watches the sandbox's init: most agents answer sooner, and those
+// creates then pay nothing for the watch.
+const initWatchDelay = 300 * time.Millisecond
+
+// watchInit ends the wait for a sandbox's agent (cancel) as soon as the
+// sandbox's init exits, where the runtime can report that (InitWatcher):
+// an agent that died while starting would otherwise be waited for until
+// the ready timeout. The flag it returns is set when that happened.
+func (m *Manager) watchInit(ctx context.Context, cancel context.CancelFunc, e *entry) *atomic.Bool {
+	exited := new(atomic.Bool)
+	w, ok := m.runtimeOf(e.rec).(InitWatcher)
+	if !ok {
+		return exited
+	}
+	go func() {
+		t := time.NewTimer(initWatchDelay)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		done, err := w.InitExited(ctx, e.id)
+		if err != nil {
+			m.log.Debug("init_watch_failed", "sandbox_id", e.id, "err", err)
+			return
+		}
+		select {
+		case <-done:
+			exited.Store(true)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return exited
 }
 
 // finish records the sandbox as ready, publishes it to readers and arms

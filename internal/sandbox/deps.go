@@ -50,6 +50,17 @@ type CrashReporter interface {
 	CrashReport(id string) string
 }
 
+// InitWatcher is the optional ability to report the end of a sandbox's
+// init as it happens, and what its agent last logged: a create whose
+// agent dies while starting fails then, naming why, instead of at the
+// ready timeout.
+type InitWatcher interface {
+	// InitExited's channel is closed once the init has exited (at once
+	// if it is not running); watching ends with ctx.
+	InitExited(ctx context.Context, id string) (<-chan struct{}, error)
+	AgentLogTail(id string) string
+}
+
 // Network is what the Manager needs from the per-sandbox network layer
 // (hostnet.Network, which the daemon adapts to this Attachment so the
 // Manager links no netlink or nftables).

@@ -3,6 +3,7 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -453,4 +454,49 @@ func TestMonitorGVisorOOMSampledBeforeExit(t *testing.T) {
 			})
 		})
 	}
+}
+
+// exitedRuntime is a fakeRuntime whose sandboxes' init has exited, with
+// last words in its agent's log.
+type exitedRuntime struct{ *fakeRuntime }
+
+func (exitedRuntime) InitExited(context.Context, string) (<-chan struct{}, error) {
+	done := make(chan struct{})
+	close(done)
+	return done, nil
+}
+
+func (exitedRuntime) AgentLogTail(string) string { return "agent: listen: address in use" }
+
+// blockingProber never sees the agent answer.
+type blockingProber struct{}
+
+func (blockingProber) WaitReady(ctx context.Context, _ string) error {
+	<-ctx.Done()
+	return fmt.Errorf("agent: %w", errdefs.ErrUnavailable)
+}
+
+// TestCreateFailsWhenInitExits: a create whose sandbox's init dies before
+// its agent answers fails then, with the agent's last words, not at the
+// ready timeout; and leaves nothing behind.
+func TestCreateFailsWhenInitExits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newLifeFixture(t, func(d *Deps) {
+			d.Prober = blockingProber{}
+			d.Runtime = exitedRuntime{d.Runtime.(*fakeRuntime)}
+		})
+		start := time.Now()
+		_, err := f.m.Create(t.Context(), CreateRequest{})
+		if err == nil || !errors.Is(err, errdefs.ErrUnavailable) ||
+			!strings.Contains(err.Error(), "sandbox init exited before its agent answered") ||
+			!strings.Contains(err.Error(), "address in use") {
+			t.Fatalf("Create = %v; want unavailable naming the exit and the agent's last words", err)
+		}
+		// The fake clock: the create ended at the watch's delay, far
+		// short of the ready timeout.
+		if waited := time.Since(start); waited >= f.m.cfg.ReadyTimeout {
+			t.Errorf("create failed after %v, the ready timeout (%v)", waited, f.m.cfg.ReadyTimeout)
+		}
+		f.assertNothingLeft(t)
+	})
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -48,20 +49,19 @@ func TestConcurrentCreates(t *testing.T) {
 		}
 		p50, p99 := harness.Percentile(lat, 50), harness.Percentile(lat, 99)
 		t.Logf("round %d: %d/%d created in %s (p50 %s, p99 %s)", round+1, len(ids), burst, total.Round(time.Millisecond), p50, p99)
-		// Every sandbox works: its agent answers a command.
-		for _, id := range ids {
+		// Every sandbox works: its agent answers a command. Checked,
+		// then killed, as many at once as were created.
+		harness.Each(t, burst, ids, func(id string) error {
 			sb, err := d.Client.Get(ctx, id)
 			if err != nil {
-				t.Errorf("get %s: %v", id, err)
-				continue
+				return err
 			}
-			MustRun(t, sb, "true")
-		}
-		for _, id := range ids {
-			if err := d.Client.Kill(ctx, id); err != nil {
-				t.Errorf("kill %s: %v", id, err)
+			if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "true"}); err != nil || code != 0 {
+				return fmt.Errorf("true = %d, %v", code, err)
 			}
-		}
+			return nil
+		})
+		harness.Each(t, burst, ids, func(id string) error { return d.Client.Kill(ctx, id) })
 		cancel()
 		if t.Failed() {
 			t.FailNow()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -57,31 +58,52 @@ func TestDensityPastKeyQuota(t *testing.T) {
 		}
 	}
 	keyed := harness.KeyUsers(t)
-	uids := map[int]string{}
+	var (
+		mu   sync.Mutex
+		uids = map[int]string{}
+	)
+	byID := map[string]*client.Sandbox{}
+	ids := make([]string, 0, len(sbs))
 	for _, sb := range sbs {
+		byID[sb.ID] = sb
+		ids = append(ids, sb.ID)
+	}
+	// The checks and the teardown run batch at a time too: one at a
+	// time, 210 of each took minutes.
+	harness.Each(t, batch, ids, func(id string) error {
+		sb := byID[id]
 		// Answering is the exec running to exit 0. Its output is only
 		// logged: under this load an exec's stdout is sometimes lost on
 		// the way back, which is the agent-output issue, not density.
-		if out, _, code := Run(t, sb, "echo ok"); code != 0 {
-			t.Errorf("sandbox %s: echo ok exited %d (stdout %q)", sb.ID, code, out)
-		} else if out != "ok\n" {
-			t.Logf("sandbox %s: echo ok exited 0 but its stdout arrived as %q", sb.ID, out)
+		var out strings.Builder
+		code, err := sb.Exec(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "echo ok"}, Stdout: &out})
+		if err != nil || code != 0 {
+			return fmt.Errorf("echo ok = %d, %v (stdout %q)", code, err, out.String())
 		}
-		uid := hostUID(t, MustAgentPid(t, d, sb.ID))
+		if out.String() != "ok\n" {
+			t.Logf("sandbox %s: echo ok exited 0 but its stdout arrived as %q", id, out.String())
+		}
+		pid, err := agentPid(d, id)
+		if err != nil {
+			return err
+		}
+		uid, err := harness.ProcUID(pid)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
 		if other, dup := uids[uid]; dup {
-			t.Errorf("sandboxes %s and %s share host uid %d", other, sb.ID, uid)
+			return fmt.Errorf("shares host uid %d with %s", uid, other)
 		}
-		uids[uid] = sb.ID
+		uids[uid] = id
 		if keyed[uid] {
-			t.Errorf("sandbox %s: host uid %d has kernel keys charged", sb.ID, uid)
+			return fmt.Errorf("host uid %d has kernel keys charged", uid)
 		}
-	}
+		return nil
+	})
 	t.Logf("%d sandboxes, %d distinct host uids", len(sbs), len(uids))
-	for _, sb := range sbs {
-		if err := d.Client.Kill(t.Context(), sb.ID); err != nil {
-			t.Errorf("kill %s: %v", sb.ID, err)
-		}
-	}
+	harness.Each(t, batch, ids, func(id string) error { return d.Client.Kill(t.Context(), id) })
 	AssertNoLeaks(t, d)
 }
 

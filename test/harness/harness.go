@@ -674,3 +674,23 @@ func (f *FirstOutput) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// Each runs fn on every item, at most n at a time, and fails the test
+// (t.Errorf) with each error fn returns, prefixed by the item. Tests that
+// check or tear down many sandboxes use it: one at a time, their waits
+// add up to minutes.
+func Each[T any](t TB, n int, items []T, fn func(T) error) {
+	t.Helper()
+	sem := make(chan struct{}, max(n, 1))
+	var wg sync.WaitGroup
+	for _, it := range items {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(it); err != nil {
+				t.Errorf("%v: %v", it, err)
+			}
+		})
+	}
+	wg.Wait()
+}
