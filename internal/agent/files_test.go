@@ -334,11 +334,11 @@ func TestWatchDirRecursive(t *testing.T) {
 	}
 }
 
-// TestReaperReapsOrphans makes the test process a child subreaper with the
-// agent's Reaper, starts a shell that leaves an orphan behind, and checks
-// the shell's own status still arrives and the orphan leaves no zombie.
-// It must not run in parallel with tests that wait for their own children.
-func TestReaperReapsOrphans(t *testing.T) {
+// reaperEnv is an agent whose processes the agent's Reaper collects, the
+// test process being a child subreaper for the test's length, as the agent
+// is PID 1 in a sandbox.
+func reaperEnv(t *testing.T) (*env, *Reaper) {
+	t.Helper()
 	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
 		t.Skipf("PR_SET_CHILD_SUBREAPER: %v", err)
 	}
@@ -347,6 +347,15 @@ func TestReaperReapsOrphans(t *testing.T) {
 	t.Cleanup(r.Close)
 	e := newEnv(t, "")
 	e.srv.procs.spawner = spawner{reaper: r}
+	return e, r
+}
+
+// TestReaperReapsOrphans makes the test process a child subreaper with the
+// agent's Reaper, starts a shell that leaves an orphan behind, and checks
+// the shell's own status still arrives and the orphan leaves no zombie.
+// It must not run in parallel with tests that wait for their own children.
+func TestReaperReapsOrphans(t *testing.T) {
+	e, _ := reaperEnv(t)
 
 	res := e.run(t, "", sh(`sh -c 'sleep 0.2 & echo $!' ; exit 5`))
 	if res.end.GetExitCode() != 5 {
@@ -365,14 +374,7 @@ func TestReaperReapsOrphans(t *testing.T) {
 // lock meanwhile, or nothing is reaped until the killer gives up, and the
 // start then forks into the dead processes' unreaped count.
 func TestStartWaitingForForkLetsReaperRun(t *testing.T) {
-	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
-		t.Skipf("PR_SET_CHILD_SUBREAPER: %v", err)
-	}
-	t.Cleanup(func() { unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0) })
-	r := NewReaper()
-	t.Cleanup(r.Close)
-	e := newEnv(t, "")
-	e.srv.procs.spawner = spawner{reaper: r}
+	e, r := reaperEnv(t)
 
 	e.srv.procs.forkMu.Lock()
 	started := make(chan error, 1)

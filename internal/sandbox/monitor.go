@@ -2,11 +2,13 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -77,7 +79,9 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 			now, err := rt.Inspect(ctx, id)
 			return err == nil && now.Status != runtime.StatusRunning && now.Status != runtime.StatusPaused
 		}
-		if err := m.destroyIf(ctx, e, m.exitReason(ctx, e, rt, st.Status), exited); err != nil {
+		// Not found: something else (a kill through the API) ended it
+		// meanwhile, which is what the monitor was about to do.
+		if err := m.destroyIf(ctx, e, m.exitReason(ctx, e, rt, st.Status), exited); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Warn("destroy_exited_failed", "sandbox_id", e.id, "err", err)
 		}
 		return

@@ -72,11 +72,9 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("create with a failing runtime succeeded")
 	}
-	// The create fails as the agent exits, not at the ready timeout,
-	// and says so.
 	sbs, _ := d.Client.List(t.Context(), client.ListOptions{})
-	if len(sbs) != 1 || sbs[0].State != client.StateFailed || !strings.Contains(sbs[0].Reason, "sandbox init exited before its agent answered") {
-		t.Errorf("after failed create: %+v, want one failed sandbox whose reason is the agent's exit", sbs)
+	if len(sbs) != 1 || sbs[0].State != client.StateFailed || sbs[0].Reason == "" {
+		t.Errorf("after failed create: %+v, want one failed sandbox with a reason", sbs)
 	}
 	AssertNoLeaks(t, d)
 }
@@ -94,9 +92,11 @@ func TestAgentNeverReadyLeavesNothing(t *testing.T) {
 	if err == nil {
 		t.Fatal("create with an agent that exits succeeded")
 	}
+	// The create fails as the agent exits, not at the ready timeout,
+	// and says so.
 	sbs, _ := d.Client.List(t.Context(), client.ListOptions{})
-	if len(sbs) != 1 || sbs[0].State != client.StateFailed || sbs[0].Reason == "" {
-		t.Errorf("after failed create: %+v, want one failed sandbox with a reason", sbs)
+	if len(sbs) != 1 || sbs[0].State != client.StateFailed || !strings.Contains(sbs[0].Reason, "sandbox init exited before its agent answered") {
+		t.Errorf("after failed create: %+v, want one failed sandbox whose reason is the agent's exit", sbs)
 	}
 	t.Logf("reason: %s", sbs[0].Reason)
 	AssertNoLeaks(t, d)
