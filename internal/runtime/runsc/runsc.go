@@ -120,13 +120,12 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			HideNetSysctl:      probesRmemDefault(version),
 			AllowSUID:          setuid,
 			ResumeBeforeDelete: deletePanicsWhenPaused(version),
-			// Probed but not used yet: on a runsc built without
-			// precompiled seccomp filters (scripts/runsc-bin.sh's `go
-			// build`) the sentry's filter build outlasts the page load,
-			// so a background restore measured no faster (README,
-			// "Where a gVisor resume's time goes"), while a page load
-			// that failed after the resume was reported would lose the
-			// sandbox with its checkpoint already removed.
+			// Probed but not used: a background restore measured no
+			// faster, with and without precompiled seccomp filters
+			// (README, "Where a gVisor resume's time goes"), while a
+			// page load that failed after the resume was reported
+			// would lose the sandbox with its checkpoint already
+			// removed.
 			BackgroundRestore: false,
 			RestoreCopies:     copies,
 		},
