@@ -61,11 +61,16 @@ func (r *Runtime) AgentLogTail(id string) string {
 	if checkID(id) != nil {
 		return ""
 	}
-	f, err := os.Open(r.AgentLog(id))
+	// The file lives in the sandbox's disk beside its writable layer,
+	// out of the sandbox's reach; a link there is still not followed.
+	f, err := os.OpenFile(r.AgentLog(id), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return ""
+	}
 	const max = 1024
 	if fi, err := f.Stat(); err == nil && fi.Size() > max {
 		if _, err := f.Seek(fi.Size()-max, io.SeekStart); err != nil {
