@@ -211,16 +211,15 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	c.agentUp = time.Now()
 	ca, eerr := c.egress.wait()
 	if err != nil && exited.Load() {
+		rt := m.runtimeOf(c.e.rec)
 		why := "sandbox init exited before its agent answered"
-		if w, ok := m.runtimeOf(c.e.rec).(InitWatcher); ok {
+		if w, ok := rt.(InitWatcher); ok {
 			if tail := w.AgentLogTail(c.e.id); tail != "" {
 				why += "; the agent's last words: " + tail
 			}
 		}
-		if cr, ok := m.runtimeOf(c.e.rec).(CrashReporter); ok {
-			if report := cr.CrashReport(c.e.id); report != "" {
-				why += "; " + report
-			}
+		if report := crashReport(rt, c.e.id); report != "" {
+			why += "; " + report
 		}
 		return fmt.Errorf("agent did not become ready: %s: %w", why, errdefs.ErrUnavailable)
 	}

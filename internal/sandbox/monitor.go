@@ -108,10 +108,8 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 // any other death, and the reason and an oom event say so.
 func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status runtime.Status) string {
 	reason := fmt.Sprintf("sandbox init exited (runtime status %s)", status)
-	if cr, ok := rt.(CrashReporter); ok {
-		if report := cr.CrashReport(e.id); report != "" {
-			reason += ": " + report
-		}
+	if report := crashReport(rt, e.id); report != "" {
+		reason += ": " + report
 	}
 	sr, ok := rt.(StatsReader)
 	if !ok {
@@ -139,6 +137,15 @@ func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status r
 		m.event(ctx, e.id, EventOOM, reason)
 	}
 	return reason
+}
+
+// crashReport is the runtime's account of why sandbox id's init died on
+// its own (CrashReporter), or "".
+func crashReport(rt Runtime, id string) string {
+	if cr, ok := rt.(CrashReporter); ok {
+		return cr.CrashReport(id)
+	}
+	return ""
 }
 
 // meter hands a sample to the usage sink.

@@ -56,23 +56,37 @@ func (r *Runtime) InitExited(ctx context.Context, id string) (<-chan struct{}, e
 
 // AgentLogTail is the end of the sandbox agent's own log (its stdout and
 // stderr, AgentLog), at most the last three lines, or "" if it wrote none:
-// what an agent that died while starting said last.
+// what an agent that died while starting said last. The file lives in the
+// sandbox's disk beside its writable layer, out of the sandbox's reach; a
+// link there is still not followed.
 func (r *Runtime) AgentLogTail(id string) string {
 	if checkID(id) != nil {
 		return ""
 	}
-	// The file lives in the sandbox's disk beside its writable layer,
-	// out of the sandbox's reach; a link there is still not followed.
-	f, err := os.OpenFile(r.AgentLog(id), os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	lines := strings.Split(fileTail(r.AgentLog(id), 1024, true), "\n")
+	if len(lines) > 3 {
+		lines = lines[len(lines)-3:]
+	}
+	return strings.TrimSpace(strings.Join(lines, " | "))
+}
+
+// fileTail is the last max bytes of the regular file at path, trimmed, or
+// "" if it cannot be read; with noFollow, a link is not followed.
+func fileTail(path string, max int64, noFollow bool) string {
+	flags := os.O_RDONLY | unix.O_NONBLOCK
+	if noFollow {
+		flags |= unix.O_NOFOLLOW
+	}
+	f, err := os.OpenFile(path, flags, 0)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
-	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
 		return ""
 	}
-	const max = 1024
-	if fi, err := f.Stat(); err == nil && fi.Size() > max {
+	if fi.Size() > max {
 		if _, err := f.Seek(fi.Size()-max, io.SeekStart); err != nil {
 			return ""
 		}
@@ -81,9 +95,5 @@ func (r *Runtime) AgentLogTail(id string) string {
 	if err != nil {
 		return ""
 	}
-	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
-	if len(lines) > 3 {
-		lines = lines[len(lines)-3:]
-	}
-	return strings.TrimSpace(strings.Join(lines, " | "))
+	return strings.TrimSpace(string(b))
 }

@@ -523,23 +523,16 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 }
 
 // logTail returns the last lines of the sandbox's runc log (and, under
-// gVisor, the sentry's panic log), for errors.
+// gVisor, the sentry's crash report, which says what went wrong), for
+// errors.
 func (r *Runtime) logTail(id string) string {
-	b, err := os.ReadFile(r.runcLog(id))
-	if r.cfg.GVisor != nil {
-		// A Go panic says what went wrong in its first lines.
-		if p, perr := os.ReadFile(r.panicLog(id)); perr == nil && len(p) > 0 {
-			return ": " + strings.TrimSpace(string(p[:min(len(p), 1500)]))
-		}
+	if report := r.CrashReport(id); report != "" {
+		return ": " + report
 	}
-	if err != nil || len(b) == 0 {
-		return ""
+	if tail := fileTail(r.runcLog(id), 2048, false); tail != "" {
+		return ": " + tail
 	}
-	const max = 2048
-	if len(b) > max {
-		b = b[len(b)-max:]
-	}
-	return ": " + strings.TrimSpace(string(b))
+	return ""
 }
 
 // runcState is the part of `runc state` output we use.
