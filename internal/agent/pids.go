@@ -175,12 +175,17 @@ func (c *PidsCgroup) pids() ([]int, error) {
 type pidsKiller struct {
 	cg    *PidsCgroup
 	procs *procTable
-	stop  chan struct{}
-	wg    sync.WaitGroup
+	// pid1: the agent is PID 1 of the sandbox (killRound).
+	pid1 bool
+	// killed are the pids a kill sent SIGKILL to and not yet seen gone
+	// (killRound, not as PID 1); only killAll, under the fork lock.
+	killed map[int]bool
+	stop   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func startPidsKiller(cg *PidsCgroup, procs *procTable) *pidsKiller {
-	k := &pidsKiller{cg: cg, procs: procs, stop: make(chan struct{})}
+	k := &pidsKiller{cg: cg, procs: procs, pid1: os.Getpid() == 1, killed: map[int]bool{}, stop: make(chan struct{})}
 	k.wg.Add(1)
 	go k.run()
 	return k
@@ -213,11 +218,10 @@ func (k *pidsKiller) run() {
 }
 
 // killAll kills every process in the workload cgroup, round after round
-// until it is empty: a process may fork between the listing and the
-// signal, and at the limit most forks fail, so the rounds are few. It
-// holds the table's fork lock throughout, and until the killed tasks are
-// gone from the count, so a process started meanwhile waits and then
-// starts in an empty cgroup instead of dying with the bomb.
+// until none is left, live or unreaped (killRound). It holds the table's
+// fork lock throughout, so a process started meanwhile waits and then
+// starts in an empty cgroup, under an RLIMIT_NPROC no zombie of the bomb
+// counts against, instead of dying with the bomb.
 func (k *pidsKiller) killAll(n int64) {
 	k.procs.forkMu.Lock()
 	defer k.procs.forkMu.Unlock()
@@ -227,45 +231,63 @@ func (k *pidsKiller) killAll(n int64) {
 		p.pidsKilled = msg
 		p.mu.Unlock()
 	}
-	// Until the count is zero, not just the listing empty: a task being
-	// forked is counted before it is listed. Then until every killed
-	// process is reaped (orphans by this agent, as PID 1): the sentry's
-	// cgroup lets go of a task when it exits, but RLIMIT_NPROC counts it
-	// until it is reaped, so a start right after the cgroup emptied could
-	// still be refused at the rlimit by the bomb's zombies. No event says
-	// when either happens, so poll, bounded.
-	killed := map[int]bool{}
+	// Round after round until nothing the agent started is left, live or
+	// unreaped. Not at the first count of zero: a task SIGKILLed inside
+	// clone may still give birth (gVisor's sentry completes the clone;
+	// measured, a bomb at 1,024 grew back to 317 tasks after a count of
+	// zero). Unreaped counts too: the sentry's cgroup lets go of a task
+	// when it exits but RLIMIT_NPROC counts it until it is reaped, so a
+	// start right after the cgroup emptied could still be refused at the
+	// rlimit by the bomb's zombies. No event says when either happens, so
+	// poll, bounded.
+	clear(k.killed)
 	rounds := 0
-	deadline := time.Now().Add(drainLimit)
-	for ; time.Now().Before(deadline); rounds++ {
-		if c, err := k.cg.count(); err == nil && c == 0 {
-			break
-		}
-		pids, err := k.cg.pids()
-		if err != nil {
-			k.procs.logger.Warn("pids_list_failed", "err", err)
-		}
-		for _, pid := range pids {
-			_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
-			killed[pid] = true
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	for time.Now().Before(deadline) {
-		for pid := range killed {
-			// No fork can reuse the number meanwhile: the cgroup is empty
-			// and the agent's own starts wait for this lock.
-			if err := unix.Kill(pid, 0); errors.Is(err, unix.ESRCH) {
-				delete(killed, pid)
-			}
-		}
-		if len(killed) == 0 {
+	drained := false
+	for deadline := time.Now().Add(drainLimit); ; rounds++ {
+		if drained = k.killRound(); drained || !time.Now().Before(deadline) {
 			break
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
 	left, _ := k.cg.count()
-	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left, "unreaped", len(killed))
+	k.procs.logger.Warn("pids_limit", "tasks", n, "limit", k.cg.max, "rounds", rounds, "left", left, "drained", drained)
+}
+
+// killRound sends SIGKILL to every process of the workload and reports
+// whether none is left, live or waiting to be reaped. As PID 1 (as under
+// gVisor, the only place the agent holds a pids cgroup) it is one call:
+// kill(-1) reaches every process of the sandbox but the agent, which are
+// all the agent's, and fails with ESRCH once there is none, zombies
+// included (a pid stays taken until its task is reaped). A bomb at 1,024
+// tasks took the per-pid way below more than a minute a round, each call
+// a trip through the busy sentry. Otherwise (under a debugging init) per
+// pid of the cgroup's listing, and none is left when every pid killed is
+// gone (reaped: an orphan is reaped by that init, not by the agent) and
+// the count reads zero.
+func (k *pidsKiller) killRound() bool {
+	if k.pid1 {
+		return errors.Is(unix.Kill(-1, unix.SIGKILL), unix.ESRCH)
+	}
+	pids, err := k.cg.pids()
+	if err != nil {
+		k.procs.logger.Warn("pids_list_failed", "err", err)
+	}
+	for _, pid := range pids {
+		_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
+		k.killed[pid] = true
+	}
+	for pid := range k.killed {
+		// A number reused meanwhile is another task of the workload
+		// cgroup, the bomb's: the agent's own starts wait for the lock.
+		if errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			delete(k.killed, pid)
+		}
+	}
+	if len(k.killed) > 0 {
+		return false
+	}
+	c, err := k.cg.count()
+	return err == nil && c == 0
 }
 
 // DropSysAdmin takes CAP_SYS_ADMIN out of every thread's bounding,

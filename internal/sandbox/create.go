@@ -47,6 +47,7 @@ type creation struct {
 // The create holds the sandbox's operation lock throughout (a setup can
 // take minutes); readers never wait for it, and a destroy aborts it.
 func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error) {
+	pidsAsked := req.Limits.PidsLimit != 0
 	unpin, restore, err := m.fromSnapshot(ctx, &req)
 	if err != nil {
 		return Sandbox{}, err
@@ -72,6 +73,13 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	iso, err := m.resolveIsolation(req.Isolation, tpl.Isolation)
 	if err != nil {
 		return Sandbox{}, err
+	}
+	// A memory start keeps its image's limits (checkMemoryStart): the
+	// agent's pids cgroup is in that image.
+	if restore == nil {
+		if err := fitPids(&req.Limits, iso, pidsAsked); err != nil {
+			return Sandbox{}, err
+		}
 	}
 	// The pool refills only while no create runs (pool.go).
 	m.pool.createStarted()

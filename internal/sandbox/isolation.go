@@ -99,3 +99,37 @@ func (r missingRuntime) List(context.Context) ([]string, error) { return nil, ni
 
 // runtimeVersion is what a sandbox of level iso records as its runtime.
 func (m *Manager) runtimeVersion(iso string) string { return m.cfg.RuntimeVersions[iso] }
+
+// gvisorTaskBytes is the memory a gVisor sandbox's limit must hold per
+// task of its pids limit (fitPids).
+const gvisorTaskBytes = 2 << 20
+
+// fitPids keeps a gVisor sandbox's pids limit within what its memory
+// limit holds. Each task of a gVisor sandbox costs host memory charged to
+// that limit: the sentry's record of it and, on systrap, a stub process
+// per address space. Measured with a fork bomb held at the pids limit
+// (the agent kills it there, internal/agent/pids.go): peaks of 147 MiB at
+// 256 tasks, 306 to 482 MiB at 512 (the count overshoots the limit by up
+// to a fifth before the kill lands), 639 MiB at 1,024. A bomb that meets
+// its pids limit first is killed and the sandbox goes on; one that meets
+// the memory limit first takes the whole sandbox down, since the host's
+// OOM killer sees the sentry. So the limit is at most one task per 2 MiB
+// of memory, which leaves the workload room beside a bomb: a limit that
+// came from a default is lowered to that (512 MiB: 256 tasks), and one
+// the request asked for (asked) is refused, naming both fields. Under
+// runc a task costs the sandbox's memory a few pages; nothing changes.
+func fitPids(l *Limits, iso string, asked bool) error {
+	if iso != core.IsolationGVisor {
+		return nil
+	}
+	ceiling := max(l.MemoryBytes/gvisorTaskBytes, MinLimits.PidsLimit)
+	if l.PidsLimit <= ceiling {
+		return nil
+	}
+	if !asked {
+		l.PidsLimit = ceiling
+		return nil
+	}
+	return &FieldError{Field: "pids", Err: fmt.Errorf("pids %d is more than a gvisor sandbox with memory %s holds: each of its tasks takes host memory from that limit, so at most %d (one per 2 MiB); lower pids or raise memory: %w",
+		l.PidsLimit, fmtLimit("memory", l.MemoryBytes), ceiling, errdefs.ErrInvalidArgument)}
+}

@@ -196,3 +196,55 @@ func TestIsolationReconcile(t *testing.T) {
 		t.Errorf("runc sandbox on a daemon without gvisor: %s %q", got.State, got.Reason)
 	}
 }
+
+// TestGVisorPidsFitMemory: under gVisor the pids limit is at most one task
+// per 2 MiB of memory (fitPids): a default above it is lowered, one the
+// request asked for is refused naming pids and leaves nothing behind; at
+// or below it, and under runc, the limit is what was asked or defaulted.
+func TestGVisorPidsFitMemory(t *testing.T) {
+	f := newIsoFixture(t)
+	m := f.manager(t, true)
+	gv := core.IsolationGVisor
+	for _, tc := range []struct {
+		name string
+		req  CreateRequest
+		want int64 // 0: refused
+	}{
+		{"gvisor default lowered", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 128 << 20}}, 64},
+		{"template's gvisor default lowered", CreateRequest{Template: "strong", Limits: Limits{MemoryBytes: 64 << 20}}, 32},
+		{"gvisor default that fits", CreateRequest{Isolation: gv}, 100},
+		{"gvisor asked at the ceiling", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 256 << 20, PidsLimit: 128}}, 128},
+		{"gvisor floor", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 16 << 20}}, MinLimits.PidsLimit},
+		{"runc default kept", CreateRequest{Limits: Limits{MemoryBytes: 128 << 20}}, 100},
+		{"runc asked kept", CreateRequest{Limits: Limits{MemoryBytes: 128 << 20, PidsLimit: 1000}}, 1000},
+		{"gvisor asked above", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 256 << 20, PidsLimit: 129}}, 0},
+		{"template's gvisor asked above", CreateRequest{Template: "strong", Limits: Limits{MemoryBytes: 64 << 20, PidsLimit: 100}}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before, _ := m.List(t.Context(), ListOptions{})
+			sb, err := m.Create(t.Context(), tc.req)
+			if tc.want == 0 {
+				var fe *FieldError
+				if !errors.Is(err, errdefs.ErrInvalidArgument) || !errors.As(err, &fe) || fe.Field != "pids" || !strings.Contains(err.Error(), "raise memory") {
+					t.Fatalf("Create(%+v) = %v, want invalid_argument on pids saying to raise memory", tc.req, err)
+				}
+				if after, _ := m.List(t.Context(), ListOptions{}); len(after) != len(before) {
+					t.Errorf("a refused create left a record: %d sandboxes, were %d", len(after), len(before))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb.PidsLimit != tc.want {
+				t.Errorf("pids limit %d, want %d", sb.PidsLimit, tc.want)
+			}
+			if got, _ := f.db.GetSandbox(t.Context(), sb.ID); got.PidsLimit != tc.want {
+				t.Errorf("stored pids limit %d, want %d", got.PidsLimit, tc.want)
+			}
+			if err := m.Destroy(t.Context(), sb.ID, "test"); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -316,16 +316,18 @@ func limitsGVisor(t *testing.T, d *Daemon) {
 
 	// A fork bomb meets the sandbox's own limit inside the sentry: the
 	// agent kills every process it started, the exec ends with SIGKILL
-	// and the reason in the work log, and the sandbox lives on. The limit
-	// is small: on the ptrace platform each sandbox task costs the host
-	// ten and more stub threads, and at larger limits a churning bomb
-	// reaches the host's wall first; on systrap a bomb at the default
-	// 1,024 outgrows the default 512 MiB of sentry memory first and the
-	// sandbox dies out of memory (docs/security.md, gVisor).
-	bomb := d.Create(t, client.CreateRequest{Isolation: iso, PIDs: 64})
+	// and the reason in the work log, and the sandbox lives on. At the
+	// default limit, which under gVisor fits the memory (one task per
+	// 2 MiB, sandbox.fitPids: 256 in the default 512 MiB), so the bomb
+	// meets the pids limit before the memory one; a limit asked above
+	// that is refused, naming the field.
+	if _, err := d.Client.Create(t.Context(), client.CreateRequest{Isolation: iso, PIDs: 1024}); !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), "pids 1024") {
+		t.Errorf("create gvisor with 1,024 pids in 512 MiB = %v; want invalid_argument naming pids", err)
+	}
+	bomb := d.Create(t, client.CreateRequest{Isolation: iso})
 	b, err := d.Client.Get(t.Context(), bomb.ID)
-	if err != nil || b.PIDsLimit != 64 {
-		t.Fatalf("bomb sandbox = %+v, %v; want a pids limit of 64", b, err)
+	if err != nil || b.PIDsLimit != 256 {
+		t.Fatalf("bomb sandbox = %+v, %v; want the default pids limit fitted to 512 MiB: 256", b, err)
 	}
 	limit := fmt.Sprintf("reached its limit of %d", b.PIDsLimit)
 	code, err = bomb.Exec(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "b() { b | b & }; b; sleep 600"}})

@@ -53,6 +53,21 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 		if got := len(sp.Process.Capabilities.Bounding); got != caps {
 			t.Errorf("bounding set after a second pass has %d entries, want %d", got, caps)
 		}
+		// The sentry's RLIMIT_NPROC counts zombies: room for three times
+		// the limit of them (gvisorRlimits), once, whatever the host
+		// kernel (this Runtime has no per-namespace count).
+		if got := nprocOf(sp); len(got) != 1 || got[0] != 4*64+16 {
+			t.Errorf("RLIMIT_NPROC after two passes = %v, want one of %d", got, 4*64+16)
+		}
+	}
+	// No pids limit: no RLIMIT_NPROC, and runc's is taken out.
+	s := base
+	s.PidsLimit = 0
+	sp := r.ociSpec(s, "/rootfs", 1065536)
+	sp.Process.Rlimits = append(sp.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: 9, Soft: 9})
+	gvisorSpec(sp, s, "/proc/1/ns/net", false)
+	if got := nprocOf(sp); len(got) != 0 {
+		t.Errorf("RLIMIT_NPROC without a pids limit = %v, want none", got)
 	}
 	// The runc profile the gVisor one is cut from stays whole.
 	if names := seccompNames(seccompProfile().Syscalls); !slices.Contains(names, "mount") || !slices.Contains(names, "umount2") {
@@ -212,4 +227,18 @@ func TestCheckpointRestoreArgs(t *testing.T) {
 			t.Errorf("%+v.restoreArgs() = %q, want %q", c.g, got, c.restr)
 		}
 	}
+}
+
+// nprocOf is every RLIMIT_NPROC of sp (hard; soft must match).
+func nprocOf(sp *specs.Spec) []uint64 {
+	var out []uint64
+	for _, l := range sp.Process.Rlimits {
+		if l.Type == "RLIMIT_NPROC" {
+			if l.Soft != l.Hard {
+				return append(out, 0)
+			}
+			out = append(out, l.Hard)
+		}
+	}
+	return out
 }
