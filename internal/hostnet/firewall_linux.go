@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -90,6 +91,14 @@ type firewall struct {
 	// ceilingDeny are refused in every mode but none, ahead of the
 	// redirect to the proxy (which refuses them too).
 	ceilingDeny []policy.PortPrefix
+	// mu serializes the changes that read the table before they write it
+	// (addSandbox, ensureSandbox, removeSandbox): a netlink dump of a map
+	// or of the chains that another change alters meanwhile may come
+	// back without some entries, and a remove that missed its own jump
+	// or chain left the chain behind, or failed with EBUSY deleting a
+	// chain still jumped to (TestFirewallConcurrentRemoves). Only this
+	// daemon writes its table.
+	mu sync.Mutex
 }
 
 const (
@@ -411,6 +420,8 @@ func ifnameKey(name string) []byte {
 // addSandbox (re)writes the sandbox chain and points the veth's map entry at
 // it, in one transaction.
 func (f *firewall) addSandbox(chain, iface string, ip netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	return f.writeSandbox(chain, iface, ip, policy.ModeNone, true)
 }
 
@@ -472,6 +483,8 @@ func (f *firewall) writeSandbox(chain, iface string, ip netip.Addr, mode policy.
 // from iface to an existing chain; it leaves a present chain's rules (which
 // may carry policy) alone.
 func (f *firewall) ensureSandbox(chain, iface string, ip netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	c, err := conn()
 	if err != nil {
 		return err
@@ -491,12 +504,14 @@ func (f *firewall) ensureSandbox(chain, iface string, ip netip.Addr) error {
 			return nil
 		}
 	}
-	return f.addSandbox(chain, iface, ip)
+	return f.writeSandbox(chain, iface, ip, policy.ModeNone, true)
 }
 
 // removeSandbox deletes the sandbox's map entries and chain; absent ones
 // (or an absent table) are fine.
 func (f *firewall) removeSandbox(chain string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	c, err := conn()
 	if err != nil {
 		return err

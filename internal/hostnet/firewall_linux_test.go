@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/nftables"
@@ -293,5 +294,53 @@ func TestFirewallCeiling(t *testing.T) {
 	}
 	if c := chain(closed.ID); strings.Contains(c, "10.0.0.0/8") {
 		t.Errorf("mode none chain carries ceiling rules:\n%s", c)
+	}
+}
+
+// TestFirewallConcurrentRemoves: sandboxes' firewall entries added and
+// removed from many goroutines at once (a burst of creates and destroys)
+// all go, with no error. Each change reads the map's elements and then
+// writes, and a dump of a map another goroutine is changing came back
+// without some elements, so a remove missed its own jump and the kernel
+// refused to delete the chain still jumped to (EBUSY; seen as a leaked
+// chain after 50 parallel destroys in TestConcurrentCreates).
+func TestFirewallConcurrentRemoves(t *testing.T) {
+	n := newTestNetwork(t, Config{})
+	const count = 64
+	chain := func(i int) string { return n.names.chain(fmt.Sprintf("sbconc%02d", i)) }
+	iface := func(i int) string { return fmt.Sprintf("%sc%02d", n.names.linkPrefix, i) }
+	ip := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{100, 64, byte(i), 2}) }
+	run := func(what string, fn func(i int) error) {
+		errs := make(chan error, count)
+		var wg sync.WaitGroup
+		for i := range count {
+			wg.Go(func() {
+				if err := fn(i); err != nil {
+					errs <- fmt.Errorf("%s %d: %w", what, i, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+	}
+	run("add", func(i int) error { return n.fw.addSandbox(chain(i), iface(i), ip(i)) })
+	run("remove", func(i int) error { return n.fw.removeSandbox(chain(i)) })
+	left, err := n.fw.sandboxChains()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	elems, err := c.GetSetElements(n.fw.vmap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 0 || len(elems) != 0 {
+		t.Errorf("after the removes: chains %v and %d map elements left", left, len(elems))
 	}
 }
