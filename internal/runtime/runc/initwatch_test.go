@@ -40,3 +40,53 @@ func TestAgentLogTail(t *testing.T) {
 		t.Errorf("tail of a bad ID = %q, want empty", got)
 	}
 }
+
+// runcInit reads the init's pid from runc's state file and checks it
+// against the process's start time: the same process is known and
+// running, a number now held by a later process or by none is known and
+// ended, and a missing or unreadable file (or gVisor) is not known.
+func TestRuncInit(t *testing.T) {
+	r := &Runtime{cfg: Config{RuncRoot: t.TempDir()}, proc: t.TempDir()}
+	const id = "rtinit1"
+	state := func(body string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(r.cfg.RuncRoot, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(r.cfg.RuncRoot, id, "state.json"), []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proc := func(pid, stat string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(r.proc, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(r.proc, pid, "stat"), []byte(stat), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Field 22 is 7345702; the command name holds a space and a ')'.
+	const stat = "4242 (runc:[2:IN) IT]) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 7345702 1000 10 184467\n"
+	check := func(name string, wantPid int, wantKnown bool) {
+		t.Helper()
+		if pid, known := r.runcInit(id); pid != wantPid || known != wantKnown {
+			t.Errorf("%s: runcInit = %d, %v; want %d, %v", name, pid, known, wantPid, wantKnown)
+		}
+	}
+	check("no state file", 0, false)
+	state(`{"id":"rtinit1","init_process_pid":4242,"init_process_start":7345702}`)
+	check("no such process", 0, true)
+	proc("4242", stat)
+	check("the init", 4242, true)
+	state(`{"id":"rtinit1","init_process_pid":4242,"init_process_start":7345700}`)
+	check("a later process with its number", 0, true)
+	state(`{"id":"rtinit1","init_pro`)
+	check("a torn file", 0, false)
+	state(`{"id":"rtinit1","init_process_pid":4242,"init_process_start":7345702}`)
+	proc("4242", "4242 (x) S 1 2\n")
+	check("an unreadable stat", 0, false)
+	proc("4242", stat)
+	r.cfg.GVisor = &GVisor{}
+	check("gVisor", 0, false)
+}
