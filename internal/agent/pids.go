@@ -177,15 +177,12 @@ type pidsKiller struct {
 	procs *procTable
 	// pid1: the agent is PID 1 of the sandbox (killRound).
 	pid1 bool
-	// killed are the pids a kill sent SIGKILL to and not yet seen gone
-	// (killRound, not as PID 1); only killAll, under the fork lock.
-	killed map[int]bool
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	stop chan struct{}
+	wg   sync.WaitGroup
 }
 
 func startPidsKiller(cg *PidsCgroup, procs *procTable) *pidsKiller {
-	k := &pidsKiller{cg: cg, procs: procs, pid1: os.Getpid() == 1, killed: map[int]bool{}, stop: make(chan struct{})}
+	k := &pidsKiller{cg: cg, procs: procs, pid1: os.Getpid() == 1, stop: make(chan struct{})}
 	k.wg.Add(1)
 	go k.run()
 	return k
@@ -240,11 +237,11 @@ func (k *pidsKiller) killAll(n int64) {
 	// start right after the cgroup emptied could still be refused at the
 	// rlimit by the bomb's zombies. No event says when either happens, so
 	// poll, bounded.
-	clear(k.killed)
+	killed := map[int]bool{} // killRound's, not as PID 1
 	rounds := 0
 	drained := false
 	for deadline := time.Now().Add(drainLimit); ; rounds++ {
-		if drained = k.killRound(); drained || !time.Now().Before(deadline) {
+		if drained = k.killRound(killed); drained || !time.Now().Before(deadline) {
 			break
 		}
 		time.Sleep(2 * time.Millisecond)
@@ -263,8 +260,9 @@ func (k *pidsKiller) killAll(n int64) {
 // a trip through the busy sentry. Otherwise (under a debugging init) per
 // pid of the cgroup's listing, and none is left when every pid killed is
 // gone (reaped: an orphan is reaped by that init, not by the agent) and
-// the count reads zero.
-func (k *pidsKiller) killRound() bool {
+// the count reads zero; killed carries the pids signalled and not yet
+// seen gone from round to round.
+func (k *pidsKiller) killRound(killed map[int]bool) bool {
 	if k.pid1 {
 		return errors.Is(unix.Kill(-1, unix.SIGKILL), unix.ESRCH)
 	}
@@ -274,16 +272,16 @@ func (k *pidsKiller) killRound() bool {
 	}
 	for _, pid := range pids {
 		_ = unix.Kill(pid, unix.SIGKILL) // gone already is fine
-		k.killed[pid] = true
+		killed[pid] = true
 	}
-	for pid := range k.killed {
+	for pid := range killed {
 		// A number reused meanwhile is another task of the workload
 		// cgroup, the bomb's: the agent's own starts wait for the lock.
 		if errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
-			delete(k.killed, pid)
+			delete(killed, pid)
 		}
 	}
-	if len(k.killed) > 0 {
+	if len(killed) > 0 {
 		return false
 	}
 	c, err := k.cg.count()

@@ -184,33 +184,6 @@ func sentryPidsLimit(limit int64) int64 {
 // 874 of 1,280 measured).
 const limitTimesStubs = 16
 
-// gvisorRlimits replaces runc's RLIMIT_NPROC (rlimits in spec.go) with
-// the sentry's. The sentry enforces RLIMIT_NPROC itself, per user of its
-// own kernel, whatever the host kernel counts, so it is set wherever the
-// sandbox has a pids limit. Inside the sentry the two walls count
-// differently: the agent's pids cgroup (internal/agent/pids.go) lets a
-// task go when it exits, the rlimit only when its parent reaps it. A fork
-// bomb's tasks are orphans the agent reaps as PID 1, and while the bomb
-// churns hundreds of them wait as zombies (measured: at a limit of 512,
-// about 530 zombies next to 50 live tasks). At runc's small margin the
-// bomb's forks then failed at the rlimit forever with the live count
-// short of the limit, so the agent, which kills at the limit, never
-// fired and the bomb churned on. With room for three times the limit in
-// zombies the live count meets the limit first. A zombie has given its
-// address space back, so it costs the host nothing but the sentry's
-// record of it.
-func gvisorRlimits(rl []specs.POSIXRlimit, pids int64) []specs.POSIXRlimit {
-	rl = slices.DeleteFunc(slices.Clone(rl), func(l specs.POSIXRlimit) bool { return l.Type == "RLIMIT_NPROC" })
-	if pids > 0 {
-		n := gvisorNproc(pids)
-		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
-	}
-	return rl
-}
-
-// gvisorNproc is a gVisor sandbox's RLIMIT_NPROC for a pids limit.
-func gvisorNproc(pids int64) uint64 { return 4*uint64(pids) + 16 }
-
 // gvisorSpec adapts a runc sandbox's OCI config to runsc (see the top of
 // this file). netns is the namespace to join, "" for a new one; setuid
 // says the sentry honours set-user-ID programs (Runtime.raisesSetuid).
@@ -248,7 +221,6 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string, setuid bool) {
 	if p := sp.Linux.Resources.Pids; p != nil && spec.PidsLimit > 0 {
 		p.Limit = ptr(sentryPidsLimit(spec.PidsLimit))
 	}
-	sp.Process.Rlimits = gvisorRlimits(sp.Process.Rlimits, spec.PidsLimit)
 	if spec.AgentPids {
 		// The sentry's CAP_SYS_ADMIN, not the host's: the agent mounts
 		// the sentry's pids cgroup with it and drops it before serving

@@ -18,7 +18,7 @@ import (
 // umount2 through seccomp, and nothing else; without AgentPids neither.
 // The host pids wall is sized for the ptrace stubs either way.
 func TestGVisorSpecAgentPids(t *testing.T) {
-	r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test"}, nofile: 65536}
+	r := &Runtime{cfg: Config{UIDBase: 1000000, UIDCount: 65536, CgroupParent: "berth-test", GVisor: &GVisor{}}, nofile: 65536}
 	base := runtime.Spec{ID: "sb1", PidsLimit: 64, MemoryBytes: 64 << 20, AgentPath: "/agent"}
 	for _, agentPids := range []bool{false, true} {
 		s := base
@@ -54,20 +54,30 @@ func TestGVisorSpecAgentPids(t *testing.T) {
 			t.Errorf("bounding set after a second pass has %d entries, want %d", got, caps)
 		}
 		// The sentry's RLIMIT_NPROC counts zombies: room for three times
-		// the limit of them (gvisorRlimits), once, whatever the host
-		// kernel (this Runtime has no per-namespace count).
+		// the limit of them (nprocLimit), once, whatever the host kernel
+		// (this Runtime has no per-namespace count).
 		if got := nprocOf(sp); len(got) != 1 || got[0] != 4*64+16 {
 			t.Errorf("RLIMIT_NPROC after two passes = %v, want one of %d", got, 4*64+16)
 		}
 	}
-	// No pids limit: no RLIMIT_NPROC, and runc's is taken out.
+	// No pids limit: no RLIMIT_NPROC.
 	s := base
 	s.PidsLimit = 0
 	sp := r.ociSpec(s, "/rootfs", 1065536)
-	sp.Process.Rlimits = append(sp.Process.Rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: 9, Soft: 9})
 	gvisorSpec(sp, s, "/proc/1/ns/net", false)
 	if got := nprocOf(sp); len(got) != 0 {
 		t.Errorf("RLIMIT_NPROC without a pids limit = %v, want none", got)
+	}
+	// runc: an eighth above the limit where the kernel counts per user
+	// namespace, none where it does not.
+	rc := &Runtime{cfg: r.cfg, nofile: r.nofile}
+	rc.cfg.GVisor = nil
+	for _, nsNproc := range []bool{false, true} {
+		rc.nsNproc = nsNproc
+		want := map[bool][]uint64{false: nil, true: {64 + 8 + 16}}[nsNproc]
+		if got := nprocOf(rc.ociSpec(base, "/rootfs", 1065536)); !slices.Equal(got, want) {
+			t.Errorf("runc RLIMIT_NPROC (per-namespace count %v) = %v, want %v", nsNproc, got, want)
+		}
 	}
 	// The runc profile the gVisor one is cut from stays whole.
 	if names := seccompNames(seccompProfile().Syscalls); !slices.Contains(names, "mount") || !slices.Contains(names, "umount2") {

@@ -66,27 +66,53 @@ func nofileLimit() uint64 {
 }
 
 // rlimits are the sandbox's resource limits on top of its cgroups.
-//
-// RLIMIT_NPROC is set only where the kernel counts it per user namespace
-// (Linux 5.14 and later, ucounts): before that it counted processes per
-// host uid, where a sandbox would also count the processes of whatever
-// else runs as its uids (a daemon of an older Berth on the same range).
-// It is a second wall behind the pids cgroup, for a host whose pids
-// controller is missing or misconfigured, so it sits a little above the
-// pids limit: the kernel counts a fork against RLIMIT_NPROC before it
-// charges the cgroup, so at an equal value the rlimit refused the forks of
-// a fork bomb first, and the cgroup, whose pids.events is what reports a
-// sandbox hitting its limit, never saw one.
 func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
 	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
-	if r.nsNproc && s.PidsLimit > 0 {
-		n := uint64(s.PidsLimit) + uint64(s.PidsLimit)/8 + 16
+	if n := r.nprocLimit(s.PidsLimit); n > 0 {
 		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	// No core dumps: a crashing workload's memory image is written into the
 	// sandbox's disk and fills it for nothing.
 	rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_CORE", Hard: 0, Soft: 0})
 	return append(rl, poolRlimits(r.sigpending, r.msgqueue)...)
+}
+
+// nprocLimit is the RLIMIT_NPROC behind a pids limit, 0 for none.
+//
+// runc: set only where the kernel counts it per user namespace (Linux
+// 5.14 and later, ucounts): before that it counted processes per host
+// uid, where a sandbox would also count the processes of whatever else
+// runs as its uids (a daemon of an older Berth on the same range). It is
+// a second wall behind the pids cgroup, for a host whose pids controller
+// is missing or misconfigured, so it sits a little above the pids limit:
+// the kernel counts a fork against RLIMIT_NPROC before it charges the
+// cgroup, so at an equal value the rlimit refused the forks of a fork
+// bomb first, and the cgroup, whose pids.events is what reports a
+// sandbox hitting its limit, never saw one.
+//
+// gVisor: the sentry enforces it itself, per user of its own kernel,
+// whatever the host kernel counts, so it is always set. Inside the
+// sentry the two walls count differently: the agent's pids cgroup
+// (internal/agent/pids.go) lets a task go when it exits, the rlimit only
+// when its parent reaps it. A fork bomb's tasks are orphans the agent
+// reaps as PID 1, and while the bomb churns hundreds of them wait as
+// zombies (measured: at a limit of 512, about 530 zombies next to 50 live
+// tasks). At runc's margin the bomb's forks then failed at the rlimit
+// forever with the live count short of the limit, so the agent, which
+// kills at the limit, never fired and the bomb churned on. With room for
+// three times the limit in zombies the live count meets the limit first.
+// A zombie has given its address space back, so it costs the host
+// nothing but the sentry's record of it.
+func (r *Runtime) nprocLimit(pids int64) uint64 {
+	switch {
+	case pids <= 0:
+		return 0
+	case r.cfg.GVisor != nil:
+		return 4*uint64(pids) + 16
+	case r.nsNproc:
+		return uint64(pids) + uint64(pids)/8 + 16
+	}
+	return 0
 }
 
 // Per-user kernel pools a sandbox uid may use, below the sandbox-wide

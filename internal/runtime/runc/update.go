@@ -22,7 +22,7 @@ const cpuPeriod = 100000
 // v1 hosts. The disk cap is the size of its image and cannot change. A
 // warm-pool sandbox gets its claimer's limits this way.
 //
-// The RLIMIT_NPROC that backs the pids limit (rlimits in spec.go) is
+// The RLIMIT_NPROC that backs the pids limit (nprocLimit in spec.go) is
 // returned as nproc, for the sandbox's init to lower its own to (which
 // every process it starts inherits): setting it from outside would take
 // CAP_SYS_RESOURCE, which a daemon in a container may lack, and a `runc
@@ -79,13 +79,10 @@ func (r *Runtime) update(id string, l runtime.Limits) (uint64, error) {
 	if err := write("pids", "pids.max", l.PidsLimit); err != nil {
 		return 0, err
 	}
-	if !r.nsNproc {
-		return 0, nil
-	}
 	// The init lowers its own RLIMIT_NPROC: from outside it would take
 	// CAP_SYS_RESOURCE (another user's process) and a `runc state` for
 	// its pid.
-	return uint64(l.PidsLimit) + uint64(l.PidsLimit)/8 + 16, nil
+	return r.nprocLimit(l.PidsLimit), nil
 }
 
 // updateMemory sets the memory limit with no swap. On v1 the memory+swap
