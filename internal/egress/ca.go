@@ -16,6 +16,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // sandboxCA is a sandbox's own certificate authority for intercepted TLS.
@@ -97,7 +99,57 @@ func parseCA(certPEM, keyPEM []byte) (*sandboxCA, error) {
 	if !ok {
 		return nil, errors.New("sandbox CA key is not ECDSA")
 	}
+	if !cert.IsCA || !key.PublicKey.Equal(cert.PublicKey) {
+		return nil, errors.New("sandbox CA: the certificate is not a CA for that key")
+	}
 	return &sandboxCA{cert: cert, key: key, pem: certPEM, leaves: map[string]*tls.Certificate{}}, nil
+}
+
+// CA returns sandbox id's CA certificate and key (PEM). A memory snapshot
+// keeps them: the processes in its image have read the certificate and
+// trust it, so a sandbox started from the image must sign with that CA.
+func (e *Egress) CA(id string) (certPEM, keyPEM []byte, err error) {
+	if err := validID(id); err != nil {
+		return nil, nil, err
+	}
+	certPEM, err = os.ReadFile(filepath.Join(e.dir(id), caCertFile))
+	if err == nil {
+		keyPEM, err = os.ReadFile(filepath.Join(e.dir(id), caKeyFile))
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("sandbox %s has no egress CA: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("sandbox %s CA: %w", id, err)
+	}
+	return certPEM, keyPEM, nil
+}
+
+// AdoptCA makes certPEM/keyPEM (as CA returned them for another sandbox)
+// sandbox id's CA, before its Prepare: a sandbox started from a memory
+// image signs with the CA its processes already trust. The pair is
+// checked first (a CA certificate for that ECDSA key); nothing is written
+// when it is bad.
+func (e *Egress) AdoptCA(id string, certPEM, keyPEM []byte) error {
+	if err := validID(id); err != nil {
+		return err
+	}
+	if _, err := parseCA(certPEM, keyPEM); err != nil {
+		return fmt.Errorf("sandbox %s: adopt CA: %w: %w", id, err, errdefs.ErrInvalidArgument)
+	}
+	if err := os.MkdirAll(e.dir(id), 0o700); err != nil {
+		return fmt.Errorf("egress state for %s: %w", id, err)
+	}
+	// The key first: a daemon killed between the two writes leaves a key
+	// without a certificate, which loadOrCreateCA replaces with a fresh
+	// pair, never a certificate paired with a key it does not belong to.
+	if err := os.Remove(filepath.Join(e.dir(id), caCertFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(e.dir(id), caKeyFile), keyPEM, 0o600); err != nil {
+		return err
+	}
+	return writeFileAtomic(filepath.Join(e.dir(id), caCertFile), certPEM, 0o644)
 }
 
 // leaf returns a certificate for name signed by the CA, cached.

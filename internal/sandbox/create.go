@@ -182,6 +182,12 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 				return fmt.Errorf("network: %w", err)
 			}
 			e.att = att
+			if c.restore != nil {
+				c.undo.push("egress CA", func(context.Context) error { return m.removeEgress(id) })
+				if err := m.adoptSourceCA(id, c.restore.image); err != nil {
+					return fmt.Errorf("network policy: %w", err)
+				}
+			}
 			// The egress services need the attachment, not the agent:
 			// they come up while the agent starts, under the create's
 			// context (BeforeStart's ends with the runtime's Create).

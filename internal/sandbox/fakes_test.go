@@ -101,6 +101,8 @@ type fakeEgress struct {
 	mu     sync.Mutex
 	ids    map[string]policy.Policy
 	failOn string
+	// adopted is the CA pair AdoptCA set per sandbox.
+	adopted map[string][2]string
 }
 
 func (f *fakeEgress) fail(op string) error {
@@ -115,7 +117,33 @@ func (f *fakeEgress) Prepare(id string) ([]byte, error) {
 	defer f.mu.Unlock()
 	// A failed prepare may leave its half-made state (a CA key) behind.
 	f.ids[id] = policy.Policy{}
+	if p, ok := f.adopted[id]; ok {
+		return []byte(p[0]), f.fail("prepare")
+	}
 	return []byte("ca"), f.fail("prepare")
+}
+
+// CA is the pair Prepare made ("ca", "key:"+id) or AdoptCA set.
+func (f *fakeEgress) CA(id string) ([]byte, []byte, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.ids[id]; !ok {
+		return nil, nil, errdefs.ErrNotFound
+	}
+	if p, ok := f.adopted[id]; ok {
+		return []byte(p[0]), []byte(p[1]), nil
+	}
+	return []byte("ca"), []byte("key:" + id), nil
+}
+
+func (f *fakeEgress) AdoptCA(id string, cert, key []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.adopted == nil {
+		f.adopted = map[string][2]string{}
+	}
+	f.adopted[id] = [2]string{string(cert), string(key)}
+	return f.fail("adopt")
 }
 
 func (f *fakeEgress) Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error {

@@ -2,8 +2,11 @@ package sandbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
@@ -31,8 +34,17 @@ import (
 //     source's, which the daemon uses once, right after the restore, to
 //     hand it the new sandbox's (POST /init), together with the new
 //     sandbox's ID in the environment every later process gets;
-//   - egress services with their own CA, resolver and policy, written
-//     into its files as for a fresh sandbox;
+//   - egress services with their own resolver and policy, written into
+//     its files as for a fresh sandbox. The CA is the exception: its
+//     processes read the source's CA certificate when they started (Node
+//     loads NODE_EXTRA_CA_CERTS once, a Go or Python client its pool) and
+//     trust only that one, so the new sandbox's proxy signs with the
+//     source's CA. The snapshot keeps the CA's certificate and key beside
+//     the memory image (imageCACert, imageCAKey; host-side, the key
+//     0600), so a sandbox made from it long after its source is gone, or
+//     on another daemon after an export, still gets it. Sharing a CA
+//     gives no sandbox anything of another's: the key never enters a
+//     sandbox, and what a copy trusts is what its memory already did;
 //   - randomness: gVisor's kernel draws getrandom, /dev/random and
 //     /dev/urandom from the host's on every read, so no two copies read
 //     the same bytes there. What a process already drew and keeps in its
@@ -100,4 +112,56 @@ func (m *Manager) reidentify(ctx context.Context, c *creation) error {
 		return fmt.Errorf("hand the restored agent its identity: %w", err)
 	}
 	return nil
+}
+
+// A memory snapshot's copy of its source's egress CA, in the image's
+// directory (so export and import carry it with the image; runsc reads
+// only its own files there).
+const (
+	imageCACert = "berth-egress-ca.pem"
+	imageCAKey  = "berth-egress-ca.key"
+)
+
+// keepSourceCA saves sandbox id's egress CA into image, the directory of
+// the memory image just taken of it. A sandbox without egress state has
+// none to keep.
+func (m *Manager) keepSourceCA(id, image string) error {
+	if m.deps.Egress == nil {
+		return nil
+	}
+	cert, key, err := m.deps.Egress.CA(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("keep the egress CA: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(image, imageCAKey), key, 0o600); err != nil {
+		return fmt.Errorf("keep the egress CA: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(image, imageCACert), cert, 0o644); err != nil {
+		return fmt.Errorf("keep the egress CA: %w", err)
+	}
+	return nil
+}
+
+// adoptSourceCA makes the egress CA kept beside image (keepSourceCA)
+// sandbox id's, before its egress services are prepared. An image without
+// one (taken before Berth kept it) leaves id to make its own, which the
+// image's processes do not trust: the log says so.
+func (m *Manager) adoptSourceCA(id, image string) error {
+	if m.deps.Egress == nil {
+		return nil
+	}
+	cert, cerr := os.ReadFile(filepath.Join(image, imageCACert))
+	key, kerr := os.ReadFile(filepath.Join(image, imageCAKey))
+	if errors.Is(cerr, os.ErrNotExist) && errors.Is(kerr, os.ErrNotExist) {
+		m.log.Warn("memory_image_without_egress_ca", "sandbox_id", id, "image", image,
+			"why", "the snapshot predates kept CAs; intercepted TLS fails in processes that loaded the source's CA")
+		return nil
+	}
+	if err := errors.Join(cerr, kerr); err != nil {
+		return fmt.Errorf("the memory image's egress CA: %w", err)
+	}
+	return m.deps.Egress.AdoptCA(id, cert, key)
 }

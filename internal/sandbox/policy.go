@@ -22,6 +22,12 @@ type Egress interface {
 	// Prepare makes the sandbox's egress state and returns its CA
 	// certificate (PEM), which the sandbox must trust.
 	Prepare(id string) ([]byte, error)
+	// CA is the sandbox's CA certificate and key (PEM), ErrNotFound
+	// before Prepare; AdoptCA makes such a pair another sandbox's CA,
+	// before its Prepare (memcopy.go: a memory image's processes trust
+	// their source's CA).
+	CA(id string) (certPEM, keyPEM []byte, err error)
+	AdoptCA(id string, certPEM, keyPEM []byte) error
 	Start(ctx context.Context, id string, hostIP netip.Addr, p policy.Policy) error
 	SetPolicy(id string, p policy.Policy) error
 	Policy(id string) (policy.Policy, error)

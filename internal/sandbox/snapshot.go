@@ -223,6 +223,9 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 	if memory {
 		ferr = mc.CheckpointLive(ctx, id, m.snapshotMemoryIn(partial))
 		if ferr == nil {
+			ferr = m.keepSourceCA(id, m.snapshotMemoryIn(partial))
+		}
+		if ferr == nil {
 			size, ferr = template.DirSize(m.snapshotMemoryIn(partial))
 		}
 	}

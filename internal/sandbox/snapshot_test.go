@@ -7,11 +7,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -178,5 +180,99 @@ func TestMemorySnapshotRequests(t *testing.T) {
 	var fe *FieldError
 	if !errors.Is(err, errdefs.ErrFailedPrecondition) || !errors.As(err, &fe) || fe.Field != "snapshot" {
 		t.Errorf("checkMemoryStart on a runtime without memory copies = %v; want failed_precondition naming snapshot", err)
+	}
+}
+
+// memRuntime is fakeRuntime copying memory: CheckpointLive writes an
+// image.
+type memRuntime struct{ *fakeRuntime }
+
+func (memRuntime) CopiesMemory() bool { return true }
+
+func (memRuntime) CheckpointLive(_ context.Context, _, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "checkpoint.img"), []byte("memory"), 0o600)
+}
+
+// TestMemoryStartAdoptsSourceCA: a memory image keeps its source's egress
+// CA beside it (the key 0600), and a sandbox started from it signs with
+// that CA, which is what lands in its trust store; an image without one
+// gives the sandbox its own; half a pair fails the create and leaves no
+// egress state behind.
+func TestMemoryStartAdoptsSourceCA(t *testing.T) {
+	dir := t.TempDir()
+	st := &snapMemStore{memStore: newMemStore(), snaps: map[string]core.Snapshot{}}
+	eg := &fakeEgress{ids: map[string]policy.Policy{}}
+	fs := &fakeFiles{files: map[string]string{}}
+	rt := memRuntime{&fakeRuntime{running: map[string]runtime.Status{}}}
+	m, err := New(Config{AgentPath: "/agent", SnapshotDir: dir, DefaultTemplate: "minimal", Logger: slog.New(slog.DiscardHandler),
+		Defaults: Limits{CPUMillis: 1000, MemoryBytes: 256 << 20, DiskBytes: 1 << 30, PidsLimit: 100},
+		Max:      Limits{CPUMillis: 4000, MemoryBytes: 4 << 30, DiskBytes: 8 << 30, PidsLimit: 1000}},
+		Deps{Runtime: rt, Network: &fakeNet{ids: map[string]bool{}}, Templates: fakeTemplates{}, Store: st, Prober: fakeProber{}, Egress: eg, Files: &initFiles{fakeFiles: fs}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Three images: one keeping the source's CA, one from before CAs
+	// were kept, one with a certificate and no key.
+	if _, err := eg.Prepare("src"); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"withca", "noca", "halfca"} {
+		image := m.snapshotMemoryIn(m.snapshotDir(id))
+		if err := rt.CheckpointLive(t.Context(), "src", image); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(m.snapshotLayer(id), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		st.snaps[id] = core.Snapshot{ID: id, Kind: core.SnapshotMemory, Template: "minimal", Isolation: core.IsolationRunc,
+			PidsLimit: 100, AgentToken: "srctoken", BaseLayers: []string{t.TempDir()}}
+	}
+	withCA := m.snapshotMemoryIn(m.snapshotDir("withca"))
+	if err := m.keepSourceCA("src", withCA); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(filepath.Join(withCA, imageCAKey)); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("kept CA key: %v, %v; want mode 0600", fi, err)
+	}
+	if b, err := os.ReadFile(filepath.Join(withCA, imageCAKey)); err != nil || string(b) != "key:src" {
+		t.Fatalf("kept CA key = %q, %v; want the source's", b, err)
+	}
+	half := m.snapshotMemoryIn(m.snapshotDir("halfca"))
+	if err := os.WriteFile(filepath.Join(half, imageCACert), []byte("ca"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	sb, err := m.Create(t.Context(), CreateRequest{Snapshot: "withca"})
+	if err != nil {
+		t.Fatalf("create from the image with a CA: %v", err)
+	}
+	if got := eg.adopted[sb.ID]; got != [2]string{"ca", "key:src"} {
+		t.Errorf("the copy's adopted CA = %q; want the source's pair", got)
+	}
+	if got := fs.files[egressCAPath]; got != "ca" {
+		t.Errorf("the copy trusts %q; want the source's CA", got)
+	}
+
+	sb2, err := m.Create(t.Context(), CreateRequest{Snapshot: "noca"})
+	if err != nil {
+		t.Fatalf("create from an image without a CA: %v", err)
+	}
+	if _, ok := eg.adopted[sb2.ID]; ok {
+		t.Errorf("a copy of an image without a CA adopted one")
+	}
+
+	_, err = m.Create(t.Context(), CreateRequest{Snapshot: "halfca"})
+	if err == nil || !strings.Contains(err.Error(), "egress CA") {
+		t.Fatalf("create from an image with half a CA = %v; want an error about its egress CA", err)
+	}
+	ids, _ := eg.List()
+	slices.Sort(ids)
+	want := []string{sb.ID, sb2.ID, "src"}
+	slices.Sort(want)
+	if !slices.Equal(ids, want) {
+		t.Errorf("egress state after the failed create: %v; want only %v", ids, want)
 	}
 }

@@ -42,8 +42,9 @@ func isolationLevel(t *testing.T, d *Daemon, name string) client.IsolationLevel 
 // was, its 48 MiB in memory unchanged) while the parent runs on; each
 // copy has its own identity: sandbox ID in the environment of what it
 // starts, hostname, address, MAC, and agent token (the parent's no
-// longer opens the copy's agent; its own does); memory and files are
-// independent; the kernel's randomness differs. The fork's snapshot goes
+// longer opens the copy's agent; its own does), but the parent's egress
+// CA, which its processes trust; memory and files are independent; the
+// kernel's randomness differs. The fork's snapshot goes
 // with its copies, and nothing leaks.
 func TestForkMemoryGVisor(t *testing.T) {
 	requireIsolation(t, client.IsolationGVisor)
@@ -128,6 +129,15 @@ func TestForkMemoryGVisor(t *testing.T) {
 		}
 	}
 
+	// The copies' processes trust the parent's egress CA (they loaded it
+	// before the fork), so the copies' proxies sign with it.
+	parentCA := MustRun(t, parent, "cat /etc/berth/egress-ca.pem")
+	for i, c := range copies {
+		if got := MustRun(t, c.sb, "cat /etc/berth/egress-ca.pem"); got != parentCA || !strings.Contains(got, "BEGIN CERTIFICATE") {
+			t.Errorf("copy %d's egress CA differs from the parent's, which its processes trust", i)
+		}
+	}
+
 	// Identity: each its own.
 	addrs, macs, hosts, rand := map[string]bool{}, map[string]bool{}, map[string]bool{}, map[string]bool{}
 	for i, sb := range []*client.Sandbox{parent, copies[0].sb, copies[1].sb} {
@@ -187,7 +197,8 @@ func TestForkMemoryGVisor(t *testing.T) {
 // TestSnapshotExportImportMemoryGVisor: a memory snapshot of a gVisor
 // sandbox exported from one daemon and imported into another (its own
 // data dir) stays a memory snapshot there, and a sandbox made from it
-// runs the source's processes with their memory, under its own identity.
+// runs the source's processes with their memory, under its own identity,
+// with the source's egress CA.
 func TestSnapshotExportImportMemoryGVisor(t *testing.T) {
 	requireIsolation(t, client.IsolationGVisor)
 	d1 := StartDaemon(t)
@@ -221,6 +232,9 @@ func TestSnapshotExportImportMemoryGVisor(t *testing.T) {
 		t.Fatalf("create from the imported memory snapshot: %v\n%s", err, d2.Logs())
 	}
 	assertCounting(t, sb, before, "the sandbox from the imported snapshot")
+	if got, want := MustRun(t, sb, "cat /etc/berth/egress-ca.pem"), MustRun(t, src, "cat /etc/berth/egress-ca.pem"); got != want {
+		t.Errorf("the sandbox from the imported snapshot has an egress CA other than its source's, which its processes trust")
+	}
 	if got := MustRun(t, sb, "cat /home/f; echo $BERTH_SANDBOX_ID; hostname"); got != "portable\n"+sb.ID+"\nberth-"+sb.ID[:12]+"\n" {
 		t.Errorf("the sandbox from the imported snapshot says %q; want the file, its own ID and hostname", got)
 	}
