@@ -20,6 +20,9 @@ pkgs+=(apache2-utils)
 # for getaddrinfo (Node, Python, curl); its install adds it to the hosts
 # line of /etc/nsswitch.conf.
 pkgs+=(libnss-myhostname)
+# The systemd unit test (test/install): the daemon as scripts/install.sh
+# starts it where systemd runs, under a systemd booted with systemd-nspawn.
+pkgs+=(systemd-container)
 missing=()
 for p in "${pkgs[@]}"; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

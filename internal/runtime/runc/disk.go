@@ -69,7 +69,7 @@ func attachLoop(image string) (*os.File, error) {
 		if err != nil {
 			return nil, fmt.Errorf("loop get free: %w", err)
 		}
-		dev, err := os.OpenFile(fmt.Sprintf("/dev/loop%d", n), os.O_RDWR|unix.O_CLOEXEC, 0)
+		dev, err := openLoop(n)
 		if err != nil {
 			return nil, fmt.Errorf("open loop device: %w", err)
 		}
@@ -86,6 +86,30 @@ func attachLoop(image string) (*os.File, error) {
 		}
 	}
 	return nil, errors.New("loop configure: no free loop device after retries")
+}
+
+// openLoop opens /dev/loopN. Where /dev is not the kernel's devtmpfs (a
+// privileged container's or systemd-nspawn's /dev, a copy made at start)
+// the node of a loop device the kernel made since is missing: it is made
+// here from the device number sysfs gives.
+func openLoop(n int) (*os.File, error) {
+	path := fmt.Sprintf("/dev/loop%d", n)
+	dev, err := os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if !errors.Is(err, os.ErrNotExist) {
+		return dev, err
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/sys/class/block/loop%d/dev", n))
+	if err != nil {
+		return nil, fmt.Errorf("loop device %d: no %s and no device number in sysfs: %w", n, path, err)
+	}
+	var major, minor uint32
+	if _, err := fmt.Sscanf(strings.TrimSpace(string(b)), "%d:%d", &major, &minor); err != nil {
+		return nil, fmt.Errorf("loop device %d: device number %q: %w", n, b, err)
+	}
+	if err := unix.Mknod(path, unix.S_IFBLK|0o660, int(unix.Mkdev(major, minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+		return nil, fmt.Errorf("loop device %d: make %s: %w", n, path, err)
+	}
+	return os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 }
 
 // mountImage attaches image to a loop device and mounts it at target.

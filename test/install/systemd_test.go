@@ -1,0 +1,376 @@
+// Package install tests how Berth is installed and run on a host: the
+// daemon started by scripts/start-daemon.sh (install.sh's last step) under
+// a real systemd, booted in a systemd-nspawn container.
+package install
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/sys/mountinfo"
+	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+var bin harness.Binaries
+
+func TestMain(m *testing.M) { os.Exit(harness.Main(m, &bin, nil)) }
+
+// hostDataDir is the data dir of a daemon on its defaults, which the unit
+// runs; its instance name is derived from it (daemon.Config).
+const hostDataDir = "/var/lib/berth"
+
+func defaultInstance() string {
+	sum := sha256.Sum256([]byte(hostDataDir))
+	return hex.EncodeToString(sum[:])[:6]
+}
+
+// machine is a systemd booted in a systemd-nspawn container whose root is
+// this host's root filesystem under a throwaway overlay: the host's
+// packages (runc, nftables, busybox, systemd), none of its state. It has
+// a network namespace of its own with loopback only, Berth's data dir on
+// a real filesystem of the host (varLib, so idmapped mounts work as on a
+// host), the repository at /src and the test's build at /berth-bin.
+type machine struct {
+	t      *testing.T
+	root   string
+	varLib string
+	cmd    *exec.Cmd
+	log    *lockedBuffer
+	done   chan struct{}
+	leader int
+	// runsc is the runsc the tests run (first on PATH), which install.sh
+	// installs into /usr/local/bin too.
+	runsc string
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// newMachine prepares the container's root: the host's / under an
+// overlay, with every unit the host enables at boot masked (its
+// databases, registries and timers are not this test's business).
+func newMachine(t *testing.T) *machine {
+	t.Helper()
+	dir := t.TempDir()
+	runsc, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatal("runsc not found: run scripts/deps.sh and scripts/runsc-bin.sh")
+	}
+	m := &machine{t: t, root: filepath.Join(dir, "root"), varLib: filepath.Join(dir, "var-lib-berth"), runsc: runsc}
+	for _, d := range []string{"upper", "work", "root", "var-lib-berth"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opts := "lowerdir=/,upperdir=" + filepath.Join(dir, "upper") + ",workdir=" + filepath.Join(dir, "work")
+	if err := unix.Mount("overlay", m.root, "overlay", 0, opts); err != nil {
+		t.Fatalf("overlay of / for the container: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(m.root, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount the container's root: %v", err)
+		}
+	})
+	wants, _ := filepath.Glob("/etc/systemd/system/*.wants/*")
+	unitDir := filepath.Join(m.root, "etc/systemd/system")
+	for _, w := range wants {
+		mask := filepath.Join(unitDir, filepath.Base(w))
+		if err := os.Remove(mask); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if err := os.Symlink("/dev/null", mask); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return m
+}
+
+// boot starts the container and waits until its systemd reports the
+// system up. On a cgroup v1 host nspawn mounts the controllers read-only
+// in the container (only its name=systemd subtree is writable); a systemd
+// host has them writable, so they are remounted so.
+func (m *machine) boot() {
+	t := m.t
+	t.Helper()
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.log = &lockedBuffer{}
+	m.done = make(chan struct{})
+	m.cmd = exec.Command("systemd-nspawn", "--quiet", "-D", m.root, "-M", "berth-install-test",
+		"--register=no", "--keep-unit", "--private-network", "--console=read-only",
+		"--bind=/dev/loop-control", "--bind="+m.varLib+":"+hostDataDir,
+		"--bind-ro="+repo+":/src", "--bind-ro="+bin.Dir+":/berth-bin", "--bind-ro="+m.runsc+":/berth-runsc", "-b")
+	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
+	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := m.cmd.Start(); err != nil {
+		t.Fatalf("systemd-nspawn: %v", err)
+	}
+	go func() {
+		_ = m.cmd.Wait() // its log says why; poweroff waits on done
+		close(m.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-m.done:
+		default:
+			_ = unix.Kill(-m.cmd.Process.Pid, unix.SIGKILL)
+			<-m.done
+		}
+	})
+	// The container's init is the first process named systemd under
+	// nspawn.
+	harness.WaitFor(t, 60*time.Second, "the container's systemd to start", func() bool {
+		m.leader = findDescendant(m.cmd.Process.Pid, "systemd")
+		return m.leader != 0
+	})
+	// Until systemd's own socket is up, systemctl cannot ask it; then
+	// --wait waits for the boot to end.
+	var state string
+	harness.WaitFor(t, 120*time.Second, "the container's systemd to finish booting", func() bool {
+		out, _ := m.run(t.Context(), "systemctl is-system-running --wait")
+		state = strings.TrimSpace(out)
+		return state != "" && state != "offline" && state != "starting" && state != "initializing"
+	})
+	// Degraded: a unit of the host's own failed in the container (its
+	// log says which); Berth's is what this test is about.
+	if state == "degraded" {
+		failed, _ := m.run(t.Context(), "systemctl --failed --no-legend --no-pager")
+		t.Logf("the container's systemd is degraded; failed units:\n%s", failed)
+	} else if state != "running" {
+		failed, _ := m.run(t.Context(), "systemctl --failed --no-legend --no-pager")
+		t.Fatalf("the container's systemd is %q, not running; failed units:\n%s\nboot log:\n%s", state, failed, m.log.String())
+	}
+	mounts, err := m.run(t.Context(), "findmnt -rn -t cgroup -o TARGET,OPTIONS")
+	if err != nil {
+		t.Fatalf("the container's cgroup mounts: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(mounts), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 2 && strings.HasPrefix(f[1], "ro,") {
+			m.mustRun("mount -o remount,bind,rw " + f[0])
+		}
+	}
+}
+
+// findDescendant is the first process named comm below pid, or 0.
+func findDescendant(pid int, comm string) int {
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid))
+	if err != nil {
+		return 0
+	}
+	for _, f := range strings.Fields(string(kids)) {
+		k, _ := strconv.Atoi(f)
+		if c, _ := os.ReadFile(fmt.Sprintf("/proc/%d/comm", k)); strings.TrimSpace(string(c)) == comm {
+			return k
+		}
+		if d := findDescendant(k, comm); d != 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+// run runs script in the container (every namespace of its init, as a
+// login there would) and returns its output.
+func (m *machine) run(ctx context.Context, script string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", "-t", strconv.Itoa(m.leader), "-a", "/bin/sh", "-c", script)
+	cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root", "LANG=C.UTF-8"}
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%q in the container: %w: %s%s", script, err, stderr.String(), out.String())
+	}
+	return out.String(), nil
+}
+
+func (m *machine) mustRun(script string) string {
+	m.t.Helper()
+	out, err := m.run(m.t.Context(), script)
+	if err != nil {
+		journal, _ := m.run(context.Background(), "journalctl -u berth --no-pager -n 60")
+		m.t.Fatalf("%v\nberth's journal:\n%s", err, journal)
+	}
+	return out
+}
+
+// poweroff shuts the container down cleanly and waits until nspawn is
+// gone.
+func (m *machine) poweroff() {
+	m.t.Helper()
+	// The call's connection drops as systemd goes down: its error is
+	// expected; nspawn exiting is what counts.
+	_, _ = m.run(m.t.Context(), "systemctl poweroff")
+	select {
+	case <-m.done:
+	case <-time.After(2 * time.Minute):
+		m.t.Fatalf("the container did not power off; its log:\n%s", m.log.String())
+	}
+}
+
+// waitHealthy waits until the daemon in the container answers.
+func (m *machine) waitHealthy(what string) {
+	m.t.Helper()
+	harness.WaitFor(m.t, 90*time.Second, what, func() bool {
+		_, err := m.run(m.t.Context(), "curl -fsS http://127.0.0.1:2378/v1/health")
+		return err == nil
+	})
+}
+
+// TestSystemdUnit: on a host where systemd runs, scripts/start-daemon.sh
+// (install.sh's daemon step) installs scripts/berth.service, enables and
+// starts it, and the daemon answers and runs sandboxes. As the unit
+// promises: `systemctl restart` ends the daemon but not its sandboxes,
+// which the next daemon adopts (KillMode=process); a daemon killed with
+// SIGKILL is started again (Restart=on-failure); it logs to the journal;
+// it starts at boot, and after a reboot (whose end took the sandboxes'
+// processes) it reports the sandbox failed with a reason rather than
+// ready; `systemctl stop` with no sandbox left leaves nothing of its
+// instance on the host. Nothing of the container is left afterwards.
+func TestSystemdUnit(t *testing.T) {
+	harness.RequireHost(t)
+	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
+		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
+	}
+	inst := defaultInstance()
+	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
+		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
+	}
+	m := newMachine(t)
+	m.boot()
+
+	out := m.mustRun("install -m 0755 /berth-bin/berth /berth-bin/berth-agent /usr/local/bin/ && install -m 0755 /berth-runsc /usr/local/bin/runsc && /src/scripts/start-daemon.sh")
+	if !strings.Contains(out, "started by systemd") {
+		t.Fatalf("start-daemon.sh under systemd said %q; want the daemon started by systemd", out)
+	}
+	if got := strings.TrimSpace(m.mustRun("systemctl is-enabled berth; systemctl is-active berth")); got != "enabled\nactive" {
+		t.Fatalf("berth.service is %q; want enabled and active", got)
+	}
+	m.mustRun("berth template build minimal")
+	// A sandbox at each isolation level.
+	var ids []string
+	for _, iso := range harness.Isolations() {
+		id := strings.TrimSpace(m.mustRun("berth create --template minimal --isolation " + iso))
+		if got := m.mustRun("berth exec " + id + " -- sh -c 'echo kept > /dev/shm/marker; echo hello'"); got != "hello\n" {
+			t.Fatalf("exec in the %s sandbox = %q", iso, got)
+		}
+		ids = append(ids, id)
+	}
+	kept := func(when string) {
+		t.Helper()
+		for _, id := range ids {
+			if got := m.mustRun("berth exec " + id + " -- cat /dev/shm/marker"); got != "kept\n" {
+				t.Errorf("%s sandbox %s's memory file says %q; want it kept", when, id, got)
+			}
+		}
+	}
+
+	// A restart ends the daemon only; the sandbox's processes (its
+	// in-memory /dev/shm) live on and the new daemon adopts them.
+	mainPID := strings.TrimSpace(m.mustRun("systemctl show -p MainPID --value berth"))
+	m.mustRun("systemctl restart berth")
+	m.waitHealthy("the restarted daemon to answer")
+	if again := strings.TrimSpace(m.mustRun("systemctl show -p MainPID --value berth")); again == mainPID {
+		t.Errorf("systemctl restart kept the daemon's pid %s", mainPID)
+	}
+	kept("after systemctl restart")
+
+	// SIGKILL: systemd starts it again (Restart=on-failure).
+	m.mustRun("systemctl kill -s KILL --kill-whom=main berth")
+	harness.WaitFor(t, 90*time.Second, "systemd to restart the killed daemon", func() bool {
+		out, err := m.run(t.Context(), "systemctl show -p NRestarts --value berth; systemctl is-active berth")
+		return err == nil && strings.TrimSpace(out) == "1\nactive"
+	})
+	m.waitHealthy("the daemon systemd restarted to answer")
+	kept("after a SIGKILL and systemd's restart")
+	if n := strings.Count(m.mustRun("journalctl -u berth -o cat --no-pager"), "msg=daemon_ready"); n != 3 {
+		t.Errorf("the journal holds %d daemon_ready lines; want 3 (start, restart, restart after SIGKILL)", n)
+	}
+
+	// A reboot: the unit starts the daemon at boot; the sandbox's
+	// processes ended with the old boot, which the daemon says.
+	m.poweroff()
+	m.boot()
+	m.waitHealthy("the daemon to answer after a reboot")
+	for _, id := range ids {
+		var after struct{ State, Reason string }
+		if err := json.Unmarshal([]byte(m.mustRun("berth inspect "+id)), &after); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("after the reboot sandbox %s is %s: %s", id, after.State, after.Reason)
+		if after.State == "ready" || after.Reason == "" {
+			t.Errorf("after a reboot sandbox %s is %q (reason %q); want it no longer ready, with a reason", id, after.State, after.Reason)
+		}
+	}
+	m.mustRun("berth kill " + strings.Join(ids, " "))
+	m.mustRun("systemctl stop berth")
+	if left := instanceCgroups(inst); len(left) > 0 {
+		t.Errorf("after systemctl stop with no sandbox left, the instance's cgroups remain: %v", left)
+	}
+	m.poweroff()
+
+	d := &harness.Daemon{DataDir: m.varLib, Instance: inst}
+	for _, l := range harness.Leaks(d) {
+		t.Errorf("leak after the container is gone: %s", l)
+	}
+	if left := instanceCgroups(inst); len(left) > 0 {
+		t.Errorf("leak after the container is gone: cgroups %v", left)
+	}
+	if mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(filepath.Dir(m.root))); err != nil || len(mounts) != 1 {
+		t.Errorf("mounts under the test's dir once the container is gone: %d, %v; want its root's overlay only", len(mounts), err)
+	}
+}
+
+// instanceCgroups lists the cgroup directories named after instance on
+// this host, wherever in a hierarchy (a container's cgroup namespace puts
+// them below its own cgroup).
+func instanceCgroups(instance string) []string {
+	var out []string
+	_ = filepath.WalkDir("/sys/fs/cgroup", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") > 5 {
+			return filepath.SkipDir
+		}
+		if d.Name() == "berth-"+instance {
+			out = append(out, path)
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	return out
+}
