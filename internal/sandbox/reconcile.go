@@ -138,7 +138,9 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 		return fail("sandbox not found by the runtime after a daemon restart: " + err.Error())
 	}
 	if st.Status != runtime.StatusRunning && st.Status != runtime.StatusPaused {
-		return fail(fmt.Sprintf("sandbox was %s after a daemon restart", st.Status))
+		// Its processes ended while no daemon watched: killed, out of
+		// memory, or a host (or container) reboot, which ends them all.
+		return fail(fmt.Sprintf("sandbox's processes ended while the daemon was down (the runtime says %s; a reboot of the host ends every sandbox)", st.Status))
 	}
 	if st.Status == runtime.StatusPaused {
 		// The daemon freezes a ready sandbox only while a snapshot

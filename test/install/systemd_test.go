@@ -331,6 +331,9 @@ func TestSystemdUnit(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Logf("after the reboot sandbox %s is %s: %s", id, after.State, after.Reason)
+		if !strings.Contains(after.Reason, "ended while the daemon was down") {
+			t.Errorf("after a reboot sandbox %s's reason is %q; want it to say its processes ended while the daemon was down", id, after.Reason)
+		}
 		if after.State == "ready" || after.Reason == "" {
 			t.Errorf("after a reboot sandbox %s is %q (reason %q); want it no longer ready, with a reason", id, after.State, after.Reason)
 		}
