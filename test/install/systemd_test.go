@@ -1,6 +1,7 @@
 // Package install tests how Berth is installed and run on a host: the
 // daemon started by scripts/start-daemon.sh (install.sh's last step) under
-// a real systemd, booted in a systemd-nspawn container.
+// a real systemd booted in a systemd-nspawn container, and in the same
+// container without systemd.
 package install
 
 import (
@@ -122,16 +123,9 @@ func newMachine(t *testing.T) *machine {
 func (m *machine) boot() {
 	t := m.t
 	t.Helper()
-	repo, err := filepath.Abs("../..")
-	if err != nil {
-		t.Fatal(err)
-	}
 	m.log = &lockedBuffer{}
 	m.done = make(chan struct{})
-	m.cmd = exec.Command("systemd-nspawn", "--quiet", "-D", m.root, "-M", "berth-install-test",
-		"--register=no", "--keep-unit", "--private-network", "--console=read-only",
-		"--bind=/dev/loop-control", "--bind="+m.varLib+":"+hostDataDir,
-		"--bind-ro="+repo+":/src", "--bind-ro="+bin.Dir+":/berth-bin", "--bind-ro="+m.runsc+":/berth-runsc", "-b")
+	m.cmd = exec.Command("systemd-nspawn", m.nspawnArgs("--console=read-only", "-b")...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
 	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
@@ -172,17 +166,28 @@ func (m *machine) boot() {
 		failed, _ := m.run(t.Context(), "systemctl --failed --no-legend --no-pager")
 		t.Fatalf("the container's systemd is %q, not running; failed units:\n%s\nboot log:\n%s", state, failed, m.log.String())
 	}
-	mounts, err := m.run(t.Context(), "findmnt -rn -t cgroup -o TARGET,OPTIONS")
-	if err != nil {
-		t.Fatalf("the container's cgroup mounts: %v", err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(mounts), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 2 && strings.HasPrefix(f[1], "ro,") {
-			m.mustRun("mount -o remount,bind,rw " + f[0])
-		}
-	}
+	m.mustRun(writableCgroups)
 }
+
+// nspawnArgs are systemd-nspawn's arguments for the container, then
+// extra.
+func (m *machine) nspawnArgs(extra ...string) []string {
+	m.t.Helper()
+	repo, err := filepath.Abs("../..")
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	return append([]string{"--quiet", "-D", m.root, "-M", "berth-install-test",
+		"--register=no", "--keep-unit", "--private-network",
+		"--bind=/dev/loop-control", "--bind=" + m.varLib + ":" + hostDataDir,
+		"--bind-ro=" + repo + ":/src", "--bind-ro=" + bin.Dir + ":/berth-bin", "--bind-ro=" + m.runsc + ":/berth-runsc"}, extra...)
+}
+
+// writableCgroups is a script that remounts the container's read-only
+// cgroup controllers writable (see boot).
+const writableCgroups = `findmnt -rn -t cgroup -o TARGET,OPTIONS | while read -r target opts; do
+	case $opts in ro,*) mount -o remount,bind,rw "$target" ;; esac
+done`
 
 // findDescendant is the first process named comm below pid, or 0.
 func findDescendant(pid int, comm string) int {
@@ -376,4 +381,58 @@ func instanceCgroups(instance string) []string {
 		return nil
 	})
 	return out
+}
+
+// TestStartDaemonWithoutSystemd: where systemd does not run (a container,
+// CI), scripts/start-daemon.sh starts the daemon in the background with
+// its log file and pid file, and waits until it answers; the daemon runs
+// a sandbox; stopped with SIGTERM after its sandbox is gone, it leaves
+// nothing of its instance behind.
+func TestStartDaemonWithoutSystemd(t *testing.T) {
+	harness.RequireHost(t)
+	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
+		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
+	}
+	inst := defaultInstance()
+	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
+		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
+	}
+	m := newMachine(t)
+	// No -b: the script is the container's only program, under nspawn's
+	// minimal init, as in a container without systemd.
+	script := writableCgroups + `
+set -e
+install -m 0755 /berth-bin/berth /berth-bin/berth-agent /usr/local/bin/
+install -m 0755 /berth-runsc /usr/local/bin/runsc
+/src/scripts/start-daemon.sh
+berth template build minimal >/dev/null
+id=$(berth create --template minimal)
+echo "exec: $(berth exec "$id" -- echo hello)"
+berth kill "$id"
+pid=$(cat /var/lib/berth/berth.pid)
+kill "$pid"
+while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+echo "log: $(grep -c 'msg=daemon_ready' /var/log/berth/berth.log) ready, $(grep -c 'msg=daemon_stopping' /var/log/berth/berth.log) stopping"
+`
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "systemd-nspawn", m.nspawnArgs("--console=pipe", "--as-pid2", "/bin/bash", "-c", script)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the container's script: %v\n%s", err, out)
+	}
+	got := string(out)
+	t.Logf("%s", got)
+	for _, want := range []string{"berth daemon started in the background", "exec: hello\n", "log: 1 ready, 1 stopping\n"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the container's script said %q; want %q in it", got, want)
+		}
+	}
+	d := &harness.Daemon{DataDir: m.varLib, Instance: inst}
+	for _, l := range append(harness.Leaks(d), harness.StoppedLeaks(d)...) {
+		t.Errorf("leak after the daemon stopped: %s", l)
+	}
+	if left := instanceCgroups(inst); len(left) > 0 {
+		t.Errorf("leak after the daemon stopped: cgroups %v", left)
+	}
 }
