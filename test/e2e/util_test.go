@@ -1,33 +1,19 @@
 package e2e
 
 import (
-	"bytes"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is a buffer a stream writes while the test reads it.
+type syncBuffer = harness.SyncBuffer
 
 func postRaw(t *testing.T, url, body string) (int, string) {
 	t.Helper()

@@ -256,6 +256,25 @@ func (d *Daemon) Start() {
 	}
 }
 
+// SyncBuffer is a bytes.Buffer one goroutine may write (a process's
+// output) while another reads it.
+type SyncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *SyncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *SyncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  io.Writer

@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -52,29 +51,12 @@ type machine struct {
 	root   string
 	varLib string
 	cmd    *exec.Cmd
-	log    *lockedBuffer
+	log    *harness.SyncBuffer
 	done   chan struct{}
 	leader int
 	// runsc is the runsc the tests run (first on PATH), which install.sh
 	// installs into /usr/local/bin too.
 	runsc string
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // newMachine prepares the container's root: the host's / under an
@@ -123,7 +105,7 @@ func newMachine(t *testing.T) *machine {
 func (m *machine) boot() {
 	t := m.t
 	t.Helper()
-	m.log = &lockedBuffer{}
+	m.log = &harness.SyncBuffer{}
 	m.done = make(chan struct{})
 	m.cmd = exec.Command("systemd-nspawn", m.nspawnArgs("--console=read-only", "-b")...)
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
@@ -188,6 +170,24 @@ func (m *machine) nspawnArgs(extra ...string) []string {
 const writableCgroups = `findmnt -rn -t cgroup -o TARGET,OPTIONS | while read -r target opts; do
 	case $opts in ro,*) mount -o remount,bind,rw "$target" ;; esac
 done`
+
+// requireContainerHost skips unless this host can run the container (root,
+// runc) and fails without systemd-nspawn. It returns the instance name of
+// a daemon on its defaults (the container's), and skips where such a
+// daemon is installed or runs on this host: the container's would share
+// its cgroups.
+func requireContainerHost(t *testing.T) string {
+	t.Helper()
+	harness.RequireHost(t)
+	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
+		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
+	}
+	inst := defaultInstance()
+	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
+		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
+	}
+	return inst
+}
 
 // findDescendant is the first process named comm below pid, or 0.
 func findDescendant(pid int, comm string) int {
@@ -266,14 +266,7 @@ func (m *machine) waitHealthy(what string) {
 // ready; `systemctl stop` with no sandbox left leaves nothing of its
 // instance on the host. Nothing of the container is left afterwards.
 func TestSystemdUnit(t *testing.T) {
-	harness.RequireHost(t)
-	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
-		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
-	}
-	inst := defaultInstance()
-	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
-		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
-	}
+	inst := requireContainerHost(t)
 	m := newMachine(t)
 	m.boot()
 
@@ -389,14 +382,7 @@ func instanceCgroups(instance string) []string {
 // a sandbox; stopped with SIGTERM after its sandbox is gone, it leaves
 // nothing of its instance behind.
 func TestStartDaemonWithoutSystemd(t *testing.T) {
-	harness.RequireHost(t)
-	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
-		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
-	}
-	inst := defaultInstance()
-	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
-		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
-	}
+	inst := requireContainerHost(t)
 	m := newMachine(t)
 	// No -b: the script is the container's only program, under nspawn's
 	// minimal init, as in a container without systemd.
