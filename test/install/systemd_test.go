@@ -17,7 +17,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -57,6 +56,13 @@ type machine struct {
 	// runsc is the runsc the tests run (first on PATH), which install.sh
 	// installs into /usr/local/bin too.
 	runsc string
+	// cgroups are the container's own cgroup in each hierarchy nspawn
+	// and systemd use (name=systemd on a v1 host, the cgroup2 one).
+	// nspawn starts in them, so every process of the container, and
+	// what nspawn makes below its own cgroup (payload/, supervisor/), is
+	// found there, killed and removed however the test ends: a SIGKILL
+	// of nspawn alone leaves the container's init running.
+	cgroups []string
 }
 
 // newMachine prepares the container's root: the host's / under an
@@ -84,6 +90,20 @@ func newMachine(t *testing.T) *machine {
 			t.Errorf("unmount the container's root: %v", err)
 		}
 	})
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mnt := range mounts {
+		if mnt.FSType == "cgroup2" || strings.Contains(","+mnt.VFSOptions+",", ",name=systemd,") {
+			cg := filepath.Join(mnt.Mountpoint, "berth-install-test-"+filepath.Base(dir))
+			if err := os.Mkdir(cg, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			m.cgroups = append(m.cgroups, cg)
+		}
+	}
+	t.Cleanup(m.removeCgroups)
 	wants, _ := filepath.Glob("/etc/systemd/system/*.wants/*")
 	unitDir := filepath.Join(m.root, "etc/systemd/system")
 	for _, w := range wants {
@@ -107,9 +127,8 @@ func (m *machine) boot() {
 	t.Helper()
 	m.log = &harness.SyncBuffer{}
 	m.done = make(chan struct{})
-	m.cmd = exec.Command("systemd-nspawn", m.nspawnArgs("--console=read-only", "-b")...)
+	m.cmd = m.nspawn(context.Background(), "--console=read-only", "-b")
 	m.cmd.Stdout, m.cmd.Stderr = m.log, m.log
-	m.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := m.cmd.Start(); err != nil {
 		t.Fatalf("systemd-nspawn: %v", err)
 	}
@@ -121,7 +140,7 @@ func (m *machine) boot() {
 		select {
 		case <-m.done:
 		default:
-			_ = unix.Kill(-m.cmd.Process.Pid, unix.SIGKILL)
+			m.killContainer()
 			<-m.done
 		}
 	})
@@ -163,6 +182,68 @@ func (m *machine) nspawnArgs(extra ...string) []string {
 		"--register=no", "--keep-unit", "--private-network",
 		"--bind=/dev/loop-control", "--bind=" + m.varLib + ":" + hostDataDir,
 		"--bind-ro=" + repo + ":/src", "--bind-ro=" + bin.Dir + ":/berth-bin", "--bind-ro=" + m.runsc + ":/berth-runsc"}, extra...)
+}
+
+// nspawn is systemd-nspawn for the container with extra arguments,
+// started in the container's own cgroups.
+func (m *machine) nspawn(ctx context.Context, extra ...string) *exec.Cmd {
+	const script = `for d in $BERTH_TEST_CGROUPS; do echo $$ > "$d/cgroup.procs" || exit 1; done; exec systemd-nspawn "$@"`
+	cmd := exec.CommandContext(ctx, "/bin/sh", append([]string{"-c", script, "sh"}, m.nspawnArgs(extra...)...)...)
+	cmd.Env = append(os.Environ(), "BERTH_TEST_CGROUPS="+strings.Join(m.cgroups, " "))
+	return cmd
+}
+
+// cgroupProcs lists the processes in the container's cgroups.
+func (m *machine) cgroupProcs() []int {
+	var pids []int
+	for _, cg := range m.cgroups {
+		_ = filepath.WalkDir(cg, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			b, _ := os.ReadFile(filepath.Join(path, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
+}
+
+// killContainer SIGKILLs every process in the container's cgroups (nspawn
+// and the container's init included, which ends its PID namespace) and
+// waits until they are gone.
+func (m *machine) killContainer() {
+	harness.WaitFor(m.t, 60*time.Second, "the container's processes to be gone", func() bool {
+		pids := m.cgroupProcs()
+		for _, pid := range pids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		return len(pids) == 0
+	})
+}
+
+// removeCgroups kills what is left in the container's cgroups and
+// removes them, the ones nspawn made below them included.
+func (m *machine) removeCgroups() {
+	m.killContainer()
+	for _, cg := range m.cgroups {
+		var dirs []string
+		_ = filepath.WalkDir(cg, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if err := os.Remove(dirs[i]); err != nil {
+				m.t.Errorf("remove the container's cgroup: %v", err)
+			}
+		}
+	}
 }
 
 // writableCgroups is a script that remounts the container's read-only
@@ -402,7 +483,7 @@ echo "log: $(grep -c 'msg=daemon_ready' /var/log/berth/berth.log) ready, $(grep 
 `
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "systemd-nspawn", m.nspawnArgs("--console=pipe", "--as-pid2", "/bin/bash", "-c", script)...)
+	cmd := m.nspawn(ctx, "--console=pipe", "--as-pid2", "/bin/bash", "-c", script)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("the container's script: %v\n%s", err, out)
