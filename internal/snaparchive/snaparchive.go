@@ -85,8 +85,10 @@ type Manifest struct {
 const MaxMemoryFiles = 8
 
 // memoryName is what a memory image file may be called: a plain name,
-// no directory, as runsc names them (checkpoint.img, pages.img, …).
-var memoryName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,63}\.img$`)
+// no directory, as runsc names them (checkpoint.img, pages.img, …) and
+// as Berth names the egress CA it keeps beside the image
+// (berth-egress-ca.pem, berth-egress-ca.key).
+var memoryName = regexp.MustCompile(`^[a-z][a-z0-9_-]{0,63}\.(img|pem|key)$`)
 
 // MemoryFile is one file of a memory image, for Write.
 type MemoryFile struct {
@@ -141,7 +143,7 @@ func ParseManifest(b []byte) (Manifest, error) {
 	for i, l := range m.Memory {
 		name, ok := strings.CutPrefix(l.File, "memory/")
 		if !ok || !memoryName.MatchString(name) || seen[name] {
-			return Manifest{}, bad("memory file %d is %q: want memory/<name>.img, each once", i, l.File)
+			return Manifest{}, bad("memory file %d is %q: want memory/<name>.img (or .pem, .key), each once", i, l.File)
 		}
 		seen[name] = true
 		if l.Size < 0 {

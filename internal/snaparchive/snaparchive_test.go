@@ -264,10 +264,10 @@ func discardMemory(_ string, r io.Reader) error {
 // memory file named out of its directory, without checkpoint.img, or
 // without the token is refused.
 func TestMemoryRoundTrip(t *testing.T) {
-	files := layerFiles(t, "layer", "checkpoint data", "pages data")
+	files := layerFiles(t, "layer", "checkpoint data", "pages data", "ca cert", "ca key")
 	var buf bytes.Buffer
 	meta := Meta{Kind: "memory", Template: "base", AgentToken: "tok", CreatedAt: time.Unix(1, 0).UTC()}
-	if err := Write(&buf, meta, files[:1], []MemoryFile{{"checkpoint.img", files[1]}, {"pages.img", files[2]}}); err != nil {
+	if err := Write(&buf, meta, files[:1], []MemoryFile{{"checkpoint.img", files[1]}, {"pages.img", files[2]}, {"berth-egress-ca.pem", files[3]}, {"berth-egress-ca.key", files[4]}}); err != nil {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
@@ -276,11 +276,14 @@ func TestMemoryRoundTrip(t *testing.T) {
 		got[name] = string(b)
 		return err
 	})
-	if err != nil || m.Snapshot.AgentToken != "tok" || got["checkpoint.img"] != "checkpoint data" || got["pages.img"] != "pages data" || len(got) != 2 {
+	if err != nil || m.Snapshot.AgentToken != "tok" || got["checkpoint.img"] != "checkpoint data" || got["pages.img"] != "pages data" ||
+		got["berth-egress-ca.pem"] != "ca cert" || got["berth-egress-ca.key"] != "ca key" || len(got) != 4 {
 		t.Fatalf("Read = %+v, %v, memory %q", m, err, got)
 	}
-	if err := Write(&buf, meta, files[:1], []MemoryFile{{"../x.img", files[1]}}); err == nil {
-		t.Errorf("Write took a memory file name with a directory")
+	for _, name := range []string{"../x.img", "x.sh", ".pem", "-x.key", "a/b.key", "x.img.sh"} {
+		if err := Write(&buf, meta, files[:1], []MemoryFile{{name, files[1]}}); err == nil {
+			t.Errorf("Write took memory file name %q", name)
+		}
 	}
 	digest := strings.Repeat("a", 64)
 	for name, man := range map[string]string{
