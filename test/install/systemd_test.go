@@ -340,11 +340,11 @@ func (m *machine) waitHealthy(what string) {
 // (install.sh's daemon step) installs scripts/berth.service, enables and
 // starts it, and the daemon answers and runs sandboxes. As the unit
 // promises: `systemctl restart` ends the daemon but not its sandboxes,
-// which the next daemon adopts (KillMode=process); a daemon killed with
-// SIGKILL is started again (Restart=on-failure); it logs to the journal;
-// it starts at boot, and after a reboot (whose end took the sandboxes'
-// processes) it reports the sandbox failed with a reason rather than
-// ready; `systemctl stop` with no sandbox left leaves nothing of its
+// which sit in cgroups of their own and the next daemon adopts; a daemon
+// killed with SIGKILL is started again (Restart=on-failure); it logs to
+// the journal; it starts at boot, and after a reboot (whose end took the
+// sandboxes' processes) it reports the sandboxes failed with a reason
+// rather than ready; `systemctl stop` with no sandbox left leaves nothing of its
 // instance on the host. Nothing of the container is left afterwards.
 func TestSystemdUnit(t *testing.T) {
 	inst := requireContainerHost(t)
