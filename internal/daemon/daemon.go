@@ -176,8 +176,7 @@ func (c Config) WithDefaults() Config {
 		c.CacheDir = "/var/cache/berth"
 	}
 	if c.Instance == "" {
-		sum := sha256.Sum256([]byte(c.DataDir))
-		c.Instance = hex.EncodeToString(sum[:])[:6]
+		c.Instance = DefaultInstance(c.DataDir)
 	}
 	if c.RuntimeBinary == "" {
 		c.RuntimeBinary = "runc"
@@ -635,4 +634,12 @@ func (c Config) warmPools() (map[sandbox.WarmKey]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// DefaultInstance is the instance name of a daemon on data dir dataDir
+// that names none: a short digest of the path, so daemons on different
+// data dirs never share host objects.
+func DefaultInstance(dataDir string) string {
+	sum := sha256.Sum256([]byte(dataDir))
+	return hex.EncodeToString(sum[:])[:6]
 }

@@ -182,8 +182,11 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 				return fmt.Errorf("network: %w", err)
 			}
 			e.att = att
+			c.undo.push("egress", func(context.Context) error {
+				_, _ = c.egress.wait() // never remove under its feet (nil: never started); its error was the create's
+				return m.removeEgress(id)
+			})
 			if c.restore != nil {
-				c.undo.push("egress CA", func(context.Context) error { return m.removeEgress(id) })
 				if err := m.adoptSourceCA(id, c.restore.image); err != nil {
 					return fmt.Errorf("network policy: %w", err)
 				}
@@ -192,10 +195,6 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 			// they come up while the agent starts, under the create's
 			// context (BeforeStart's ends with the runtime's Create).
 			c.egress = m.prepareEgressAsync(ctx, e, c.policy)
-			c.undo.push("egress", func(context.Context) error {
-				_, _ = c.egress.wait() // never remove under its feet; its error was the create's
-				return m.removeEgress(id)
-			})
 			return nil
 		},
 	}

@@ -7,8 +7,6 @@ package install
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -23,6 +21,7 @@ import (
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/daemon"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -31,13 +30,8 @@ var bin harness.Binaries
 func TestMain(m *testing.M) { os.Exit(harness.Main(m, &bin, nil)) }
 
 // hostDataDir is the data dir of a daemon on its defaults, which the unit
-// runs; its instance name is derived from it (daemon.Config).
+// runs; its instance name is derived from it (daemon.DefaultInstance).
 const hostDataDir = "/var/lib/berth"
-
-func defaultInstance() string {
-	sum := sha256.Sum256([]byte(hostDataDir))
-	return hex.EncodeToString(sum[:])[:6]
-}
 
 // machine is a systemd booted in a systemd-nspawn container whose root is
 // this host's root filesystem under a throwaway overlay: the host's
@@ -263,7 +257,7 @@ func requireContainerHost(t *testing.T) string {
 	if _, err := exec.LookPath("systemd-nspawn"); err != nil {
 		t.Fatal("systemd-nspawn not found: run scripts/deps.sh (Debian package systemd-container)")
 	}
-	inst := defaultInstance()
+	inst := daemon.DefaultInstance(hostDataDir)
 	if _, err := os.Stat("/etc/systemd/system/berth.service"); err == nil || len(instanceCgroups(inst)) > 0 {
 		t.Skip("a Berth daemon on its defaults is installed or runs on this host; the container's would share its instance's cgroups")
 	}
