@@ -72,16 +72,15 @@ func TestDensityPastKeyQuota(t *testing.T) {
 	// time, 210 of each took minutes.
 	harness.Each(t, batch, ids, func(id string) error {
 		sb := byID[id]
-		// Answering is the exec running to exit 0. Its output is only
-		// logged: under this load an exec's stdout is sometimes lost on
-		// the way back, which is the agent-output issue, not density.
+		// Answering is the exec running to exit 0 with every byte of
+		// its output: no output is lost under this load either.
 		var out strings.Builder
 		code, err := sb.Exec(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "echo ok"}, Stdout: &out})
 		if err != nil || code != 0 {
 			return fmt.Errorf("echo ok = %d, %v (stdout %q)", code, err, out.String())
 		}
 		if out.String() != "ok\n" {
-			t.Logf("sandbox %s: echo ok exited 0 but its stdout arrived as %q", id, out.String())
+			return fmt.Errorf("echo ok exited 0 but its stdout arrived as %q", out.String())
 		}
 		pid, err := agentPid(d, id)
 		if err != nil {

@@ -41,12 +41,7 @@ func requireRoot(t *testing.T) {
 // reachable by the sandbox's host uid, so their directories are opened up.
 func newHarness(t *testing.T) *harness {
 	requireRoot(t)
-	dir := t.TempDir()
-	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := runtimetest.SandboxReadableDir(t)
 	h := &harness{layer: filepath.Join(dir, "layer")}
 	runtimetest.BusyboxLayer(t, h.layer, uidBase)
 	h.agent = runtimetest.BuildAgent(t, dir)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -196,4 +197,175 @@ func testNetNS(t *testing.T, suffix string) string {
 		}
 	})
 	return "/run/netns/" + name
+}
+
+// LiveCopier is the optional ability to save a running sandbox's memory
+// image and leave it running (CheckpointLive), and to start other
+// sandboxes from that image (runtime.Spec.RestoreImage): snapshots and
+// forks that keep processes. UpperDir is where the sandbox's writable
+// layer is, which a copy's root filesystem must hold as of the image.
+type LiveCopier interface {
+	CopiesMemory() bool
+	CheckpointLive(ctx context.Context, id, dir string) error
+	UpperDir(id string) (string, error)
+}
+
+// testCheckpointLiveCopy: a live checkpoint of a counting sandbox leaves
+// it counting, and a new sandbox started from the image, on the source's
+// files as of the image and in a network namespace of its own, counts on
+// from the same memory (token and checksum). The two are independent
+// afterwards: a file written in one is absent from the other, and the
+// copy outlives its source. A backend that cannot copy refuses both
+// halves with ErrNotImplemented and leaves the sandbox running.
+func testCheckpointLiveCopy(t *testing.T, h Harness) {
+	inst := h.New(t)
+	lc, ok := inst.Backend.(LiveCopier)
+	if !ok {
+		t.Skip("backend has no CheckpointLive")
+	}
+	ctx := t.Context()
+	if !lc.CopiesMemory() {
+		id, _ := start(t, h, inst)
+		if err := lc.CheckpointLive(ctx, id, t.TempDir()); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Errorf("CheckpointLive = %v, want ErrNotImplemented", err)
+		}
+		if st, err := inst.Backend.Inspect(ctx, id); err != nil || st.Status != runtime.StatusRunning {
+			t.Errorf("Inspect after refused CheckpointLive = %+v, %v; want running", st, err)
+		}
+		cid := NewID()
+		spec := h.Spec(t, cid)
+		spec.RestoreImage = t.TempDir()
+		if err := inst.Backend.Create(ctx, spec); !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Errorf("Create with RestoreImage = %v, want ErrNotImplemented", err)
+			_ = inst.Backend.Destroy(context.Background(), cid)
+		}
+		assertGone(t, inst, cid)
+		return
+	}
+	if inst.Exec == nil {
+		t.Skip("harness has no Exec")
+	}
+	id := NewID()
+	spec := h.Spec(t, id)
+	spec.NetNSPath = testNetNS(t, id+"a")
+	spec.AgentArgs = []string{"count", "/count"} // as in checkpointRestore
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	srcAlive := true
+	t.Cleanup(func() {
+		if srcAlive {
+			if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+				t.Errorf("Destroy = %v", err)
+			}
+		}
+	})
+	var before counter
+	harness.WaitFor(t, 30*time.Second, "the counter to count", func() bool {
+		before = readCounter(ctx, inst, id)
+		return before.n >= 2
+	})
+
+	// The image and the files of the same instant: the sandbox is frozen
+	// while both are taken, as a snapshot does.
+	image := filepath.Join(t.TempDir(), "image")
+	layer := filepath.Join(SandboxReadableDir(t), "layer")
+	if err := inst.Backend.Pause(ctx, id); err != nil {
+		t.Fatalf("Pause = %v", err)
+	}
+	t0 := time.Now()
+	if err := lc.CheckpointLive(ctx, id, image); err != nil {
+		t.Fatalf("CheckpointLive = %v", err)
+	}
+	t.Logf("CheckpointLive took %v", time.Since(t0))
+	upper, err := lc.UpperDir(id)
+	if err != nil {
+		t.Fatalf("UpperDir = %v", err)
+	}
+	// The writable layer frozen as the Manager does it: a read-only layer
+	// owned by the range the spec's layers are in (their root's owner).
+	var base unix.Stat_t
+	if err := unix.Stat(spec.Layers[0], &base); err != nil {
+		t.Fatal(err)
+	}
+	store, err := template.New(template.Config{DataDir: t.TempDir(), UIDBase: base.Uid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.FreezeLayer(ctx, upper, layer); err != nil {
+		t.Fatalf("FreezeLayer = %v", err)
+	}
+	if st, err := inst.Backend.Inspect(ctx, id); err != nil || st.Status != runtime.StatusPaused {
+		t.Errorf("Inspect after CheckpointLive of a paused sandbox = %+v, %v; want paused", st, err)
+	}
+	if err := inst.Backend.Resume(ctx, id); err != nil {
+		t.Fatalf("Resume = %v", err)
+	}
+	var srcAfter counter
+	harness.WaitFor(t, 30*time.Second, "the source to count on after its live checkpoint", func() bool {
+		srcAfter = readCounter(ctx, inst, id)
+		return srcAfter.token == before.token && srcAfter.n > before.n+1
+	})
+
+	cid := NewID()
+	cspec := h.Spec(t, cid)
+	cspec.Layers = append(append([]string(nil), spec.Layers...), layer)
+	cspec.AgentArgs = spec.AgentArgs
+	cspec.NetNSPath = testNetNS(t, cid+"b")
+	cspec.RestoreImage = image
+	t0 = time.Now()
+	if err := inst.Backend.Create(ctx, cspec); err != nil {
+		t.Fatalf("Create from the image = %v", err)
+	}
+	t.Logf("Create from the image took %v", time.Since(t0))
+	t.Cleanup(func() {
+		if err := inst.Backend.Destroy(context.Background(), cid); err != nil {
+			t.Errorf("Destroy copy = %v", err)
+		}
+	})
+	st, err := inst.Backend.Inspect(ctx, cid)
+	if err != nil || st.Status != runtime.StatusRunning || st.Pid <= 0 {
+		t.Fatalf("Inspect copy = %+v, %v; want running", st, err)
+	}
+	var want, got unix.Stat_t
+	if err := unix.Stat(cspec.NetNSPath, &want); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &got); err != nil {
+		t.Fatal(err)
+	}
+	if want.Ino != got.Ino || want.Dev != got.Dev {
+		t.Errorf("copy's netns inode %d, want its own %d", got.Ino, want.Ino)
+	}
+	var first, after counter
+	harness.WaitFor(t, 30*time.Second, "the copy's counter to be readable", func() bool {
+		first = readCounter(ctx, inst, cid)
+		return first.token != ""
+	})
+	harness.WaitFor(t, 30*time.Second, "the copy's counter to count on", func() bool {
+		after = readCounter(ctx, inst, cid)
+		return after.token != "" && after.n > first.n+1
+	})
+	if first.n < before.n || after.token != before.token || after.sum != before.sum {
+		t.Errorf("copy's counter = %+v (first read %+v), source's before the image = %+v; want the same token and memory checksum, counting on", after, first, before)
+	}
+
+	// Independent: a file written in the copy is not in the source, and
+	// the copy runs on without it.
+	if out, err := inst.Exec(ctx, cid, "/bin/sh", "-c", "echo copy > /only-in-copy"); err != nil {
+		t.Fatalf("write in the copy: %v: %s", err, out)
+	}
+	if out, err := inst.Exec(ctx, id, "/bin/cat", "/only-in-copy"); err == nil {
+		t.Errorf("the copy's file is readable in the source: %q", out)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy source = %v", err)
+	}
+	srcAlive = false
+	assertGone(t, inst, id)
+	last := readCounter(ctx, inst, cid)
+	harness.WaitFor(t, 30*time.Second, "the copy to count on without its source", func() bool {
+		c := readCounter(ctx, inst, cid)
+		return c.token == before.token && c.n > last.n+1
+	})
 }

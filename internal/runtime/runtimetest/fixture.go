@@ -228,6 +228,20 @@ func BuildAgent(t testing.TB, dir string) string {
 var busyboxApplets = []string{"sh", "cat", "echo", "ls", "sleep", "setsid", "hostname",
 	"dd", "rm", "mkdir", "id", "true", "false", "head", "ps", "kill"}
 
+// SandboxReadableDir returns a new test directory that a sandbox's host
+// uid can reach: the directories above it, up to the system's temporary
+// directory, are opened to others (t.TempDir makes them 0700).
+func SandboxReadableDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // BusyboxLayer builds a minimal root filesystem layer in dir from the
 // host's static busybox, owned by uid:uid (the sandbox's root as the host
 // sees it). It skips the test if no static busybox is installed.

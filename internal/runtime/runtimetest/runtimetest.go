@@ -120,6 +120,7 @@ func Run(t *testing.T, h Harness) {
 		{"CheckpointRestore", testCheckpointRestore},
 		{"StopStart", testStopStart},
 		{"CheckpointStopRestore", testCheckpointStopRestore},
+		{"CheckpointLiveCopy", testCheckpointLiveCopy},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
