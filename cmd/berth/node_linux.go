@@ -135,7 +135,7 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 				Name: name, IP: ip, Listen: listen,
 				TLSCert: cert, TLSKey: key, ClientCA: clientCA,
 				Kube: kube, Capacity: capacity, Reserved: reserved,
-				DaemonSocket: daemon.SocketPath(cfg.DataDir),
+				DaemonSocket:   daemon.SocketPath(cfg.DataDir),
 				RestartBackOff: backOff, RestartBackOffMax: backOffMax,
 				Version: buildVersion(), Logger: log.With("component", "node"),
 			}, node.FromClient(c))
