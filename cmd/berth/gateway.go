@@ -114,8 +114,12 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	defer gw.Shutdown()
+	// The informers end with ctx: end it before waiting for them, also
+	// when Serve failed on its own.
+	defer func() {
+		stop()
+		gw.Shutdown()
+	}()
 	if err := gw.Run(ctx); err != nil {
 		return err
 	}
