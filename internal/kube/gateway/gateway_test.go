@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"io"
 	"log/slog"
 	"math/big"
@@ -441,6 +442,33 @@ func TestNotServed(t *testing.T) {
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
 			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)
+		}
+	}
+}
+
+func TestLoadKeysRefused(t *testing.T) {
+	good := auth.HashKey(keyAlice)
+	for name, body := range map[string]string{
+		"bad id":      "keys:\n  - {id: Alice_1, sha256: " + good + "}\n",
+		"same id":     "keys:\n  - {id: a, sha256: " + good + "}\n  - {id: a, sha256: " + auth.HashKey(keyBob) + "}\n",
+		"short hash":  "keys:\n  - {id: a, sha256: abcd}\n",
+		"not hex":     "keys:\n  - {id: a, sha256: " + strings.Repeat("z", 64) + "}\n",
+		"unknown key": "keys:\n  - {id: a, sha256: " + good + ", secret: x}\n",
+	} {
+		if _, err := LoadKeys(writeFile(t, "keys.yaml", []byte(body))); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: LoadKeys = %v, want invalid argument", name, err)
+		}
+	}
+	ks, err := LoadKeys(writeFile(t, "keys.yaml", []byte("keys:\n  - {id: a, sha256: "+strings.ToUpper(good)+", admin: true}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := ks.Verify(t.Context(), keyAlice); err != nil || k.ID != "a" || !k.Admin {
+		t.Errorf("Verify = %+v, %v", k, err)
+	}
+	for _, s := range []string{"", keyBob, "nope"} {
+		if _, err := ks.Verify(t.Context(), s); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("Verify(%q) = %v, want unauthenticated", s, err)
 		}
 	}
 }
