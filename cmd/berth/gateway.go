@@ -76,7 +76,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	if err != nil {
 		return err
 	}
-	defer closeLog()
+	defer func() { _ = closeLog() }()
 	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
 
 	var rc *rest.Config
