@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -42,6 +43,7 @@ const ns = "sandboxes"
 const (
 	tplFails   = "fails"
 	tplNoRoom  = "noroom"
+	tplHangs   = "hangs"
 	keyAlice   = "e2b_00000000000000000000000000000000000000a1"
 	keyBob     = "e2b_00000000000000000000000000000000000000b2"
 	nodeSbPref = "nodesb"
@@ -155,6 +157,8 @@ func runNode(t *testing.T, kube *fake.Clientset) {
 			case tplFails:
 				pod.Spec.NodeName = "berth-a"
 				pod.Status.Phase, pod.Status.Reason, pod.Status.Message = corev1.PodFailed, "BerthCreateFailed", "template is broken"
+			case tplHangs:
+				continue
 			case tplNoRoom:
 				pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
 					Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes are available: 1 Insufficient memory."}}
@@ -184,7 +188,7 @@ func startGateway(t *testing.T, withKeys bool) env {
 	addr := nodeSrv.Listener.Addr().(*net.TCPAddr)
 	kube := fake.NewClientset(&corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "berth-a", Labels: map[string]string{node.TaintKey: "true"},
-			Annotations: map[string]string{node.AnnotationTemplates: "minimal," + tplFails + "," + tplNoRoom}},
+			Annotations: map[string]string{node.AnnotationTemplates: "minimal," + tplFails + "," + tplNoRoom + "," + tplHangs}},
 		Status: corev1.NodeStatus{
 			Conditions:      []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
 			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
@@ -471,4 +475,58 @@ func TestLoadKeysRefused(t *testing.T) {
 			t.Errorf("Verify(%q) = %v, want unauthenticated", s, err)
 		}
 	}
+}
+
+// TestCreateAbandoned: a caller that gives up on a create leaves no pod
+// behind.
+func TestCreateAbandoned(t *testing.T) {
+	e := startGateway(t, false)
+	// The watch (and so each loop over it) ends after a bound.
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	w, err := e.kube.CoreV1().Pods(ns).Watch(wctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ctx, cancel := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/v1/sandboxes", strings.NewReader(`{"template":"`+tplHangs+`"}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	// next is the watch's next event; the fake's watch ignores its
+	// context, so the bound is kept here.
+	next := func() (watch.Event, bool) {
+		select {
+		case ev, ok := <-w.ResultChan():
+			return ev, ok
+		case <-wctx.Done():
+			return watch.Event{}, false
+		}
+	}
+	var name string
+	for ev, ok := next(); ok; ev, ok = next() {
+		if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Added {
+			name = p.Name
+			break
+		}
+	}
+	if name == "" {
+		t.Fatal("no pod was made")
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned create = %v", err)
+	}
+	for ev, ok := next(); ok; ev, ok = next() {
+		if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Deleted && p.Name == name {
+			return
+		}
+	}
+	t.Errorf("pod %s of the abandoned create was not deleted", name)
 }
