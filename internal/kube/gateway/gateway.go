@@ -8,6 +8,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -214,6 +215,8 @@ func (g *Gateway) Serve(ctx context.Context, listen string) error {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	err := srv.Shutdown(sctx)
-	<-errc
+	if lerr := <-errc; !errors.Is(lerr, http.ErrServerClosed) {
+		err = errors.Join(err, lerr)
+	}
 	return err
 }
