@@ -60,7 +60,10 @@ memory.
 
 The kubelet API (logs, exec) is served on --kubelet-listen over TLS to
 clients whose certificate --client-ca signed: the API server's
---kubelet-client-certificate. Pods keep running across a restart of the node.
+--kubelet-client-certificate. The same server carries the data plane of the
+node's pods' sandboxes under /berth/ for the gateway (berth serve --kubernetes),
+whose client certificate --client-ca must sign too. Pods keep running across a
+restart of the node.
 
 Containers restart as the pod's restartPolicy says (Always, the default;
 OnFailure; Never), with the kubelet's back-off: at once, then
@@ -132,6 +135,7 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 				Name: name, IP: ip, Listen: listen,
 				TLSCert: cert, TLSKey: key, ClientCA: clientCA,
 				Kube: kube, Capacity: capacity, Reserved: reserved,
+				DaemonSocket:   daemon.SocketPath(cfg.DataDir),
 				RestartBackOff: backOff, RestartBackOffMax: backOffMax,
 				Version: buildVersion(), Logger: log.With("component", "node"),
 			}, node.FromClient(c))

@@ -24,7 +24,10 @@ import (
 // newServeCmd runs the daemon. Settings come from defaults, then the
 // config file (YAML or JSON), then flags.
 func newServeCmd() *cobra.Command {
-	var o serveOptions
+	var (
+		o  serveOptions
+		gw gatewayOptions
+	)
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run the Berth daemon (as root)",
@@ -35,9 +38,20 @@ installed: create --isolation gvisor), the API on --listen.
 Settings come from the built-in defaults, then --config (a YAML or JSON file
 whose keys are ` + strings.Join(configKeys(), ", ") + `), then flags.
 SIGTERM or SIGINT stops the daemon; running sandboxes keep running and are
-re-adopted when it starts again.`,
+re-adopted when it starts again.
+
+With --kubernetes it is instead the gateway of a Kubernetes cluster of Berth
+nodes (berth node): no runtime, no state of its own, no root. It serves the
+native API's sandbox create, list, get and delete, each sandbox a pod in
+--namespace, and proxies each sandbox's agent data plane to its node over
+mutual TLS (--node-client-cert, --node-client-key, --node-ca). Several
+gateways serve one cluster side by side. Other routes answer
+not_implemented.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if gw.on {
+				return runGateway(cmd, &o, &gw)
+			}
 			cfg, log, ctx, done, err := o.setup(cmd, "berth serve")
 			if err != nil {
 				return err
@@ -47,6 +61,7 @@ re-adopted when it starts again.`,
 		},
 	}
 	o.bind(cmd.Flags())
+	gw.bind(cmd.Flags())
 	return cmd
 }
 

@@ -3,7 +3,6 @@ package e2bcompat
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
 )
 
@@ -36,12 +36,8 @@ type Keys struct {
 // NewKeys returns Keys backed by st.
 func NewKeys(st KeyStore) *Keys { return &Keys{store: st} }
 
-// hashKey is how a key is stored and looked up: 160 random bits need no
-// slow hash, and a lookup by hash compares no secret byte by byte.
-func hashKey(secret string) string {
-	sum := sha256.Sum256([]byte(secret))
-	return hex.EncodeToString(sum[:])
-}
+// hashKey is how a key is stored and looked up (auth.HashKey).
+func hashKey(secret string) string { return auth.HashKey(secret) }
 
 func randHex(n int) string {
 	b := make([]byte, n)

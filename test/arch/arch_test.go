@@ -95,6 +95,10 @@ func TestImportGraph(t *testing.T) {
 		// Sandboxes interface over the SDK), never its internals.
 		{"internal/kube/node", []string{sandboxes, module + "/internal/daemon", module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg,
 			module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template"}, nil},
+		// The gateway holds no state and runs no sandbox: it links none
+		// of the daemon's machinery, SQLite included.
+		{"internal/kube/gateway", []string{sandboxes, module + "/internal/daemon", module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg,
+			module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/e2bcompat"}, nil},
 		// The wire contract is a leaf both the daemon and the SDK import.
 		{"api/types", []string{module + "/"}, []string{module + "/api/types", module + "/errdefs"}},
 		// The agent protocol's constants are a leaf the agent may import

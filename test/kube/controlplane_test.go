@@ -38,6 +38,9 @@ type controlPlane struct {
 	// kubelet API (127.0.0.1), which accepts clients the CA signed (the
 	// API server's kubelet client certificate).
 	CA, NodeCert, NodeKey string
+	// pki issues further certificates from CA (a gateway's client
+	// certificate toward the nodes).
+	pki *pki
 }
 
 // binDir finds the cached control plane binaries, or skips: they come
@@ -86,7 +89,7 @@ func startControlPlane(t *testing.T, apiserverArgs ...string) *controlPlane {
 	dir := t.TempDir()
 	cp := &controlPlane{dir: dir}
 	pki := newPKI(t, dir)
-	cp.CA = pki.caFile
+	cp.CA, cp.pki = pki.caFile, pki
 	serving := pki.issue(t, "apiserver", "kube-apiserver", nil, true)
 	admin := pki.issue(t, "admin", "admin", []string{"system:masters"}, false)
 	kubeletClient := pki.issue(t, "kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false)

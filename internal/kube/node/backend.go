@@ -14,6 +14,8 @@ import (
 // back it with a fake.
 type Sandboxes interface {
 	Health(ctx context.Context) (*client.Health, error)
+	// Templates lists the daemon's templates, built or not.
+	Templates(ctx context.Context) ([]client.Template, error)
 	Create(ctx context.Context, req client.CreateRequest) (*client.Sandbox, error)
 	Get(ctx context.Context, id string) (*client.Sandbox, error)
 	List(ctx context.Context, labels map[string]string) ([]*client.Sandbox, error)
@@ -55,6 +57,10 @@ func FromClient(c *client.Client) Sandboxes { return apiSandboxes{c} }
 type apiSandboxes struct{ c *client.Client }
 
 func (a apiSandboxes) Health(ctx context.Context) (*client.Health, error) { return a.c.Health(ctx) }
+
+func (a apiSandboxes) Templates(ctx context.Context) ([]client.Template, error) {
+	return a.c.Templates(ctx)
+}
 
 func (a apiSandboxes) Create(ctx context.Context, req client.CreateRequest) (*client.Sandbox, error) {
 	return a.c.Create(ctx, req)

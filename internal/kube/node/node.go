@@ -17,7 +17,9 @@ import (
 	"net/http"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -48,6 +50,10 @@ type Config struct {
 	TLSCert, TLSKey, ClientCA string
 	// Kube is the client of the cluster's API.
 	Kube kubernetes.Interface
+	// DaemonSocket, when set, is the daemon's local socket: the kubelet
+	// API's server then also carries the gateway's data plane to it under
+	// DataPlanePrefix (dataplane.go).
+	DaemonSocket string
 	// Resources are the node's capacity: cpu, memory, pods, and
 	// ephemeral-storage; Reserved is held back from it for the host
 	// (allocatable = capacity − reserved).
@@ -103,7 +109,17 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	}
 	spec := nodeSpec(cfg, port)
 	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy()}
+	// The node registers with the templates its daemon has, so the
+	// gateway refuses an unknown one before it makes a pod.
+	if names, err := status.templates(ctx); err == nil {
+		status.names = names
+		spec.Annotations = map[string]string{AnnotationTemplates: names}
+		status.base.Annotations = map[string]string{AnnotationTemplates: names}
+	}
 	mux := http.NewServeMux()
+	if cfg.DaemonSocket != "" {
+		mux.Handle(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", dataPlane(cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger))
+	}
 	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
 		return provider{pods}, status, nil
 	},
@@ -232,6 +248,27 @@ type nodeStatus struct {
 	mu      sync.Mutex
 	cb      func(*corev1.Node)
 	healthy *bool
+	// names is the AnnotationTemplates value last reported.
+	names string
+}
+
+// AnnotationTemplates is the node's annotation naming the templates its
+// daemon has (built or buildable), sorted and comma-separated: the
+// gateway accepts a create only for a template some Ready node has.
+const AnnotationTemplates = "berth.dev/templates"
+
+// templates is the AnnotationTemplates value for the daemon's templates.
+func (s *nodeStatus) templates(ctx context.Context) (string, error) {
+	tpls, err := s.sb.Templates(ctx)
+	if err != nil {
+		return "", err
+	}
+	names := make([]string, 0, len(tpls))
+	for _, t := range tpls {
+		names = append(names, t.Name)
+	}
+	slices.Sort(names)
+	return strings.Join(slices.Compact(names), ","), nil
 }
 
 func (s *nodeStatus) Ping(ctx context.Context) error { return s.check(ctx) }
@@ -251,22 +288,26 @@ func (s *nodeStatus) check(ctx context.Context) error {
 }
 
 // run reports a change of the daemon's health as the node's Ready
-// condition.
+// condition, and a change of its templates as AnnotationTemplates.
 func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, every)
 		err := s.check(cctx)
+		names, terr := s.templates(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
 		ok := err == nil
 		s.mu.Lock()
-		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok
+		if terr != nil {
+			names = s.names
+		}
+		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || names != s.names
 		if cb != nil && changed {
-			s.healthy = &ok
+			s.healthy, s.names = &ok, names
 		}
 		s.mu.Unlock()
 		if cb != nil && changed {
@@ -277,6 +318,10 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 			// whole from what it is given.
 			n := s.base.DeepCopy()
 			n.Status.Conditions = conditions(err)
+			if n.Annotations == nil {
+				n.Annotations = map[string]string{}
+			}
+			n.Annotations[AnnotationTemplates] = names
 			cb(n)
 		}
 		select {

@@ -26,6 +26,10 @@ const (
 	// "open", or a JSON network policy as the API takes it
 	// ({"mode":"allowlist","allow":["pypi.org"]}).
 	AnnotationNetwork = "berth.dev/network"
+	// AnnotationEnv is the sandbox's environment, a JSON object of
+	// strings: what every process in it gets (the API's create env),
+	// under each container's own env.
+	AnnotationEnv = "berth.dev/env"
 )
 
 // Labels the node puts on a pod's sandbox, so a restarted node finds its
@@ -117,6 +121,11 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		return p, err
 	}
 	p.req.Network = netp
+	if s := pod.Annotations[AnnotationEnv]; s != "" {
+		if err := json.Unmarshal([]byte(s), &p.req.Env); err != nil {
+			return p, &planError{"metadata.annotations[" + AnnotationEnv + "]", "want a JSON object of strings: " + err.Error()}
+		}
+	}
 	// A pod lives until Kubernetes deletes it; the node renews the
 	// sandbox's deadline while it does. activeDeadlineSeconds is a hard
 	// bound instead.

@@ -47,14 +47,14 @@ func TestPlanPod(t *testing.T) {
 func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
-		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`}
+		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`}
 	d := int64(90)
 	pod.Spec.ActiveDeadlineSeconds = &d
 	p, err := planPod(pod, "n")
 	if err != nil {
 		t.Fatalf("planPod = %v", err)
 	}
-	if p.req.Template != "base" || p.req.Isolation != "gvisor" || p.req.Timeout != "90s" {
+	if p.req.Template != "base" || p.req.Isolation != "gvisor" || p.req.Timeout != "90s" || !reflect.DeepEqual(p.req.Env, map[string]string{"LANG": "C.UTF-8"}) {
 		t.Errorf("request = %+v", p.req)
 	}
 	if p.req.Network == nil || p.req.Network.Mode != "allowlist" || !reflect.DeepEqual(p.req.Network.Allow, []string{"pypi.org"}) {
@@ -71,6 +71,7 @@ func TestPlanPodRefused(t *testing.T) {
 		{"isolation", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationIsolation: "vm"} }, "metadata.annotations[berth.dev/isolation]"},
 		{"network", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: "wide"} }, "metadata.annotations[berth.dev/network]"},
 		{"network json", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: `{"mode":"open","x":1}`} }, "metadata.annotations[berth.dev/network]"},
+		{"env", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationEnv: `{"A":1}`} }, "metadata.annotations[berth.dev/env]"},
 		{"init", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers"},
 		{"stdin", func(p *corev1.Pod) { p.Spec.Containers[0].Stdin = true }, "spec.containers[0].stdin"},
 		{"valueFrom", func(p *corev1.Pod) {

@@ -1,0 +1,140 @@
+//go:build linux
+
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/gateway"
+)
+
+// gatewayOptions are the flags of `berth serve --kubernetes`.
+type gatewayOptions struct {
+	on            bool
+	kubeconfig    string
+	namespace     string
+	nodeCert      string
+	nodeKey       string
+	nodeCA        string
+	apiKeys       string
+	createTimeout time.Duration
+	apiQPS        float64
+	apiBurst      int
+}
+
+func (g *gatewayOptions) bind(f *pflag.FlagSet) {
+	f.BoolVar(&g.on, "kubernetes", false, "serve as the gateway of a Kubernetes cluster of Berth nodes: sandboxes are pods, no local runtime or state (see --kubeconfig, --namespace, --node-client-cert)")
+	f.StringVar(&g.kubeconfig, "kubeconfig", "", "with --kubernetes: kubeconfig of the cluster (default: the pod's in-cluster config)")
+	f.StringVar(&g.namespace, "namespace", gateway.DefaultNamespace, "with --kubernetes: namespace of the sandbox pods")
+	f.StringVar(&g.nodeCert, "node-client-cert", "", "with --kubernetes: client certificate (PEM) toward the nodes' kubelet API port, signed by their --client-ca (as the API server's --kubelet-client-certificate)")
+	f.StringVar(&g.nodeKey, "node-client-key", "", "with --kubernetes: its key (PEM)")
+	f.StringVar(&g.nodeCA, "node-ca", "", "with --kubernetes: CA (PEM) that signed the nodes' --tls-cert (as the API server's --kubelet-certificate-authority)")
+	f.StringVar(&g.apiKeys, "api-keys", "", "with --kubernetes: API keys file (YAML: keys: [{id, name, sha256, admin}]); every route but health then needs a key")
+	f.DurationVar(&g.createTimeout, "create-timeout", 5*time.Minute, "with --kubernetes: how long a create waits for its pod to run")
+	f.Float64Var(&g.apiQPS, "kube-api-qps", defaultKubeAPIQPS, "with --kubernetes: requests per second to the API server at most")
+	f.IntVar(&g.apiBurst, "kube-api-burst", defaultKubeAPIBurst, "with --kubernetes: requests above --kube-api-qps sent at once")
+}
+
+// runGateway serves the native API for a cluster of Berth nodes. It
+// needs no root, data dir or runtime: its state is the cluster's.
+func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
+	if g.nodeCert == "" || g.nodeKey == "" || g.nodeCA == "" {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "node-client-cert",
+			Message: "berth serve --kubernetes needs --node-client-cert, --node-client-key and --node-ca (the data plane reaches the nodes' kubelet API port over mutual TLS)"}
+	}
+	if o.cfgFile != "" {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "config",
+			Message: "berth serve --kubernetes takes flags only; --config is the daemon's"}
+	}
+	if err := checkAPIRate(g.apiQPS, g.apiBurst); err != nil {
+		return err
+	}
+	listen := o.flags.Listen
+	if g.apiKeys == "" && !o.flags.InsecureNoAuth && !loopbackListen(listen) {
+		return &errdefs.Error{Code: errdefs.CodeFailedPrecondition, Field: "api-keys",
+			Message: fmt.Sprintf("--listen %s reaches beyond loopback and the gateway has no --api-keys: give it keys, or --insecure-no-auth to serve it unauthenticated anyway", listen)}
+	}
+	level := slog.LevelInfo
+	if o.debug {
+		level = slog.LevelDebug
+	}
+	out, _, closeLog, err := logOutput(o.flags.LogFile, 0, 0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = closeLog() }()
+	log := slog.New(slog.NewTextHandler(out, &slog.HandlerOptions{Level: level}))
+
+	var rc *rest.Config
+	if g.kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", g.kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	rc.QPS, rc.Burst = float32(g.apiQPS), g.apiBurst
+	kube, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
+	tr, err := gateway.NodeTransport(g.nodeCert, g.nodeKey, g.nodeCA)
+	if err != nil {
+		return err
+	}
+	var keys auth.Verifier
+	if g.apiKeys != "" {
+		k, err := gateway.LoadKeys(g.apiKeys)
+		if err != nil {
+			return err
+		}
+		keys = k
+	}
+	gw, err := gateway.New(gateway.Config{
+		Kube: kube, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
+		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout,
+		Version: buildVersion(), Logger: log,
+	})
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+	// The informers end with ctx: end it before waiting for them, also
+	// when Serve failed on its own.
+	defer func() {
+		stop()
+		gw.Shutdown()
+	}()
+	if err := gw.Run(ctx); err != nil {
+		return err
+	}
+	return gw.Serve(ctx, listen)
+}
+
+// loopbackListen reports whether a listen address binds loopback only.
+func loopbackListen(listen string) bool {
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
+}

@@ -1,0 +1,532 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+)
+
+const ns = "sandboxes"
+
+// Templates the fake node reacts to: its pods fail, or no node can take
+// them.
+const (
+	tplFails   = "fails"
+	tplNoRoom  = "noroom"
+	tplHangs   = "hangs"
+	keyAlice   = "e2b_00000000000000000000000000000000000000a1"
+	keyBob     = "e2b_00000000000000000000000000000000000000b2"
+	nodeSbPref = "nodesb"
+)
+
+// testCA issues the node's serving certificate and the gateway's client
+// certificate, as a cluster's CA would.
+type testCA struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+	n    int64
+}
+
+func newTestCA(t *testing.T) *testCA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return &testCA{cert: c, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), n: 1}
+}
+
+// issue returns PEM certificate and key, for 127.0.0.1 when server.
+func (ca *testCA) issue(t *testing.T, server bool) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca.n++
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(ca.n), Subject: pkix.Name{CommonName: "leaf"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	if server {
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, _ := x509.MarshalECPrivateKey(key)
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+}
+
+func writeFile(t *testing.T, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// fakeNode is a node's kubelet API server as the gateway sees it: mutual
+// TLS, and under /berth/ what the agent would answer (it echoes the path,
+// the headers that matter and the body).
+func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Got-Path", r.URL.Path)
+		w.Header().Set("X-Got-Key", r.Header.Get("X-API-Key"))
+		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
+		_, _ = w.Write(body)
+	}))
+	certPEM, keyPEM := ca.issue(t, true)
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca.pem)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// runNode plays the Berth node and the scheduler on the fake cluster:
+// a new pod is bound and runs with a sandbox, or fails, or cannot be
+// placed, as its template says.
+func runNode(t *testing.T, kube *fake.Clientset) {
+	t.Helper()
+	w, err := kube.CoreV1().Pods(ns).Watch(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { w.Stop(); <-done })
+	go func() {
+		defer close(done)
+		n := 0
+		for ev := range w.ResultChan() {
+			pod, ok := ev.Object.(*corev1.Pod)
+			if !ok || ev.Type != watch.Added {
+				continue
+			}
+			n++
+			pod = pod.DeepCopy()
+			switch pod.Annotations[node.AnnotationTemplate] {
+			case tplFails:
+				pod.Spec.NodeName = "berth-a"
+				pod.Status.Phase, pod.Status.Reason, pod.Status.Message = corev1.PodFailed, "BerthCreateFailed", "template is broken"
+			case tplHangs:
+				continue
+			case tplNoRoom:
+				pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
+					Reason: corev1.PodReasonUnschedulable, Message: "0/1 nodes are available: 1 Insufficient memory."}}
+			default:
+				pod.Spec.NodeName = "berth-a"
+				pod.Status.Phase = corev1.PodRunning
+				pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: containerName,
+					ContainerID: "berth://" + nodeSbPref + strconv.Itoa(n) + "/" + containerName,
+					State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
+			}
+			if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+				t.Errorf("node: update pod %s: %v", pod.Name, err)
+			}
+		}
+	}()
+}
+
+type env struct {
+	kube *fake.Clientset
+	url  string
+}
+
+func startGateway(t *testing.T, withKeys bool) env {
+	t.Helper()
+	ca := newTestCA(t)
+	nodeSrv := fakeNode(t, ca)
+	addr := nodeSrv.Listener.Addr().(*net.TCPAddr)
+	kube := fake.NewClientset(&corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: "berth-a", Labels: map[string]string{node.TaintKey: "true"},
+			Annotations: map[string]string{node.AnnotationTemplates: "minimal," + tplFails + "," + tplNoRoom + "," + tplHangs}},
+		Status: corev1.NodeStatus{
+			Conditions:      []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}},
+			Addresses:       []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}},
+			DaemonEndpoints: corev1.NodeDaemonEndpoints{KubeletEndpoint: corev1.DaemonEndpoint{Port: int32(addr.Port)}},
+		},
+	})
+	runNode(t, kube)
+	certPEM, keyPEM := ca.issue(t, false)
+	tr, err := NodeTransport(writeFile(t, "c.pem", certPEM), writeFile(t, "k.pem", keyPEM), writeFile(t, "ca.pem", ca.pem))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Kube: kube, Namespace: ns, NodeTransport: tr, DefaultTemplate: "minimal", CreateTimeout: time.Minute,
+		Logger: slog.New(slog.DiscardHandler)}
+	if withKeys {
+		keys := "keys:\n" +
+			"  - {id: alice, sha256: " + auth.HashKey(keyAlice) + "}\n" +
+			"  - {id: bob, sha256: " + auth.HashKey(keyBob) + "}\n"
+		if cfg.Keys, err = LoadKeys(writeFile(t, "keys.yaml", []byte(keys))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Shutdown)
+	if err := g.Run(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(g.Handler())
+	t.Cleanup(srv.Close)
+	return env{kube: kube, url: srv.URL}
+}
+
+// call sends a request with key (if any) and decodes a JSON answer into out
+// (if any), returning the status and the error body.
+func (e env) call(t *testing.T, method, path, key, body string, out any) (int, errdefs.Error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, e.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	var e2 errdefs.Error
+	if resp.StatusCode >= 400 {
+		if err := json.Unmarshal(data, &e2); err != nil {
+			t.Fatalf("%s %s: %d with a body that is no JSON error: %q", method, path, resp.StatusCode, data)
+		}
+	} else if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			t.Fatalf("%s %s: %v in %q", method, path, err, data)
+		}
+	}
+	return resp.StatusCode, e2
+}
+
+func (e env) podNames(t *testing.T) []string {
+	t.Helper()
+	list, err := e.kube.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range list.Items {
+		out = append(out, p.Name)
+	}
+	return out
+}
+
+func TestCreateGetListDelete(t *testing.T) {
+	e := startGateway(t, false)
+	var sb types.Sandbox
+	code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"minimal","cpu":0.5,"memory":"256M","isolation":"gvisor","network":{"mode":"allowlist","allow":["pypi.org"]},"env":{"A":"1"},"labels":{"team":"x"},"timeout":"90s"}`, &sb)
+	if code != http.StatusCreated {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	if sb.State != types.StateReady || sb.Template != "minimal" || sb.CPU != 0.5 || sb.MemoryBytes != 256<<20 || sb.Isolation != "gvisor" || sb.Labels["team"] != "x" || sb.Env["A"] != "1" {
+		t.Errorf("created = %+v", sb)
+	}
+	if types.ValidSandboxID(sb.ID) != nil {
+		t.Errorf("id %q is not a sandbox ID", sb.ID)
+	}
+	pod, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Labels[LabelManagedBy] != ManagedBy || pod.Annotations[node.AnnotationIsolation] != "gvisor" ||
+		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allowlist","allow":["pypi.org"]}` || *pod.Spec.ActiveDeadlineSeconds != 90 {
+		t.Errorf("pod = labels %v annotations %v deadline %v", pod.Labels, pod.Annotations, *pod.Spec.ActiveDeadlineSeconds)
+	}
+	if tol := pod.Spec.Tolerations; len(tol) != 1 || tol[0].Key != node.TaintKey {
+		t.Errorf("tolerations = %+v", tol)
+	}
+	if lim := pod.Spec.Containers[0].Resources.Limits; lim.Cpu().MilliValue() != 500 || lim.Memory().Value() != 256<<20 {
+		t.Errorf("limits = %v", lim)
+	}
+
+	var got types.Sandbox
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID, "", "", &got); code != 200 || got.ID != sb.ID || got.State != types.StateReady {
+		t.Errorf("get = %d %+v %+v", code, got, eb)
+	}
+	var list types.SandboxList
+	if code, _ := e.call(t, "GET", "/v1/sandboxes?label=team=x", "", "", &list); code != 200 || len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != sb.ID {
+		t.Errorf("list team=x = %d %+v", code, list)
+	}
+	if code, _ := e.call(t, "GET", "/v1/sandboxes?label=team=y", "", "", &list); code != 200 || len(list.Sandboxes) != 0 {
+		t.Errorf("list team=y = %d %+v", code, list)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/sandboxes/"+sb.ID, "", "", nil); code != http.StatusNoContent {
+		t.Errorf("delete = %d %+v", code, eb)
+	}
+	if names := e.podNames(t); len(names) != 0 {
+		t.Errorf("pods after delete: %v", names)
+	}
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/nosuchsandbox", "", "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
+		t.Errorf("get unknown = %d %+v", code, eb)
+	}
+}
+
+// TestCreateRefused: bad input names its field and makes no pod; a pod
+// that fails or finds no node is answered with why, and deleted.
+func TestCreateRefused(t *testing.T) {
+	e := startGateway(t, false)
+	for _, tc := range []struct {
+		body         string
+		status       int
+		code, field  string
+		madeThenGone bool
+	}{
+		{`{"isolation":"vm"}`, 400, errdefs.CodeInvalidArgument, "isolation", false},
+		{`{"template":"nosuch"}`, 404, errdefs.CodeNotFound, "template", false},
+		{`{"memory":"lots"}`, 400, errdefs.CodeInvalidArgument, "memory", false},
+		{`{"cpu":0}`, 400, errdefs.CodeInvalidArgument, "cpu", false},
+		{`{"timeout":"-1s"}`, 400, errdefs.CodeInvalidArgument, "timeout", false},
+		{`{"timeout":"48h"}`, 400, errdefs.CodeInvalidArgument, "timeout", false},
+		{`{"bogus":1}`, 400, errdefs.CodeInvalidArgument, "bogus", false},
+		{`{"disk":"1G"}`, 501, errdefs.CodeNotImplemented, "disk", false},
+		{`{"snapshot":"s1"}`, 501, errdefs.CodeNotImplemented, "snapshot", false},
+		{`{"template":"` + tplFails + `"}`, 409, errdefs.CodeFailedPrecondition, "", true},
+		{`{"template":"` + tplNoRoom + `"}`, 429, errdefs.CodeResourceExhausted, "", true},
+	} {
+		before := len(e.kube.Actions())
+		code, eb := e.call(t, "POST", "/v1/sandboxes", "", tc.body, nil)
+		if code != tc.status || eb.Code != tc.code || eb.Field != tc.field {
+			t.Errorf("create %s = %d %+v, want %d %s on field %q", tc.body, code, eb, tc.status, tc.code, tc.field)
+		}
+		var creates, deletes int
+		for _, a := range e.kube.Actions()[before:] {
+			if a.GetResource().Resource == "pods" {
+				switch a.GetVerb() {
+				case "create":
+					creates++
+				case "delete":
+					deletes++
+				}
+			}
+		}
+		if tc.madeThenGone && (creates != 1 || deletes != 1) || !tc.madeThenGone && creates != 0 {
+			t.Errorf("create %s: %d pod creates, %d deletes", tc.body, creates, deletes)
+		}
+		if names := e.podNames(t); len(names) != 0 {
+			t.Errorf("create %s left pods %v", tc.body, names)
+		}
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"`+tplFails+`"}`, nil); code != 409 || !strings.Contains(eb.Message, "template is broken") {
+		t.Errorf("failed pod's answer = %+v, want the node's message", eb)
+	}
+}
+
+// TestKeys: with keys, a caller needs one, and sees only its sandboxes;
+// another key's answer not found.
+func TestKeys(t *testing.T) {
+	e := startGateway(t, true)
+	if code, eb := e.call(t, "GET", "/v1/sandboxes", "", "", nil); code != 401 || eb.Code != errdefs.CodeUnauthenticated {
+		t.Errorf("no key = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "GET", "/v1/sandboxes", "e2b_0123", "", nil); code != 401 {
+		t.Errorf("bad key = %d %+v", code, eb)
+	}
+	if code, _ := e.call(t, "GET", "/v1/health", "", "", nil); code != 200 {
+		t.Errorf("health without a key = %d", code)
+	}
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", &sb); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	pod, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if err != nil || pod.Labels[LabelOwner] != "alice" {
+		t.Errorf("pod owner = %v, %v", pod.Labels, err)
+	}
+	var list types.SandboxList
+	if code, _ := e.call(t, "GET", "/v1/sandboxes", keyBob, "", &list); code != 200 || len(list.Sandboxes) != 0 {
+		t.Errorf("bob's list = %+v", list)
+	}
+	for _, m := range []string{"GET", "DELETE"} {
+		if code, eb := e.call(t, m, "/v1/sandboxes/"+sb.ID, keyBob, "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
+			t.Errorf("bob %s alice's = %d %+v", m, code, eb)
+		}
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/agent/files", keyBob, "x", nil); code != 404 {
+		t.Errorf("bob's data plane to alice's = %d %+v", code, eb)
+	}
+	if code, _ := e.call(t, "GET", "/v1/sandboxes", keyAlice, "", &list); code != 200 || len(list.Sandboxes) != 1 {
+		t.Errorf("alice's list = %+v", list)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/sandboxes/"+sb.ID, keyAlice, "", nil); code != 204 {
+		t.Errorf("alice's delete = %d %+v", code, eb)
+	}
+}
+
+// TestDataPlane: the agent routes reach the sandbox's node over mutual
+// TLS with the node's sandbox ID; the caller's key stays at the gateway.
+func TestDataPlane(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", &sb); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.url+"/v1/sandboxes/"+sb.ID+"/agent/process.Process/Start", bytes.NewReader([]byte("payload")))
+	req.Header.Set("X-API-Key", keyAlice)
+	req.Header.Set("Authorization", "Basic cm9vdDo=")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(body) != "payload" {
+		t.Fatalf("proxied = %d %q", resp.StatusCode, body)
+	}
+	if p := resp.Header.Get("X-Got-Path"); !strings.HasPrefix(p, node.DataPlanePrefix+"/v1/sandboxes/"+nodeSbPref) || !strings.HasSuffix(p, "/agent/process.Process/Start") {
+		t.Errorf("node saw path %q", p)
+	}
+	if k, a := resp.Header.Get("X-Got-Key"), resp.Header.Get("X-Got-Auth"); k != "" || a != "Basic cm9vdDo=" {
+		t.Errorf("node saw key %q, authorization %q", k, a)
+	}
+}
+
+// TestNotServed: routes of the daemon the gateway does not serve answer
+// not_implemented, never not_found.
+func TestNotServed(t *testing.T) {
+	e := startGateway(t, false)
+	for _, r := range []struct{ method, path string }{
+		{"POST", "/v1/sandboxes/abc/pause"}, {"GET", "/v1/sandboxes/abc/events"}, {"GET", "/v1/templates"},
+		{"POST", "/v1/sandboxes/abc/snapshots"}, {"GET", "/sandboxes"}, {"GET", "/sandboxes/abc"},
+	} {
+		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
+			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)
+		}
+	}
+}
+
+func TestLoadKeysRefused(t *testing.T) {
+	good := auth.HashKey(keyAlice)
+	for name, body := range map[string]string{
+		"bad id":      "keys:\n  - {id: Alice_1, sha256: " + good + "}\n",
+		"same id":     "keys:\n  - {id: a, sha256: " + good + "}\n  - {id: a, sha256: " + auth.HashKey(keyBob) + "}\n",
+		"short hash":  "keys:\n  - {id: a, sha256: abcd}\n",
+		"not hex":     "keys:\n  - {id: a, sha256: " + strings.Repeat("z", 64) + "}\n",
+		"unknown key": "keys:\n  - {id: a, sha256: " + good + ", secret: x}\n",
+	} {
+		if _, err := LoadKeys(writeFile(t, "keys.yaml", []byte(body))); !errors.Is(err, errdefs.ErrInvalidArgument) {
+			t.Errorf("%s: LoadKeys = %v, want invalid argument", name, err)
+		}
+	}
+	ks, err := LoadKeys(writeFile(t, "keys.yaml", []byte("keys:\n  - {id: a, sha256: "+strings.ToUpper(good)+", admin: true}\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := ks.Verify(t.Context(), keyAlice); err != nil || k.ID != "a" || !k.Admin {
+		t.Errorf("Verify = %+v, %v", k, err)
+	}
+	for _, s := range []string{"", keyBob, "nope"} {
+		if _, err := ks.Verify(t.Context(), s); !errors.Is(err, errdefs.ErrUnauthenticated) {
+			t.Errorf("Verify(%q) = %v, want unauthenticated", s, err)
+		}
+	}
+}
+
+// TestCreateAbandoned: a caller that gives up on a create leaves no pod
+// behind.
+func TestCreateAbandoned(t *testing.T) {
+	e := startGateway(t, false)
+	// The watch (and so each loop over it) ends after a bound.
+	wctx, wcancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer wcancel()
+	w, err := e.kube.CoreV1().Pods(ns).Watch(wctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	ctx, cancel := context.WithCancel(t.Context())
+	req, _ := http.NewRequestWithContext(ctx, "POST", e.url+"/v1/sandboxes", strings.NewReader(`{"template":"`+tplHangs+`"}`))
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	// next is the watch's next event; the fake's watch ignores its
+	// context, so the bound is kept here.
+	next := func() (watch.Event, bool) {
+		select {
+		case ev, ok := <-w.ResultChan():
+			return ev, ok
+		case <-wctx.Done():
+			return watch.Event{}, false
+		}
+	}
+	var name string
+	for ev, ok := next(); ok; ev, ok = next() {
+		if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Added {
+			name = p.Name
+			break
+		}
+	}
+	if name == "" {
+		t.Fatal("no pod was made")
+	}
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned create = %v", err)
+	}
+	for ev, ok := next(); ok; ev, ok = next() {
+		if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Deleted && p.Name == name {
+			return
+		}
+	}
+	t.Errorf("pod %s of the abandoned create was not deleted", name)
+}

@@ -1,0 +1,139 @@
+package gateway
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	apitypes "github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+)
+
+// NodeTransport is the transport to the nodes' kubelet API port, as the
+// API server's --kubelet-client-certificate/-key and
+// --kubelet-certificate-authority make it: the gateway's client
+// certificate (which the nodes' --client-ca signed) and the CA that signed
+// the nodes' serving certificates.
+func NodeTransport(certFile, keyFile, caFile string) (*http.Transport, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("node client certificate: %w", err)
+	}
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("node certificate authority: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("node certificate authority %s: no certificate: %w", caFile, errdefs.ErrInvalidArgument)
+	}
+	return &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		TLSClientConfig:     &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}, RootCAs: pool},
+		TLSHandshakeTimeout: 10 * time.Second,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}, nil
+}
+
+// nodeTarget is where a data-plane request goes: the node's kubelet API
+// address and the node's ID of the sandbox.
+type nodeTarget struct {
+	node, addr, sandbox, rest string
+}
+
+type targetKey struct{}
+
+// target finds the node and the node's sandbox of a running sandbox pod.
+func (g *Gateway) target(pod *corev1.Pod, rest string) (nodeTarget, error) {
+	if st := state(pod); st != apitypes.StateReady {
+		return nodeTarget{}, fmt.Errorf("sandbox %s is %s: %w", pod.Name, st, errdefs.ErrFailedPrecondition)
+	}
+	sb, err := sandboxOf(pod)
+	if err != nil {
+		return nodeTarget{}, err
+	}
+	n, err := g.nodes.Get(pod.Spec.NodeName)
+	if apierrors.IsNotFound(err) {
+		return nodeTarget{}, fmt.Errorf("sandbox %s: its node %s is gone: %w", pod.Name, pod.Spec.NodeName, errdefs.ErrUnavailable)
+	}
+	if err != nil {
+		return nodeTarget{}, err
+	}
+	var ip string
+	for _, a := range n.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			ip = a.Address
+			break
+		}
+	}
+	port := n.Status.DaemonEndpoints.KubeletEndpoint.Port
+	if ip == "" || port <= 0 {
+		return nodeTarget{}, fmt.Errorf("sandbox %s: node %s has no InternalIP or kubelet port: %w", pod.Name, n.Name, errdefs.ErrUnavailable)
+	}
+	return nodeTarget{node: n.Name, addr: net.JoinHostPort(ip, strconv.Itoa(int(port))), sandbox: sb, rest: rest}, nil
+}
+
+// nodeProxy forwards a sandbox's data plane to its node. The target comes
+// from the informer caches, never from the request.
+func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			t := pr.In.Context().Value(targetKey{}).(nodeTarget)
+			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr,
+				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/agent/" + t.rest,
+				RawQuery: pr.In.URL.RawQuery}
+			pr.Out.Host = t.addr
+			// The caller's key stays here; the Basic Authorization that
+			// names the agent's user goes on.
+			pr.Out.Header.Del("X-API-Key")
+			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+				pr.Out.Header.Del("Authorization")
+			}
+		},
+		Transport: g.cfg.NodeTransport,
+		// Process output and watch events stream as they come.
+		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			t, _ := r.Context().Value(targetKey{}).(nodeTarget)
+			writeError(w, fmt.Errorf("node %s unreachable: %v: %w", t.node, err, errdefs.ErrUnavailable))
+		},
+	}
+}
+
+func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	pod, err := g.sandboxPod(p, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	t, err := g.target(pod, r.PathValue("rest"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	// Request bodies (stdin, uploads) stream while the answer does.
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}

@@ -1,0 +1,100 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+)
+
+// routes are the native API's routes the gateway serves. Every other
+// route answers not_implemented (501), never not_found: a client must not
+// read "the gateway does not do this yet" as "no such sandbox".
+func (g *Gateway) routes() {
+	g.mux.HandleFunc("GET /v1/health", g.health)
+	g.mux.HandleFunc("POST /v1/sandboxes", g.authed(g.createSandbox))
+	g.mux.HandleFunc("GET /v1/sandboxes", g.authed(g.listSandboxes))
+	g.mux.HandleFunc("GET /v1/sandboxes/{id}", g.authed(g.getSandbox))
+	g.mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(g.deleteSandbox))
+	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
+	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, notServed(r))
+	})
+}
+
+// notServed is the answer to a route the gateway does not serve (yet).
+func notServed(r *http.Request) error {
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get and delete and the agent data plane; templates, snapshots, pause, network and the E2B API are served by a Berth daemon only: %w",
+		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
+}
+
+func (g *Gateway) health(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, types.Health{Status: "ok", Version: g.cfg.Version})
+}
+
+// authed identifies the caller (a key is required when the gateway has
+// keys) and hands it to h.
+func (g *Gateway) authed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		p := auth.Principal{Operator: true}
+		if g.cfg.Keys != nil {
+			var err error
+			if p, err = auth.Identify(r, g.cfg.Keys, true); err != nil {
+				writeError(w, err)
+				return
+			}
+		}
+		h(w, r.WithContext(auth.With(r.Context(), p)), p)
+	}
+}
+
+// sandboxPod is the pod of the sandbox id as the caller may see it: a
+// sandbox of another key's is not found, exactly as one that does not
+// exist.
+func (g *Gateway) sandboxPod(p auth.Principal, id string) (*corev1.Pod, error) {
+	if err := types.ValidSandboxID(id); err != nil {
+		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
+	}
+	pod, err := g.pods.Get(id)
+	if apierrors.IsNotFound(err) || err == nil && !p.Sees(pod.Labels[LabelOwner]) {
+		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return pod, nil
+}
+
+// writeError maps an error to its status and the API's JSON body
+// (internal/api's writeError, for the gateway).
+func writeError(w http.ResponseWriter, err error) {
+	body := errdefs.Error{Code: errdefs.Code(err), Message: err.Error()}
+	var e *errdefs.Error
+	if errors.As(err, &e) {
+		body.Field = e.Field
+	}
+	if body.Code == errdefs.CodeInternal {
+		body.Message = "internal error: " + err.Error()
+	}
+	writeJSON(w, errdefs.HTTPStatus(err), body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v) // the client went away: nobody to tell
+}
+
+// fieldErr is a bad request field, as the API names one.
+func fieldErr(field string, class error, format string, args ...any) error {
+	return &errdefs.Error{Code: errdefs.Code(class), Field: field, Message: fmt.Sprintf(format, args...)}
+}

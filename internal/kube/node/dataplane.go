@@ -1,0 +1,104 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// DataPlanePrefix is where the kubelet API's TLS server also carries
+// Berth's data plane for the gateway (berth serve --kubernetes):
+// DataPlanePrefix + /v1/sandboxes/{sandbox}/agent/… reaches that sandbox's
+// agent through the daemon on this host. It is served only to clients
+// whose certificate the node's --client-ca signed (the kubelet API's
+// mutual TLS), and only for the sandboxes of pods on this node.
+const DataPlanePrefix = "/berth"
+
+// ownsSandbox reports whether id is the sandbox of a pod this node runs
+// (and has not been told to delete).
+func (p *Pods) ownsSandbox(id string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, ps := range p.pods {
+		if ps.sandboxID == id && !ps.deleted {
+			return true
+		}
+	}
+	return false
+}
+
+// dataPlane proxies the gateway's data-plane requests to the daemon's
+// root-only socket. The daemon answers there as to the operator, so the
+// checks that matter are here: the client's certificate (the TLS server's)
+// and that the sandbox is one of this node's pods', never any other
+// sandbox of the host.
+func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.Handler {
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL = &url.URL{Scheme: "http", Host: "berth",
+				Path:     "/v1/sandboxes/" + pr.In.PathValue("id") + "/agent/" + pr.In.PathValue("rest"),
+				RawQuery: pr.In.URL.RawQuery}
+			pr.Out.Host = "berth"
+			// A key meant for the gateway goes no further; the Basic
+			// Authorization that names the agent's user stays.
+			pr.Out.Header.Del("X-API-Key")
+			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+				pr.Out.Header.Del("Authorization")
+			}
+		},
+		Transport: &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", socket)
+			},
+			MaxIdleConnsPerHost: 64,
+		},
+		// Process output and watch events stream as they come.
+		FlushInterval: -1,
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if errors.Is(err, context.Canceled) {
+				return
+			}
+			writeError(w, fmt.Errorf("berth daemon unreachable: %v: %w", err, errdefs.ErrUnavailable))
+		},
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := types.ValidSandboxID(id); err != nil {
+			writeError(w, err)
+			return
+		}
+		if !owns(id) {
+			writeError(w, fmt.Errorf("sandbox %s is no pod's on this node: %w", id, errdefs.ErrNotFound))
+			return
+		}
+		// Request bodies (stdin, uploads) stream while the answer does;
+		// HTTP/2 is full duplex already.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+// writeError answers err as the Berth API does: its class's status and
+// a JSON errdefs.Error.
+func writeError(w http.ResponseWriter, err error) {
+	body := errdefs.Error{Code: errdefs.Code(err), Message: err.Error()}
+	var e *errdefs.Error
+	if errors.As(err, &e) {
+		body.Field = e.Field
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(errdefs.HTTPStatus(err))
+	_ = json.NewEncoder(w).Encode(body)
+}

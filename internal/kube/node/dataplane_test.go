@@ -1,0 +1,119 @@
+package node
+
+import (
+	"bufio"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// fakeDaemon serves on a unix socket what the daemon's agent proxy would:
+// it echoes the request it got, then streams lines until the client's
+// body ends.
+func fakeDaemon(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "berth.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		w.Header().Set("X-Got-Path", r.URL.Path)
+		w.Header().Set("X-Got-Query", r.URL.RawQuery)
+		w.Header().Set("X-Got-Key", r.Header.Get("X-API-Key"))
+		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
+		w.WriteHeader(http.StatusOK)
+		// Echo each line of the body as it comes: the client sees the
+		// first answer before it sends the second line only if both
+		// directions stream.
+		sc := bufio.NewScanner(r.Body)
+		for sc.Scan() {
+			_, _ = io.WriteString(w, "echo "+sc.Text()+"\n")
+			_ = http.NewResponseController(w).Flush()
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return sock
+}
+
+func TestDataPlane(t *testing.T) {
+	sock := fakeDaemon(t)
+	p := &Pods{pods: map[string]*podState{
+		"ns/a": {sandboxID: "sba"},
+		"ns/b": {sandboxID: "sbgone", deleted: true},
+	}}
+	mux := http.NewServeMux()
+	mux.Handle(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", dataPlane(sock, p.ownsSandbox, slog.New(slog.DiscardHandler)))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+
+	// A sandbox of this node's pods: proxied with the path rewritten, the
+	// gateway's key dropped and the agent user's Basic auth kept; both
+	// directions stream.
+	pr, pw := io.Pipe()
+	req, err := http.NewRequestWithContext(t.Context(), "POST", srv.URL+DataPlanePrefix+"/v1/sandboxes/sba/agent/process.Process/Start?x=1", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("X-API-Key", "e2b_secret")
+	req.Header.Set("Authorization", "Basic cm9vdDo=")
+	go func() { _, _ = io.WriteString(pw, "one\n") }()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	for h, want := range map[string]string{"X-Got-Path": "/v1/sandboxes/sba/agent/process.Process/Start", "X-Got-Query": "x=1", "X-Got-Key": "", "X-Got-Auth": "Basic cm9vdDo="} {
+		if got := resp.Header.Get(h); got != want {
+			t.Errorf("daemon saw %s %q, want %q", h, got, want)
+		}
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "echo one\n" {
+		t.Fatalf("first streamed line = %q, %v", line, err)
+	}
+	go func() { _, _ = io.WriteString(pw, "two\n"); _ = pw.Close() }()
+	if rest, err := io.ReadAll(br); err != nil || string(rest) != "echo two\n" {
+		t.Errorf("rest = %q, %v", rest, err)
+	}
+
+	// A bearer key goes no further either.
+	req, _ = http.NewRequestWithContext(t.Context(), "GET", srv.URL+DataPlanePrefix+"/v1/sandboxes/sba/agent/files", nil)
+	req.Header.Set("Authorization", "Bearer e2b_secret")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if got := resp.Header.Get("X-Got-Auth"); got != "" {
+		t.Errorf("daemon saw Authorization %q, want none", got)
+	}
+
+	// Other sandboxes of the host, deleted pods' and bad IDs are refused
+	// with the API's JSON errors.
+	for _, tc := range []struct {
+		id   string
+		code string
+	}{{"other", errdefs.CodeNotFound}, {"sbgone", errdefs.CodeNotFound}, {"Bad_ID", errdefs.CodeInvalidArgument}} {
+		resp, err := http.Get(srv.URL + DataPlanePrefix + "/v1/sandboxes/" + tc.id + "/agent/files")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var e errdefs.Error
+		err = json.NewDecoder(resp.Body).Decode(&e)
+		resp.Body.Close()
+		if err != nil || e.Code != tc.code || resp.Header.Get("X-Got-Path") != "" || !strings.Contains(e.Message, tc.id) {
+			t.Errorf("sandbox %s: %d %+v (%v), want %s and no proxying", tc.id, resp.StatusCode, e, err, tc.code)
+		}
+	}
+}

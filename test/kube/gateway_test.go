@@ -1,0 +1,307 @@
+package kube
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/gateway"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// gatewayKey is the API key the test's gateways accept.
+const gatewayKey = "e2b_0123456789abcdef0123456789abcdef01234567"
+
+// startGateway runs `berth serve --kubernetes` on cp as a replica named
+// name, with the API keys file keys and a client certificate the nodes'
+// CA signed, and returns a client of it with gatewayKey.
+func startGateway(t *testing.T, cp *controlPlane, name, keys string, cert keyPair) *client.Client {
+	t.Helper()
+	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	start(t, name, bin.Berth, "serve", "--kubernetes", "--kubeconfig", cp.Kubeconfig, "--listen", listen,
+		"--node-client-cert", cert.cert, "--node-client-key", cert.key, "--node-ca", cp.CA,
+		"--api-keys", keys, "--default-template", "minimal")
+	c, err := client.New("http://"+listen, client.WithAPIKey(gatewayKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The gateway answers once its caches are filled.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	t0 := time.NewTicker(20 * time.Millisecond)
+	defer t0.Stop()
+	for {
+		if _, err := c.Health(ctx); err == nil {
+			return c
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("gateway %s did not answer on %s", name, listen)
+		case <-t0.C:
+		}
+	}
+}
+
+// TestGateway: two gateway replicas serve one cluster of two Berth nodes.
+// Sandboxes made through one are pods (placed by the real scheduler); the
+// other lists, gets and deletes them from its own cache; exec and files
+// reach the sandboxes through either, over the nodes' kubelet port with
+// mutual TLS; bad input makes no pod; deleting leaves nothing behind.
+func TestGateway(t *testing.T) {
+	c := startCluster(t, "berth-a", "berth-b")
+	cp := c.cp
+	ctx := t.Context()
+	ns := gateway.DefaultNamespace
+	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	keys := filepath.Join(t.TempDir(), "keys.yaml")
+	if err := os.WriteFile(keys, []byte("keys:\n  - id: tester\n    name: test\n    sha256: "+auth.HashKey(gatewayKey)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert := cp.pki.issue(t, "gateway", "berth-gateway", nil, false)
+	gwA := startGateway(t, cp, "gateway-a", keys, cert)
+	gwB := startGateway(t, cp, "gateway-b", keys, cert)
+
+	// Every pod event of the namespace from here on, in order.
+	pods := cp.Client.CoreV1().Pods(ns)
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	events, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer events.Stop()
+	nextAdded := func() *corev1.Pod {
+		t.Helper()
+		for {
+			select {
+			case ev, ok := <-events.ResultChan():
+				if !ok {
+					t.Fatal("pod watch ended")
+				}
+				if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type == watch.Added {
+					return p
+				}
+			case <-ctx.Done():
+				t.Fatal("no pod added")
+			}
+		}
+	}
+
+	// Two sandboxes through replica A, each a pod on a Berth node.
+	var made []*client.Sandbox
+	for i := range 2 {
+		sb, err := gwA.Create(ctx, client.CreateRequest{CPU: 0.25, Memory: "128M", Env: map[string]string{"GREETING": "hello from the gateway"},
+			Labels: map[string]string{"run": "gw"}, Timeout: "10m"})
+		if err != nil {
+			t.Fatalf("create %d through gateway A: %v", i, err)
+		}
+		if sb.State != client.StateReady || sb.Template != "minimal" || sb.CPU != 0.25 || sb.MemoryBytes != 128<<20 {
+			t.Errorf("created = %+v", sb.Sandbox)
+		}
+		if p := nextAdded(); p.Name != sb.ID {
+			t.Fatalf("pod added %s, want %s", p.Name, sb.ID)
+		}
+		made = append(made, sb)
+	}
+	// Where each runs: its pod's node, and the node's sandbox.
+	type placed struct{ node, sandbox string }
+	where := map[string]placed{}
+	for _, sb := range made {
+		p, err := pods.Get(ctx, sb.ID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, ok := c.nodes[p.Spec.NodeName]
+		if !ok || p.Status.Phase != corev1.PodRunning {
+			t.Fatalf("pod %s on %q, %s", p.Name, p.Spec.NodeName, p.Status.Phase)
+		}
+		live := podSandboxes(t, d, string(p.UID))
+		if len(live) != 1 || live[0].CPU != 0.25 || live[0].MemoryBytes != 128<<20 || live[0].Env["GREETING"] != "hello from the gateway" {
+			t.Fatalf("pod %s: node sandboxes %+v", p.Name, live)
+		}
+		where[sb.ID] = placed{p.Spec.NodeName, live[0].ID}
+	}
+
+	// Exec through A: stdout, the sandbox's env, exit codes.
+	sb := made[0]
+	var out, errOut bytes.Buffer
+	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", `echo "$GREETING" $((6*7)); echo oops >&2; exit 7`}, Stdout: &out, Stderr: &errOut})
+	if err != nil || code != 7 || out.String() != "hello from the gateway 42\n" || errOut.String() != "oops\n" {
+		t.Errorf("exec = %d, %v, stdout %q, stderr %q", code, err, out.String(), errOut.String())
+	}
+	// Stdin streams in while the output streams out.
+	out.Reset()
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "cat", Stdin: strings.NewReader("piped through\n"), Stdout: &out}); err != nil || code != 0 || out.String() != "piped through\n" {
+		t.Errorf("exec cat = %d, %v, %q", code, err, out.String())
+	}
+	// A file written through A reads back through B.
+	content := strings.Repeat("berth gateway\n", 4096)
+	if err := sb.WriteFile(ctx, "/tmp/through-gateway.txt", strings.NewReader(content)); err != nil {
+		t.Fatalf("write file through A: %v", err)
+	}
+	var read bytes.Buffer
+	if err := gwB.Sandbox(sb.ID).ReadFile(ctx, "/tmp/through-gateway.txt", &read); err != nil || read.String() != content {
+		t.Errorf("read through B = %d bytes, %v; want %d", read.Len(), err, len(content))
+	}
+	if code, err := gwB.Sandbox(made[1].ID).Exec(ctx, client.ExecRequest{Cmd: "test", Args: []string{"!", "-e", "/tmp/through-gateway.txt"}}); err != nil || code != 0 {
+		t.Errorf("the other sandbox has the file, or exec failed: %d, %v", code, err)
+	}
+
+	// B lists and gets what A made: its state is the cluster's.
+	listed, err := gwB.List(ctx, client.ListOptions{Labels: map[string]string{"run": "gw"}})
+	if err != nil {
+		t.Fatalf("list through B: %v", err)
+	}
+	var listedIDs []string
+	for _, l := range listed {
+		listedIDs = append(listedIDs, l.ID)
+		if l.State != client.StateReady {
+			t.Errorf("listed %s is %s", l.ID, l.State)
+		}
+	}
+	slices.Sort(listedIDs)
+	want := []string{made[0].ID, made[1].ID}
+	slices.Sort(want)
+	if !slices.Equal(listedIDs, want) {
+		t.Errorf("B lists %v, want %v", listedIDs, want)
+	}
+	if got, err := gwB.Get(ctx, made[1].ID); err != nil || got.State != client.StateReady || got.Labels["run"] != "gw" {
+		t.Errorf("get through B = %+v, %v", got, err)
+	}
+
+	// Bad input names its field and makes no pod: the next pod added is
+	// the good create's after them.
+	for _, tc := range []struct {
+		req   client.CreateRequest
+		class error
+		field string
+	}{
+		{client.CreateRequest{Isolation: "vm"}, errdefs.ErrInvalidArgument, "isolation"},
+		{client.CreateRequest{Template: "nosuchtemplate"}, errdefs.ErrNotFound, "template"},
+		{client.CreateRequest{Memory: "lots"}, errdefs.ErrInvalidArgument, "memory"},
+	} {
+		_, err := gwB.Create(ctx, tc.req)
+		var e *errdefs.Error
+		if !errors.Is(err, tc.class) || !errors.As(err, &e) || e.Field != tc.field {
+			t.Errorf("create %+v = %v, want %v on field %s", tc.req, err, tc.class, tc.field)
+		}
+	}
+	third, err := gwB.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		t.Fatalf("create through B: %v", err)
+	}
+	if p := nextAdded(); p.Name != third.ID {
+		t.Errorf("pod added %s after the refused creates, want %s: a refused create made a pod", p.Name, third.ID)
+	}
+	p3, err := pods.Get(ctx, third.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs := podSandboxes(t, c.nodes[p3.Spec.NodeName], string(p3.UID)); len(sbs) != 1 {
+		t.Fatalf("third pod: node sandboxes %v", ids(sbs))
+	} else {
+		where[third.ID] = placed{p3.Spec.NodeName, sbs[0].ID}
+	}
+	made = append(made, third)
+
+	// Routes the gateway does not serve say so; they are not "not found".
+	if _, err := gwA.Pause(ctx, third.ID); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("pause through the gateway = %v, want not implemented", err)
+	}
+
+	// The node's data plane: only clients with a certificate its CA
+	// signed, only for its pods' sandboxes (not another sandbox of its
+	// daemon's).
+	nodeA := waitNode(t, cp, "berth-a", func(*corev1.Node) bool { return true })
+	nodeURL := fmt.Sprintf("https://127.0.0.1:%d%s/v1/sandboxes/", nodeA.Status.DaemonEndpoints.KubeletEndpoint.Port, node.DataPlanePrefix)
+	if tpls := nodeA.Annotations[node.AnnotationTemplates]; !slices.Contains(strings.Split(tpls, ","), "minimal") {
+		t.Errorf("node templates annotation = %q", tpls)
+	}
+	other := c.nodes["berth-a"].Create(t, client.CreateRequest{})
+	caPEM, err := os.ReadFile(cp.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	gwCert, err := tls.LoadX509KeyPair(cert.cert, cert.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{gwCert}}}}
+	noCert := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	if resp, err := noCert.Get(nodeURL + other.ID + "/agent/health"); err == nil {
+		resp.Body.Close()
+		t.Errorf("node data plane without a client certificate = %d, want a refused handshake", resp.StatusCode)
+	}
+	resp, err := withCert.Get(nodeURL + other.ID + "/agent/files?path=/etc/hostname")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("node data plane for a sandbox of no pod = %d, want 404", resp.StatusCode)
+	}
+	if err := c.nodes["berth-a"].Local.Kill(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	// Delete through B: the pods leave the API, the nodes destroy their
+	// sandboxes, and the data plane of a deleted sandbox is not found.
+	for _, sb := range made {
+		if err := gwB.Kill(ctx, sb.ID); err != nil {
+			t.Errorf("delete %s through B: %v", sb.ID, err)
+		}
+	}
+	for _, sb := range made {
+		waitPodGone(t, cp, ns, sb.ID)
+		w := where[sb.ID]
+		d := c.nodes[w.node]
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := d.Local.FollowEvents(fctx, w.sandbox, func(client.Event) error { return nil })
+		cancel()
+		if err != nil {
+			t.Errorf("sandbox %s (%s on %s) after delete: %v", sb.ID, w.sandbox, w.node, err)
+		}
+		if got, err := d.Local.Get(ctx, w.sandbox); err == nil && got.State != client.StateStopped {
+			t.Errorf("node sandbox %s after delete is %s", w.sandbox, got.State)
+		}
+	}
+	// A's cache follows the API server's watch: it sees the deletes
+	// B made.
+	harness.WaitFor(t, 30*time.Second, "gateway A to see the deletes", func() bool {
+		l, err := gwA.List(ctx, client.ListOptions{})
+		return err == nil && len(l) == 0
+	})
+	if _, err := gwA.Get(ctx, made[0].ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("get of a deleted sandbox through A = %v, want not found", err)
+	}
+	if _, err := made[0].Exec(ctx, client.ExecRequest{Cmd: "true"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("exec in a deleted sandbox = %v, want not found", err)
+	}
+	for _, d := range c.nodes {
+		harness.AssertNoLeaks(t, d)
+	}
+}
