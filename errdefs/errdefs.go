@@ -126,3 +126,17 @@ func (e *Error) Error() string { return e.Message }
 
 // Unwrap returns the class of the code, if it is known.
 func (e *Error) Unwrap() error { return FromCode(e.Code) }
+
+// Body is err as an API answers it: its class's code, its message (an
+// internal error's says so), and the field an *Error in its chain names.
+func Body(err error) *Error {
+	b := &Error{Code: Code(err), Message: err.Error()}
+	var e *Error
+	if errors.As(err, &e) {
+		b.Field = e.Field
+	}
+	if b.Code == CodeInternal {
+		b.Message = "internal error: " + b.Message
+	}
+	return b
+}

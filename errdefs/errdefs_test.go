@@ -35,3 +35,19 @@ func TestRoundTrip(t *testing.T) {
 		t.Error("FromCode(unknown) is not nil")
 	}
 }
+
+func TestBody(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want Error
+	}{
+		{fmt.Errorf("sandbox x: %w", ErrNotFound), Error{Code: CodeNotFound, Message: "sandbox x: not found"}},
+		{fmt.Errorf("create: %w", &Error{Code: CodeInvalidArgument, Field: "memory", Message: "memory: want bytes"}),
+			Error{Code: CodeInvalidArgument, Field: "memory", Message: "create: memory: want bytes"}},
+		{errors.New("disk on fire"), Error{Code: CodeInternal, Message: "internal error: disk on fire"}},
+	} {
+		if got := Body(c.err); *got != c.want {
+			t.Errorf("Body(%v) = %+v, want %+v", c.err, *got, c.want)
+		}
+	}
+}

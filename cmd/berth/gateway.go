@@ -5,8 +5,6 @@ package main
 import (
 	"fmt"
 	"log/slog"
-	"net"
-	"net/netip"
 	"os/signal"
 	"syscall"
 	"time"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/daemon"
 	"github.com/berth-sandbox/berth/internal/kube/gateway"
 )
 
@@ -64,7 +63,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 		return err
 	}
 	listen := o.flags.Listen
-	if g.apiKeys == "" && !o.flags.InsecureNoAuth && !loopbackListen(listen) {
+	if g.apiKeys == "" && !o.flags.InsecureNoAuth && !daemon.LoopbackOnly(listen) {
 		return &errdefs.Error{Code: errdefs.CodeFailedPrecondition, Field: "api-keys",
 			Message: fmt.Sprintf("--listen %s reaches beyond loopback and the gateway has no --api-keys: give it keys, or --insecure-no-auth to serve it unauthenticated anyway", listen)}
 	}
@@ -124,17 +123,4 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 		return err
 	}
 	return gw.Serve(ctx, listen)
-}
-
-// loopbackListen reports whether a listen address binds loopback only.
-func loopbackListen(listen string) bool {
-	host, _, err := net.SplitHostPort(listen)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.IsLoopback()
 }

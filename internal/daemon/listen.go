@@ -20,15 +20,15 @@ func SocketPath(dataDir string) string { return filepath.Join(dataDir, SocketNam
 // checkExposure refuses to serve an unauthenticated API beyond loopback:
 // whoever reaches it would own every sandbox on the host.
 func checkExposure(cfg Config) error {
-	if cfg.RequireAuth || cfg.InsecureNoAuth || loopbackOnly(cfg.Listen) {
+	if cfg.RequireAuth || cfg.InsecureNoAuth || LoopbackOnly(cfg.Listen) {
 		return nil
 	}
 	return fmt.Errorf("listen %s reaches beyond loopback, and the API would accept requests without a key: run with --require-auth (and create keys with `berth apikey create`), or with --insecure-no-auth to serve it unauthenticated anyway: %w",
 		cfg.Listen, errdefs.ErrFailedPrecondition)
 }
 
-// loopbackOnly reports whether a listen address binds loopback only.
-func loopbackOnly(listen string) bool {
+// LoopbackOnly reports whether a listen address binds loopback only.
+func LoopbackOnly(listen string) bool {
 	host, _, err := net.SplitHostPort(listen)
 	if err != nil {
 		return false

@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -101,12 +100,8 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/agent/" + t.rest,
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
-			// The caller's key stays here; the Basic Authorization that
-			// names the agent's user goes on.
-			pr.Out.Header.Del("X-API-Key")
-			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-				pr.Out.Header.Del("Authorization")
-			}
+			// The caller's key stays here.
+			node.DropAPIKey(pr.Out.Header)
 		},
 		Transport: g.cfg.NodeTransport,
 		// Process output and watch events stream as they come.

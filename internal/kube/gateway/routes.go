@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 
@@ -75,15 +74,7 @@ func (g *Gateway) sandboxPod(p auth.Principal, id string) (*corev1.Pod, error) {
 // writeError maps an error to its status and the API's JSON body
 // (internal/api's writeError, for the gateway).
 func writeError(w http.ResponseWriter, err error) {
-	body := errdefs.Error{Code: errdefs.Code(err), Message: err.Error()}
-	var e *errdefs.Error
-	if errors.As(err, &e) {
-		body.Field = e.Field
-	}
-	if body.Code == errdefs.CodeInternal {
-		body.Message = "internal error: " + err.Error()
-	}
-	writeJSON(w, errdefs.HTTPStatus(err), body)
+	writeJSON(w, errdefs.HTTPStatus(err), errdefs.Body(err))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

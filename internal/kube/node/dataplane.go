@@ -49,12 +49,7 @@ func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.
 				Path:     "/v1/sandboxes/" + pr.In.PathValue("id") + "/agent/" + pr.In.PathValue("rest"),
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = "berth"
-			// A key meant for the gateway goes no further; the Basic
-			// Authorization that names the agent's user stays.
-			pr.Out.Header.Del("X-API-Key")
-			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
-				pr.Out.Header.Del("Authorization")
-			}
+			DropAPIKey(pr.Out.Header)
 		},
 		Transport: &http.Transport{
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -90,15 +85,21 @@ func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.
 	})
 }
 
+// DropAPIKey removes a caller's API key from a request going on to a
+// sandbox's agent: the X-API-Key header and a bearer Authorization. A
+// key is for the hop that checks it (the gateway); the Basic
+// Authorization that names the agent's user goes on.
+func DropAPIKey(h http.Header) {
+	h.Del("X-API-Key")
+	if a := h.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
+		h.Del("Authorization")
+	}
+}
+
 // writeError answers err as the Berth API does: its class's status and
 // a JSON errdefs.Error.
 func writeError(w http.ResponseWriter, err error) {
-	body := errdefs.Error{Code: errdefs.Code(err), Message: err.Error()}
-	var e *errdefs.Error
-	if errors.As(err, &e) {
-		body.Field = e.Field
-	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(errdefs.HTTPStatus(err))
-	_ = json.NewEncoder(w).Encode(body)
+	_ = json.NewEncoder(w).Encode(errdefs.Body(err)) // the client went away: nobody to tell
 }

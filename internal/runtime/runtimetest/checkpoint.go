@@ -124,40 +124,53 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 	if err := os.RemoveAll(dir); err != nil {
 		t.Fatal(err)
 	}
+	after := checkCountsOn(t, inst, id, restored.NetNSPath, before)
+	t.Logf("counter before %+v, after %+v", before, after)
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy = %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+// checkCountsOn checks that sandbox id, started from an image of a
+// counting sandbox whose count read before when the image was taken,
+// runs in the network namespace at netns (its own, not the image's
+// source's) and counts on from the same memory: the same token and
+// checksum, from at least before's count, and growing. It returns the
+// last count read.
+func checkCountsOn(t *testing.T, inst Instance, id, netns string, before counter) counter {
+	t.Helper()
+	ctx := t.Context()
 	st, err := inst.Backend.Inspect(ctx, id)
 	if err != nil || st.Status != runtime.StatusRunning || st.Pid <= 0 {
-		t.Fatalf("Inspect after Restore = %+v, %v; want running", st, err)
+		t.Fatalf("Inspect %s = %+v, %v; want running", id, st, err)
 	}
 	var want, got unix.Stat_t
-	if err := unix.Stat(restored.NetNSPath, &want); err != nil {
+	if err := unix.Stat(netns, &want); err != nil {
 		t.Fatal(err)
 	}
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &got); err != nil {
 		t.Fatal(err)
 	}
 	if want.Ino != got.Ino || want.Dev != got.Dev {
-		t.Errorf("restored sandbox netns inode %d, want the new one %d", got.Ino, want.Ino)
+		t.Errorf("sandbox %s netns inode %d, want the new one %d", id, got.Ino, want.Ino)
 	}
-	// Counting on means counting after the restore: the count saved in
-	// the checkpoint may already be past before's, so progress is
-	// measured from the first count read after the restore.
+	// Counting on means counting after the start: the count saved in the
+	// image may already be past before's, so progress is measured from
+	// the first count read after it.
 	var first, after counter
-	harness.WaitFor(t, 30*time.Second, "the restored counter's file to be readable", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the counter's file to be readable after the start from the image", func() bool {
 		first = readCounter(ctx, inst, id)
 		return first.token != ""
 	})
-	harness.WaitFor(t, 30*time.Second, "the restored counter to count on", func() bool {
+	harness.WaitFor(t, 30*time.Second, "the counter to count on after the start from the image", func() bool {
 		after = readCounter(ctx, inst, id)
 		return after.token != "" && after.n > first.n+1
 	})
 	if first.n < before.n || after.token != before.token || after.sum != before.sum {
-		t.Errorf("counter after restore = %+v (first read %+v), before = %+v; want the same token and memory checksum, counting on from where it was", after, first, before)
+		t.Errorf("sandbox %s counter = %+v (first read %+v), before the image = %+v; want the same token and memory checksum, counting on from where it was", id, after, first, before)
 	}
-	t.Logf("counter before %+v, after %+v", before, after)
-	if err := inst.Backend.Destroy(ctx, id); err != nil {
-		t.Fatalf("Destroy = %v", err)
-	}
-	assertGone(t, inst, id)
+	return after
 }
 
 // counter is one line of the test agent's count mode.
@@ -323,32 +336,7 @@ func testCheckpointLiveCopy(t *testing.T, h Harness) {
 			t.Errorf("Destroy copy = %v", err)
 		}
 	})
-	st, err := inst.Backend.Inspect(ctx, cid)
-	if err != nil || st.Status != runtime.StatusRunning || st.Pid <= 0 {
-		t.Fatalf("Inspect copy = %+v, %v; want running", st, err)
-	}
-	var want, got unix.Stat_t
-	if err := unix.Stat(cspec.NetNSPath, &want); err != nil {
-		t.Fatal(err)
-	}
-	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &got); err != nil {
-		t.Fatal(err)
-	}
-	if want.Ino != got.Ino || want.Dev != got.Dev {
-		t.Errorf("copy's netns inode %d, want its own %d", got.Ino, want.Ino)
-	}
-	var first, after counter
-	harness.WaitFor(t, 30*time.Second, "the copy's counter to be readable", func() bool {
-		first = readCounter(ctx, inst, cid)
-		return first.token != ""
-	})
-	harness.WaitFor(t, 30*time.Second, "the copy's counter to count on", func() bool {
-		after = readCounter(ctx, inst, cid)
-		return after.token != "" && after.n > first.n+1
-	})
-	if first.n < before.n || after.token != before.token || after.sum != before.sum {
-		t.Errorf("copy's counter = %+v (first read %+v), source's before the image = %+v; want the same token and memory checksum, counting on", after, first, before)
-	}
+	checkCountsOn(t, inst, cid, cspec.NetNSPath, before)
 
 	// Independent: a file written in the copy is not in the source, and
 	// the copy runs on without it.
