@@ -66,28 +66,7 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 	if inst.Exec == nil {
 		t.Skip("harness has no Exec")
 	}
-	id := NewID()
-	spec := h.Spec(t, id)
-	spec.NetNSPath = testNetNS(t, id+"a")
-	// The counter is the sandbox's init: gVisor releases from 2023 on
-	// SIGKILL, at restore, every process that came in through `runsc
-	// exec` and its children (a caller no longer connected), while the
-	// init and its descendants (every process of a Berth sandbox, as the
-	// agent is the init) are restored.
-	spec.AgentArgs = []string{"count", "/count"}
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatalf("Create = %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
-			t.Errorf("Destroy = %v", err)
-		}
-	})
-	var before counter
-	harness.WaitFor(t, 30*time.Second, "the counter to count", func() bool {
-		before = readCounter(ctx, inst, id)
-		return before.n >= 2
-	})
+	id, spec, before := startCounter(t, h, inst)
 	dir := filepath.Join(t.TempDir(), "image")
 	t0 := time.Now()
 	if err := cp.Checkpoint(ctx, id, dir); err != nil {
@@ -130,6 +109,38 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 		t.Fatalf("Destroy = %v", err)
 	}
 	assertGone(t, inst, id)
+}
+
+// startCounter creates a sandbox whose init counts in memory (the test
+// agent's count mode), in a network namespace of the test's, and waits
+// until it counts. It is destroyed when the test ends (Destroy is
+// idempotent, so a test may destroy it earlier).
+func startCounter(t *testing.T, h Harness, inst Instance) (string, runtime.Spec, counter) {
+	t.Helper()
+	ctx := t.Context()
+	id := NewID()
+	spec := h.Spec(t, id)
+	spec.NetNSPath = testNetNS(t, id+"a")
+	// The counter is the sandbox's init: gVisor releases from 2023 on
+	// SIGKILL, at restore, every process that came in through `runsc
+	// exec` and its children (a caller no longer connected), while the
+	// init and its descendants (every process of a Berth sandbox, as the
+	// agent is the init) are restored.
+	spec.AgentArgs = []string{"count", "/count"}
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	t.Cleanup(func() {
+		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+			t.Errorf("Destroy = %v", err)
+		}
+	})
+	var before counter
+	harness.WaitFor(t, 30*time.Second, "the counter to count", func() bool {
+		before = readCounter(ctx, inst, id)
+		return before.n >= 2
+	})
+	return id, spec, before
 }
 
 // checkCountsOn checks that sandbox id, started from an image of a
@@ -258,26 +269,7 @@ func testCheckpointLiveCopy(t *testing.T, h Harness) {
 	if inst.Exec == nil {
 		t.Skip("harness has no Exec")
 	}
-	id := NewID()
-	spec := h.Spec(t, id)
-	spec.NetNSPath = testNetNS(t, id+"a")
-	spec.AgentArgs = []string{"count", "/count"} // as in checkpointRestore
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatalf("Create = %v", err)
-	}
-	srcAlive := true
-	t.Cleanup(func() {
-		if srcAlive {
-			if err := inst.Backend.Destroy(context.Background(), id); err != nil {
-				t.Errorf("Destroy = %v", err)
-			}
-		}
-	})
-	var before counter
-	harness.WaitFor(t, 30*time.Second, "the counter to count", func() bool {
-		before = readCounter(ctx, inst, id)
-		return before.n >= 2
-	})
+	id, spec, before := startCounter(t, h, inst)
 
 	// The image and the files of the same instant: the sandbox is frozen
 	// while both are taken, as a snapshot does.
@@ -349,7 +341,6 @@ func testCheckpointLiveCopy(t *testing.T, h Harness) {
 	if err := inst.Backend.Destroy(ctx, id); err != nil {
 		t.Fatalf("Destroy source = %v", err)
 	}
-	srcAlive = false
 	assertGone(t, inst, id)
 	last := readCounter(ctx, inst, cid)
 	harness.WaitFor(t, 30*time.Second, "the copy to count on without its source", func() bool {
