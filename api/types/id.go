@@ -1,6 +1,7 @@
 package types
 
 import (
+	"crypto/rand"
 	"fmt"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -26,4 +27,18 @@ func ValidSandboxID(id string) error {
 		}
 	}
 	return nil
+}
+
+// NewSandboxID mints a sandbox ID: 20 random characters of [a-z0-9],
+// starting with a letter so an ID never looks like a number. The daemon
+// and the Kubernetes gateway (whose pod names are its IDs) mint them so.
+func NewSandboxID() string {
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+	var b [20]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	for i := range b {
+		b[i] = alphabet[int(b[i])%len(alphabet)]
+	}
+	b[0] = alphabet[int(b[0])%26]
+	return string(b[:])
 }

@@ -47,3 +47,17 @@ func FuzzValidSandboxID(f *testing.F) {
 		}
 	})
 }
+
+func TestNewSandboxID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := NewSandboxID()
+		if err := ValidSandboxID(id); err != nil || len(id) != 20 || id[0] < 'a' || id[0] > 'z' {
+			t.Fatalf("NewSandboxID() = %q (%v): want 20 of [a-z0-9] starting with a letter", id, err)
+		}
+		if seen[id] {
+			t.Fatalf("NewSandboxID() minted %q twice", id)
+		}
+		seen[id] = true
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
@@ -349,18 +350,8 @@ type NetworkInfo struct {
 	HostLink string
 }
 
-// newID returns a 20-character lowercase [a-z0-9] ID.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	var b [20]byte
-	rand.Read(b[:])
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	// Start with a letter so IDs never look like numbers.
-	b[0] = alphabet[int(b[0])%26]
-	return string(b[:])
-}
+// newID returns a new ID for a sandbox or a snapshot (the same grammar).
+func newID() string { return types.NewSandboxID() }
 
 func newToken() string {
 	var b [24]byte

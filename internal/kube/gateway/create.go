@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -61,19 +60,6 @@ func decodeCreate(r *http.Request) (createRequest, error) {
 		return in, fieldErr("body", errdefs.ErrInvalidArgument, "body holds more than one JSON value")
 	}
 	return in, nil
-}
-
-// newID mints a sandbox ID, which is also its pod's name: 20 of [a-z0-9],
-// starting with a letter, as the daemon's.
-func newID() string {
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
-	var b [20]byte
-	_, _ = rand.Read(b[:])
-	for i := range b {
-		b[i] = alphabet[int(b[i])%len(alphabet)]
-	}
-	b[0] = alphabet[int(b[0])%26]
-	return string(b[:])
 }
 
 // podFor translates a create into its pod, naming any field it cannot
@@ -153,7 +139,7 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 	}
 	no := false
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: newID(), Namespace: g.cfg.Namespace, Labels: labels, Annotations: ann},
+		ObjectMeta: metav1.ObjectMeta{Name: types.NewSandboxID(), Namespace: g.cfg.Namespace, Labels: labels, Annotations: ann},
 		Spec: corev1.PodSpec{
 			// The sandbox lives until it is deleted or its deadline;
 			// its container has no command of its own.
