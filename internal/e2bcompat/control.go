@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -293,6 +292,13 @@ func listQuery(r *http.Request) (listFilter, error) {
 
 func cursorOf(sb sandbox.Sandbox) e2bwire.Cursor { return e2bwire.CursorAt(sb.CreatedAt, sb.ID) }
 
+// sandboxListing lists the Manager's sandboxes.
+var sandboxListing = e2bwire.Listing[sandbox.Sandbox]{
+	Cursor:  cursorOf,
+	Running: func(sb sandbox.Sandbox) bool { return sandbox.State(sb.State) == sandbox.StateReady },
+	Listed:  listed,
+}
+
 // listSandboxes returns the caller's sandboxes that pass f, in f's order.
 func (s *Server) listSandboxes(ctx context.Context, f listFilter) ([]sandbox.Sandbox, error) {
 	sbs, err := s.cfg.Manager.ListOwned(ctx, f.owned)
@@ -321,11 +327,7 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	out := make([]e2bwire.ListedBody, 0, len(sbs))
-	for _, sb := range sbs {
-		out = append(out, listed(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
+	sandboxListing.WriteAll(w, sbs)
 }
 
 // list answers GET /v2/sandboxes a page at a time, newest first unless
@@ -348,22 +350,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	running := 0
-	for _, sb := range sbs {
-		if sandbox.State(sb.State) == sandbox.StateReady {
-			running++
-		}
-	}
-	w.Header().Set("X-Total-Running", strconv.Itoa(running))
-	page, next := e2bwire.Page(sbs, cursorOf, f.Asc, after, limit)
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
-	}
-	out := make([]e2bwire.ListedBody, 0, len(page))
-	for _, sb := range page {
-		out = append(out, listed(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
+	sandboxListing.WritePage(w, sbs, f.Asc, after, limit)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {

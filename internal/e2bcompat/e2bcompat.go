@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"strings"
 	"time"
 
@@ -135,20 +134,10 @@ func New(cfg Config) *Server {
 // ServeHTTP dispatches: sandbox traffic (by header, then by preview Host)
 // first, then the native API under /v1, then the E2B control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		port := envd.Port
-		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
-			n, err := strconv.Atoi(p)
-			if err != nil || n < 1 || n > 65535 {
-				writeError(w, http.StatusBadRequest, "invalid E2b-Sandbox-Port header "+strconv.Quote(p))
-				return
-			}
-			port = n
-		}
-		s.serveSandbox(w, r, id, port)
+	if id, port, ok, err := e2bwire.Target(r, s.cfg.Domain, envd.Port); err != nil {
+		writeErr(w, err)
 		return
-	}
-	if id, port, ok := ParseHost(r.Host, s.cfg.Domain); ok {
+	} else if ok {
 		s.serveSandbox(w, r, id, port)
 		return
 	}

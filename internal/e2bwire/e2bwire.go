@@ -386,3 +386,65 @@ func Page[T any](items []T, at func(T) Cursor, asc bool, after *Cursor, limit in
 	}
 	return page, ""
 }
+
+// Listing is how a backend's sandbox records list in E2B's terms.
+type Listing[T any] struct {
+	// Cursor is a record's place in the order (start time, then ID).
+	Cursor func(T) Cursor
+	// Running reports whether the record's sandbox runs (not paused, not
+	// still being made).
+	Running func(T) bool
+	// Listed is the record as E2B lists it.
+	Listed func(T) ListedBody
+}
+
+// WriteAll answers GET /sandboxes: every item, in the order given.
+func (l Listing[T]) WriteAll(w http.ResponseWriter, items []T) {
+	out := make([]ListedBody, 0, len(items))
+	for _, it := range items {
+		out = append(out, l.Listed(it))
+	}
+	WriteJSON(w, http.StatusOK, out)
+}
+
+// WritePage answers GET /v2/sandboxes with one page of items (sorted in
+// the order asc says) after the cursor after, at most limit of them: the
+// header X-Total-Running counts every item that runs, and X-Next-Token is
+// set when more are left. The next token is an opaque cursor (the last
+// item's start time and ID): the next page holds what sorts after it, so
+// sandboxes created or destroyed between two pages neither repeat nor
+// shift what is left.
+func (l Listing[T]) WritePage(w http.ResponseWriter, items []T, asc bool, after *Cursor, limit int) {
+	running := 0
+	for _, it := range items {
+		if l.Running(it) {
+			running++
+		}
+	}
+	w.Header().Set("X-Total-Running", strconv.Itoa(running))
+	page, next := Page(items, l.Cursor, asc, after, limit)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	l.WriteAll(w, page)
+}
+
+// Target is the sandbox and port a data-plane request names: by the
+// E2b-Sandbox-Id and E2b-Sandbox-Port headers (the port defaults to
+// envd's), else by a preview Host "<port>-<id>.<domain>". ok is false
+// when the request names none; err is a bad port header.
+func Target(r *http.Request, domain string, envdPort int) (id string, port int, ok bool, err error) {
+	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
+		port := envdPort
+		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
+			n, err := strconv.Atoi(p)
+			if err != nil || n < 1 || n > 65535 {
+				return id, 0, true, fmt.Errorf("invalid E2b-Sandbox-Port header %q: %w", p, errdefs.ErrInvalidArgument)
+			}
+			port = n
+		}
+		return id, port, true, nil
+	}
+	id, port, ok = ParseHost(r.Host, domain)
+	return id, port, ok, nil
+}

@@ -67,20 +67,10 @@ func (g *Gateway) domain() string {
 // serveHTTP is the gateway's root: E2B data-plane traffic (by header, then
 // by preview Host) first, then the routes.
 func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
-	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		port := envd.Port
-		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
-			n, err := strconv.Atoi(p)
-			if err != nil || n < 1 || n > 65535 {
-				e2bwire.WriteError(w, http.StatusBadRequest, "invalid E2b-Sandbox-Port header "+strconv.Quote(p))
-				return
-			}
-			port = n
-		}
-		g.e2bSandbox(w, r, id, port)
+	if id, port, ok, err := e2bwire.Target(r, g.domain(), envd.Port); err != nil {
+		e2bwire.WriteErr(w, err)
 		return
-	}
-	if id, port, ok := e2bwire.ParseHost(r.Host, g.domain()); ok {
+	} else if ok {
 		g.e2bSandbox(w, r, id, port)
 		return
 	}
@@ -149,17 +139,7 @@ var e2bNotServed = map[string]string{
 // e2bAuthed identifies the caller as authed does, answering in E2B's
 // error shape.
 func (g *Gateway) e2bAuthed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		p := auth.Principal{Operator: true}
-		if g.cfg.Keys != nil {
-			var err error
-			if p, err = auth.Identify(r, g.cfg.Keys, true); err != nil {
-				e2bwire.WriteErr(w, err)
-				return
-			}
-		}
-		h(w, r.WithContext(auth.With(r.Context(), p)), p)
-	}
+	return g.authedAs(e2bwire.WriteErr, h)
 }
 
 // isE2B reports whether the pod is a sandbox made through the E2B API.
@@ -326,8 +306,11 @@ func e2bListed(pod *corev1.Pod) e2bwire.ListedBody {
 	}
 }
 
-func podCursor(pod *corev1.Pod) e2bwire.Cursor {
-	return e2bwire.CursorAt(pod.CreationTimestamp.Time, pod.Name)
+// podListing lists sandbox pods.
+var podListing = e2bwire.Listing[*corev1.Pod]{
+	Cursor:  func(pod *corev1.Pod) e2bwire.Cursor { return e2bwire.CursorAt(pod.CreationTimestamp.Time, pod.Name) },
+	Running: func(pod *corev1.Pod) bool { return state(pod) == apitypes.StateReady },
+	Listed:  e2bListed,
 }
 
 // e2bSandboxes are the caller's live E2B sandboxes that pass the query's
@@ -358,7 +341,7 @@ func (g *Gateway) e2bSandboxes(r *http.Request, p auth.Principal) ([]*corev1.Pod
 		return false
 	})
 	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
-		c := podCursor(a).Compare(podCursor(b))
+		c := podListing.Cursor(a).Compare(podListing.Cursor(b))
 		if !q.Asc {
 			c = -c
 		}
@@ -373,11 +356,7 @@ func (g *Gateway) e2bListV1(w http.ResponseWriter, r *http.Request, p auth.Princ
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	out := make([]e2bwire.ListedBody, 0, len(pods))
-	for _, pod := range pods {
-		out = append(out, e2bListed(pod))
-	}
-	e2bwire.WriteJSON(w, http.StatusOK, out)
+	podListing.WriteAll(w, pods)
 }
 
 // e2bList answers GET /v2/sandboxes a page at a time, as the daemon does.
@@ -391,22 +370,7 @@ func (g *Gateway) e2bList(w http.ResponseWriter, r *http.Request, p auth.Princip
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	running := 0
-	for _, pod := range pods {
-		if state(pod) == apitypes.StateReady {
-			running++
-		}
-	}
-	w.Header().Set("X-Total-Running", strconv.Itoa(running))
-	page, next := e2bwire.Page(pods, podCursor, q.Asc, after, limit)
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
-	}
-	out := make([]e2bwire.ListedBody, 0, len(page))
-	for _, pod := range page {
-		out = append(out, e2bListed(pod))
-	}
-	e2bwire.WriteJSON(w, http.StatusOK, out)
+	podListing.WritePage(w, pods, q.Asc, after, limit)
 }
 
 // e2bGet answers E2B's getInfo. The envdAccessToken is not in it: the

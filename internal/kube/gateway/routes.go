@@ -42,12 +42,18 @@ func (g *Gateway) health(w http.ResponseWriter, _ *http.Request) {
 // authed identifies the caller (a key is required when the gateway has
 // keys) and hands it to h.
 func (g *Gateway) authed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return g.authedAs(writeError, h)
+}
+
+// authedAs is authed answering a caller it refuses with fail (the native
+// API's error shape, or E2B's).
+func (g *Gateway) authedAs(fail func(http.ResponseWriter, error), h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p := auth.Principal{Operator: true}
 		if g.cfg.Keys != nil {
 			var err error
 			if p, err = auth.Identify(r, g.cfg.Keys, true); err != nil {
-				writeError(w, err)
+				fail(w, err)
 				return
 			}
 		}
