@@ -128,6 +128,10 @@ type CreateRequest struct {
 	// off, or the snapshot's when Snapshot is set; false says off even
 	// then.
 	AllowSudo *bool `json:"allow_sudo,omitempty"`
+	// User is the account processes run as when a request into the
+	// sandbox names none; empty takes the template's default (E2B's
+	// API, and a Kubernetes node for it, set "user").
+	User string `json:"user,omitempty"`
 	// Snapshot makes the sandbox from a snapshot (its files, and the
 	// template, isolation, limits, env, labels, user, network policy and
 	// allow_sudo the request leaves unset).

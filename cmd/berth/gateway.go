@@ -107,6 +107,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	gw, err := gateway.New(gateway.Config{
 		Kube: kube, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
 		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout,
+		Domain:  o.flags.E2BDomain,
 		Version: buildVersion(), Logger: log,
 	})
 	if err != nil {

@@ -55,6 +55,9 @@ tolerate it land there. A pod chooses its sandbox with annotations:
   ` + node.AnnotationTemplate + `   template (default: the first image's name without registry or tag)
   ` + node.AnnotationIsolation + `  runc or gvisor
   ` + node.AnnotationNetwork + `    none (default), open, or a JSON network policy
+  ` + node.AnnotationEnv + `        the sandbox's environment, a JSON object of strings
+  ` + node.AnnotationUser + `       account processes run as when a request names none
+  ` + node.AnnotationAllowSudo + ` true: sudo inside the sandbox's user namespace
 Resource limits (or requests) of the containers bound the sandbox's CPU and
 memory.
 

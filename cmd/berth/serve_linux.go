@@ -42,9 +42,11 @@ re-adopted when it starts again.
 
 With --kubernetes it is instead the gateway of a Kubernetes cluster of Berth
 nodes (berth node): no runtime, no state of its own, no root. It serves the
-native API's sandbox create, list, get and delete, each sandbox a pod in
---namespace, and proxies each sandbox's agent data plane to its node over
-mutual TLS (--node-client-cert, --node-client-key, --node-ca). Several
+native API's sandbox create, list, get and delete and E2B's (create, list,
+get, kill; E2B's data plane by header or by a Host under --e2b-domain),
+each sandbox a pod in --namespace, and proxies each sandbox's agent data
+plane to its node over mutual TLS (--node-client-cert, --node-client-key,
+--node-ca). Several
 gateways serve one cluster side by side. Other routes answer
 not_implemented.`,
 		Args: cobra.NoArgs,

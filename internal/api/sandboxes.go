@@ -90,7 +90,7 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		out.Network = &p
 	}
 	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
-	out.AllowSudo = in.AllowSudo
+	out.AllowSudo, out.User = in.AllowSudo, in.User
 	if in.IdlePause != "" {
 		var err error
 		if out.IdlePause, err = units.ParseDuration(in.IdlePause); err != nil {

@@ -1,32 +1,21 @@
 package e2bcompat
 
 import (
-	"cmp"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"net/url"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
-
-// defaultTimeout is E2B's default sandbox lifetime when a create names none.
-const defaultTimeout = 15 * time.Second
-
-// clientID is reported where E2B reports the node a sandbox runs on.
-const clientID = "berth"
 
 func (s *Server) routes() {
 	m := s.mux
@@ -162,73 +151,9 @@ func e2bState(state string) string {
 	return "running"
 }
 
-// decode reads a JSON body leniently: the SDKs send fields Berth does not
-// know (and newer SDKs will send more); the ones Berth cannot honour are
-// checked by the caller, by name.
-func decode(r *http.Request, v any) error {
-	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("read request body: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	if strings.TrimSpace(string(data)) == "" {
-		return nil
-	}
-	if err := json.Unmarshal(data, v); err != nil {
-		return fmt.Errorf("malformed request body: %v: %w", err, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
-
-// createBody is E2B's NewSandbox. Fields Berth cannot honour are kept raw so
-// that any non-default value is refused by name.
-type createBody struct {
-	TemplateID          string            `json:"templateID"`
-	Timeout             *int64            `json:"timeout"`
-	Metadata            map[string]string `json:"metadata"`
-	EnvVars             map[string]string `json:"envVars"`
-	Secure              *bool             `json:"secure"`
-	AllowInternetAccess *bool             `json:"allow_internet_access"`
-	Network             *networkConfig    `json:"network"`
-	AutoPause           *bool             `json:"autoPause"`
-	AutoPauseMemory     *bool             `json:"autoPauseMemory"`
-	AutoResume          *struct {
-		Enabled bool `json:"enabled"`
-	} `json:"autoResume"`
-	MCP          json.RawMessage `json:"mcp"`
-	IAM          json.RawMessage `json:"iam"`
-	VolumeMounts json.RawMessage `json:"volumeMounts"`
-}
-
-// unsupported names the first field of b that asks for something Berth does
-// not do yet.
-func (b createBody) unsupported() string {
-	switch {
-	case present(b.MCP):
-		return "mcp (the MCP gateway) is not supported by Berth"
-	case present(b.IAM):
-		return "iam tokens are not supported by Berth"
-	case present(b.VolumeMounts) && string(b.VolumeMounts) != "[]":
-		return "volumeMounts are not supported by Berth yet"
-	}
-	return ""
-}
-
-func present(raw json.RawMessage) bool { return len(raw) > 0 && string(raw) != "null" }
-
-// sandboxBody is E2B's Sandbox: what create and connect answer.
-type sandboxBody struct {
-	TemplateID         string  `json:"templateID"`
-	SandboxID          string  `json:"sandboxID"`
-	ClientID           string  `json:"clientID"`
-	EnvdVersion        string  `json:"envdVersion"`
-	EnvdAccessToken    string  `json:"envdAccessToken"`
-	TrafficAccessToken *string `json:"trafficAccessToken"`
-	Domain             string  `json:"domain"`
-}
-
-func (s *Server) sandboxBody(sb sandbox.Sandbox, ext core.E2BSandbox) sandboxBody {
-	b := sandboxBody{
-		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID, EnvdVersion: envd.Version,
+func (s *Server) sandboxBody(sb sandbox.Sandbox, ext core.E2BSandbox) e2bwire.SandboxBody {
+	b := e2bwire.SandboxBody{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: e2bwire.ClientID, EnvdVersion: envd.Version,
 		EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
 	}
 	if ext.TrafficToken != "" {
@@ -238,7 +163,7 @@ func (s *Server) sandboxBody(sb sandbox.Sandbox, ext core.E2BSandbox) sandboxBod
 }
 
 func (s *Server) create(w http.ResponseWriter, r *http.Request) {
-	var in createBody
+	var in e2bwire.CreateBody
 	if err := decode(r, &in); err != nil {
 		writeErr(w, err)
 		return
@@ -247,7 +172,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "templateID is required")
 		return
 	}
-	if msg := in.unsupported(); msg != "" {
+	if msg := in.Unsupported(); msg != "" {
 		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
@@ -257,17 +182,17 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "secure: false is not supported: Berth always requires the sandbox's access token on its data plane")
 		return
 	}
-	net := networkConfig{}
+	net := e2bwire.NetworkConfig{}
 	if in.Network != nil {
 		net = *in.Network
 	}
 	net.AllowInternetAccess = in.AllowInternetAccess
-	policy, internet, err := applyNetwork(net, false, s.cfg.DefaultNetwork == "none")
+	policy, internet, err := e2bwire.ApplyNetwork(net, false, s.cfg.DefaultNetwork == "none")
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	timeout := defaultTimeout
+	timeout := e2bwire.DefaultTimeout
 	if in.Timeout != nil {
 		if *in.Timeout <= 0 {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %d: want a positive number of seconds", *in.Timeout))
@@ -311,7 +236,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	ext := core.E2BSandbox{ID: sb.ID, Network: net.storeJSON(internet)}
+	ext := core.E2BSandbox{ID: sb.ID, Network: net.StoreJSON(internet)}
 	if net.AllowPublicTraffic != nil && !*net.AllowPublicTraffic {
 		ext.TrafficToken = randHex(20)
 	}
@@ -327,109 +252,51 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, s.sandboxBody(sb, ext))
 }
 
-// listedBody is E2B's ListedSandbox.
-type listedBody struct {
-	TemplateID   string            `json:"templateID"`
-	SandboxID    string            `json:"sandboxID"`
-	ClientID     string            `json:"clientID"`
-	StartedAt    string            `json:"startedAt"`
-	EndAt        string            `json:"endAt"`
-	CPUCount     int64             `json:"cpuCount"`
-	MemoryMB     int64             `json:"memoryMB"`
-	DiskSizeMB   int64             `json:"diskSizeMB"`
-	Metadata     map[string]string `json:"metadata"`
-	State        string            `json:"state"`
-	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []struct{}        `json:"volumeMounts"`
-}
-
-func listed(sb sandbox.Sandbox) listedBody {
+func listed(sb sandbox.Sandbox) e2bwire.ListedBody {
 	md := sb.Metadata
 	if md == nil {
 		md = map[string]string{}
 	}
 	// E2B counts whole vCPUs; Berth's quota may be fractional.
 	cpus := (sb.CPUMillis + 999) / 1000
-	return listedBody{
-		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: clientID,
+	return e2bwire.ListedBody{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: e2bwire.ClientID,
 		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), EndAt: sb.Deadline.UTC().Format(time.RFC3339Nano),
 		CPUCount: cpus, MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20,
 		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
 	}
 }
 
-// listFilter is what both list calls select and sort by beyond what the
-// Manager filters (owner, state, metadata).
+// listFilter is what both list calls select and sort by: the Manager
+// filters owner, state and metadata, the rest is e2bwire.ListQuery's.
 type listFilter struct {
 	owned sandbox.OwnedListOptions
-	// template keeps only sandboxes of this template ("" = all).
-	template string
-	// startedAfter and startedBefore bound the start time, both inclusive
-	// (zero = unbounded).
-	startedAfter, startedBefore time.Time
-	// asc sorts oldest first; E2B's default is newest first.
-	asc bool
+	e2bwire.ListQuery
 }
 
 // listQuery parses the filters shared by both list calls.
 func listQuery(r *http.Request) (listFilter, error) {
-	q := r.URL.Query()
-	f := listFilter{owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, AnyOwner: callerOf(r).Admin(), Metadata: map[string]string{}}}
-	if raw := q.Get("metadata"); raw != "" {
-		// The SDKs URI-encode each key and value, then form-encode the
-		// pairs into this one parameter.
-		pairs, err := url.ParseQuery(raw)
-		if err != nil {
-			return f, fmt.Errorf("metadata filter %q: %v: %w", raw, err, errdefs.ErrInvalidArgument)
-		}
-		for k, vs := range pairs {
-			key, err1 := url.PathUnescape(k)
-			val, err2 := url.PathUnescape(vs[len(vs)-1])
-			if err1 != nil || err2 != nil {
-				return f, fmt.Errorf("metadata filter %q: bad escape: %w", raw, errdefs.ErrInvalidArgument)
-			}
-			f.owned.Metadata[key] = val
-		}
+	q, err := e2bwire.ParseListQuery(r.URL.Query())
+	if err != nil {
+		return listFilter{}, err
 	}
-	// The SDKs send the states comma-separated in one parameter; plain
-	// form encoding repeats it. Both mean the union.
-	states := strings.Join(q["state"], ",")
-	if states == "" {
-		states = "running,paused"
+	f := listFilter{ListQuery: q, owned: sandbox.OwnedListOptions{Owner: keyOf(r).ID, AnyOwner: callerOf(r).Admin(), Metadata: q.Metadata}}
+	if q.Running {
+		f.owned.States = append(f.owned.States, string(sandbox.StateReady))
 	}
-	for _, st := range strings.Split(states, ",") {
-		switch st {
-		case "running":
-			f.owned.States = append(f.owned.States, string(sandbox.StateReady))
-		case "paused":
-			f.owned.States = append(f.owned.States, string(sandbox.StatePaused))
-		default:
-			return f, fmt.Errorf("state %q: want running or paused: %w", st, errdefs.ErrInvalidArgument)
-		}
-	}
-	f.template = q.Get("template")
-	for _, b := range []struct {
-		name string
-		to   *time.Time
-	}{{"startedAfter", &f.startedAfter}, {"startedBefore", &f.startedBefore}} {
-		raw := q.Get(b.name)
-		if raw == "" {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339Nano, raw)
-		if err != nil {
-			return f, fmt.Errorf("%s %q: want an RFC 3339 timestamp such as 2025-01-02T15:04:05Z: %w", b.name, raw, errdefs.ErrInvalidArgument)
-		}
-		*b.to = t
-	}
-	switch o := q.Get("order"); o {
-	case "", "desc":
-	case "asc":
-		f.asc = true
-	default:
-		return f, fmt.Errorf("order %q: want asc or desc: %w", o, errdefs.ErrInvalidArgument)
+	if q.Paused {
+		f.owned.States = append(f.owned.States, string(sandbox.StatePaused))
 	}
 	return f, nil
+}
+
+func cursorOf(sb sandbox.Sandbox) e2bwire.Cursor { return e2bwire.CursorAt(sb.CreatedAt, sb.ID) }
+
+// sandboxListing lists the Manager's sandboxes.
+var sandboxListing = e2bwire.Listing[sandbox.Sandbox]{
+	Cursor:  cursorOf,
+	Running: func(sb sandbox.Sandbox) bool { return sandbox.State(sb.State) == sandbox.StateReady },
+	Listed:  listed,
 }
 
 // listSandboxes returns the caller's sandboxes that pass f, in f's order.
@@ -438,14 +305,10 @@ func (s *Server) listSandboxes(ctx context.Context, f listFilter) ([]sandbox.San
 	if err != nil {
 		return nil, err
 	}
-	sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool {
-		return (f.template != "" && sb.Template != f.template) ||
-			(!f.startedAfter.IsZero() && sb.CreatedAt.Before(f.startedAfter)) ||
-			(!f.startedBefore.IsZero() && sb.CreatedAt.After(f.startedBefore))
-	})
+	sbs = slices.DeleteFunc(sbs, func(sb sandbox.Sandbox) bool { return !f.Keeps(sb.Template, sb.CreatedAt) })
 	slices.SortFunc(sbs, func(a, b sandbox.Sandbox) int {
-		c := cursorOf(a).compare(cursorOf(b))
-		if !f.asc {
+		c := cursorOf(a).Compare(cursorOf(b))
+		if !f.Asc {
 			c = -c
 		}
 		return c
@@ -464,15 +327,8 @@ func (s *Server) listV1(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	out := make([]listedBody, 0, len(sbs))
-	for _, sb := range sbs {
-		out = append(out, listed(sb))
-	}
-	writeJSON(w, http.StatusOK, out)
+	sandboxListing.WriteAll(w, sbs)
 }
-
-// maxPage bounds one page of GET /v2/sandboxes.
-const maxPage = 100
 
 // list answers GET /v2/sandboxes a page at a time, newest first unless
 // order=asc. The next token is an opaque cursor (the last item's start time
@@ -485,7 +341,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit, after, ok := pageQuery(w, q)
+	limit, after, ok := e2bwire.PageQuery(w, q)
 	if !ok {
 		return
 	}
@@ -494,82 +350,7 @@ func (s *Server) list(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	running := 0
-	for _, sb := range sbs {
-		if sandbox.State(sb.State) == sandbox.StateReady {
-			running++
-		}
-	}
-	w.Header().Set("X-Total-Running", strconv.Itoa(running))
-	out := make([]listedBody, 0, min(limit, len(sbs)))
-	var last cursor
-	for _, sb := range sbs {
-		c := cursorOf(sb)
-		if after != nil {
-			// Skip up to and including the cursor, in the page order.
-			if cmp := c.compare(*after); (f.asc && cmp <= 0) || (!f.asc && cmp >= 0) {
-				continue
-			}
-		}
-		if len(out) == limit {
-			// There is more: the client continues after the last one sent.
-			w.Header().Set("X-Next-Token", last.String())
-			break
-		}
-		out = append(out, listed(sb))
-		last = c
-	}
-	writeJSON(w, http.StatusOK, out)
-}
-
-// cursor is a position in the order of sandboxes by start time, ties broken
-// by ID.
-type cursor struct {
-	at int64
-	id string
-}
-
-func cursorOf(sb sandbox.Sandbox) cursor { return cursor{at: sb.CreatedAt.UnixNano(), id: sb.ID} }
-
-func (c cursor) compare(o cursor) int {
-	if c.at != o.at {
-		return cmp.Compare(c.at, o.at)
-	}
-	return strings.Compare(c.id, o.id)
-}
-
-func (c cursor) String() string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(c.at, 10) + ":" + c.id))
-}
-
-func parseCursor(s string) (cursor, error) {
-	bad := fmt.Errorf("nextToken %q is not one this server issued: %w", s, errdefs.ErrInvalidArgument)
-	raw, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return cursor{}, bad
-	}
-	at, id, ok := strings.Cut(string(raw), ":")
-	n, err := strconv.ParseInt(at, 10, 64)
-	if !ok || err != nil || !validID(id) {
-		return cursor{}, bad
-	}
-	return cursor{at: n, id: id}, nil
-}
-
-// detailBody is E2B's SandboxDetail.
-type detailBody struct {
-	listedBody
-	EnvdAccessToken     string          `json:"envdAccessToken"`
-	Domain              string          `json:"domain"`
-	AllowInternetAccess bool            `json:"allowInternetAccess"`
-	Network             json.RawMessage `json:"network,omitempty"`
-	Lifecycle           lifecycleBody   `json:"lifecycle"`
-}
-
-// lifecycleBody is E2B's SandboxLifecycle: what happens at the deadline.
-type lifecycleBody struct {
-	OnTimeout  string `json:"onTimeout"`
-	AutoResume bool   `json:"autoResume"`
+	sandboxListing.WritePage(w, sbs, f.Asc, after, limit)
 }
 
 func (s *Server) get(w http.ResponseWriter, r *http.Request) {
@@ -579,11 +360,11 @@ func (s *Server) get(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	network, internet := storedNetwork(ext.Network)
-	writeJSON(w, http.StatusOK, detailBody{
-		listedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
+	network, internet := e2bwire.StoredNetwork(ext.Network)
+	writeJSON(w, http.StatusOK, e2bwire.DetailBody{
+		ListedBody: listed(sb), EnvdAccessToken: sb.Token, Domain: s.cfg.Domain,
 		AllowInternetAccess: internet, Network: network,
-		Lifecycle: lifecycleBody{OnTimeout: lifecycleOnTimeout(sb), AutoResume: sb.AutoResume},
+		Lifecycle: e2bwire.LifecycleBody{OnTimeout: lifecycleOnTimeout(sb), AutoResume: sb.AutoResume},
 	})
 }
 
@@ -600,12 +381,8 @@ func (s *Server) kill(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-type timeoutBody struct {
-	Timeout *int64 `json:"timeout"`
-}
-
 func (s *Server) setTimeout(w http.ResponseWriter, r *http.Request) {
-	var in timeoutBody
+	var in e2bwire.TimeoutBody
 	if err := decode(r, &in); err != nil {
 		writeErr(w, err)
 		return
@@ -630,7 +407,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	d := defaultTimeout
+	d := e2bwire.DefaultTimeout
 	if in.Duration > 0 {
 		d = time.Duration(in.Duration) * time.Second
 	}
@@ -645,7 +422,7 @@ func (s *Server) refresh(w http.ResponseWriter, r *http.Request) {
 // body moves its deadline. Paused sandboxes do not exist in Berth yet.
 func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
-	var in timeoutBody
+	var in e2bwire.TimeoutBody
 	if err := decode(r, &in); err != nil {
 		writeErr(w, err)
 		return
@@ -680,7 +457,7 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 // ingress settings (allowPublicTraffic) stay as created.
 func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
-	var in networkConfig
+	var in e2bwire.NetworkConfig
 	if err := decode(r, &in); err != nil {
 		writeErr(w, err)
 		return
@@ -689,7 +466,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated")
 		return
 	}
-	policy, internet, err := applyNetwork(in, true, s.cfg.DefaultNetwork == "none")
+	policy, internet, err := e2bwire.ApplyNetwork(in, true, s.cfg.DefaultNetwork == "none")
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -703,38 +480,14 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	var prev networkConfig
+	var prev e2bwire.NetworkConfig
 	// A record without network settings leaves prev at its zero value.
 	_ = json.Unmarshal([]byte(ext.Network), &prev)
 	in.AllowPublicTraffic = prev.AllowPublicTraffic
-	ext.Network = in.storeJSON(internet)
+	ext.Network = in.StoreJSON(internet)
 	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
 		writeErr(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
-}
-
-// pageQuery reads a listing's limit (default and ceiling maxPage) and
-// nextToken cursor, shared by GET /v2/sandboxes and GET /snapshots; on a
-// bad value it has answered 400 and returns ok false.
-func pageQuery(w http.ResponseWriter, q url.Values) (limit int, after *cursor, ok bool) {
-	limit = maxPage
-	if l := q.Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 {
-			writeError(w, http.StatusBadRequest, fmt.Sprintf("limit %q: want a positive integer", l))
-			return 0, nil, false
-		}
-		limit = min(n, maxPage)
-	}
-	if t := q.Get("nextToken"); t != "" {
-		c, err := parseCursor(t)
-		if err != nil {
-			writeErr(w, err)
-			return 0, nil, false
-		}
-		after = &c
-	}
-	return limit, after, true
 }

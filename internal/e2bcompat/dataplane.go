@@ -165,14 +165,6 @@ func (s *Server) serveSandbox(w http.ResponseWriter, r *http.Request, id string,
 	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(ctx, id, "e2b"), targetKey{}, t)))
 }
 
-// sandboxGone is E2B's answer (and wording) for a sandbox that does not
-// run; the SDKs' isRunning reads it.
-func sandboxGone(w http.ResponseWriter, id string) {
-	writeJSON(w, http.StatusBadGateway, map[string]any{
-		"code": http.StatusBadGateway, "message": "The sandbox was not found: " + strconv.Quote(id) + " does not exist or is not running", "sandboxId": id,
-	})
-}
-
 // ownerKey reports whether the request carries the API key that owns
 // sandbox id.
 func (s *Server) ownerKey(r *http.Request, id string) bool {

@@ -14,24 +14,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
-	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
-
-// DefaultDomain is the preview domain when the daemon configures none.
-const DefaultDomain = "berth.localhost"
-
-// DefaultUser is the user E2B sandboxes run commands as when a request
-// names none, as on E2B (whose templates have a "user" account).
-const DefaultUser = "user"
 
 // Manager is what the E2B API needs from the sandbox Manager.
 type Manager interface {
@@ -142,20 +134,10 @@ func New(cfg Config) *Server {
 // ServeHTTP dispatches: sandbox traffic (by header, then by preview Host)
 // first, then the native API under /v1, then the E2B control plane.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if id := r.Header.Get("E2b-Sandbox-Id"); id != "" {
-		port := envd.Port
-		if p := r.Header.Get("E2b-Sandbox-Port"); p != "" {
-			n, err := strconv.Atoi(p)
-			if err != nil || n < 1 || n > 65535 {
-				writeError(w, http.StatusBadRequest, "invalid E2b-Sandbox-Port header "+strconv.Quote(p))
-				return
-			}
-			port = n
-		}
-		s.serveSandbox(w, r, id, port)
+	if id, port, ok, err := e2bwire.Target(r, s.cfg.Domain, envd.Port); err != nil {
+		writeErr(w, err)
 		return
-	}
-	if id, port, ok := ParseHost(r.Host, s.cfg.Domain); ok {
+	} else if ok {
 		s.serveSandbox(w, r, id, port)
 		return
 	}
@@ -171,64 +153,26 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s.mux.ServeHTTP(w, r)
 }
 
-// ParseHost splits a preview host "<port>-<id>.<domain>[:listen-port]" into
-// the sandbox ID and port. IDs are [a-z0-9] (no dash), so the first dash
-// ends the port.
+// DefaultDomain is the preview domain when the daemon configures none.
+const DefaultDomain = e2bwire.DefaultDomain
+
+// DefaultUser is the user E2B sandboxes run commands as when a request
+// names none.
+const DefaultUser = e2bwire.DefaultUser
+
+// ParseHost splits a preview host "<port>-<id>.<domain>[:listen-port]"
+// (e2bwire.ParseHost).
 func ParseHost(host, domain string) (id string, port int, ok bool) {
-	host = strings.ToLower(host)
-	if i := strings.LastIndexByte(host, ':'); i >= 0 && !strings.Contains(host[i:], "]") {
-		host = host[:i]
-	}
-	label, found := strings.CutSuffix(host, "."+domain)
-	if !found || domain == "" {
-		return "", 0, false
-	}
-	p, id, found := strings.Cut(label, "-")
-	if !found || p == "" || len(p) > 5 || !validID(id) {
-		return "", 0, false
-	}
-	for _, c := range p {
-		if c < '0' || c > '9' {
-			return "", 0, false
-		}
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 1 || port > 65535 {
-		return "", 0, false
-	}
-	return id, port, true
+	return e2bwire.ParseHost(host, domain)
 }
 
 // validID is the sandbox-ID grammar every layer shares.
 func validID(id string) bool { return types.ValidSandboxID(id) == nil }
 
-// errorBody is E2B's error shape.
-type errorBody struct {
-	Code    int    `json:"code"`
-	Message string `json:"message"`
-}
-
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, errorBody{Code: status, Message: msg})
-}
-
-// writeErr maps an error class to its status: the one place this API turns
-// errors into wire codes.
-func writeErr(w http.ResponseWriter, err error) {
-	status := errdefs.HTTPStatus(err)
-	msg := err.Error()
-	// The status already says the class; its name would only add noise.
-	if class := errdefs.FromCode(errdefs.Code(err)); class != nil {
-		msg = strings.TrimSuffix(msg, ": "+class.Error())
-	}
-	if status == http.StatusInternalServerError {
-		msg = "internal error: " + msg
-	}
-	writeError(w, status, msg)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v) // the status is sent; a failed body means the client left
-}
+// The wire helpers every route of this API answers with (e2bwire's).
+func writeError(w http.ResponseWriter, status int, msg string) { e2bwire.WriteError(w, status, msg) }
+func writeErr(w http.ResponseWriter, err error)                { e2bwire.WriteErr(w, err) }
+func writeJSON(w http.ResponseWriter, status int, v any)       { e2bwire.WriteJSON(w, status, v) }
+func sandboxGone(w http.ResponseWriter, id string)             { e2bwire.SandboxGone(w, id) }
+func decode(r *http.Request, v any) error                      { return e2bwire.Decode(r, v) }
+func present(raw json.RawMessage) bool                         { return e2bwire.Present(raw) }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -63,49 +64,6 @@ func FuzzParseHost(f *testing.F) {
 			t.Errorf("ParseHost(%q) = %q, %d: accepted an invalid target", host, id, port)
 		}
 	})
-}
-
-func TestCursorRoundTrip(t *testing.T) {
-	c := cursor{at: time.Now().UnixNano(), id: "abc123"}
-	got, err := parseCursor(c.String())
-	if err != nil || got != c {
-		t.Errorf("parseCursor(%q) = %+v, %v, want %+v", c.String(), got, err, c)
-	}
-	for _, bad := range []string{"", "!!", "YWJj", "MTpBQkM"} {
-		if _, err := parseCursor(bad); !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("parseCursor(%q) err = %v, want invalid argument", bad, err)
-		}
-	}
-}
-
-func TestApplyNetwork(t *testing.T) {
-	yes, no := true, false
-	mask := "x"
-	tests := []struct {
-		name string
-		in   networkConfig
-		ok   bool
-	}{
-		{"empty", networkConfig{}, true},
-		{"no internet", networkConfig{AllowInternetAccess: &no}, true},
-		{"deny list", networkConfig{DenyOut: []string{"0.0.0.0/0", "10.1.2.3"}}, true},
-		{"private traffic", networkConfig{AllowPublicTraffic: &no}, true},
-		{"internet", networkConfig{AllowInternetAccess: &yes}, true},
-		{"allow list", networkConfig{AllowOut: []string{"198.51.100.1"}}, true},
-		{"deny a domain", networkConfig{DenyOut: []string{"example.com"}}, false},
-		{"rules", networkConfig{Rules: json.RawMessage(`{"a.com":[{}]}`)}, false},
-		{"proxy", networkConfig{EgressProxy: json.RawMessage(`{"address":"p:1"}`)}, false},
-		{"mask host", networkConfig{MaskRequestHost: &mask}, false},
-	}
-	for _, tt := range tests {
-		_, _, err := applyNetwork(tt.in, false, false)
-		if (err == nil) != tt.ok {
-			t.Errorf("applyNetwork(%s) = %v, want ok %v", tt.name, err, tt.ok)
-		}
-		if err != nil && !errors.Is(err, errdefs.ErrInvalidArgument) {
-			t.Errorf("applyNetwork(%s) = %v, want invalid argument", tt.name, err)
-		}
-	}
 }
 
 // fakeManager holds sandboxes (and snapshots) in memory.
@@ -270,7 +228,7 @@ func TestControlPlaneAuth(t *testing.T) {
 func TestEgressPolicy(t *testing.T) {
 	yes, no := true, false
 	tests := []struct {
-		in       networkConfig
+		in       e2bwire.NetworkConfig
 		update   bool
 		mode     policy.Mode
 		allow    string
@@ -280,59 +238,59 @@ func TestEgressPolicy(t *testing.T) {
 	}{
 		// A create that says nothing gets Berth's default, no egress; an
 		// update that says nothing clears every rule, as on E2B.
-		{in: networkConfig{}, mode: policy.ModeNone},
-		{in: networkConfig{}, update: true, mode: policy.ModeOpen, internet: true},
-		{in: networkConfig{AllowInternetAccess: &no}, mode: policy.ModeNone},
-		{in: networkConfig{AllowInternetAccess: &no}, update: true, mode: policy.ModeNone},
-		{in: networkConfig{AllowInternetAccess: &yes}, mode: policy.ModeOpen, internet: true},
-		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: e2bwire.NetworkConfig{}, mode: policy.ModeNone},
+		{in: e2bwire.NetworkConfig{}, update: true, mode: policy.ModeOpen, internet: true},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &no}, mode: policy.ModeNone},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &no}, update: true, mode: policy.ModeNone},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &yes}, mode: policy.ModeOpen, internet: true},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &yes, DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
 		// Denying some destinations means the rest is open, create or update.
-		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
-		{in: networkConfig{DenyOut: []string{"198.51.100.7"}}, update: true, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
-		{in: networkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeNone},
-		{in: networkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeAllow, allow: "example.com,198.51.100.0/24"},
-		{in: networkConfig{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
-		{in: networkConfig{AllowInternetAccess: &no, AllowOut: []string{"198.51.100.1"}}, mode: policy.ModeAllow, allow: "198.51.100.1/32"},
+		{in: e2bwire.NetworkConfig{DenyOut: []string{"198.51.100.7"}}, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: e2bwire.NetworkConfig{DenyOut: []string{"198.51.100.7"}}, update: true, mode: policy.ModeOpen, deny: "198.51.100.7/32", internet: true},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &yes, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeNone},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"example.com", "198.51.100.0/24"}, DenyOut: []string{"0.0.0.0/0"}}, mode: policy.ModeAllow, allow: "example.com,198.51.100.0/24"},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"example.com"}, DenyOut: []string{"0.0.0.0/0"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		{in: e2bwire.NetworkConfig{AllowInternetAccess: &no, AllowOut: []string{"198.51.100.1"}}, mode: policy.ModeAllow, allow: "198.51.100.1/32"},
 		// allowOut alone is an allow list (stricter than E2B).
-		{in: networkConfig{AllowOut: []string{"example.com"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"example.com"}}, update: true, mode: policy.ModeAllow, allow: "example.com"},
 		// Open with an allowOut outside the denied ranges: nothing to add.
-		{in: networkConfig{AllowOut: []string{"example.com", "203.0.113.1"}, DenyOut: []string{"198.51.100.0/24"}}, mode: policy.ModeOpen, deny: "198.51.100.0/24", internet: true},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"example.com", "203.0.113.1"}, DenyOut: []string{"198.51.100.0/24"}}, mode: policy.ModeOpen, deny: "198.51.100.0/24", internet: true},
 		// An allowOut inside a partial denyOut would stay denied in Berth.
-		{in: networkConfig{AllowOut: []string{"198.51.100.1"}, DenyOut: []string{"198.51.100.0/24"}}, wantErr: true},
-		{in: networkConfig{DenyOut: []string{"not-an-ip"}}, wantErr: true},
-		{in: networkConfig{DenyOut: []string{"example.com"}}, update: true, wantErr: true},
-		{in: networkConfig{AllowOut: []string{"bad domain!"}}, wantErr: true},
-		{in: networkConfig{Rules: []byte(`{"x":1}`)}, wantErr: true},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"198.51.100.1"}, DenyOut: []string{"198.51.100.0/24"}}, wantErr: true},
+		{in: e2bwire.NetworkConfig{DenyOut: []string{"not-an-ip"}}, wantErr: true},
+		{in: e2bwire.NetworkConfig{DenyOut: []string{"example.com"}}, update: true, wantErr: true},
+		{in: e2bwire.NetworkConfig{AllowOut: []string{"bad domain!"}}, wantErr: true},
+		{in: e2bwire.NetworkConfig{Rules: []byte(`{"x":1}`)}, wantErr: true},
 	}
 	for _, tt := range tests {
-		p, internet, err := egressPolicy(tt.in, tt.update, false)
+		p, internet, err := e2bwire.EgressPolicy(tt.in, tt.update, false)
 		if tt.wantErr {
 			if err == nil {
-				t.Errorf("egressPolicy(%+v, update %v) = %+v, want an error", tt.in, tt.update, p)
+				t.Errorf("e2bwire.EgressPolicy(%+v, update %v) = %+v, want an error", tt.in, tt.update, p)
 			} else if !errors.Is(err, errdefs.ErrInvalidArgument) {
-				t.Errorf("egressPolicy(%+v) = %v, want invalid argument", tt.in, err)
+				t.Errorf("e2bwire.EgressPolicy(%+v) = %v, want invalid argument", tt.in, err)
 			}
 			continue
 		}
 		if err != nil || p.Mode != tt.mode || strings.Join(p.Allow, ",") != tt.allow || strings.Join(p.Deny, ",") != tt.deny || internet != tt.internet {
-			t.Errorf("egressPolicy(%+v, update %v) = %+v, internet %v, %v; want mode %s allow %q deny %q internet %v", tt.in, tt.update, p, internet, err, tt.mode, tt.allow, tt.deny, tt.internet)
+			t.Errorf("e2bwire.EgressPolicy(%+v, update %v) = %+v, internet %v, %v; want mode %s allow %q deny %q internet %v", tt.in, tt.update, p, internet, err, tt.mode, tt.allow, tt.deny, tt.internet)
 		}
 	}
 }
 
 func TestStoredNetwork(t *testing.T) {
 	no := false
-	n := networkConfig{AllowOut: []string{"a.test"}, AllowPublicTraffic: &no}
-	cfg, internet := storedNetwork(n.storeJSON(true))
+	n := e2bwire.NetworkConfig{AllowOut: []string{"a.test"}, AllowPublicTraffic: &no}
+	cfg, internet := e2bwire.StoredNetwork(n.StoreJSON(true))
 	if !internet || string(cfg) != `{"allowOut":["a.test"],"allowPublicTraffic":false}` {
 		t.Errorf("storedNetwork = %s, %v", cfg, internet)
 	}
 	// Records written before the flag was kept mean no internet.
-	if cfg, internet := storedNetwork(`{"allowOut":["a.test"]}`); internet || string(cfg) != `{"allowOut":["a.test"]}` {
-		t.Errorf("storedNetwork(old record) = %s, %v", cfg, internet)
+	if cfg, internet := e2bwire.StoredNetwork(`{"allowOut":["a.test"]}`); internet || string(cfg) != `{"allowOut":["a.test"]}` {
+		t.Errorf("e2bwire.StoredNetwork(old record) = %s, %v", cfg, internet)
 	}
-	if cfg, internet := storedNetwork(""); internet || cfg != nil {
-		t.Errorf("storedNetwork(\"\") = %s, %v", cfg, internet)
+	if cfg, internet := e2bwire.StoredNetwork(""); internet || cfg != nil {
+		t.Errorf("e2bwire.StoredNetwork(\"\") = %s, %v", cfg, internet)
 	}
 }
 
@@ -362,7 +320,7 @@ func listIDs(t *testing.T, srv *Server, key, query string) ([]string, string) {
 	if w.Code != 200 {
 		t.Fatalf("list ?%s = %d %s", query, w.Code, w.Body)
 	}
-	var out []listedBody
+	var out []e2bwire.ListedBody
 	if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
 		t.Fatal(err)
 	}
@@ -444,7 +402,7 @@ func TestUnimplementedRoutesAre501(t *testing.T) {
 		req.Header.Set("X-API-Key", key)
 		w := httptest.NewRecorder()
 		srv.ServeHTTP(w, req)
-		var body errorBody
+		var body e2bwire.ErrorBody
 		_ = json.Unmarshal(w.Body.Bytes(), &body)
 		if w.Code != 501 || body.Code != 501 || !strings.Contains(body.Message, "not implemented by Berth: ") {
 			t.Errorf("%s = %d %s, want 501 naming what is missing", rt, w.Code, w.Body)
@@ -570,17 +528,17 @@ func TestMetricsHistory(t *testing.T) {
 // out), and getInfo reports no internet.
 func TestEgressPolicyDefaultNetworkNone(t *testing.T) {
 	yes := true
-	p, internet, err := egressPolicy(networkConfig{AllowInternetAccess: &yes}, false, true)
+	p, internet, err := e2bwire.EgressPolicy(e2bwire.NetworkConfig{AllowInternetAccess: &yes}, false, true)
 	if err != nil || p.Mode != policy.ModeNone || internet {
-		t.Errorf("egressPolicy(internet, none) = %+v, internet %v, %v; want mode none, no internet", p, internet, err)
+		t.Errorf("e2bwire.EgressPolicy(internet, none) = %+v, internet %v, %v; want mode none, no internet", p, internet, err)
 	}
-	p, internet, err = egressPolicy(networkConfig{AllowInternetAccess: &yes, AllowOut: []string{"198.51.100.1"}}, false, true)
+	p, internet, err = e2bwire.EgressPolicy(e2bwire.NetworkConfig{AllowInternetAccess: &yes, AllowOut: []string{"198.51.100.1"}}, false, true)
 	if err != nil || p.Mode != policy.ModeAllow || len(p.Allow) != 1 || internet {
-		t.Errorf("egressPolicy(internet + allowOut, none) = %+v, internet %v, %v; want mode allow with one entry", p, internet, err)
+		t.Errorf("e2bwire.EgressPolicy(internet + allowOut, none) = %+v, internet %v, %v; want mode allow with one entry", p, internet, err)
 	}
-	p, internet, err = egressPolicy(networkConfig{AllowInternetAccess: &yes}, false, false)
+	p, internet, err = e2bwire.EgressPolicy(e2bwire.NetworkConfig{AllowInternetAccess: &yes}, false, false)
 	if err != nil || p.Mode != policy.ModeOpen || !internet {
-		t.Errorf("egressPolicy(internet, open) = %+v, internet %v, %v; want mode open", p, internet, err)
+		t.Errorf("e2bwire.EgressPolicy(internet, open) = %+v, internet %v, %v; want mode open", p, internet, err)
 	}
 }
 

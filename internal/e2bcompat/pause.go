@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
@@ -15,7 +16,7 @@ import (
 
 // onTimeoutOf maps E2B's autoPause (lifecycle.onTimeout "pause") onto
 // Berth's on-timeout action.
-func onTimeoutOf(b createBody) string {
+func onTimeoutOf(b e2bwire.CreateBody) string {
 	if b.AutoPause != nil && *b.AutoPause {
 		return core.OnTimeoutPause
 	}
@@ -49,7 +50,7 @@ func (s *Server) pause(w http.ResponseWriter, r *http.Request) {
 // the sandbox once it runs, 409 if it was not paused.
 func (s *Server) resume(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
-	var in timeoutBody
+	var in e2bwire.TimeoutBody
 	if err := decode(r, &in); err != nil {
 		writeErr(w, err)
 		return

@@ -10,6 +10,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
@@ -93,7 +94,7 @@ func (s *Server) visibleSnapshot(r *http.Request, id string) (snap core.Snapshot
 // with their last copy.
 func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	limit, after, ok := pageQuery(w, q)
+	limit, after, ok := e2bwire.PageQuery(w, q)
 	if !ok {
 		return
 	}
@@ -111,21 +112,15 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			(source != "" && snap.Source != source) ||
 			(name != "" && snap.Name != name && snap.ID != name)
 	})
-	key := func(snap core.Snapshot) cursor { return cursor{at: snap.CreatedAt.UnixNano(), id: snap.ID} }
-	slices.SortFunc(all, func(a, b core.Snapshot) int { return key(b).compare(key(a)) })
-	out := make([]snapshotInfo, 0, min(limit, len(all)))
-	var last cursor
-	for _, snap := range all {
-		c := key(snap)
-		if after != nil && c.compare(*after) >= 0 {
-			continue
-		}
-		if len(out) == limit {
-			w.Header().Set("X-Next-Token", last.String())
-			break
-		}
+	key := func(snap core.Snapshot) e2bwire.Cursor { return e2bwire.CursorAt(snap.CreatedAt, snap.ID) }
+	slices.SortFunc(all, func(a, b core.Snapshot) int { return key(b).Compare(key(a)) })
+	page, next := e2bwire.Page(all, key, false, after, limit)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	out := make([]snapshotInfo, 0, len(page))
+	for _, snap := range page {
 		out = append(out, infoOf(snap))
-		last = c
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -159,8 +154,8 @@ func (s *Server) deleteTemplate(w http.ResponseWriter, r *http.Request) {
 
 // forkResult is E2B's SandboxForkResult: exactly one of the two is set.
 type forkResult struct {
-	Sandbox *sandboxBody `json:"sandbox,omitempty"`
-	Error   *errorBody   `json:"error,omitempty"`
+	Sandbox *e2bwire.SandboxBody `json:"sandbox,omitempty"`
+	Error   *e2bwire.ErrorBody   `json:"error,omitempty"`
 }
 
 // fork answers POST /sandboxes/{id}/fork: count live copies of a running
@@ -185,7 +180,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 	if in.Count != nil {
 		count = *in.Count
 	}
-	timeout := defaultTimeout
+	timeout := e2bwire.DefaultTimeout
 	if in.Timeout != nil {
 		if *in.Timeout <= 0 {
 			writeError(w, http.StatusBadRequest, fmt.Sprintf("timeout %d: want a positive number of seconds", *in.Timeout))
@@ -213,7 +208,7 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 				err = errors.Join(err, derr)
 			}
 			status := errdefs.HTTPStatus(err)
-			out = append(out, forkResult{Error: &errorBody{Code: status, Message: err.Error()}})
+			out = append(out, forkResult{Error: &e2bwire.ErrorBody{Code: status, Message: err.Error()}})
 			continue
 		}
 		out = append(out, forkResult{Sandbox: &body})
@@ -224,17 +219,17 @@ func (s *Server) fork(w http.ResponseWriter, r *http.Request) {
 // finishFork gives a copy its E2B record (the parent's network settings;
 // a traffic token of its own where the parent required one) and its
 // deadline.
-func (s *Server) finishFork(ctx context.Context, sb sandbox.Sandbox, parent core.E2BSandbox, timeout time.Duration) (sandboxBody, error) {
+func (s *Server) finishFork(ctx context.Context, sb sandbox.Sandbox, parent core.E2BSandbox, timeout time.Duration) (e2bwire.SandboxBody, error) {
 	ext := core.E2BSandbox{ID: sb.ID, Network: parent.Network}
 	if parent.TrafficToken != "" {
 		ext.TrafficToken = randHex(20)
 	}
 	if err := s.cfg.Store.PutE2BSandbox(ctx, ext); err != nil {
-		return sandboxBody{}, err
+		return e2bwire.SandboxBody{}, err
 	}
 	updated, err := s.cfg.Manager.SetTimeout(ctx, sb.ID, timeout)
 	if err != nil {
-		return sandboxBody{}, err
+		return e2bwire.SandboxBody{}, err
 	}
 	return s.sandboxBody(updated, ext), nil
 }

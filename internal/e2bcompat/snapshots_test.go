@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
@@ -105,7 +106,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 	if code != 201 {
 		t.Fatalf("create = %d %s", code, body)
 	}
-	var sb sandboxBody
+	var sb e2bwire.SandboxBody
 	_ = json.Unmarshal([]byte(body), &sb)
 
 	// Another key's sandbox is not found, for a snapshot as for the rest.

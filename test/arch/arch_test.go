@@ -99,6 +99,10 @@ func TestImportGraph(t *testing.T) {
 		// of the daemon's machinery, SQLite included.
 		{"internal/kube/gateway", []string{sandboxes, module + "/internal/daemon", module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg,
 			module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/e2bcompat"}, nil},
+		// E2B's wire shapes are shared by the daemon's E2B API and the
+		// gateway's: no sandbox backend, no Kubernetes.
+		{"internal/e2bwire", []string{sandboxes, module + "/internal/daemon", module + "/internal/runtime", storePkg, sqlite, nftables, netlink, apiPkg,
+			module + "/internal/e2bcompat", module + "/internal/kube", "k8s.io/"}, nil},
 		// The wire contract is a leaf both the daemon and the SDK import.
 		{"api/types", []string{module + "/"}, []string{module + "/api/types", module + "/errdefs"}},
 		// The agent protocol's constants are a leaf the agent may import

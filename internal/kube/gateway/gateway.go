@@ -1,7 +1,7 @@
 // Package gateway is Berth's front door for a Kubernetes cluster of Berth
 // nodes (berth serve --kubernetes): it serves the native REST API's
-// sandbox routes with each sandbox made as a pod, and proxies each
-// sandbox's data plane to the node that runs it. Its only state is one
+// sandbox routes and E2B's API (e2b.go) with each sandbox made as a pod,
+// and proxies each sandbox's data plane to the node that runs it. Its only state is one
 // shared informer cache of the sandbox pods and one of the Berth nodes,
 // so any number of gateways serve the same cluster side by side.
 package gateway
@@ -71,8 +71,11 @@ type Config struct {
 	DefaultTimeout, MaxTimeout time.Duration
 	// CreateTimeout bounds the wait for a new pod to run (default 5m).
 	CreateTimeout time.Duration
-	Version       string
-	Logger        *slog.Logger
+	// Domain is the E2B API's preview domain: a Host
+	// "<port>-<id>.<Domain>" names a sandbox (default berth.localhost).
+	Domain  string
+	Version string
+	Logger  *slog.Logger
 }
 
 // Gateway serves the API. Run starts its informers; Handler serves.
@@ -166,7 +169,7 @@ func (g *Gateway) Shutdown() {
 }
 
 // Handler returns the root HTTP handler.
-func (g *Gateway) Handler() http.Handler { return g.mux }
+func (g *Gateway) Handler() http.Handler { return http.HandlerFunc(g.serveHTTP) }
 
 // watch registers a waiter for the pod's changes; cancel unregisters it.
 func (g *Gateway) watch(name string) (<-chan struct{}, func()) {

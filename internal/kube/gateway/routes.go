@@ -23,6 +23,7 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}", g.authed(g.getSandbox))
 	g.mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(g.deleteSandbox))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
+	g.e2bRoutes()
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notServed(r))
 	})
@@ -30,7 +31,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get and delete and the agent data plane; templates, snapshots, pause, network and the E2B API are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get and delete and the agent data plane, and E2B's sandbox create, list, get and kill and envd data plane; templates, snapshots, pause and network are served by a Berth daemon only: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 
@@ -41,12 +42,18 @@ func (g *Gateway) health(w http.ResponseWriter, _ *http.Request) {
 // authed identifies the caller (a key is required when the gateway has
 // keys) and hands it to h.
 func (g *Gateway) authed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return g.authedAs(writeError, h)
+}
+
+// authedAs is authed answering a caller it refuses with fail (the native
+// API's error shape, or E2B's).
+func (g *Gateway) authedAs(fail func(http.ResponseWriter, error), h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		p := auth.Principal{Operator: true}
 		if g.cfg.Keys != nil {
 			var err error
 			if p, err = auth.Identify(r, g.cfg.Keys, true); err != nil {
-				writeError(w, err)
+				fail(w, err)
 				return
 			}
 		}

@@ -30,6 +30,14 @@ const (
 	// strings: what every process in it gets (the API's create env),
 	// under each container's own env.
 	AnnotationEnv = "berth.dev/env"
+	// AnnotationUser is the account processes in the sandbox run as
+	// when a request into it names none (the API's create user; E2B
+	// sandboxes run as "user").
+	AnnotationUser = "berth.dev/user"
+	// AnnotationAllowSudo "true" makes the sandbox with allow_sudo: sudo
+	// raises a process to the sandbox's root inside its user namespace
+	// (docs/security.md).
+	AnnotationAllowSudo = "berth.dev/allow-sudo"
 )
 
 // Labels the node puts on a pod's sandbox, so a restarted node finds its
@@ -125,6 +133,15 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		if err := json.Unmarshal([]byte(s), &p.req.Env); err != nil {
 			return p, &planError{"metadata.annotations[" + AnnotationEnv + "]", "want a JSON object of strings: " + err.Error()}
 		}
+	}
+	p.req.User = pod.Annotations[AnnotationUser]
+	switch v := pod.Annotations[AnnotationAllowSudo]; v {
+	case "":
+	case "true", "false":
+		sudo := v == "true"
+		p.req.AllowSudo = &sudo
+	default:
+		return p, &planError{"metadata.annotations[" + AnnotationAllowSudo + "]", fmt.Sprintf("%q: want true or false", v)}
 	}
 	// A pod lives until Kubernetes deletes it; the node renews the
 	// sandbox's deadline while it does. activeDeadlineSeconds is a hard

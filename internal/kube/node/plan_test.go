@@ -47,7 +47,8 @@ func TestPlanPod(t *testing.T) {
 func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
-		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`}
+		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`,
+		AnnotationUser: "user", AnnotationAllowSudo: "true"}
 	d := int64(90)
 	pod.Spec.ActiveDeadlineSeconds = &d
 	p, err := planPod(pod, "n")
@@ -56,6 +57,9 @@ func TestPlanPodAnnotations(t *testing.T) {
 	}
 	if p.req.Template != "base" || p.req.Isolation != "gvisor" || p.req.Timeout != "90s" || !reflect.DeepEqual(p.req.Env, map[string]string{"LANG": "C.UTF-8"}) {
 		t.Errorf("request = %+v", p.req)
+	}
+	if p.req.User != "user" || p.req.AllowSudo == nil || !*p.req.AllowSudo {
+		t.Errorf("user %q, allow_sudo %v: want user, true", p.req.User, p.req.AllowSudo)
 	}
 	if p.req.Network == nil || p.req.Network.Mode != "allowlist" || !reflect.DeepEqual(p.req.Network.Allow, []string{"pypi.org"}) {
 		t.Errorf("network = %+v", p.req.Network)
@@ -72,6 +76,7 @@ func TestPlanPodRefused(t *testing.T) {
 		{"network", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: "wide"} }, "metadata.annotations[berth.dev/network]"},
 		{"network json", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: `{"mode":"open","x":1}`} }, "metadata.annotations[berth.dev/network]"},
 		{"env", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationEnv: `{"A":1}`} }, "metadata.annotations[berth.dev/env]"},
+		{"allow-sudo", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationAllowSudo: "yes"} }, "metadata.annotations[berth.dev/allow-sudo]"},
 		{"init", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers"},
 		{"stdin", func(p *corev1.Pod) { p.Spec.Containers[0].Stdin = true }, "spec.containers[0].stdin"},
 		{"valueFrom", func(p *corev1.Pod) {

@@ -1,4 +1,4 @@
-package e2bcompat
+package e2bwire
 
 import (
 	"encoding/json"
@@ -9,10 +9,10 @@ import (
 	"github.com/berth-sandbox/berth/internal/policy"
 )
 
-// networkConfig is E2B's network settings: the network object of a create
+// NetworkConfig is E2B's network settings: the network object of a create
 // (with the top-level allow_internet_access folded in) or the body of PUT
 // /sandboxes/{id}/network.
-type networkConfig struct {
+type NetworkConfig struct {
 	AllowInternetAccess *bool           `json:"allow_internet_access,omitempty"`
 	AllowOut            []string        `json:"allowOut,omitempty"`
 	DenyOut             []string        `json:"denyOut,omitempty"`
@@ -23,20 +23,20 @@ type networkConfig struct {
 	HTTPSPorts          json.RawMessage `json:"httpsPorts,omitempty"`
 }
 
-// storeJSON is the config as kept for getInfo, with allow_internet_access
+// StoreJSON is the config as kept for getInfo, with allow_internet_access
 // set to whether the sandbox's base stance is the open internet.
-func (n networkConfig) storeJSON(internet bool) string {
+func (n NetworkConfig) StoreJSON(internet bool) string {
 	n.AllowInternetAccess = &internet
 	b, _ := json.Marshal(n) // plain data always marshals
 	return string(b)
 }
 
-// storedNetwork reads a record's network config back: the config getInfo
+// StoredNetwork reads a record's network config back: the config getInfo
 // echoes (without the internal allow_internet_access) and the base stance.
 // A record without one (or an older one without the flag) means no
 // internet.
-func storedNetwork(raw string) (cfg json.RawMessage, internet bool) {
-	var n networkConfig
+func StoredNetwork(raw string) (cfg json.RawMessage, internet bool) {
+	var n NetworkConfig
 	if raw == "" || json.Unmarshal([]byte(raw), &n) != nil {
 		return nil, false
 	}
@@ -49,7 +49,7 @@ func storedNetwork(raw string) (cfg json.RawMessage, internet bool) {
 // allTraffic is E2B's ALL_TRAFFIC selector in denyOut.
 func allTraffic(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
 
-// egressPolicy maps E2B's network settings onto Berth's egress policy, as
+// EgressPolicy maps E2B's network settings onto Berth's egress policy, as
 // E2B evaluates them (an update is evaluated like a create: it replaces the
 // whole egress configuration, and what it omits is cleared):
 //
@@ -81,11 +81,11 @@ func allTraffic(d string) bool { return d == "0.0.0.0/0" || d == "::/0" }
 //
 // noInternet (the daemon's e2b_default_network: none) turns the open
 // internet off: what would be open is nothing but its allowOut entries.
-func egressPolicy(n networkConfig, emptyMeansOpen, noInternet bool) (p policy.Policy, internet bool, err error) {
-	if present(n.Rules) && string(n.Rules) != "{}" {
+func EgressPolicy(n NetworkConfig, emptyMeansOpen, noInternet bool) (p policy.Policy, internet bool, err error) {
+	if Present(n.Rules) && string(n.Rules) != "{}" {
 		return policy.Policy{}, false, fmt.Errorf("network.rules is not supported by Berth; use allowOut/denyOut: %w", errdefs.ErrInvalidArgument)
 	}
-	if present(n.EgressProxy) {
+	if Present(n.EgressProxy) {
 		return policy.Policy{}, false, fmt.Errorf("network.egressProxy is not supported by Berth: its own egress proxy decides and logs every connection: %w", errdefs.ErrInvalidArgument)
 	}
 	denyAll := false
@@ -162,15 +162,15 @@ func hostCIDR(s string) string {
 	return s
 }
 
-// applyNetwork checks a network config (the ingress options Berth's
+// ApplyNetwork checks a network config (the ingress options Berth's
 // preview routing honours) and returns its egress policy and whether its
-// base stance is the open internet (see egressPolicy).
-func applyNetwork(n networkConfig, emptyMeansOpen, noInternet bool) (policy.Policy, bool, error) {
+// base stance is the open internet (see EgressPolicy).
+func ApplyNetwork(n NetworkConfig, emptyMeansOpen, noInternet bool) (policy.Policy, bool, error) {
 	if n.MaskRequestHost != nil {
 		return policy.Policy{}, false, fmt.Errorf("network.maskRequestHost is not supported by Berth yet: %w", errdefs.ErrInvalidArgument)
 	}
-	if present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
+	if Present(n.HTTPSPorts) && string(n.HTTPSPorts) != "[]" {
 		return policy.Policy{}, false, fmt.Errorf("network.httpsPorts is not supported by Berth: preview traffic reaches sandboxes as plain HTTP: %w", errdefs.ErrInvalidArgument)
 	}
-	return egressPolicy(n, emptyMeansOpen, noInternet)
+	return EgressPolicy(n, emptyMeansOpen, noInternet)
 }

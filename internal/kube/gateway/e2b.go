@@ -1,0 +1,467 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+
+	apitypes "github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/proto/envd"
+)
+
+// The E2B API on the gateway: E2B's control plane (create, list, get,
+// kill) with each sandbox a pod, and E2B's data-plane routing (the
+// E2b-Sandbox-Id/E2b-Sandbox-Port headers or a Host
+// "<port>-<id>.<domain>") to the node that runs the sandbox. As the
+// rest of the gateway it keeps nothing of its own: what E2B knows about a
+// sandbox beyond the native API is in its pod's annotations.
+
+// Annotations of a sandbox pod made through the E2B API.
+const (
+	// AnnotationEnvdTokenSHA256 is the hex sha256 of the sandbox's
+	// envdAccessToken. The token itself is shown once, in the create's
+	// answer, and kept nowhere; a pod with this annotation is an E2B
+	// sandbox.
+	AnnotationEnvdTokenSHA256 = "berth.dev/e2b-envd-token-sha256"
+	// AnnotationE2BMetadata is the sandbox's E2B metadata, a JSON object
+	// of strings.
+	AnnotationE2BMetadata = "berth.dev/e2b-metadata"
+	// AnnotationE2BNetwork is the create's network settings as getInfo
+	// echoes them (e2bwire.NetworkConfig.StoreJSON).
+	AnnotationE2BNetwork = "berth.dev/e2b-network"
+)
+
+// Bounds of E2B metadata (the daemon's: internal/sandbox's owner.go).
+const (
+	maxMetadataEntries = 64
+	maxMetadataKey     = 256
+	maxMetadataValue   = 4096
+)
+
+// domain is the E2B preview domain.
+func (g *Gateway) domain() string {
+	if d := strings.ToLower(strings.TrimSuffix(g.cfg.Domain, ".")); d != "" {
+		return d
+	}
+	return e2bwire.DefaultDomain
+}
+
+// serveHTTP is the gateway's root: E2B data-plane traffic (by header, then
+// by preview Host) first, then the routes.
+func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if id, port, ok, err := e2bwire.Target(r, g.domain(), envd.Port); err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	} else if ok {
+		g.e2bSandbox(w, r, id, port)
+		return
+	}
+	g.mux.ServeHTTP(w, r)
+}
+
+// e2bRoutes are E2B's control-plane routes. What the gateway does not
+// serve answers 501 in E2B's error shape, never 404: the SDKs read 404 on
+// a sandbox route as "no such sandbox".
+func (g *Gateway) e2bRoutes() {
+	m := g.mux
+	m.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) })
+	m.HandleFunc("POST /sandboxes", g.e2bAuthed(g.e2bCreate))
+	m.HandleFunc("POST /v2/sandboxes", g.e2bAuthed(g.e2bCreate))
+	m.HandleFunc("GET /sandboxes", g.e2bAuthed(g.e2bListV1))
+	m.HandleFunc("GET /v2/sandboxes", g.e2bAuthed(g.e2bList))
+	m.HandleFunc("GET /sandboxes/{id}", g.e2bAuthed(g.e2bGet))
+	m.HandleFunc("DELETE /sandboxes/{id}", g.e2bAuthed(g.e2bKill))
+	g.e2bTimeoutRoutes()
+	for pattern, missing := range e2bNotServed {
+		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			e2bwire.WriteError(w, http.StatusNotImplemented,
+				fmt.Sprintf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): %s", r.Method, r.URL.Path, missing))
+		})
+	}
+}
+
+// e2bTimeoutRoutes are POST /sandboxes/{id}/timeout and /refreshes, which
+// move a sandbox's deadline. The gateway cannot move a pod's deadline yet
+// (activeDeadlineSeconds only grows shorter), so they answer 501 for a
+// sandbox the caller owns, 404 for any other.
+// TODO(#19): serve them with the gateway's setTimeout once it lands.
+func (g *Gateway) e2bTimeoutRoutes() {
+	for _, pattern := range []string{"POST /sandboxes/{id}/timeout", "POST /sandboxes/{id}/refreshes"} {
+		g.mux.HandleFunc(pattern, g.e2bAuthed(func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+			if _, ok := g.e2bPod(w, p, r.PathValue("id")); !ok {
+				return
+			}
+			e2bwire.WriteError(w, http.StatusNotImplemented,
+				fmt.Sprintf("%s %s is not served by the Kubernetes gateway yet: a sandbox keeps the timeout it was created with", r.Method, r.URL.Path))
+		}))
+	}
+}
+
+// e2bNotServed are E2B's routes the gateway does not serve, with why.
+var e2bNotServed = map[string]string{
+	"/sandboxes/":     "pause, resume, connect, network updates, metrics, snapshots, forks and logs are served by a Berth daemon only",
+	"/v2/sandboxes/":  "pause, resume, connect and logs are served by a Berth daemon only",
+	"/snapshots":      "snapshots are served by a Berth daemon only",
+	"/snapshots/":     "snapshots are served by a Berth daemon only",
+	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",
+	"/templates/":     "templates are built on each Berth node (berth template build) and listed with the native API",
+	"/v2/templates":   "templates are built on each Berth node (berth template build)",
+	"/v2/templates/":  "templates are built on each Berth node (berth template build)",
+	"/v3/templates":   "templates are built on each Berth node (berth template build)",
+	"/v3/templates/":  "templates are built on each Berth node (berth template build)",
+	"/teams":          "Berth has no teams: each API key sees its own sandboxes",
+	"/teams/":         "Berth has no teams: each API key sees its own sandboxes",
+	"/secrets":        "secrets are not managed through the E2B API",
+	"/secrets/":       "secrets are not managed through the E2B API",
+	"/volumes":        "volumes are not supported yet",
+	"/volumes/":       "volumes are not supported yet",
+	"/sandboxes/{id}": "only GET and DELETE are served on a sandbox",
+}
+
+// e2bAuthed identifies the caller as authed does, answering in E2B's
+// error shape.
+func (g *Gateway) e2bAuthed(h func(http.ResponseWriter, *http.Request, auth.Principal)) http.HandlerFunc {
+	return g.authedAs(e2bwire.WriteErr, h)
+}
+
+// isE2B reports whether the pod is a sandbox made through the E2B API.
+func isE2B(pod *corev1.Pod) bool { return pod.Annotations[AnnotationEnvdTokenSHA256] != "" }
+
+// e2bLive reports whether an E2B listing shows the sandbox: made or
+// running, not ending or ended.
+func e2bLive(pod *corev1.Pod) bool {
+	st := state(pod)
+	return st == apitypes.StateReady || st == apitypes.StateCreating
+}
+
+// e2bPod is the caller's live E2B sandbox id; anything else (another
+// key's, a native one, an ended one) is answered 404, as the daemon
+// does: a key learns nothing about what it does not own.
+func (g *Gateway) e2bPod(w http.ResponseWriter, p auth.Principal, id string) (*corev1.Pod, bool) {
+	var pod *corev1.Pod
+	var err error
+	if apitypes.ValidSandboxID(id) == nil {
+		pod, err = g.pods.Get(id)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		e2bwire.WriteErr(w, err)
+		return nil, false
+	}
+	if pod == nil || !p.Sees(pod.Labels[LabelOwner]) || !isE2B(pod) || !e2bLive(pod) {
+		e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
+		return nil, false
+	}
+	return pod, true
+}
+
+// e2bRequestErr answers a create's bad field: E2B's shape, the field first
+// in the message.
+func e2bFieldErr(w http.ResponseWriter, status int, field, format string, args ...any) {
+	e2bwire.WriteError(w, status, field+": "+fmt.Sprintf(format, args...))
+}
+
+// newToken mints an envdAccessToken.
+func newToken() string {
+	b := make([]byte, 20)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func tokenHash(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:])
+}
+
+func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var in e2bwire.CreateBody
+	if err := e2bwire.Decode(r, &in); err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	if in.TemplateID == "" {
+		e2bFieldErr(w, http.StatusBadRequest, "templateID", "is required")
+		return
+	}
+	for _, msg := range []string{in.Unsupported(), in.CheckSecure()} {
+		if msg != "" {
+			e2bwire.WriteError(w, http.StatusBadRequest, msg)
+			return
+		}
+	}
+	switch {
+	case in.AutoPause != nil && *in.AutoPause, in.AutoResume != nil && in.AutoResume.Enabled:
+		e2bFieldErr(w, http.StatusNotImplemented, "autoPause", "pausing is not served by the Kubernetes gateway (a Berth daemon serves it)")
+		return
+	}
+	timeout := e2bwire.DefaultTimeout
+	if in.Timeout != nil {
+		if *in.Timeout <= 0 || *in.Timeout > math.MaxInt32 {
+			e2bFieldErr(w, http.StatusBadRequest, "timeout", "%d: want a positive number of seconds", *in.Timeout)
+			return
+		}
+		timeout = time.Duration(*in.Timeout) * time.Second
+	}
+	if timeout > g.cfg.MaxTimeout {
+		e2bFieldErr(w, http.StatusBadRequest, "timeout", "%ds is above the gateway's maximum of %d seconds", int64(timeout/time.Second), int64(g.cfg.MaxTimeout/time.Second))
+		return
+	}
+	if len(in.Metadata) > maxMetadataEntries {
+		e2bFieldErr(w, http.StatusBadRequest, "metadata", "%d entries, at most %d", len(in.Metadata), maxMetadataEntries)
+		return
+	}
+	for k, v := range in.Metadata {
+		if k == "" || len(k) > maxMetadataKey || len(v) > maxMetadataValue {
+			e2bFieldErr(w, http.StatusBadRequest, "metadata", "invalid entry %q (keys 1-%d bytes, values at most %d bytes)", k, maxMetadataKey, maxMetadataValue)
+			return
+		}
+	}
+	netCfg := e2bwire.NetworkConfig{}
+	if in.Network != nil {
+		netCfg = *in.Network
+	}
+	netCfg.AllowInternetAccess = in.AllowInternetAccess
+	pol, internet, err := e2bwire.ApplyNetwork(netCfg, false, false)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	if netCfg.AllowPublicTraffic != nil && !*netCfg.AllowPublicTraffic {
+		// Preview traffic is not routed by the gateway yet: nothing to
+		// guard with a traffic token.
+		e2bFieldErr(w, http.StatusNotImplemented, "network.allowPublicTraffic", "false is not served by the Kubernetes gateway yet (it routes no preview traffic)")
+		return
+	}
+	tpls, err := g.templates()
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	if !tpls[in.TemplateID] {
+		e2bFieldErr(w, http.StatusNotFound, "templateID", "template %q: no Ready Berth node has it", in.TemplateID)
+		return
+	}
+	req := createRequest{CreateRequest: apitypes.CreateRequest{
+		Template: in.TemplateID, Env: in.EnvVars,
+		Timeout: strconv.FormatInt(int64(timeout/time.Second), 10) + "s",
+		Network: &apitypes.NetworkPolicy{Mode: string(pol.Mode), Allow: pol.Allow, Deny: pol.Deny},
+	}}
+	pod, err := g.podFor(req, p.Owner(), tpls)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	token := newToken()
+	ann := pod.Annotations
+	ann[AnnotationEnvdTokenSHA256] = tokenHash(token)
+	ann[AnnotationE2BNetwork] = netCfg.StoreJSON(internet)
+	if len(in.Metadata) > 0 {
+		b, _ := json.Marshal(in.Metadata)
+		ann[AnnotationE2BMetadata] = string(b)
+	}
+	// What the daemon gives an E2B sandbox: commands run as "user",
+	// who may sudo (inside the sandbox's user namespace).
+	ann[node.AnnotationUser] = e2bwire.DefaultUser
+	ann[node.AnnotationAllowSudo] = "true"
+	got, err := g.create(r.Context(), pod)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	e2bwire.WriteJSON(w, http.StatusCreated, e2bwire.SandboxBody{
+		TemplateID: got.Annotations[node.AnnotationTemplate], SandboxID: got.Name, ClientID: e2bwire.ClientID,
+		EnvdVersion: envd.Version, EnvdAccessToken: token, Domain: g.domain(),
+	})
+}
+
+// e2bListed is a sandbox pod as E2B lists it.
+func e2bListed(pod *corev1.Pod) e2bwire.ListedBody {
+	sb := toSandbox(pod)
+	md := map[string]string{}
+	_ = json.Unmarshal([]byte(pod.Annotations[AnnotationE2BMetadata]), &md)
+	return e2bwire.ListedBody{
+		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: e2bwire.ClientID,
+		StartedAt: sb.CreatedAt.Format(time.RFC3339Nano), EndAt: sb.Deadline.Format(time.RFC3339Nano),
+		// E2B counts whole vCPUs; unset limits are the node's defaults,
+		// which the gateway does not know (0).
+		CPUCount: int64(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryBytes >> 20,
+		Metadata: md, State: "running", EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
+	}
+}
+
+// podListing lists sandbox pods.
+var podListing = e2bwire.Listing[*corev1.Pod]{
+	Cursor:  func(pod *corev1.Pod) e2bwire.Cursor { return e2bwire.CursorAt(pod.CreationTimestamp.Time, pod.Name) },
+	Running: func(pod *corev1.Pod) bool { return state(pod) == apitypes.StateReady },
+	Listed:  e2bListed,
+}
+
+// e2bSandboxes are the caller's live E2B sandboxes that pass the query's
+// filters, in its order.
+func (g *Gateway) e2bSandboxes(r *http.Request, p auth.Principal) ([]*corev1.Pod, e2bwire.ListQuery, error) {
+	q, err := e2bwire.ParseListQuery(r.URL.Query())
+	if err != nil {
+		return nil, q, err
+	}
+	pods, err := g.pods.List(everything())
+	if err != nil {
+		return nil, q, err
+	}
+	pods = slices.DeleteFunc(pods, func(pod *corev1.Pod) bool {
+		if !q.Running || !isE2B(pod) || !e2bLive(pod) || !p.Sees(pod.Labels[LabelOwner]) ||
+			!q.Keeps(pod.Annotations[node.AnnotationTemplate], pod.CreationTimestamp.Time) {
+			return true
+		}
+		if len(q.Metadata) > 0 {
+			md := map[string]string{}
+			_ = json.Unmarshal([]byte(pod.Annotations[AnnotationE2BMetadata]), &md)
+			for k, v := range q.Metadata {
+				if got, ok := md[k]; !ok || got != v {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	slices.SortFunc(pods, func(a, b *corev1.Pod) int {
+		c := podListing.Cursor(a).Compare(podListing.Cursor(b))
+		if !q.Asc {
+			c = -c
+		}
+		return c
+	})
+	return pods, q, nil
+}
+
+func (g *Gateway) e2bListV1(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	pods, _, err := g.e2bSandboxes(r, p)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	podListing.WriteAll(w, pods)
+}
+
+// e2bList answers GET /v2/sandboxes a page at a time, as the daemon does.
+func (g *Gateway) e2bList(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	limit, after, ok := e2bwire.PageQuery(w, r.URL.Query())
+	if !ok {
+		return
+	}
+	pods, q, err := g.e2bSandboxes(r, p)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	podListing.WritePage(w, pods, q.Asc, after, limit)
+}
+
+// e2bGet answers E2B's getInfo. The envdAccessToken is not in it: the
+// gateway keeps only its hash (the create's answer had it).
+func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	if !ok {
+		return
+	}
+	network, internet := e2bwire.StoredNetwork(pod.Annotations[AnnotationE2BNetwork])
+	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.DetailBody{
+		ListedBody: e2bListed(pod), Domain: g.domain(),
+		AllowInternetAccess: internet, Network: network,
+		Lifecycle: e2bwire.LifecycleBody{OnTimeout: "kill"},
+	})
+}
+
+func (g *Gateway) e2bKill(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	if !ok {
+		return
+	}
+	if err := g.deletePod(r.Context(), pod.Name, pod.UID); err != nil {
+		if errors.Is(err, errdefs.ErrNotFound) {
+			e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", pod.Name))
+			return
+		}
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// e2bSandbox authorizes a data-plane request into an E2B sandbox and
+// proxies it to its node. Port 49983 (the agent, which speaks envd at its
+// root) needs the sandbox's envdAccessToken in X-Access-Token, or the API
+// key that owns the sandbox; the node's daemon then authenticates to the
+// agent with the agent's own token. Other ports (preview traffic) are not
+// routed yet.
+func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
+	var pod *corev1.Pod
+	if apitypes.ValidSandboxID(id) == nil {
+		pod, _ = g.pods.Get(id)
+	}
+	if pod == nil || !isE2B(pod) {
+		e2bwire.SandboxGone(w, id)
+		return
+	}
+	if port != envd.Port {
+		e2bwire.WriteError(w, http.StatusNotImplemented, fmt.Sprintf("port %d of sandbox %s: preview traffic is not routed by the Kubernetes gateway yet; only the agent (port %d) is", port, id, envd.Port))
+		return
+	}
+	if !g.e2bAllowed(r, pod) {
+		e2bwire.WriteError(w, http.StatusUnauthorized, "unauthorized access to sandbox "+id+": send its envdAccessToken in X-Access-Token")
+		return
+	}
+	t, err := g.target(pod, strings.TrimPrefix(r.URL.Path, "/"))
+	if errors.Is(err, errdefs.ErrFailedPrecondition) {
+		e2bwire.SandboxGone(w, id)
+		return
+	}
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	// The gateway's credentials stay here; the node's daemon sends the
+	// agent's own token.
+	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+		r.Header.Del(h)
+	}
+	// Request bodies (stdin, uploads) stream while the answer does.
+	_ = http.NewResponseController(w).EnableFullDuplex()
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// e2bAllowed reports whether the request may reach the sandbox's agent:
+// it carries the sandbox's envdAccessToken, or no token and the key that
+// owns the sandbox (any caller, when the gateway has no keys). A wrong
+// token is refused even so.
+func (g *Gateway) e2bAllowed(r *http.Request, pod *corev1.Pod) bool {
+	if tok := r.Header.Get("X-Access-Token"); tok != "" {
+		want, err := hex.DecodeString(pod.Annotations[AnnotationEnvdTokenSHA256])
+		got := sha256.Sum256([]byte(tok))
+		return err == nil && subtle.ConstantTimeCompare(got[:], want) == 1
+	}
+	if g.cfg.Keys == nil {
+		return true
+	}
+	if auth.Secret(r) == "" {
+		return false
+	}
+	p, err := auth.Identify(r, g.cfg.Keys, true)
+	return err == nil && p.Sees(pod.Labels[LabelOwner])
+}

@@ -1,0 +1,273 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/internal/e2bwire"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/proto/envd"
+)
+
+// e2bCall sends an E2B request (headers h, besides the key) and returns the
+// status, the body and the headers.
+func (e env) e2bCall(t *testing.T, method, path, key, body string, h map[string]string) (int, []byte, http.Header) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, e.url+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		req.Header.Set("X-API-Key", key)
+	}
+	for k, v := range h {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, data, resp.Header
+}
+
+// e2bError decodes an answer that must be in E2B's error shape.
+func e2bError(t *testing.T, status int, data []byte) e2bwire.ErrorBody {
+	t.Helper()
+	var eb e2bwire.ErrorBody
+	if err := json.Unmarshal(data, &eb); err != nil || eb.Code != status || eb.Message == "" {
+		t.Fatalf("%d %q is not E2B's error shape", status, data)
+	}
+	return eb
+}
+
+func (e env) e2bCreate(t *testing.T, key, body string) e2bwire.SandboxBody {
+	t.Helper()
+	code, data, _ := e.e2bCall(t, "POST", "/sandboxes", key, body, nil)
+	var sb e2bwire.SandboxBody
+	if code != 201 || json.Unmarshal(data, &sb) != nil {
+		t.Fatalf("E2B create = %d %s", code, data)
+	}
+	return sb
+}
+
+func (e env) e2bList(t *testing.T, path, key string) ([]e2bwire.ListedBody, http.Header) {
+	t.Helper()
+	code, data, h := e.e2bCall(t, "GET", path, key, "", nil)
+	var out []e2bwire.ListedBody
+	if code != 200 || json.Unmarshal(data, &out) != nil {
+		t.Fatalf("GET %s = %d %s", path, code, data)
+	}
+	return out, h
+}
+
+func listedIDs(l []e2bwire.ListedBody) []string {
+	var out []string
+	for _, sb := range l {
+		out = append(out, sb.SandboxID)
+	}
+	return out
+}
+
+// TestE2BControlPlane: E2B's create makes a pod that carries what the
+// node needs (user, sudo, network) and only the token's hash; list, get
+// and kill see only the key's own E2B sandboxes.
+func TestE2BControlPlane(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal","timeout":60,"metadata":{"team":"a"},"envVars":{"A":"1"},"allow_internet_access":false,"secure":true}`)
+	if sb.TemplateID != "minimal" || sb.EnvdAccessToken == "" || sb.Domain != e2bwire.DefaultDomain || sb.EnvdVersion != envd.Version {
+		t.Errorf("created = %+v", sb)
+	}
+	pod, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.SandboxID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := pod.Annotations
+	if a[AnnotationEnvdTokenSHA256] != tokenHash(sb.EnvdAccessToken) || a[node.AnnotationUser] != "user" || a[node.AnnotationAllowSudo] != "true" ||
+		a[node.AnnotationNetwork] != `{"mode":"none"}` || a[node.AnnotationEnv] != `{"A":"1"}` || a[AnnotationE2BMetadata] != `{"team":"a"}` {
+		t.Errorf("pod annotations = %v", a)
+	}
+	for k, v := range a {
+		if strings.Contains(v, sb.EnvdAccessToken) {
+			t.Errorf("annotation %s holds the access token", k)
+		}
+	}
+	if d := pod.Spec.ActiveDeadlineSeconds; d == nil || *d != 60 {
+		t.Errorf("deadline = %v, want 60", d)
+	}
+	// A native sandbox is no E2B sandbox.
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", nil); code != 201 {
+		t.Fatalf("native create = %d %+v", code, eb)
+	}
+	more := []string{sb.SandboxID}
+	for range 2 {
+		more = append(more, e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`).SandboxID)
+	}
+	bobs := e.e2bCreate(t, keyBob, `{"templateID":"minimal","metadata":{"team":"b"}}`)
+
+	all, _ := e.e2bList(t, "/sandboxes", keyAlice)
+	got := listedIDs(all)
+	slices.Sort(got)
+	want := slices.Clone(more)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("alice lists %v, want %v", got, want)
+	}
+	if l, _ := e.e2bList(t, "/v2/sandboxes?metadata=team%3Da", keyAlice); len(l) != 1 || l[0].SandboxID != sb.SandboxID || l[0].Metadata["team"] != "a" || l[0].State != "running" {
+		t.Errorf("alice's team=a = %+v", l)
+	}
+	if l, _ := e.e2bList(t, "/v2/sandboxes", keyBob); len(l) != 1 || l[0].SandboxID != bobs.SandboxID {
+		t.Errorf("bob lists %v", listedIDs(l))
+	}
+	if l, _ := e.e2bList(t, "/v2/sandboxes?state=paused", keyAlice); len(l) != 0 {
+		t.Errorf("paused = %v", listedIDs(l))
+	}
+	// Pages of two, oldest first: all three, none twice.
+	var paged []string
+	next := ""
+	for range 3 {
+		l, h := e.e2bList(t, "/v2/sandboxes?order=asc&limit=2&nextToken="+next, keyAlice)
+		paged = append(paged, listedIDs(l)...)
+		if next = h.Get("X-Next-Token"); next == "" {
+			break
+		}
+	}
+	if len(paged) != 3 || !slices.Equal(slices.Sorted(slices.Values(paged)), want) {
+		t.Errorf("paged = %v, want %v", paged, want)
+	}
+
+	code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+sb.SandboxID, keyAlice, "", nil)
+	var d e2bwire.DetailBody
+	if code != 200 || json.Unmarshal(data, &d) != nil || d.SandboxID != sb.SandboxID || d.AllowInternetAccess || d.EnvdAccessToken != "" || d.Domain != e2bwire.DefaultDomain {
+		t.Errorf("get = %d %s", code, data)
+	}
+	for _, r := range []struct{ method, path string }{{"GET", "/sandboxes/" + sb.SandboxID}, {"DELETE", "/sandboxes/" + sb.SandboxID}, {"POST", "/sandboxes/" + sb.SandboxID + "/timeout"}} {
+		if code, data, _ := e.e2bCall(t, r.method, r.path, keyBob, `{"timeout":30}`, nil); code != 404 {
+			t.Errorf("bob %s %s = %d %s, want 404", r.method, r.path, code, data)
+		} else {
+			e2bError(t, 404, data)
+		}
+	}
+	// Not served yet: E2B-shaped 501s, never 404.
+	for _, r := range []struct{ method, path string }{
+		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout"}, {"POST", "/sandboxes/" + sb.SandboxID + "/refreshes"},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"POST", "/sandboxes/" + sb.SandboxID + "/connect"},
+		{"GET", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"},
+	} {
+		code, data, _ := e.e2bCall(t, r.method, r.path, keyAlice, `{"timeout":30}`, nil)
+		if code != 501 {
+			t.Errorf("%s %s = %d %s, want 501", r.method, r.path, code, data)
+			continue
+		}
+		e2bError(t, 501, data)
+	}
+
+	if code, data, _ := e.e2bCall(t, "DELETE", "/sandboxes/"+sb.SandboxID, keyAlice, "", nil); code != 204 {
+		t.Fatalf("kill = %d %s", code, data)
+	}
+	if slices.Contains(e.podNames(t), sb.SandboxID) {
+		t.Errorf("pod %s outlived its kill", sb.SandboxID)
+	}
+}
+
+// TestE2BCreateRefused: a bad create is answered in E2B's shape, naming
+// the field, and makes no pod.
+func TestE2BCreateRefused(t *testing.T) {
+	e := startGateway(t, true)
+	for _, tc := range []struct {
+		body   string
+		status int
+		field  string
+	}{
+		{`{"templateID":"nosuch"}`, 404, "templateID"},
+		{`{}`, 400, "templateID"},
+		{`{"templateID":"minimal","timeout":-5}`, 400, "timeout"},
+		{`{"templateID":"minimal","timeout":0}`, 400, "timeout"},
+		{`{"templateID":"minimal","timeout":999999999}`, 400, "timeout"},
+		{`{"templateID":"minimal","timeout":"10"}`, 400, "timeout"},
+		{`{"templateID":"minimal","secure":false}`, 400, "secure"},
+		{`{"templateID":"minimal","autoPause":true}`, 501, "autoPause"},
+		{`{"templateID":"minimal","network":{"denyOut":["not-an-ip"]}}`, 400, "network.denyOut"},
+		{`{"templateID":"minimal","metadata":{"":"x"}}`, 400, "metadata"},
+	} {
+		code, data, _ := e.e2bCall(t, "POST", "/sandboxes", keyAlice, tc.body, nil)
+		if code != tc.status {
+			t.Errorf("create %s = %d %s, want %d", tc.body, code, data, tc.status)
+			continue
+		}
+		if eb := e2bError(t, code, data); !strings.Contains(eb.Message, tc.field) {
+			t.Errorf("create %s: message %q does not name %s", tc.body, eb.Message, tc.field)
+		}
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes", "", `{"templateID":"minimal"}`, nil); code != 401 {
+		t.Errorf("create without a key = %d %s", code, data)
+	} else {
+		e2bError(t, 401, data)
+	}
+	if names := e.podNames(t); len(names) != 0 {
+		t.Errorf("refused creates made pods %v", names)
+	}
+}
+
+// TestE2BDataPlane: E2B's data plane, by header or by Host, reaches the
+// node's agent route of the sandbox with its token or its owner's key,
+// and nothing else does.
+func TestE2BDataPlane(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	byHeader := func(extra map[string]string) map[string]string {
+		h := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49983"}
+		for k, v := range extra {
+			h[k] = v
+		}
+		return h
+	}
+	host := "49983-" + sb.SandboxID + "." + e2bwire.DefaultDomain
+	for name, tc := range map[string]struct {
+		key  string
+		h    map[string]string
+		code int
+	}{
+		"token":           {"", byHeader(map[string]string{"X-Access-Token": sb.EnvdAccessToken}), 200},
+		"token by host":   {"", map[string]string{"Host": host, "X-Access-Token": sb.EnvdAccessToken}, 200},
+		"owner's key":     {keyAlice, byHeader(nil), 200},
+		"wrong token":     {"", byHeader(map[string]string{"X-Access-Token": "nope"}), 401},
+		"wrong token+key": {keyAlice, byHeader(map[string]string{"X-Access-Token": "nope"}), 401},
+		"other key":       {keyBob, byHeader(nil), 401},
+		"nothing":         {"", map[string]string{"Host": host}, 401},
+		"preview port":    {"", map[string]string{"Host": "3000-" + sb.SandboxID + "." + e2bwire.DefaultDomain}, 501},
+		"no sandbox":      {"", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox1", "X-Access-Token": sb.EnvdAccessToken}, 502},
+		"bad port":        {"", byHeader(map[string]string{"E2b-Sandbox-Port": "x"}), 400},
+	} {
+		code, data, h := e.e2bCall(t, "POST", "/process.Process/Start?q=1", tc.key, "payload", tc.h)
+		if code != tc.code {
+			t.Errorf("%s: %d %s, want %d", name, code, data, tc.code)
+			continue
+		}
+		if code != 200 {
+			e2bError(t, code, data)
+			continue
+		}
+		if p := h.Get("X-Got-Path"); !strings.HasPrefix(p, node.DataPlanePrefix+"/v1/sandboxes/"+nodeSbPref) || !strings.HasSuffix(p, "/agent/process.Process/Start") || string(data) != "payload" {
+			t.Errorf("%s: node saw %q with %q", name, p, data)
+		}
+		if k := h.Get("X-Got-Key"); k != "" {
+			t.Errorf("%s: the API key reached the node", name)
+		}
+	}
+	// Without the header or a preview Host, the same path is no sandbox's.
+	if code, _, _ := e.e2bCall(t, "POST", "/process.Process/Start", "", "", nil); code != 501 {
+		t.Errorf("an unrouted path = %d, want 501", code)
+	}
+}

@@ -1,0 +1,64 @@
+// The npm e2b SDK against two replicas of the Kubernetes gateway (berth
+// serve --kubernetes), driven by test/kube/e2b_test.go: E2B_API_URL and
+// E2B_SANDBOX_URL are gateway A, BERTH_GATEWAY_B_URL is gateway B, and
+// E2B_API_KEY_2 is a second key. Not named *.test.mjs: the daemon's run of
+// this directory (test/e2e) does not take it.
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { Sandbox, CommandExitError } from 'e2b'
+
+const gatewayB = process.env.BERTH_GATEWAY_B_URL
+if (!gatewayB) throw new Error('BERTH_GATEWAY_B_URL is not set: run this through test/kube/e2b_test.go')
+const viaB = { apiUrl: gatewayB, sandboxUrl: gatewayB }
+
+test('kube gateway: create through A, run and write through A and B, list and kill through B', async () => {
+  const sbx = await Sandbox.create('base', {
+    timeoutMs: 300_000, allowInternetAccess: false,
+    metadata: { suite: 'kube-gateway' }, envs: { GREETING: 'hello from the gateway' },
+  })
+  // Commands: stdout, stderr, exit codes, the sandbox's env, E2B's user.
+  const r = await sbx.commands.run('echo "$GREETING"; echo oops >&2; whoami; pwd')
+  assert.equal(r.exitCode, 0)
+  assert.equal(r.stdout, 'hello from the gateway\nuser\n/home/user\n')
+  assert.equal(r.stderr, 'oops\n')
+  await assert.rejects(sbx.commands.run('echo partial; exit 7'), (err) => {
+    assert.ok(err instanceof CommandExitError, `got ${err}`)
+    assert.equal(err.exitCode, 7)
+    assert.equal(err.stdout, 'partial\n')
+    return true
+  })
+  assert.equal((await sbx.commands.run('sudo -n whoami')).stdout, 'root\n', 'E2B sandboxes let "user" sudo')
+  // Output streams as it comes, through the gateway and the node.
+  const seen = []
+  await sbx.commands.run('for i in 1 2 3; do echo line$i; done', { onStdout: (d) => seen.push(d) })
+  assert.equal(seen.join(''), 'line1\nline2\nline3\n')
+
+  // Files.
+  await sbx.files.write('/home/user/hello.txt', 'hello, gateway')
+  assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello, gateway')
+  const big = 'x'.repeat(3 << 20)
+  await sbx.files.write('/tmp/big.txt', big)
+  assert.equal((await sbx.files.read('/tmp/big.txt')).length, big.length)
+  assert.ok((await sbx.files.list('/home/user')).some((e) => e.name === 'hello.txt'))
+
+  // Gateway B reaches the same sandbox with the same token.
+  const b = await Sandbox.connect(sbx.sandboxId, viaB).catch((err) => err)
+  assert.ok(b instanceof Error, 'connect is not served by the gateway (it keeps no token to hand out)')
+  const again = new Sandbox({ sandboxId: sbx.sandboxId, envdAccessToken: sbx.envdAccessToken, envdVersion: '0.6.13', ...viaB })
+  assert.equal(await again.files.read('/home/user/hello.txt'), 'hello, gateway')
+
+  // Listing and info through B; the second key sees none of it.
+  const listed = await Sandbox.list({ ...viaB, query: { metadata: { suite: 'kube-gateway' } } }).nextItems()
+  assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
+  assert.equal(listed[0].state, 'running')
+  const info = await Sandbox.getInfo(sbx.sandboxId, viaB)
+  assert.equal(info.metadata.suite, 'kube-gateway')
+  assert.equal(info.templateId, 'base')
+  const theirs = await Sandbox.list({ ...viaB, apiKey: process.env.E2B_API_KEY_2 }).nextItems()
+  assert.deepEqual(theirs, [])
+  assert.equal(await Sandbox.kill(sbx.sandboxId, { ...viaB, apiKey: process.env.E2B_API_KEY_2 }), false, "another key's sandbox is not found")
+
+  // Kill through B; A finds it gone.
+  assert.equal(await Sandbox.kill(sbx.sandboxId, viaB), true)
+  assert.equal(await Sandbox.kill(sbx.sandboxId), false)
+})
