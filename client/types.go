@@ -15,6 +15,7 @@ const (
 	StateStopping = types.StateStopping
 	StateStopped  = types.StateStopped
 	StateFailed   = types.StateFailed
+	StateLost     = types.StateLost
 )
 
 // CreateRequest asks for a new sandbox. Every field is optional; the daemon
