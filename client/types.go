@@ -18,6 +18,13 @@ const (
 	StateLost     = types.StateLost
 )
 
+// What a Kubernetes gateway does with a sandbox whose node is lost
+// (CreateRequest.OnNodeLost).
+const (
+	OnNodeLostFail     = types.OnNodeLostFail
+	OnNodeLostRecreate = types.OnNodeLostRecreate
+)
+
 // CreateRequest asks for a new sandbox. Every field is optional; the daemon
 // fills defaults (template "base", 1 CPU, "512M" memory, "2G" disk, "10m"
 // timeout). Sizes are strings such as "512M" or "1.5G"; Timeout is a Go

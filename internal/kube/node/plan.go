@@ -297,7 +297,12 @@ func sandboxTimeout(pod *corev1.Pod, now time.Time) time.Duration {
 	if t, err := podDeadline(pod); err == nil && !t.IsZero() {
 		d = min(d, t.Sub(now))
 	}
-	return max(time.Second, d.Round(time.Second))
+	// Rounded up: the sandbox ends at the deadline or just after, never
+	// before it.
+	if r := d.Truncate(time.Second); r != d {
+		d = r + time.Second
+	}
+	return max(time.Second, d)
 }
 
 // hasDeadline says whether the pod bounds its sandbox's life, so the node
