@@ -42,11 +42,12 @@ re-adopted when it starts again.
 
 With --kubernetes it is instead the gateway of a Kubernetes cluster of Berth
 nodes (berth node): no runtime, no state of its own, no root. It serves the
-native API's sandbox create, list, get and delete, each sandbox a pod in
---namespace, and proxies each sandbox's agent data plane to its node over
-mutual TLS (--node-client-cert, --node-client-key, --node-ca). Several
-gateways serve one cluster side by side. Other routes answer
-not_implemented.`,
+native API's sandbox create, list, get, delete and timeout, each sandbox a
+pod in --namespace, and proxies each sandbox's agent data plane to its node
+over mutual TLS (--node-client-cert, --node-client-key, --node-ca). Several
+gateways serve one cluster side by side; the one elected leader deletes
+ended sandboxes (--keep-ended) and acts on lost nodes (--node-lost-after,
+--on-node-lost). Other routes answer not_implemented.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if gw.on {
