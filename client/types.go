@@ -15,6 +15,14 @@ const (
 	StateStopping = types.StateStopping
 	StateStopped  = types.StateStopped
 	StateFailed   = types.StateFailed
+	StateLost     = types.StateLost
+)
+
+// What a Kubernetes gateway does with a sandbox whose node is lost
+// (CreateRequest.OnNodeLost).
+const (
+	OnNodeLostFail     = types.OnNodeLostFail
+	OnNodeLostRecreate = types.OnNodeLostRecreate
 )
 
 // CreateRequest asks for a new sandbox. Every field is optional; the daemon

@@ -71,9 +71,13 @@ const (
 	StateStopping = "stopping"
 	StateStopped  = "stopped"
 	StateFailed   = "failed"
+	// StateLost: the node that ran the sandbox stopped answering (a
+	// Kubernetes gateway's sandboxes only; a daemon's never are).
+	StateLost = "lost"
 )
 
-// States lists every sandbox state, in lifecycle order.
+// States lists every sandbox state a daemon reports, in lifecycle order
+// (a Kubernetes gateway's sandboxes may also be StateLost).
 var States = []string{StateCreating, StateReady, StatePausing, StatePaused, StateResuming, StateStopping, StateStopped, StateFailed}
 
 // What a paused sandbox kept (Sandbox.Pause).
@@ -90,6 +94,17 @@ const (
 const (
 	OnTimeoutKill  = "kill"
 	OnTimeoutPause = "pause"
+)
+
+// What a Kubernetes gateway does with a sandbox whose node is lost
+// (CreateRequest.OnNodeLost).
+const (
+	// OnNodeLostFail reports the sandbox lost; it stays listed until it
+	// is deleted.
+	OnNodeLostFail = "fail"
+	// OnNodeLostRecreate makes it again, with the same ID and a fresh
+	// filesystem, on another node.
+	OnNodeLostRecreate = "recreate"
 )
 
 // CreateRequest asks for a new sandbox (POST /v1/sandboxes). Every field is
@@ -136,6 +151,11 @@ type CreateRequest struct {
 	// template, isolation, limits, env, labels, user, network policy and
 	// allow_sudo the request leaves unset).
 	Snapshot string `json:"snapshot,omitempty"`
+	// OnNodeLost is what a Kubernetes gateway (berth serve --kubernetes)
+	// does once the node running the sandbox is lost: OnNodeLostFail or
+	// OnNodeLostRecreate; empty takes the gateway's default. A daemon
+	// runs its sandboxes itself and refuses the field.
+	OnNodeLost string `json:"on_node_lost,omitempty"`
 }
 
 // ResumeRequest is the optional body of POST /v1/sandboxes/{id}/resume:

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"os/signal"
@@ -33,6 +34,8 @@ type gatewayOptions struct {
 	createTimeout time.Duration
 	apiQPS        float64
 	apiBurst      int
+	lifecycle     gateway.LifecycleConfig
+	onNodeLost    string
 }
 
 func (g *gatewayOptions) bind(f *pflag.FlagSet) {
@@ -46,6 +49,10 @@ func (g *gatewayOptions) bind(f *pflag.FlagSet) {
 	f.DurationVar(&g.createTimeout, "create-timeout", 5*time.Minute, "with --kubernetes: how long a create waits for its pod to run")
 	f.Float64Var(&g.apiQPS, "kube-api-qps", defaultKubeAPIQPS, "with --kubernetes: requests per second to the API server at most")
 	f.IntVar(&g.apiBurst, "kube-api-burst", defaultKubeAPIBurst, "with --kubernetes: requests above --kube-api-qps sent at once")
+	f.DurationVar(&g.lifecycle.KeepEnded, "keep-ended", 5*time.Minute, "with --kubernetes: how long a sandbox that ended stays listed before its pod is deleted (0: at once)")
+	f.DurationVar(&g.lifecycle.NodeLostAfter, "node-lost-after", 40*time.Second, "with --kubernetes: a Berth node whose lease has not changed for this long is lost: its sandboxes are reported lost or made again (--on-node-lost)")
+	f.StringVar(&g.onNodeLost, "on-node-lost", "fail", "with --kubernetes: what happens to a sandbox whose node is lost when its create names no on_node_lost: fail (reported lost) or recreate (made again, same ID, on another node)")
+	f.StringVar(&g.lifecycle.Identity, "leader-id", "", "with --kubernetes: this replica's name in the leader election (default hostname_pid); the leader clears ended sandboxes and acts on lost nodes")
 }
 
 // runGateway serves the native API for a cluster of Berth nodes. It
@@ -61,6 +68,12 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	}
 	if err := checkAPIRate(g.apiQPS, g.apiBurst); err != nil {
 		return err
+	}
+	if g.lifecycle.KeepEnded < 0 {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "keep-ended", Message: fmt.Sprintf("--keep-ended %s: want 0 (at once) or a positive duration", g.lifecycle.KeepEnded)}
+	}
+	if g.lifecycle.NodeLostAfter <= 0 {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "node-lost-after", Message: fmt.Sprintf("--node-lost-after %s: want a positive duration", g.lifecycle.NodeLostAfter)}
 	}
 	listen := o.flags.Listen
 	if g.apiKeys == "" && !o.flags.InsecureNoAuth && !daemon.LoopbackOnly(listen) {
@@ -106,7 +119,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	}
 	gw, err := gateway.New(gateway.Config{
 		Kube: kube, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
-		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout,
+		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout, OnNodeLost: g.onNodeLost,
 		Domain:  o.flags.E2BDomain,
 		Version: buildVersion(), Logger: log,
 	})
@@ -123,5 +136,10 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	if err := gw.Run(ctx); err != nil {
 		return err
 	}
-	return gw.Serve(ctx, listen)
+	// The leader election runs beside the API until ctx ends.
+	lifeErr := make(chan error, 1)
+	go func() { lifeErr <- gw.RunLifecycle(ctx, g.lifecycle) }()
+	err = gw.Serve(ctx, listen)
+	stop()
+	return errors.Join(err, <-lifeErr)
 }

@@ -42,12 +42,13 @@ re-adopted when it starts again.
 
 With --kubernetes it is instead the gateway of a Kubernetes cluster of Berth
 nodes (berth node): no runtime, no state of its own, no root. It serves the
-native API's sandbox create, list, get and delete and E2B's (create, list,
-get, kill; E2B's data plane by header or by a Host under --e2b-domain),
-each sandbox a pod in --namespace, and proxies each sandbox's agent data
-plane to its node over mutual TLS (--node-client-cert, --node-client-key,
---node-ca). Several
-gateways serve one cluster side by side. Other routes answer
+native API's sandbox create, list, get, delete and timeout and E2B's
+(create, list, get, kill, timeout; E2B's data plane by header or by a Host
+under --e2b-domain), each sandbox a pod in --namespace, and proxies each
+sandbox's agent data plane to its node over mutual TLS (--node-client-cert,
+--node-client-key, --node-ca). Several gateways serve one cluster side by
+side; the one elected leader deletes ended sandboxes (--keep-ended) and
+acts on lost nodes (--node-lost-after, --on-node-lost). Other routes answer
 not_implemented.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

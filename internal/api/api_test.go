@@ -113,6 +113,18 @@ func TestParseCreate(t *testing.T) {
 	}
 }
 
+// TestParseCreateOnNodeLost: a daemon places nothing, so on_node_lost (the
+// Kubernetes gateway's) is refused as not implemented, naming the field.
+func TestParseCreateOnNodeLost(t *testing.T) {
+	for _, v := range []string{types.OnNodeLostFail, types.OnNodeLostRecreate, "other"} {
+		_, err := parseCreate(createRequest{CreateRequest: types.CreateRequest{OnNodeLost: v}})
+		var fe *fieldError
+		if !errors.As(err, &fe) || fe.field != "on_node_lost" || !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Errorf("parseCreate(on_node_lost %q) err = %v, want not implemented on on_node_lost", v, err)
+		}
+	}
+}
+
 func TestErrorBody(t *testing.T) {
 	rec := httptest.NewRecorder()
 	writeError(rec, badField("memory", errdefs.ErrInvalidArgument))

@@ -85,6 +85,11 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 // parseCreate turns the wire request into the Manager's, naming any bad field.
 func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 	out := sandbox.CreateRequest{Template: in.Template, Env: in.Env, Labels: in.Labels, Limits: sandbox.Limits{PidsLimit: in.PIDs}, Isolation: in.Isolation, Snapshot: in.Snapshot}
+	if in.OnNodeLost != "" {
+		// One daemon is one host: there is no other node to lose it to
+		// or make it again on.
+		return out, badField("on_node_lost", fmt.Errorf("on_node_lost %q: a Berth daemon runs its sandboxes on its own host and places nothing; the field is the Kubernetes gateway's (berth serve --kubernetes): %w", in.OnNodeLost, errdefs.ErrNotImplemented))
+	}
 	if in.Network != nil {
 		p := policyFromWire(*in.Network)
 		out.Network = &p

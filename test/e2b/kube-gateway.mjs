@@ -54,6 +54,18 @@ test('kube gateway: create through A, run and write through A and B, list and ki
   const info = await Sandbox.getInfo(sbx.sandboxId, viaB)
   assert.equal(info.metadata.suite, 'kube-gateway')
   assert.equal(info.templateId, 'base')
+  // The timeout moves through B (the pod's deadline annotation, which the
+  // node follows); A's cache reports the new end once its watch has it.
+  const asked = Date.now()
+  await Sandbox.setTimeout(sbx.sandboxId, 1_800_000, viaB)
+  let endAt = info.endAt
+  for (const until = Date.now() + 60_000; endAt.getTime() < asked + 1_800_000 && Date.now() < until;) {
+    await new Promise((resolve) => setTimeout(resolve, 50))
+    endAt = (await Sandbox.getInfo(sbx.sandboxId)).endAt
+  }
+  assert.ok(endAt.getTime() >= asked + 1_800_000, `endAt ${endAt.toISOString()} after setTimeout(30 min) at ${new Date(asked).toISOString()}`)
+  await sbx.setTimeout(600_000) // and back, through A
+  await assert.rejects(Sandbox.setTimeout(sbx.sandboxId, 60_000, { ...viaB, apiKey: process.env.E2B_API_KEY_2 }), "another key cannot move the sandbox's timeout")
   const theirs = await Sandbox.list({ ...viaB, apiKey: process.env.E2B_API_KEY_2 }).nextItems()
   assert.deepEqual(theirs, [])
   assert.equal(await Sandbox.kill(sbx.sandboxId, { ...viaB, apiKey: process.env.E2B_API_KEY_2 }), false, "another key's sandbox is not found")

@@ -169,8 +169,9 @@ func waitReady(t *testing.T, c *kubernetes.Clientset) {
 }
 
 // start runs a control plane process, SIGTERMed when the test ends; its
-// output is shown if the test failed.
-func start(t *testing.T, name, bin string, args ...string) {
+// output is shown if the test failed. The function it returns SIGTERMs it
+// earlier and waits for it to exit.
+func start(t *testing.T, name, bin string, args ...string) func() {
 	t.Helper()
 	cmd := exec.Command(bin, args...)
 	var mu sync.Mutex
@@ -190,7 +191,7 @@ func start(t *testing.T, name, bin string, args ...string) {
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
+	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
@@ -198,6 +199,9 @@ func start(t *testing.T, name, bin string, args ...string) {
 			_ = cmd.Process.Kill()
 			<-done
 		}
+	}
+	t.Cleanup(func() {
+		stop()
 		if t.Failed() {
 			mu.Lock()
 			defer mu.Unlock()
@@ -208,6 +212,7 @@ func start(t *testing.T, name, bin string, args ...string) {
 			t.Logf("%s output:\n%s", name, s)
 		}
 	})
+	return stop
 }
 
 type writerFunc func([]byte) (int, error)

@@ -31,14 +31,22 @@ import (
 const gatewayKey = "e2b_0123456789abcdef0123456789abcdef01234567"
 
 // startGateway runs `berth serve --kubernetes` on cp as a replica named
-// name, with the API keys file keys and a client certificate the nodes'
-// CA signed, and returns a client of it with gatewayKey.
-func startGateway(t *testing.T, cp *controlPlane, name, keys string, cert keyPair) *client.Client {
+// name, with the API keys file keys, a client certificate the nodes' CA
+// signed and extra flags, and returns a client of it with gatewayKey.
+func startGateway(t *testing.T, cp *controlPlane, name, keys string, cert keyPair, extra ...string) *client.Client {
+	t.Helper()
+	c, _ := startGatewayProc(t, cp, name, keys, cert, extra...)
+	return c
+}
+
+// startGatewayProc is startGateway, also returning a function that stops
+// the replica (SIGTERM) before the test ends.
+func startGatewayProc(t *testing.T, cp *controlPlane, name, keys string, cert keyPair, extra ...string) (*client.Client, func()) {
 	t.Helper()
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	start(t, name, bin.Berth, "serve", "--kubernetes", "--kubeconfig", cp.Kubeconfig, "--listen", listen,
+	stop := start(t, name, bin.Berth, append([]string{"serve", "--kubernetes", "--kubeconfig", cp.Kubeconfig, "--listen", listen,
 		"--node-client-cert", cert.cert, "--node-client-key", cert.key, "--node-ca", cp.CA,
-		"--api-keys", keys, "--default-template", "minimal")
+		"--api-keys", keys, "--default-template", "minimal"}, extra...)...)
 	c, err := client.New("http://"+listen, client.WithAPIKey(gatewayKey))
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +58,7 @@ func startGateway(t *testing.T, cp *controlPlane, name, keys string, cert keyPai
 	defer t0.Stop()
 	for {
 		if _, err := c.Health(ctx); err == nil {
-			return c
+			return c, stop
 		}
 		select {
 		case <-ctx.Done():

@@ -131,8 +131,19 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 	if timeout > g.cfg.MaxTimeout {
 		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is above the gateway's maximum %s", timeout, g.cfg.MaxTimeout)
 	}
-	// The node makes a pod's active deadline its sandbox's deadline.
-	deadline := int64(math.Ceil(timeout.Seconds()))
+	// The node makes the deadline annotation its sandbox's deadline, and
+	// follows it when POST …/timeout moves it (timeout.go).
+	ann[node.AnnotationDeadline] = deadlineAt(g.now(), timeout)
+	policy := in.OnNodeLost
+	if policy == "" {
+		policy = g.cfg.OnNodeLost
+	}
+	switch policy {
+	case types.OnNodeLostFail, types.OnNodeLostRecreate:
+		ann[AnnotationOnNodeLost] = policy
+	default:
+		return nil, fieldErr("on_node_lost", errdefs.ErrInvalidArgument, "on_node_lost %q: want %s or %s", in.OnNodeLost, types.OnNodeLostFail, types.OnNodeLostRecreate)
+	}
 	labels := map[string]string{LabelManagedBy: ManagedBy}
 	if owner != "" {
 		labels[LabelOwner] = owner
@@ -144,7 +155,6 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 			// The sandbox lives until it is deleted or its deadline;
 			// its container has no command of its own.
 			RestartPolicy:                corev1.RestartPolicyNever,
-			ActiveDeadlineSeconds:        &deadline,
 			NodeSelector:                 map[string]string{node.TaintKey: "true"},
 			Tolerations:                  []corev1.Toleration{{Key: node.TaintKey, Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
 			AutomountServiceAccountToken: &no,

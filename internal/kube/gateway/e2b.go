@@ -98,21 +98,54 @@ func (g *Gateway) e2bRoutes() {
 	}
 }
 
-// e2bTimeoutRoutes are POST /sandboxes/{id}/timeout and /refreshes, which
-// move a sandbox's deadline. The gateway cannot move a pod's deadline yet
-// (activeDeadlineSeconds only grows shorter), so they answer 501 for a
-// sandbox the caller owns, 404 for any other.
-// TODO(#19): serve them with the gateway's setTimeout once it lands.
+// e2bTimeoutRoutes are POST /sandboxes/{id}/timeout ({timeout} seconds
+// from now) and /refreshes ({duration} seconds more, E2B's default when 0),
+// both the native timeout route's setTimeout: a patch of the pod's
+// deadline annotation, which its node follows.
 func (g *Gateway) e2bTimeoutRoutes() {
-	for _, pattern := range []string{"POST /sandboxes/{id}/timeout", "POST /sandboxes/{id}/refreshes"} {
-		g.mux.HandleFunc(pattern, g.e2bAuthed(func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-			if _, ok := g.e2bPod(w, p, r.PathValue("id")); !ok {
-				return
-			}
-			e2bwire.WriteError(w, http.StatusNotImplemented,
-				fmt.Sprintf("%s %s is not served by the Kubernetes gateway yet: a sandbox keeps the timeout it was created with", r.Method, r.URL.Path))
-		}))
+	g.mux.HandleFunc("POST /sandboxes/{id}/timeout", g.e2bAuthed(func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		var in e2bwire.TimeoutBody
+		if err := e2bwire.Decode(r, &in); err != nil {
+			e2bwire.WriteErr(w, err)
+			return
+		}
+		if in.Timeout == nil || *in.Timeout <= 0 || *in.Timeout > math.MaxInt32 {
+			e2bFieldErr(w, http.StatusBadRequest, "timeout", "want a positive number of seconds")
+			return
+		}
+		g.e2bSetTimeout(w, r, p, time.Duration(*in.Timeout)*time.Second)
+	}))
+	g.mux.HandleFunc("POST /sandboxes/{id}/refreshes", g.e2bAuthed(func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		var in struct {
+			Duration int64 `json:"duration"`
+		}
+		if err := e2bwire.Decode(r, &in); err != nil {
+			e2bwire.WriteErr(w, err)
+			return
+		}
+		if in.Duration < 0 || in.Duration > math.MaxInt32 {
+			e2bFieldErr(w, http.StatusBadRequest, "duration", "%d: want a number of seconds, 0 for the default", in.Duration)
+			return
+		}
+		d := e2bwire.DefaultTimeout
+		if in.Duration > 0 {
+			d = time.Duration(in.Duration) * time.Second
+		}
+		g.e2bSetTimeout(w, r, p, d)
+	}))
+}
+
+// e2bSetTimeout moves the caller's E2B sandbox's deadline to d from now.
+func (g *Gateway) e2bSetTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal, d time.Duration) {
+	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	if !ok {
+		return
 	}
+	if _, err := g.setTimeout(r.Context(), p, pod.Name, d); err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.

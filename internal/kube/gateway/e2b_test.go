@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -103,8 +104,8 @@ func TestE2BControlPlane(t *testing.T) {
 			t.Errorf("annotation %s holds the access token", k)
 		}
 	}
-	if d := pod.Spec.ActiveDeadlineSeconds; d == nil || *d != 60 {
-		t.Errorf("deadline = %v, want 60", d)
+	if dl, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline]); err != nil || dl.Before(time.Now().Add(50*time.Second)) || dl.After(time.Now().Add(62*time.Second)) {
+		t.Errorf("deadline annotation = %q (%v), want 60 s from the create", pod.Annotations[node.AnnotationDeadline], err)
 	}
 	// A native sandbox is no E2B sandbox.
 	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", nil); code != 201 {
@@ -159,9 +160,53 @@ func TestE2BControlPlane(t *testing.T) {
 			e2bError(t, 404, data)
 		}
 	}
+	// timeout and refreshes move the pod's deadline annotation (which the
+	// node follows); a bad body names its field and moves nothing.
+	last := ""
+	for _, c := range []struct {
+		path, body string
+		code       int
+		after      time.Duration
+	}{
+		{"/timeout", `{"timeout":3600}`, 204, time.Hour},
+		{"/refreshes", `{"duration":0}`, 204, e2bwire.DefaultTimeout},
+		{"/refreshes", `{"duration":600}`, 204, 10 * time.Minute},
+		{"/timeout", `{}`, 400, 0},
+		{"/timeout", `{"timeout":-1}`, 400, 0},
+		{"/refreshes", `{"duration":-1}`, 400, 0},
+		{"/timeout", `{"timeout":999999999}`, 400, 0},
+	} {
+		before := time.Now()
+		code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+c.path, keyAlice, c.body, nil)
+		if code != c.code {
+			t.Errorf("%s %s = %d %s, want %d", c.path, c.body, code, data, c.code)
+			continue
+		}
+		if code != 204 {
+			if eb := e2bError(t, code, data); !strings.Contains(eb.Message, "timeout") && !strings.Contains(eb.Message, "duration") {
+				t.Errorf("%s %s: message %q names no field", c.path, c.body, eb.Message)
+			}
+		}
+		got, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.SandboxID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ann := got.Annotations[node.AnnotationDeadline]
+		if code != 204 {
+			if ann != last {
+				t.Errorf("refused %s %s moved the deadline from %q to %q", c.path, c.body, last, ann)
+			}
+			continue
+		}
+		// The annotation has whole seconds, rounded up.
+		dl, err := time.Parse(time.RFC3339, ann)
+		if err != nil || dl.Before(before.Add(c.after)) || dl.After(time.Now().Add(c.after+time.Second)) {
+			t.Errorf("after %s %s: deadline %q (%v), want %s from the request", c.path, c.body, ann, err, c.after)
+		}
+		last = ann
+	}
 	// Not served yet: E2B-shaped 501s, never 404.
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/sandboxes/" + sb.SandboxID + "/timeout"}, {"POST", "/sandboxes/" + sb.SandboxID + "/refreshes"},
 		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"POST", "/sandboxes/" + sb.SandboxID + "/connect"},
 		{"GET", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"},
 	} {

@@ -23,6 +23,7 @@ import (
 	listersv1 "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/kube/node"
@@ -73,9 +74,12 @@ type Config struct {
 	CreateTimeout time.Duration
 	// Domain is the E2B API's preview domain: a Host
 	// "<port>-<id>.<Domain>" names a sandbox (default berth.localhost).
-	Domain  string
-	Version string
-	Logger  *slog.Logger
+	Domain string
+	// OnNodeLost is a create's on_node_lost when it names none:
+	// apitypes.OnNodeLostFail (the default) or OnNodeLostRecreate.
+	OnNodeLost string
+	Version    string
+	Logger     *slog.Logger
 }
 
 // Gateway serves the API. Run starts its informers; Handler serves.
@@ -89,6 +93,8 @@ type Gateway struct {
 	synced    []cache.InformerSynced
 	proxy     *httputil.ReverseProxy
 	mux       *http.ServeMux
+	// now is the gateway's clock (a test's, in unit tests).
+	now func() time.Time
 
 	// waiters are the creates waiting on a pod, by pod name; the
 	// informer's handler wakes them.
@@ -117,7 +123,14 @@ func New(cfg Config) (*Gateway, error) {
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 5 * time.Minute
 	}
-	g := &Gateway{cfg: cfg, log: cfg.Logger, waiters: map[string]map[chan struct{}]struct{}{}}
+	switch cfg.OnNodeLost {
+	case "":
+		cfg.OnNodeLost = apitypes.OnNodeLostFail
+	case apitypes.OnNodeLostFail, apitypes.OnNodeLostRecreate:
+	default:
+		return nil, fmt.Errorf("on-node-lost %q: want %s or %s: %w", cfg.OnNodeLost, apitypes.OnNodeLostFail, apitypes.OnNodeLostRecreate, errdefs.ErrInvalidArgument)
+	}
+	g := &Gateway{cfg: cfg, log: cfg.Logger, waiters: map[string]map[chan struct{}]struct{}{}, now: time.Now}
 	pf := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + ManagedBy }))
 	nf := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0,

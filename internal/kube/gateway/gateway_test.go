@@ -285,8 +285,12 @@ func TestCreateGetListDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	if pod.Labels[LabelManagedBy] != ManagedBy || pod.Annotations[node.AnnotationIsolation] != "gvisor" ||
-		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allowlist","allow":["pypi.org"]}` || *pod.Spec.ActiveDeadlineSeconds != 90 {
-		t.Errorf("pod = labels %v annotations %v deadline %v", pod.Labels, pod.Annotations, *pod.Spec.ActiveDeadlineSeconds)
+		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allowlist","allow":["pypi.org"]}` || pod.Spec.ActiveDeadlineSeconds != nil ||
+		pod.Annotations[AnnotationOnNodeLost] != types.OnNodeLostFail {
+		t.Errorf("pod = labels %v annotations %v active deadline %v", pod.Labels, pod.Annotations, pod.Spec.ActiveDeadlineSeconds)
+	}
+	if dl, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline]); err != nil || !dl.Equal(sb.Deadline) || !dl.After(pod.CreationTimestamp.Add(89*time.Second)) {
+		t.Errorf("deadline annotation %q (%v), sandbox deadline %v", pod.Annotations[node.AnnotationDeadline], err, sb.Deadline)
 	}
 	if tol := pod.Spec.Tolerations; len(tol) != 1 || tol[0].Key != node.TaintKey {
 		t.Errorf("tolerations = %+v", tol)
@@ -529,4 +533,59 @@ func TestCreateAbandoned(t *testing.T) {
 		}
 	}
 	t.Errorf("pod %s of the abandoned create was not deleted", name)
+}
+
+// TestSetTimeout: POST …/timeout moves the deadline annotation (the node
+// follows it) and answers the sandbox with its new deadline; bad input
+// names its field and changes nothing; another key's sandbox is not found.
+func TestSetTimeout(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"timeout":"1m","on_node_lost":"recreate"}`, &sb); code != http.StatusCreated {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	pods := e.kube.CoreV1().Pods(ns)
+	before, err := pods.Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Annotations[AnnotationOnNodeLost] != types.OnNodeLostRecreate {
+		t.Errorf("on-node-lost annotation = %q", before.Annotations[AnnotationOnNodeLost])
+	}
+	var got types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/timeout", keyAlice, `{"timeout":"2h"}`, &got); code != 200 {
+		t.Fatalf("set timeout = %d %+v", code, eb)
+	}
+	after, err := pods.Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := time.Parse(time.RFC3339, after.Annotations[node.AnnotationDeadline])
+	if err != nil || !dl.Equal(got.Deadline) || !got.Deadline.After(sb.Deadline.Add(time.Hour)) || got.State != types.StateReady {
+		t.Errorf("after set timeout: annotation %q (%v), answer %+v; created with deadline %v", after.Annotations[node.AnnotationDeadline], err, got, sb.Deadline)
+	}
+	for _, tc := range []struct {
+		id, key, body string
+		status        int
+		code, field   string
+	}{
+		{sb.ID, keyAlice, `{}`, 400, errdefs.CodeInvalidArgument, "timeout"},
+		{sb.ID, keyAlice, `{"timeout":"soon"}`, 400, errdefs.CodeInvalidArgument, "timeout"},
+		{sb.ID, keyAlice, `{"timeout":"0s"}`, 400, errdefs.CodeInvalidArgument, "timeout"},
+		{sb.ID, keyAlice, `{"timeout":"25h"}`, 400, errdefs.CodeInvalidArgument, "timeout"},
+		{sb.ID, keyAlice, `{"timeout":"1m","x":1}`, 400, errdefs.CodeInvalidArgument, "body"},
+		{sb.ID, keyBob, `{"timeout":"1m"}`, 404, errdefs.CodeNotFound, ""},
+		{"nosuchsandbox", keyAlice, `{"timeout":"1m"}`, 404, errdefs.CodeNotFound, ""},
+	} {
+		code, eb := e.call(t, "POST", "/v1/sandboxes/"+tc.id+"/timeout", tc.key, tc.body, nil)
+		if code != tc.status || eb.Code != tc.code || eb.Field != tc.field {
+			t.Errorf("timeout %s %s = %d %+v, want %d %s on %q", tc.id, tc.body, code, eb, tc.status, tc.code, tc.field)
+		}
+	}
+	if again, err := pods.Get(t.Context(), sb.ID, metav1.GetOptions{}); err != nil || again.Annotations[node.AnnotationDeadline] != after.Annotations[node.AnnotationDeadline] {
+		t.Errorf("refused requests moved the deadline: %v, %v", again.Annotations, err)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"on_node_lost":"migrate"}`, nil); code != 400 || eb.Field != "on_node_lost" {
+		t.Errorf("create with on_node_lost migrate = %d %+v", code, eb)
+	}
 }

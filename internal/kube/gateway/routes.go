@@ -22,6 +22,7 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("GET /v1/sandboxes", g.authed(g.listSandboxes))
 	g.mux.HandleFunc("GET /v1/sandboxes/{id}", g.authed(g.getSandbox))
 	g.mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(g.deleteSandbox))
+	g.mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", g.authed(g.timeoutSandbox))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.e2bRoutes()
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
@@ -31,7 +32,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get and delete and the agent data plane, and E2B's sandbox create, list, get and kill and envd data plane; templates, snapshots, pause and network are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete and timeout and the agent data plane, and E2B's sandbox create, list, get, kill and timeout and envd data plane; templates, snapshots, pause and network are served by a Berth daemon only: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

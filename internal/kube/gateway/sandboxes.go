@@ -43,6 +43,9 @@ func state(pod *corev1.Pod) string {
 	if pod.DeletionTimestamp != nil {
 		return apitypes.StateStopping
 	}
+	if pod.Annotations[node.AnnotationLost] != "" {
+		return apitypes.StateLost
+	}
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		if _, err := sandboxOf(pod); err == nil {
@@ -72,15 +75,21 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 	}
 	_ = json.Unmarshal([]byte(pod.Annotations[node.AnnotationEnv]), &out.Env)
 	_ = json.Unmarshal([]byte(pod.Annotations[AnnotationLabels]), &out.Labels)
-	if d := pod.Spec.ActiveDeadlineSeconds; d != nil && out.State != apitypes.StateStopped && out.State != apitypes.StateFailed {
+	ended := out.State == apitypes.StateStopped || out.State == apitypes.StateFailed || out.State == apitypes.StateLost
+	if t, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline]); err == nil && !ended {
+		out.Deadline = t.UTC()
+	} else if d := pod.Spec.ActiveDeadlineSeconds; d != nil && !ended {
 		start := pod.CreationTimestamp.Time
 		if pod.Status.StartTime != nil {
 			start = pod.Status.StartTime.Time
 		}
 		out.Deadline = start.Add(time.Duration(*d) * time.Second).UTC()
 	}
-	if out.State == apitypes.StateFailed || out.State == apitypes.StateStopped {
+	switch out.State {
+	case apitypes.StateFailed, apitypes.StateStopped:
 		out.Reason = endReason(pod)
+	case apitypes.StateLost:
+		out.Reason = pod.Annotations[node.AnnotationLost]
 	}
 	return out
 }
@@ -108,8 +117,8 @@ func (g *Gateway) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 	var states []string
 	for _, st := range q["state"] {
 		for one := range strings.SplitSeq(st, ",") {
-			if !slices.Contains(apitypes.States, one) {
-				writeError(w, fieldErr("state", errdefs.ErrInvalidArgument, "state %q is not one of %s", one, strings.Join(apitypes.States, ", ")))
+			if known := append(slices.Clip(apitypes.States), apitypes.StateLost); !slices.Contains(known, one) {
+				writeError(w, fieldErr("state", errdefs.ErrInvalidArgument, "state %q is not one of %s", one, strings.Join(known, ", ")))
 				return
 			}
 			states = append(states, one)

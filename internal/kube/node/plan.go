@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -38,6 +39,26 @@ const (
 	// raises a process to the sandbox's root inside its user namespace
 	// (docs/security.md).
 	AnnotationAllowSudo = "berth.dev/allow-sudo"
+	// AnnotationDeadline is when the sandbox ends (RFC 3339): the node
+	// makes it the sandbox's deadline at create and again each time the
+	// annotation changes, so a deadline moved after create holds whether
+	// or not a gateway runs. The pod then fails with reason
+	// ReasonDeadlineExceeded.
+	AnnotationDeadline = "berth.dev/deadline"
+	// AnnotationLost, set by the gateway on a pod of a node it found
+	// lost, says why. The node, once back, destroys such a pod's sandbox
+	// and fails the pod with ReasonNodeLost: a sandbox reported lost does
+	// not come back.
+	AnnotationLost = "berth.dev/lost"
+)
+
+// Reasons a pod fails with, besides the node's Berth* ones.
+const (
+	// ReasonDeadlineExceeded: the sandbox's deadline passed (the
+	// kubelet's reason for activeDeadlineSeconds).
+	ReasonDeadlineExceeded = "DeadlineExceeded"
+	// ReasonNodeLost: the gateway reported the pod's node lost.
+	ReasonNodeLost = "NodeLost"
 )
 
 // Labels the node puts on a pod's sandbox, so a restarted node finds its
@@ -143,16 +164,13 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	default:
 		return p, &planError{"metadata.annotations[" + AnnotationAllowSudo + "]", fmt.Sprintf("%q: want true or false", v)}
 	}
-	// A pod lives until Kubernetes deletes it; the node renews the
-	// sandbox's deadline while it does. activeDeadlineSeconds is a hard
-	// bound instead.
-	p.req.Timeout = podLease.String()
-	if d := spec.ActiveDeadlineSeconds; d != nil {
-		if *d <= 0 {
-			return p, &planError{"spec.activeDeadlineSeconds", "must be positive"}
-		}
-		p.req.Timeout = strconv.FormatInt(*d, 10) + "s"
+	if _, err := podDeadline(pod); err != nil {
+		return p, err
 	}
+	if d := spec.ActiveDeadlineSeconds; d != nil && *d <= 0 {
+		return p, &planError{"spec.activeDeadlineSeconds", "must be positive"}
+	}
+	p.req.Timeout = strconv.FormatInt(int64(sandboxTimeout(pod, time.Now())/time.Second), 10) + "s"
 
 	var cpuMilli, memBytes int64
 	for i, c := range spec.Containers {
@@ -264,3 +282,48 @@ func runPath(name string) string  { return podDir + "/" + name + ".run" }
 
 // processTag names a container's process in the agent's process table.
 func processTag(name string) string { return "berth-pod/" + name }
+
+// podDeadline is the pod's AnnotationDeadline, zero without one.
+func podDeadline(pod *corev1.Pod) (time.Time, error) {
+	v := pod.Annotations[AnnotationDeadline]
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return time.Time{}, &planError{"metadata.annotations[" + AnnotationDeadline + "]", fmt.Sprintf("%q: want an RFC 3339 time", v)}
+	}
+	return t, nil
+}
+
+// sandboxTimeout is the timeout, from now, the pod's sandbox is made with
+// or set to. A pod lives until Kubernetes deletes it, so without a
+// deadline it is podLease, which the node renews; AnnotationDeadline and
+// activeDeadlineSeconds (from the pod's start) bound it, the earlier
+// winning. A deadline already past still gives the daemon's shortest
+// timeout, one second: the sandbox ends at once, through its deadline.
+func sandboxTimeout(pod *corev1.Pod, now time.Time) time.Duration {
+	d := podLease
+	if ads := pod.Spec.ActiveDeadlineSeconds; ads != nil && *ads > 0 {
+		end := now.Add(time.Duration(*ads) * time.Second)
+		if st := pod.Status.StartTime; st != nil {
+			end = st.Add(time.Duration(*ads) * time.Second)
+		}
+		d = min(d, end.Sub(now))
+	}
+	if t, err := podDeadline(pod); err == nil && !t.IsZero() {
+		d = min(d, t.Sub(now))
+	}
+	// Rounded up: the sandbox ends at the deadline or just after, never
+	// before it.
+	if r := d.Truncate(time.Second); r != d {
+		d = r + time.Second
+	}
+	return max(time.Second, d)
+}
+
+// hasDeadline says whether the pod bounds its sandbox's life, so the node
+// does not renew it to podLease.
+func hasDeadline(pod *corev1.Pod) bool {
+	return pod.Spec.ActiveDeadlineSeconds != nil || pod.Annotations[AnnotationDeadline] != ""
+}

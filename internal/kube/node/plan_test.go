@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -32,7 +33,7 @@ func TestPlanPod(t *testing.T) {
 		t.Fatalf("planPod = %v", err)
 	}
 	want := client.CreateRequest{
-		Template: "minimal", CPU: 0.5, Memory: "268435456", Timeout: podLease.String(),
+		Template: "minimal", CPU: 0.5, Memory: "268435456", Timeout: "86400s",
 		Labels: map[string]string{LabelPodUID: "0b6a1c1e-55d4-4c39-9a4e-0a4f6ddc1a11", LabelPodNamespace: "team", LabelPodName: "job-1", LabelNode: "berth-a"},
 	}
 	if !reflect.DeepEqual(p.req, want) {
@@ -84,6 +85,7 @@ func TestPlanPodRefused(t *testing.T) {
 		}, "spec.containers[0].env[0].valueFrom"},
 		{"long name", func(p *corev1.Pod) { p.Name = string(make([]byte, 70)) }, "metadata.name"},
 		{"deadline", func(p *corev1.Pod) { d := int64(0); p.Spec.ActiveDeadlineSeconds = &d }, "spec.activeDeadlineSeconds"},
+		{"deadline annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationDeadline: "in ten minutes"} }, "metadata.annotations[berth.dev/deadline]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod()
@@ -94,6 +96,45 @@ func TestPlanPodRefused(t *testing.T) {
 				t.Errorf("planPod = %v, want a plan error on %s", err, tc.field)
 			}
 		})
+	}
+}
+
+// TestSandboxTimeout: the deadline annotation and activeDeadlineSeconds
+// bound the sandbox's timeout, the earlier winning; without either it is
+// the renewed podLease; a deadline already past gives one second.
+func TestSandboxTimeout(t *testing.T) {
+	now := time.Date(2026, 12, 2, 16, 0, 0, 0, time.UTC)
+	ads := func(s int64) *int64 { return &s }
+	for _, tc := range []struct {
+		name     string
+		deadline string
+		ads      *int64
+		started  time.Time
+		want     time.Duration
+	}{
+		{"none", "", nil, time.Time{}, podLease},
+		{"annotation", "2026-12-02T16:10:00Z", nil, time.Time{}, 10 * time.Minute},
+		{"annotation past", "2026-12-02T15:00:00Z", nil, time.Time{}, time.Second},
+		{"annotation beyond the lease", "2026-12-05T16:00:00Z", nil, time.Time{}, podLease},
+		{"active deadline from start", "", ads(600), now.Add(-4 * time.Minute), 6 * time.Minute},
+		{"earlier wins: annotation", "2026-12-02T16:01:00Z", ads(600), time.Time{}, time.Minute},
+		{"earlier wins: active deadline", "2026-12-02T17:00:00Z", ads(60), time.Time{}, time.Minute},
+	} {
+		pod := testPod()
+		if tc.deadline != "" {
+			pod.Annotations = map[string]string{AnnotationDeadline: tc.deadline}
+		}
+		pod.Spec.ActiveDeadlineSeconds = tc.ads
+		if !tc.started.IsZero() {
+			st := metav1.NewTime(tc.started)
+			pod.Status.StartTime = &st
+		}
+		if got := sandboxTimeout(pod, now); got != tc.want {
+			t.Errorf("%s: sandboxTimeout = %s, want %s", tc.name, got, tc.want)
+		}
+		if got := hasDeadline(pod); got != (tc.deadline != "" || tc.ads != nil) {
+			t.Errorf("%s: hasDeadline = %v", tc.name, got)
+		}
 	}
 }
 

@@ -59,6 +59,11 @@ type podState struct {
 	reason, message string
 	deleted         bool
 	containers      map[string]*containerState
+
+	// applied is the AnnotationDeadline value the sandbox's deadline was
+	// last set from; dmu orders the settings.
+	applied string
+	dmu     sync.Mutex
 }
 
 // containerState is a container's current run (running, or exited with
@@ -119,10 +124,17 @@ func (p *Pods) CreatePod(_ context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
-	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), cancel: cancel, containers: map[string]*containerState{}}
+	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), cancel: cancel, containers: map[string]*containerState{},
+		applied: pod.Annotations[AnnotationDeadline]}
 	p.pods[k] = ps
 	p.mu.Unlock()
 
+	if why := pod.Annotations[AnnotationLost]; why != "" {
+		// Reported lost while this node was away: it is not made again
+		// here.
+		p.fail(ps, ReasonNodeLost, why)
+		return nil
+	}
 	pl, err := planPod(pod, p.node)
 	if err != nil {
 		p.fail(ps, "BerthInvalidPod", err.Error())
@@ -148,10 +160,10 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	}
 	p.mu.Lock()
 	ps.sandboxID = sb.ID
-	gone := ps.deleted
+	gone := ps.deleted || ps.reason != ""
 	p.mu.Unlock()
 	if gone {
-		// Deleted while it was being made.
+		// Deleted, or reported lost, while it was being made.
 		if err := p.kill(sb.ID); err != nil {
 			p.log.Warn("sandbox_destroy_failed", "sandbox_id", sb.ID, "err", err)
 		}
@@ -162,6 +174,8 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		sb = full
 	}
 	p.adopt(ctx, ps, sb)
+	// The deadline may have moved while the sandbox was being made.
+	p.applyDeadline(ctx, ps)
 	// The containers' log directory exists before any of them starts: a
 	// log follower watches it from the container's start on.
 	if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -215,8 +229,10 @@ func (p *Pods) collectExit(ctx context.Context, ps *podState, name string) (int,
 	return code, true
 }
 
-// watchSandbox fails the pod when its sandbox stops or fails under it.
+// watchSandbox fails the pod when its sandbox stops or fails under it:
+// with ReasonDeadlineExceeded when its deadline ended it.
 func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
+	deadline := false
 	check := func() bool {
 		sb, err := p.sb.Get(ctx, id)
 		if err != nil {
@@ -228,12 +244,25 @@ func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
 			if reason == "" {
 				reason = "the sandbox " + sb.State
 			}
+			if deadline {
+				p.mu.Lock()
+				at := ps.pod.Annotations[AnnotationDeadline]
+				p.mu.Unlock()
+				if at != "" {
+					reason = "the sandbox's deadline " + at + " passed"
+				}
+				p.fail(ps, ReasonDeadlineExceeded, reason)
+				return true
+			}
 			p.fail(ps, "BerthSandboxEnded", reason)
 			return true
 		}
 		return false
 	}
 	err := p.sb.FollowEvents(ctx, id, func(ev client.Event) error {
+		if ev.Type == client.EventDeadline {
+			deadline = true
+		}
 		switch ev.Type {
 		case client.EventFailed, client.EventDestroyed, client.EventDeadline, client.EventOOM:
 			if check() {
@@ -285,15 +314,80 @@ func (p *Pods) kill(id string) error {
 	return err
 }
 
-// UpdatePod takes a changed pod's metadata; a running pod's spec does not
-// change.
+// UpdatePod takes a changed pod's metadata (a running pod's spec does not
+// change): a moved AnnotationDeadline becomes the sandbox's deadline, and
+// AnnotationLost ends the sandbox.
 func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if ps, ok := p.pods[key(pod.Namespace, pod.Name)]; ok && ps.pod.UID == pod.UID {
-		ps.pod = pod.DeepCopy()
+	ps, ok := p.pods[key(pod.Namespace, pod.Name)]
+	if !ok || ps.pod.UID != pod.UID {
+		p.mu.Unlock()
+		return nil
+	}
+	lost := pod.Annotations[AnnotationLost] != "" && ps.pod.Annotations[AnnotationLost] == ""
+	moved := pod.Annotations[AnnotationDeadline] != ps.applied
+	ps.pod = pod.DeepCopy()
+	p.mu.Unlock()
+	// Under the node's lifetime, not the pod controller's call.
+	switch {
+	case lost:
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.lose(ps)
+		}()
+	case moved:
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.applyDeadline(p.ctx, ps)
+		}()
 	}
 	return nil
+}
+
+// applyDeadline sets the sandbox's deadline from the pod's
+// AnnotationDeadline when it changed since it was last set.
+func (p *Pods) applyDeadline(ctx context.Context, ps *podState) {
+	ps.dmu.Lock()
+	defer ps.dmu.Unlock()
+	p.mu.Lock()
+	pod, id, applied, over := ps.pod, ps.sandboxID, ps.applied, ps.reason != "" || ps.deleted
+	p.mu.Unlock()
+	want := pod.Annotations[AnnotationDeadline]
+	if id == "" || over || want == applied {
+		return
+	}
+	if _, err := podDeadline(pod); err != nil {
+		p.log.Warn("pod_deadline_invalid", "pod", key(pod.Namespace, pod.Name), "err", err)
+		return
+	}
+	d := sandboxTimeout(pod, time.Now())
+	if err := p.sb.SetTimeout(ctx, id, d); err != nil {
+		if ctx.Err() == nil {
+			p.log.Warn("sandbox_deadline_failed", "pod", key(pod.Namespace, pod.Name), "sandbox_id", id, "err", err)
+		}
+		return
+	}
+	p.mu.Lock()
+	ps.applied = want
+	p.mu.Unlock()
+	p.log.Info("sandbox_deadline_set", "pod", key(pod.Namespace, pod.Name), "sandbox_id", id, "deadline", want, "timeout", d)
+}
+
+// lose ends the sandbox of a pod the gateway reported lost: the pod fails
+// with ReasonNodeLost first, so the sandbox's end does not read as its own.
+func (p *Pods) lose(ps *podState) {
+	p.mu.Lock()
+	why, id := ps.pod.Annotations[AnnotationLost], ps.sandboxID
+	p.mu.Unlock()
+	p.fail(ps, ReasonNodeLost, why)
+	ps.cancel()
+	if id != "" {
+		if err := p.kill(id); err != nil {
+			p.log.Warn("sandbox_destroy_failed", "sandbox_id", id, "err", err)
+		}
+	}
 }
 
 // DeletePod destroys the pod's sandbox and reports the pod terminated.
@@ -462,7 +556,7 @@ func (p *Pods) renew(ctx context.Context) {
 		p.mu.Lock()
 		var ids []string
 		for _, ps := range p.pods {
-			if ps.sandboxID != "" && ps.reason == "" && ps.pod.Spec.ActiveDeadlineSeconds == nil {
+			if ps.sandboxID != "" && ps.reason == "" && !hasDeadline(ps.pod) {
 				ids = append(ids, ps.sandboxID)
 			}
 		}
@@ -500,6 +594,15 @@ func (p *Pods) reconcile(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("get pod %s: %w", key(ns, name), err)
 		}
+		if pod.Annotations[AnnotationLost] != "" {
+			// Reported lost while the node was away: the pod fails
+			// (CreatePod) and its sandbox does not come back.
+			p.log.Info("pod_lost_sandbox_destroyed", "pod", key(ns, name), "sandbox_id", sb.ID)
+			if err := p.kill(sb.ID); err != nil {
+				return fmt.Errorf("destroy sandbox %s of a lost pod: %w", sb.ID, err)
+			}
+			continue
+		}
 		pl, err := planPod(pod, p.node)
 		if err != nil {
 			// It was made from this pod once; it cannot fail now.
@@ -516,6 +619,8 @@ func (p *Pods) reconcile(ctx context.Context) error {
 		if err := p.readopt(cctx, ps, sb); err != nil {
 			return err
 		}
+		// The deadline may have moved while the node was away.
+		p.applyDeadline(cctx, ps)
 		p.log.Info("pod_adopted", "pod", key(ns, name), "sandbox_id", sb.ID)
 	}
 	return nil

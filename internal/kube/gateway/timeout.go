@@ -1,0 +1,94 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
+
+	apitypes "github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/units"
+)
+
+// A sandbox's deadline is its pod's node.AnnotationDeadline, an RFC 3339
+// time. Its node enforces it: it makes it the sandbox's deadline at create
+// and again each time the annotation changes, so a deadline holds while
+// no gateway runs, and the pod then fails with DeadlineExceeded. The pod
+// has no activeDeadlineSeconds: the API server lets that only shrink, so
+// it could not follow a deadline moved later.
+
+// deadlineAt is the annotation's value for d from now, rounded up to the
+// second (the annotation has no finer grain).
+func deadlineAt(now time.Time, d time.Duration) string {
+	t := now.Add(d)
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		t = r.Add(time.Second)
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// timeoutSandbox is POST /v1/sandboxes/{id}/timeout: {"timeout":"30m"}
+// moves the deadline to that long from now, as on a daemon.
+func (g *Gateway) timeoutSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var in apitypes.SetTimeoutRequest
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "want {\"timeout\":\"30m\"}: %v", err))
+		return
+	}
+	if in.Timeout == "" {
+		writeError(w, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout is required, a duration such as 30m"))
+		return
+	}
+	d, err := units.ParseDuration(in.Timeout)
+	if err != nil {
+		writeError(w, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %q: want a duration such as 30m", in.Timeout))
+		return
+	}
+	pod, err := g.setTimeout(r.Context(), p, r.PathValue("id"), d)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, toSandbox(pod))
+}
+
+// setTimeout moves the deadline of the caller's sandbox id to d from now
+// (between 1s and the gateway's MaxTimeout) and returns its pod as
+// patched. Only a running sandbox's deadline moves, as on a daemon.
+func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (*corev1.Pod, error) {
+	if d < time.Second || d > g.cfg.MaxTimeout {
+		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is out of range [1s, %s]", d, g.cfg.MaxTimeout)
+	}
+	pod, err := g.sandboxPod(p, id)
+	if err != nil {
+		return nil, err
+	}
+	if st := state(pod); st != apitypes.StateReady {
+		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
+	}
+	// The UID in the patch is a precondition: a pod made again under the
+	// same name in the meantime is not touched.
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         pod.UID,
+		"annotations": map[string]string{node.AnnotationDeadline: deadlineAt(g.now(), d)},
+	}})
+	if err != nil {
+		return nil, err
+	}
+	got, err := g.cfg.Kube.CoreV1().Pods(g.cfg.Namespace).Patch(ctx, pod.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return nil, kubeErr("set the deadline of sandbox "+id, err)
+	}
+	g.log.Info("sandbox_timeout_set", "sandbox_id", id, "deadline", got.Annotations[node.AnnotationDeadline])
+	return got, nil
+}
