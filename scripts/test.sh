@@ -28,9 +28,14 @@ go vet ./...
 ./scripts/lint.sh
 # The CLI and the SDK are clients that also run on a laptop.
 GOOS=darwin go build -o /dev/null ./client ./cmd/berth
-# -p 1: the suites that need root share host-wide objects (uid range,
-# netfilter, cgroups) and their leak checks must see only their own.
+# -p 2: two packages at a time, so the end-to-end suite (test/e2e, about
+# 20 minutes) runs beside the others rather than before them. Daemons side
+# by side is what Berth supports: each suite's daemons have instance names
+# of their own, which name their nftables tables, links, netns, cgroup
+# parents and data dirs, and the harness's leak checks look only at their
+# own instance; uid ranges are claimed host-wide (O_EXCL files), and the
+# test net is one at a time across processes (/run/berth-testnet.lock).
 # -timeout bounds each package's run: generous, because the suite must
-# pass on a loaded host too (test/e2e takes ~10 min alone, far more next
+# pass on a loaded host too (test/e2e takes ~20 min alone, far more next
 # to a CPU hog).
-go test -p 1 -count=1 -timeout 60m "$@" ./...
+go test -p 2 -count=1 -timeout 60m "$@" ./...
