@@ -90,6 +90,14 @@ const (
 	PauseFilesystem = "filesystem"
 )
 
+// A sandbox's lifetime when its create names no timeout, and the longest
+// a create or a timeout change may ask for, unless the operator configures
+// others: the daemon's and the Kubernetes gateway's defaults alike.
+const (
+	DefaultTimeout = 10 * time.Minute
+	MaxTimeout     = 24 * time.Hour
+)
+
 // What a sandbox's deadline does (CreateRequest.OnTimeout).
 const (
 	OnTimeoutKill  = "kill"

@@ -201,10 +201,10 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		cfg.DefaultTemplate = "base"
 	}
 	if cfg.DefaultTimeout == 0 {
-		cfg.DefaultTimeout = 10 * time.Minute
+		cfg.DefaultTimeout = types.DefaultTimeout
 	}
 	if cfg.MaxTimeout == 0 {
-		cfg.MaxTimeout = 24 * time.Hour
+		cfg.MaxTimeout = types.MaxTimeout
 	}
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 2 * time.Minute

@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 
-	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/kube/gateway"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/test/harness"
@@ -41,14 +40,7 @@ func TestGatewayE2B(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	keys := filepath.Join(t.TempDir(), "keys.yaml")
-	if err := os.WriteFile(keys, []byte("keys:\n  - id: tester\n    sha256: "+auth.HashKey(gatewayKey)+"\n  - id: other\n    sha256: "+auth.HashKey(otherKey)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert := cp.pki.issue(t, "gateway", "berth-gateway", nil, false)
+	keys, cert := gatewaySetup(t, cp, map[string]string{"other": otherKey})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 
@@ -119,18 +111,10 @@ func TestGatewayE2B(t *testing.T) {
 	}
 
 	// Every pod event of the namespace from here on, in order.
-	list, err = pods.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	list, events := watchPods(t, cp, ns)
 	if len(list.Items) != 0 {
 		t.Fatalf("pods left: %d", len(list.Items))
 	}
-	events, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer events.Stop()
 
 	// Over E2B's REST: refused creates make no pod.
 	for _, tc := range []struct {

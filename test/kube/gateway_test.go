@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -68,6 +69,44 @@ func startGatewayProc(t *testing.T, cp *controlPlane, name, keys string, cert ke
 	}
 }
 
+// gatewaySetup makes the gateway's namespace, an --api-keys file with
+// gatewayKey (id "tester") and the extra keys (id → secret), and a client
+// certificate the nodes' CA signed, as an operator would for its replicas.
+func gatewaySetup(t *testing.T, cp *controlPlane, extra map[string]string) (keys string, cert keyPair) {
+	t.Helper()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gateway.DefaultNamespace}}
+	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), ns, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	var b strings.Builder
+	b.WriteString("keys:\n  - id: tester\n    name: test\n    sha256: " + auth.HashKey(gatewayKey) + "\n")
+	for _, id := range slices.Sorted(maps.Keys(extra)) {
+		b.WriteString("  - id: " + id + "\n    sha256: " + auth.HashKey(extra[id]) + "\n")
+	}
+	keys = filepath.Join(t.TempDir(), "keys.yaml")
+	if err := os.WriteFile(keys, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return keys, cp.pki.issue(t, "gateway", "berth-gateway", nil, false)
+}
+
+// watchPods lists the namespace's pods and watches every change to them
+// from that list on, in order, until the test ends.
+func watchPods(t *testing.T, cp *controlPlane, ns string) (*corev1.PodList, watch.Interface) {
+	t.Helper()
+	pods := cp.Client.CoreV1().Pods(ns)
+	list, err := pods.List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := pods.Watch(t.Context(), metav1.ListOptions{ResourceVersion: list.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.Stop)
+	return list, w
+}
+
 // TestGateway: two gateway replicas serve one cluster of two Berth nodes.
 // Sandboxes made through one are pods (placed by the real scheduler); the
 // other lists, gets and deletes them from its own cache; exec and files
@@ -78,28 +117,13 @@ func TestGateway(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	keys := filepath.Join(t.TempDir(), "keys.yaml")
-	if err := os.WriteFile(keys, []byte("keys:\n  - id: tester\n    name: test\n    sha256: "+auth.HashKey(gatewayKey)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert := cp.pki.issue(t, "gateway", "berth-gateway", nil, false)
+	keys, cert := gatewaySetup(t, cp, nil)
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 
 	// Every pod event of the namespace from here on, in order.
 	pods := cp.Client.CoreV1().Pods(ns)
-	list, err := pods.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	events, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer events.Stop()
+	_, events := watchPods(t, cp, ns)
 	nextAdded := func() *corev1.Pod {
 		t.Helper()
 		for {

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +16,6 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
-	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/kube/gateway"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/test/harness"
@@ -44,14 +41,7 @@ func TestGatewayLifecycle(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create namespace: %v", err)
-	}
-	keys := filepath.Join(t.TempDir(), "keys.yaml")
-	if err := os.WriteFile(keys, []byte("keys:\n  - id: tester\n    name: test\n    sha256: "+auth.HashKey(gatewayKey)+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert := cp.pki.issue(t, "gateway", "berth-gateway", nil, false)
+	keys, cert := gatewaySetup(t, cp, nil)
 	flags := func(id string) []string {
 		return []string{"--keep-ended", "0", "--node-lost-after", nodeLostAfter, "--leader-id", id}
 	}
@@ -67,15 +57,7 @@ func TestGatewayLifecycle(t *testing.T) {
 
 	// (a) A deadline moved after create. Every change of the pod, in
 	// order, from before its create.
-	list, err := pods.List(ctx, metav1.ListOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	events, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer events.Stop()
+	_, events := watchPods(t, cp, ns)
 	sb, err := gw.Create(ctx, client.CreateRequest{Timeout: "15s"})
 	if err != nil {
 		t.Fatalf("create: %v", err)

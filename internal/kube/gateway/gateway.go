@@ -115,10 +115,10 @@ func New(cfg Config) (*Gateway, error) {
 		cfg.Logger = slog.Default()
 	}
 	if cfg.DefaultTimeout == 0 {
-		cfg.DefaultTimeout = 10 * time.Minute
+		cfg.DefaultTimeout = apitypes.DefaultTimeout
 	}
 	if cfg.MaxTimeout == 0 {
-		cfg.MaxTimeout = 24 * time.Hour
+		cfg.MaxTimeout = apitypes.MaxTimeout
 	}
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 5 * time.Minute
