@@ -8,6 +8,7 @@ package errdefs
 import (
 	"context"
 	"errors"
+	"strings"
 )
 
 // The error classes. Wrap them: fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound).
@@ -139,4 +140,20 @@ func Body(err error) *Error {
 		b.Message = "internal error: " + b.Message
 	}
 	return b
+}
+
+// JSONField is the field a JSON decoding error names (the Field of a
+// json.UnmarshalTypeError) as the API spells it: the decoder puts the Go
+// names of embedded structs in the path ("CreateRequest.allow_sudo"), and
+// no field of the API begins with an upper-case letter.
+func JSONField(path string) string {
+	parts := strings.Split(path, ".")
+	out := parts[:0]
+	for _, p := range parts {
+		if p != "" && p[0] >= 'A' && p[0] <= 'Z' {
+			continue
+		}
+		out = append(out, p)
+	}
+	return strings.Join(out, ".")
 }

@@ -51,3 +51,16 @@ func TestBody(t *testing.T) {
 		}
 	}
 }
+
+func TestJSONField(t *testing.T) {
+	for in, want := range map[string]string{
+		"CreateRequest.allow_sudo": "allow_sudo",
+		"network.allow":            "network.allow",
+		"CreateRequest.network.X":  "network",
+		"cpu":                      "cpu",
+	} {
+		if got := JSONField(in); got != want {
+			t.Errorf("JSONField(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

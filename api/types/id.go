@@ -42,3 +42,19 @@ func NewSandboxID() string {
 	b[0] = alphabet[int(b[0])%26]
 	return string(b[:])
 }
+
+// ValidUserName reports whether u is a POSIX-portable account name (at
+// most 32 characters): what a create's user may name, on a daemon and on
+// the Kubernetes gateway alike.
+func ValidUserName(u string) bool {
+	if u == "" || len(u) > 32 {
+		return false
+	}
+	for i, c := range u {
+		ok := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && (c == '-' || c == '.' || (c >= '0' && c <= '9')))
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -41,7 +41,8 @@ func decodeBytes(data []byte, v any) error {
 		var se *json.SyntaxError
 		switch {
 		case errors.As(err, &ute):
-			return badField(ute.Field, fmt.Errorf("%s: want %s, got JSON %s: %w", ute.Field, ute.Type, ute.Value, errdefs.ErrInvalidArgument))
+			field := errdefs.JSONField(ute.Field)
+			return badField(field, fmt.Errorf("%s: want %s, got JSON %s: %w", field, ute.Type, ute.Value, errdefs.ErrInvalidArgument))
 		case errors.As(err, &se):
 			return badField("body", fmt.Errorf("malformed JSON at byte %d: %v: %w", se.Offset, err, errdefs.ErrInvalidArgument))
 		case strings.HasPrefix(err.Error(), "json: unknown field "):

@@ -2,6 +2,7 @@ package api
 
 import (
 	"encoding/json"
+	"errors"
 	"reflect"
 	"slices"
 	"strings"
@@ -126,6 +127,14 @@ func TestCreateCPUShadow(t *testing.T) {
 	var ws workspaceRequest
 	if err := decodeBytes([]byte(`{"cpu":0.5,"repo":"r","memory":"1G"}`), &ws); err != nil || ws.CPU == nil || *ws.CPU != 0.5 || ws.Repo != "r" || ws.Memory != "1G" {
 		t.Errorf("workspace decoded %+v (cpu %v), %v", ws.WorkspaceRequest, ws.CPU, err)
+	}
+	// A wrong type in the embedded request names the field as the API
+	// spells it, not the Go path through the embedding.
+	for body, field := range map[string]string{`{"allow_sudo":"yes"}`: "allow_sudo", `{"timeout":5}`: "timeout", `{"cpu":"x"}`: "cpu"} {
+		var fe *fieldError
+		if err := decodeBytes([]byte(body), &in); !errors.As(err, &fe) || fe.field != field || strings.Contains(err.Error(), "CreateRequest") {
+			t.Errorf("decode %s = %v, want an error on field %q", body, err, field)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -31,24 +32,10 @@ func validateOwned(req *CreateRequest) error {
 			return &FieldError{Field: "metadata", Err: fmt.Errorf("metadata: invalid entry %q (keys 1-%d bytes, values at most %d bytes): %w", k, maxMetadataKey, maxMetadataValue, errdefs.ErrInvalidArgument)}
 		}
 	}
-	if req.User != "" && !validUserName(req.User) {
+	if req.User != "" && !types.ValidUserName(req.User) {
 		return &FieldError{Field: "user", Err: fmt.Errorf("user: invalid user name %q: %w", req.User, errdefs.ErrInvalidArgument)}
 	}
 	return nil
-}
-
-// validUserName accepts POSIX-portable account names.
-func validUserName(u string) bool {
-	if len(u) > 32 {
-		return false
-	}
-	for i, c := range u {
-		ok := c == '_' || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (i > 0 && (c == '-' || c == '.' || (c >= '0' && c <= '9')))
-		if !ok {
-			return false
-		}
-	}
-	return true
 }
 
 // agentArgs are the agent's arguments for a sandbox: its listen address and,

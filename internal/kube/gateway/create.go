@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -49,7 +50,8 @@ func decodeCreate(r *http.Request) (createRequest, error) {
 		var ute *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &ute):
-			return in, fieldErr(ute.Field, errdefs.ErrInvalidArgument, "%s: want %s, got JSON %s", ute.Field, ute.Type, ute.Value)
+			field := errdefs.JSONField(ute.Field)
+			return in, fieldErr(field, errdefs.ErrInvalidArgument, "%s: want %s, got JSON %s", field, ute.Type, ute.Value)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
 			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
 			return in, fieldErr(name, errdefs.ErrInvalidArgument, "unknown field %q", name)
@@ -68,7 +70,7 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
 		"disk": in.Disk != "", "pids": in.PIDs != 0, "on_timeout": in.OnTimeout != "" && in.OnTimeout != "kill",
-		"auto_resume": in.AutoResume, "idle_pause": in.IdlePause != "", "allow_sudo": in.AllowSudo != nil && *in.AllowSudo,
+		"auto_resume": in.AutoResume, "idle_pause": in.IdlePause != "",
 		"snapshot": in.Snapshot != "",
 	} {
 		if set {
@@ -99,6 +101,15 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 			return nil, fieldErr("network", errdefs.ErrInvalidArgument, "network: %v", err)
 		}
 		ann[node.AnnotationNetwork] = string(b)
+	}
+	if in.User != "" {
+		if !types.ValidUserName(in.User) {
+			return nil, fieldErr("user", errdefs.ErrInvalidArgument, "user %q: want a POSIX account name (letters, digits, _, - and ., at most 32 characters)", in.User)
+		}
+		ann[node.AnnotationUser] = in.User
+	}
+	if in.AllowSudo != nil {
+		ann[node.AnnotationAllowSudo] = strconv.FormatBool(*in.AllowSudo)
 	}
 	for k, v := range map[string]map[string]string{node.AnnotationEnv: in.Env, AnnotationLabels: in.Labels} {
 		if len(v) > 0 {

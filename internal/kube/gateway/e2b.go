@@ -291,10 +291,14 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		e2bFieldErr(w, http.StatusNotFound, "templateID", "template %q: no Ready Berth node has it", in.TemplateID)
 		return
 	}
+	// What the daemon gives an E2B sandbox: commands run as "user", who
+	// may sudo (inside the sandbox's user namespace).
+	sudo := true
 	req := createRequest{CreateRequest: apitypes.CreateRequest{
 		Template: in.TemplateID, Env: in.EnvVars,
 		Timeout: strconv.FormatInt(int64(timeout/time.Second), 10) + "s",
 		Network: &apitypes.NetworkPolicy{Mode: string(pol.Mode), Allow: pol.Allow, Deny: pol.Deny},
+		User:    e2bwire.DefaultUser, AllowSudo: &sudo,
 	}}
 	pod, err := g.podFor(req, p.Owner(), tpls)
 	if err != nil {
@@ -309,10 +313,6 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		b, _ := json.Marshal(in.Metadata)
 		ann[AnnotationE2BMetadata] = string(b)
 	}
-	// What the daemon gives an E2B sandbox: commands run as "user",
-	// who may sudo (inside the sandbox's user namespace).
-	ann[node.AnnotationUser] = e2bwire.DefaultUser
-	ann[node.AnnotationAllowSudo] = "true"
 	got, err := g.create(r.Context(), pod)
 	if err != nil {
 		e2bwire.WriteErr(w, err)

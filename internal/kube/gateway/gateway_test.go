@@ -270,7 +270,7 @@ func (e env) podNames(t *testing.T) []string {
 func TestCreateGetListDelete(t *testing.T) {
 	e := startGateway(t, false)
 	var sb types.Sandbox
-	code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"minimal","cpu":0.5,"memory":"256M","isolation":"gvisor","network":{"mode":"allowlist","allow":["pypi.org"]},"env":{"A":"1"},"labels":{"team":"x"},"timeout":"90s"}`, &sb)
+	code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"minimal","cpu":0.5,"memory":"256M","isolation":"gvisor","network":{"mode":"allowlist","allow":["pypi.org"]},"env":{"A":"1"},"labels":{"team":"x"},"timeout":"90s","user":"agent","allow_sudo":true}`, &sb)
 	if code != http.StatusCreated {
 		t.Fatalf("create = %d %+v", code, eb)
 	}
@@ -286,7 +286,7 @@ func TestCreateGetListDelete(t *testing.T) {
 	}
 	if pod.Labels[LabelManagedBy] != ManagedBy || pod.Annotations[node.AnnotationIsolation] != "gvisor" ||
 		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allowlist","allow":["pypi.org"]}` || pod.Spec.ActiveDeadlineSeconds != nil ||
-		pod.Annotations[AnnotationOnNodeLost] != types.OnNodeLostFail {
+		pod.Annotations[AnnotationOnNodeLost] != types.OnNodeLostFail || pod.Annotations[node.AnnotationUser] != "agent" || pod.Annotations[node.AnnotationAllowSudo] != "true" {
 		t.Errorf("pod = labels %v annotations %v active deadline %v", pod.Labels, pod.Annotations, pod.Spec.ActiveDeadlineSeconds)
 	}
 	if dl, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline]); err != nil || !dl.Equal(sb.Deadline) || !dl.After(pod.CreationTimestamp.Add(89*time.Second)) {
@@ -338,6 +338,9 @@ func TestCreateRefused(t *testing.T) {
 		{`{"timeout":"-1s"}`, 400, errdefs.CodeInvalidArgument, "timeout", false},
 		{`{"timeout":"48h"}`, 400, errdefs.CodeInvalidArgument, "timeout", false},
 		{`{"bogus":1}`, 400, errdefs.CodeInvalidArgument, "bogus", false},
+		{`{"user":"bad user"}`, 400, errdefs.CodeInvalidArgument, "user", false},
+		{`{"user":"root;"}`, 400, errdefs.CodeInvalidArgument, "user", false},
+		{`{"allow_sudo":"yes"}`, 400, errdefs.CodeInvalidArgument, "allow_sudo", false},
 		{`{"disk":"1G"}`, 501, errdefs.CodeNotImplemented, "disk", false},
 		{`{"snapshot":"s1"}`, 501, errdefs.CodeNotImplemented, "snapshot", false},
 		{`{"template":"` + tplFails + `"}`, 409, errdefs.CodeFailedPrecondition, "", true},
