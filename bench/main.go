@@ -48,7 +48,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -393,18 +392,8 @@ func measureFork(n int) ([]time.Duration, error) {
 	return out, nil
 }
 
-func pct(s []time.Duration, p int) time.Duration {
-	if len(s) == 0 {
-		return 0
-	}
-	c := slices.Clone(s)
-	slices.Sort(c)
-	i := (len(c)*p + 99) / 100
-	if i > 0 {
-		i--
-	}
-	return c[i]
-}
+// pct is the p-th percentile of s (nearest rank).
+func pct(s []time.Duration, p int) time.Duration { return harness.Quantile(s, p) }
 
 func fmtDur(d time.Duration) string {
 	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -197,7 +196,7 @@ func TestGatewayOverhead(t *testing.T) {
 	} {
 		for _, p := range m.order {
 			ds := m.times[p]
-			t.Logf("| %s | %s | %d | %s | %s | %s |", m.what, p, len(ds), ms(quantile(ds, 50)), ms(quantile(ds, 99)), ms(mean(ds)))
+			t.Logf("| %s | %s | %d | %s | %s | %s |", m.what, p, len(ds), ms(harness.Quantile(ds, 50)), ms(harness.Quantile(ds, 99)), ms(mean(ds)))
 		}
 	}
 	harness.AssertNoLeaks(t, d)
@@ -252,18 +251,6 @@ func destroyed(t *testing.T, d *harness.Daemon, id string) {
 	if err := d.Local.FollowEvents(fctx, id, func(client.Event) error { return nil }); err != nil {
 		t.Fatalf("sandbox %s not destroyed: %v", id, err)
 	}
-}
-
-// quantile is the p-th percentile (nearest rank), unrounded: the gateway's
-// hop is well under a millisecond.
-func quantile(ds []time.Duration, p int) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := (len(s)*p + 99) / 100
-	return s[max(i-1, 0)]
 }
 
 func mean(ds []time.Duration) time.Duration {
