@@ -16,8 +16,8 @@ import (
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
-// e2bCall sends an E2B request (headers h, besides the key) and returns the
-// status, the body and the headers.
+// e2bCall sends a request (headers h, besides the key; the native API's
+// call too) and returns the status, the body and the headers.
 func (e env) e2bCall(t *testing.T, method, path, key, body string, h map[string]string) (int, []byte, http.Header) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), method, e.url+path, strings.NewReader(body))

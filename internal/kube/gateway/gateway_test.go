@@ -228,30 +228,18 @@ func startGateway(t *testing.T, withKeys bool) env {
 // (if any), returning the status and the error body.
 func (e env) call(t *testing.T, method, path, key, body string, out any) (int, errdefs.Error) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), method, e.url+path, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if key != "" {
-		req.Header.Set("X-API-Key", key)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	data, _ := io.ReadAll(resp.Body)
+	status, data, _ := e.e2bCall(t, method, path, key, body, nil)
 	var e2 errdefs.Error
-	if resp.StatusCode >= 400 {
+	if status >= 400 {
 		if err := json.Unmarshal(data, &e2); err != nil {
-			t.Fatalf("%s %s: %d with a body that is no JSON error: %q", method, path, resp.StatusCode, data)
+			t.Fatalf("%s %s: %d with a body that is no JSON error: %q", method, path, status, data)
 		}
 	} else if out != nil {
 		if err := json.Unmarshal(data, out); err != nil {
 			t.Fatalf("%s %s: %v in %q", method, path, err, data)
 		}
 	}
-	return resp.StatusCode, e2
+	return status, e2
 }
 
 func (e env) podNames(t *testing.T) []string {
