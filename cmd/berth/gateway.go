@@ -12,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -36,6 +37,7 @@ type gatewayOptions struct {
 	apiBurst      int
 	lifecycle     gateway.LifecycleConfig
 	onNodeLost    string
+	claims        string
 }
 
 func (g *gatewayOptions) bind(f *pflag.FlagSet) {
@@ -51,6 +53,7 @@ func (g *gatewayOptions) bind(f *pflag.FlagSet) {
 	f.IntVar(&g.apiBurst, "kube-api-burst", defaultKubeAPIBurst, "with --kubernetes: requests above --kube-api-qps sent at once")
 	f.DurationVar(&g.lifecycle.KeepEnded, "keep-ended", 5*time.Minute, "with --kubernetes: how long a sandbox that ended stays listed before its pod is deleted (0: at once)")
 	f.DurationVar(&g.lifecycle.NodeLostAfter, "node-lost-after", 40*time.Second, "with --kubernetes: a Berth node whose lease has not changed for this long is lost: its sandboxes are reported lost or made again (--on-node-lost)")
+	f.StringVar(&g.claims, "sandbox-claims", gateway.ClaimsAuto, "with --kubernetes: auto makes a sandbox through an agent-sandbox SandboxClaim where those CRDs are installed and a SandboxWarmPool in --namespace is labelled berth.dev/template=<template>; off always makes its pod directly")
 	f.StringVar(&g.onNodeLost, "on-node-lost", "fail", "with --kubernetes: what happens to a sandbox whose node is lost when its create names no on_node_lost: fail (reported lost) or recreate (made again, same ID, on another node)")
 	f.StringVar(&g.lifecycle.Identity, "leader-id", "", "with --kubernetes: this replica's name in the leader election (default hostname_pid); the leader clears ended sandboxes and acts on lost nodes")
 }
@@ -105,6 +108,10 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	if err != nil {
 		return fmt.Errorf("--kubeconfig: %w", err)
 	}
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("--kubeconfig: %w", err)
+	}
 	tr, err := gateway.NodeTransport(g.nodeCert, g.nodeKey, g.nodeCA)
 	if err != nil {
 		return err
@@ -118,7 +125,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 		keys = k
 	}
 	gw, err := gateway.New(gateway.Config{
-		Kube: kube, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
+		Kube: kube, Dynamic: dyn, Claims: g.claims, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
 		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout, OnNodeLost: g.onNodeLost,
 		Domain:  o.flags.E2BDomain,
 		Version: buildVersion(), Logger: log,

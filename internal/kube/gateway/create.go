@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -230,12 +231,63 @@ func (g *Gateway) createSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, err)
 		return
 	}
-	got, err := g.create(r.Context(), pod)
+	got, err := g.makeSandbox(r.Context(), pod)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, toSandbox(got))
+}
+
+// makeSandbox makes pod's sandbox: through a SandboxClaim where a
+// SandboxWarmPool serves its template (claims.go), else as the pod itself.
+// It returns the sandbox's pod once it runs.
+func (g *Gateway) makeSandbox(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	tpl := pod.Annotations[node.AnnotationTemplate]
+	pool := g.claims.pool(tpl)
+	if pool == "" {
+		return g.create(ctx, pod)
+	}
+	// The pool's SandboxTemplate is the pod's spec; a claim changes
+	// only its metadata.
+	for _, res := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if _, ok := pod.Spec.Containers[0].Resources.Limits[res]; ok {
+			return nil, fieldErr(string(res), errdefs.ErrInvalidArgument,
+				"%s: sandboxes of template %q are made through SandboxWarmPool %q, whose SandboxTemplate sets their resources; leave %s out", res, tpl, pool, res)
+		}
+	}
+	if err := g.claims.handOver(pool, pod); err != nil {
+		return nil, err
+	}
+	return g.createClaim(ctx, pod, pool)
+}
+
+// createClaim makes a SandboxClaim of pool named by the pod's name (the
+// sandbox ID) and waits until agent-sandbox's pod for it runs. A claim
+// whose pod fails, cannot be placed or is not running in time is deleted,
+// and the error says why.
+func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string) (*corev1.Pod, error) {
+	id := pod.Name
+	changed, stop := g.watch(id)
+	defer stop()
+	claims := g.claims.client.Resource(claimsGVR).Namespace(g.cfg.Namespace)
+	made, err := claims.Create(ctx, claimFor(pod, pool), metav1.CreateOptions{})
+	if err != nil {
+		return nil, kubeErr("create the SandboxClaim of sandbox "+id, err)
+	}
+	running, err := g.waitRunning(ctx, id, "", changed)
+	if err != nil {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		uid := made.GetUID()
+		derr := claims.Delete(dctx, id, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+		if derr != nil && !apierrors.IsNotFound(derr) {
+			g.log.Warn("sandbox_claim_delete_failed", "sandbox_id", id, "err", derr)
+		}
+		return nil, err
+	}
+	g.log.Info("sandbox_claimed", "sandbox_id", id, "pool", pool, "pod", running.Name)
+	return running, nil
 }
 
 // create makes the pod and waits, on the shared informer, until it runs.
@@ -248,7 +300,7 @@ func (g *Gateway) create(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, err
 	if err != nil {
 		return nil, kubeErr("create sandbox pod", err)
 	}
-	running, err := g.waitRunning(ctx, made, changed)
+	running, err := g.waitRunning(ctx, made.Name, made.UID, changed)
 	if err != nil {
 		// Teardown outlives the request that gave up.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -261,22 +313,29 @@ func (g *Gateway) create(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, err
 	return running, nil
 }
 
-// waitRunning reads the pod from the cache each time the informer says it
-// changed, until it runs, fails, or the create's time is up.
-func (g *Gateway) waitRunning(ctx context.Context, made *corev1.Pod, changed <-chan struct{}) (*corev1.Pod, error) {
+// waitRunning reads the sandbox id's pod from the cache each time the
+// informer says it (or its claim) changed, until it runs, fails, or the
+// create's time is up. uid is the pod's when the gateway made it; "" for
+// a claim's, whose claim is also read for a failure.
+func (g *Gateway) waitRunning(ctx context.Context, id string, uid ktypes.UID, changed <-chan struct{}) (*corev1.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, g.cfg.CreateTimeout)
 	defer cancel()
 	seen := false
 	for {
-		pod, err := g.pods.Get(made.Name)
+		if uid == "" {
+			if err := g.claims.failed(id); err != nil {
+				return nil, err
+			}
+		}
+		pod, err := g.podByID(id)
 		switch {
 		case apierrors.IsNotFound(err):
 			if seen {
-				return nil, fmt.Errorf("sandbox %s: its pod was deleted while it was being made: %w", made.Name, errdefs.ErrFailedPrecondition)
+				return nil, fmt.Errorf("sandbox %s: its pod was deleted while it was being made: %w", id, errdefs.ErrFailedPrecondition)
 			}
 		case err != nil:
 			return nil, err
-		case pod.UID != made.UID:
+		case uid != "" && pod.UID != uid:
 			// An older pod of the same name, still in the cache.
 		default:
 			seen = true
@@ -288,7 +347,7 @@ func (g *Gateway) waitRunning(ctx context.Context, made *corev1.Pod, changed <-c
 		case <-changed:
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return nil, fmt.Errorf("sandbox %s: its pod did not run within %s: %w", made.Name, g.cfg.CreateTimeout, errdefs.ErrDeadlineExceeded)
+				return nil, fmt.Errorf("sandbox %s: its pod did not run within %s: %w", id, g.cfg.CreateTimeout, errdefs.ErrDeadlineExceeded)
 			}
 			return nil, ctx.Err()
 		}
@@ -309,14 +368,14 @@ func startOutcome(pod *corev1.Pod) (bool, error) {
 		if st.Reason == "BerthInvalidPod" {
 			class = errdefs.ErrInvalidArgument
 		}
-		return true, fmt.Errorf("sandbox %s failed on node %s: %s: %w", pod.Name, pod.Spec.NodeName, endReason(pod), class)
+		return true, fmt.Errorf("sandbox %s failed on node %s: %s: %w", sandboxID(pod), pod.Spec.NodeName, endReason(pod), class)
 	}
 	if pod.DeletionTimestamp != nil {
-		return true, fmt.Errorf("sandbox %s: its pod is being deleted: %w", pod.Name, errdefs.ErrFailedPrecondition)
+		return true, fmt.Errorf("sandbox %s: its pod is being deleted: %w", sandboxID(pod), errdefs.ErrFailedPrecondition)
 	}
 	for _, c := range st.Conditions {
 		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
-			return true, fmt.Errorf("sandbox %s: no Berth node can take it: %s: %w", pod.Name, c.Message, errdefs.ErrResourceExhausted)
+			return true, fmt.Errorf("sandbox %s: no Berth node can take it: %s: %w", sandboxID(pod), c.Message, errdefs.ErrResourceExhausted)
 		}
 	}
 	return false, nil

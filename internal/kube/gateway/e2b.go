@@ -141,7 +141,7 @@ func (g *Gateway) e2bSetTimeout(w http.ResponseWriter, r *http.Request, p auth.P
 	if !ok {
 		return
 	}
-	if _, err := g.setTimeout(r.Context(), p, pod.Name, d); err != nil {
+	if _, err := g.setTimeout(r.Context(), p, sandboxID(pod), d); err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
@@ -192,13 +192,13 @@ func (g *Gateway) e2bPod(w http.ResponseWriter, p auth.Principal, id string) (*c
 	var pod *corev1.Pod
 	var err error
 	if apitypes.ValidSandboxID(id) == nil {
-		pod, err = g.pods.Get(id)
+		pod, err = g.podByID(id)
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		e2bwire.WriteErr(w, err)
 		return nil, false
 	}
-	if pod == nil || !p.Sees(pod.Labels[LabelOwner]) || !isE2B(pod) || !e2bLive(pod) {
+	if pod == nil || !p.Sees(ownerOf(pod)) || !isE2B(pod) || !e2bLive(pod) {
 		e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
 		return nil, false
 	}
@@ -313,13 +313,13 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		b, _ := json.Marshal(in.Metadata)
 		ann[AnnotationE2BMetadata] = string(b)
 	}
-	got, err := g.create(r.Context(), pod)
+	got, err := g.makeSandbox(r.Context(), pod)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
 	e2bwire.WriteJSON(w, http.StatusCreated, e2bwire.SandboxBody{
-		TemplateID: got.Annotations[node.AnnotationTemplate], SandboxID: got.Name, ClientID: e2bwire.ClientID,
+		TemplateID: got.Annotations[node.AnnotationTemplate], SandboxID: sandboxID(got), ClientID: e2bwire.ClientID,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, Domain: g.domain(),
 	})
 }
@@ -341,7 +341,9 @@ func e2bListed(pod *corev1.Pod) e2bwire.ListedBody {
 
 // podListing lists sandbox pods.
 var podListing = e2bwire.Listing[*corev1.Pod]{
-	Cursor:  func(pod *corev1.Pod) e2bwire.Cursor { return e2bwire.CursorAt(pod.CreationTimestamp.Time, pod.Name) },
+	Cursor: func(pod *corev1.Pod) e2bwire.Cursor {
+		return e2bwire.CursorAt(pod.CreationTimestamp.Time, sandboxID(pod))
+	},
 	Running: func(pod *corev1.Pod) bool { return state(pod) == apitypes.StateReady },
 	Listed:  e2bListed,
 }
@@ -353,12 +355,12 @@ func (g *Gateway) e2bSandboxes(r *http.Request, p auth.Principal) ([]*corev1.Pod
 	if err != nil {
 		return nil, q, err
 	}
-	pods, err := g.pods.List(everything())
+	pods, err := g.sandboxPods()
 	if err != nil {
 		return nil, q, err
 	}
 	pods = slices.DeleteFunc(pods, func(pod *corev1.Pod) bool {
-		if !q.Running || !isE2B(pod) || !e2bLive(pod) || !p.Sees(pod.Labels[LabelOwner]) ||
+		if !q.Running || !isE2B(pod) || !e2bLive(pod) || !p.Sees(ownerOf(pod)) ||
 			!q.Keeps(pod.Annotations[node.AnnotationTemplate], pod.CreationTimestamp.Time) {
 			return true
 		}
@@ -426,9 +428,9 @@ func (g *Gateway) e2bKill(w http.ResponseWriter, r *http.Request, p auth.Princip
 	if !ok {
 		return
 	}
-	if err := g.deletePod(r.Context(), pod.Name, pod.UID); err != nil {
+	if err := g.destroy(r.Context(), pod); err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
-			e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", pod.Name))
+			e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", sandboxID(pod)))
 			return
 		}
 		e2bwire.WriteErr(w, err)
@@ -446,7 +448,7 @@ func (g *Gateway) e2bKill(w http.ResponseWriter, r *http.Request, p auth.Princip
 func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
 	var pod *corev1.Pod
 	if apitypes.ValidSandboxID(id) == nil {
-		pod, _ = g.pods.Get(id)
+		pod, _ = g.podByID(id)
 	}
 	if pod == nil || !isE2B(pod) {
 		e2bwire.SandboxGone(w, id)
@@ -496,5 +498,5 @@ func (g *Gateway) e2bAllowed(r *http.Request, pod *corev1.Pod) bool {
 		return false
 	}
 	p, err := auth.Identify(r, g.cfg.Keys, true)
-	return err == nil && p.Sees(pod.Labels[LabelOwner])
+	return err == nil && p.Sees(ownerOf(pod))
 }

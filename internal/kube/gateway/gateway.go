@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -78,8 +79,14 @@ type Config struct {
 	// OnNodeLost is a create's on_node_lost when it names none:
 	// apitypes.OnNodeLostFail (the default) or OnNodeLostRecreate.
 	OnNodeLost string
-	Version    string
-	Logger     *slog.Logger
+	// Dynamic reaches agent-sandbox's SandboxClaims and SandboxWarmPools
+	// (claims.go); Claims is ClaimsAuto (the default: through a claim
+	// where the CRDs are installed and a pool is labelled for the
+	// template) or ClaimsOff (always a pod of the gateway's own).
+	Dynamic dynamic.Interface
+	Claims  string
+	Version string
+	Logger  *slog.Logger
 }
 
 // Gateway serves the API. Run starts its informers; Handler serves.
@@ -88,6 +95,11 @@ type Gateway struct {
 	log   *slog.Logger
 	pods  listersv1.PodNamespaceLister
 	nodes listersv1.NodeLister
+	// podIndex is the pod informer's store, indexed bySandboxID.
+	podIndex cache.Indexer
+	// claims is agent-sandbox's API where it is served and Claims is
+	// auto; nil otherwise.
+	claims *claimAPI
 	// factories are started by Run.
 	factories []informers.SharedInformerFactory
 	synced    []cache.InformerSynced
@@ -130,9 +142,33 @@ func New(cfg Config) (*Gateway, error) {
 	default:
 		return nil, fmt.Errorf("on-node-lost %q: want %s or %s: %w", cfg.OnNodeLost, apitypes.OnNodeLostFail, apitypes.OnNodeLostRecreate, errdefs.ErrInvalidArgument)
 	}
+	switch cfg.Claims {
+	case "":
+		cfg.Claims = ClaimsAuto
+	case ClaimsAuto, ClaimsOff:
+	default:
+		return nil, fmt.Errorf("sandbox-claims %q: want %s or %s: %w", cfg.Claims, ClaimsAuto, ClaimsOff, errdefs.ErrInvalidArgument)
+	}
 	g := &Gateway{cfg: cfg, log: cfg.Logger, waiters: map[string]map[chan struct{}]struct{}{}, now: time.Now}
-	pf := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, informers.WithNamespace(cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + ManagedBy }))
+	if cfg.Claims == ClaimsAuto && cfg.Dynamic != nil {
+		ok, err := agentSandboxInstalled(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			if g.claims, err = newClaimAPI(cfg.Dynamic, cfg.Namespace, g.wake); err != nil {
+				return nil, err
+			}
+		}
+		g.log.Info("gateway_sandbox_claims", "served", ok)
+	}
+	podOpts := []informers.SharedInformerOption{informers.WithNamespace(cfg.Namespace)}
+	if g.claims == nil {
+		// Only the gateway's own pods; with claims, agent-sandbox's pods
+		// too (they carry AnnotationSandboxID, which no selector reads).
+		podOpts = append(podOpts, informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelManagedBy + "=" + ManagedBy }))
+	}
+	pf := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0, podOpts...)
 	nf := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = node.TaintKey + "=true" }))
 	pi := pf.Core().V1().Pods()
@@ -142,7 +178,9 @@ func New(cfg Config) (*Gateway, error) {
 			obj = t.Obj
 		}
 		if p, ok := obj.(*corev1.Pod); ok {
-			g.wake(p.Name)
+			if id := sandboxID(p); id != "" {
+				g.wake(id)
+			}
 		}
 	}
 	if _, err := pi.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -152,7 +190,11 @@ func New(cfg Config) (*Gateway, error) {
 	}); err != nil {
 		return nil, err
 	}
+	if err := pi.Informer().AddIndexers(cache.Indexers{bySandboxID: indexSandboxID}); err != nil {
+		return nil, err
+	}
 	g.pods = pi.Lister().Pods(cfg.Namespace)
+	g.podIndex = pi.Informer().GetIndexer()
 	g.nodes = ni.Lister()
 	g.synced = []cache.InformerSynced{pi.Informer().HasSynced, ni.Informer().HasSynced}
 	g.factories = []informers.SharedInformerFactory{pf, nf}
@@ -168,6 +210,14 @@ func (g *Gateway) Run(ctx context.Context) error {
 	for _, f := range g.factories {
 		f.Start(ctx.Done())
 	}
+	if g.claims != nil {
+		g.claims.factory.Start(ctx.Done())
+		for _, ok := range g.claims.factory.WaitForCacheSync(ctx.Done()) {
+			if !ok {
+				return fmt.Errorf("gateway: the SandboxClaim and SandboxWarmPool caches did not fill: %w", errdefs.ErrUnavailable)
+			}
+		}
+	}
 	if !cache.WaitForCacheSync(ctx.Done(), g.synced...) {
 		return fmt.Errorf("gateway: the pod and node caches did not fill: %w", errdefs.ErrUnavailable)
 	}
@@ -179,12 +229,16 @@ func (g *Gateway) Shutdown() {
 	for _, f := range g.factories {
 		f.Shutdown()
 	}
+	if g.claims != nil {
+		g.claims.factory.Shutdown()
+	}
 }
 
 // Handler returns the root HTTP handler.
 func (g *Gateway) Handler() http.Handler { return http.HandlerFunc(g.serveHTTP) }
 
-// watch registers a waiter for the pod's changes; cancel unregisters it.
+// watch registers a waiter for the changes of the sandbox id's pod (and
+// claim); cancel unregisters it.
 func (g *Gateway) watch(name string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
 	g.mu.Lock()

@@ -160,6 +160,7 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 		return fmt.Errorf("node leases cache did not fill: %w", errdefs.ErrUnavailable)
 	}
 	l := newLifecycle(g.cfg.Kube, g.cfg.Namespace, g.pods, g.nodes, li.Lister().Leases(nodeLeaseNamespace), cfg, g.cfg.OnNodeLost, g.log)
+	l.claims = g.claims
 	t := time.NewTicker(cfg.Every)
 	defer t.Stop()
 	for {
@@ -185,6 +186,8 @@ type lifecycle struct {
 	// AnnotationOnNodeLost.
 	policy string
 	log    *slog.Logger
+	// claims deletes the claims of sandboxes made through one.
+	claims *claimAPI
 
 	seen  map[string]leaseSeen
 	ended map[ktypes.UID]time.Time
@@ -214,6 +217,9 @@ func (l *lifecycle) sweep(ctx context.Context, now time.Time) {
 	}
 	present := map[ktypes.UID]bool{}
 	for _, pod := range pods {
+		if sandboxID(pod) == "" {
+			continue // a warm pool's pod, not a sandbox yet
+		}
 		present[pod.UID] = true
 		switch {
 		case pod.DeletionTimestamp != nil:
@@ -249,11 +255,17 @@ func (l *lifecycle) reap(ctx context.Context, pod *corev1.Pod, now time.Time) {
 	if now.Sub(first) < l.cfg.KeepEnded {
 		return
 	}
-	if err := l.deletePod(ctx, pod); err != nil {
-		l.log.Warn("sandbox_pod_reap_failed", "sandbox_id", pod.Name, "err", err)
+	// A claim's pod goes with its claim: agent-sandbox would make it
+	// again were only the pod deleted.
+	del := l.deletePod
+	if claimed(pod) {
+		del = l.claims.delete
+	}
+	if err := del(ctx, pod); err != nil && !isNotFound(err) {
+		l.log.Warn("sandbox_pod_reap_failed", "sandbox_id", sandboxID(pod), "err", err)
 		return
 	}
-	l.log.Info("sandbox_pod_reaped", "sandbox_id", pod.Name, "phase", pod.Status.Phase, "reason", endReason(pod))
+	l.log.Info("sandbox_pod_reaped", "sandbox_id", sandboxID(pod), "phase", pod.Status.Phase, "reason", endReason(pod))
 }
 
 // deletePod deletes the pod at once, only if it is still the one with

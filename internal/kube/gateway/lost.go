@@ -176,6 +176,16 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 // between the delete and the create, the sandbox would be gone, as if
 // deleted.
 func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod) {
+	if claimed(pod) {
+		// agent-sandbox makes a Sandbox's pod again as soon as it is
+		// gone, from the same pod template.
+		if err := l.deletePod(ctx, pod); err != nil {
+			l.log.Warn("sandbox_recreate_failed", "sandbox_id", sandboxID(pod), "err", err)
+			return
+		}
+		l.log.Warn("sandbox_lost_recreating", "sandbox_id", sandboxID(pod), "node", pod.Spec.NodeName, "by", "agent-sandbox")
+		return
+	}
 	fresh := remade(pod)
 	if err := l.deletePod(ctx, pod); err != nil {
 		l.log.Warn("sandbox_recreate_failed", "sandbox_id", pod.Name, "err", err)

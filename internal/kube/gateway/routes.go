@@ -69,8 +69,8 @@ func (g *Gateway) sandboxPod(p auth.Principal, id string) (*corev1.Pod, error) {
 	if err := types.ValidSandboxID(id); err != nil {
 		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
 	}
-	pod, err := g.pods.Get(id)
-	if apierrors.IsNotFound(err) || err == nil && !p.Sees(pod.Labels[LabelOwner]) {
+	pod, err := g.podByID(id)
+	if apierrors.IsNotFound(err) || err == nil && !p.Sees(ownerOf(pod)) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {

@@ -63,7 +63,7 @@ func state(pod *corev1.Pod) string {
 func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 	c := pod.Spec.Containers[0]
 	out := apitypes.Sandbox{
-		ID: pod.Name, State: state(pod), Template: pod.Annotations[node.AnnotationTemplate],
+		ID: sandboxID(pod), State: state(pod), Template: pod.Annotations[node.AnnotationTemplate],
 		Isolation: pod.Annotations[node.AnnotationIsolation],
 		CreatedAt: pod.CreationTimestamp.UTC(),
 	}
@@ -124,7 +124,7 @@ func (g *Gateway) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 			states = append(states, one)
 		}
 	}
-	pods, err := g.pods.List(everything())
+	pods, err := g.sandboxPods()
 	if err != nil {
 		writeError(w, err)
 		return
@@ -133,11 +133,11 @@ func (g *Gateway) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 		if c := a.CreationTimestamp.Compare(b.CreationTimestamp.Time); c != 0 {
 			return c
 		}
-		return strings.Compare(a.Name, b.Name)
+		return strings.Compare(sandboxID(a), sandboxID(b))
 	})
 	out := apitypes.SandboxList{Sandboxes: []apitypes.Sandbox{}}
 	for _, pod := range pods {
-		if !p.Sees(pod.Labels[LabelOwner]) {
+		if !p.Sees(ownerOf(pod)) {
 			continue
 		}
 		sb := toSandbox(pod)
@@ -163,11 +163,20 @@ func (g *Gateway) deleteSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, err)
 		return
 	}
-	if err := g.deletePod(r.Context(), pod.Name, pod.UID); err != nil {
+	if err := g.destroy(r.Context(), pod); err != nil {
 		writeError(w, err)
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// destroy deletes a sandbox: its claim when it was made through one (the
+// pod follows), else its pod.
+func (g *Gateway) destroy(ctx context.Context, pod *corev1.Pod) error {
+	if claimed(pod) {
+		return g.claims.delete(ctx, pod)
+	}
+	return g.deletePod(ctx, pod.Name, pod.UID)
 }
 
 // deletePod deletes the pod at once (grace period 0: its node destroys

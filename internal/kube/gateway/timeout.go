@@ -76,11 +76,22 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 	if st := state(pod); st != apitypes.StateReady {
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
 	}
+	deadline := deadlineAt(g.now(), d)
+	if claimed(pod) {
+		// Set on the claim, from which agent-sandbox keeps the pod's.
+		if err := g.claims.setAnnotation(ctx, id, node.AnnotationDeadline, deadline); err != nil {
+			return nil, err
+		}
+		g.log.Info("sandbox_timeout_set", "sandbox_id", id, "deadline", deadline)
+		got := pod.DeepCopy()
+		got.Annotations[node.AnnotationDeadline] = deadline
+		return got, nil
+	}
 	// The UID in the patch is a precondition: a pod made again under the
 	// same name in the meantime is not touched.
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid":         pod.UID,
-		"annotations": map[string]string{node.AnnotationDeadline: deadlineAt(g.now(), d)},
+		"annotations": map[string]string{node.AnnotationDeadline: deadline},
 	}})
 	if err != nil {
 		return nil, err

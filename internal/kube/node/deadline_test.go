@@ -112,3 +112,71 @@ func TestUpdatePodDeadlineAndLost(t *testing.T) {
 		t.Errorf("lost pod status = %s %s %q", got.Status.Phase, got.Status.Reason, got.Status.Message)
 	}
 }
+
+// TestUpdatePodSettingsChanged: a running pod whose annotations now state
+// another network, environment, user or template fails with
+// BerthSettingsChanged and its sandbox is destroyed; the same settings
+// written another way ("none" for no annotation, {} for no environment)
+// change nothing.
+func TestUpdatePodSettingsChanged(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		set     map[string]string
+		changed bool
+	}{
+		{"none spelled out", map[string]string{AnnotationNetwork: "none", AnnotationEnv: "{}"}, false},
+		{"none as JSON", map[string]string{AnnotationNetwork: `{"mode":"none"}`}, false},
+		{"network opened", map[string]string{AnnotationNetwork: "open"}, true},
+		{"environment", map[string]string{AnnotationEnv: `{"A":"1"}`}, true},
+		{"user", map[string]string{AnnotationUser: "agent"}, true},
+		{"template", map[string]string{AnnotationTemplate: "other"}, true},
+		{"not a policy", map[string]string{AnnotationNetwork: "sometimes"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &lifeRecorder{timeouts: make(chan time.Duration, 4), kills: make(chan string, 4)}
+			ctx, cancel := context.WithCancel(t.Context())
+			p := &Pods{ctx: ctx, sb: rec, log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+			t.Cleanup(func() {
+				cancel()
+				p.Wait()
+			})
+			pod := testPod()
+			pl, err := planPod(pod, "node")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, pcancel := context.WithCancel(ctx)
+			p.pods[key(pod.Namespace, pod.Name)] = &podState{pod: pod.DeepCopy(), plan: pl, sandboxID: "sb", cancel: pcancel,
+				containers: map[string]*containerState{}}
+			upd := pod.DeepCopy()
+			if upd.Annotations == nil {
+				upd.Annotations = map[string]string{}
+			}
+			for k, v := range tc.set {
+				upd.Annotations[k] = v
+			}
+			if err := p.UpdatePod(ctx, upd); err != nil {
+				t.Fatal(err)
+			}
+			p.Wait()
+			got, err := p.GetPod(ctx, pod.Namespace, pod.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			failed := got.Status.Reason == ReasonSettingsChanged
+			if failed != tc.changed {
+				t.Fatalf("pod status %s %s %q; want failed=%v", got.Status.Phase, got.Status.Reason, got.Status.Message, tc.changed)
+			}
+			select {
+			case id := <-rec.kills:
+				if !tc.changed || id != "sb" {
+					t.Errorf("killed %q (changed=%v)", id, tc.changed)
+				}
+			default:
+				if tc.changed {
+					t.Error("sandbox not destroyed")
+				}
+			}
+		})
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -59,6 +60,9 @@ const (
 	ReasonDeadlineExceeded = "DeadlineExceeded"
 	// ReasonNodeLost: the gateway reported the pod's node lost.
 	ReasonNodeLost = "NodeLost"
+	// ReasonSettingsChanged: an annotation the sandbox was made with
+	// changed on the running pod (Pods.UpdatePod).
+	ReasonSettingsChanged = "BerthSettingsChanged"
 )
 
 // Labels the node puts on a pod's sandbox, so a restarted node finds its
@@ -214,6 +218,75 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		p.req.Memory = strconv.FormatInt(memBytes, 10)
 	}
 	return p, nil
+}
+
+// settingsChange says which of the settings a sandbox was made with
+// (running plans) the pod now states otherwise, "" when none; a pod that
+// no longer plans at all says why.
+func settingsChange(running plan, pod *corev1.Pod) string {
+	now, err := planPod(pod, running.req.Labels[LabelNode])
+	if err != nil {
+		return err.Error()
+	}
+	diff := changedSettings(running.req, now.req)
+	if len(diff) == 0 {
+		return ""
+	}
+	return "the sandbox was made with another " + strings.Join(diff, ", ") + " than its pod now states; a running sandbox's cannot change"
+}
+
+// SettingsChange says which settings of the sandbox a pod like was would
+// make (template, isolation, network, env, user, allow_sudo: the create
+// request's names) a pod like now states otherwise; nil when none. The
+// gateway asks it before a SandboxClaim may hand over a warm pod.
+func SettingsChange(was, now *corev1.Pod) ([]string, error) {
+	a, err := planPod(was, "node")
+	if err != nil {
+		return nil, err
+	}
+	b, err := planPod(now, "node")
+	if err != nil {
+		return nil, err
+	}
+	return changedSettings(a.req, b.req), nil
+}
+
+// changedSettings names the settings fixed at a sandbox's create that b
+// states otherwise than a.
+func changedSettings(a, b client.CreateRequest) []string {
+	var diff []string
+	for _, d := range []struct {
+		name      string
+		was, want any
+	}{
+		{"template", a.Template, b.Template},
+		{"isolation", a.Isolation, b.Isolation},
+		{"network", netKey(a.Network), netKey(b.Network)},
+		{"env", envKey(a.Env), envKey(b.Env)},
+		{"user", a.User, b.User},
+		{"allow_sudo", a.AllowSudo, b.AllowSudo},
+	} {
+		if !reflect.DeepEqual(d.was, d.want) {
+			diff = append(diff, d.name)
+		}
+	}
+	return diff
+}
+
+// netKey is a network policy to compare: none written any way is nil.
+func netKey(np *client.NetworkPolicy) *client.NetworkPolicy {
+	if np == nil || (np.Mode == "" || np.Mode == "none") && len(np.Allow)+len(np.Deny)+len(np.HTTP) == 0 {
+		return nil
+	}
+	return np
+}
+
+// envKey is an environment to compare: empty is nil.
+func envKey(env map[string]string) map[string]string {
+	if len(env) == 0 {
+		return nil
+	}
+	return env
 }
 
 // imageTemplate is the template an image reference names: its last path

@@ -316,7 +316,12 @@ func (p *Pods) kill(id string) error {
 
 // UpdatePod takes a changed pod's metadata (a running pod's spec does not
 // change): a moved AnnotationDeadline becomes the sandbox's deadline, and
-// AnnotationLost ends the sandbox.
+// AnnotationLost ends the sandbox. A change of what the sandbox was made
+// with (template, isolation, network, environment, user, sudo) cannot be
+// applied to it: the pod fails with ReasonSettingsChanged and its sandbox
+// ends, rather than run on with settings its pod no longer states (an
+// agent-sandbox warm pool's pod claimed with another network policy is
+// one such).
 func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	ps, ok := p.pods[key(pod.Namespace, pod.Name)]
@@ -326,10 +331,20 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	lost := pod.Annotations[AnnotationLost] != "" && ps.pod.Annotations[AnnotationLost] == ""
 	moved := pod.Annotations[AnnotationDeadline] != ps.applied
+	changed := ""
+	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
+		changed = settingsChange(ps.plan, pod)
+	}
 	ps.pod = pod.DeepCopy()
 	p.mu.Unlock()
 	// Under the node's lifetime, not the pod controller's call.
 	switch {
+	case changed != "":
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			p.end(ps, ReasonSettingsChanged, changed)
+		}()
 	case lost:
 		p.wg.Add(1)
 		go func() {
@@ -379,9 +394,18 @@ func (p *Pods) applyDeadline(ctx context.Context, ps *podState) {
 // with ReasonNodeLost first, so the sandbox's end does not read as its own.
 func (p *Pods) lose(ps *podState) {
 	p.mu.Lock()
-	why, id := ps.pod.Annotations[AnnotationLost], ps.sandboxID
+	why := ps.pod.Annotations[AnnotationLost]
 	p.mu.Unlock()
-	p.fail(ps, ReasonNodeLost, why)
+	p.end(ps, ReasonNodeLost, why)
+}
+
+// end fails the pod with reason first, then ends its sandbox, so the
+// sandbox's end does not read as its own.
+func (p *Pods) end(ps *podState, reason, why string) {
+	p.mu.Lock()
+	id := ps.sandboxID
+	p.mu.Unlock()
+	p.fail(ps, reason, why)
 	ps.cancel()
 	if id != "" {
 		if err := p.kill(id); err != nil {
