@@ -162,6 +162,38 @@ func TestConnectDeadlineLimitsProcess(t *testing.T) {
 	})
 }
 
+// TestConnectDeadlineEndsStreamWithError: when the Connect deadline passes
+// first, the stream ends with deadline_exceeded rather than cleanly, so the
+// client (which may not have noticed the deadline yet: the E2B SDK's own
+// timer races the agent's) reports a timeout, not a process that ended
+// without a result. The client here sends the header but keeps no timer
+// of its own, so only the agent can end the stream.
+func TestConnectDeadlineEndsStreamWithError(t *testing.T) {
+	e := newEnv(t, "")
+	// No deadline on ctx: the client would send its own header instead.
+	// The cancel after a generous bound only keeps a broken agent from
+	// hanging the test; it ends the stream as canceled, which fails below.
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	defer time.AfterFunc(30*time.Second, cancel).Stop()
+	req := connect.NewRequest(sh("echo $$; exec sleep 300"))
+	req.Header().Set("Connect-Timeout-Ms", "300")
+	stream, err := e.proc.Start(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := readPID(t, stream)
+	for stream.Receive() {
+		if end := stream.Msg().GetEvent().GetEnd(); end != nil {
+			t.Errorf("got an end event %v; want the stream to end with deadline_exceeded first", end)
+		}
+	}
+	if code := connect.CodeOf(stream.Err()); code != connect.CodeDeadlineExceeded {
+		t.Errorf("stream ended with %v (code %v), want deadline_exceeded", stream.Err(), code)
+	}
+	waitGone(t, pid)
+}
+
 // TestKillOnDisconnect: a Start stream with kill_on_disconnect takes its
 // process group down when the client goes away; without it (envd's way,
 // and background commands) the process runs on.

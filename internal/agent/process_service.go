@@ -145,6 +145,10 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 }
 
 // pump forwards a process's events to one stream until the end event.
+// When the request's context ends first, the stream ends with an error
+// saying why (deadline_exceeded for a passed Connect-Timeout-Ms), never
+// cleanly: a clean end without the end event reads to the client as a
+// process that vanished without a result.
 func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
 	tick := time.NewTicker(keepalive)
 	defer tick.Stop()
@@ -152,7 +156,7 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return streamEnded(ctx)
 		case ev := <-ch:
 			if err := send(ev); err != nil {
 				return err
@@ -162,6 +166,11 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 				return err
 			}
 		case <-p.endedCh:
+			if ctx.Err() != nil {
+				// Both ready at once: the deadline passed first (the
+				// process limit it set starts later), so it is the answer.
+				return streamEnded(ctx)
+			}
 			for {
 				select {
 				case ev := <-ch:
@@ -176,6 +185,15 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 			return send(p.ended())
 		}
 	}
+}
+
+// streamEnded is the error a stream ends with when its request's context
+// ended before the process did.
+func streamEnded(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline (Connect-Timeout-Ms) passed before the process ended"))
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }
 
 // processEnv builds a process's environment: PATH, HOME, USER, LOGNAME,
