@@ -83,6 +83,9 @@ func TestImportGraph(t *testing.T) {
 		{"internal/crilog", []string{module + "/"}, []string{module + "/internal/crilog"}},
 		// The core's records import nothing of Berth's.
 		{"internal/core", []string{module + "/"}, []string{module + "/internal/core"}},
+		// The quota check the Manager and the gateway share needs only the
+		// records, the error classes and the units.
+		{"internal/quota", []string{module + "/"}, []string{module + "/internal/quota", module + "/internal/core", module + "/errdefs", module + "/internal/units"}},
 		// The layers beside the Manager use it, not its backends.
 		{"internal/workspace", []string{runcPkg, storePkg, sqlite, nftables, netlink, apiPkg}, nil},
 		{"internal/e2bcompat", []string{runcPkg, storePkg, sqlite, nftables, netlink, apiPkg}, nil},

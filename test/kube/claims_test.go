@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,7 +207,7 @@ func TestGatewayClaims(t *testing.T) {
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
 	const otherKey = "e2b_fedcba9876543210fedcba9876543210fedcba98"
-	keys, cert := gatewaySetup(t, cp, map[string]string{"other": otherKey})
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey, quota: "{max_sandboxes: 1, max_memory: 256M}"}})
 	templates := dyn.Resource(templatesGVR).Namespace(ns)
 	pools := dyn.Resource(poolsGVR).Namespace(ns)
 	claims := dyn.Resource(claimsGVR).Namespace(ns)
@@ -290,6 +291,28 @@ func TestGatewayClaims(t *testing.T) {
 		t.Errorf("another key's get = %v, want not found", err)
 	}
 
+	// The other key's quota (one sandbox, 256 MiB) counts its claims, at
+	// their template's memory: a second is refused and makes no claim.
+	osb, err := other.Create(ctx, client.CreateRequest{})
+	if err != nil {
+		t.Fatalf("create within the quota: %v", err)
+	}
+	before, err := claims.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Create(ctx, client.CreateRequest{}); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 1") {
+		t.Errorf("create past the quota = %v, want resource exhausted", err)
+	}
+	if after, err := claims.List(ctx, metav1.ListOptions{}); err != nil || len(after.Items) != len(before.Items) {
+		t.Errorf("refused create left claims: %d before, %d after (%v)", len(before.Items), len(after.Items), err)
+	}
+	if err := other.Kill(ctx, osb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitObjectGone(t, claims, osb.ID)
+	waitPodGone(t, cp, ns, osb.ID)
+
 	// What the pool's template sets cannot be asked of a claim.
 	_, err = gw.Create(ctx, client.CreateRequest{CPU: 1})
 	if e := (*errdefs.Error)(nil); !errors.As(err, &e) || e.Field != "cpu" {
@@ -303,7 +326,7 @@ func TestGatewayClaims(t *testing.T) {
 	warm := waitWarmPod(t, cp, ns)
 	// A replica started now knows of the warm pod's pool in its cache.
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
-	before, err := claims.List(ctx, metav1.ListOptions{})
+	before, err = claims.List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

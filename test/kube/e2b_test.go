@@ -40,7 +40,7 @@ func TestGatewayE2B(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	keys, cert := gatewaySetup(t, cp, map[string]string{"other": otherKey})
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 

@@ -69,10 +69,14 @@ func startGatewayProc(t *testing.T, cp *controlPlane, name, keys string, cert ke
 	}
 }
 
+// testKey is an extra API key of a test's gateways: its secret, and its
+// quota as a YAML flow mapping ("" for none).
+type testKey struct{ secret, quota string }
+
 // gatewaySetup makes the gateway's namespace, an --api-keys file with
-// gatewayKey (id "tester") and the extra keys (id → secret), and a client
+// gatewayKey (id "tester") and the extra keys (by id), and a client
 // certificate the nodes' CA signed, as an operator would for its replicas.
-func gatewaySetup(t *testing.T, cp *controlPlane, extra map[string]string) (keys string, cert keyPair) {
+func gatewaySetup(t *testing.T, cp *controlPlane, extra map[string]testKey) (keys string, cert keyPair) {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: gateway.DefaultNamespace}}
 	if _, err := cp.Client.CoreV1().Namespaces().Create(t.Context(), ns, metav1.CreateOptions{}); err != nil {
@@ -81,7 +85,10 @@ func gatewaySetup(t *testing.T, cp *controlPlane, extra map[string]string) (keys
 	var b strings.Builder
 	b.WriteString("keys:\n  - id: tester\n    name: test\n    sha256: " + auth.HashKey(gatewayKey) + "\n")
 	for _, id := range slices.Sorted(maps.Keys(extra)) {
-		b.WriteString("  - id: " + id + "\n    sha256: " + auth.HashKey(extra[id]) + "\n")
+		b.WriteString("  - id: " + id + "\n    sha256: " + auth.HashKey(extra[id].secret) + "\n")
+		if q := extra[id].quota; q != "" {
+			b.WriteString("    quota: " + q + "\n")
+		}
 	}
 	keys = filepath.Join(t.TempDir(), "keys.yaml")
 	if err := os.WriteFile(keys, []byte(b.String()), 0o600); err != nil {
@@ -117,9 +124,13 @@ func TestGateway(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	keys, cert := gatewaySetup(t, cp, nil)
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
+	gwOther, err := client.New(gwA.URL(), client.WithAPIKey(otherKey))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// Every pod event of the namespace from here on, in order.
 	pods := cp.Client.CoreV1().Pods(ns)
@@ -199,6 +210,31 @@ func TestGateway(t *testing.T) {
 	}
 	if code, err := gwB.Sandbox(made[1].ID).Exec(ctx, client.ExecRequest{Cmd: "test", Args: []string{"!", "-e", "/tmp/through-gateway.txt"}}); err != nil || code != 0 {
 		t.Errorf("the other sandbox has the file, or exec failed: %d, %v", code, err)
+	}
+
+	// What the node's daemon recorded of the sandbox reads through B: its
+	// events, the work log with the command A ran, its egress policy
+	// (none: the gateway's default). Records name the node's sandbox.
+	nodeID := where[sb.ID].sandbox
+	evs, err := gwB.Events(ctx, sb.ID)
+	created := slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == "created" && e.SandboxID == nodeID })
+	if err != nil || !created {
+		t.Errorf("events through B = %+v, %v; want %s's created event", evs, err, nodeID)
+	}
+	wl, err := gwB.Worklog(ctx, sb.ID)
+	ran := slices.ContainsFunc(wl, func(e client.WorklogEntry) bool { return e.Cmd == "cat" })
+	if err != nil || !ran {
+		t.Errorf("work log through B = %+v, %v; want the cat A ran", wl, err)
+	}
+	if pol, err := gwB.NetworkPolicy(ctx, sb.ID); err != nil || pol.Mode != "none" {
+		t.Errorf("network policy through B = %+v, %v; want mode none", pol, err)
+	}
+	if _, err := gwB.NetworkLog(ctx, sb.ID, false); err != nil {
+		t.Errorf("network log through B: %v", err)
+	}
+	// Another key sees none of it.
+	if _, err := gwOther.Worklog(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's work log read = %v, want not found", err)
 	}
 
 	// B lists and gets what A made: its state is the cluster's.

@@ -22,7 +22,9 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/quota"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -67,7 +69,8 @@ func decodeCreate(r *http.Request) (createRequest, error) {
 
 // podFor translates a create into its pod, naming any field it cannot
 // take. templates is every template a Ready Berth node has.
-func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bool) (*corev1.Pod, error) {
+func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[string]bool) (*corev1.Pod, error) {
+	owner := p.Owner()
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
 		"disk": in.Disk != "", "pids": in.PIDs != 0, "on_timeout": in.OnTimeout != "" && in.OnTimeout != "kill",
@@ -142,6 +145,9 @@ func (g *Gateway) podFor(in createRequest, owner string, templates map[string]bo
 	}
 	if timeout > g.cfg.MaxTimeout {
 		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is above the gateway's maximum %s", timeout, g.cfg.MaxTimeout)
+	}
+	if err := quota.Timeout(p.Key.Quota, timeout); err != nil {
+		return nil, fieldErr("timeout", errdefs.ErrResourceExhausted, "%v", err)
 	}
 	// The node makes the deadline annotation its sandbox's deadline, and
 	// follows it when POST …/timeout moves it (timeout.go).
@@ -226,12 +232,12 @@ func (g *Gateway) createSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, err)
 		return
 	}
-	pod, err := g.podFor(in, p.Owner(), tpls)
+	pod, err := g.podFor(in, p, tpls)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	got, err := g.makeSandbox(r.Context(), pod)
+	got, err := g.makeSandbox(r.Context(), pod, p.Key.Quota)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -239,14 +245,19 @@ func (g *Gateway) createSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 	writeJSON(w, http.StatusCreated, toSandbox(got))
 }
 
-// makeSandbox makes pod's sandbox: through a SandboxClaim where a
-// SandboxWarmPool serves its template (claims.go), else as the pod itself.
-// It returns the sandbox's pod once it runs.
-func (g *Gateway) makeSandbox(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+// makeSandbox makes pod's sandbox, within its owner's quota q: through a
+// SandboxClaim where a SandboxWarmPool serves its template (claims.go),
+// else as the pod itself. It returns the sandbox's pod once it runs.
+func (g *Gateway) makeSandbox(ctx context.Context, pod *corev1.Pod, q core.Quota) (*corev1.Pod, error) {
 	tpl := pod.Annotations[node.AnnotationTemplate]
+	owner := pod.Labels[LabelOwner]
 	pool := g.claims.pool(tpl)
 	if pool == "" {
-		return g.create(ctx, pod)
+		ask := podResources(pod)
+		if err := g.admit(ctx, owner, q, "", ask, false); err != nil {
+			return nil, err
+		}
+		return g.create(ctx, pod, func(ctx context.Context) error { return g.admit(ctx, owner, q, pod.Name, ask, true) })
 	}
 	// The pool's SandboxTemplate is the pod's spec; a claim changes
 	// only its metadata.
@@ -259,14 +270,18 @@ func (g *Gateway) makeSandbox(ctx context.Context, pod *corev1.Pod) (*corev1.Pod
 	if err := g.claims.handOver(pool, pod); err != nil {
 		return nil, err
 	}
-	return g.createClaim(ctx, pod, pool)
+	ask := g.claims.poolResources(pool)
+	if err := g.admit(ctx, owner, q, "", ask, false); err != nil {
+		return nil, err
+	}
+	return g.createClaim(ctx, pod, pool, func(ctx context.Context) error { return g.admit(ctx, owner, q, pod.Name, ask, true) })
 }
 
 // createClaim makes a SandboxClaim of pool named by the pod's name (the
-// sandbox ID) and waits until agent-sandbox's pod for it runs. A claim
-// whose pod fails, cannot be placed or is not running in time is deleted,
-// and the error says why.
-func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string) (*corev1.Pod, error) {
+// sandbox ID), checks it with admitted, and waits until agent-sandbox's
+// pod for it runs. A claim not admitted, or whose pod fails, cannot be
+// placed or is not running in time, is deleted, and the error says why.
+func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string, admitted func(context.Context) error) (*corev1.Pod, error) {
 	id := pod.Name
 	changed, stop := g.watch(id)
 	defer stop()
@@ -275,7 +290,11 @@ func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string)
 	if err != nil {
 		return nil, kubeErr("create the SandboxClaim of sandbox "+id, err)
 	}
-	running, err := g.waitRunning(ctx, id, "", changed)
+	err = admitted(ctx)
+	var running *corev1.Pod
+	if err == nil {
+		running, err = g.waitRunning(ctx, id, "", changed)
+	}
 	if err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -290,17 +309,21 @@ func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string)
 	return running, nil
 }
 
-// create makes the pod and waits, on the shared informer, until it runs.
-// A pod that fails, cannot be placed or is not running in time is
-// deleted, and the error says why.
-func (g *Gateway) create(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+// create makes the pod, checks it with admitted, and waits, on the shared
+// informer, until it runs. A pod not admitted, or that fails, cannot be
+// placed or is not running in time, is deleted, and the error says why.
+func (g *Gateway) create(ctx context.Context, pod *corev1.Pod, admitted func(context.Context) error) (*corev1.Pod, error) {
 	changed, stop := g.watch(pod.Name)
 	defer stop()
 	made, err := g.cfg.Kube.CoreV1().Pods(g.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return nil, kubeErr("create sandbox pod", err)
 	}
-	running, err := g.waitRunning(ctx, made.Name, made.UID, changed)
+	err = admitted(ctx)
+	var running *corev1.Pod
+	if err == nil {
+		running, err = g.waitRunning(ctx, made.Name, made.UID, changed)
+	}
 	if err != nil {
 		// Teardown outlives the request that gave up.
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)

@@ -300,7 +300,7 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		Network: &apitypes.NetworkPolicy{Mode: string(pol.Mode), Allow: pol.Allow, Deny: pol.Deny},
 		User:    e2bwire.DefaultUser, AllowSudo: &sudo,
 	}}
-	pod, err := g.podFor(req, p.Owner(), tpls)
+	pod, err := g.podFor(req, p, tpls)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
@@ -313,7 +313,7 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		b, _ := json.Marshal(in.Metadata)
 		ann[AnnotationE2BMetadata] = string(b)
 	}
-	got, err := g.makeSandbox(r.Context(), pod)
+	got, err := g.makeSandbox(r.Context(), pod, p.Key.Quota)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
@@ -462,7 +462,7 @@ func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, 
 		e2bwire.WriteError(w, http.StatusUnauthorized, "unauthorized access to sandbox "+id+": send its envdAccessToken in X-Access-Token")
 		return
 	}
-	t, err := g.target(pod, strings.TrimPrefix(r.URL.Path, "/"))
+	t, err := g.target(pod, "agent/"+strings.TrimPrefix(r.URL.Path, "/"))
 	if errors.Is(err, errdefs.ErrFailedPrecondition) {
 		e2bwire.SandboxGone(w, id)
 		return

@@ -46,6 +46,7 @@ const (
 	tplHangs   = "hangs"
 	keyAlice   = "e2b_00000000000000000000000000000000000000a1"
 	keyBob     = "e2b_00000000000000000000000000000000000000b2"
+	keyCarol   = "e2b_00000000000000000000000000000000000000c3"
 	nodeSbPref = "nodesb"
 )
 
@@ -109,12 +110,13 @@ func writeFile(t *testing.T, name string, data []byte) string {
 
 // fakeNode is a node's kubelet API server as the gateway sees it: mutual
 // TLS, and under /berth/ what the agent would answer (it echoes the path,
-// the headers that matter and the body).
+// the query, the headers that matter and the body).
 func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("X-Got-Path", r.URL.Path)
+		w.Header().Set("X-Got-Query", r.URL.RawQuery)
 		w.Header().Set("X-Got-Key", r.Header.Get("X-API-Key"))
 		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
 		_, _ = w.Write(body)
@@ -206,7 +208,8 @@ func startGateway(t *testing.T, withKeys bool) env {
 	if withKeys {
 		keys := "keys:\n" +
 			"  - {id: alice, sha256: " + auth.HashKey(keyAlice) + "}\n" +
-			"  - {id: bob, sha256: " + auth.HashKey(keyBob) + "}\n"
+			"  - {id: bob, sha256: " + auth.HashKey(keyBob) + "}\n" +
+			"  - {id: carol, sha256: " + auth.HashKey(keyCarol) + ", quota: {max_sandboxes: 2, max_memory: 384M, max_timeout: 1h}}\n"
 		if cfg.Keys, err = LoadKeys(writeFile(t, "keys.yaml", []byte(keys))); err != nil {
 			t.Fatal(err)
 		}
@@ -429,6 +432,25 @@ func TestDataPlane(t *testing.T) {
 	if k, a := resp.Header.Get("X-Got-Key"), resp.Header.Get("X-Got-Auth"); k != "" || a != "Basic cm9vdDo=" {
 		t.Errorf("node saw key %q, authorization %q", k, a)
 	}
+
+	// The review routes go to the same node, query and all; another key
+	// does not reach them.
+	for _, rt := range node.ReviewRoutes {
+		req, _ := http.NewRequestWithContext(t.Context(), "GET", e.url+"/v1/sandboxes/"+sb.ID+"/"+rt+"?follow=1", nil)
+		req.Header.Set("X-API-Key", keyAlice)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		p := resp.Header.Get("X-Got-Path")
+		if resp.StatusCode != 200 || !strings.HasPrefix(p, node.DataPlanePrefix+"/v1/sandboxes/"+nodeSbPref) || !strings.HasSuffix(p, "/"+rt) || resp.Header.Get("X-Got-Query") != "follow=1" {
+			t.Errorf("GET %s = %d, node saw %q ? %q", rt, resp.StatusCode, p, resp.Header.Get("X-Got-Query"))
+		}
+		if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID+"/"+rt, keyBob, "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
+			t.Errorf("bob's GET %s = %d %+v, want not_found", rt, code, eb)
+		}
+	}
 }
 
 // TestNotServed: routes of the daemon the gateway does not serve answer
@@ -436,7 +458,7 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/v1/sandboxes/abc/pause"}, {"GET", "/v1/sandboxes/abc/events"}, {"GET", "/v1/templates"},
+		{"POST", "/v1/sandboxes/abc/pause"}, {"PUT", "/v1/sandboxes/abc/network"}, {"GET", "/v1/templates"},
 		{"POST", "/v1/sandboxes/abc/snapshots"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
@@ -453,6 +475,9 @@ func TestLoadKeysRefused(t *testing.T) {
 		"short hash":  "keys:\n  - {id: a, sha256: abcd}\n",
 		"not hex":     "keys:\n  - {id: a, sha256: " + strings.Repeat("z", 64) + "}\n",
 		"unknown key": "keys:\n  - {id: a, sha256: " + good + ", secret: x}\n",
+		"bad quota":   "keys:\n  - {id: a, sha256: " + good + ", quota: {max_memory: lots}}\n",
+		"neg quota":   "keys:\n  - {id: a, sha256: " + good + ", quota: {max_sandboxes: -1}}\n",
+		"quota field": "keys:\n  - {id: a, sha256: " + good + ", quota: {max_disk: 1G}}\n",
 	} {
 		if _, err := LoadKeys(writeFile(t, "keys.yaml", []byte(body))); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: LoadKeys = %v, want invalid argument", name, err)
@@ -578,5 +603,51 @@ func TestSetTimeout(t *testing.T) {
 	}
 	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"on_node_lost":"migrate"}`, nil); code != 400 || eb.Field != "on_node_lost" {
 		t.Errorf("create with on_node_lost migrate = %d %+v", code, eb)
+	}
+}
+
+// TestQuota: a key's quota bounds its live sandboxes (count, memory) and
+// each one's timeout; a create over it is refused with resource_exhausted
+// and leaves no pod; other keys are not bounded by it; a sandbox made by
+// another replica (straight in the API server) counts.
+func TestQuota(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if st, body := e.call(t, "POST", "/v1/sandboxes", keyCarol, `{"memory":"128M"}`, &sb); st != http.StatusCreated {
+		t.Fatalf("first create = %d %+v", st, body)
+	}
+	for _, tc := range []struct{ name, body, field string }{
+		{"memory", `{"memory":"512M"}`, ""},
+		{"timeout", `{"memory":"128M","timeout":"2h"}`, "timeout"},
+	} {
+		before := e.podNames(t)
+		st, body := e.call(t, "POST", "/v1/sandboxes", keyCarol, tc.body, nil)
+		if st != http.StatusTooManyRequests || body.Code != errdefs.CodeResourceExhausted || body.Field != tc.field || !strings.Contains(body.Message, "quota max-") {
+			t.Errorf("%s over the quota = %d %+v", tc.name, st, body)
+		}
+		if after := e.podNames(t); len(after) != len(before) {
+			t.Errorf("%s: refused create left pods: %v → %v", tc.name, before, after)
+		}
+	}
+	if st, body := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/timeout", keyCarol, `{"timeout":"2h"}`, nil); st != http.StatusTooManyRequests || body.Field != "timeout" {
+		t.Errorf("timeout past the quota = %d %+v", st, body)
+	}
+	// Another replica's sandbox of carol's fills the second place.
+	other := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "othereplica000000001", Namespace: ns,
+		Labels: map[string]string{LabelManagedBy: ManagedBy, LabelOwner: "carol"}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: containerName, Image: "minimal"}}}}
+	if _, err := e.kube.CoreV1().Pods(ns).Create(t.Context(), other, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before := e.podNames(t)
+	if st, body := e.call(t, "POST", "/v1/sandboxes", keyCarol, `{"memory":"128M"}`, nil); st != http.StatusTooManyRequests || !strings.Contains(body.Message, "max-sandboxes 2") {
+		t.Errorf("third sandbox = %d %+v", st, body)
+	}
+	if after := e.podNames(t); len(after) != len(before) {
+		t.Errorf("refused create left pods: %v → %v", before, after)
+	}
+	// Other keys are not bound by carol's quota.
+	if st, body := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"memory":"512M","timeout":"2h"}`, nil); st != http.StatusCreated {
+		t.Errorf("alice's create = %d %+v", st, body)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 	"regexp"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/units"
 )
 
 // keysFile is the gateway's API keys file (--api-keys), YAML:
@@ -23,6 +25,11 @@ import (
 //	    name: ci
 //	    sha256: <hex sha256 of the secret, e2b_…>
 //	    admin: false
+//	    quota:            # optional, each field too; as a daemon's key quota
+//	      max_sandboxes: 10
+//	      max_cpu: 4      # cores
+//	      max_memory: 8G
+//	      max_timeout: 2h
 //
 // Only hashes are in it: it can be a Kubernetes Secret mounted into every
 // gateway replica, which then all accept the same keys.
@@ -31,10 +38,49 @@ type keysFile struct {
 }
 
 type fileKey struct {
-	ID     string `yaml:"id"`
-	Name   string `yaml:"name"`
-	SHA256 string `yaml:"sha256"`
-	Admin  bool   `yaml:"admin"`
+	ID     string     `yaml:"id"`
+	Name   string     `yaml:"name"`
+	SHA256 string     `yaml:"sha256"`
+	Admin  bool       `yaml:"admin"`
+	Quota  *fileQuota `yaml:"quota"`
+}
+
+type fileQuota struct {
+	MaxSandboxes int64   `yaml:"max_sandboxes"`
+	MaxCPU       float64 `yaml:"max_cpu"`
+	MaxMemory    string  `yaml:"max_memory"`
+	MaxTimeout   string  `yaml:"max_timeout"`
+}
+
+// quota is the key's quota, naming a bad field.
+func (fq *fileQuota) quota() (core.Quota, error) {
+	var q core.Quota
+	if fq == nil {
+		return q, nil
+	}
+	if fq.MaxSandboxes < 0 {
+		return q, fmt.Errorf("quota.max_sandboxes %d: want 0 (unbounded) or more", fq.MaxSandboxes)
+	}
+	q.MaxSandboxes = fq.MaxSandboxes
+	if !(fq.MaxCPU >= 0 && fq.MaxCPU <= 1<<20) {
+		return q, fmt.Errorf("quota.max_cpu %v: want a number of cores, 0 (unbounded) or more", fq.MaxCPU)
+	}
+	q.MaxCPUMillis = int64(math.Round(fq.MaxCPU * 1000))
+	if fq.MaxMemory != "" {
+		n, err := units.ParseSize(fq.MaxMemory)
+		if err != nil {
+			return q, fmt.Errorf("quota.max_memory %q: want a size such as 8G", fq.MaxMemory)
+		}
+		q.MaxMemoryBytes = n
+	}
+	if fq.MaxTimeout != "" {
+		d, err := units.ParseDuration(fq.MaxTimeout)
+		if err != nil {
+			return q, fmt.Errorf("quota.max_timeout %q: want a duration such as 2h", fq.MaxTimeout)
+		}
+		q.MaxTimeout = d
+	}
+	return q, nil
 }
 
 // Key IDs become a pod label's value (LabelOwner).
@@ -71,9 +117,13 @@ func LoadKeys(path string) (*Keys, error) {
 		case err != nil || len(h) != 32:
 			return nil, fmt.Errorf("api keys %s: key %s: sha256 %q: want 64 hex digits: %w", path, k.ID, k.SHA256, errdefs.ErrInvalidArgument)
 		}
+		q, err := k.Quota.quota()
+		if err != nil {
+			return nil, fmt.Errorf("api keys %s: key %s: %v: %w", path, k.ID, err, errdefs.ErrInvalidArgument)
+		}
 		ids[k.ID] = true
 		hash := hex.EncodeToString(h)
-		ks.byHash[hash] = core.APIKey{ID: k.ID, Name: k.Name, Hash: hash, Admin: k.Admin}
+		ks.byHash[hash] = core.APIKey{ID: k.ID, Name: k.Name, Hash: hash, Admin: k.Admin, Quota: q}
 	}
 	return ks, nil
 }

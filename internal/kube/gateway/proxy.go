@@ -97,7 +97,7 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(nodeTarget)
 			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr,
-				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/agent/" + t.rest,
+				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/" + t.rest,
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
 			// The caller's key stays here.
@@ -117,13 +117,32 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 	}
 }
 
+// proxyReview serves one of node.ReviewRoutes of a sandbox from its node:
+// what the node's daemon recorded of it (events, egress policy and
+// decisions, work log, diff). Records name the node's sandbox ID.
+func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Request, auth.Principal) {
+	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		pod, err := g.sandboxPod(p, r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		t, err := g.target(pod, route)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+	}
+}
+
 func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	pod, err := g.sandboxPod(p, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	t, err := g.target(pod, r.PathValue("rest"))
+	t, err := g.target(pod, "agent/"+r.PathValue("rest"))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -11,6 +11,7 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
 // routes are the native API's routes the gateway serves. Every other
@@ -24,6 +25,9 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(g.deleteSandbox))
 	g.mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", g.authed(g.timeoutSandbox))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
+	for _, rt := range node.ReviewRoutes {
+		g.mux.HandleFunc("GET /v1/sandboxes/{id}/"+rt, g.authed(g.proxyReview(rt)))
+	}
 	g.e2bRoutes()
 	g.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notServed(r))

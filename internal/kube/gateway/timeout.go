@@ -15,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/quota"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -68,6 +69,9 @@ func (g *Gateway) timeoutSandbox(w http.ResponseWriter, r *http.Request, p auth.
 func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (*corev1.Pod, error) {
 	if d < time.Second || d > g.cfg.MaxTimeout {
 		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is out of range [1s, %s]", d, g.cfg.MaxTimeout)
+	}
+	if err := quota.Timeout(p.Key.Quota, d); err != nil {
+		return nil, fieldErr("timeout", errdefs.ErrResourceExhausted, "%v", err)
 	}
 	pod, err := g.sandboxPod(p, id)
 	if err != nil {

@@ -19,10 +19,36 @@ import (
 // DataPlanePrefix is where the kubelet API's TLS server also carries
 // Berth's data plane for the gateway (berth serve --kubernetes):
 // DataPlanePrefix + /v1/sandboxes/{sandbox}/agent/… reaches that sandbox's
-// agent through the daemon on this host. It is served only to clients
-// whose certificate the node's --client-ca signed (the kubelet API's
-// mutual TLS), and only for the sandboxes of pods on this node.
+// agent through the daemon on this host, and the ReviewRoutes read what
+// the daemon recorded of it. It is served only to clients whose
+// certificate the node's --client-ca signed (the kubelet API's mutual
+// TLS), and only for the sandboxes of pods on this node.
 const DataPlanePrefix = "/berth"
+
+// ReviewRoutes are the daemon's read-only routes of a sandbox (under
+// /v1/sandboxes/{id}/) the data plane also carries: its events, its
+// egress policy, the egress decisions the host logged and the policy they
+// suggest, its work log and its diff.
+var ReviewRoutes = []string{"events", "network", "network/log", "network/suggest", "worklog", "diff"}
+
+// dataPath is the daemon path a data-plane request goes to, set by the
+// route that took it.
+type dataPath struct{}
+
+// handleDataPlane registers the data plane's routes on mux.
+func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) bool, log *slog.Logger) {
+	h := dataPlane(socket, owns, log)
+	route := func(pattern string, rest func(*http.Request) string) {
+		mux.Handle(pattern, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			path := "/v1/sandboxes/" + r.PathValue("id") + "/" + rest(r)
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
+		}))
+	}
+	route(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", func(r *http.Request) string { return "agent/" + r.PathValue("rest") })
+	for _, rt := range ReviewRoutes {
+		route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/"+rt, func(*http.Request) string { return rt })
+	}
+}
 
 // ownsSandbox reports whether id is the sandbox of a pod this node runs
 // (and has not been told to delete).
@@ -46,7 +72,7 @@ func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.
 	proxy := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL = &url.URL{Scheme: "http", Host: "berth",
-				Path:     "/v1/sandboxes/" + pr.In.PathValue("id") + "/agent/" + pr.In.PathValue("rest"),
+				Path:     pr.In.Context().Value(dataPath{}).(string),
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = "berth"
 			DropAPIKey(pr.Out.Header)

@@ -53,7 +53,7 @@ func TestDataPlane(t *testing.T) {
 		"ns/b": {sandboxID: "sbgone", deleted: true},
 	}}
 	mux := http.NewServeMux()
-	mux.Handle(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", dataPlane(sock, p.ownsSandbox, slog.New(slog.DiscardHandler)))
+	handleDataPlane(mux, sock, p.ownsSandbox, slog.New(slog.DiscardHandler))
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 
@@ -99,21 +99,47 @@ func TestDataPlane(t *testing.T) {
 		t.Errorf("daemon saw Authorization %q, want none", got)
 	}
 
+	// The review routes reach the daemon's routes of the sandbox, reads
+	// only: a write to one is no route here.
+	for _, rt := range ReviewRoutes {
+		resp, err := http.Get(srv.URL + DataPlanePrefix + "/v1/sandboxes/sba/" + rt + "?follow=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if p, q := resp.Header.Get("X-Got-Path"), resp.Header.Get("X-Got-Query"); resp.StatusCode != 200 || p != "/v1/sandboxes/sba/"+rt || q != "follow=1" {
+			t.Errorf("GET %s: %d, daemon saw %q ? %q", rt, resp.StatusCode, p, q)
+		}
+	}
+	for _, r := range []struct{ method, path string }{{"PUT", "network"}, {"GET", "exec"}, {"POST", "pause"}} {
+		req, _ := http.NewRequestWithContext(t.Context(), r.method, srv.URL+DataPlanePrefix+"/v1/sandboxes/sba/"+r.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.Header.Get("X-Got-Path") != "" || resp.StatusCode < 400 {
+			t.Errorf("%s %s = %d, proxied to %q; want refused", r.method, r.path, resp.StatusCode, resp.Header.Get("X-Got-Path"))
+		}
+	}
+
 	// Other sandboxes of the host, deleted pods' and bad IDs are refused
 	// with the API's JSON errors.
 	for _, tc := range []struct {
 		id   string
 		code string
 	}{{"other", errdefs.CodeNotFound}, {"sbgone", errdefs.CodeNotFound}, {"Bad_ID", errdefs.CodeInvalidArgument}} {
-		resp, err := http.Get(srv.URL + DataPlanePrefix + "/v1/sandboxes/" + tc.id + "/agent/files")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var e errdefs.Error
-		err = json.NewDecoder(resp.Body).Decode(&e)
-		resp.Body.Close()
-		if err != nil || e.Code != tc.code || resp.Header.Get("X-Got-Path") != "" || !strings.Contains(e.Message, tc.id) {
-			t.Errorf("sandbox %s: %d %+v (%v), want %s and no proxying", tc.id, resp.StatusCode, e, err, tc.code)
+		for _, rest := range []string{"agent/files", "events"} {
+			resp, err := http.Get(srv.URL + DataPlanePrefix + "/v1/sandboxes/" + tc.id + "/" + rest)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var e errdefs.Error
+			err = json.NewDecoder(resp.Body).Decode(&e)
+			resp.Body.Close()
+			if err != nil || e.Code != tc.code || resp.Header.Get("X-Got-Path") != "" || !strings.Contains(e.Message, tc.id) {
+				t.Errorf("sandbox %s, %s: %d %+v (%v), want %s and no proxying", tc.id, rest, resp.StatusCode, e, err, tc.code)
+			}
 		}
 	}
 }

@@ -118,7 +118,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	}
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
-		mux.Handle(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", dataPlane(cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger))
+		handleDataPlane(mux, cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger)
 	}
 	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
 		return provider{pods}, status, nil
