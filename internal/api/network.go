@@ -48,7 +48,7 @@ func (s *Server) getNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, policyToWire(p))
+	writeJSON(w, http.StatusOK, policy.ToWire(p))
 }
 
 // putNetwork replaces the policy. The body is a policy document (JSON);
@@ -63,7 +63,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	p := policyFromWire(in)
+	p := policy.FromWire(in)
 	if err := p.Validate(); err != nil {
 		writeError(w, policyError(err))
 		return
@@ -73,7 +73,7 @@ func (s *Server) putNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, policyToWire(out))
+	writeJSON(w, http.StatusOK, policy.ToWire(out))
 }
 
 // policyError names the bad entry of a policy in the error body.
@@ -158,7 +158,7 @@ func (s *Server) suggestNetwork(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, policyToWire(p))
+	writeJSON(w, http.StatusOK, policy.ToWire(p))
 }
 
 // parseSince reads a log's since parameter: an RFC 3339 time, or a
@@ -171,29 +171,4 @@ func parseSince(v string, now time.Time) (time.Time, error) {
 		return now.Add(-d), nil
 	}
 	return time.Time{}, fmt.Errorf("since %q: want an RFC 3339 time or a duration such as 10m: %w", v, errdefs.ErrInvalidArgument)
-}
-
-// policyFromWire and policyToWire carry a policy across the API edge; the
-// field-for-field conversion of HTTPRule breaks the build if the two
-// drift, and TestWireMirrorsInternal checks the JSON names.
-func policyFromWire(in types.NetworkPolicy) policy.Policy {
-	p := policy.Policy{Mode: policy.Mode(in.Mode), Allow: in.Allow, Deny: in.Deny}
-	if in.HTTP != nil {
-		p.HTTP = make([]policy.HTTPRule, len(in.HTTP))
-		for i, r := range in.HTTP {
-			p.HTTP[i] = policy.HTTPRule(r)
-		}
-	}
-	return p
-}
-
-func policyToWire(p policy.Policy) types.NetworkPolicy {
-	out := types.NetworkPolicy{Mode: string(p.Mode), Allow: p.Allow, Deny: p.Deny}
-	if p.HTTP != nil {
-		out.HTTP = make([]types.HTTPRule, len(p.HTTP))
-		for i, r := range p.HTTP {
-			out.HTTP[i] = types.HTTPRule(r)
-		}
-	}
-	return out
 }

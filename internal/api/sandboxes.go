@@ -13,6 +13,7 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/units"
 )
@@ -91,7 +92,7 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 		return out, badField("on_node_lost", fmt.Errorf("on_node_lost %q: a Berth daemon runs its sandboxes on its own host and places nothing; the field is the Kubernetes gateway's (berth serve --kubernetes): %w", in.OnNodeLost, errdefs.ErrNotImplemented))
 	}
 	if in.Network != nil {
-		p := policyFromWire(*in.Network)
+		p := policy.FromWire(*in.Network)
 		out.Network = &p
 	}
 	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume

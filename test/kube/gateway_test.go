@@ -232,6 +232,25 @@ func TestGateway(t *testing.T) {
 	if _, err := gwB.NetworkLog(ctx, sb.ID, false); err != nil {
 		t.Errorf("network log through B: %v", err)
 	}
+	// A policy set through A is the node daemon's, read through B; a bad
+	// entry is named and changes nothing.
+	if pol, err := gwA.SetNetworkPolicy(ctx, sb.ID, client.NetworkPolicy{Mode: "allow", Allow: []string{"PyPI.org", "198.51.100.0/24"}}); err != nil || pol.Mode != "allow" {
+		t.Errorf("set network policy through A = %+v, %v", pol, err)
+	}
+	wantAllow := []string{"pypi.org", "198.51.100.0/24"}
+	if pol, err := gwB.NetworkPolicy(ctx, sb.ID); err != nil || pol.Mode != "allow" || !slices.Equal(pol.Allow, wantAllow) {
+		t.Errorf("network policy through B after the set = %+v, %v; want allow %v", pol, err, wantAllow)
+	}
+	var bad *errdefs.Error
+	if _, err := gwA.SetNetworkPolicy(ctx, sb.ID, client.NetworkPolicy{Mode: "allow", Allow: []string{"not a host"}}); !errors.As(err, &bad) || bad.Code != errdefs.CodeInvalidArgument || bad.Field != "allow[0]" {
+		t.Errorf("set a bad policy = %v, want invalid_argument naming allow[0]", err)
+	}
+	if pol, err := gwB.NetworkPolicy(ctx, sb.ID); err != nil || !slices.Equal(pol.Allow, wantAllow) {
+		t.Errorf("network policy after a refused set = %+v, %v", pol, err)
+	}
+	if _, err := gwOther.SetNetworkPolicy(ctx, sb.ID, client.NetworkPolicy{Mode: "open"}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's policy set = %v, want not found", err)
+	}
 	// Another key sees none of it.
 	if _, err := gwOther.Worklog(ctx, sb.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("another key's work log read = %v, want not found", err)

@@ -100,11 +100,11 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 		return nil, fieldErr("isolation", errdefs.ErrInvalidArgument, "isolation %q: want one of %s, %s", in.Isolation, types.IsolationRunc, types.IsolationGVisor)
 	}
 	if in.Network != nil {
-		b, err := json.Marshal(in.Network)
+		_, v, err := networkAnnotation(*in.Network, "network.")
 		if err != nil {
-			return nil, fieldErr("network", errdefs.ErrInvalidArgument, "network: %v", err)
+			return nil, err
 		}
-		ann[node.AnnotationNetwork] = string(b)
+		ann[node.AnnotationNetwork] = v
 	}
 	if in.User != "" {
 		if !types.ValidUserName(in.User) {

@@ -20,12 +20,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
@@ -150,6 +152,9 @@ func runNode(t *testing.T, kube *fake.Clientset) {
 		n := 0
 		for ev := range w.ResultChan() {
 			pod, ok := ev.Object.(*corev1.Pod)
+			if ok && ev.Type == watch.Modified {
+				applyNetwork(t, kube, pod)
+			}
 			if !ok || ev.Type != watch.Added {
 				continue
 			}
@@ -176,6 +181,31 @@ func runNode(t *testing.T, kube *fake.Clientset) {
 			}
 		}
 	}()
+}
+
+// applyNetwork plays the node's side of a running pod's network
+// annotation: it reports the value applied in node.ConditionNetwork, or
+// refused with permission_denied (as an operator's ceiling would) when it
+// allows refused.example.
+func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
+	v := pod.Annotations[node.AnnotationNetwork]
+	if pod.Status.Phase != corev1.PodRunning {
+		return
+	}
+	if done, _ := node.NetworkStatus(pod, v); done {
+		return
+	}
+	c := corev1.PodCondition{Type: node.ConditionNetwork, Status: corev1.ConditionTrue, Reason: node.NetworkApplied,
+		Message: "policy " + node.NetworkHash(v) + " applied"}
+	if strings.Contains(v, "refused.example") {
+		c.Status, c.Reason = corev1.ConditionFalse, node.NetworkRefused
+		c.Message = "policy " + node.NetworkHash(v) + " refused: permission_denied: allow[0] \"refused.example\": beyond the operator's ceiling"
+	}
+	pod = pod.DeepCopy()
+	pod.Status.Conditions = append(slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == node.ConditionNetwork }), c)
+	if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+		t.Errorf("node: update pod %s: %v", pod.Name, err)
+	}
 }
 
 type env struct {
@@ -261,7 +291,7 @@ func (e env) podNames(t *testing.T) []string {
 func TestCreateGetListDelete(t *testing.T) {
 	e := startGateway(t, false)
 	var sb types.Sandbox
-	code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"minimal","cpu":0.5,"memory":"256M","isolation":"gvisor","network":{"mode":"allowlist","allow":["pypi.org"]},"env":{"A":"1"},"labels":{"team":"x"},"timeout":"90s","user":"agent","allow_sudo":true}`, &sb)
+	code, eb := e.call(t, "POST", "/v1/sandboxes", "", `{"template":"minimal","cpu":0.5,"memory":"256M","isolation":"gvisor","network":{"mode":"allow","allow":["PyPI.org."]},"env":{"A":"1"},"labels":{"team":"x"},"timeout":"90s","user":"agent","allow_sudo":true}`, &sb)
 	if code != http.StatusCreated {
 		t.Fatalf("create = %d %+v", code, eb)
 	}
@@ -276,7 +306,7 @@ func TestCreateGetListDelete(t *testing.T) {
 		t.Fatal(err)
 	}
 	if pod.Labels[LabelManagedBy] != ManagedBy || pod.Annotations[node.AnnotationIsolation] != "gvisor" ||
-		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allowlist","allow":["pypi.org"]}` || pod.Spec.ActiveDeadlineSeconds != nil ||
+		pod.Annotations[node.AnnotationNetwork] != `{"mode":"allow","allow":["pypi.org"]}` || pod.Spec.ActiveDeadlineSeconds != nil ||
 		pod.Annotations[AnnotationOnNodeLost] != types.OnNodeLostFail || pod.Annotations[node.AnnotationUser] != "agent" || pod.Annotations[node.AnnotationAllowSudo] != "true" {
 		t.Errorf("pod = labels %v annotations %v active deadline %v", pod.Labels, pod.Annotations, pod.Spec.ActiveDeadlineSeconds)
 	}
@@ -458,7 +488,7 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/v1/sandboxes/abc/pause"}, {"PUT", "/v1/sandboxes/abc/network"}, {"GET", "/v1/templates"},
+		{"POST", "/v1/sandboxes/abc/pause"}, {"GET", "/v1/templates"},
 		{"POST", "/v1/sandboxes/abc/snapshots"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
@@ -649,5 +679,61 @@ func TestQuota(t *testing.T) {
 	// Other keys are not bound by carol's quota.
 	if st, body := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"memory":"512M","timeout":"2h"}`, nil); st != http.StatusCreated {
 		t.Errorf("alice's create = %d %+v", st, body)
+	}
+}
+
+// TestSetNetwork: PUT …/network writes the normalized policy to the pod's
+// network annotation and answers once the node reports it applied; a bad
+// entry is named and changes nothing; a policy the node's daemon refuses
+// answers its error and the annotation goes back to the policy the
+// sandbox holds; another key's sandbox is not found.
+func TestSetNetwork(t *testing.T) {
+	e := startGateway(t, true)
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"network":{"mode":"allow","allow":["a b"]}}`, nil); code != 400 || eb.Field != "network.allow[0]" {
+		t.Errorf("create with a bad policy = %d %+v, want 400 naming network.allow[0]", code, eb)
+	}
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"network":{"mode":"allow","allow":["pypi.org"]}}`, &sb); code != http.StatusCreated {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	annotation := func() string {
+		t.Helper()
+		pod, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.ID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pod.Annotations[node.AnnotationNetwork]
+	}
+	var got types.NetworkPolicy
+	if code, eb := e.call(t, "PUT", "/v1/sandboxes/"+sb.ID+"/network", keyAlice, `{"mode":"allow","allow":["Example.COM"],"http":[{"host":"api.example.com","methods":["get"],"path":"/v1/"}]}`, &got); code != 200 {
+		t.Fatalf("put network = %d %+v", code, eb)
+	}
+	want := `{"mode":"allow","allow":["example.com"],"http":[{"host":"api.example.com","methods":["GET"],"path":"/v1/"}]}`
+	if a := annotation(); a != want || got.Mode != "allow" || !slices.Equal(got.Allow, []string{"example.com"}) {
+		t.Errorf("after put: annotation %s, answer %+v; want %s", a, got, want)
+	}
+	for _, tc := range []struct {
+		id, key, body string
+		status        int
+		code, field   string
+	}{
+		{sb.ID, keyAlice, `{"mode":"allow","allow":["ok.example","bad entry"]}`, 400, errdefs.CodeInvalidArgument, "allow[1]"},
+		{sb.ID, keyAlice, `{"mode":"sometimes"}`, 400, errdefs.CodeInvalidArgument, "mode"},
+		{sb.ID, keyAlice, `{"mode":"open","x":1}`, 400, errdefs.CodeInvalidArgument, "body"},
+		{sb.ID, keyAlice, `{"mode":"allow","allow":["refused.example"]}`, 403, errdefs.CodePermissionDenied, ""},
+		{sb.ID, keyBob, `{"mode":"open"}`, 404, errdefs.CodeNotFound, ""},
+		{"nosuchsandbox", keyAlice, `{"mode":"open"}`, 404, errdefs.CodeNotFound, ""},
+	} {
+		code, eb := e.call(t, "PUT", "/v1/sandboxes/"+tc.id+"/network", tc.key, tc.body, nil)
+		if code != tc.status || eb.Code != tc.code || eb.Field != tc.field {
+			t.Errorf("put network %s %s = %d %+v, want %d %s on %q", tc.id, tc.body, code, eb, tc.status, tc.code, tc.field)
+		}
+		if a := annotation(); a != want {
+			t.Errorf("after refused put %s: annotation %s, want %s", tc.body, a, want)
+		}
+	}
+	// The policy the sandbox holds, written again, answers at once.
+	if code, eb := e.call(t, "PUT", "/v1/sandboxes/"+sb.ID+"/network", keyAlice, want, nil); code != 200 {
+		t.Errorf("put the same policy = %d %+v", code, eb)
 	}
 }

@@ -24,6 +24,9 @@ type Sandboxes interface {
 	// until it ends or ctx does.
 	FollowEvents(ctx context.Context, id string, fn func(client.Event) error) error
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
+	// SetNetworkPolicy replaces the sandbox's egress policy; a policy
+	// the daemon refuses changes nothing.
+	SetNetworkPolicy(ctx context.Context, id string, np client.NetworkPolicy) error
 	// Start runs a command in the background and returns its pid; Attach
 	// waits for it to end and returns its exit code.
 	Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error)
@@ -82,6 +85,11 @@ func (a apiSandboxes) FollowEvents(ctx context.Context, id string, fn func(clien
 
 func (a apiSandboxes) SetTimeout(ctx context.Context, id string, d time.Duration) error {
 	_, err := a.c.SetTimeout(ctx, id, d)
+	return err
+}
+
+func (a apiSandboxes) SetNetworkPolicy(ctx context.Context, id string, np client.NetworkPolicy) error {
+	_, err := a.c.SetNetworkPolicy(ctx, id, np)
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"path"
 	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -26,7 +27,7 @@ const (
 	AnnotationIsolation = "berth.dev/isolation"
 	// AnnotationNetwork is the egress policy: "none" (the default),
 	// "open", or a JSON network policy as the API takes it
-	// ({"mode":"allowlist","allow":["pypi.org"]}).
+	// ({"mode":"allow","allow":["pypi.org"]}).
 	AnnotationNetwork = "berth.dev/network"
 	// AnnotationEnv is the sandbox's environment, a JSON object of
 	// strings: what every process in it gets (the API's create env),
@@ -222,13 +223,16 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 
 // settingsChange says which of the settings a sandbox was made with
 // (running plans) the pod now states otherwise, "" when none; a pod that
-// no longer plans at all says why.
+// no longer plans at all says why. The network policy is not among them:
+// a running sandbox's changes (applyNetwork).
 func settingsChange(running plan, pod *corev1.Pod) string {
+	pod = pod.DeepCopy()
+	delete(pod.Annotations, AnnotationNetwork)
 	now, err := planPod(pod, running.req.Labels[LabelNode])
 	if err != nil {
 		return err.Error()
 	}
-	diff := changedSettings(running.req, now.req)
+	diff := slices.DeleteFunc(changedSettings(running.req, now.req), func(s string) bool { return s == "network" })
 	if len(diff) == 0 {
 		return ""
 	}

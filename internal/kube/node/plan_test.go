@@ -48,7 +48,7 @@ func TestPlanPod(t *testing.T) {
 func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
-		AnnotationNetwork: `{"mode":"allowlist","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`,
+		AnnotationNetwork: `{"mode":"allow","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`,
 		AnnotationUser: "user", AnnotationAllowSudo: "true"}
 	d := int64(90)
 	pod.Spec.ActiveDeadlineSeconds = &d
@@ -62,7 +62,7 @@ func TestPlanPodAnnotations(t *testing.T) {
 	if p.req.User != "user" || p.req.AllowSudo == nil || !*p.req.AllowSudo {
 		t.Errorf("user %q, allow_sudo %v: want user, true", p.req.User, p.req.AllowSudo)
 	}
-	if p.req.Network == nil || p.req.Network.Mode != "allowlist" || !reflect.DeepEqual(p.req.Network.Allow, []string{"pypi.org"}) {
+	if p.req.Network == nil || p.req.Network.Mode != "allow" || !reflect.DeepEqual(p.req.Network.Allow, []string{"pypi.org"}) {
 		t.Errorf("network = %+v", p.req.Network)
 	}
 }
@@ -156,7 +156,7 @@ func TestImageTemplate(t *testing.T) {
 // FuzzParseNetwork: the annotation is the pod author's; whatever it holds
 // is either a policy or a plan error, never a panic.
 func FuzzParseNetwork(f *testing.F) {
-	for _, s := range []string{"", "none", "open", `{"mode":"allowlist","allow":["a.b"]}`, `{"mode":1}`, "{", `{} {}`} {
+	for _, s := range []string{"", "none", "open", `{"mode":"allow","allow":["a.b"]}`, `{"mode":1}`, "{", `{} {}`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {

@@ -64,6 +64,9 @@ type podState struct {
 	// last set from; dmu orders the settings.
 	applied string
 	dmu     sync.Mutex
+	// net is the sandbox's egress policy against AnnotationNetwork
+	// (network.go); dmu orders its changes too.
+	net netState
 }
 
 // containerState is a container's current run (running, or exited with
@@ -125,7 +128,7 @@ func (p *Pods) CreatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
 	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), cancel: cancel, containers: map[string]*containerState{},
-		applied: pod.Annotations[AnnotationDeadline]}
+		applied: pod.Annotations[AnnotationDeadline], net: netState{applied: pod.Annotations[AnnotationNetwork], known: true}}
 	p.pods[k] = ps
 	p.mu.Unlock()
 
@@ -174,8 +177,10 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		sb = full
 	}
 	p.adopt(ctx, ps, sb)
-	// The deadline may have moved while the sandbox was being made.
+	// The deadline and the policy may have moved while the sandbox was
+	// being made.
 	p.applyDeadline(ctx, ps)
+	p.applyNetwork(ctx, ps)
 	// The containers' log directory exists before any of them starts: a
 	// log follower watches it from the container's start on.
 	if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
@@ -315,13 +320,13 @@ func (p *Pods) kill(id string) error {
 }
 
 // UpdatePod takes a changed pod's metadata (a running pod's spec does not
-// change): a moved AnnotationDeadline becomes the sandbox's deadline, and
-// AnnotationLost ends the sandbox. A change of what the sandbox was made
-// with (template, isolation, network, environment, user, sudo) cannot be
-// applied to it: the pod fails with ReasonSettingsChanged and its sandbox
-// ends, rather than run on with settings its pod no longer states (an
-// agent-sandbox warm pool's pod claimed with another network policy is
-// one such).
+// change): a moved AnnotationDeadline becomes the sandbox's deadline, a
+// changed AnnotationNetwork its egress policy (applyNetwork), and
+// AnnotationLost ends the sandbox. A change of the rest of what the
+// sandbox was made with (template, isolation, environment, user, sudo)
+// cannot be applied to it: the pod fails with ReasonSettingsChanged and
+// its sandbox ends, rather than run on with settings its pod no longer
+// states.
 func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	p.mu.Lock()
 	ps, ok := p.pods[key(pod.Namespace, pod.Name)]
@@ -331,6 +336,11 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	}
 	lost := pod.Annotations[AnnotationLost] != "" && ps.pod.Annotations[AnnotationLost] == ""
 	moved := pod.Annotations[AnnotationDeadline] != ps.applied
+	if pod.Annotations[AnnotationNetwork] != ps.pod.Annotations[AnnotationNetwork] {
+		// A new value gets its own try, even one refused before.
+		ps.net.refused, ps.net.refusedErr = "", nil
+	}
+	renet := !ps.net.known || pod.Annotations[AnnotationNetwork] != ps.net.applied
 	changed := ""
 	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
 		changed = settingsChange(ps.plan, pod)
@@ -351,11 +361,12 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 			defer p.wg.Done()
 			p.lose(ps)
 		}()
-	case moved:
+	case moved || renet:
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
 			p.applyDeadline(p.ctx, ps)
+			p.applyNetwork(p.ctx, ps)
 		}()
 	}
 	return nil
@@ -561,6 +572,9 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		{Type: corev1.ContainersReady, Status: ready, LastTransitionTime: now},
 		{Type: corev1.PodReady, Status: ready, LastTransitionTime: now},
 	}
+	if ps.sandboxID != "" && ps.reason == "" {
+		st.Conditions = append(st.Conditions, networkCondition(ps, now))
+	}
 	return pod
 }
 
@@ -643,8 +657,10 @@ func (p *Pods) reconcile(ctx context.Context) error {
 		if err := p.readopt(cctx, ps, sb); err != nil {
 			return err
 		}
-		// The deadline may have moved while the node was away.
+		// The deadline may have moved while the node was away, and the
+		// policy too: it is set again (ps.net is not known).
 		p.applyDeadline(cctx, ps)
+		p.applyNetwork(cctx, ps)
 		p.log.Info("pod_adopted", "pod", key(ns, name), "sandbox_id", sb.ID)
 	}
 	return nil

@@ -1,0 +1,220 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
+
+	apitypes "github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/policy"
+)
+
+// A sandbox's egress policy is its pod's node.AnnotationNetwork. Its node
+// applies the annotation at create and each time it changes, and reports
+// in the pod's node.ConditionNetwork, by the value's hash, whether the
+// daemon took it or refused it (an operator's ceiling, say). So a policy
+// holds while no gateway runs, `kubectl annotate` changes it as PUT
+// …/network does, and any gateway replica reads the outcome from its
+// informer.
+
+// networkApplyTimeout bounds how long PUT …/network waits for the node's
+// word on a new policy.
+const networkApplyTimeout = time.Minute
+
+// networkAnnotation validates a policy from the wire and returns its
+// annotation value (the normalized policy as JSON), naming the bad entry
+// under prefix ("network." at create, "" for PUT …/network).
+func networkAnnotation(in apitypes.NetworkPolicy, prefix string) (policy.Policy, string, error) {
+	p := policy.FromWire(in)
+	if err := p.Validate(); err != nil {
+		var re *policy.RuleError
+		if errors.As(err, &re) {
+			return p, "", fieldErr(prefix+re.Field, errdefs.ErrInvalidArgument, "%s%v", prefix, err)
+		}
+		return p, "", fieldErr(prefix+"mode", errdefs.ErrInvalidArgument, "%v", err)
+	}
+	p = p.Normalize()
+	b, err := json.Marshal(policy.ToWire(p))
+	if err != nil {
+		return p, "", err
+	}
+	return p, string(b), nil
+}
+
+// putNetwork is PUT /v1/sandboxes/{id}/network: the body is a policy, as
+// on a daemon. It answers once the sandbox's node applied it (200 with
+// the policy) or its daemon refused it (the daemon's error; the sandbox
+// keeps the policy it had, and so does its pod).
+func (g *Gateway) putNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var in apitypes.NetworkPolicy
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&in); err != nil {
+		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "want a network policy such as {\"mode\":\"allow\",\"allow\":[\"pypi.org\"]}: %v", err))
+		return
+	}
+	if dec.More() {
+		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "body holds more than one JSON value"))
+		return
+	}
+	pol, value, err := networkAnnotation(in, "")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := g.setNetwork(r.Context(), p, r.PathValue("id"), value); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, policy.ToWire(pol))
+}
+
+// setNetwork makes value the network annotation of the caller's sandbox
+// id and waits for its node's outcome. A refused value is taken back off
+// the pod (unless another writer changed it since), so the annotation
+// keeps stating the policy the sandbox holds.
+func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value string) error {
+	pod, err := g.sandboxPod(p, id)
+	if err != nil {
+		return err
+	}
+	if st := state(pod); st != apitypes.StateReady {
+		return fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
+	}
+	prev, had := pod.Annotations[node.AnnotationNetwork]
+	if had && prev == value {
+		// Written before: the node's word on it may already be in.
+		if done, err := node.NetworkStatus(pod, value); done {
+			return err
+		}
+	}
+	changed, stop := g.watch(id)
+	defer stop()
+	if err := g.writeNetwork(ctx, pod, id, &value); err != nil {
+		return err
+	}
+	g.log.Info("sandbox_network_requested", "sandbox_id", id, "policy_hash", node.NetworkHash(value))
+	werr := g.waitNetwork(ctx, id, pod.UID, value, changed)
+	if werr == nil {
+		g.log.Info("sandbox_network_set", "sandbox_id", id, "policy_hash", node.NetworkHash(value))
+		return nil
+	}
+	var refused *networkRefused
+	if !errors.As(werr, &refused) {
+		return werr
+	}
+	g.log.Warn("sandbox_network_refused", "sandbox_id", id, "policy_hash", node.NetworkHash(value), "err", refused.err)
+	// Put the previous value back, the teardown outliving the request.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[node.AnnotationNetwork] == value {
+		var back *string
+		if had {
+			back = &prev
+		}
+		if err := g.writeNetworkAt(rctx, cur, id, back); err != nil && !apierrors.IsConflict(err) {
+			g.log.Warn("sandbox_network_restore_failed", "sandbox_id", id, "err", err)
+		}
+	}
+	return refused.err
+}
+
+// networkRefused is the node's refusal of a policy.
+type networkRefused struct{ err error }
+
+func (e *networkRefused) Error() string { return e.err.Error() }
+
+// writeNetwork sets the network annotation (nil: removes it) on the pod
+// (its UID a precondition), or on its claim for a claimed sandbox.
+func (g *Gateway) writeNetwork(ctx context.Context, pod *corev1.Pod, id string, value *string) error {
+	if claimed(pod) {
+		v := ""
+		if value != nil {
+			v = *value
+		}
+		return g.claims.setAnnotation(ctx, id, node.AnnotationNetwork, v)
+	}
+	return g.patchNetwork(ctx, pod, id, value, "")
+}
+
+// writeNetworkAt is writeNetwork that changes a gateway-made pod only at
+// its cached resourceVersion: a value written since by someone else
+// stays.
+func (g *Gateway) writeNetworkAt(ctx context.Context, pod *corev1.Pod, id string, value *string) error {
+	if claimed(pod) {
+		return g.writeNetwork(ctx, pod, id, value)
+	}
+	return g.patchNetwork(ctx, pod, id, value, pod.ResourceVersion)
+}
+
+func (g *Gateway) patchNetwork(ctx context.Context, pod *corev1.Pod, id string, value *string, rv string) error {
+	meta := map[string]any{"uid": pod.UID, "annotations": map[string]*string{node.AnnotationNetwork: value}}
+	if rv != "" {
+		meta["resourceVersion"] = rv
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return err
+	}
+	_, err = g.cfg.Kube.CoreV1().Pods(g.cfg.Namespace).Patch(ctx, pod.Name, ktypes.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		if apierrors.IsConflict(err) {
+			return err
+		}
+		return kubeErr("set the network policy of sandbox "+id, err)
+	}
+	return nil
+}
+
+// waitNetwork reads the sandbox's pod from the cache each time it changes
+// until its node applied value (nil), refused it (*networkRefused), the
+// sandbox ended, another value replaced it, or networkApplyTimeout passed.
+// Once the cache showed value on the pod, another value there is a later
+// writer's (before, it may be the cache lagging behind the write).
+func (g *Gateway) waitNetwork(ctx context.Context, id string, uid ktypes.UID, value string, changed <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, networkApplyTimeout)
+	defer cancel()
+	caught := false
+	for {
+		pod, err := g.podByID(id)
+		switch {
+		case apierrors.IsNotFound(err) || err == nil && pod.UID != uid:
+			return fmt.Errorf("sandbox %s ended while its network policy was being set: %w", id, errdefs.ErrFailedPrecondition)
+		case err != nil:
+			return err
+		}
+		if done, err := node.NetworkStatus(pod, value); done {
+			if err != nil {
+				return &networkRefused{err}
+			}
+			return nil
+		}
+		if st := state(pod); st != apitypes.StateReady {
+			return fmt.Errorf("sandbox %s is %s: its network policy was not set: %w", id, st, errdefs.ErrFailedPrecondition)
+		}
+		cur := pod.Annotations[node.AnnotationNetwork]
+		if caught && cur != value {
+			return fmt.Errorf("sandbox %s: another update replaced this network policy before its node applied it: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		caught = caught || cur == value
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return fmt.Errorf("sandbox %s: its node did not report the new network policy within %s (the pod keeps it and the node applies it when it can): %w", id, networkApplyTimeout, errdefs.ErrUnavailable)
+			}
+			return ctx.Err()
+		}
+	}
+}
