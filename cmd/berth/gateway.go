@@ -38,6 +38,7 @@ type gatewayOptions struct {
 	lifecycle     gateway.LifecycleConfig
 	onNodeLost    string
 	claims        string
+	e2bNetwork    string
 }
 
 func (g *gatewayOptions) bind(f *pflag.FlagSet) {
@@ -55,6 +56,7 @@ func (g *gatewayOptions) bind(f *pflag.FlagSet) {
 	f.DurationVar(&g.lifecycle.NodeLostAfter, "node-lost-after", 40*time.Second, "with --kubernetes: a Berth node whose lease has not changed for this long is lost: its sandboxes are reported lost or made again (--on-node-lost)")
 	f.StringVar(&g.claims, "sandbox-claims", gateway.ClaimsAuto, "with --kubernetes: auto makes a sandbox through an agent-sandbox SandboxClaim where those CRDs are installed and a SandboxWarmPool in --namespace is labelled berth.dev/template=<template>; off always makes its pod directly")
 	f.StringVar(&g.onNodeLost, "on-node-lost", "fail", "with --kubernetes: what happens to a sandbox whose node is lost when its create names no on_node_lost: fail (reported lost) or recreate (made again, same ID, on another node)")
+	f.StringVar(&g.e2bNetwork, "e2b-default-network", "open", "with --kubernetes: what E2B's allow_internet_access: true (the SDKs' default) gives a sandbox: open (egress to the internet) or none (no egress; as the daemon's e2b_default_network)")
 	f.StringVar(&g.lifecycle.Identity, "leader-id", "", "with --kubernetes: this replica's name in the leader election (default hostname_pid); the leader clears ended sandboxes and acts on lost nodes")
 }
 
@@ -77,6 +79,9 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	}
 	if g.lifecycle.NodeLostAfter <= 0 {
 		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "node-lost-after", Message: fmt.Sprintf("--node-lost-after %s: want a positive duration", g.lifecycle.NodeLostAfter)}
+	}
+	if g.e2bNetwork != "open" && g.e2bNetwork != "none" {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "e2b-default-network", Message: fmt.Sprintf("--e2b-default-network %q: want open or none", g.e2bNetwork)}
 	}
 	listen := o.flags.Listen
 	if g.apiKeys == "" && !o.flags.InsecureNoAuth && !daemon.LoopbackOnly(listen) {
@@ -127,7 +132,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	gw, err := gateway.New(gateway.Config{
 		Kube: kube, Dynamic: dyn, Claims: g.claims, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
 		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout, OnNodeLost: g.onNodeLost,
-		Domain:  o.flags.E2BDomain,
+		Domain: o.flags.E2BDomain, E2BNoInternet: g.e2bNetwork == "none",
 		Version: buildVersion(), Logger: log,
 	})
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
@@ -18,6 +19,9 @@ import (
 
 type agentTarget struct {
 	id, addr, token, path string
+	// port is a server of the sandbox's own (ports.go), not its agent:
+	// no token goes to it, and it sees the Host the client used.
+	port bool
 }
 
 type targetKey struct{}
@@ -40,8 +44,14 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 			pr.Out.URL = &url.URL{Scheme: "http", Host: t.addr, Path: t.path, RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
 			// The daemon authenticates to the agent; whatever token the
-			// client sent is replaced.
-			pr.Out.Header.Set("X-Access-Token", t.token)
+			// client sent is replaced, and a server of the sandbox's own
+			// gets none.
+			pr.Out.Header.Del("X-Access-Token")
+			if t.port {
+				forwardTo(pr)
+			} else {
+				pr.Out.Header.Set("X-Access-Token", t.token)
+			}
 			// The caller's API key never reaches code in the sandbox.
 			pr.Out.Header.Del("X-API-Key")
 			if a := pr.Out.Header.Get("Authorization"); len(a) > 7 && strings.EqualFold(a[:7], "bearer ") {
@@ -67,12 +77,27 @@ func (s *Server) agentProxy() *httputil.ReverseProxy {
 			if errors.Is(err, context.Canceled) {
 				return
 			}
+			if t, _ := r.Context().Value(targetKey{}).(agentTarget); t.port {
+				// 502, as a proxy answers when nothing serves behind it.
+				_, port, _ := net.SplitHostPort(t.addr)
+				writeJSON(w, http.StatusBadGateway, errorBody{Code: errdefs.CodeUnavailable, Field: "port",
+					Message: "nothing answers on port " + port + " in sandbox " + t.id + ": " + err.Error()})
+				return
+			}
 			writeError(w, fmt.Errorf("sandbox agent unreachable: %v: %w", err, errdefs.ErrUnavailable))
 		},
 	}
 }
 
 func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
+	s.proxyInto(w, r, func(id string, agent sandbox.AgentEndpoint) (agentTarget, error) {
+		return agentTarget{id: id, addr: agent.Addr, token: agent.Token, path: "/" + r.PathValue("rest")}, nil
+	}, func(ctx context.Context, id string) context.Context { return worklog.WithSandbox(ctx, id, "native") })
+}
+
+// proxyInto proxies r to the target that target makes of sandbox {id}'s
+// agent endpoint, in a context wrap may add to.
+func (s *Server) proxyInto(w http.ResponseWriter, r *http.Request, target func(string, sandbox.AgentEndpoint) (agentTarget, error), wrap func(context.Context, string) context.Context) {
 	id := r.PathValue("id")
 	if err := validID(id); err != nil {
 		writeError(w, err)
@@ -87,11 +112,18 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer release()
+	t, err := target(id, agent)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	// Clients stream request bodies (stdin, uploads) while the answer
 	// streams back; without full duplex the HTTP/1 server cuts the body
 	// off once response headers are flushed.
 	// HTTP/2 is full duplex already and answers ErrNotSupported.
 	_ = http.NewResponseController(w).EnableFullDuplex()
-	t := agentTarget{id: id, addr: agent.Addr, token: agent.Token, path: "/" + r.PathValue("rest")}
-	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(worklog.WithSandbox(ctx, id, "native"), targetKey{}, t)))
+	if wrap != nil {
+		ctx = wrap(ctx, id)
+	}
+	s.proxy.ServeHTTP(w, r.WithContext(context.WithValue(ctx, targetKey{}, t)))
 }

@@ -2,7 +2,6 @@ package e2bcompat
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -462,16 +461,12 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	if in.AllowPublicTraffic != nil || in.MaskRequestHost != nil || present(in.HTTPSPorts) {
-		writeError(w, http.StatusBadRequest, "allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated")
-		return
-	}
-	policy, internet, err := e2bwire.ApplyNetwork(in, true, s.cfg.DefaultNetwork == "none")
+	ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), sb.ID)
 	if err != nil {
 		writeErr(w, err)
 		return
 	}
-	ext, err := s.cfg.Store.GetE2BSandbox(r.Context(), sb.ID)
+	policy, stored, err := in.Update(ext.Network, s.cfg.DefaultNetwork == "none")
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -480,11 +475,7 @@ func (s *Server) updateNetwork(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	var prev e2bwire.NetworkConfig
-	// A record without network settings leaves prev at its zero value.
-	_ = json.Unmarshal([]byte(ext.Network), &prev)
-	in.AllowPublicTraffic = prev.AllowPublicTraffic
-	ext.Network = in.StoreJSON(internet)
+	ext.Network = stored
 	if err := s.cfg.Store.PutE2BSandbox(context.WithoutCancel(r.Context()), ext); err != nil {
 		writeErr(w, err)
 		return

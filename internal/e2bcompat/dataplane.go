@@ -15,6 +15,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/agentlink"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -22,7 +23,7 @@ import (
 
 // TrafficTokenHeader carries a sandbox's traffic access token on preview
 // traffic when the sandbox was created with allowPublicTraffic: false.
-const TrafficTokenHeader = "E2b-Traffic-Access-Token"
+const TrafficTokenHeader = e2bwire.TrafficTokenHeader
 
 type target struct {
 	id   string
@@ -192,27 +193,17 @@ func equal(got, want string) bool {
 // again itself. Expired and unknown signatures are 401, as the agent
 // answers them.
 func (s *Server) serveSignedFiles(w http.ResponseWriter, r *http.Request) {
-	var op string
-	switch r.Method {
-	case http.MethodGet, http.MethodHead:
-		op = "read"
-	case http.MethodPost:
-		op = "write"
-	default:
+	op, exp, err := e2bwire.SignedFiles(r)
+	if op == "" {
 		w.Header().Set("Allow", "GET, HEAD, POST")
 		writeError(w, http.StatusMethodNotAllowed, r.Method+" /files: want GET (download) or POST (upload)")
 		return
 	}
-	q := r.URL.Query()
-	var exp int64
-	if v := q.Get("signature_expiration"); v != "" {
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			writeError(w, http.StatusUnauthorized, "invalid signature_expiration "+strconv.Quote(v))
-			return
-		}
-		exp = n
+	if err != nil {
+		writeError(w, http.StatusUnauthorized, err.Error())
+		return
 	}
+	q := r.URL.Query()
 	if exp != 0 && exp < time.Now().Unix() {
 		writeError(w, http.StatusUnauthorized, "signature is already expired")
 		return

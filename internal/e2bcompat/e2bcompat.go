@@ -10,7 +10,6 @@ package e2bcompat
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
@@ -175,4 +174,3 @@ func writeErr(w http.ResponseWriter, err error)                { e2bwire.WriteEr
 func writeJSON(w http.ResponseWriter, status int, v any)       { e2bwire.WriteJSON(w, status, v) }
 func sandboxGone(w http.ResponseWriter, id string)             { e2bwire.SandboxGone(w, id) }
 func decode(r *http.Request, v any) error                      { return e2bwire.Decode(r, v) }
-func present(raw json.RawMessage) bool                         { return e2bwire.Present(raw) }

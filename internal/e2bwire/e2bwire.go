@@ -448,3 +448,26 @@ func Target(r *http.Request, domain string, envdPort int) (id string, port int, 
 	id, port, ok = ParseHost(r.Host, domain)
 	return id, port, ok, nil
 }
+
+// SignedFiles reads a /files request signed as the SDKs' uploadUrl and
+// downloadUrl sign it: the operation its method stands for ("read" for
+// GET and HEAD, "write" for POST, "" for any other method) and its
+// signature_expiration (0: none; a malformed one is an error).
+func SignedFiles(r *http.Request) (op string, exp int64, err error) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		op = "read"
+	case http.MethodPost:
+		op = "write"
+	}
+	if v := r.URL.Query().Get("signature_expiration"); v != "" {
+		if exp, err = strconv.ParseInt(v, 10, 64); err != nil {
+			return op, 0, fmt.Errorf("invalid signature_expiration %s", strconv.Quote(v))
+		}
+	}
+	return op, exp, nil
+}
+
+// TrafficTokenHeader carries a sandbox's traffic access token on preview
+// traffic when the sandbox was created with allowPublicTraffic: false.
+const TrafficTokenHeader = "E2b-Traffic-Access-Token"

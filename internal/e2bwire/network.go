@@ -162,6 +162,26 @@ func hostCIDR(s string) string {
 	return s
 }
 
+// Update turns the body of PUT /sandboxes/{id}/network into the sandbox's
+// new settings given its stored ones (StoreJSON's): the ingress options
+// are fixed at create, so the update may not name them and keeps the
+// stored allowPublicTraffic. It returns the egress policy, as
+// ApplyNetwork, and the settings to store.
+func (n NetworkConfig) Update(stored string, noInternet bool) (policy.Policy, string, error) {
+	if n.AllowPublicTraffic != nil || n.MaskRequestHost != nil || Present(n.HTTPSPorts) {
+		return policy.Policy{}, "", fmt.Errorf("allowPublicTraffic, maskRequestHost and httpsPorts are set at create and cannot be updated: %w", errdefs.ErrInvalidArgument)
+	}
+	p, internet, err := ApplyNetwork(n, true, noInternet)
+	if err != nil {
+		return p, "", err
+	}
+	var prev NetworkConfig
+	// Settings never stored leave prev at its zero value.
+	_ = json.Unmarshal([]byte(stored), &prev)
+	n.AllowPublicTraffic = prev.AllowPublicTraffic
+	return p, n.StoreJSON(internet), nil
+}
+
 // ApplyNetwork checks a network config (the ingress options Berth's
 // preview routing honours) and returns its egress policy and whether its
 // base stance is the open internet (see EgressPolicy).

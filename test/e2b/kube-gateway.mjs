@@ -41,11 +41,39 @@ test('kube gateway: create through A, run and write through A and B, list and ki
   assert.equal((await sbx.files.read('/tmp/big.txt')).length, big.length)
   assert.ok((await sbx.files.list('/home/user')).some((e) => e.name === 'hello.txt'))
 
-  // Gateway B reaches the same sandbox with the same token.
-  const b = await Sandbox.connect(sbx.sandboxId, viaB).catch((err) => err)
-  assert.ok(b instanceof Error, 'connect is not served by the gateway (it keeps no token to hand out)')
-  const again = new Sandbox({ sandboxId: sbx.sandboxId, envdAccessToken: sbx.envdAccessToken, envdVersion: '0.6.13', ...viaB })
+  // Gateway B reaches the same sandbox: connect hands out the same token
+  // (every replica derives it from the shared key).
+  const again = await Sandbox.connect(sbx.sandboxId, viaB)
+  assert.equal(again.sandboxId, sbx.sandboxId)
   assert.equal(await again.files.read('/home/user/hello.txt'), 'hello, gateway')
+  assert.equal((await again.commands.run('cat /home/user/hello.txt')).stdout, 'hello, gateway')
+  await assert.rejects(Sandbox.connect(sbx.sandboxId, { ...viaB, apiKey: process.env.E2B_API_KEY_2 }), "another key cannot connect")
+
+  // Signed URLs: the gateway checks the signature (with the token it
+  // derives) and the file goes through the node. The SDK builds them
+  // against E2B_SANDBOX_URL (gateway A), naming no sandbox.
+  const up = await sbx.uploadUrl('/tmp/signed.txt', { useSignatureExpiration: 120 })
+  const form = new FormData()
+  form.append('file', new Blob(['signed upload']), 'signed.txt')
+  const put = await fetch(up, { method: 'POST', body: form })
+  assert.equal(put.status, 200, await put.clone().text())
+  assert.equal(await again.files.read('/tmp/signed.txt'), 'signed upload')
+  const down = new URL(await sbx.downloadUrl('/tmp/signed.txt'))
+  const viaBURL = new URL(down.pathname + down.search, gatewayB)
+  const get = await fetch(viaBURL, { headers: { 'E2b-Sandbox-Id': sbx.sandboxId } })
+  assert.equal(get.status, 200)
+  assert.equal(await get.text(), 'signed upload')
+  const forged = await fetch(down.href.replace('signed.txt', 'other.txt'))
+  assert.equal(forged.status, 401)
+
+  // The egress policy changes through B: the pod's annotation, which the
+  // node applies; getInfo reports E2B's settings.
+  await Sandbox.updateNetwork(sbx.sandboxId, { allowOut: ['pypi.org'], denyOut: ['0.0.0.0/0'] }, viaB)
+  const netInfo = await Sandbox.getInfo(sbx.sandboxId)
+  assert.deepEqual(netInfo.network.allowOut, ['pypi.org'])
+  assert.equal(netInfo.allowInternetAccess, false)
+  await assert.rejects(sbx.updateNetwork({ allowOut: ['bad domain!'] }), /bad domain/)
+  assert.deepEqual((await Sandbox.getInfo(sbx.sandboxId)).network.allowOut, ['pypi.org'])
 
   // Listing and info through B; the second key sees none of it.
   const listed = await Sandbox.list({ ...viaB, query: { metadata: { suite: 'kube-gateway' } } }).nextItems()

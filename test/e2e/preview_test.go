@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"io"
 	"math/big"
@@ -129,4 +130,50 @@ func previewCert(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
 	pool = x509.NewCertPool()
 	pool.AddCert(cert)
 	return certFile, keyFile, pool
+}
+
+// TestPortsRoute: /v1/sandboxes/{id}/ports/{port}/… reaches a server in
+// the sandbox through the API (the route the Kubernetes gateway reaches
+// ports by): the path after the port, the query and the client's Host (as
+// X-Forwarded-Host names it) go on, an access token does not; a port nothing
+// serves is 502 naming the port; the agent's port and a non-number are
+// refused by name; a killed sandbox's ports are gone.
+func TestPortsRoute(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	MustRun(t, sb, `mkdir -p /tmp/www/cgi-bin && echo served from inside > /tmp/www/hello.txt && `+
+		`printf '#!/bin/sh\nprintf "Content-Type: text/plain\\r\\n\\r\\n"\necho "host=$HTTP_HOST query=$QUERY_STRING key=$HTTP_X_API_KEY token=$HTTP_X_ACCESS_TOKEN"\n' > /tmp/www/cgi-bin/env && chmod +x /tmp/www/cgi-bin/env`)
+	if _, _, code := Run(t, sb, "busybox httpd -p 8080 -h /tmp/www"); code != 0 {
+		t.Fatal("busybox httpd did not start")
+	}
+	base := d.URL + "/v1/sandboxes/" + sb.ID + "/ports/"
+	if code, body := callAPI(t, "GET", base+"8080/hello.txt", "", nil); code != 200 || body != "served from inside\n" {
+		t.Errorf("GET through the ports route = %d %q, want the sandbox's file", code, body)
+	}
+	code, body := callAPI(t, "GET", base+"8080/cgi-bin/env?a=1", "", map[string]string{"X-Access-Token": "mine", "X-Forwarded-Host": "app.example"})
+	if code != 200 || !strings.Contains(body, "host=app.example query=a=1 ") || !strings.Contains(body, "key= token=\n") {
+		t.Errorf("CGI through the ports route = %d %q, want the forwarded host, the query and no token", code, body)
+	}
+	for _, tc := range []struct {
+		path   string
+		status int
+		code   string
+	}{
+		{"8081/", 502, "unavailable"},
+		{"49983/health", 400, "invalid_argument"},
+		{"http/", 400, "invalid_argument"},
+		{"70000/", 400, "invalid_argument"},
+	} {
+		code, body := callAPI(t, "GET", base+tc.path, "", nil)
+		var e struct{ Code, Field string }
+		if err := json.Unmarshal([]byte(body), &e); err != nil || code != tc.status || e.Code != tc.code || e.Field != "port" {
+			t.Errorf("GET ports/%s = %d %s, want %d %s naming port", tc.path, code, body, tc.status, tc.code)
+		}
+	}
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := callAPI(t, "GET", base+"8080/hello.txt", "", nil); code < 400 || code == 502 {
+		t.Errorf("GET a killed sandbox's port = %d %q, want its error", code, body)
+	}
 }

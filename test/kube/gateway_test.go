@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -47,7 +48,10 @@ func startGatewayProc(t *testing.T, cp *controlPlane, name, keys string, cert ke
 	listen := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	stop := start(t, name, bin.Berth, append([]string{"serve", "--kubernetes", "--kubeconfig", cp.Kubeconfig, "--listen", listen,
 		"--node-client-cert", cert.cert, "--node-client-key", cert.key, "--node-ca", cp.CA,
-		"--api-keys", keys, "--default-template", "minimal"}, extra...)...)
+		"--api-keys", keys, "--default-template", "minimal",
+		// E2B's SDKs ask for the internet on every create: none here, so
+		// nothing leaves the machine.
+		"--e2b-default-network", "none"}, extra...)...)
 	c, err := client.New("http://"+listen, client.WithAPIKey(gatewayKey))
 	if err != nil {
 		t.Fatal(err)
@@ -210,6 +214,32 @@ func TestGateway(t *testing.T) {
 	}
 	if code, err := gwB.Sandbox(made[1].ID).Exec(ctx, client.ExecRequest{Cmd: "test", Args: []string{"!", "-e", "/tmp/through-gateway.txt"}}); err != nil || code != 0 {
 		t.Errorf("the other sandbox has the file, or exec failed: %d, %v", code, err)
+	}
+	// A server in the sandbox answers through B's ports route (gateway,
+	// node, daemon); a port nothing serves is 502; another key gets 404.
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "mkdir -p /tmp/www && echo served in the pod > /tmp/www/hello.txt && busybox httpd -p 8080 -h /tmp/www"}}); err != nil || code != 0 {
+		t.Fatalf("start httpd: %d, %v", code, err)
+	}
+	portGet := func(key, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(ctx, "GET", gwB.URL()+"/v1/sandboxes/"+sb.ID+"/ports/"+path, nil)
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := portGet(gatewayKey, "8080/hello.txt"); code != 200 || body != "served in the pod\n" {
+		t.Errorf("port 8080 through B = %d %q", code, body)
+	}
+	if code, body := portGet(gatewayKey, "8081/"); code != 502 {
+		t.Errorf("a port nothing serves = %d %q, want 502", code, body)
+	}
+	if code, body := portGet(otherKey, "8080/hello.txt"); code != 404 {
+		t.Errorf("another key's port = %d %q, want 404", code, body)
 	}
 
 	// What the node's daemon recorded of the sandbox reads through B: its

@@ -2,10 +2,6 @@ package gateway
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"crypto/subtle"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,6 +20,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -47,6 +44,10 @@ const (
 	// AnnotationE2BNetwork is the create's network settings as getInfo
 	// echoes them (e2bwire.NetworkConfig.StoreJSON).
 	AnnotationE2BNetwork = "berth.dev/e2b-network"
+	// AnnotationTrafficTokenSHA256 is the hex sha256 of the sandbox's
+	// trafficAccessToken, on a sandbox made with allowPublicTraffic:
+	// false: its ports then answer only requests that carry the token.
+	AnnotationTrafficTokenSHA256 = "berth.dev/e2b-traffic-token-sha256"
 )
 
 // Bounds of E2B metadata (the daemon's: internal/sandbox's owner.go).
@@ -74,6 +75,10 @@ func (g *Gateway) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		g.e2bSandbox(w, r, id, port)
 		return
 	}
+	if r.URL.Path == "/files" && r.URL.Query().Has("signature") {
+		g.e2bSignedFiles(w, r)
+		return
+	}
 	g.mux.ServeHTTP(w, r)
 }
 
@@ -90,6 +95,9 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("GET /sandboxes/{id}", g.e2bAuthed(g.e2bGet))
 	m.HandleFunc("DELETE /sandboxes/{id}", g.e2bAuthed(g.e2bKill))
 	g.e2bTimeoutRoutes()
+	m.HandleFunc("POST /sandboxes/{id}/connect", g.e2bAuthed(g.e2bConnect))
+	m.HandleFunc("POST /v2/sandboxes/{id}/connect", g.e2bAuthed(g.e2bConnect))
+	m.HandleFunc("PUT /sandboxes/{id}/network", g.e2bAuthed(g.e2bUpdateNetwork))
 	for pattern, missing := range e2bNotServed {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			e2bwire.WriteError(w, http.StatusNotImplemented,
@@ -148,10 +156,77 @@ func (g *Gateway) e2bSetTimeout(w http.ResponseWriter, r *http.Request, p auth.P
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// e2bConnect answers E2B's connect for a running sandbox: 200 with its
+// envdAccessToken (derived again, tokens.go); a timeout in the body only
+// ever extends the deadline, as on E2B and the daemon.
+func (g *Gateway) e2bConnect(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var in e2bwire.TimeoutBody
+	pod, ok := g.e2bPodWith(w, r, p, &in)
+	if !ok {
+		return
+	}
+	id := sandboxID(pod)
+	token, ok := g.podToken(pod)
+	if !ok {
+		e2bwire.WriteError(w, http.StatusConflict, fmt.Sprintf("sandbox %s: its envdAccessToken was not made from this gateway's key (secret %s), so it cannot be handed out again; use the token its create returned", id, TokenKeySecret))
+		return
+	}
+	if in.Timeout != nil && *in.Timeout > 0 {
+		if *in.Timeout > math.MaxInt32 {
+			e2bFieldErr(w, http.StatusBadRequest, "timeout", "%d: want a number of seconds", *in.Timeout)
+			return
+		}
+		d := time.Duration(*in.Timeout) * time.Second
+		if g.now().Add(d).After(toSandbox(pod).Deadline) {
+			if _, err := g.setTimeout(r.Context(), p, id, d); err != nil {
+				e2bwire.WriteErr(w, err)
+				return
+			}
+		}
+	}
+	var traffic *string
+	if h := pod.Annotations[AnnotationTrafficTokenSHA256]; h != "" {
+		if tok := g.trafficToken(id); hashMatches(h, tok) {
+			traffic = &tok
+		}
+	}
+	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.SandboxBody{
+		TemplateID: pod.Annotations[node.AnnotationTemplate], SandboxID: id, ClientID: e2bwire.ClientID,
+		EnvdVersion: envd.Version, EnvdAccessToken: token, TrafficAccessToken: traffic, Domain: g.domain(),
+	})
+}
+
+// e2bUpdateNetwork is E2B's PUT /sandboxes/{id}/network: the body is read
+// as the daemon's E2B API reads it (what it omits is cleared; the ingress
+// settings stay as created) and becomes the pod's network annotation,
+// with the E2B settings beside it, as the native PUT …/network does.
+func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	var in e2bwire.NetworkConfig
+	pod, ok := g.e2bPodWith(w, r, p, &in)
+	if !ok {
+		return
+	}
+	pol, stored, err := in.Update(pod.Annotations[AnnotationE2BNetwork], g.cfg.E2BNoInternet)
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	_, value, err := networkAnnotation(policy.ToWire(pol), "network.")
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	if err := g.setNetwork(r.Context(), p, sandboxID(pod), value, map[string]string{AnnotationE2BNetwork: stored}); err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "pause, resume, connect, network updates, metrics, snapshots, forks and logs are served by a Berth daemon only",
-	"/v2/sandboxes/":  "pause, resume, connect and logs are served by a Berth daemon only",
+	"/sandboxes/":     "pause, resume, metrics, snapshots, forks and logs are served by a Berth daemon only",
+	"/v2/sandboxes/":  "pause, resume and logs are served by a Berth daemon only",
 	"/snapshots":      "snapshots are served by a Berth daemon only",
 	"/snapshots/":     "snapshots are served by a Berth daemon only",
 	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",
@@ -205,22 +280,23 @@ func (g *Gateway) e2bPod(w http.ResponseWriter, p auth.Principal, id string) (*c
 	return pod, true
 }
 
+// e2bPodWith is e2bPod for a route with a JSON body, decoded into in.
+func (g *Gateway) e2bPodWith(w http.ResponseWriter, r *http.Request, p auth.Principal, in any) (*corev1.Pod, bool) {
+	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	if !ok {
+		return nil, false
+	}
+	if err := e2bwire.Decode(r, in); err != nil {
+		e2bwire.WriteErr(w, err)
+		return nil, false
+	}
+	return pod, true
+}
+
 // e2bRequestErr answers a create's bad field: E2B's shape, the field first
 // in the message.
 func e2bFieldErr(w http.ResponseWriter, status int, field, format string, args ...any) {
 	e2bwire.WriteError(w, status, field+": "+fmt.Sprintf(format, args...))
-}
-
-// newToken mints an envdAccessToken.
-func newToken() string {
-	b := make([]byte, 20)
-	rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-func tokenHash(token string) string {
-	h := sha256.Sum256([]byte(token))
-	return hex.EncodeToString(h[:])
 }
 
 func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
@@ -271,15 +347,9 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		netCfg = *in.Network
 	}
 	netCfg.AllowInternetAccess = in.AllowInternetAccess
-	pol, internet, err := e2bwire.ApplyNetwork(netCfg, false, false)
+	pol, internet, err := e2bwire.ApplyNetwork(netCfg, false, g.cfg.E2BNoInternet)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
-		return
-	}
-	if netCfg.AllowPublicTraffic != nil && !*netCfg.AllowPublicTraffic {
-		// Preview traffic is not routed by the gateway yet: nothing to
-		// guard with a traffic token.
-		e2bFieldErr(w, http.StatusNotImplemented, "network.allowPublicTraffic", "false is not served by the Kubernetes gateway yet (it routes no preview traffic)")
 		return
 	}
 	tpls, err := g.templates()
@@ -305,9 +375,16 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	token := newToken()
+	token := g.envdToken(pod.Name)
 	ann := pod.Annotations
 	ann[AnnotationEnvdTokenSHA256] = tokenHash(token)
+	var traffic *string
+	if netCfg.AllowPublicTraffic != nil && !*netCfg.AllowPublicTraffic {
+		// Its ports answer only requests with this token.
+		tok := g.trafficToken(pod.Name)
+		ann[AnnotationTrafficTokenSHA256] = tokenHash(tok)
+		traffic = &tok
+	}
 	ann[AnnotationE2BNetwork] = netCfg.StoreJSON(internet)
 	if len(in.Metadata) > 0 {
 		b, _ := json.Marshal(in.Metadata)
@@ -320,7 +397,7 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 	}
 	e2bwire.WriteJSON(w, http.StatusCreated, e2bwire.SandboxBody{
 		TemplateID: got.Annotations[node.AnnotationTemplate], SandboxID: sandboxID(got), ClientID: e2bwire.ClientID,
-		EnvdVersion: envd.Version, EnvdAccessToken: token, Domain: g.domain(),
+		EnvdVersion: envd.Version, EnvdAccessToken: token, TrafficAccessToken: traffic, Domain: g.domain(),
 	})
 }
 
@@ -441,10 +518,10 @@ func (g *Gateway) e2bKill(w http.ResponseWriter, r *http.Request, p auth.Princip
 
 // e2bSandbox authorizes a data-plane request into an E2B sandbox and
 // proxies it to its node. Port 49983 (the agent, which speaks envd at its
-// root) needs the sandbox's envdAccessToken in X-Access-Token, or the API
-// key that owns the sandbox; the node's daemon then authenticates to the
-// agent with the agent's own token. Other ports (preview traffic) are not
-// routed yet.
+// root) needs the sandbox's envdAccessToken in X-Access-Token, a signed
+// /files URL, or the API key that owns the sandbox; the node's daemon then
+// authenticates to the agent with the agent's own token. Other ports are
+// preview traffic (e2bPreview).
 func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, port int) {
 	var pod *corev1.Pod
 	if apitypes.ValidSandboxID(id) == nil {
@@ -455,25 +532,33 @@ func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, 
 		return
 	}
 	if port != envd.Port {
-		e2bwire.WriteError(w, http.StatusNotImplemented, fmt.Sprintf("port %d of sandbox %s: preview traffic is not routed by the Kubernetes gateway yet; only the agent (port %d) is", port, id, envd.Port))
+		g.e2bPreview(w, r, pod, port)
 		return
 	}
 	if !g.e2bAllowed(r, pod) {
 		e2bwire.WriteError(w, http.StatusUnauthorized, "unauthorized access to sandbox "+id+": send its envdAccessToken in X-Access-Token")
 		return
 	}
-	t, err := g.target(pod, "agent/"+strings.TrimPrefix(r.URL.Path, "/"))
+	// The node's daemon sends the agent's own token.
+	g.e2bProxy(w, r, pod, "agent/"+strings.TrimPrefix(r.URL.Path, "/"), false)
+}
+
+// e2bProxy proxies an E2B data-plane request to rest under the sandbox
+// on its node's data plane, without the E2B credentials and routing
+// headers (they stay at the gateway); forward tells the node the client's
+// address and Host.
+func (g *Gateway) e2bProxy(w http.ResponseWriter, r *http.Request, pod *corev1.Pod, rest string, forward bool) {
+	t, err := g.target(pod, rest)
 	if errors.Is(err, errdefs.ErrFailedPrecondition) {
-		e2bwire.SandboxGone(w, id)
+		e2bwire.SandboxGone(w, sandboxID(pod))
 		return
 	}
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	// The gateway's credentials stay here; the node's daemon sends the
-	// agent's own token.
-	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port"} {
+	t.forward = forward
+	for _, h := range []string{"X-Access-Token", "E2b-Sandbox-Id", "E2b-Sandbox-Port", e2bwire.TrafficTokenHeader} {
 		r.Header.Del(h)
 	}
 	// Request bodies (stdin, uploads) stream while the answer does.
@@ -482,14 +567,16 @@ func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, 
 }
 
 // e2bAllowed reports whether the request may reach the sandbox's agent:
-// it carries the sandbox's envdAccessToken, or no token and the key that
-// owns the sandbox (any caller, when the gateway has no keys). A wrong
-// token is refused even so.
+// it carries the sandbox's envdAccessToken, or no token and a /files URL
+// signed with it (tokens.go) or the key that owns the sandbox (any
+// caller, when the gateway has no keys). A wrong token is refused even
+// so.
 func (g *Gateway) e2bAllowed(r *http.Request, pod *corev1.Pod) bool {
 	if tok := r.Header.Get("X-Access-Token"); tok != "" {
-		want, err := hex.DecodeString(pod.Annotations[AnnotationEnvdTokenSHA256])
-		got := sha256.Sum256([]byte(tok))
-		return err == nil && subtle.ConstantTimeCompare(got[:], want) == 1
+		return tokenMatches(pod, tok)
+	}
+	if g.signedFiles(r, pod) {
+		return true
 	}
 	if g.cfg.Keys == nil {
 		return true
@@ -499,4 +586,18 @@ func (g *Gateway) e2bAllowed(r *http.Request, pod *corev1.Pod) bool {
 	}
 	p, err := auth.Identify(r, g.cfg.Keys, true)
 	return err == nil && p.Sees(ownerOf(pod))
+}
+
+// e2bPreview proxies preview traffic to port of an E2B sandbox, through
+// its node's ports route: open, as on E2B, unless the sandbox was made
+// with allowPublicTraffic: false, whose requests must carry its
+// trafficAccessToken in e2bwire.TrafficTokenHeader. The server sees the
+// Host the client used and none of Berth's credentials.
+func (g *Gateway) e2bPreview(w http.ResponseWriter, r *http.Request, pod *corev1.Pod, port int) {
+	id := sandboxID(pod)
+	if want := pod.Annotations[AnnotationTrafficTokenSHA256]; want != "" && !hashMatches(want, r.Header.Get(e2bwire.TrafficTokenHeader)) {
+		e2bwire.WriteError(w, http.StatusForbidden, "sandbox "+id+" does not allow public traffic: send its trafficAccessToken in "+e2bwire.TrafficTokenHeader)
+		return
+	}
+	g.e2bProxy(w, r, pod, "ports/"+strconv.Itoa(port)+"/"+strings.TrimPrefix(r.URL.Path, "/"), true)
 }

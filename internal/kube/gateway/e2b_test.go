@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -207,7 +209,7 @@ func TestE2BControlPlane(t *testing.T) {
 	}
 	// Not served yet: E2B-shaped 501s, never 404.
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"POST", "/sandboxes/" + sb.SandboxID + "/connect"},
+		{"POST", "/sandboxes/" + sb.SandboxID + "/pause"}, {"GET", "/sandboxes/" + sb.SandboxID + "/metrics"},
 		{"GET", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"},
 	} {
 		code, data, _ := e.e2bCall(t, r.method, r.path, keyAlice, `{"timeout":30}`, nil)
@@ -291,7 +293,7 @@ func TestE2BDataPlane(t *testing.T) {
 		"wrong token+key": {keyAlice, byHeader(map[string]string{"X-Access-Token": "nope"}), 401},
 		"other key":       {keyBob, byHeader(nil), 401},
 		"nothing":         {"", map[string]string{"Host": host}, 401},
-		"preview port":    {"", map[string]string{"Host": "3000-" + sb.SandboxID + "." + e2bwire.DefaultDomain}, 501},
+		"preview port":    {"", map[string]string{"Host": "3000-" + sb.SandboxID + "." + e2bwire.DefaultDomain}, 200},
 		"no sandbox":      {"", map[string]string{"E2b-Sandbox-Id": "nosuchsandbox1", "X-Access-Token": sb.EnvdAccessToken}, 502},
 		"bad port":        {"", byHeader(map[string]string{"E2b-Sandbox-Port": "x"}), 400},
 	} {
@@ -304,7 +306,11 @@ func TestE2BDataPlane(t *testing.T) {
 			e2bError(t, code, data)
 			continue
 		}
-		if p := h.Get("X-Got-Path"); !strings.HasPrefix(p, node.DataPlanePrefix+"/v1/sandboxes/"+nodeSbPref) || !strings.HasSuffix(p, "/agent/process.Process/Start") || string(data) != "payload" {
+		want := "/agent/process.Process/Start"
+		if name == "preview port" {
+			want = "/ports/3000/process.Process/Start"
+		}
+		if p := h.Get("X-Got-Path"); !strings.HasPrefix(p, node.DataPlanePrefix+"/v1/sandboxes/"+nodeSbPref) || !strings.HasSuffix(p, want) || string(data) != "payload" {
 			t.Errorf("%s: node saw %q with %q", name, p, data)
 		}
 		if k := h.Get("X-Got-Key"); k != "" {
@@ -314,5 +320,223 @@ func TestE2BDataPlane(t *testing.T) {
 	// Without the header or a preview Host, the same path is no sandbox's.
 	if code, _, _ := e.e2bCall(t, "POST", "/process.Process/Start", "", "", nil); code != 501 {
 		t.Errorf("an unrouted path = %d, want 501", code)
+	}
+}
+
+// TestE2BConnect: connect hands out the token the create returned (the
+// same from any replica: it is derived from the shared key), extends the
+// deadline only, and answers 404 for another key's sandbox; a pod whose
+// hash is not the derived token's gets no token.
+func TestE2BConnect(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal","timeout":600}`)
+	pods := e.kube.CoreV1().Pods(ns)
+	before, err := pods.Get(t.Context(), sb.SandboxID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got e2bwire.SandboxBody
+	connect := func(key, body string) int {
+		t.Helper()
+		got = e2bwire.SandboxBody{}
+		code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/connect", key, body, nil)
+		if code == 200 {
+			if err := json.Unmarshal(data, &got); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			e2bError(t, code, data)
+		}
+		return code
+	}
+	// A shorter timeout leaves the deadline.
+	if code := connect(keyAlice, `{"timeout":60}`); code != 200 || got.EnvdAccessToken != sb.EnvdAccessToken || got.SandboxID != sb.SandboxID || got.TemplateID != "minimal" {
+		t.Fatalf("connect = %d %+v, want the create's token %s", code, got, sb.EnvdAccessToken)
+	}
+	if p, _ := pods.Get(t.Context(), sb.SandboxID, metav1.GetOptions{}); p.Annotations[node.AnnotationDeadline] != before.Annotations[node.AnnotationDeadline] {
+		t.Errorf("a shorter connect timeout moved the deadline: %q → %q", before.Annotations[node.AnnotationDeadline], p.Annotations[node.AnnotationDeadline])
+	}
+	if code := connect(keyAlice, `{"timeout":3600}`); code != 200 {
+		t.Fatalf("connect with a longer timeout = %d", code)
+	}
+	p, _ := pods.Get(t.Context(), sb.SandboxID, metav1.GetOptions{})
+	if dl, err := time.Parse(time.RFC3339, p.Annotations[node.AnnotationDeadline]); err != nil || dl.Before(time.Now().Add(59*time.Minute)) {
+		t.Errorf("a longer connect timeout left the deadline at %q", p.Annotations[node.AnnotationDeadline])
+	}
+	if code := connect(keyBob, `{}`); code != 404 {
+		t.Errorf("another key's connect = %d, want 404", code)
+	}
+	if code, _, _ := e.e2bCall(t, "POST", "/v2/sandboxes/nosuchsandbox0000000/connect", keyAlice, `{}`, nil); code != 404 {
+		t.Errorf("connect to no sandbox = %d, want 404", code)
+	}
+	// A pod whose token was not derived from this key (made under another
+	// one) gets none.
+	p.Annotations[AnnotationEnvdTokenSHA256] = tokenHash("a token of another key")
+	if _, err := pods.Update(t.Context(), p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for code := 0; code != 409; {
+		// The informer's cache has the new hash once connect says so.
+		if code = connect(keyAlice, `{}`); code != 200 && code != 409 {
+			t.Fatalf("connect to a pod of another key's token = %d, want 409", code)
+		}
+	}
+}
+
+// TestE2BSignedFiles: a /files URL signed with the sandbox's token (as
+// the SDKs' uploadUrl and downloadUrl make them) reaches its agent with
+// no token or key, named by header or by nothing at all (the signature
+// finds it); a signature for another path, operation or sandbox, or an
+// expired one, is 401.
+func TestE2BSignedFiles(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	other := e.e2bCreate(t, keyBob, `{"templateID":"minimal"}`)
+	signed := func(path, op, token string, exp int64) string {
+		q := "/files?path=" + path + "&username=user&signature=" + url.QueryEscape(envd.FileSignature(path, op, "user", token, exp))
+		if exp != 0 {
+			q += "&signature_expiration=" + strconv.FormatInt(exp, 10)
+		}
+		return q
+	}
+	hdr := map[string]string{"E2b-Sandbox-Id": sb.SandboxID, "E2b-Sandbox-Port": "49983"}
+	later := time.Now().Add(time.Hour).Unix()
+	for name, tc := range map[string]struct {
+		method, url string
+		h           map[string]string
+		code        int
+		sandbox     string
+	}{
+		"read by header":        {"GET", signed("/tmp/a", "read", sb.EnvdAccessToken, 0), hdr, 200, sb.SandboxID},
+		"write by header":       {"POST", signed("/tmp/a", "write", sb.EnvdAccessToken, later), hdr, 200, sb.SandboxID},
+		"read, no sandbox":      {"GET", signed("/tmp/a", "read", sb.EnvdAccessToken, later), nil, 200, sb.SandboxID},
+		"other's, no sandbox":   {"GET", signed("/tmp/a", "read", other.EnvdAccessToken, 0), nil, 200, other.SandboxID},
+		"other's, named":        {"GET", signed("/tmp/a", "read", other.EnvdAccessToken, 0), hdr, 401, ""},
+		"read signed for write": {"GET", signed("/tmp/a", "write", sb.EnvdAccessToken, 0), hdr, 401, ""},
+		"expired":               {"GET", signed("/tmp/a", "read", sb.EnvdAccessToken, time.Now().Add(-time.Minute).Unix()), nil, 401, ""},
+		"forged":                {"GET", strings.Replace(signed("/tmp/a", "read", sb.EnvdAccessToken, 0), "/tmp/a", "/tmp/b", 1), nil, 401, ""},
+		"wrong token":           {"GET", signed("/tmp/a", "read", "nope", 0), nil, 401, ""},
+	} {
+		code, data, h := e.e2bCall(t, tc.method, tc.url, "", "body", tc.h)
+		if code != tc.code {
+			t.Errorf("%s: %d %s, want %d", name, code, data, tc.code)
+			continue
+		}
+		if code != 200 {
+			e2bError(t, code, data)
+			continue
+		}
+		pod, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), tc.sandbox, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeSb := strings.Split(pod.Status.ContainerStatuses[0].ContainerID, "/")[2]
+		if p := h.Get("X-Got-Path"); p != node.DataPlanePrefix+"/v1/sandboxes/"+nodeSb+"/agent/files" {
+			t.Errorf("%s: node saw %q, want sandbox %s's /files", name, p, nodeSb)
+		}
+	}
+}
+
+// TestE2BUpdateNetwork: PUT /sandboxes/{id}/network becomes the pod's
+// network annotation (the node applies it) with E2B's settings beside it,
+// which getInfo then reports; ingress settings and bad entries are
+// refused by name and change nothing; another key's sandbox is 404.
+func TestE2BUpdateNetwork(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal","allow_internet_access":false}`)
+	annotations := func() map[string]string {
+		t.Helper()
+		p, err := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.SandboxID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p.Annotations
+	}
+	path := "/sandboxes/" + sb.SandboxID + "/network"
+	if code, data, _ := e.e2bCall(t, "PUT", path, keyAlice, `{"allowOut":["pypi.org"],"denyOut":["0.0.0.0/0"]}`, nil); code != 204 {
+		t.Fatalf("update network = %d %s", code, data)
+	}
+	a := annotations()
+	if a[node.AnnotationNetwork] != `{"mode":"allow","allow":["pypi.org"]}` {
+		t.Errorf("network annotation = %s", a[node.AnnotationNetwork])
+	}
+	code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+sb.SandboxID, keyAlice, "", nil)
+	var d e2bwire.DetailBody
+	var n e2bwire.NetworkConfig
+	if code != 200 || json.Unmarshal(data, &d) != nil || d.AllowInternetAccess || json.Unmarshal(d.Network, &n) != nil || !slices.Equal(n.AllowOut, []string{"pypi.org"}) {
+		t.Errorf("get after the update = %d %s", code, data)
+	}
+	for _, tc := range []struct {
+		key, body string
+		code      int
+		names     string
+	}{
+		{keyAlice, `{"allowPublicTraffic":false}`, 400, "allowPublicTraffic"},
+		{keyAlice, `{"allowOut":["bad domain!"]}`, 400, "bad domain"},
+		{keyAlice, `{"allowOut":["refused.example"],"denyOut":["0.0.0.0/0"]}`, 403, "refused.example"},
+		{keyBob, `{}`, 404, ""},
+	} {
+		code, data, _ := e.e2bCall(t, "PUT", path, tc.key, tc.body, nil)
+		if code != tc.code {
+			t.Errorf("update %s = %d %s, want %d", tc.body, code, data, tc.code)
+			continue
+		}
+		if eb := e2bError(t, code, data); !strings.Contains(eb.Message, tc.names) {
+			t.Errorf("update %s: message %q does not name %s", tc.body, eb.Message, tc.names)
+		}
+		if now := annotations(); now[node.AnnotationNetwork] != a[node.AnnotationNetwork] || now[AnnotationE2BNetwork] != a[AnnotationE2BNetwork] {
+			t.Errorf("refused update %s changed the annotations: %v", tc.body, now)
+		}
+	}
+}
+
+// TestE2BPreview: a sandbox made with allowPublicTraffic: false gets a
+// trafficAccessToken (connect hands it out again); its ports answer only
+// requests carrying it, which goes no further than the gateway; an open
+// sandbox's ports answer anyone, by Host or by header, with the Host the
+// client used.
+func TestE2BPreview(t *testing.T) {
+	e := startGateway(t, true)
+	var private e2bwire.SandboxBody
+	code, data, _ := e.e2bCall(t, "POST", "/sandboxes", keyAlice, `{"templateID":"minimal","network":{"allowPublicTraffic":false}}`, nil)
+	if code != 201 || json.Unmarshal(data, &private) != nil || private.TrafficAccessToken == nil || *private.TrafficAccessToken == "" {
+		t.Fatalf("create with allowPublicTraffic false = %d %s, want a trafficAccessToken", code, data)
+	}
+	var again e2bwire.SandboxBody
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+private.SandboxID+"/connect", keyAlice, `{}`, nil); code != 200 || json.Unmarshal(data, &again) != nil ||
+		again.TrafficAccessToken == nil || *again.TrafficAccessToken != *private.TrafficAccessToken {
+		t.Errorf("connect = %d %s, want the create's trafficAccessToken", code, data)
+	}
+	open := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	host := func(id string) string { return "8080-" + id + "." + e2bwire.DefaultDomain }
+	for name, tc := range map[string]struct {
+		h    map[string]string
+		code int
+	}{
+		"private, token":       {map[string]string{"Host": host(private.SandboxID), e2bwire.TrafficTokenHeader: *private.TrafficAccessToken}, 200},
+		"private, no token":    {map[string]string{"Host": host(private.SandboxID)}, 403},
+		"private, wrong token": {map[string]string{"Host": host(private.SandboxID), e2bwire.TrafficTokenHeader: "nope"}, 403},
+		"private, envd token":  {map[string]string{"Host": host(private.SandboxID), "X-Access-Token": private.EnvdAccessToken}, 403},
+		"open, by host":        {map[string]string{"Host": host(open.SandboxID)}, 200},
+		"open, by header":      {map[string]string{"E2b-Sandbox-Id": open.SandboxID, "E2b-Sandbox-Port": "8080"}, 200},
+	} {
+		code, data, h := e.e2bCall(t, "GET", "/index.html?x=1", "", "", tc.h)
+		if code != tc.code {
+			t.Errorf("%s: %d %s, want %d", name, code, data, tc.code)
+			continue
+		}
+		if code != 200 {
+			e2bError(t, code, data)
+			continue
+		}
+		if p, q := h.Get("X-Got-Path"), h.Get("X-Got-Query"); !strings.HasSuffix(p, "/ports/8080/index.html") || q != "x=1" {
+			t.Errorf("%s: node saw %s?%s", name, p, q)
+		}
+		if s := h.Get("X-Got-Secrets"); s != "" {
+			t.Errorf("%s: a token reached the node: %q", name, s)
+		}
+		if want := tc.h["Host"]; want != "" && h.Get("X-Got-Host") != want {
+			t.Errorf("%s: node saw Host %q, want the client's %q", name, h.Get("X-Got-Host"), want)
+		}
 	}
 }

@@ -76,6 +76,10 @@ type Config struct {
 	// Domain is the E2B API's preview domain: a Host
 	// "<port>-<id>.<Domain>" names a sandbox (default berth.localhost).
 	Domain string
+	// E2BNoInternet makes E2B's allow_internet_access: true (the SDKs'
+	// default) no egress rather than the open internet, as the daemon's
+	// e2b_default_network: none does.
+	E2BNoInternet bool
 	// OnNodeLost is a create's on_node_lost when it names none:
 	// apitypes.OnNodeLostFail (the default) or OnNodeLostRecreate.
 	OnNodeLost string
@@ -107,6 +111,9 @@ type Gateway struct {
 	mux       *http.ServeMux
 	// now is the gateway's clock (a test's, in unit tests).
 	now func() time.Time
+	// tokenKey derives E2B sandboxes' envd tokens (tokens.go); Run loads
+	// it.
+	tokenKey []byte
 
 	// waiters are the creates waiting on a pod, by pod name; the
 	// informer's handler wakes them.
@@ -221,7 +228,7 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), g.synced...) {
 		return fmt.Errorf("gateway: the pod and node caches did not fill: %w", errdefs.ErrUnavailable)
 	}
-	return nil
+	return g.loadTokenKey(ctx)
 }
 
 // Shutdown waits for the informers' goroutines once ctx (Run's) ended.

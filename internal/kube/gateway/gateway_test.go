@@ -121,6 +121,8 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 		w.Header().Set("X-Got-Query", r.URL.RawQuery)
 		w.Header().Set("X-Got-Key", r.Header.Get("X-API-Key"))
 		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
+		w.Header().Set("X-Got-Host", r.Header.Get("X-Forwarded-Host"))
+		w.Header().Set("X-Got-Secrets", r.Header.Get("E2b-Traffic-Access-Token")+r.Header.Get("X-Access-Token"))
 		_, _ = w.Write(body)
 	}))
 	certPEM, keyPEM := ca.issue(t, true)
@@ -176,7 +178,9 @@ func runNode(t *testing.T, kube *fake.Clientset) {
 					ContainerID: "berth://" + nodeSbPref + strconv.Itoa(n) + "/" + containerName,
 					State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}}}
 			}
-			if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil {
+			// A pod deleted before the node got to it (a refused create)
+			// is no failure.
+			if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 				t.Errorf("node: update pod %s: %v", pod.Name, err)
 			}
 		}
@@ -203,7 +207,7 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 	}
 	pod = pod.DeepCopy()
 	pod.Status.Conditions = append(slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == node.ConditionNetwork }), c)
-	if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) {
+	if _, err := kube.CoreV1().Pods(ns).Update(t.Context(), pod, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
 		t.Errorf("node: update pod %s: %v", pod.Name, err)
 	}
 }
@@ -480,6 +484,24 @@ func TestDataPlane(t *testing.T) {
 		if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID+"/"+rt, keyBob, "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
 			t.Errorf("bob's GET %s = %d %+v, want not_found", rt, code, eb)
 		}
+	}
+
+	// A port of the sandbox: through the node's ports route, with the
+	// client's Host and without the key.
+	req, _ = http.NewRequestWithContext(t.Context(), "GET", e.url+"/v1/sandboxes/"+sb.ID+"/ports/8080/app/index.html?x=1", nil)
+	req.Header.Set("X-API-Key", keyAlice)
+	req.Host = "app.example"
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if p, h := resp.Header.Get("X-Got-Path"), resp.Header.Get("X-Got-Host"); resp.StatusCode != 200 || !strings.HasSuffix(p, "/ports/8080/app/index.html") ||
+		h != "app.example" || resp.Header.Get("X-Got-Key") != "" || resp.Header.Get("X-Got-Query") != "x=1" {
+		t.Errorf("GET a port = %d, node saw %q (Host %q, key %q)", resp.StatusCode, p, h, resp.Header.Get("X-Got-Key"))
+	}
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID+"/ports/8080/", keyBob, "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
+		t.Errorf("bob's GET of a port = %d %+v, want not_found", code, eb)
 	}
 }
 

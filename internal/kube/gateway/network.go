@@ -73,7 +73,7 @@ func (g *Gateway) putNetwork(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
-	if err := g.setNetwork(r.Context(), p, r.PathValue("id"), value); err != nil {
+	if err := g.setNetwork(r.Context(), p, r.PathValue("id"), value, nil); err != nil {
 		writeError(w, err)
 		return
 	}
@@ -81,10 +81,11 @@ func (g *Gateway) putNetwork(w http.ResponseWriter, r *http.Request, p auth.Prin
 }
 
 // setNetwork makes value the network annotation of the caller's sandbox
-// id and waits for its node's outcome. A refused value is taken back off
-// the pod (unless another writer changed it since), so the annotation
-// keeps stating the policy the sandbox holds.
-func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value string) error {
+// id, with the extra annotations in the same write, and waits for its
+// node's outcome. A refused value is taken back off the pod with the
+// extra ones (unless another writer changed it since), so the
+// annotations keep stating the policy the sandbox holds.
+func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value string, extra map[string]string) error {
 	pod, err := g.sandboxPod(p, id)
 	if err != nil {
 		return err
@@ -92,8 +93,22 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	if st := state(pod); st != apitypes.StateReady {
 		return fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
 	}
-	prev, had := pod.Annotations[node.AnnotationNetwork]
-	if had && prev == value {
+	set := map[string]*string{node.AnnotationNetwork: &value}
+	for k, v := range extra {
+		set[k] = &v
+	}
+	// What goes back on a refusal.
+	back := map[string]*string{}
+	same := true
+	for k, v := range set {
+		if old, ok := pod.Annotations[k]; ok {
+			back[k] = &old
+			same = same && old == *v
+		} else {
+			back[k], same = nil, false
+		}
+	}
+	if same {
 		// Written before: the node's word on it may already be in.
 		if done, err := node.NetworkStatus(pod, value); done {
 			return err
@@ -101,7 +116,7 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	}
 	changed, stop := g.watch(id)
 	defer stop()
-	if err := g.writeNetwork(ctx, pod, id, &value); err != nil {
+	if err := g.writeNetwork(ctx, pod, id, set); err != nil {
 		return err
 	}
 	g.log.Info("sandbox_network_requested", "sandbox_id", id, "policy_hash", node.NetworkHash(value))
@@ -119,10 +134,6 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[node.AnnotationNetwork] == value {
-		var back *string
-		if had {
-			back = &prev
-		}
 		if err := g.writeNetworkAt(rctx, cur, id, back); err != nil && !apierrors.IsConflict(err) {
 			g.log.Warn("sandbox_network_restore_failed", "sandbox_id", id, "err", err)
 		}
@@ -135,31 +146,36 @@ type networkRefused struct{ err error }
 
 func (e *networkRefused) Error() string { return e.err.Error() }
 
-// writeNetwork sets the network annotation (nil: removes it) on the pod
+// writeNetwork sets the annotations (a nil value removes one) on the pod
 // (its UID a precondition), or on its claim for a claimed sandbox.
-func (g *Gateway) writeNetwork(ctx context.Context, pod *corev1.Pod, id string, value *string) error {
+func (g *Gateway) writeNetwork(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
 	if claimed(pod) {
-		v := ""
-		if value != nil {
-			v = *value
+		for k, v := range ann {
+			s := ""
+			if v != nil {
+				s = *v
+			}
+			if err := g.claims.setAnnotation(ctx, id, k, s); err != nil {
+				return err
+			}
 		}
-		return g.claims.setAnnotation(ctx, id, node.AnnotationNetwork, v)
+		return nil
 	}
-	return g.patchNetwork(ctx, pod, id, value, "")
+	return g.patchNetwork(ctx, pod, id, ann, "")
 }
 
 // writeNetworkAt is writeNetwork that changes a gateway-made pod only at
 // its cached resourceVersion: a value written since by someone else
 // stays.
-func (g *Gateway) writeNetworkAt(ctx context.Context, pod *corev1.Pod, id string, value *string) error {
+func (g *Gateway) writeNetworkAt(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
 	if claimed(pod) {
-		return g.writeNetwork(ctx, pod, id, value)
+		return g.writeNetwork(ctx, pod, id, ann)
 	}
-	return g.patchNetwork(ctx, pod, id, value, pod.ResourceVersion)
+	return g.patchNetwork(ctx, pod, id, ann, pod.ResourceVersion)
 }
 
-func (g *Gateway) patchNetwork(ctx context.Context, pod *corev1.Pod, id string, value *string, rv string) error {
-	meta := map[string]any{"uid": pod.UID, "annotations": map[string]*string{node.AnnotationNetwork: value}}
+func (g *Gateway) patchNetwork(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string, rv string) error {
+	meta := map[string]any{"uid": pod.UID, "annotations": ann}
 	if rv != "" {
 		meta["resourceVersion"] = rv
 	}

@@ -56,6 +56,10 @@ func NodeTransport(certFile, keyFile, caFile string) (*http.Transport, error) {
 // address and the node's ID of the sandbox.
 type nodeTarget struct {
 	node, addr, sandbox, rest string
+	// forward tells the node the client's address and Host in
+	// X-Forwarded headers (a sandbox port's server sees the host its
+	// client used).
+	forward bool
 }
 
 type targetKey struct{}
@@ -100,6 +104,9 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/" + t.rest,
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
+			if t.forward {
+				pr.SetXForwarded()
+			}
 			// The caller's key stays here.
 			node.DropAPIKey(pr.Out.Header)
 		},
@@ -137,17 +144,31 @@ func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Requ
 }
 
 func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	g.proxyTo(w, r, p, "agent/"+r.PathValue("rest"), false)
+}
+
+// proxyTo proxies a request to the caller's sandbox {id} to rest under
+// the sandbox on its node's data plane.
+func (g *Gateway) proxyTo(w http.ResponseWriter, r *http.Request, p auth.Principal, rest string, forward bool) {
 	pod, err := g.sandboxPod(p, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	t, err := g.target(pod, "agent/"+r.PathValue("rest"))
+	t, err := g.target(pod, rest)
 	if err != nil {
 		writeError(w, err)
 		return
 	}
+	t.forward = forward
 	// Request bodies (stdin, uploads) stream while the answer does.
 	_ = http.NewResponseController(w).EnableFullDuplex()
 	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// proxyPort is /v1/sandboxes/{id}/ports/{port}/…, as on a daemon: to the
+// server listening on port in the sandbox, through its node (whose
+// daemon checks the port), with the client's Host.
+func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	g.proxyTo(w, r, p, "ports/"+url.PathEscape(r.PathValue("port"))+"/"+r.PathValue("rest"), true)
 }

@@ -26,6 +26,7 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", g.authed(g.timeoutSandbox))
 	g.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", g.authed(g.putNetwork))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
+	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
 		g.mux.HandleFunc("GET /v1/sandboxes/{id}/"+rt, g.authed(g.proxyReview(rt)))
 	}

@@ -81,12 +81,22 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
 	}
 	deadline := deadlineAt(g.now(), d)
+	changed, stop := g.watch(id)
+	defer stop()
+	// What this replica answers next shows the new deadline.
+	written := false
+	defer func() {
+		if written {
+			g.awaitCache(ctx, id, changed, func(p *corev1.Pod) bool { return p.Annotations[node.AnnotationDeadline] == deadline })
+		}
+	}()
 	if claimed(pod) {
 		// Set on the claim, from which agent-sandbox keeps the pod's.
 		if err := g.claims.setAnnotation(ctx, id, node.AnnotationDeadline, deadline); err != nil {
 			return nil, err
 		}
 		g.log.Info("sandbox_timeout_set", "sandbox_id", id, "deadline", deadline)
+		written = true
 		got := pod.DeepCopy()
 		got.Annotations[node.AnnotationDeadline] = deadline
 		return got, nil
@@ -105,5 +115,30 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 		return nil, kubeErr("set the deadline of sandbox "+id, err)
 	}
 	g.log.Info("sandbox_timeout_set", "sandbox_id", id, "deadline", got.Annotations[node.AnnotationDeadline])
+	written = true
 	return got, nil
+}
+
+// cacheLag bounds how long a write waits for the informer to show it.
+const cacheLag = 10 * time.Second
+
+// awaitCache waits until the informer's copy of the sandbox id's pod
+// satisfies done (or the pod is gone), at most cacheLag: a caller's next
+// read on this replica then shows its own write. changed is a watch of id
+// taken before the write.
+func (g *Gateway) awaitCache(ctx context.Context, id string, changed <-chan struct{}, done func(*corev1.Pod) bool) {
+	ctx, cancel := context.WithTimeout(ctx, cacheLag)
+	defer cancel()
+	for {
+		pod, err := g.podByID(id)
+		if err != nil || done(pod) {
+			return
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			g.log.Warn("gateway_cache_lagging", "sandbox_id", id, "after", cacheLag)
+			return
+		}
+	}
 }

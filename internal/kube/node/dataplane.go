@@ -19,7 +19,9 @@ import (
 // DataPlanePrefix is where the kubelet API's TLS server also carries
 // Berth's data plane for the gateway (berth serve --kubernetes):
 // DataPlanePrefix + /v1/sandboxes/{sandbox}/agent/… reaches that sandbox's
-// agent through the daemon on this host, and the ReviewRoutes read what
+// agent through the daemon on this host, …/ports/{port}/… a server
+// listening on that port in the sandbox (with the X-Forwarded headers of
+// the gateway, so it sees the client's Host), and the ReviewRoutes read what
 // the daemon recorded of it. It is served only to clients whose
 // certificate the node's --client-ca signed (the kubelet API's mutual
 // TLS), and only for the sandboxes of pods on this node.
@@ -35,6 +37,11 @@ var ReviewRoutes = []string{"events", "network", "network/log", "network/suggest
 // route that took it.
 type dataPath struct{}
 
+// forwarded marks a request to a sandbox's port: its X-Forwarded headers
+// (the gateway's, naming the client and the Host it used) go on to the
+// daemon, which gives the sandbox's server that Host.
+type forwarded struct{}
+
 // handleDataPlane registers the data plane's routes on mux.
 func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) bool, log *slog.Logger) {
 	h := dataPlane(socket, owns, log)
@@ -45,6 +52,12 @@ func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) boo
 		}))
 	}
 	route(DataPlanePrefix+"/v1/sandboxes/{id}/agent/{rest...}", func(r *http.Request) string { return "agent/" + r.PathValue("rest") })
+	// The daemon checks the port (a number, not the agent's).
+	mux.Handle(DataPlanePrefix+"/v1/sandboxes/{id}/ports/{port}/{rest...}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		path := "/v1/sandboxes/" + r.PathValue("id") + "/ports/" + url.PathEscape(r.PathValue("port")) + "/" + r.PathValue("rest")
+		ctx := context.WithValue(context.WithValue(r.Context(), dataPath{}, path), forwarded{}, true)
+		h.ServeHTTP(w, r.WithContext(ctx))
+	}))
 	for _, rt := range ReviewRoutes {
 		route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/"+rt, func(*http.Request) string { return rt })
 	}
@@ -75,6 +88,13 @@ func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.
 				Path:     pr.In.Context().Value(dataPath{}).(string),
 				RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = "berth"
+			if fwd, _ := pr.In.Context().Value(forwarded{}).(bool); fwd {
+				for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+					if v := pr.In.Header.Values(h); len(v) > 0 {
+						pr.Out.Header[h] = v
+					}
+				}
+			}
 			DropAPIKey(pr.Out.Header)
 		},
 		Transport: &http.Transport{
