@@ -144,6 +144,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newRmCmd(a),
 		newUsageCmd(a),
 		newTimeoutCmd(a),
+		newForwardCmd(a),
 		newPauseCmd(a),
 		newResumeCmd(a),
 		newSnapshotCmd(a),

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"bufio"
+	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -9,11 +11,13 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -175,5 +179,73 @@ func TestPortsRoute(t *testing.T) {
 	}
 	if code, body := callAPI(t, "GET", base+"8080/hello.txt", "", nil); code < 400 || code == 502 {
 		t.Errorf("GET a killed sandbox's port = %d %q, want its error", code, body)
+	}
+}
+
+// TestForward: the Go SDK's PortTransport and `berth forward` reach a
+// server in the sandbox through the ports route; forward refuses a bad
+// port and an unknown sandbox with a clear error, and ends (non-zero)
+// once its sandbox is killed.
+func TestForward(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	MustRun(t, sb, "mkdir -p /tmp/www && echo forwarded > /tmp/www/hello.txt && busybox httpd -p 8080 -h /tmp/www")
+
+	hc := &http.Client{Transport: sb.PortTransport(8080)}
+	resp, err := hc.Get("http://app.local/hello.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "forwarded\n" {
+		t.Errorf("PortTransport GET = %d %q", resp.StatusCode, b)
+	}
+
+	for _, tc := range []struct{ id, port, code string }{
+		{sb.ID, "http", "(invalid_argument)"}, {sb.ID, "0", "(invalid_argument)"}, {"nosuchsandbox000000", "8080", "(not_found)"},
+	} {
+		cmd := exec.CommandContext(t.Context(), bin.Berth, "forward", tc.id, tc.port)
+		cmd.Env = append(cmd.Environ(), "BERTH_URL="+d.URL)
+		out, err := cmd.CombinedOutput()
+		if err == nil || !strings.Contains(string(out), tc.code) {
+			t.Errorf("forward %s %s = %v %q, want %s", tc.id, tc.port, err, out, tc.code)
+		}
+	}
+
+	cmd := exec.CommandContext(t.Context(), bin.Berth, "forward", sb.ID, "8080")
+	cmd.Env = append(cmd.Environ(), "BERTH_URL="+d.URL)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("forward printed nothing: %v (%s)", err, stderr.String())
+	}
+	var local string
+	if _, err := fmt.Sscanf(line, "forwarding %s", &local); err != nil || !strings.HasPrefix(local, "http://127.0.0.1:") {
+		t.Fatalf("forward printed %q", line)
+	}
+	resp, err = http.Get(local + "/hello.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "forwarded\n" {
+		t.Errorf("GET through berth forward = %d %q", resp.StatusCode, b)
+	}
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon's event stream ends with the sandbox: so does forward.
+	if err := cmd.Wait(); err == nil || !strings.Contains(stderr.String(), "ended") {
+		t.Errorf("forward after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", err, stderr.String())
 	}
 }

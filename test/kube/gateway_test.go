@@ -244,17 +244,18 @@ func TestGateway(t *testing.T) {
 
 	// What the node's daemon recorded of the sandbox reads through B: its
 	// events, the work log with the command A ran, its egress policy
-	// (none: the gateway's default). Records name the node's sandbox.
+	// (none: the gateway's default). Records name the gateway's ID of
+	// the sandbox, never the node's.
 	nodeID := where[sb.ID].sandbox
 	evs, err := gwB.Events(ctx, sb.ID)
-	created := slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == "created" && e.SandboxID == nodeID })
-	if err != nil || !created {
-		t.Errorf("events through B = %+v, %v; want %s's created event", evs, err, nodeID)
+	created := slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == "created" && e.SandboxID == sb.ID })
+	if err != nil || !created || slices.ContainsFunc(evs, func(e client.Event) bool { return e.SandboxID == nodeID }) {
+		t.Errorf("events through B = %+v, %v; want %s's created event, none naming the node's %s", evs, err, sb.ID, nodeID)
 	}
 	wl, err := gwB.Worklog(ctx, sb.ID)
-	ran := slices.ContainsFunc(wl, func(e client.WorklogEntry) bool { return e.Cmd == "cat" })
+	ran := slices.ContainsFunc(wl, func(e client.WorklogEntry) bool { return e.Cmd == "cat" && e.Sandbox == sb.ID })
 	if err != nil || !ran {
-		t.Errorf("work log through B = %+v, %v; want the cat A ran", wl, err)
+		t.Errorf("work log through B = %+v, %v; want the cat A ran, naming %s", wl, err, sb.ID)
 	}
 	if pol, err := gwB.NetworkPolicy(ctx, sb.ID); err != nil || pol.Mode != "none" {
 		t.Errorf("network policy through B = %+v, %v; want mode none", pol, err)

@@ -56,6 +56,9 @@ func NodeTransport(certFile, keyFile, caFile string) (*http.Transport, error) {
 // address and the node's ID of the sandbox.
 type nodeTarget struct {
 	node, addr, sandbox, rest string
+	// rename is the gateway's ID of the sandbox, for the node's to be
+	// replaced by in the answer's JSON (rename.go); "" leaves it as is.
+	rename string
 	// forward tells the node the client's address and Host in
 	// X-Forwarded headers (a sandbox port's server sees the host its
 	// client used).
@@ -111,6 +114,12 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 			node.DropAPIKey(pr.Out.Header)
 		},
 		Transport: g.cfg.NodeTransport,
+		ModifyResponse: func(resp *http.Response) error {
+			if t, _ := resp.Request.Context().Value(targetKey{}).(nodeTarget); t.rename != "" {
+				renamed(resp, t.sandbox, t.rename)
+			}
+			return nil
+		},
 		// Process output and watch events stream as they come.
 		FlushInterval: -1,
 		ErrorLog:      slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
@@ -126,7 +135,8 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 
 // proxyReview serves one of node.ReviewRoutes of a sandbox from its node:
 // what the node's daemon recorded of it (events, egress policy and
-// decisions, work log, diff). Records name the node's sandbox ID.
+// decisions, work log, diff). JSON records name the gateway's sandbox ID,
+// as the rest of its API does (rename.go).
 func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Request, auth.Principal) {
 	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 		pod, err := g.sandboxPod(p, r.PathValue("id"))
@@ -139,6 +149,7 @@ func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Requ
 			writeError(w, err)
 			return
 		}
+		t.rename = sandboxID(pod)
 		g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
 	}
 }
