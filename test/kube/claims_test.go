@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -330,16 +331,22 @@ func TestGatewayClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = gwB.Create(ctx, client.CreateRequest{Network: &client.NetworkPolicy{Mode: "open"}})
-	if e := (*errdefs.Error)(nil); !errors.As(err, &e) || e.Field != "network" {
-		t.Errorf("create asking a warm pool for open network = %v, want a network field error", err)
+	_, err = gwB.Create(ctx, client.CreateRequest{Env: map[string]string{"A": "1"}})
+	if e := (*errdefs.Error)(nil); !errors.As(err, &e) || e.Field != "env" {
+		t.Errorf("create asking a warm pool for another environment = %v, want an env field error", err)
 	}
 	if after, err := claims.List(ctx, metav1.ListOptions{}); err != nil || len(after.Items) != len(before.Items) {
 		t.Errorf("refused create left claims: %d before, %d after (%v)", len(before.Items), len(after.Items), err)
 	}
-	handed, err := gwB.Create(ctx, client.CreateRequest{Labels: map[string]string{"run": "warm"}})
+	// Another network policy than the template's is the node's to apply
+	// to the warm sandbox, and it holds before the create answers.
+	handed, err := gwB.Create(ctx, client.CreateRequest{Labels: map[string]string{"run": "warm"},
+		Network: &client.NetworkPolicy{Mode: "allow", Allow: []string{"198.51.100.0/24"}}})
 	if err != nil {
 		t.Fatalf("create from the warm pool: %v", err)
+	}
+	if pol, err := gwB.NetworkPolicy(ctx, handed.ID); err != nil || pol.Mode != "allow" || !slices.Equal(pol.Allow, []string{"198.51.100.0/24"}) {
+		t.Errorf("handed-over sandbox's policy = %+v, %v; want the create's", pol, err)
 	}
 	wp, err := pods.Get(ctx, warm, metav1.GetOptions{})
 	if err != nil {

@@ -138,9 +138,11 @@ func (c *claimAPI) pool(template string) string {
 // handOver refuses, naming the field, a create whose settings a warm
 // sandbox of pool could not take: a pool that keeps warm pods (replicas
 // above 0) may hand one over, made with its SandboxTemplate's settings,
-// and a running sandbox's template, isolation, network, environment, user
-// and sudo cannot change (its node would fail the pod). A pool of no
-// replicas makes each claim's pod cold, with the claim's settings.
+// and a running sandbox's template, isolation, environment, user and sudo
+// cannot change (its node would fail the pod). Its network policy can:
+// the claim states it (claimFor) and its node applies it before the
+// create answers (createClaim). A pool of no replicas makes each claim's
+// pod cold, with the claim's settings.
 func (c *claimAPI) handOver(pool string, pod *corev1.Pod) error {
 	obj, err := c.pools.Get(pool)
 	if err != nil {
@@ -173,6 +175,7 @@ func (c *claimAPI) handOver(pool string, pod *corev1.Pod) error {
 	if err != nil {
 		return fmt.Errorf("SandboxTemplate %s makes pods a Berth node cannot run: %v: %w", tname, err, errdefs.ErrFailedPrecondition)
 	}
+	diff = slices.DeleteFunc(diff, func(s string) bool { return s == "network" })
 	if len(diff) > 0 {
 		return fieldErr(diff[0], errdefs.ErrInvalidArgument,
 			"%s: SandboxWarmPool %q keeps warm sandboxes made with its SandboxTemplate %q, and a claim cannot change a running sandbox's %s; "+
@@ -185,7 +188,9 @@ func (c *claimAPI) handOver(pool string, pod *corev1.Pod) error {
 // pod's labels go on the claim, its annotations (and the sandbox's ID and
 // owner) onto the pod agent-sandbox makes.
 func claimFor(pod *corev1.Pod, pool string) *unstructured.Unstructured {
-	ann := map[string]any{AnnotationSandboxID: pod.Name}
+	// The policy is always stated: a warm pod handed over keeps its
+	// template's otherwise, and a create that names none means none.
+	ann := map[string]any{AnnotationSandboxID: pod.Name, node.AnnotationNetwork: claimNetwork(pod)}
 	for k, v := range pod.Annotations {
 		ann[k] = v
 	}
@@ -352,4 +357,13 @@ func (g *Gateway) sandboxPods() ([]*corev1.Pod, error) {
 		return nil, err
 	}
 	return slices.DeleteFunc(pods, func(p *corev1.Pod) bool { return sandboxID(p) == "" }), nil
+}
+
+// claimNetwork is the network annotation a claim states for pod: the
+// pod's, or "none".
+func claimNetwork(pod *corev1.Pod) string {
+	if v := pod.Annotations[node.AnnotationNetwork]; v != "" {
+		return v
+	}
+	return "none"
 }

@@ -73,8 +73,9 @@ func TestClaimPool(t *testing.T) {
 
 // TestHandOver: a pool that keeps warm pods (replicas unset is
 // agent-sandbox's default of 1) refuses, naming the field, a create
-// stating other settings than its template's; the same settings pass, and
-// a pool of 0 replicas takes any.
+// stating other settings than its template's but for the network policy
+// (which a node applies to a running sandbox); the same settings pass,
+// and a pool of 0 replicas takes any.
 func TestHandOver(t *testing.T) {
 	c := claimCaches(t,
 		poolObj("warm", "base", nil, "open"), poolObj("cold", "base", int64(0), "open"), poolObj("lost", "base", int64(2), "missing"),
@@ -90,7 +91,8 @@ func TestHandOver(t *testing.T) {
 	}{
 		{"same settings", "warm", map[string]string{node.AnnotationTemplate: "base", node.AnnotationNetwork: `{"mode":"open"}`, node.AnnotationUser: "user"}, "", nil},
 		{"only the deadline", "warm", map[string]string{node.AnnotationDeadline: "2030-01-01T00:00:00Z"}, "", nil},
-		{"network closed", "warm", map[string]string{node.AnnotationNetwork: "none"}, "network", errdefs.ErrInvalidArgument},
+		// The claim's policy is applied to the warm pod by its node.
+		{"network closed", "warm", map[string]string{node.AnnotationNetwork: "none"}, "", nil},
 		{"env", "warm", map[string]string{node.AnnotationEnv: `{"A":"1"}`}, "env", errdefs.ErrInvalidArgument},
 		{"another template", "warm", map[string]string{node.AnnotationTemplate: "minimal"}, "template", errdefs.ErrInvalidArgument},
 		{"cold pool", "cold", map[string]string{node.AnnotationNetwork: "none", node.AnnotationEnv: `{"A":"1"}`}, "", nil},
@@ -113,7 +115,8 @@ func TestHandOver(t *testing.T) {
 }
 
 // TestClaimFor: the claim carries the pod's labels, and its annotations
-// with the sandbox's ID and owner for the pod agent-sandbox makes.
+// with the sandbox's ID and owner and its network policy (none when the
+// create names none) for the pod agent-sandbox makes.
 func TestClaimFor(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "sb1", Namespace: ns,
 		Labels:      map[string]string{LabelManagedBy: ManagedBy, LabelOwner: "alice"},
@@ -123,7 +126,9 @@ func TestClaimFor(t *testing.T) {
 		t.Errorf("claim metadata = %v", u.Object["metadata"])
 	}
 	ann, _, _ := unstructured.NestedStringMap(u.Object, "spec", "additionalPodMetadata", "annotations")
-	if ann[AnnotationSandboxID] != "sb1" || ann[AnnotationOwner] != "alice" || ann[node.AnnotationTemplate] != "base" {
+	// A create that names no policy states none: a warm pod does not keep
+	// its template's.
+	if ann[AnnotationSandboxID] != "sb1" || ann[AnnotationOwner] != "alice" || ann[node.AnnotationTemplate] != "base" || ann[node.AnnotationNetwork] != "none" {
 		t.Errorf("pod annotations = %v", ann)
 	}
 	made := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pool-x1", Annotations: map[string]string{AnnotationSandboxID: "sb1", AnnotationOwner: "alice"}}}

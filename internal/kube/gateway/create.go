@@ -295,6 +295,18 @@ func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string,
 	if err == nil {
 		running, err = g.waitRunning(ctx, id, "", changed)
 	}
+	if err == nil {
+		// A warm pod handed over ran with its template's policy: nothing
+		// runs in it for the caller before its node applied the claim's.
+		if err = g.waitNetwork(ctx, id, running.UID, claimNetwork(pod), changed); err != nil {
+			var refused *networkRefused
+			if errors.As(err, &refused) {
+				err = fmt.Errorf("sandbox %s: its node refused the network policy: %w", id, refused.err)
+			}
+		} else {
+			running, err = g.podByID(id)
+		}
+	}
 	if err != nil {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
