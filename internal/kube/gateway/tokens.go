@@ -118,51 +118,69 @@ func hashMatches(hash, tok string) bool {
 	return err == nil && tok != "" && len(want) == len(got) && subtle.ConstantTimeCompare(got[:], want) == 1
 }
 
-// signedFiles reports whether r is a /files request (GET and HEAD read,
-// POST writes) carrying a valid, unexpired signature made with the pod's
-// token, as the E2B SDKs' uploadUrl and downloadUrl make them.
-func (g *Gateway) signedFiles(r *http.Request, pod *corev1.Pod) bool {
+// fileSig is a /files request's URL signature, as the E2B SDKs'
+// uploadUrl and downloadUrl make it.
+type fileSig struct {
+	sig, path, op, user string
+	exp                 int64
+}
+
+// readFileSig reads r's signature: ok when r is a /files request (GET
+// and HEAD read, POST writes) carrying one, well formed and unexpired on
+// the gateway's clock.
+func (g *Gateway) readFileSig(r *http.Request) (fileSig, bool) {
 	q := r.URL.Query()
-	sig := q.Get("signature")
-	if r.URL.Path != "/files" || sig == "" {
-		return false
+	s := fileSig{sig: q.Get("signature"), path: q.Get("path"), user: q.Get("username")}
+	if r.URL.Path != "/files" || s.sig == "" {
+		return s, false
 	}
-	op, exp, err := e2bwire.SignedFiles(r)
-	if op == "" || err != nil {
-		return false
-	}
+	var err error
+	s.op, s.exp, err = e2bwire.SignedFiles(r)
+	return s, s.op != "" && err == nil && (s.exp == 0 || s.exp >= g.now().Unix())
+}
+
+// madeFor reports whether the signature was made with the pod's token.
+func (g *Gateway) madeFor(s fileSig, pod *corev1.Pod) bool {
 	tok, ok := g.podToken(pod)
-	if !ok {
-		return false
-	}
-	want := envd.FileSignature(q.Get("path"), op, q.Get("username"), tok, exp)
-	if subtle.ConstantTimeCompare([]byte(want), []byte(sig)) != 1 {
-		return false
-	}
-	return exp == 0 || exp >= g.now().Unix()
+	want := envd.FileSignature(s.path, s.op, s.user, tok, s.exp)
+	return ok && subtle.ConstantTimeCompare([]byte(want), []byte(s.sig)) == 1
+}
+
+// signedFiles reports whether r carries a valid /files signature made
+// with the pod's token.
+func (g *Gateway) signedFiles(r *http.Request, pod *corev1.Pod) bool {
+	s, ok := g.readFileSig(r)
+	return ok && g.madeFor(s, pod)
 }
 
 // e2bSignedFiles serves a signed /files URL that names no sandbox (the
 // SDKs build them against E2B_SANDBOX_URL): the running E2B sandbox whose
-// token made the signature is the one it is for. That is one HMAC and
-// one SHA-256 per running E2B sandbox in the gateway's cache, every one
-// checked (no early exit, as on the daemon: the answer's timing tells
-// nothing of which sandbox or how many).
+// token made the signature is the one it is for. The URL is read once;
+// then it is one HMAC and one SHA-256 per running E2B sandbox in the
+// gateway's cache, every one checked (no early exit, as on the daemon:
+// the answer's timing tells nothing of which sandbox or how many).
 func (g *Gateway) e2bSignedFiles(w http.ResponseWriter, r *http.Request) {
+	const refused = "invalid signature: it was not made for this path and operation by any running sandbox's access token, or it expired"
+	s, ok := g.readFileSig(r)
+	if !ok {
+		e2bwire.WriteError(w, http.StatusUnauthorized, refused)
+		return
+	}
 	pods, err := g.sandboxPods()
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	found := ""
+	var found *corev1.Pod
 	for _, pod := range pods {
-		if isE2B(pod) && state(pod) == apitypes.StateReady && g.signedFiles(r, pod) {
-			found = sandboxID(pod)
+		if isE2B(pod) && state(pod) == apitypes.StateReady && g.madeFor(s, pod) {
+			found = pod
 		}
 	}
-	if found != "" {
-		g.e2bSandbox(w, r, found, envd.Port)
+	if found == nil {
+		e2bwire.WriteError(w, http.StatusUnauthorized, refused)
 		return
 	}
-	e2bwire.WriteError(w, http.StatusUnauthorized, "invalid signature: it was not made for this path and operation by any running sandbox's access token, or it expired")
+	// Checked: straight to its agent, as e2bSandbox would send it.
+	g.e2bProxy(w, r, found, "agent/files", false)
 }
