@@ -102,3 +102,21 @@ test('kube gateway: create through A, run and write through A and B, list and ki
   assert.equal(await Sandbox.kill(sbx.sandboxId, viaB), true)
   assert.equal(await Sandbox.kill(sbx.sandboxId), false)
 })
+
+test('kube gateway: pause() through A, listed paused through B, connect() through B resumes with the files kept', async () => {
+  const sbx = await Sandbox.create('base', { timeoutMs: 300_000, allowInternetAccess: false, envs: { KEPT: 'env kept' } })
+  await sbx.files.write('/home/user/note', 'written before the pause')
+  assert.equal(await sbx.pause(), true)
+  assert.equal(await sbx.pause(), false, 'pausing a paused sandbox reports it was paused already')
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId, viaB)).state, 'paused')
+  const paused = await Sandbox.list({ ...viaB, query: { state: ['paused'] } }).nextItems()
+  assert.ok(paused.some((s) => s.sandboxId === sbx.sandboxId), 'listed with state=paused through B')
+  const running = await Sandbox.list({ ...viaB, query: { state: ['running'] } }).nextItems()
+  assert.ok(!running.some((s) => s.sandboxId === sbx.sandboxId), 'not listed with state=running')
+
+  const again = await Sandbox.connect(sbx.sandboxId, { ...viaB, timeoutMs: 120_000 })
+  assert.equal((await Sandbox.getInfo(sbx.sandboxId)).state, 'running')
+  assert.equal(await again.files.read('/home/user/note'), 'written before the pause')
+  assert.equal((await again.commands.run('echo "$KEPT"')).stdout, 'env kept\n')
+  await again.kill()
+})

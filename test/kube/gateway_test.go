@@ -344,9 +344,87 @@ func TestGateway(t *testing.T) {
 	}
 	made = append(made, third)
 
+	// Pause through B: the node's daemon pauses the sandbox (runc: a
+	// filesystem pause), both replicas list it paused, its data plane is
+	// refused; a resume through A brings it back with its files and the
+	// time it had left.
+	if err := third.WriteFile(ctx, "/tmp/kept.txt", strings.NewReader("kept across the pause\n")); err != nil {
+		t.Fatalf("write before the pause: %v", err)
+	}
+	before, err := gwA.Get(ctx, third.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused, err := gwB.Pause(ctx, third.ID)
+	if err != nil || paused.State != client.StatePaused || paused.Pause != "filesystem" {
+		t.Fatalf("pause through B = %+v, %v", paused, err)
+	}
+	w3 := where[third.ID]
+	if got, err := c.nodes[w3.node].Local.Get(ctx, w3.sandbox); err != nil || got.State != client.StatePaused {
+		t.Errorf("node sandbox after the pause = %+v, %v; want paused", got, err)
+	}
+	if l, err := gwA.List(ctx, client.ListOptions{State: client.StatePaused}); err != nil || len(l) != 1 || l[0].ID != third.ID {
+		t.Errorf("A lists paused = %v, %v", ids(l), err)
+	}
+	if pod, err := pods.Get(ctx, third.ID, metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodRunning ||
+		pod.Status.ContainerStatuses[0].State.Waiting == nil || pod.Status.ContainerStatuses[0].State.Waiting.Reason != node.ReasonPaused {
+		t.Errorf("paused pod = %+v, %v; want Running with its container waiting (%s)", pod.Status, err, node.ReasonPaused)
+	}
+	if _, err := gwA.Sandbox(third.ID).Exec(ctx, client.ExecRequest{Cmd: "true"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("exec in a paused sandbox = %v, want failed precondition", err)
+	}
+	// What its node recorded still reads while it is paused.
+	if evs, err := gwA.Events(ctx, third.ID); err != nil || !slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == "paused" && e.SandboxID == third.ID }) {
+		t.Errorf("events of the paused sandbox = %+v, %v; want its paused event", evs, err)
+	}
+	resumed, err := gwA.Resume(ctx, third.ID, 0)
+	if err != nil || resumed.State != client.StateReady {
+		t.Fatalf("resume through A = %+v, %v", resumed, err)
+	}
+	// The deadline kept what was left (the pause took at most minutes).
+	if left, had := time.Until(resumed.Deadline), time.Until(before.Deadline); left < had-time.Second || left > had+3*time.Minute {
+		t.Errorf("resumed with %v left, had %v before the pause", left, had)
+	}
+	read.Reset()
+	if err := gwB.Sandbox(third.ID).ReadFile(ctx, "/tmp/kept.txt", &read); err != nil || read.String() != "kept across the pause\n" {
+		t.Errorf("file after the resume = %q, %v", read.String(), err)
+	}
+	if got, err := c.nodes[w3.node].Local.Get(ctx, w3.sandbox); err != nil || got.State != client.StateReady {
+		t.Errorf("node sandbox after the resume = %+v, %v; want ready", got, err)
+	}
+	// auto_resume: a paused sandbox's next exec resumes it and runs.
+	auto, err := gwB.Create(ctx, client.CreateRequest{AutoResume: true})
+	if err != nil || !auto.AutoResume {
+		t.Fatalf("create with auto_resume = %+v, %v", auto, err)
+	}
+	made = append(made, auto)
+	if p := nextAdded(); p.Name != auto.ID {
+		t.Fatalf("pod added %s, want %s", p.Name, auto.ID)
+	}
+	pa, err := pods.Get(ctx, auto.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sbs := podSandboxes(t, c.nodes[pa.Spec.NodeName], string(pa.UID)); len(sbs) == 1 {
+		where[auto.ID] = placed{pa.Spec.NodeName, sbs[0].ID}
+	}
+	if _, err := gwB.Pause(ctx, auto.ID); err != nil {
+		t.Fatalf("pause the auto_resume sandbox: %v", err)
+	}
+	out.Reset()
+	if code, err := gwA.Sandbox(auto.ID).Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"woke"}, Stdout: &out}); err != nil || code != 0 || out.String() != "woke\n" {
+		t.Errorf("exec in a paused auto_resume sandbox = %d, %v, %q", code, err, out.String())
+	}
+	if got, err := gwB.Get(ctx, auto.ID); err != nil || got.State != client.StateReady {
+		t.Errorf("auto_resume sandbox after the exec = %+v, %v; want ready", got, err)
+	}
+	if _, err := gwOther.Pause(ctx, auto.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's pause = %v, want not found", err)
+	}
+
 	// Routes the gateway does not serve say so; they are not "not found".
-	if _, err := gwA.Pause(ctx, third.ID); !errors.Is(err, errdefs.ErrNotImplemented) {
-		t.Errorf("pause through the gateway = %v, want not implemented", err)
+	if _, err := gwA.Snapshot(ctx, third.ID, ""); !errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Errorf("snapshot through the gateway = %v, want not implemented", err)
 	}
 
 	// The node's data plane: only clients with a certificate its CA

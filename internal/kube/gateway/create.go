@@ -74,8 +74,8 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
 		"disk": in.Disk != "", "pids": in.PIDs != 0, "on_timeout": in.OnTimeout != "" && in.OnTimeout != "kill",
-		"auto_resume": in.AutoResume, "idle_pause": in.IdlePause != "",
-		"snapshot": in.Snapshot != "",
+		"idle_pause": in.IdlePause != "",
+		"snapshot":   in.Snapshot != "",
 	} {
 		if set {
 			return nil, fieldErr(field, errdefs.ErrNotImplemented, "%s is not served by the Kubernetes gateway yet (a Berth daemon serves it)", field)
@@ -114,6 +114,10 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	}
 	if in.AllowSudo != nil {
 		ann[node.AnnotationAllowSudo] = strconv.FormatBool(*in.AllowSudo)
+	}
+	if in.AutoResume {
+		// The gateway resumes it on a data-plane request (pause.go).
+		ann[AnnotationAutoResume] = "true"
 	}
 	for k, v := range map[string]map[string]string{node.AnnotationEnv: in.Env, AnnotationLabels: in.Labels} {
 		if len(v) > 0 {
@@ -299,7 +303,7 @@ func (g *Gateway) createClaim(ctx context.Context, pod *corev1.Pod, pool string,
 		// A warm pod handed over ran with its template's policy: nothing
 		// runs in it for the caller before its node applied the claim's.
 		if err = g.waitNetwork(ctx, id, running.UID, claimNetwork(pod), changed); err != nil {
-			var refused *networkRefused
+			var refused *nodeRefused
 			if errors.As(err, &refused) {
 				err = fmt.Errorf("sandbox %s: its node refused the network policy: %w", id, refused.err)
 			}

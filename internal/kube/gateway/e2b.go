@@ -98,6 +98,8 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("POST /sandboxes/{id}/connect", g.e2bAuthed(g.e2bConnect))
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", g.e2bAuthed(g.e2bConnect))
 	m.HandleFunc("PUT /sandboxes/{id}/network", g.e2bAuthed(g.e2bUpdateNetwork))
+	m.HandleFunc("POST /sandboxes/{id}/pause", g.e2bAuthed(g.e2bPause))
+	m.HandleFunc("POST /sandboxes/{id}/resume", g.e2bAuthed(g.e2bResume))
 	for pattern, missing := range e2bNotServed {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			e2bwire.WriteError(w, http.StatusNotImplemented,
@@ -166,9 +168,13 @@ func (g *Gateway) e2bConnect(w http.ResponseWriter, r *http.Request, p auth.Prin
 		return
 	}
 	id := sandboxID(pod)
-	token, ok := g.podToken(pod)
+	if st := state(pod); st == apitypes.StatePaused || st == apitypes.StatePausing || st == apitypes.StateResuming {
+		// E2B's connect resumes a paused sandbox and answers 201.
+		g.e2bResumeAndAnswer(w, r, p, pod, in.Timeout)
+		return
+	}
+	token, ok := g.e2bToken(w, pod)
 	if !ok {
-		e2bwire.WriteError(w, http.StatusConflict, fmt.Sprintf("sandbox %s: its envdAccessToken was not made from this gateway's key (secret %s), so it cannot be handed out again; use the token its create returned", id, TokenKeySecret))
 		return
 	}
 	if in.Timeout != nil && *in.Timeout > 0 {
@@ -184,16 +190,32 @@ func (g *Gateway) e2bConnect(w http.ResponseWriter, r *http.Request, p auth.Prin
 			}
 		}
 	}
+	e2bwire.WriteJSON(w, http.StatusOK, g.e2bBody(pod, token))
+}
+
+// e2bToken is the sandbox's envdAccessToken, derived again (tokens.go);
+// a sandbox whose token was made under another key is answered 409.
+func (g *Gateway) e2bToken(w http.ResponseWriter, pod *corev1.Pod) (string, bool) {
+	token, ok := g.podToken(pod)
+	if !ok {
+		e2bwire.WriteError(w, http.StatusConflict, fmt.Sprintf("sandbox %s: its envdAccessToken was not made from this gateway's key (secret %s), so it cannot be handed out again; use the token its create returned", sandboxID(pod), TokenKeySecret))
+	}
+	return token, ok
+}
+
+// e2bBody is connect's answer: the sandbox with its tokens.
+func (g *Gateway) e2bBody(pod *corev1.Pod, token string) e2bwire.SandboxBody {
+	id := sandboxID(pod)
 	var traffic *string
 	if h := pod.Annotations[AnnotationTrafficTokenSHA256]; h != "" {
 		if tok := g.trafficToken(id); hashMatches(h, tok) {
 			traffic = &tok
 		}
 	}
-	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.SandboxBody{
+	return e2bwire.SandboxBody{
 		TemplateID: pod.Annotations[node.AnnotationTemplate], SandboxID: id, ClientID: e2bwire.ClientID,
 		EnvdVersion: envd.Version, EnvdAccessToken: token, TrafficAccessToken: traffic, Domain: g.domain(),
-	})
+	}
 }
 
 // e2bUpdateNetwork is E2B's PUT /sandboxes/{id}/network: the body is read
@@ -225,8 +247,8 @@ func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p aut
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "pause, resume, metrics, snapshots, forks and logs are served by a Berth daemon only",
-	"/v2/sandboxes/":  "pause, resume and logs are served by a Berth daemon only",
+	"/sandboxes/":     "metrics, snapshots, forks and logs are served by a Berth daemon only",
+	"/v2/sandboxes/":  "logs are served by a Berth daemon only",
 	"/snapshots":      "snapshots are served by a Berth daemon only",
 	"/snapshots/":     "snapshots are served by a Berth daemon only",
 	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",
@@ -256,8 +278,19 @@ func isE2B(pod *corev1.Pod) bool { return pod.Annotations[AnnotationEnvdTokenSHA
 // e2bLive reports whether an E2B listing shows the sandbox: made or
 // running, not ending or ended.
 func e2bLive(pod *corev1.Pod) bool {
-	st := state(pod)
-	return st == apitypes.StateReady || st == apitypes.StateCreating
+	switch state(pod) {
+	case apitypes.StateReady, apitypes.StateCreating, apitypes.StatePausing, apitypes.StatePaused, apitypes.StateResuming:
+		return true
+	}
+	return false
+}
+
+// e2bState maps the API's states onto E2B's two.
+func e2bState(st string) string {
+	if st == apitypes.StatePaused {
+		return "paused"
+	}
+	return "running"
 }
 
 // e2bPod is the caller's live E2B sandbox id; anything else (another
@@ -315,9 +348,8 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 			return
 		}
 	}
-	switch {
-	case in.AutoPause != nil && *in.AutoPause, in.AutoResume != nil && in.AutoResume.Enabled:
-		e2bFieldErr(w, http.StatusNotImplemented, "autoPause", "pausing is not served by the Kubernetes gateway (a Berth daemon serves it)")
+	if in.AutoPause != nil && *in.AutoPause {
+		e2bFieldErr(w, http.StatusNotImplemented, "autoPause", "pausing at the deadline is not served by the Kubernetes gateway (a Berth daemon serves it); pause and resume are")
 		return
 	}
 	timeout := e2bwire.DefaultTimeout
@@ -369,6 +401,7 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		Timeout: strconv.FormatInt(int64(timeout/time.Second), 10) + "s",
 		Network: &apitypes.NetworkPolicy{Mode: string(pol.Mode), Allow: pol.Allow, Deny: pol.Deny},
 		User:    e2bwire.DefaultUser, AllowSudo: &sudo,
+		AutoResume: in.AutoResume != nil && in.AutoResume.Enabled,
 	}}
 	pod, err := g.podFor(req, p, tpls)
 	if err != nil {
@@ -412,7 +445,7 @@ func e2bListed(pod *corev1.Pod) e2bwire.ListedBody {
 		// E2B counts whole vCPUs; unset limits are the node's defaults,
 		// which the gateway does not know (0).
 		CPUCount: int64(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryBytes >> 20,
-		Metadata: md, State: "running", EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
+		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
 	}
 }
 
@@ -437,7 +470,7 @@ func (g *Gateway) e2bSandboxes(r *http.Request, p auth.Principal) ([]*corev1.Pod
 		return nil, q, err
 	}
 	pods = slices.DeleteFunc(pods, func(pod *corev1.Pod) bool {
-		if !q.Running || !isE2B(pod) || !e2bLive(pod) || !p.Sees(ownerOf(pod)) ||
+		if st := e2bState(state(pod)); !(q.Running && st == "running" || q.Paused && st == "paused") || !isE2B(pod) || !e2bLive(pod) || !p.Sees(ownerOf(pod)) ||
 			!q.Keeps(pod.Annotations[node.AnnotationTemplate], pod.CreationTimestamp.Time) {
 			return true
 		}
@@ -496,7 +529,7 @@ func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principa
 	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.DetailBody{
 		ListedBody: e2bListed(pod), Domain: g.domain(),
 		AllowInternetAccess: internet, Network: network,
-		Lifecycle: e2bwire.LifecycleBody{OnTimeout: "kill"},
+		Lifecycle: e2bwire.LifecycleBody{OnTimeout: "kill", AutoResume: pod.Annotations[AnnotationAutoResume] == "true"},
 	})
 }
 
@@ -548,7 +581,13 @@ func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, 
 // headers (they stay at the gateway); forward tells the node the client's
 // address and Host.
 func (g *Gateway) e2bProxy(w http.ResponseWriter, r *http.Request, pod *corev1.Pod, rest string, forward bool) {
-	t, err := g.target(pod, rest)
+	// The caller was let in by the sandbox's token or key: a paused
+	// sandbox made with autoResume resumes for it.
+	awoken, err := g.awake(context.WithoutCancel(r.Context()), auth.Principal{Operator: true}, pod)
+	var t nodeTarget
+	if err == nil {
+		t, err = g.target(awoken, rest)
+	}
 	if errors.Is(err, errdefs.ErrFailedPrecondition) {
 		e2bwire.SandboxGone(w, sandboxID(pod))
 		return

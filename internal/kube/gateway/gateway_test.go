@@ -188,17 +188,20 @@ func runNode(t *testing.T, kube *fake.Clientset) {
 	}()
 }
 
-// applyNetwork plays the node's side of a running pod's network
-// annotation: it reports the value applied in node.ConditionNetwork, or
-// refused with permission_denied (as an operator's ceiling would) when it
-// allows refused.example.
+// applyNetwork plays the node's side of a running pod's network and
+// pause annotations: it reports the network value applied in
+// node.ConditionNetwork, or refused with permission_denied (as an
+// operator's ceiling would) when it allows refused.example, and the pause
+// done in node.ConditionPaused.
 func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 	v := pod.Annotations[node.AnnotationNetwork]
 	if pod.Status.Phase != corev1.PodRunning {
 		return
 	}
 	if done, _ := node.NetworkStatus(pod, v); done {
-		return
+		if done, _ := node.PauseStatus(pod, pod.Annotations[node.AnnotationPaused]); done {
+			return
+		}
 	}
 	c := corev1.PodCondition{Type: node.ConditionNetwork, Status: corev1.ConditionTrue, Reason: node.NetworkApplied,
 		Message: "policy " + node.NetworkHash(v) + " applied"}
@@ -206,9 +209,17 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 		c.Status, c.Reason = corev1.ConditionFalse, node.NetworkRefused
 		c.Message = "policy " + node.NetworkHash(v) + " refused: permission_denied: allow[0] \"refused.example\": beyond the operator's ceiling"
 	}
+	// The pause annotation too: a filesystem pause, as on runc.
+	pc := corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionFalse, Reason: node.PauseRunning, Message: "running"}
+	if pv := pod.Annotations[node.AnnotationPaused]; pv != "" {
+		pc = corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionTrue, Reason: node.PausePaused,
+			Message: "pause " + node.NetworkHash(pv) + " applied: filesystem"}
+	}
 	// The status alone, as a node writes it: a late event's copy of the
 	// pod must not put back annotations changed since.
-	conds := append(slices.DeleteFunc(slices.Clone(pod.Status.Conditions), func(c corev1.PodCondition) bool { return c.Type == node.ConditionNetwork }), c)
+	conds := append(slices.DeleteFunc(slices.Clone(pod.Status.Conditions), func(c corev1.PodCondition) bool {
+		return c.Type == node.ConditionNetwork || c.Type == node.ConditionPaused
+	}), c, pc)
 	patch, err := json.Marshal(map[string]any{"status": map[string]any{"conditions": conds}})
 	if err != nil {
 		t.Error(err)
@@ -517,7 +528,7 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/v1/sandboxes/abc/pause"}, {"GET", "/v1/templates"},
+		{"GET", "/v1/templates"},
 		{"POST", "/v1/sandboxes/abc/snapshots"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {

@@ -116,7 +116,7 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	}
 	changed, stop := g.watch(id)
 	defer stop()
-	if err := g.writeNetwork(ctx, pod, id, set); err != nil {
+	if err := g.writeAnnotations(ctx, pod, id, set); err != nil {
 		return err
 	}
 	g.log.Info("sandbox_network_requested", "sandbox_id", id, "policy_hash", node.NetworkHash(value))
@@ -125,7 +125,7 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 		g.log.Info("sandbox_network_set", "sandbox_id", id, "policy_hash", node.NetworkHash(value))
 		return nil
 	}
-	var refused *networkRefused
+	var refused *nodeRefused
 	if !errors.As(werr, &refused) {
 		return werr
 	}
@@ -134,21 +134,21 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[node.AnnotationNetwork] == value {
-		if err := g.writeNetworkAt(rctx, cur, id, back); err != nil && !apierrors.IsConflict(err) {
+		if err := g.writeAnnotationsAt(rctx, cur, id, back); err != nil && !apierrors.IsConflict(err) {
 			g.log.Warn("sandbox_network_restore_failed", "sandbox_id", id, "err", err)
 		}
 	}
 	return refused.err
 }
 
-// networkRefused is the node's refusal of a policy.
-type networkRefused struct{ err error }
+// nodeRefused is a node's daemon refusing what a pod's annotation asked (a policy, a pause).
+type nodeRefused struct{ err error }
 
-func (e *networkRefused) Error() string { return e.err.Error() }
+func (e *nodeRefused) Error() string { return e.err.Error() }
 
-// writeNetwork sets the annotations (a nil value removes one) on the pod
+// writeAnnotations sets the annotations (a nil value removes one) on the pod
 // (its UID a precondition), or on its claim for a claimed sandbox.
-func (g *Gateway) writeNetwork(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
+func (g *Gateway) writeAnnotations(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
 	if claimed(pod) {
 		for k, v := range ann {
 			s := ""
@@ -161,20 +161,20 @@ func (g *Gateway) writeNetwork(ctx context.Context, pod *corev1.Pod, id string, 
 		}
 		return nil
 	}
-	return g.patchNetwork(ctx, pod, id, ann, "")
+	return g.patchAnnotations(ctx, pod, id, ann, "")
 }
 
-// writeNetworkAt is writeNetwork that changes a gateway-made pod only at
+// writeAnnotationsAt is writeAnnotations that changes a gateway-made pod only at
 // its cached resourceVersion: a value written since by someone else
 // stays.
-func (g *Gateway) writeNetworkAt(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
+func (g *Gateway) writeAnnotationsAt(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string) error {
 	if claimed(pod) {
-		return g.writeNetwork(ctx, pod, id, ann)
+		return g.writeAnnotations(ctx, pod, id, ann)
 	}
-	return g.patchNetwork(ctx, pod, id, ann, pod.ResourceVersion)
+	return g.patchAnnotations(ctx, pod, id, ann, pod.ResourceVersion)
 }
 
-func (g *Gateway) patchNetwork(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string, rv string) error {
+func (g *Gateway) patchAnnotations(ctx context.Context, pod *corev1.Pod, id string, ann map[string]*string, rv string) error {
 	meta := map[string]any{"uid": pod.UID, "annotations": ann}
 	if rv != "" {
 		meta["resourceVersion"] = rv
@@ -193,44 +193,59 @@ func (g *Gateway) patchNetwork(ctx context.Context, pod *corev1.Pod, id string, 
 	return nil
 }
 
-// waitNetwork reads the sandbox's pod from the cache each time it changes
-// until its node applied value (nil), refused it (*networkRefused), the
-// sandbox ended, another value replaced it, or networkApplyTimeout passed.
-// Once the cache showed value on the pod, another value there is a later
-// writer's (before, it may be the cache lagging behind the write).
+// waitNetwork waits (nodeWait) until the sandbox's node applied value
+// (nil) or refused it (*nodeRefused), the sandbox ended, another value
+// replaced it, or networkApplyTimeout passed. Once the cache showed value
+// on the pod, another value there is a later writer's (before, it may be
+// the cache lagging behind the write).
 func (g *Gateway) waitNetwork(ctx context.Context, id string, uid ktypes.UID, value string, changed <-chan struct{}) error {
-	ctx, cancel := context.WithTimeout(ctx, networkApplyTimeout)
-	defer cancel()
 	caught := false
+	_, err := g.nodeWait(ctx, id, uid, changed, networkApplyTimeout, "the new network policy", func(pod *corev1.Pod) (bool, error) {
+		if done, err := node.NetworkStatus(pod, value); done {
+			if err != nil {
+				return true, &nodeRefused{err}
+			}
+			return true, nil
+		}
+		if st := state(pod); st != apitypes.StateReady {
+			return true, fmt.Errorf("sandbox %s is %s: its network policy was not set: %w", id, st, errdefs.ErrFailedPrecondition)
+		}
+		cur := pod.Annotations[node.AnnotationNetwork]
+		if caught && cur != value {
+			return true, fmt.Errorf("sandbox %s: another update replaced this network policy before its node applied it: %w", id, errdefs.ErrFailedPrecondition)
+		}
+		caught = caught || cur == value
+		return false, nil
+	})
+	return err
+}
+
+// nodeWait reads the sandbox's pod from the cache each time it changes
+// (changed, a watch taken before the write) and hands it to step until
+// step is done, the pod is gone or another, or limit passed (unavailable:
+// the node did not report what) and returns the pod step was done with.
+func (g *Gateway) nodeWait(ctx context.Context, id string, uid ktypes.UID, changed <-chan struct{}, limit time.Duration, what string,
+	step func(*corev1.Pod) (bool, error)) (*corev1.Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	for {
 		pod, err := g.podByID(id)
 		switch {
 		case apierrors.IsNotFound(err) || err == nil && pod.UID != uid:
-			return fmt.Errorf("sandbox %s ended while its network policy was being set: %w", id, errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("sandbox %s ended while its node was to report %s: %w", id, what, errdefs.ErrFailedPrecondition)
 		case err != nil:
-			return err
+			return nil, err
 		}
-		if done, err := node.NetworkStatus(pod, value); done {
-			if err != nil {
-				return &networkRefused{err}
-			}
-			return nil
+		if done, err := step(pod); done {
+			return pod, err
 		}
-		if st := state(pod); st != apitypes.StateReady {
-			return fmt.Errorf("sandbox %s is %s: its network policy was not set: %w", id, st, errdefs.ErrFailedPrecondition)
-		}
-		cur := pod.Annotations[node.AnnotationNetwork]
-		if caught && cur != value {
-			return fmt.Errorf("sandbox %s: another update replaced this network policy before its node applied it: %w", id, errdefs.ErrFailedPrecondition)
-		}
-		caught = caught || cur == value
 		select {
 		case <-changed:
 		case <-ctx.Done():
 			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				return fmt.Errorf("sandbox %s: its node did not report the new network policy within %s (the pod keeps it and the node applies it when it can): %w", id, networkApplyTimeout, errdefs.ErrUnavailable)
+				return nil, fmt.Errorf("sandbox %s: its node did not report %s within %s (the pod keeps the request and the node does it when it can): %w", id, what, limit, errdefs.ErrUnavailable)
 			}
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 }

@@ -72,6 +72,12 @@ func (g *Gateway) target(pod *corev1.Pod, rest string) (nodeTarget, error) {
 	if st := state(pod); st != apitypes.StateReady {
 		return nodeTarget{}, fmt.Errorf("sandbox %s is %s: %w", pod.Name, st, errdefs.ErrFailedPrecondition)
 	}
+	return g.nodeOf(pod, rest)
+}
+
+// nodeOf is target for a sandbox in any state that has a node's sandbox
+// (what its node's daemon recorded of it reads while it is paused).
+func (g *Gateway) nodeOf(pod *corev1.Pod, rest string) (nodeTarget, error) {
 	sb, err := sandboxOf(pod)
 	if err != nil {
 		return nodeTarget{}, err
@@ -144,7 +150,12 @@ func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Requ
 			writeError(w, err)
 			return
 		}
-		t, err := g.target(pod, route)
+		var t nodeTarget
+		if st := state(pod); st == apitypes.StateReady || pausedish(st) {
+			t, err = g.nodeOf(pod, route)
+		} else {
+			t, err = g.target(pod, route)
+		}
 		if err != nil {
 			writeError(w, err)
 			return
@@ -162,6 +173,9 @@ func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Prin
 // the sandbox on its node's data plane.
 func (g *Gateway) proxyTo(w http.ResponseWriter, r *http.Request, p auth.Principal, rest string, forward bool) {
 	pod, err := g.sandboxPod(p, r.PathValue("id"))
+	if err == nil {
+		pod, err = g.awake(r.Context(), p, pod)
+	}
 	if err != nil {
 		writeError(w, err)
 		return

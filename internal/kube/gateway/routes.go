@@ -25,6 +25,8 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("DELETE /v1/sandboxes/{id}", g.authed(g.deleteSandbox))
 	g.mux.HandleFunc("POST /v1/sandboxes/{id}/timeout", g.authed(g.timeoutSandbox))
 	g.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", g.authed(g.putNetwork))
+	g.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", g.authed(g.pauseSandbox))
+	g.mux.HandleFunc("POST /v1/sandboxes/{id}/resume", g.authed(g.resumeSandbox))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
@@ -38,7 +40,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout and network policy, the review reads and the agent data plane, and E2B's sandbox create, list, get, kill and timeout and envd data plane; templates, snapshots and pause are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates and snapshots are served by a Berth daemon only: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

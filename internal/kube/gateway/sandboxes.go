@@ -49,6 +49,9 @@ func state(pod *corev1.Pod) string {
 	switch pod.Status.Phase {
 	case corev1.PodRunning:
 		if _, err := sandboxOf(pod); err == nil {
+			if st, _ := node.Paused(pod); st != "" {
+				return st
+			}
 			return apitypes.StateReady
 		}
 	case corev1.PodSucceeded:
@@ -85,6 +88,10 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 		}
 		out.Deadline = start.Add(time.Duration(*d) * time.Second).UTC()
 	}
+	if out.State == apitypes.StatePaused {
+		_, out.Pause = node.Paused(pod)
+	}
+	out.AutoResume = pod.Annotations[AnnotationAutoResume] == "true"
 	switch out.State {
 	case apitypes.StateFailed, apitypes.StateStopped:
 		out.Reason = endReason(pod)

@@ -65,7 +65,8 @@ func (g *Gateway) timeoutSandbox(w http.ResponseWriter, r *http.Request, p auth.
 
 // setTimeout moves the deadline of the caller's sandbox id to d from now
 // (between 1s and the gateway's MaxTimeout) and returns its pod as
-// patched. Only a running sandbox's deadline moves, as on a daemon.
+// patched. A running sandbox's deadline moves; a paused one gets d once
+// resumed, as on a daemon.
 func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d time.Duration) (*corev1.Pod, error) {
 	if d < time.Second || d > g.cfg.MaxTimeout {
 		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is out of range [1s, %s]", d, g.cfg.MaxTimeout)
@@ -77,10 +78,20 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 	if err != nil {
 		return nil, err
 	}
-	if st := state(pod); st != apitypes.StateReady {
+	deadline := deadlineAt(g.now(), d)
+	switch st := state(pod); st {
+	case apitypes.StateReady:
+	case apitypes.StatePaused:
+		// Its clock is stopped: d is what it gets once resumed, which
+		// the resume reckons from the time of the pause (pause.go).
+		at, err := time.Parse(time.RFC3339Nano, pod.Annotations[node.AnnotationPaused])
+		if err != nil {
+			return nil, fmt.Errorf("sandbox %s was paused without a time in %s, so its deadline cannot be kept while paused: resume it first: %w", id, node.AnnotationPaused, errdefs.ErrFailedPrecondition)
+		}
+		deadline = deadlineAt(at, d)
+	default:
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, st, errdefs.ErrFailedPrecondition)
 	}
-	deadline := deadlineAt(g.now(), d)
 	changed, stop := g.watch(id)
 	defer stop()
 	// What this replica answers next shows the new deadline.

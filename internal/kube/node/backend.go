@@ -27,6 +27,10 @@ type Sandboxes interface {
 	// SetNetworkPolicy replaces the sandbox's egress policy; a policy
 	// the daemon refuses changes nothing.
 	SetNetworkPolicy(ctx context.Context, id string, np client.NetworkPolicy) error
+	// Pause pauses the sandbox (the answer's Pause says what it kept);
+	// Resume brings it back, its deadline keeping the time it had.
+	Pause(ctx context.Context, id string) (*client.Sandbox, error)
+	Resume(ctx context.Context, id string) error
 	// Start runs a command in the background and returns its pid; Attach
 	// waits for it to end and returns its exit code.
 	Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error)
@@ -90,6 +94,15 @@ func (a apiSandboxes) SetTimeout(ctx context.Context, id string, d time.Duration
 
 func (a apiSandboxes) SetNetworkPolicy(ctx context.Context, id string, np client.NetworkPolicy) error {
 	_, err := a.c.SetNetworkPolicy(ctx, id, np)
+	return err
+}
+
+func (a apiSandboxes) Pause(ctx context.Context, id string) (*client.Sandbox, error) {
+	return a.c.Pause(ctx, id)
+}
+
+func (a apiSandboxes) Resume(ctx context.Context, id string) error {
+	_, err := a.c.Resume(ctx, id, 0)
 	return err
 }
 

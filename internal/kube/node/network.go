@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
 
@@ -58,9 +57,7 @@ func NetworkStatus(pod *corev1.Pod, want string) (done bool, err error) {
 			return true, nil
 		case NetworkRefused:
 			// "policy <hash> refused: <code>: <message>"
-			rest := strings.TrimPrefix(c.Message, prefix+" refused: ")
-			code, msg, _ := strings.Cut(rest, ": ")
-			return true, fmt.Errorf("%s: %w", msg, errdefs.FromCode(code))
+			return true, conditionErr(strings.TrimPrefix(c.Message, prefix+" refused: "))
 		}
 	}
 	return false, nil
@@ -133,12 +130,7 @@ func networkCondition(ps *podState, now metav1.Time) corev1.PodCondition {
 		c.Message = "policy " + NetworkHash(want) + " applied"
 	case want == ps.net.refused && ps.net.refusedErr != nil:
 		c.Status, c.Reason = corev1.ConditionFalse, NetworkRefused
-		var e *errdefs.Error
-		code, msg := errdefs.Code(ps.net.refusedErr), ps.net.refusedErr.Error()
-		if errors.As(ps.net.refusedErr, &e) {
-			msg = e.Message
-		}
-		c.Message = "policy " + NetworkHash(want) + " refused: " + code + ": " + msg
+		c.Message = "policy " + NetworkHash(want) + " refused: " + errText(ps.net.refusedErr)
 	default:
 		c.Status, c.Reason = corev1.ConditionFalse, NetworkPending
 		c.Message = "policy " + NetworkHash(want) + " not applied yet"

@@ -52,6 +52,10 @@ const (
 	// and fails the pod with ReasonNodeLost: a sandbox reported lost does
 	// not come back.
 	AnnotationLost = "berth.dev/lost"
+	// AnnotationPaused, set (to any value; the gateway writes the time of
+	// the request, RFC 3339), pauses the pod's sandbox, and its removal
+	// resumes it (pause.go).
+	AnnotationPaused = "berth.dev/paused"
 )
 
 // Reasons a pod fails with, besides the node's Berth* ones.

@@ -67,6 +67,17 @@ type podState struct {
 	// net is the sandbox's egress policy against AnnotationNetwork
 	// (network.go); dmu orders its changes too.
 	net netState
+	// pz is the sandbox's pause against AnnotationPaused (pause.go); dmu
+	// orders it too. up says the containers were started (a pause waits
+	// for that).
+	pz pauseState
+	up bool
+
+	// ctx is the pod's context (cancel ends it); fcancel ends the current
+	// generation of its container followers, fwg counts them.
+	ctx     context.Context
+	fcancel context.CancelFunc
+	fwg     sync.WaitGroup
 }
 
 // containerState is a container's current run (running, or exited with
@@ -127,7 +138,7 @@ func (p *Pods) CreatePod(_ context.Context, pod *corev1.Pod) error {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(p.ctx)
-	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), cancel: cancel, containers: map[string]*containerState{},
+	ps := &podState{pod: pod.DeepCopy(), started: time.Now(), ctx: ctx, cancel: cancel, containers: map[string]*containerState{},
 		applied: pod.Annotations[AnnotationDeadline], net: netState{applied: pod.Annotations[AnnotationNetwork], known: true}}
 	p.pods[k] = ps
 	p.mu.Unlock()
@@ -189,6 +200,7 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
+	fctx := p.newFollowers(ps)
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
@@ -201,8 +213,13 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 			}
 			return
 		}
-		p.follow(ctx, ps, c, pid)
+		p.follow(fctx, ps, c, pid)
 	}
+	p.mu.Lock()
+	ps.up = true
+	p.mu.Unlock()
+	// A pause asked for while the containers were starting.
+	p.applyPause(ctx, ps)
 }
 
 // adopt records a live sandbox's address and follows its events, so the
@@ -341,6 +358,10 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 		ps.net.refused, ps.net.refusedErr = "", nil
 	}
 	renet := !ps.net.known || pod.Annotations[AnnotationNetwork] != ps.net.applied
+	if pod.Annotations[AnnotationPaused] != ps.pod.Annotations[AnnotationPaused] {
+		ps.pz.failed, ps.pz.failedErr = "", nil
+	}
+	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused
 	changed := ""
 	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
 		changed = settingsChange(ps.plan, pod)
@@ -361,10 +382,13 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 			defer p.wg.Done()
 			p.lose(ps)
 		}()
-	case moved || renet:
+	case moved || renet || repause:
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
+			// A resume comes first: the deadline that comes with it is
+			// set on the running sandbox.
+			p.applyPause(p.ctx, ps)
 			p.applyDeadline(p.ctx, ps)
 			p.applyNetwork(p.ctx, ps)
 		}()
@@ -573,7 +597,10 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		{Type: corev1.PodReady, Status: ready, LastTransitionTime: now},
 	}
 	if ps.sandboxID != "" && ps.reason == "" {
-		st.Conditions = append(st.Conditions, networkCondition(ps, now))
+		st.Conditions = append(st.Conditions, networkCondition(ps, now), pauseCondition(ps, now))
+		if ps.pz.paused {
+			pausedStatus(st, ps.pz.kind)
+		}
 	}
 	return pod
 }
@@ -647,18 +674,21 @@ func (p *Pods) reconcile(ctx context.Context) error {
 			return fmt.Errorf("pod %s: %w", key(ns, name), err)
 		}
 		cctx, cancel := context.WithCancel(p.ctx)
-		ps := &podState{pod: pod.DeepCopy(), plan: pl, started: sb.CreatedAt, cancel: cancel, sandboxID: sb.ID, containers: map[string]*containerState{}}
+		ps := &podState{pod: pod.DeepCopy(), plan: pl, started: sb.CreatedAt, ctx: cctx, cancel: cancel, sandboxID: sb.ID, containers: map[string]*containerState{}}
 		if pod.Status.StartTime != nil {
 			ps.started = pod.Status.StartTime.Time
 		}
 		p.mu.Lock()
 		p.pods[key(ns, name)] = ps
 		p.mu.Unlock()
-		if err := p.readopt(cctx, ps, sb); err != nil {
+		if sb.State == client.StatePaused {
+			p.readoptPaused(cctx, ps, sb)
+		} else if err := p.readopt(cctx, ps, sb); err != nil {
 			return err
 		}
-		// The deadline may have moved while the node was away, and the
-		// policy too: it is set again (ps.net is not known).
+		// The pause, the deadline and the policy may have moved while the
+		// node was away: they are set again (ps.net is not known).
+		p.applyPause(cctx, ps)
 		p.applyDeadline(cctx, ps)
 		p.applyNetwork(cctx, ps)
 		p.log.Info("pod_adopted", "pod", key(ns, name), "sandbox_id", sb.ID)
@@ -676,6 +706,7 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
 	}
 	p.adopt(ctx, ps, sb)
+	fctx := p.newFollowers(ps)
 	started := ps.started
 	for _, c := range ps.plan.containers {
 		var pid uint32
@@ -705,15 +736,37 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
 				continue
 			}
-			p.follow(ctx, ps, c, pid)
+			p.follow(fctx, ps, c, pid)
 		default:
 			// Still running, or ended while the node was away: its exit
 			// code is read back and the restart policy applied.
-			p.follow(ctx, ps, c, pid)
+			p.follow(fctx, ps, c, pid)
 		}
 	}
+	p.mu.Lock()
+	ps.up = true
+	p.mu.Unlock()
 	p.changed(ps)
 	return nil
+}
+
+// readoptPaused takes back a pod whose sandbox is paused: nothing in it
+// answers, so its containers are followed again (and their runs read
+// back) once it is resumed.
+func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandbox) {
+	p.adopt(ctx, ps, sb)
+	p.mu.Lock()
+	for _, c := range ps.plan.containers {
+		ps.containers[c.name] = &containerState{running: true, startedAt: ps.started}
+	}
+	ps.up = true
+	ps.pz = pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
+	if ps.pz.value == "" {
+		// The annotation is gone: applyPause resumes it.
+		ps.pz.value = "unknown"
+	}
+	p.mu.Unlock()
+	p.changed(ps)
 }
 
 // limitWriter takes at most n bytes and then fails.

@@ -273,8 +273,10 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 // container again while the pod's restart policy asks, after the back-off.
 func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid uint32) {
 	p.wg.Add(1)
+	ps.fwg.Add(1)
 	go func() {
 		defer p.wg.Done()
+		defer ps.fwg.Done()
 		for {
 			if pid != 0 {
 				_, _ = p.sb.Attach(ctx, ps.sandboxID, pid)

@@ -1,0 +1,158 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+)
+
+// TestPauseResume: a pause is the pod's pause annotation, answered once
+// its node reports it; the paused sandbox is listed paused and its data
+// plane refused; a resume removes the annotation and gives the deadline
+// the time it had left; bad input and other keys change nothing.
+func TestPauseResume(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"timeout":"1h"}`, &sb); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	pods := e.kube.CoreV1().Pods(ns)
+	for _, tc := range []struct {
+		path, key, body string
+		status          int
+		code, field     string
+	}{
+		{"/v1/sandboxes/" + sb.ID + "/pause", keyBob, "", 404, errdefs.CodeNotFound, ""},
+		{"/v1/sandboxes/" + sb.ID + "/resume", keyAlice, `{"timeout":"soon"}`, 400, errdefs.CodeInvalidArgument, "timeout"},
+		{"/v1/sandboxes/" + sb.ID + "/resume", keyAlice, `{"x":1}`, 400, errdefs.CodeInvalidArgument, "body"},
+	} {
+		if code, eb := e.call(t, "POST", tc.path, tc.key, tc.body, nil); code != tc.status || eb.Code != tc.code || eb.Field != tc.field {
+			t.Errorf("POST %s %s = %d %+v, want %d %s on %q", tc.path, tc.body, code, eb, tc.status, tc.code, tc.field)
+		}
+	}
+	if pod, _ := pods.Get(t.Context(), sb.ID, metav1.GetOptions{}); pod.Annotations[node.AnnotationPaused] != "" {
+		t.Fatalf("refused requests paused the sandbox: %v", pod.Annotations)
+	}
+
+	var got types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", keyAlice, "", &got); code != 200 || got.State != types.StatePaused || got.Pause != "filesystem" {
+		t.Fatalf("pause = %d %+v %+v", code, eb, got)
+	}
+	pod, err := pods.Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if err != nil || pod.Annotations[node.AnnotationPaused] == "" {
+		t.Fatalf("after the pause: %v, %v", pod.Annotations, err)
+	}
+	var list types.SandboxList
+	if code, eb := e.call(t, "GET", "/v1/sandboxes?state=paused", keyAlice, "", &list); code != 200 || len(list.Sandboxes) != 1 || list.Sandboxes[0].ID != sb.ID {
+		t.Errorf("list paused = %d %+v %+v", code, eb, list)
+	}
+	// Pausing again changes nothing.
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", keyAlice, "", &got); code != 200 || got.State != types.StatePaused {
+		t.Errorf("pause again = %d %+v", code, eb)
+	}
+	// Its data plane is refused: it was made without auto_resume.
+	req, _ := http.NewRequestWithContext(t.Context(), "POST", e.url+"/v1/sandboxes/"+sb.ID+"/agent/process.Process/Start", bytes.NewReader([]byte("x")))
+	req.Header.Set("X-API-Key", keyAlice)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Errorf("agent request to a paused sandbox = %d, want 409", resp.StatusCode)
+	}
+
+	// The resume gives back what was left: about an hour.
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/resume", keyAlice, "", &got); code != 200 || got.State != types.StateReady {
+		t.Fatalf("resume = %d %+v %+v", code, eb, got)
+	}
+	if left := time.Until(got.Deadline); left < 55*time.Minute || left > time.Hour+2*time.Second {
+		t.Errorf("resumed deadline %v is %v from now, want about the hour it had", got.Deadline, left)
+	}
+	pod, _ = pods.Get(t.Context(), sb.ID, metav1.GetOptions{})
+	if _, ok := pod.Annotations[node.AnnotationPaused]; ok {
+		t.Errorf("resumed pod keeps the pause annotation: %v", pod.Annotations)
+	}
+	// A resume that names a timeout sets it from now.
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", keyAlice, "", nil); code != 200 {
+		t.Fatalf("pause = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/resume", keyAlice, `{"timeout":"3h"}`, &got); code != 200 || time.Until(got.Deadline) < 2*time.Hour {
+		t.Errorf("resume for 3h = %d %+v, deadline %v", code, eb, got.Deadline)
+	}
+
+	// A timeout set while paused is what it gets once resumed.
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/pause", keyAlice, "", nil); code != 200 {
+		t.Fatalf("pause = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/timeout", keyAlice, `{"timeout":"2h"}`, nil); code != 200 {
+		t.Fatalf("timeout while paused = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+sb.ID+"/resume", keyAlice, "", &got); code != 200 {
+		t.Fatalf("resume = %d %+v", code, eb)
+	}
+	if left := time.Until(got.Deadline); left < 2*time.Hour-5*time.Second || left > 2*time.Hour+2*time.Second {
+		t.Errorf("resumed after a 2h timeout set while paused: %v left", left)
+	}
+
+	// auto_resume: the next data-plane request resumes it and goes on.
+	var auto types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"auto_resume":true}`, &auto); code != 201 || !auto.AutoResume {
+		t.Fatalf("create auto_resume = %d %+v %+v", code, eb, auto)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+auto.ID+"/pause", keyAlice, "", nil); code != 200 {
+		t.Fatalf("pause = %d %+v", code, eb)
+	}
+	req, _ = http.NewRequestWithContext(t.Context(), "POST", e.url+"/v1/sandboxes/"+auto.ID+"/agent/process.Process/Start", bytes.NewReader([]byte("x")))
+	req.Header.Set("X-API-Key", keyAlice)
+	if resp, err = http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("agent request to a paused auto_resume sandbox = %d, want 200", resp.StatusCode)
+	}
+	if code, _ := e.call(t, "GET", "/v1/sandboxes/"+auto.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
+		t.Errorf("after the request: %+v, want ready", got)
+	}
+}
+
+// TestE2BPause: E2B's pause answers 204, then 409; the sandbox lists as
+// paused; connect resumes it with 201 and its token.
+func TestE2BPause(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", keyAlice, "", nil); code != 204 {
+		t.Fatalf("pause = %d %s", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/pause", keyAlice, "", nil); code != 409 {
+		t.Errorf("pause again = %d %s, want 409", code, data)
+	}
+	listed, _ := e.e2bList(t, "/v2/sandboxes?state=paused", keyAlice)
+	if len(listed) != 1 || listed[0].SandboxID != sb.SandboxID || listed[0].State != "paused" {
+		t.Errorf("paused listing = %+v", listed)
+	}
+	if running, _ := e.e2bList(t, "/v2/sandboxes?state=running", keyAlice); len(running) != 0 {
+		t.Errorf("running listing holds the paused sandbox: %+v", running)
+	}
+	var body e2bwire.SandboxBody
+	code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/connect", keyAlice, `{"timeout":60}`, nil)
+	if code != 201 {
+		t.Fatalf("connect to a paused sandbox = %d %s, want 201", code, data)
+	}
+	if err := json.Unmarshal(data, &body); err != nil || body.EnvdAccessToken != sb.EnvdAccessToken {
+		t.Errorf("connect body %s: %v", data, err)
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/resume", keyAlice, "", nil); code != 409 {
+		t.Errorf("resume of a running sandbox = %d %s, want 409", code, data)
+	}
+}

@@ -1,0 +1,349 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Pause and resume of a pod's sandbox.
+//
+// A pod's sandbox is paused while its AnnotationPaused is set, and runs
+// while it is not: the node pauses or resumes the sandbox through its
+// daemon each time the annotation changes (and after a node restart), and
+// reports the outcome in the pod's ConditionPaused. So `kubectl annotate
+// pod X berth.dev/paused=…` pauses a sandbox as the gateway's POST
+// …/pause does, and a pause holds while no gateway runs.
+//
+// What a pause keeps is the daemon's (internal/sandbox/pause.go): on
+// gVisor every process and its memory, so the containers' processes are
+// followed again after the resume; on runc the sandbox's files, so a
+// container whose process the pause ended starts again at resume, as a
+// restart (its previous run ended with 137), whatever the pod's restart
+// policy: a resumed pod runs what it ran before. While paused, the pod
+// stays Running, its containers wait with reason ReasonPaused and it is
+// not Ready.
+
+// ConditionPaused is the pod condition that reports whether the sandbox
+// is paused as its pod's AnnotationPaused states: True while paused (or
+// a resume is pending or was refused), False while running.
+const ConditionPaused corev1.PodConditionType = "berth.dev/Paused"
+
+// Reasons of ConditionPaused; the messages name the annotation value
+// they are about by NetworkHash, as ConditionNetwork does.
+const (
+	// PauseRunning: the sandbox runs ("running").
+	PauseRunning = "Running"
+	// PausePaused: the sandbox is paused ("pause <hash> applied:
+	// memory|filesystem").
+	PausePaused = "Paused"
+	// PausePausing: the annotation asks for a pause not done yet.
+	PausePausing = "Pausing"
+	// PauseResuming: the annotation is gone and the resume is not done
+	// yet.
+	PauseResuming = "Resuming"
+	// PauseRefused: the daemon refused the pause ("pause <hash> refused:
+	// <code>: <message>"); the sandbox runs on.
+	PauseRefused = "PauseRefused"
+	// ResumeRefused: the daemon could not resume the sandbox ("resume
+	// refused: <code>: <message>"); it is paused still, or failed (the
+	// pod then fails).
+	ResumeRefused = "ResumeRefused"
+)
+
+// ReasonPaused is the waiting reason of a paused pod's containers.
+const ReasonPaused = "SandboxPaused"
+
+// pauseState is what the node knows of a sandbox's pause against its
+// pod's AnnotationPaused; guarded by Pods.mu.
+type pauseState struct {
+	paused bool
+	// value is the annotation value of the pause, kind what it kept,
+	// at when it was done.
+	value, kind string
+	at          time.Time
+	// failed is the annotation value ("" for a resume) the daemon last
+	// refused, and why.
+	failed    string
+	failedErr error
+	// runsUnknown: the node restarted while the sandbox was paused, so
+	// its containers' restart counts are read back at resume.
+	runsUnknown bool
+}
+
+// PauseStatus reads ConditionPaused of a pod for the annotation value
+// want ("" asks for a running sandbox): done once the node did it (err
+// nil) or the daemon refused it (err of the daemon's class, with its
+// words).
+func PauseStatus(pod *corev1.Pod, want string) (done bool, err error) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type != ConditionPaused {
+			continue
+		}
+		prefix := "pause " + NetworkHash(want)
+		switch {
+		case want == "" && c.Reason == PauseRunning:
+			return true, nil
+		case want == "" && c.Reason == ResumeRefused:
+			return true, conditionErr(strings.TrimPrefix(c.Message, "resume refused: "))
+		case want != "" && c.Reason == PausePaused && strings.HasPrefix(c.Message, prefix+" "):
+			return true, nil
+		case want != "" && c.Reason == PauseRefused && strings.HasPrefix(c.Message, prefix+" "):
+			return true, conditionErr(strings.TrimPrefix(c.Message, prefix+" refused: "))
+		}
+	}
+	return false, nil
+}
+
+// conditionErr is the error a condition's "<code>: <message>" states.
+func conditionErr(s string) error {
+	code, msg, _ := strings.Cut(s, ": ")
+	return fmt.Errorf("%s: %w", msg, errdefs.FromCode(code))
+}
+
+// Paused reads a pod's pause from ConditionPaused: its state in the API's
+// terms ("paused", "pausing", "resuming"; "" when it runs or the node has
+// not said) and, once paused, what the pause kept.
+func Paused(pod *corev1.Pod) (state, kind string) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type != ConditionPaused {
+			continue
+		}
+		switch c.Reason {
+		case PausePaused:
+			_, kind, _ = strings.Cut(c.Message, " applied: ")
+			return "paused", kind
+		case ResumeRefused:
+			return "paused", ""
+		case PausePausing:
+			return "pausing", ""
+		case PauseResuming:
+			return "resuming", ""
+		}
+	}
+	return "", ""
+}
+
+// applyPause pauses or resumes the sandbox when its pod's AnnotationPaused
+// says otherwise than it is, once its containers were started. A value
+// the daemon refused is not tried again until the annotation changes.
+func (p *Pods) applyPause(ctx context.Context, ps *podState) {
+	ps.dmu.Lock()
+	defer ps.dmu.Unlock()
+	p.mu.Lock()
+	pod, id, over, up, st := ps.pod, ps.sandboxID, ps.reason != "" || ps.deleted, ps.up, ps.pz
+	p.mu.Unlock()
+	want := pod.Annotations[AnnotationPaused]
+	if id == "" || over || !up || (want != "") == st.paused || (want == st.failed && st.failedErr != nil) {
+		return
+	}
+	k := key(pod.Namespace, pod.Name)
+	if want != "" {
+		p.stopFollowers(ps)
+		sb, err := p.sb.Pause(ctx, id)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			p.log.Warn("sandbox_pause_refused", "pod", k, "sandbox_id", id, "err", err)
+			p.mu.Lock()
+			ps.pz.failed, ps.pz.failedErr = want, err
+			p.mu.Unlock()
+			// The daemon leaves a sandbox it could not pause running (or
+			// fails it, and the pod with it).
+			if err := p.refollow(ps, id, time.Now()); err != nil {
+				p.log.Warn("pod_refollow_failed", "pod", k, "sandbox_id", id, "err", err)
+			}
+			p.changed(ps)
+			return
+		}
+		p.mu.Lock()
+		ps.pz = pauseState{paused: true, value: want, kind: sb.Pause, at: time.Now()}
+		p.mu.Unlock()
+		p.log.Info("sandbox_paused", "pod", k, "sandbox_id", id, "pause", sb.Pause)
+		p.changed(ps)
+		return
+	}
+	if err := p.sb.Resume(ctx, id); err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		p.log.Warn("sandbox_resume_refused", "pod", k, "sandbox_id", id, "err", err)
+		p.mu.Lock()
+		ps.pz.failed, ps.pz.failedErr = "", err
+		p.mu.Unlock()
+		p.changed(ps)
+		return
+	}
+	p.mu.Lock()
+	at, unknown := st.at, st.runsUnknown
+	ps.pz = pauseState{}
+	p.mu.Unlock()
+	p.log.Info("sandbox_resumed", "pod", k, "sandbox_id", id)
+	if unknown {
+		p.recoverAllRuns(ps, id)
+	}
+	if err := p.refollow(ps, id, at); err != nil {
+		p.fail(ps, "BerthResumeFailed", fmt.Sprintf("follow the containers again: %v", err))
+		return
+	}
+	p.changed(ps)
+}
+
+// newFollowers starts a new generation of the pod's container followers
+// and returns their context; stopFollowers ends it and waits for them.
+func (p *Pods) newFollowers(ps *podState) context.Context {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	parent := ps.ctx
+	if parent == nil {
+		parent = p.ctx
+	}
+	ctx, cancel := context.WithCancel(parent)
+	ps.fcancel = cancel
+	return ctx
+}
+
+func (p *Pods) stopFollowers(ps *podState) {
+	p.mu.Lock()
+	cancel := ps.fcancel
+	p.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	ps.fwg.Wait()
+}
+
+// recoverAllRuns reads back every container's restart count and previous
+// run from the sandbox (a node that restarted while it was paused could
+// not).
+func (p *Pods) recoverAllRuns(ps *podState, id string) {
+	for _, c := range ps.plan.containers {
+		if len(c.argv) == 0 {
+			continue
+		}
+		cs := &containerState{running: true}
+		p.recoverRuns(ps.ctx, id, c.name, cs)
+		p.mu.Lock()
+		if old := ps.containers[c.name]; old != nil {
+			cs.startedAt = old.startedAt
+		}
+		ps.containers[c.name] = cs
+		p.mu.Unlock()
+	}
+}
+
+// refollow follows each container of a sandbox that was paused (or whose
+// pause failed) again: its process if it still runs (a memory pause kept
+// it), its exit code if it ended on its own (the restart policy applies),
+// and otherwise (a filesystem pause ended it at pausedAt) it starts again
+// as its next restart.
+func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
+	ctx := p.newFollowers(ps)
+	procs, err := p.sb.Processes(ctx, id)
+	if err != nil {
+		return fmt.Errorf("processes of sandbox %s: %w", id, err)
+	}
+	for _, c := range ps.plan.containers {
+		if len(c.argv) == 0 {
+			continue
+		}
+		var pid uint32
+		for _, pr := range procs {
+			if pr.Tag == processTag(c.name) {
+				pid = pr.PID
+			}
+		}
+		if pid != 0 {
+			p.follow(ctx, ps, c, pid)
+			continue
+		}
+		if _, _, err := p.readExit(ctx, id, c.name, ""); err == nil {
+			p.follow(ctx, ps, c, 0)
+			continue
+		} else if !errors.Is(err, errdefs.ErrNotFound) {
+			return fmt.Errorf("container %s: exit code: %w", c.name, err)
+		}
+		p.mu.Lock()
+		cs := ps.containers[c.name]
+		if cs == nil {
+			cs = &containerState{startedAt: pausedAt}
+			ps.containers[c.name] = cs
+		}
+		cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, pausedAt
+		restart := cs.restarts + 1
+		p.mu.Unlock()
+		pid, err := p.startContainer(ctx, ps, c, restart)
+		if err != nil {
+			return fmt.Errorf("start container %s again: %w", c.name, err)
+		}
+		p.follow(ctx, ps, c, pid)
+	}
+	return nil
+}
+
+// pauseCondition is ConditionPaused for a pod whose sandbox exists; the
+// caller holds p.mu.
+func pauseCondition(ps *podState, now metav1.Time) corev1.PodCondition {
+	want := ps.pod.Annotations[AnnotationPaused]
+	st := ps.pz
+	c := corev1.PodCondition{Type: ConditionPaused, LastTransitionTime: now}
+	failed := want == st.failed && st.failedErr != nil
+	switch {
+	case want != "" && st.paused:
+		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
+		c.Message = "pause " + NetworkHash(st.value) + " applied: " + st.kind
+	case want != "" && failed:
+		c.Status, c.Reason = corev1.ConditionFalse, PauseRefused
+		c.Message = "pause " + NetworkHash(want) + " refused: " + errText(st.failedErr)
+	case want != "":
+		c.Status, c.Reason = corev1.ConditionFalse, PausePausing
+		c.Message = "pause " + NetworkHash(want) + " not applied yet"
+	case st.paused && failed:
+		c.Status, c.Reason = corev1.ConditionTrue, ResumeRefused
+		c.Message = "resume refused: " + errText(st.failedErr)
+	case st.paused:
+		c.Status, c.Reason = corev1.ConditionTrue, PauseResuming
+		c.Message = "resume not applied yet"
+	default:
+		c.Status, c.Reason, c.Message = corev1.ConditionFalse, PauseRunning, "running"
+	}
+	return c
+}
+
+// errText is an error as "<code>: <message>" for a condition's message.
+func errText(err error) string {
+	var e *errdefs.Error
+	msg := err.Error()
+	if errors.As(err, &e) {
+		msg = e.Message
+	}
+	return errdefs.Code(err) + ": " + msg
+}
+
+// pausedStatus shows a paused pod's running containers waiting with
+// ReasonPaused, and the pod not ready; the caller holds p.mu.
+func pausedStatus(st *corev1.PodStatus, kind string) {
+	msg := "the sandbox is paused (" + kind + ")"
+	for i := range st.ContainerStatuses {
+		cs := &st.ContainerStatuses[i]
+		if cs.State.Running != nil {
+			cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonPaused, Message: msg}}
+			cs.Ready = false
+			cs.Started = ptr(false)
+		}
+	}
+	for i := range st.Conditions {
+		c := &st.Conditions[i]
+		if c.Type == corev1.ContainersReady || c.Type == corev1.PodReady {
+			c.Status, c.Reason, c.Message = corev1.ConditionFalse, ReasonPaused, msg
+		}
+	}
+}

@@ -1,0 +1,276 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// pausingRunner is fakeRunner with a daemon's pause and resume: a
+// filesystem pause ends the container's process without an exit code
+// (the whole sandbox stops), a memory pause keeps it; refuse makes the
+// next pause fail as a daemon's would.
+type pausingRunner struct {
+	*fakeRunner
+	kind   string
+	refuse error
+
+	pmu     sync.Mutex
+	paused  bool
+	pauses  int
+	resumes int
+	ended   map[uint32]bool
+}
+
+func (f *pausingRunner) Pause(_ context.Context, _ string) (*client.Sandbox, error) {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	if f.refuse != nil {
+		err := f.refuse
+		f.refuse = nil
+		return nil, err
+	}
+	f.paused, f.pauses = true, f.pauses+1
+	if f.kind == "filesystem" {
+		f.fakeRunner.mu.Lock()
+		for pid := range f.procs {
+			f.ended[pid] = true
+		}
+		f.fakeRunner.mu.Unlock()
+	}
+	return &client.Sandbox{Sandbox: types.Sandbox{State: client.StatePaused, Pause: f.kind}}, nil
+}
+
+func (f *pausingRunner) Resume(context.Context, string) error {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	if !f.paused {
+		return errdefs.ErrFailedPrecondition
+	}
+	f.paused, f.resumes = false, f.resumes+1
+	return nil
+}
+
+// Processes lists the container processes that neither exited nor were
+// ended by a pause.
+func (f *pausingRunner) Processes(context.Context, string) ([]client.ProcessInfo, error) {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	if f.paused {
+		return nil, errdefs.ErrFailedPrecondition
+	}
+	f.fakeRunner.mu.Lock()
+	defer f.fakeRunner.mu.Unlock()
+	var out []client.ProcessInfo
+	for pid, done := range f.procs {
+		select {
+		case <-done:
+			continue
+		default:
+		}
+		if !f.ended[pid] {
+			out = append(out, client.ProcessInfo{PID: pid, Tag: processTag("main")})
+		}
+	}
+	return out, nil
+}
+
+// newPausePods is a node with one pod under Always whose container
+// "main" runs (run 0) on f.
+func newPausePods(t *testing.T, f *pausingRunner) (*Pods, *podState) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	p := &Pods{ctx: ctx, sb: f, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+	t.Cleanup(func() {
+		cancel()
+		p.Wait()
+	})
+	pod := testPod()
+	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	pl, err := planPod(pod, "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &podState{pod: pod, plan: pl, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{}, up: true, net: netState{known: true}}
+	p.pods[key(pod.Namespace, pod.Name)] = ps
+	pid, err := p.startContainer(ctx, ps, pl.containers[0], 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.follow(p.newFollowers(ps), ps, pl.containers[0], pid)
+	return p, ps
+}
+
+func podNow(p *Pods, ps *podState) *corev1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.withStatus(ps)
+}
+
+func withPaused(pod *corev1.Pod, v string) *corev1.Pod {
+	pod = pod.DeepCopy()
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	if v == "" {
+		delete(pod.Annotations, AnnotationPaused)
+	} else {
+		pod.Annotations[AnnotationPaused] = v
+	}
+	return pod
+}
+
+func podCondition(pod *corev1.Pod, typ corev1.PodConditionType) corev1.PodCondition {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == typ {
+			return c
+		}
+	}
+	return corev1.PodCondition{}
+}
+
+// TestPauseFilesystem: the annotation pauses the sandbox; the pod stays
+// Running, not ready, its container waiting with SandboxPaused and its
+// condition naming the value; its removal resumes it, and the container
+// the pause ended starts again as a restart whose previous run ended
+// with 137.
+func TestPauseFilesystem(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{}}
+		p, ps := newPausePods(t, f)
+		ctx := t.Context()
+		if done, _ := PauseStatus(podNow(p, ps), ""); !done {
+			t.Fatalf("a running pod's condition does not say running: %+v", podCondition(podNow(p, ps), ConditionPaused))
+		}
+
+		const v = "2026-12-03T10:00:00Z"
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, v)); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		pod := podNow(p, ps)
+		if done, err := PauseStatus(pod, v); !done || err != nil {
+			t.Fatalf("after the pause: PauseStatus = %v, %v; condition %+v", done, err, podCondition(pod, ConditionPaused))
+		}
+		if st, kind := Paused(pod); st != "paused" || kind != "filesystem" {
+			t.Errorf("Paused = %q, %q; want paused, filesystem", st, kind)
+		}
+		cs := pod.Status.ContainerStatuses[0]
+		if pod.Status.Phase != corev1.PodRunning || cs.State.Waiting == nil || cs.State.Waiting.Reason != ReasonPaused || cs.Ready {
+			t.Errorf("paused pod: %s, %+v; want Running with the container waiting (SandboxPaused)", pod.Status.Phase, cs)
+		}
+		if c := podCondition(pod, corev1.PodReady); c.Status != corev1.ConditionFalse {
+			t.Errorf("paused pod Ready = %s", c.Status)
+		}
+		// The same value again does nothing.
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, v)); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, "")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		pod = podNow(p, ps)
+		if done, err := PauseStatus(pod, ""); !done || err != nil {
+			t.Fatalf("after the resume: PauseStatus = %v, %v", done, err)
+		}
+		cs = pod.Status.ContainerStatuses[0]
+		if cs.State.Running == nil || cs.RestartCount != 1 {
+			t.Fatalf("resumed: %+v; want running again as restart 1", cs)
+		}
+		if lt := cs.LastTerminationState.Terminated; lt == nil || lt.ExitCode != 137 {
+			t.Errorf("last state = %+v, want ended with 137 by the pause", lt)
+		}
+		if got := f.starts(); !slices.Equal(got, []int{0, 1}) {
+			t.Errorf("runs started = %v, want 0 and 1", got)
+		}
+		if f.pauses != 1 || f.resumes != 1 {
+			t.Errorf("pauses %d, resumes %d; want 1 each", f.pauses, f.resumes)
+		}
+		// The new run is followed: its exit is seen and restarted.
+		f.exit(1)
+		synctest.Wait()
+		if got := f.starts(); !slices.Equal(got, []int{0, 1, 2}) {
+			t.Errorf("after the resumed run exited: runs %v, want 0, 1, 2", got)
+		}
+	})
+}
+
+// TestPauseMemory: a memory pause keeps the process, which is followed
+// again after the resume (nothing restarts; its exit is still seen).
+func TestPauseMemory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "memory", ended: map[uint32]bool{}}
+		p, ps := newPausePods(t, f)
+		ctx := t.Context()
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, "now")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if st, kind := Paused(podNow(p, ps)); st != "paused" || kind != "memory" {
+			t.Fatalf("Paused = %q, %q; want paused, memory", st, kind)
+		}
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, "")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		pod := podNow(p, ps)
+		if cs := pod.Status.ContainerStatuses[0]; cs.State.Running == nil || cs.RestartCount != 0 {
+			t.Fatalf("resumed: %+v; want the same run running", cs)
+		}
+		f.exit(3)
+		synctest.Wait()
+		if got := f.starts(); !slices.Equal(got, []int{0, 1}) {
+			t.Errorf("after the kept process exited: runs %v, want 0 then 1", got)
+		}
+	})
+}
+
+// TestPauseRefused: a pause the daemon refuses is reported with its code
+// and words, the sandbox runs on with its container followed, and the
+// same value is not tried again; another value is.
+func TestPauseRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{},
+			refuse: &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "no room for the checkpoint"}}
+		p, ps := newPausePods(t, f)
+		ctx := t.Context()
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, "one")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		pod := podNow(p, ps)
+		done, err := PauseStatus(pod, "one")
+		if !done || !errors.Is(err, errdefs.ErrUnavailable) || err.Error() != "no room for the checkpoint: "+errdefs.ErrUnavailable.Error() {
+			t.Fatalf("refused pause: PauseStatus = %v, %v", done, err)
+		}
+		if st, _ := Paused(pod); st != "" {
+			t.Errorf("refused pause: Paused = %q, want running", st)
+		}
+		f.exit(1)
+		synctest.Wait()
+		if got := f.starts(); !slices.Equal(got, []int{0, 1}) {
+			t.Fatalf("the container is not followed after a refused pause: runs %v", got)
+		}
+		if err := p.UpdatePod(ctx, withPaused(ps.pod, "two")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if done, err := PauseStatus(podNow(p, ps), "two"); !done || err != nil {
+			t.Errorf("another value: PauseStatus = %v, %v", done, err)
+		}
+	})
+}
