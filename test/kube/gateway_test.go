@@ -421,6 +421,41 @@ func TestGateway(t *testing.T) {
 	if _, err := gwOther.Pause(ctx, auto.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("another key's pause = %v, want not found", err)
 	}
+	// on_timeout pause: its node's daemon pauses it at the deadline; a
+	// timeout cannot be set then (it would resume it), a resume can, and
+	// gives it the gateway's default timeout.
+	atDeadline, err := gwA.Create(ctx, client.CreateRequest{OnTimeout: client.OnTimeoutPause, Timeout: "3s"})
+	if err != nil || atDeadline.OnTimeout != client.OnTimeoutPause {
+		t.Fatalf("create with on_timeout pause = %+v, %v", atDeadline, err)
+	}
+	made = append(made, atDeadline)
+	if p := nextAdded(); p.Name != atDeadline.ID {
+		t.Fatalf("pod added %s, want %s", p.Name, atDeadline.ID)
+	}
+	pd := waitPod(t, cp, ns, atDeadline.ID, "paused at its deadline", func(p *corev1.Pod) bool {
+		st, _ := node.Paused(p)
+		return st == "paused"
+	})
+	if sbs := podSandboxes(t, c.nodes[pd.Spec.NodeName], string(pd.UID)); len(sbs) == 1 {
+		where[atDeadline.ID] = placed{pd.Spec.NodeName, sbs[0].ID}
+		if sbs[0].State != client.StatePaused {
+			t.Errorf("node sandbox at the deadline is %s, want paused", sbs[0].State)
+		}
+	}
+	if pd.Status.Phase != corev1.PodRunning {
+		t.Errorf("pod paused at its deadline is %s, want Running", pd.Status.Phase)
+	}
+	if _, err := gwA.SetTimeout(ctx, atDeadline.ID, time.Minute); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("timeout of a sandbox paused at its deadline = %v, want failed precondition", err)
+	}
+	woke, err := gwB.Resume(ctx, atDeadline.ID, 0)
+	if err != nil || woke.State != client.StateReady || time.Until(woke.Deadline) < time.Minute {
+		t.Errorf("resume of a sandbox paused at its deadline = %+v, %v; want ready with the default timeout", woke, err)
+	}
+	out.Reset()
+	if code, err := gwA.Sandbox(atDeadline.ID).Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"back"}, Stdout: &out}); err != nil || code != 0 || out.String() != "back\n" {
+		t.Errorf("exec after the resume = %d, %v, %q", code, err, out.String())
+	}
 
 	// Routes the gateway does not serve say so; they are not "not found".
 	if _, err := gwA.Snapshot(ctx, third.ID, ""); !errors.Is(err, errdefs.ErrNotImplemented) {

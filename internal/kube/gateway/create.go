@@ -73,7 +73,7 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	owner := p.Owner()
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
-		"disk": in.Disk != "", "pids": in.PIDs != 0, "on_timeout": in.OnTimeout != "" && in.OnTimeout != "kill",
+		"disk": in.Disk != "", "pids": in.PIDs != 0,
 		"idle_pause": in.IdlePause != "",
 		"snapshot":   in.Snapshot != "",
 	} {
@@ -118,6 +118,14 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	if in.AutoResume {
 		// The gateway resumes it on a data-plane request (pause.go).
 		ann[AnnotationAutoResume] = "true"
+	}
+	switch in.OnTimeout {
+	case "", types.OnTimeoutKill:
+	case types.OnTimeoutPause:
+		// Its node's daemon pauses it at the deadline (pause.go).
+		ann[node.AnnotationOnTimeout] = in.OnTimeout
+	default:
+		return nil, fieldErr("on_timeout", errdefs.ErrInvalidArgument, "on_timeout %q: want %s or %s", in.OnTimeout, types.OnTimeoutKill, types.OnTimeoutPause)
 	}
 	for k, v := range map[string]map[string]string{node.AnnotationEnv: in.Env, AnnotationLabels: in.Labels} {
 		if len(v) > 0 {

@@ -348,10 +348,6 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 			return
 		}
 	}
-	if in.AutoPause != nil && *in.AutoPause {
-		e2bFieldErr(w, http.StatusNotImplemented, "autoPause", "pausing at the deadline is not served by the Kubernetes gateway (a Berth daemon serves it); pause and resume are")
-		return
-	}
 	timeout := e2bwire.DefaultTimeout
 	if in.Timeout != nil {
 		if *in.Timeout <= 0 || *in.Timeout > math.MaxInt32 {
@@ -403,6 +399,9 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		User:    e2bwire.DefaultUser, AllowSudo: &sudo,
 		AutoResume: in.AutoResume != nil && in.AutoResume.Enabled,
 	}}
+	if in.AutoPause != nil && *in.AutoPause {
+		req.OnTimeout = apitypes.OnTimeoutPause
+	}
 	pod, err := g.podFor(req, p, tpls)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
@@ -529,7 +528,7 @@ func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principa
 	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.DetailBody{
 		ListedBody: e2bListed(pod), Domain: g.domain(),
 		AllowInternetAccess: internet, Network: network,
-		Lifecycle: e2bwire.LifecycleBody{OnTimeout: "kill", AutoResume: pod.Annotations[AnnotationAutoResume] == "true"},
+		Lifecycle: e2bLifecycle(pod),
 	})
 }
 

@@ -244,7 +244,6 @@ func TestE2BCreateRefused(t *testing.T) {
 		{`{"templateID":"minimal","timeout":999999999}`, 400, "timeout"},
 		{`{"templateID":"minimal","timeout":"10"}`, 400, "timeout"},
 		{`{"templateID":"minimal","secure":false}`, 400, "secure"},
-		{`{"templateID":"minimal","autoPause":true}`, 501, "autoPause"},
 		{`{"templateID":"minimal","network":{"denyOut":["not-an-ip"]}}`, 400, "network.denyOut"},
 		{`{"templateID":"minimal","metadata":{"":"x"}}`, 400, "metadata"},
 	} {

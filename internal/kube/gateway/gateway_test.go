@@ -385,6 +385,8 @@ func TestCreateRefused(t *testing.T) {
 		{`{"user":"root;"}`, 400, errdefs.CodeInvalidArgument, "user", false},
 		{`{"allow_sudo":"yes"}`, 400, errdefs.CodeInvalidArgument, "allow_sudo", false},
 		{`{"disk":"1G"}`, 501, errdefs.CodeNotImplemented, "disk", false},
+		{`{"on_timeout":"hibernate"}`, 400, errdefs.CodeInvalidArgument, "on_timeout", false},
+		{`{"idle_pause":"5m"}`, 501, errdefs.CodeNotImplemented, "idle_pause", false},
 		{`{"snapshot":"s1"}`, 501, errdefs.CodeNotImplemented, "snapshot", false},
 		{`{"template":"` + tplFails + `"}`, 409, errdefs.CodeFailedPrecondition, "", true},
 		{`{"template":"` + tplNoRoom + `"}`, 429, errdefs.CodeResourceExhausted, "", true},

@@ -150,12 +150,14 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	}
 	now := g.now()
 	set := map[string]*string{node.AnnotationPaused: nil}
-	if dl, ok := resumeDeadline(pod, now, d); ok {
+	if dl, ok := g.resumeDeadline(pod, now, d); ok {
 		set[node.AnnotationDeadline] = &dl
 	}
 	changed, stop := g.watch(id)
 	defer stop()
-	if pod.Annotations[node.AnnotationPaused] != "" {
+	// A sandbox paused at its deadline has no pause annotation: its new
+	// deadline resumes it.
+	if pod.Annotations[node.AnnotationPaused] != "" || set[node.AnnotationDeadline] != nil {
 		if err := g.writeAnnotations(ctx, pod, id, set); err != nil {
 			return nil, err
 		}
@@ -175,19 +177,35 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 }
 
 // resumeDeadline is the deadline annotation a resume at now writes: d
-// from now, or what was left between the pause and the old deadline
-// (at least a second); ok is false when the pod has no deadline of its
-// own or its pause time is not a time (a `kubectl annotate` of any value).
-func resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration) (string, bool) {
+// from now, or what was left between the pause and the old deadline,
+// or, when under a second was left (a pause at the deadline, which has
+// no pause time), the gateway's default timeout from now, as a daemon
+// gives it; ok is false when the pod has no deadline of its own.
+func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration) (string, bool) {
 	if d > 0 {
 		return deadlineAt(now, d), true
 	}
-	old, err1 := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline])
-	at, err2 := time.Parse(time.RFC3339Nano, pod.Annotations[node.AnnotationPaused])
-	if err1 != nil || err2 != nil {
+	old, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline])
+	if err != nil {
 		return "", false
 	}
-	return deadlineAt(now, max(old.Sub(at), time.Second)), true
+	var left time.Duration
+	if at, err := time.Parse(time.RFC3339Nano, pod.Annotations[node.AnnotationPaused]); err == nil {
+		left = old.Sub(at)
+	}
+	if left < time.Second {
+		left = g.cfg.DefaultTimeout
+	}
+	return deadlineAt(now, left), true
+}
+
+// e2bLifecycle is E2B's lifecycle of a sandbox pod.
+func e2bLifecycle(pod *corev1.Pod) e2bwire.LifecycleBody {
+	l := e2bwire.LifecycleBody{OnTimeout: apitypes.OnTimeoutKill, AutoResume: pod.Annotations[AnnotationAutoResume] == "true"}
+	if pod.Annotations[node.AnnotationOnTimeout] == apitypes.OnTimeoutPause {
+		l.OnTimeout = apitypes.OnTimeoutPause
+	}
+	return l
 }
 
 // waitPause waits (nodeWait) until the sandbox's node did what the pause

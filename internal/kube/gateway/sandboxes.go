@@ -92,6 +92,7 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 		_, out.Pause = node.Paused(pod)
 	}
 	out.AutoResume = pod.Annotations[AnnotationAutoResume] == "true"
+	out.OnTimeout = pod.Annotations[node.AnnotationOnTimeout]
 	switch out.State {
 	case apitypes.StateFailed, apitypes.StateStopped:
 		out.Reason = endReason(pod)

@@ -86,7 +86,9 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 		// the resume reckons from the time of the pause (pause.go).
 		at, err := time.Parse(time.RFC3339Nano, pod.Annotations[node.AnnotationPaused])
 		if err != nil {
-			return nil, fmt.Errorf("sandbox %s was paused without a time in %s, so its deadline cannot be kept while paused: resume it first: %w", id, node.AnnotationPaused, errdefs.ErrFailedPrecondition)
+			// Paused at its deadline (or by a `kubectl annotate`
+			// without a time): a new deadline would resume it.
+			return nil, fmt.Errorf("sandbox %s was paused at its deadline (or without a time in %s), and a new deadline would resume it: resume it with a timeout instead (POST …/resume {\"timeout\":…}): %w", id, node.AnnotationPaused, errdefs.ErrFailedPrecondition)
 		}
 		deadline = deadlineAt(at, d)
 	default:

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -76,6 +77,11 @@ type pauseState struct {
 	// runsUnknown: the node restarted while the sandbox was paused, so
 	// its containers' restart counts are read back at resume.
 	runsUnknown bool
+	// atDeadline: the daemon paused it at its deadline (AnnotationOnTimeout
+	// pause), not the annotation; deadline is the AnnotationDeadline value
+	// then, and a moved one resumes it.
+	atDeadline bool
+	deadline   string
 }
 
 // PauseStatus reads ConditionPaused of a pod for the annotation value
@@ -141,10 +147,26 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 	pod, id, over, up, st := ps.pod, ps.sandboxID, ps.reason != "" || ps.deleted, ps.up, ps.pz
 	p.mu.Unlock()
 	want := pod.Annotations[AnnotationPaused]
-	if id == "" || over || !up || (want != "") == st.paused || (want == st.failed && st.failedErr != nil) {
+	k := key(pod.Namespace, pod.Name)
+	if st.atDeadline {
+		switch {
+		case want != "":
+			// The annotation now holds it paused: removing it resumes.
+			p.mu.Lock()
+			ps.pz.atDeadline, ps.pz.value = false, want
+			p.mu.Unlock()
+			p.changed(ps)
+			return
+		case pod.Annotations[AnnotationDeadline] == st.deadline:
+			return
+		}
+		// A new deadline: it resumes (and applyDeadline sets it next).
+	} else if (want != "") == st.paused {
 		return
 	}
-	k := key(pod.Namespace, pod.Name)
+	if id == "" || over || !up || (want == st.failed && st.failedErr != nil) {
+		return
+	}
 	if want != "" {
 		p.stopFollowers(ps)
 		sb, err := p.sb.Pause(ctx, id)
@@ -194,6 +216,32 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 		p.fail(ps, "BerthResumeFailed", fmt.Sprintf("follow the containers again: %v", err))
 		return
 	}
+	p.changed(ps)
+}
+
+// pausedAtDeadline takes the daemon's word that it paused the sandbox on
+// its own (an EventPaused the node did not ask for: its deadline under
+// AnnotationOnTimeout pause), so the node neither resumes it at once nor
+// follows its containers until it is resumed.
+func (p *Pods) pausedAtDeadline(ctx context.Context, ps *podState, id string) {
+	ps.dmu.Lock()
+	defer ps.dmu.Unlock()
+	p.mu.Lock()
+	skip := ps.pz.paused || ps.pod.Annotations[AnnotationPaused] != "" || ps.reason != "" || ps.deleted
+	deadline := ps.pod.Annotations[AnnotationDeadline]
+	p.mu.Unlock()
+	if skip {
+		return
+	}
+	sb, err := p.sb.Get(ctx, id)
+	if err != nil || sb.State != client.StatePaused {
+		return // resumed or ended meanwhile: nothing to record
+	}
+	p.stopFollowers(ps)
+	p.mu.Lock()
+	ps.pz = pauseState{paused: true, kind: sb.Pause, at: time.Now(), atDeadline: true, deadline: deadline}
+	p.mu.Unlock()
+	p.log.Info("sandbox_paused_at_deadline", "pod", key(ps.pod.Namespace, ps.pod.Name), "sandbox_id", id, "pause", sb.Pause)
 	p.changed(ps)
 }
 
@@ -297,6 +345,9 @@ func pauseCondition(ps *podState, now metav1.Time) corev1.PodCondition {
 	c := corev1.PodCondition{Type: ConditionPaused, LastTransitionTime: now}
 	failed := want == st.failed && st.failedErr != nil
 	switch {
+	case want == "" && st.paused && st.atDeadline:
+		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
+		c.Message = "pause at deadline " + st.deadline + " applied: " + st.kind
 	case want != "" && st.paused:
 		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
 		c.Message = "pause " + NetworkHash(st.value) + " applied: " + st.kind

@@ -274,3 +274,135 @@ func TestPauseRefused(t *testing.T) {
 		}
 	})
 }
+
+func (f *pausingRunner) Get(context.Context, string) (*client.Sandbox, error) {
+	f.pmu.Lock()
+	defer f.pmu.Unlock()
+	st := client.StateReady
+	if f.paused {
+		st = client.StatePaused
+	}
+	return &client.Sandbox{Sandbox: types.Sandbox{State: st, Pause: f.kind}}, nil
+}
+
+func (f *pausingRunner) SetTimeout(context.Context, string, time.Duration) error { return nil }
+
+// TestPauseAtDeadline: a pause the daemon made on its own (the deadline
+// under on-timeout pause) is reported paused and not undone; a moved
+// deadline resumes the sandbox; a pause annotation then takes it over.
+func TestPauseAtDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{}}
+		p, ps := newPausePods(t, f)
+		ctx := t.Context()
+		pod := ps.pod.DeepCopy()
+		pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationOnTimeout: "pause"}
+		pl, err := planPod(pod, "node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		ps.pod, ps.plan, ps.applied = pod, pl, pod.Annotations[AnnotationDeadline]
+		p.mu.Unlock()
+
+		// The daemon pauses it at the deadline.
+		if _, err := f.Pause(ctx, "sb"); err != nil {
+			t.Fatal(err)
+		}
+		p.pausedAtDeadline(ctx, ps, "sb")
+		synctest.Wait()
+		got := podNow(p, ps)
+		if st, kind := Paused(got); st != "paused" || kind != "filesystem" {
+			t.Fatalf("after the deadline: Paused = %q, %q; condition %+v", st, kind, podCondition(got, ConditionPaused))
+		}
+		// Another change of the pod (a label) does not resume it.
+		same := pod.DeepCopy()
+		same.Labels = map[string]string{"x": "y"}
+		if err := p.UpdatePod(ctx, same); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if f.resumes != 0 {
+			t.Fatalf("resumed without a new deadline")
+		}
+		// A moved deadline resumes it; the container starts again.
+		moved := same.DeepCopy()
+		moved.Annotations[AnnotationDeadline] = "2026-12-03T11:00:00Z"
+		if err := p.UpdatePod(ctx, moved); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		got = podNow(p, ps)
+		if done, err := PauseStatus(got, ""); !done || err != nil || f.resumes != 1 {
+			t.Fatalf("after the deadline moved: PauseStatus = %v, %v; resumes %d", done, err, f.resumes)
+		}
+		if cs := got.Status.ContainerStatuses[0]; cs.State.Running == nil || cs.RestartCount != 1 {
+			t.Errorf("resumed container = %+v, want running as restart 1", cs)
+		}
+
+		// Paused at the deadline again, then the annotation takes over:
+		// its removal resumes.
+		if _, err := f.Pause(ctx, "sb"); err != nil {
+			t.Fatal(err)
+		}
+		p.pausedAtDeadline(ctx, ps, "sb")
+		held := withPaused(moved, "held")
+		if err := p.UpdatePod(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if done, err := PauseStatus(podNow(p, ps), "held"); !done || err != nil {
+			t.Fatalf("annotation over a deadline pause: PauseStatus = %v, %v", done, err)
+		}
+		if err := p.UpdatePod(ctx, withPaused(held, "")); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if done, err := PauseStatus(podNow(p, ps), ""); !done || err != nil || f.resumes != 2 {
+			t.Errorf("annotation removed: PauseStatus = %v, %v; resumes %d", done, err, f.resumes)
+		}
+	})
+}
+
+// FollowEvents has no events to tell until ctx ends.
+func (f *pausingRunner) FollowEvents(ctx context.Context, _ string, _ func(client.Event) error) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// TestReadoptPaused: a node that restarts while its pod's sandbox is
+// paused keeps it paused when the daemon paused it at its deadline, and
+// resumes it when the pause annotation was removed while it was away.
+func TestReadoptPaused(t *testing.T) {
+	for _, tc := range []struct {
+		name, remaining string
+		resumes         int
+	}{
+		{"at its deadline", "0s", 0},
+		{"annotation removed", "4m30s", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{}}
+				p, ps := newPausePods(t, f)
+				ctx := t.Context()
+				if _, err := f.Pause(ctx, "sb"); err != nil {
+					t.Fatal(err)
+				}
+				pod := ps.pod.DeepCopy()
+				pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationOnTimeout: "pause"}
+				fresh := &podState{pod: pod, plan: ps.plan, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{}, net: netState{known: true}}
+				p.mu.Lock()
+				p.pods[key(pod.Namespace, pod.Name)] = fresh
+				p.mu.Unlock()
+				sb := &client.Sandbox{Sandbox: types.Sandbox{ID: "sb", State: client.StatePaused, Pause: "filesystem", OnTimeout: client.OnTimeoutPause, Remaining: tc.remaining}}
+				p.readoptPaused(ctx, fresh, sb)
+				p.applyPause(ctx, fresh)
+				synctest.Wait()
+				if f.resumes != tc.resumes {
+					t.Errorf("resumes = %d, want %d", f.resumes, tc.resumes)
+				}
+			})
+		})
+	}
+}

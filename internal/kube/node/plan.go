@@ -56,6 +56,11 @@ const (
 	// the request, RFC 3339), pauses the pod's sandbox, and its removal
 	// resumes it (pause.go).
 	AnnotationPaused = "berth.dev/paused"
+	// AnnotationOnTimeout is what the deadline (AnnotationDeadline, which
+	// it needs) does: "kill" (the default: the pod fails with
+	// ReasonDeadlineExceeded) or "pause" (the sandbox is paused at its
+	// deadline and resumes once the deadline is moved: pause.go).
+	AnnotationOnTimeout = "berth.dev/on-timeout"
 )
 
 // Reasons a pod fails with, besides the node's Berth* ones.
@@ -173,8 +178,19 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	default:
 		return p, &planError{"metadata.annotations[" + AnnotationAllowSudo + "]", fmt.Sprintf("%q: want true or false", v)}
 	}
-	if _, err := podDeadline(pod); err != nil {
+	dl, err := podDeadline(pod)
+	if err != nil {
 		return p, err
+	}
+	switch v := pod.Annotations[AnnotationOnTimeout]; v {
+	case "", client.OnTimeoutKill:
+	case client.OnTimeoutPause:
+		if dl.IsZero() {
+			return p, &planError{"metadata.annotations[" + AnnotationOnTimeout + "]", "pause needs a deadline (" + AnnotationDeadline + ")"}
+		}
+		p.req.OnTimeout = v
+	default:
+		return p, &planError{"metadata.annotations[" + AnnotationOnTimeout + "]", fmt.Sprintf("%q: want kill or pause", v)}
 	}
 	if d := spec.ActiveDeadlineSeconds; d != nil && *d <= 0 {
 		return p, &planError{"spec.activeDeadlineSeconds", "must be positive"}
@@ -273,6 +289,7 @@ func changedSettings(a, b client.CreateRequest) []string {
 		{"env", envKey(a.Env), envKey(b.Env)},
 		{"user", a.User, b.User},
 		{"allow_sudo", a.AllowSudo, b.AllowSudo},
+		{"on_timeout", a.OnTimeout, b.OnTimeout},
 	} {
 		if !reflect.DeepEqual(d.was, d.want) {
 			diff = append(diff, d.name)

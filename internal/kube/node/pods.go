@@ -285,6 +285,9 @@ func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
 		if ev.Type == client.EventDeadline {
 			deadline = true
 		}
+		if ev.Type == client.EventPaused {
+			p.pausedAtDeadline(ctx, ps, id)
+		}
 		switch ev.Type {
 		case client.EventFailed, client.EventDestroyed, client.EventDeadline, client.EventOOM:
 			if check() {
@@ -361,7 +364,7 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	if pod.Annotations[AnnotationPaused] != ps.pod.Annotations[AnnotationPaused] {
 		ps.pz.failed, ps.pz.failedErr = "", nil
 	}
-	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused
+	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.atDeadline
 	changed := ""
 	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
 		changed = settingsChange(ps.plan, pod)
@@ -762,8 +765,15 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 	ps.up = true
 	ps.pz = pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
 	if ps.pz.value == "" {
-		// The annotation is gone: applyPause resumes it.
-		ps.pz.value = "unknown"
+		if left, err := time.ParseDuration(sb.Remaining); sb.OnTimeout == client.OnTimeoutPause && (sb.Remaining == "" || err == nil && left < time.Second) {
+			// Paused at its deadline (no time left), not by the
+			// annotation: a moved deadline resumes it.
+			ps.pz.atDeadline, ps.pz.deadline = true, ps.pod.Annotations[AnnotationDeadline]
+		} else {
+			// The annotation was removed while the node was away:
+			// applyPause resumes it.
+			ps.pz.value = "unknown"
+		}
 	}
 	p.mu.Unlock()
 	p.changed(ps)
