@@ -87,7 +87,8 @@ func setHeaders(h http.Header, user string) {
 
 // agentError turns an error from a Connect call into an *errdefs.Error so
 // callers classify data-plane failures with errors.Is like control-plane
-// ones. Context errors pass through untouched.
+// ones. Context errors pass through untouched, and the agent's
+// deadline_exceeded is context.DeadlineExceeded too.
 func agentError(err error) error {
 	if err == nil {
 		return nil
@@ -101,7 +102,14 @@ func agentError(err error) error {
 	}
 	var ce *connect.Error
 	if errors.As(err, &ce) {
-		return &errdefs.Error{Code: codeForConnect(ce.Code()), Message: ce.Message()}
+		e := &errdefs.Error{Code: codeForConnect(ce.Code()), Message: ce.Message()}
+		if ce.Code() == connect.CodeDeadlineExceeded {
+			// The agent's word that the request's deadline passed: that
+			// deadline is the caller's ctx's (sent as Connect-Timeout-Ms),
+			// which may pass on the agent's clock a moment before ours.
+			return fmt.Errorf("%w: %w", e, context.DeadlineExceeded)
+		}
+		return e
 	}
 	return fmt.Errorf("%w: %w", errdefs.ErrUnavailable, err)
 }

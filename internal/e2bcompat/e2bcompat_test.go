@@ -473,7 +473,7 @@ func TestMetricsHistory(t *testing.T) {
 		t.Error("a native sandbox was sampled")
 	}
 
-	get := func(query string) []metricBody {
+	get := func(query string) []e2bwire.MetricBody {
 		t.Helper()
 		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+query, nil)
 		req.Header.Set("X-API-Key", key)
@@ -482,7 +482,7 @@ func TestMetricsHistory(t *testing.T) {
 		if w.Code != 200 {
 			t.Fatalf("metrics ?%s = %d %s", query, w.Code, w.Body)
 		}
-		var out []metricBody
+		var out []e2bwire.MetricBody
 		if err := json.Unmarshal(w.Body.Bytes(), &out); err != nil {
 			t.Fatal(err)
 		}

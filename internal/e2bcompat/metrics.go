@@ -2,13 +2,11 @@ package e2bcompat
 
 import (
 	"context"
-	"fmt"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
-	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
@@ -148,20 +146,8 @@ func (s *Server) measure(sb sandbox.Sandbox, now time.Time) metricSample {
 	return m
 }
 
-// metricBody is E2B's SandboxMetric.
-type metricBody struct {
-	Timestamp     string  `json:"timestamp"`
-	TimestampUnix int64   `json:"timestampUnix"`
-	CPUCount      int64   `json:"cpuCount"`
-	CPUUsedPct    float64 `json:"cpuUsedPct"`
-	MemUsed       int64   `json:"memUsed"`
-	MemTotal      int64   `json:"memTotal"`
-	DiskUsed      int64   `json:"diskUsed"`
-	DiskTotal     int64   `json:"diskTotal"`
-}
-
-func (m metricSample) body() metricBody {
-	return metricBody{
+func (m metricSample) body() e2bwire.MetricBody {
+	return e2bwire.MetricBody{
 		Timestamp: m.at.UTC().Format(time.RFC3339Nano), TimestampUnix: m.at.Unix(), CPUCount: m.cpus,
 		CPUUsedPct: m.cpuPct, MemUsed: m.memUsed, MemTotal: m.memTotal, DiskUsed: m.diskUsed, DiskTotal: m.diskTotal,
 	}
@@ -176,22 +162,11 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	sb := sandboxOf(r)
 	now := time.Now()
 	from, to := sb.CreatedAt.Unix(), now.Unix()
-	for _, p := range []struct {
-		name string
-		to   *int64
-	}{{"start", &from}, {"end", &to}} {
-		raw := r.URL.Query().Get(p.name)
-		if raw == "" {
-			continue
-		}
-		n, err := strconv.ParseInt(raw, 10, 64)
-		if err != nil {
-			writeErr(w, fmt.Errorf("%s %q: want unix seconds: %w", p.name, raw, errdefs.ErrInvalidArgument))
-			return
-		}
-		*p.to = n
+	if err := e2bwire.MetricsRange(r.URL.Query(), &from, &to); err != nil {
+		writeErr(w, err)
+		return
 	}
-	out := []metricBody{}
+	out := []e2bwire.MetricBody{}
 	for _, m := range s.history.between(sb.ID, from, to) {
 		out = append(out, m.body())
 	}

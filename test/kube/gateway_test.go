@@ -203,6 +203,10 @@ func TestGateway(t *testing.T) {
 	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "cat", Stdin: strings.NewReader("piped through\n"), Stdout: &out}); err != nil || code != 0 || out.String() != "piped through\n" {
 		t.Errorf("exec cat = %d, %v, %q", code, err, out.String())
 	}
+	// A get through B carries the node's measure of its usage.
+	if got, err := gwB.Get(ctx, sb.ID); err != nil || got.Usage == nil || got.Usage.MemoryBytes <= 0 || got.Usage.CPUSeconds <= 0 {
+		t.Errorf("get through B = %+v, %v; want the node's usage", got, err)
+	}
 	// A file written through A reads back through B.
 	content := strings.Repeat("berth gateway\n", 4096)
 	if err := sb.WriteFile(ctx, "/tmp/through-gateway.txt", strings.NewReader(content)); err != nil {
@@ -397,17 +401,30 @@ func TestGateway(t *testing.T) {
 	if err != nil || !auto.AutoResume {
 		t.Fatalf("create with auto_resume = %+v, %v", auto, err)
 	}
-	made = append(made, auto)
-	if p := nextAdded(); p.Name != auto.ID {
-		t.Fatalf("pod added %s, want %s", p.Name, auto.ID)
+	// track records a sandbox made here: the next pod added is its, and
+	// where it runs once it does.
+	track := func(sb *client.Sandbox) {
+		t.Helper()
+		made = append(made, sb)
+		if p := nextAdded(); p.Name != sb.ID {
+			t.Fatalf("pod added %s, want %s", p.Name, sb.ID)
+		}
 	}
+	place := func(p *corev1.Pod) *client.Sandbox {
+		t.Helper()
+		sbs := podSandboxes(t, c.nodes[p.Spec.NodeName], string(p.UID))
+		if len(sbs) != 1 {
+			t.Fatalf("pod %s: node sandboxes %v", p.Name, ids(sbs))
+		}
+		where[p.Name] = placed{p.Spec.NodeName, sbs[0].ID}
+		return sbs[0]
+	}
+	track(auto)
 	pa, err := pods.Get(ctx, auto.ID, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sbs := podSandboxes(t, c.nodes[pa.Spec.NodeName], string(pa.UID)); len(sbs) == 1 {
-		where[auto.ID] = placed{pa.Spec.NodeName, sbs[0].ID}
-	}
+	place(pa)
 	if _, err := gwB.Pause(ctx, auto.ID); err != nil {
 		t.Fatalf("pause the auto_resume sandbox: %v", err)
 	}
@@ -428,19 +445,13 @@ func TestGateway(t *testing.T) {
 	if err != nil || atDeadline.OnTimeout != client.OnTimeoutPause {
 		t.Fatalf("create with on_timeout pause = %+v, %v", atDeadline, err)
 	}
-	made = append(made, atDeadline)
-	if p := nextAdded(); p.Name != atDeadline.ID {
-		t.Fatalf("pod added %s, want %s", p.Name, atDeadline.ID)
-	}
+	track(atDeadline)
 	pd := waitPod(t, cp, ns, atDeadline.ID, "paused at its deadline", func(p *corev1.Pod) bool {
 		st, _ := node.Paused(p)
 		return st == "paused"
 	})
-	if sbs := podSandboxes(t, c.nodes[pd.Spec.NodeName], string(pd.UID)); len(sbs) == 1 {
-		where[atDeadline.ID] = placed{pd.Spec.NodeName, sbs[0].ID}
-		if sbs[0].State != client.StatePaused {
-			t.Errorf("node sandbox at the deadline is %s, want paused", sbs[0].State)
-		}
+	if st := place(pd).State; st != client.StatePaused {
+		t.Errorf("node sandbox at the deadline is %s, want paused", st)
 	}
 	if pd.Status.Phase != corev1.PodRunning {
 		t.Errorf("pod paused at its deadline is %s, want Running", pd.Status.Phase)
@@ -455,6 +466,26 @@ func TestGateway(t *testing.T) {
 	out.Reset()
 	if code, err := gwA.Sandbox(atDeadline.ID).Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"back"}, Stdout: &out}); err != nil || code != 0 || out.String() != "back\n" {
 		t.Errorf("exec after the resume = %d, %v, %q", code, err, out.String())
+	}
+	// idle_pause: its node's daemon pauses it once idle; with
+	// auto_resume the next exec resumes it, with the time it had left.
+	idle, err := gwB.Create(ctx, client.CreateRequest{IdlePause: "2s", AutoResume: true, Timeout: "10m"})
+	if err != nil || idle.IdlePause != "2s" {
+		t.Fatalf("create with idle_pause = %+v, %v", idle, err)
+	}
+	track(idle)
+	pi := waitPod(t, cp, ns, idle.ID, "paused once idle", func(p *corev1.Pod) bool {
+		_, ok := node.PausedByDaemon(p)
+		return ok
+	})
+	place(pi)
+	out.Reset()
+	if code, err := gwA.Sandbox(idle.ID).Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"awake"}, Stdout: &out}); err != nil || code != 0 || out.String() != "awake\n" {
+		t.Errorf("exec in an idle-paused auto_resume sandbox = %d, %v, %q", code, err, out.String())
+	}
+	// (Idle again for 2 s, it may be paused again by the time of the get.)
+	if got, err := gwA.Get(ctx, idle.ID); err != nil || got.State != client.StateReady && got.State != client.StatePaused || time.Until(got.Deadline) < 9*time.Minute {
+		t.Errorf("idle sandbox after the exec = %+v, %v; want most of its 10m left", got, err)
 	}
 
 	// Routes the gateway does not serve say so; they are not "not found".

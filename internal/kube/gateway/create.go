@@ -74,8 +74,7 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
 		"disk": in.Disk != "", "pids": in.PIDs != 0,
-		"idle_pause": in.IdlePause != "",
-		"snapshot":   in.Snapshot != "",
+		"snapshot": in.Snapshot != "",
 	} {
 		if set {
 			return nil, fieldErr(field, errdefs.ErrNotImplemented, "%s is not served by the Kubernetes gateway yet (a Berth daemon serves it)", field)
@@ -118,6 +117,14 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	if in.AutoResume {
 		// The gateway resumes it on a data-plane request (pause.go).
 		ann[AnnotationAutoResume] = "true"
+	}
+	if in.IdlePause != "" {
+		d, err := units.ParseDuration(in.IdlePause)
+		if err != nil || d < time.Second || d > g.cfg.MaxTimeout {
+			return nil, fieldErr("idle_pause", errdefs.ErrInvalidArgument, "idle_pause %q: want a duration in [1s, %s], such as 15m", in.IdlePause, g.cfg.MaxTimeout)
+		}
+		// Its node's daemon pauses it once idle that long (pause.go).
+		ann[node.AnnotationIdlePause] = d.String()
 	}
 	switch in.OnTimeout {
 	case "", types.OnTimeoutKill:

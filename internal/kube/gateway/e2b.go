@@ -99,6 +99,7 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", g.e2bAuthed(g.e2bConnect))
 	m.HandleFunc("PUT /sandboxes/{id}/network", g.e2bAuthed(g.e2bUpdateNetwork))
 	m.HandleFunc("POST /sandboxes/{id}/pause", g.e2bAuthed(g.e2bPause))
+	m.HandleFunc("GET /sandboxes/{id}/metrics", g.e2bAuthed(g.e2bMetrics))
 	m.HandleFunc("POST /sandboxes/{id}/resume", g.e2bAuthed(g.e2bResume))
 	for pattern, missing := range e2bNotServed {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
@@ -247,7 +248,7 @@ func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p aut
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "metrics, snapshots, forks and logs are served by a Berth daemon only",
+	"/sandboxes/":     "snapshots, forks, logs and the metrics of several sandboxes at once are served by a Berth daemon only",
 	"/v2/sandboxes/":  "logs are served by a Berth daemon only",
 	"/snapshots":      "snapshots are served by a Berth daemon only",
 	"/snapshots/":     "snapshots are served by a Berth daemon only",

@@ -124,6 +124,12 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
 		w.Header().Set("X-Got-Host", r.Header.Get("X-Forwarded-Host"))
 		w.Header().Set("X-Got-Secrets", r.Header.Get("E2b-Traffic-Access-Token")+r.Header.Get("X-Access-Token"))
+		if rest, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/sandboxes/"); ok && r.Method == "GET" && !strings.Contains(rest, "/") {
+			// The daemon's view of the sandbox, with its usage.
+			_ = json.NewEncoder(w).Encode(types.Sandbox{ID: rest, State: types.StateReady, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,
+				CreatedAt: time.Now().Add(-10 * time.Second), Usage: &types.Usage{CPUSeconds: 1, MemoryBytes: 40 << 20, DiskUsedBytes: 5 << 20}})
+			return
+		}
 		_, _ = w.Write(body)
 	}))
 	certPEM, keyPEM := ca.issue(t, true)
@@ -386,7 +392,8 @@ func TestCreateRefused(t *testing.T) {
 		{`{"allow_sudo":"yes"}`, 400, errdefs.CodeInvalidArgument, "allow_sudo", false},
 		{`{"disk":"1G"}`, 501, errdefs.CodeNotImplemented, "disk", false},
 		{`{"on_timeout":"hibernate"}`, 400, errdefs.CodeInvalidArgument, "on_timeout", false},
-		{`{"idle_pause":"5m"}`, 501, errdefs.CodeNotImplemented, "idle_pause", false},
+		{`{"idle_pause":"soon"}`, 400, errdefs.CodeInvalidArgument, "idle_pause", false},
+		{`{"idle_pause":"0s"}`, 400, errdefs.CodeInvalidArgument, "idle_pause", false},
 		{`{"snapshot":"s1"}`, 501, errdefs.CodeNotImplemented, "snapshot", false},
 		{`{"template":"` + tplFails + `"}`, 409, errdefs.CodeFailedPrecondition, "", true},
 		{`{"template":"` + tplNoRoom + `"}`, 429, errdefs.CodeResourceExhausted, "", true},

@@ -177,10 +177,11 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 }
 
 // resumeDeadline is the deadline annotation a resume at now writes: d
-// from now, or what was left between the pause and the old deadline,
-// or, when under a second was left (a pause at the deadline, which has
-// no pause time), the gateway's default timeout from now, as a daemon
-// gives it; ok is false when the pod has no deadline of its own.
+// from now, or what was left between the pause (the annotation's time,
+// or the time its node's daemon paused it on its own) and the old
+// deadline, or, when under a second was left (a pause at the deadline),
+// the gateway's default timeout from now, as a daemon gives it; ok is
+// false when the pod has no deadline of its own.
 func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration) (string, bool) {
 	if d > 0 {
 		return deadlineAt(now, d), true
@@ -191,6 +192,9 @@ func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration
 	}
 	var left time.Duration
 	if at, err := time.Parse(time.RFC3339Nano, pod.Annotations[node.AnnotationPaused]); err == nil {
+		left = old.Sub(at)
+	} else if at, ok := node.PausedByDaemon(pod); ok {
+		// Paused by its node's daemon (idle, or at the deadline).
 		left = old.Sub(at)
 	}
 	if left < time.Second {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"testing"
 	"time"
 
@@ -123,6 +124,38 @@ func TestPauseResume(t *testing.T) {
 	}
 	if code, _ := e.call(t, "GET", "/v1/sandboxes/"+auto.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
 		t.Errorf("after the request: %+v, want ready", got)
+	}
+}
+
+// TestUsage: a get of one sandbox carries its node's measure of its
+// usage; E2B's metrics are one sample of it, taken now, or none for a
+// range that ends before now.
+func TestUsage(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", &sb); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	var got types.Sandbox
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID, keyAlice, "", &got); code != 200 || got.Usage == nil || got.Usage.MemoryBytes != 40<<20 {
+		t.Errorf("get = %d %+v, usage %+v", code, eb, got.Usage)
+	}
+	e2 := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics", keyAlice, "", nil)
+	var ms []e2bwire.MetricBody
+	if code != 200 || json.Unmarshal(data, &ms) != nil || len(ms) != 1 || ms[0].MemUsed != 40<<20 || ms[0].MemTotal != 512<<20 ||
+		ms[0].CPUCount != 1 || ms[0].DiskTotal != 1<<30 || ms[0].CPUUsedPct <= 0 || ms[0].CPUUsedPct > 100 {
+		t.Errorf("metrics = %d %s", code, data)
+	}
+	past := strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)
+	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics?end="+past, keyAlice, "", nil); code != 200 || string(bytes.TrimSpace(data)) != "[]" {
+		t.Errorf("metrics of a past range = %d %s, want []", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics?start=soon", keyAlice, "", nil); code != 400 || !bytes.Contains(data, []byte("start")) {
+		t.Errorf("metrics with a bad start = %d %s", code, data)
+	}
+	if code, _, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics", keyBob, "", nil); code != 404 {
+		t.Errorf("another key's metrics = %d, want 404", code)
 	}
 }
 

@@ -93,6 +93,7 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 	}
 	out.AutoResume = pod.Annotations[AnnotationAutoResume] == "true"
 	out.OnTimeout = pod.Annotations[node.AnnotationOnTimeout]
+	out.IdlePause = pod.Annotations[node.AnnotationIdlePause]
 	switch out.State {
 	case apitypes.StateFailed, apitypes.StateStopped:
 		out.Reason = endReason(pod)
@@ -108,7 +109,9 @@ func (g *Gateway) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, toSandbox(pod))
+	out := toSandbox(pod)
+	g.withUsage(r.Context(), pod, &out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (g *Gateway) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.Principal) {

@@ -23,6 +23,8 @@ type Sandboxes interface {
 	// FollowEvents calls fn with the sandbox's events, past and new,
 	// until it ends or ctx does.
 	FollowEvents(ctx context.Context, id string, fn func(client.Event) error) error
+	// Events lists the sandbox's events so far, oldest first.
+	Events(ctx context.Context, id string) ([]client.Event, error)
 	SetTimeout(ctx context.Context, id string, d time.Duration) error
 	// SetNetworkPolicy replaces the sandbox's egress policy; a policy
 	// the daemon refuses changes nothing.
@@ -85,6 +87,10 @@ func (a apiSandboxes) Kill(ctx context.Context, id string) error { return a.c.Ki
 
 func (a apiSandboxes) FollowEvents(ctx context.Context, id string, fn func(client.Event) error) error {
 	return a.c.FollowEvents(ctx, id, fn)
+}
+
+func (a apiSandboxes) Events(ctx context.Context, id string) ([]client.Event, error) {
+	return a.c.Events(ctx, id)
 }
 
 func (a apiSandboxes) SetTimeout(ctx context.Context, id string, d time.Duration) error {

@@ -61,6 +61,11 @@ func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) boo
 	for _, rt := range ReviewRoutes {
 		route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/"+rt, func(*http.Request) string { return rt })
 	}
+	// The daemon's view of the sandbox: its usage, for the gateway's
+	// get and E2B's metrics.
+	mux.Handle("GET "+DataPlanePrefix+"/v1/sandboxes/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, "/v1/sandboxes/"+r.PathValue("id"))))
+	}))
 }
 
 // ownsSandbox reports whether id is the sandbox of a pod this node runs

@@ -77,11 +77,14 @@ type pauseState struct {
 	// runsUnknown: the node restarted while the sandbox was paused, so
 	// its containers' restart counts are read back at resume.
 	runsUnknown bool
-	// atDeadline: the daemon paused it at its deadline (AnnotationOnTimeout
-	// pause), not the annotation; deadline is the AnnotationDeadline value
-	// then, and a moved one resumes it.
-	atDeadline bool
-	deadline   string
+	// byDaemon: the daemon paused it on its own (at its deadline under
+	// AnnotationOnTimeout pause, or idle under AnnotationIdlePause), not
+	// the annotation; why is the daemon's word, at when it did;
+	// deadline is the AnnotationDeadline value then, and a moved one
+	// resumes it.
+	byDaemon bool
+	why      string
+	deadline string
 }
 
 // PauseStatus reads ConditionPaused of a pod for the annotation value
@@ -112,6 +115,25 @@ func PauseStatus(pod *corev1.Pod, want string) (done bool, err error) {
 func conditionErr(s string) error {
 	code, msg, _ := strings.Cut(s, ": ")
 	return fmt.Errorf("%s: %w", msg, errdefs.FromCode(code))
+}
+
+// PausedByDaemon reads from a pod's ConditionPaused when its daemon paused
+// its sandbox on its own (its deadline, or idle); ok is false for a pause
+// the annotation asked for, or none.
+func PausedByDaemon(pod *corev1.Pod) (at time.Time, ok bool) {
+	for _, c := range pod.Status.Conditions {
+		if c.Type != ConditionPaused || c.Reason != PausePaused {
+			continue
+		}
+		rest, found := strings.CutPrefix(c.Message, "pause by the daemon at ")
+		if !found {
+			return time.Time{}, false
+		}
+		ts, _, _ := strings.Cut(rest, " ")
+		t, err := time.Parse(time.RFC3339Nano, ts)
+		return t, err == nil
+	}
+	return time.Time{}, false
 }
 
 // Paused reads a pod's pause from ConditionPaused: its state in the API's
@@ -148,12 +170,12 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 	p.mu.Unlock()
 	want := pod.Annotations[AnnotationPaused]
 	k := key(pod.Namespace, pod.Name)
-	if st.atDeadline {
+	if st.byDaemon {
 		switch {
 		case want != "":
 			// The annotation now holds it paused: removing it resumes.
 			p.mu.Lock()
-			ps.pz.atDeadline, ps.pz.value = false, want
+			ps.pz.byDaemon, ps.pz.value = false, want
 			p.mu.Unlock()
 			p.changed(ps)
 			return
@@ -219,11 +241,12 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 	p.changed(ps)
 }
 
-// pausedAtDeadline takes the daemon's word that it paused the sandbox on
-// its own (an EventPaused the node did not ask for: its deadline under
-// AnnotationOnTimeout pause), so the node neither resumes it at once nor
-// follows its containers until it is resumed.
-func (p *Pods) pausedAtDeadline(ctx context.Context, ps *podState, id string) {
+// pausedByDaemon takes the daemon's word (ev) that it paused the sandbox
+// on its own (a pause the node did not ask for: its deadline under
+// AnnotationOnTimeout pause, or idle under AnnotationIdlePause), so the
+// node neither resumes it at once nor follows its containers until it is
+// resumed.
+func (p *Pods) pausedByDaemon(ctx context.Context, ps *podState, id string, ev client.Event) {
 	ps.dmu.Lock()
 	defer ps.dmu.Unlock()
 	p.mu.Lock()
@@ -239,9 +262,9 @@ func (p *Pods) pausedAtDeadline(ctx context.Context, ps *podState, id string) {
 	}
 	p.stopFollowers(ps)
 	p.mu.Lock()
-	ps.pz = pauseState{paused: true, kind: sb.Pause, at: time.Now(), atDeadline: true, deadline: deadline}
+	ps.pz = pauseState{paused: true, kind: sb.Pause, at: ev.Time, byDaemon: true, why: ev.Message, deadline: deadline}
 	p.mu.Unlock()
-	p.log.Info("sandbox_paused_at_deadline", "pod", key(ps.pod.Namespace, ps.pod.Name), "sandbox_id", id, "pause", sb.Pause)
+	p.log.Info("sandbox_paused_by_daemon", "pod", key(ps.pod.Namespace, ps.pod.Name), "sandbox_id", id, "pause", sb.Pause, "why", ev.Message)
 	p.changed(ps)
 }
 
@@ -345,9 +368,9 @@ func pauseCondition(ps *podState, now metav1.Time) corev1.PodCondition {
 	c := corev1.PodCondition{Type: ConditionPaused, LastTransitionTime: now}
 	failed := want == st.failed && st.failedErr != nil
 	switch {
-	case want == "" && st.paused && st.atDeadline:
+	case want == "" && st.paused && st.byDaemon:
 		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
-		c.Message = "pause at deadline " + st.deadline + " applied: " + st.kind
+		c.Message = "pause by the daemon at " + st.at.UTC().Format(time.RFC3339Nano) + " (" + st.why + ") applied: " + st.kind
 	case want != "" && st.paused:
 		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
 		c.Message = "pause " + NetworkHash(st.value) + " applied: " + st.kind

@@ -26,6 +26,9 @@ type pausingRunner struct {
 	kind   string
 	refuse error
 
+	// events is what Events lists.
+	events []client.Event
+
 	pmu     sync.Mutex
 	paused  bool
 	pauses  int
@@ -309,11 +312,14 @@ func TestPauseAtDeadline(t *testing.T) {
 		if _, err := f.Pause(ctx, "sb"); err != nil {
 			t.Fatal(err)
 		}
-		p.pausedAtDeadline(ctx, ps, "sb")
+		p.pausedByDaemon(ctx, ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "paused at its deadline (filesystem)"})
 		synctest.Wait()
 		got := podNow(p, ps)
 		if st, kind := Paused(got); st != "paused" || kind != "filesystem" {
 			t.Fatalf("after the deadline: Paused = %q, %q; condition %+v", st, kind, podCondition(got, ConditionPaused))
+		}
+		if at, ok := PausedByDaemon(got); !ok || at.IsZero() {
+			t.Errorf("PausedByDaemon = %v, %v; condition %+v", at, ok, podCondition(got, ConditionPaused))
 		}
 		// Another change of the pod (a label) does not resume it.
 		same := pod.DeepCopy()
@@ -345,7 +351,7 @@ func TestPauseAtDeadline(t *testing.T) {
 		if _, err := f.Pause(ctx, "sb"); err != nil {
 			t.Fatal(err)
 		}
-		p.pausedAtDeadline(ctx, ps, "sb")
+		p.pausedByDaemon(ctx, ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "paused at its deadline (filesystem)"})
 		held := withPaused(moved, "held")
 		if err := p.UpdatePod(ctx, held); err != nil {
 			t.Fatal(err)
@@ -370,20 +376,25 @@ func (f *pausingRunner) FollowEvents(ctx context.Context, _ string, _ func(clien
 	return ctx.Err()
 }
 
+func (f *pausingRunner) Events(context.Context, string) ([]client.Event, error) { return f.events, nil }
+
 // TestReadoptPaused: a node that restarts while its pod's sandbox is
-// paused keeps it paused when the daemon paused it at its deadline, and
-// resumes it when the pause annotation was removed while it was away.
+// paused keeps it paused when the daemon paused it on its own (its
+// deadline, idle: its last paused event says so), and resumes it when
+// the pause annotation was removed while it was away.
 func TestReadoptPaused(t *testing.T) {
 	for _, tc := range []struct {
-		name, remaining string
-		resumes         int
+		name, message string
+		resumes       int
 	}{
-		{"at its deadline", "0s", 0},
-		{"annotation removed", "4m30s", 1},
+		{"at its deadline", "paused at its deadline (filesystem)", 0},
+		{"idle", "idle for 5s (filesystem)", 0},
+		{"annotation removed", "paused (filesystem)", 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{}}
+				f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{},
+					events: []client.Event{{Type: client.EventPaused, Message: "paused (filesystem)"}, {Type: client.EventResumed}, {Type: client.EventPaused, Message: tc.message}}}
 				p, ps := newPausePods(t, f)
 				ctx := t.Context()
 				if _, err := f.Pause(ctx, "sb"); err != nil {
@@ -395,7 +406,7 @@ func TestReadoptPaused(t *testing.T) {
 				p.mu.Lock()
 				p.pods[key(pod.Namespace, pod.Name)] = fresh
 				p.mu.Unlock()
-				sb := &client.Sandbox{Sandbox: types.Sandbox{ID: "sb", State: client.StatePaused, Pause: "filesystem", OnTimeout: client.OnTimeoutPause, Remaining: tc.remaining}}
+				sb := &client.Sandbox{Sandbox: types.Sandbox{ID: "sb", State: client.StatePaused, Pause: "filesystem", OnTimeout: client.OnTimeoutPause, Remaining: "0s"}}
 				p.readoptPaused(ctx, fresh, sb)
 				p.applyPause(ctx, fresh)
 				synctest.Wait()

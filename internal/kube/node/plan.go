@@ -61,6 +61,10 @@ const (
 	// ReasonDeadlineExceeded) or "pause" (the sandbox is paused at its
 	// deadline and resumes once the deadline is moved: pause.go).
 	AnnotationOnTimeout = "berth.dev/on-timeout"
+	// AnnotationIdlePause (a duration, such as 15m) has the node's daemon
+	// pause the sandbox once it has had no request and used under 1 %
+	// of a core for that long; a moved deadline resumes it (pause.go).
+	AnnotationIdlePause = "berth.dev/idle-pause"
 )
 
 // Reasons a pod fails with, besides the node's Berth* ones.
@@ -192,6 +196,16 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	default:
 		return p, &planError{"metadata.annotations[" + AnnotationOnTimeout + "]", fmt.Sprintf("%q: want kill or pause", v)}
 	}
+	if v := pod.Annotations[AnnotationIdlePause]; v != "" {
+		d, err := time.ParseDuration(v)
+		switch {
+		case err != nil || d < time.Second:
+			return p, &planError{"metadata.annotations[" + AnnotationIdlePause + "]", fmt.Sprintf("%q: want a duration of at least 1s, such as 15m", v)}
+		case dl.IsZero():
+			return p, &planError{"metadata.annotations[" + AnnotationIdlePause + "]", "an idle pause needs a deadline (" + AnnotationDeadline + ")"}
+		}
+		p.req.IdlePause = d.String()
+	}
 	if d := spec.ActiveDeadlineSeconds; d != nil && *d <= 0 {
 		return p, &planError{"spec.activeDeadlineSeconds", "must be positive"}
 	}
@@ -290,6 +304,7 @@ func changedSettings(a, b client.CreateRequest) []string {
 		{"user", a.User, b.User},
 		{"allow_sudo", a.AllowSudo, b.AllowSudo},
 		{"on_timeout", a.OnTimeout, b.OnTimeout},
+		{"idle_pause", a.IdlePause, b.IdlePause},
 	} {
 		if !reflect.DeepEqual(d.was, d.want) {
 			diff = append(diff, d.name)

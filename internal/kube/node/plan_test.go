@@ -86,6 +86,12 @@ func TestPlanPodRefused(t *testing.T) {
 		{"long name", func(p *corev1.Pod) { p.Name = string(make([]byte, 70)) }, "metadata.name"},
 		{"deadline", func(p *corev1.Pod) { d := int64(0); p.Spec.ActiveDeadlineSeconds = &d }, "spec.activeDeadlineSeconds"},
 		{"deadline annotation", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationDeadline: "in ten minutes"} }, "metadata.annotations[berth.dev/deadline]"},
+		{"on-timeout", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationOnTimeout: "hibernate"} }, "metadata.annotations[berth.dev/on-timeout]"},
+		{"on-timeout without a deadline", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationOnTimeout: "pause"} }, "metadata.annotations[berth.dev/on-timeout]"},
+		{"idle-pause", func(p *corev1.Pod) {
+			p.Annotations = map[string]string{AnnotationIdlePause: "a while", AnnotationDeadline: "2030-01-01T00:00:00Z"}
+		}, "metadata.annotations[berth.dev/idle-pause]"},
+		{"idle-pause without a deadline", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationIdlePause: "5m"} }, "metadata.annotations[berth.dev/idle-pause]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := testPod()

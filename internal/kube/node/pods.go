@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
@@ -286,7 +287,7 @@ func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
 			deadline = true
 		}
 		if ev.Type == client.EventPaused {
-			p.pausedAtDeadline(ctx, ps, id)
+			p.pausedByDaemon(ctx, ps, id, ev)
 		}
 		switch ev.Type {
 		case client.EventFailed, client.EventDestroyed, client.EventDeadline, client.EventOOM:
@@ -364,7 +365,7 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 	if pod.Annotations[AnnotationPaused] != ps.pod.Annotations[AnnotationPaused] {
 		ps.pz.failed, ps.pz.failedErr = "", nil
 	}
-	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.atDeadline
+	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.byDaemon
 	changed := ""
 	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
 		changed = settingsChange(ps.plan, pod)
@@ -763,20 +764,44 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 		ps.containers[c.name] = &containerState{running: true, startedAt: ps.started}
 	}
 	ps.up = true
-	ps.pz = pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
-	if ps.pz.value == "" {
-		if left, err := time.ParseDuration(sb.Remaining); sb.OnTimeout == client.OnTimeoutPause && (sb.Remaining == "" || err == nil && left < time.Second) {
-			// Paused at its deadline (no time left), not by the
-			// annotation: a moved deadline resumes it.
-			ps.pz.atDeadline, ps.pz.deadline = true, ps.pod.Annotations[AnnotationDeadline]
+	pz := pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
+	p.mu.Unlock()
+	if pz.value == "" {
+		if ev, ok := p.lastPause(ctx, sb.ID); ok && !strings.HasPrefix(ev.Message, apiPause) {
+			// Paused by the daemon on its own (its deadline, idle), not
+			// by the annotation: a moved deadline resumes it.
+			pz.byDaemon, pz.why, pz.at = true, ev.Message, ev.Time
+			pz.deadline = ps.pod.Annotations[AnnotationDeadline]
 		} else {
 			// The annotation was removed while the node was away:
 			// applyPause resumes it.
-			ps.pz.value = "unknown"
+			pz.value = "unknown"
 		}
 	}
+	p.mu.Lock()
+	ps.pz = pz
 	p.mu.Unlock()
 	p.changed(ps)
+}
+
+// apiPause starts the daemon's word for a pause its API was asked for
+// (the node's, for the annotation): "paused (memory)"; its own pauses
+// say why ("paused at its deadline (…)", "idle for 15m (…)").
+const apiPause = "paused ("
+
+// lastPause is the daemon's last EventPaused of sandbox id.
+func (p *Pods) lastPause(ctx context.Context, id string) (client.Event, bool) {
+	evs, err := p.sb.Events(ctx, id)
+	if err != nil {
+		p.log.Warn("sandbox_events_failed", "sandbox_id", id, "err", err)
+		return client.Event{}, false
+	}
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Type == client.EventPaused {
+			return evs[i], true
+		}
+	}
+	return client.Event{}, false
 }
 
 // limitWriter takes at most n bytes and then fails.
