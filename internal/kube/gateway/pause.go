@@ -20,6 +20,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
+	"github.com/berth-sandbox/berth/internal/quota"
 	"github.com/berth-sandbox/berth/internal/units"
 )
 
@@ -112,7 +113,7 @@ func (g *Gateway) pause(ctx context.Context, p auth.Principal, id string) (*core
 	var refused *nodeRefused
 	if !errors.As(err, &refused) {
 		if err == nil {
-			g.log.Info("sandbox_paused", "sandbox_id", id, "pause", pod.Annotations[node.AnnotationPaused])
+			g.log.Info("sandbox_paused", "sandbox_id", id, "pause", value)
 		}
 		return got, err
 	}
@@ -135,6 +136,9 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	if d != 0 && (d < time.Second || d > g.cfg.MaxTimeout) {
 		return nil, fieldErr("timeout", errdefs.ErrInvalidArgument, "timeout %s is out of range [1s, %s]", d, g.cfg.MaxTimeout)
 	}
+	if err := quota.Timeout(p.Key.Quota, d); err != nil {
+		return nil, fieldErr("timeout", errdefs.ErrResourceExhausted, "%v", err)
+	}
 	pod, err := g.sandboxPod(p, id)
 	if err != nil {
 		return nil, err
@@ -150,7 +154,7 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	}
 	now := g.now()
 	set := map[string]*string{node.AnnotationPaused: nil}
-	if dl, ok := g.resumeDeadline(pod, now, d); ok {
+	if dl, ok := g.resumeDeadline(pod, now, d, p.Key.Quota.MaxTimeout); ok {
 		set[node.AnnotationDeadline] = &dl
 	}
 	changed, stop := g.watch(id)
@@ -182,7 +186,7 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 // deadline, or, when under a second was left (a pause at the deadline),
 // the gateway's default timeout from now, as a daemon gives it; ok is
 // false when the pod has no deadline of its own.
-func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration) (string, bool) {
+func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d, quotaMax time.Duration) (string, bool) {
 	if d > 0 {
 		return deadlineAt(now, d), true
 	}
@@ -199,6 +203,10 @@ func (g *Gateway) resumeDeadline(pod *corev1.Pod, now time.Time, d time.Duration
 	}
 	if left < time.Second {
 		left = g.cfg.DefaultTimeout
+		if quotaMax > 0 {
+			// Within the key's quota, as its create's default was.
+			left = min(left, quotaMax)
+		}
 	}
 	return deadlineAt(now, left), true
 }

@@ -105,6 +105,19 @@ func TestPauseResume(t *testing.T) {
 		t.Errorf("resumed after a 2h timeout set while paused: %v left", left)
 	}
 
+	// A key's max_timeout bounds a resume's timeout as it bounds a
+	// create's.
+	var cs types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyCarol, `{"timeout":"30m","memory":"128M"}`, &cs); code != 201 {
+		t.Fatalf("carol's create = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+cs.ID+"/pause", keyCarol, "", nil); code != 200 {
+		t.Fatalf("carol's pause = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+cs.ID+"/resume", keyCarol, `{"timeout":"2h"}`, nil); code != 429 || eb.Code != errdefs.CodeResourceExhausted || eb.Field != "timeout" {
+		t.Errorf("resume past carol's max_timeout = %d %+v, want resource_exhausted on timeout", code, eb)
+	}
+
 	// auto_resume: the next data-plane request resumes it and goes on.
 	var auto types.Sandbox
 	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"auto_resume":true}`, &auto); code != 201 || !auto.AutoResume {
