@@ -368,7 +368,7 @@ func pauseCondition(ps *podState, now metav1.Time) corev1.PodCondition {
 	c := corev1.PodCondition{Type: ConditionPaused, LastTransitionTime: now}
 	failed := want == st.failed && st.failedErr != nil
 	switch {
-	case want == "" && st.paused && st.byDaemon:
+	case want == "" && st.paused && st.byDaemon && !failed:
 		c.Status, c.Reason = corev1.ConditionTrue, PausePaused
 		c.Message = "pause by the daemon at " + st.at.UTC().Format(time.RFC3339Nano) + " (" + st.why + ") applied: " + st.kind
 	case want != "" && st.paused:

@@ -25,6 +25,8 @@ type pausingRunner struct {
 	*fakeRunner
 	kind   string
 	refuse error
+	// refuseResume makes the next resume fail.
+	refuseResume error
 
 	// events is what Events lists.
 	events []client.Event
@@ -60,6 +62,10 @@ func (f *pausingRunner) Resume(context.Context, string) error {
 	defer f.pmu.Unlock()
 	if !f.paused {
 		return errdefs.ErrFailedPrecondition
+	}
+	if err := f.refuseResume; err != nil {
+		f.refuseResume = nil
+		return err
 	}
 	f.paused, f.resumes = false, f.resumes+1
 	return nil
@@ -416,4 +422,47 @@ func TestReadoptPaused(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestPauseAtDeadlineResumeRefused: a daemon's pause whose resume (a
+// moved deadline) the daemon refuses is reported ResumeRefused, and the
+// next deadline tries again.
+func TestPauseAtDeadlineResumeRefused(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "memory", ended: map[uint32]bool{},
+			refuseResume: &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "no room to restore"}}
+		p, ps := newPausePods(t, f)
+		ctx := t.Context()
+		pod := ps.pod.DeepCopy()
+		pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationIdlePause: "5m"}
+		pl, err := planPod(pod, "node")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.mu.Lock()
+		ps.pod, ps.plan, ps.applied = pod, pl, pod.Annotations[AnnotationDeadline]
+		p.mu.Unlock()
+		if _, err := f.Pause(ctx, "sb"); err != nil {
+			t.Fatal(err)
+		}
+		p.pausedByDaemon(ctx, ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "idle for 5m0s (memory)"})
+		moved := pod.DeepCopy()
+		moved.Annotations[AnnotationDeadline] = "2026-12-03T11:00:00Z"
+		if err := p.UpdatePod(ctx, moved); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if done, err := PauseStatus(podNow(p, ps), ""); !done || !errors.Is(err, errdefs.ErrUnavailable) {
+			t.Fatalf("refused resume: PauseStatus = %v, %v; condition %+v", done, err, podCondition(podNow(p, ps), ConditionPaused))
+		}
+		again := moved.DeepCopy()
+		again.Annotations[AnnotationDeadline] = "2026-12-03T12:00:00Z"
+		if err := p.UpdatePod(ctx, again); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if done, err := PauseStatus(podNow(p, ps), ""); !done || err != nil || f.resumes != 1 {
+			t.Errorf("after another deadline: PauseStatus = %v, %v; resumes %d", done, err, f.resumes)
+		}
+	})
 }

@@ -362,7 +362,10 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 		ps.net.refused, ps.net.refusedErr = "", nil
 	}
 	renet := !ps.net.known || pod.Annotations[AnnotationNetwork] != ps.net.applied
-	if pod.Annotations[AnnotationPaused] != ps.pod.Annotations[AnnotationPaused] {
+	if pod.Annotations[AnnotationPaused] != ps.pod.Annotations[AnnotationPaused] ||
+		ps.pz.byDaemon && pod.Annotations[AnnotationDeadline] != ps.pod.Annotations[AnnotationDeadline] {
+		// A new request (for a daemon's pause, a new deadline) gets its
+		// own try, even after a refusal.
 		ps.pz.failed, ps.pz.failedErr = "", nil
 	}
 	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.byDaemon
