@@ -296,6 +296,27 @@ func (f *pausingRunner) Get(context.Context, string) (*client.Sandbox, error) {
 
 func (f *pausingRunner) SetTimeout(context.Context, string, time.Duration) error { return nil }
 
+// pausedByItsDaemon gives the running pod ps the annotations ann (its
+// plan made again from them), then has f's daemon pause its sandbox on
+// its own, with why as the paused event says, and the node hear of it.
+func pausedByItsDaemon(t *testing.T, p *Pods, ps *podState, f *pausingRunner, ann map[string]string, why string) *corev1.Pod {
+	t.Helper()
+	pod := ps.pod.DeepCopy()
+	pod.Annotations = ann
+	pl, err := planPod(pod, "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	ps.pod, ps.plan, ps.applied = pod, pl, pod.Annotations[AnnotationDeadline]
+	p.mu.Unlock()
+	if _, err := f.Pause(t.Context(), "sb"); err != nil {
+		t.Fatal(err)
+	}
+	p.pausedByDaemon(t.Context(), ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: why})
+	return pod
+}
+
 // TestPauseAtDeadline: a pause the daemon made on its own (the deadline
 // under on-timeout pause) is reported paused and not undone; a moved
 // deadline resumes the sandbox; a pause annotation then takes it over.
@@ -304,21 +325,9 @@ func TestPauseAtDeadline(t *testing.T) {
 		f := &pausingRunner{fakeRunner: newFakeRunner(), kind: "filesystem", ended: map[uint32]bool{}}
 		p, ps := newPausePods(t, f)
 		ctx := t.Context()
-		pod := ps.pod.DeepCopy()
-		pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationOnTimeout: "pause"}
-		pl, err := planPod(pod, "node")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.mu.Lock()
-		ps.pod, ps.plan, ps.applied = pod, pl, pod.Annotations[AnnotationDeadline]
-		p.mu.Unlock()
-
 		// The daemon pauses it at the deadline.
-		if _, err := f.Pause(ctx, "sb"); err != nil {
-			t.Fatal(err)
-		}
-		p.pausedByDaemon(ctx, ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "paused at its deadline (filesystem)"})
+		pod := pausedByItsDaemon(t, p, ps, f, map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationOnTimeout: "pause"},
+			"paused at its deadline (filesystem)")
 		synctest.Wait()
 		got := podNow(p, ps)
 		if st, kind := Paused(got); st != "paused" || kind != "filesystem" {
@@ -433,19 +442,8 @@ func TestPauseAtDeadlineResumeRefused(t *testing.T) {
 			refuseResume: &errdefs.Error{Code: errdefs.CodeUnavailable, Message: "no room to restore"}}
 		p, ps := newPausePods(t, f)
 		ctx := t.Context()
-		pod := ps.pod.DeepCopy()
-		pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationIdlePause: "5m"}
-		pl, err := planPod(pod, "node")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.mu.Lock()
-		ps.pod, ps.plan, ps.applied = pod, pl, pod.Annotations[AnnotationDeadline]
-		p.mu.Unlock()
-		if _, err := f.Pause(ctx, "sb"); err != nil {
-			t.Fatal(err)
-		}
-		p.pausedByDaemon(ctx, ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "idle for 5m0s (memory)"})
+		pod := pausedByItsDaemon(t, p, ps, f, map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationIdlePause: "5m"},
+			"idle for 5m0s (memory)")
 		moved := pod.DeepCopy()
 		moved.Annotations[AnnotationDeadline] = "2026-12-03T11:00:00Z"
 		if err := p.UpdatePod(ctx, moved); err != nil {
