@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
@@ -34,20 +35,6 @@ type Snapshots interface {
 	Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]sandbox.Sandbox, core.Snapshot, error)
 }
 
-// snapshotInfo is E2B's SnapshotInfo.
-type snapshotInfo struct {
-	SnapshotID string   `json:"snapshotID"`
-	Names      []string `json:"names"`
-}
-
-func infoOf(snap core.Snapshot) snapshotInfo {
-	names := []string{}
-	if snap.Name != "" {
-		names = append(names, snap.Name)
-	}
-	return snapshotInfo{SnapshotID: snap.ID, Names: names}
-}
-
 // createSnapshot answers POST /sandboxes/{id}/snapshots: 201 with the
 // snapshot. The sandbox keeps running (its processes are frozen while its
 // files are copied); a paused one is refused with 409 (resume it first).
@@ -64,7 +51,7 @@ func (s *Server) createSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, infoOf(snap))
+	writeJSON(w, http.StatusCreated, e2bwire.InfoOf(snap.ID, snap.Name))
 }
 
 // visibleSnapshot returns snapshot id if the caller may see it. ok is
@@ -112,17 +99,11 @@ func (s *Server) listSnapshots(w http.ResponseWriter, r *http.Request) {
 			(source != "" && snap.Source != source) ||
 			(name != "" && snap.Name != name && snap.ID != name)
 	})
-	key := func(snap core.Snapshot) e2bwire.Cursor { return e2bwire.CursorAt(snap.CreatedAt, snap.ID) }
-	slices.SortFunc(all, func(a, b core.Snapshot) int { return key(b).Compare(key(a)) })
-	page, next := e2bwire.Page(all, key, false, after, limit)
-	if next != "" {
-		w.Header().Set("X-Next-Token", next)
+	page := make([]types.Snapshot, 0, len(all))
+	for _, snap := range all {
+		page = append(page, types.Snapshot{ID: snap.ID, Name: snap.Name, CreatedAt: snap.CreatedAt})
 	}
-	out := make([]snapshotInfo, 0, len(page))
-	for _, snap := range page {
-		out = append(out, infoOf(snap))
-	}
-	writeJSON(w, http.StatusOK, out)
+	e2bwire.WriteSnapshotPage(w, page, after, limit)
 }
 
 // deleteTemplate answers DELETE /templates/{templateID}, which the SDK's

@@ -91,7 +91,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 	}
 	snapIDs := func(body string) []string {
 		t.Helper()
-		var out []snapshotInfo
+		var out []e2bwire.SnapshotInfo
 		if err := json.Unmarshal([]byte(body), &out); err != nil {
 			t.Fatalf("%s: %v", body, err)
 		}
@@ -114,7 +114,7 @@ func TestSnapshotsAndFork(t *testing.T) {
 		t.Errorf("snapshot of another key's sandbox = %d %s, want 404", code, body)
 	}
 	code, body, _ = do("POST", "/sandboxes/"+sb.SandboxID+"/snapshots", key1, `{"name":"first"}`)
-	var info snapshotInfo
+	var info e2bwire.SnapshotInfo
 	if err := json.Unmarshal([]byte(body), &info); code != 201 || err != nil || info.SnapshotID == "" || strings.Join(info.Names, ",") != "first" {
 		t.Fatalf("snapshot = %d %s, want 201 with the ID and name", code, body)
 	}

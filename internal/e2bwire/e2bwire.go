@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -471,3 +472,36 @@ func SignedFiles(r *http.Request) (op string, exp int64, err error) {
 // TrafficTokenHeader carries a sandbox's traffic access token on preview
 // traffic when the sandbox was created with allowPublicTraffic: false.
 const TrafficTokenHeader = "E2b-Traffic-Access-Token"
+
+// SnapshotInfo is E2B's SnapshotInfo: a snapshot's ID (the ID a create
+// names it by) and its names.
+type SnapshotInfo struct {
+	SnapshotID string   `json:"snapshotID"`
+	Names      []string `json:"names"`
+}
+
+// InfoOf is the SnapshotInfo of snapshot id, named name ("" for none).
+func InfoOf(id, name string) SnapshotInfo {
+	names := []string{}
+	if name != "" {
+		names = append(names, name)
+	}
+	return SnapshotInfo{SnapshotID: id, Names: names}
+}
+
+// WriteSnapshotPage answers GET /snapshots with one page of snaps (the
+// caller's, already filtered; their ID, Name and CreatedAt count), newest
+// first, the next page's cursor in X-Next-Token.
+func WriteSnapshotPage(w http.ResponseWriter, snaps []types.Snapshot, after *Cursor, limit int) {
+	key := func(s types.Snapshot) Cursor { return CursorAt(s.CreatedAt, s.ID) }
+	slices.SortFunc(snaps, func(a, b types.Snapshot) int { return key(b).Compare(key(a)) })
+	page, next := Page(snaps, key, false, after, limit)
+	if next != "" {
+		w.Header().Set("X-Next-Token", next)
+	}
+	out := make([]SnapshotInfo, 0, len(page))
+	for _, s := range page {
+		out = append(out, InfoOf(s.ID, s.Name))
+	}
+	WriteJSON(w, http.StatusOK, out)
+}

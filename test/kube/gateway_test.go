@@ -488,9 +488,98 @@ func TestGateway(t *testing.T) {
 		t.Errorf("idle sandbox after the exec = %+v, %v; want most of its 10m left", got, err)
 	}
 
-	// Routes the gateway does not serve say so; they are not "not found".
-	if _, err := gwA.Snapshot(ctx, third.ID, ""); !errors.Is(err, errdefs.ErrNotImplemented) {
-		t.Errorf("snapshot through the gateway = %v, want not implemented", err)
+	// Snapshots through A: taken by the sandbox's node and recorded in
+	// the cluster, so B lists it; a sandbox made from it through B runs
+	// on that node with the snapshot's files; a fork makes copies there;
+	// another key sees none of it.
+	snap, err := gwA.Snapshot(ctx, sb.ID, "with-file")
+	if err != nil || snap.Source != sb.ID || snap.Kind != client.SnapshotFilesystem || snap.Labels["run"] != "gw" {
+		t.Fatalf("snapshot through A = %+v, %v", snap, err)
+	}
+	if l, err := gwB.Snapshots(ctx); err != nil || !slices.ContainsFunc(l, func(s client.Snapshot) bool { return s.ID == snap.ID }) {
+		t.Errorf("snapshots through B = %+v, %v; want %s", l, err, snap.ID)
+	}
+	if _, err := gwOther.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's get of the snapshot = %v, want not found", err)
+	}
+	if _, err := gwOther.Create(ctx, client.CreateRequest{Snapshot: snap.ID}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's create from the snapshot = %v, want not found", err)
+	}
+	hasFile := func(id string) {
+		t.Helper()
+		var got bytes.Buffer
+		if err := gwA.Sandbox(id).ReadFile(ctx, "/tmp/through-gateway.txt", &got); err != nil || got.String() != content {
+			t.Errorf("the snapshot's file in %s: %d bytes, %v; want %d", id, got.Len(), err, len(content))
+		}
+	}
+	onSnapshotNode := func(id string) {
+		t.Helper()
+		p, err := pods.Get(ctx, id, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.Spec.NodeName != where[sb.ID].node || p.Annotations[node.AnnotationSnapshot] == "" {
+			t.Errorf("sandbox %s from a snapshot runs on %s with %v; want on %s", id, p.Spec.NodeName, p.Annotations, where[sb.ID].node)
+		}
+		place(p)
+	}
+	// Each copy's pod is the next added.
+	added := func(id string) {
+		t.Helper()
+		if p := nextAdded(); p.Name != id {
+			t.Fatalf("pod added %s, want %s", p.Name, id)
+		}
+	}
+	fromSnap, err := gwB.Create(ctx, client.CreateRequest{Snapshot: snap.ID, Labels: map[string]string{"from": "snapshot"}})
+	if err != nil {
+		t.Fatalf("create from the snapshot through B: %v", err)
+	}
+	added(fromSnap.ID)
+	onSnapshotNode(fromSnap.ID)
+	hasFile(fromSnap.ID)
+	fork, err := gwA.Fork(ctx, sb.ID, 2)
+	if err != nil || len(fork.Sandboxes) != 2 || !fork.Snapshot.Fork {
+		t.Fatalf("fork through A = %+v, %v", fork, err)
+	}
+	for _, cs := range fork.Sandboxes {
+		added(cs.ID)
+		onSnapshotNode(cs.ID)
+		hasFile(cs.ID)
+	}
+	// A snapshot a sandbox sits on stays; once they are gone, it goes
+	// from its node and from the cluster.
+	if err := gwB.RemoveSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("remove a snapshot a sandbox sits on = %v, want failed precondition", err)
+	}
+	if _, err := gwB.GetSnapshot(ctx, snap.ID); err != nil {
+		t.Errorf("the refused remove lost the snapshot: %v", err)
+	}
+	for _, id := range []string{fromSnap.ID, fork.Sandboxes[0].ID, fork.Sandboxes[1].ID} {
+		if err := gwA.Kill(ctx, id); err != nil {
+			t.Fatalf("delete %s: %v", id, err)
+		}
+		waitPodGone(t, cp, ns, id)
+		// Its node's sandbox has ended once its events end.
+		w := where[id]
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := c.nodes[w.node].Local.FollowEvents(fctx, w.sandbox, func(client.Event) error { return nil })
+		cancel()
+		if err != nil {
+			t.Fatalf("sandbox %s (%s on %s) after delete: %v", id, w.sandbox, w.node, err)
+		}
+	}
+	if err := gwB.RemoveSnapshot(ctx, snap.ID); err != nil {
+		t.Errorf("remove snapshot %s once nothing sits on it: %v", snap.ID, err)
+	}
+	// The fork's snapshot went with its copies: the leader removed it.
+	waitNoSnapshots(t, cp, ns)
+	for _, id := range []string{snap.ID, fork.Snapshot.ID} {
+		if _, err := c.nodes[where[sb.ID].node].Local.GetSnapshot(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("snapshot %s on its node after the remove: %v, want not found", id, err)
+		}
+	}
+	if l, err := gwA.Snapshots(ctx); err != nil || len(l) != 0 {
+		t.Errorf("snapshots after the removes = %+v, %v", l, err)
 	}
 
 	// The node's data plane: only clients with a certificate its CA

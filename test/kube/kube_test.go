@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/kube/gateway"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/test/harness"
 )
@@ -197,6 +199,45 @@ func sandboxPod(name string, cmd ...string) *corev1.Pod {
 			}},
 		},
 	}
+}
+
+// waitNoSnapshots waits, on a watch, until the namespace holds no
+// snapshot records (gateway.LabelSnapshot) but those in keep.
+func waitNoSnapshots(t *testing.T, cp *controlPlane, ns string, keep ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	cms := cp.Client.CoreV1().ConfigMaps(ns)
+	opts := metav1.ListOptions{LabelSelector: gateway.LabelSnapshot}
+	for ctx.Err() == nil {
+		list, err := cms.List(ctx, opts)
+		if err != nil {
+			t.Fatalf("list snapshot records: %v", err)
+		}
+		left := map[string]bool{}
+		for _, cm := range list.Items {
+			if id := cm.Labels[gateway.LabelSnapshot]; !slices.Contains(keep, id) {
+				left[id] = true
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		w, err := cms.Watch(ctx, metav1.ListOptions{LabelSelector: gateway.LabelSnapshot, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			t.Fatalf("watch snapshot records: %v", err)
+		}
+		for ev := range w.ResultChan() {
+			if cm, ok := ev.Object.(*corev1.ConfigMap); ok && ev.Type == watch.Deleted {
+				delete(left, cm.Labels[gateway.LabelSnapshot])
+				if len(left) == 0 {
+					w.Stop()
+					return
+				}
+			}
+		}
+	}
+	t.Fatalf("snapshot records left in %s", ns)
 }
 
 // podSandboxes lists the live sandboxes of a pod on a node.

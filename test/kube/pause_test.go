@@ -1,8 +1,10 @@
 package kube
 
 import (
+	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -117,7 +119,10 @@ func TestPausePod(t *testing.T) {
 
 	// On gVisor a pause keeps memory: the container's process is the same
 	// after the resume (no restart) and counts on from where it was.
-	counter := sandboxPod("counter", "sh", "-c", `i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; sleep 0.05; done`)
+	// It also answers a ping (/tmp/ping appearing) with a token it holds
+	// in memory only, drawn at its start: a process started again would
+	// answer another.
+	counter := sandboxPod("counter", "sh", "-c", `tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new && mv /tmp/count.new /tmp/count; if [ -e /tmp/ping ]; then echo $tok > /tmp/pong.new && mv /tmp/pong.new /tmp/pong && rm -f /tmp/ping; fi; sleep 0.05; done`)
 	counter.Annotations = map[string]string{node.AnnotationIsolation: "gvisor"}
 	if _, err := pods.Create(ctx, counter, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -189,4 +194,60 @@ func TestPausePod(t *testing.T) {
 	}
 	// It counts on from where it was.
 	count(before)
+
+	// A pod made from a memory snapshot of its sandbox (the
+	// berth.dev/snapshot annotation, as the gateway makes such pods)
+	// carries on in the snapshot's process: its container runs with no
+	// restart, and the process answers with the token it drew before the
+	// snapshot.
+	ping := func(pod string) string {
+		t.Helper()
+		script := `touch /tmp/ping; i=0; while [ ! -e /tmp/pong ]; do i=$((i+1)); [ $i -gt 2400 ] && exit 3; sleep 0.05; done; cat /tmp/pong; rm /tmp/pong`
+		out, errOut, code := execPod(t, cp, "default", pod, "", "sh", "-c", script)
+		if code != 0 || out == "" {
+			t.Fatalf("ping %s: exit %d %q %q", pod, code, out, errOut)
+		}
+		return out
+	}
+	tok := ping("counter")
+	d := c.nodes["berth-pause"]
+	snap, err := d.Local.Snapshot(ctx, csb[0].ID, "")
+	if err != nil || snap.Kind != client.SnapshotMemory {
+		t.Fatalf("memory snapshot of the counter = %+v, %v", snap, err)
+	}
+	cc := sandboxPod("counter-copy", counter.Spec.Containers[0].Command...)
+	cc.Annotations = map[string]string{node.AnnotationIsolation: "gvisor", node.AnnotationSnapshot: snap.ID}
+	if _, err := pods.Create(ctx, cc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p = waitPod(t, cp, "default", "counter-copy", "running", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].State.Running != nil
+	})
+	if rc := p.Status.ContainerStatuses[0].RestartCount; rc != 0 {
+		t.Errorf("restart count of the copy = %d, want 0", rc)
+	}
+	if got := ping("counter-copy"); got != tok {
+		t.Errorf("the copy answers %q, the counter answered %q: the copy's process is not the snapshot's", got, tok)
+	}
+	copies := podSandboxes(t, d, string(p.UID))
+	if len(copies) != 1 || copies[0].ID == csb[0].ID {
+		t.Fatalf("copy's sandboxes: %v", ids(copies))
+	}
+	for _, name := range []string{"counter-copy", "counter"} {
+		if err := pods.Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitPodGone(t, cp, "default", name)
+	}
+	// Once the copy's sandbox has ended, nothing sits on the snapshot.
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	err = d.Local.FollowEvents(fctx, copies[0].ID, func(client.Event) error { return nil })
+	cancel()
+	if err != nil {
+		t.Fatalf("copy's sandbox after delete: %v", err)
+	}
+	if err := d.Local.RemoveSnapshot(ctx, snap.ID); err != nil {
+		t.Errorf("remove the snapshot: %v", err)
+	}
 }

@@ -74,7 +74,6 @@ func (g *Gateway) podFor(in createRequest, p auth.Principal, templates map[strin
 	// What a pod cannot carry yet is refused, not dropped.
 	for field, set := range map[string]bool{
 		"disk": in.Disk != "", "pids": in.PIDs != 0,
-		"snapshot": in.Snapshot != "",
 	} {
 		if set {
 			return nil, fieldErr(field, errdefs.ErrNotImplemented, "%s is not served by the Kubernetes gateway yet (a Berth daemon serves it)", field)
@@ -251,7 +250,12 @@ func (g *Gateway) createSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, err)
 		return
 	}
-	pod, err := g.podFor(in, p, tpls)
+	var pod *corev1.Pod
+	if in.Snapshot != "" {
+		pod, err = g.podFromSnapshot(r.Context(), in, p, tpls)
+	} else {
+		pod, err = g.podFor(in, p, tpls)
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -271,7 +275,9 @@ func (g *Gateway) makeSandbox(ctx context.Context, pod *corev1.Pod, q core.Quota
 	tpl := pod.Annotations[node.AnnotationTemplate]
 	owner := pod.Labels[LabelOwner]
 	pool := g.claims.pool(tpl)
-	if pool == "" {
+	if pool == "" || pod.Annotations[node.AnnotationSnapshot] != "" {
+		// A sandbox from a snapshot starts from the snapshot, not from
+		// a warm pod of its template.
 		ask := podResources(pod)
 		if err := g.admit(ctx, owner, q, "", ask, false); err != nil {
 			return nil, err

@@ -101,6 +101,10 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("POST /sandboxes/{id}/pause", g.e2bAuthed(g.e2bPause))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", g.e2bAuthed(g.e2bMetrics))
 	m.HandleFunc("POST /sandboxes/{id}/resume", g.e2bAuthed(g.e2bResume))
+	m.HandleFunc("POST /sandboxes/{id}/snapshots", g.e2bAuthed(g.e2bCreateSnapshot))
+	m.HandleFunc("POST /sandboxes/{id}/fork", g.e2bAuthed(g.e2bFork))
+	m.HandleFunc("GET /snapshots", g.e2bAuthed(g.e2bListSnapshots))
+	m.HandleFunc("DELETE /templates/{templateID}", g.e2bAuthed(g.e2bDeleteSnapshot))
 	for pattern, missing := range e2bNotServed {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			e2bwire.WriteError(w, http.StatusNotImplemented,
@@ -248,10 +252,10 @@ func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p aut
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "snapshots, forks, logs and the metrics of several sandboxes at once are served by a Berth daemon only",
+	"/sandboxes/":     "logs and the metrics of several sandboxes at once are served by a Berth daemon only",
 	"/v2/sandboxes/":  "logs are served by a Berth daemon only",
-	"/snapshots":      "snapshots are served by a Berth daemon only",
-	"/snapshots/":     "snapshots are served by a Berth daemon only",
+	"/snapshots":      "only GET lists snapshots",
+	"/snapshots/":     "a snapshot is read with GET /snapshots and deleted with DELETE /templates/{id}",
 	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",
 	"/templates/":     "templates are built on each Berth node (berth template build) and listed with the native API",
 	"/v2/templates":   "templates are built on each Berth node (berth template build)",
@@ -349,16 +353,8 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 			return
 		}
 	}
-	timeout := e2bwire.DefaultTimeout
-	if in.Timeout != nil {
-		if *in.Timeout <= 0 || *in.Timeout > math.MaxInt32 {
-			e2bFieldErr(w, http.StatusBadRequest, "timeout", "%d: want a positive number of seconds", *in.Timeout)
-			return
-		}
-		timeout = time.Duration(*in.Timeout) * time.Second
-	}
-	if timeout > g.cfg.MaxTimeout {
-		e2bFieldErr(w, http.StatusBadRequest, "timeout", "%ds is above the gateway's maximum of %d seconds", int64(timeout/time.Second), int64(g.cfg.MaxTimeout/time.Second))
+	timeout, ok := g.e2bTimeout(w, in.Timeout)
+	if !ok {
 		return
 	}
 	if len(in.Metadata) > maxMetadataEntries {
@@ -386,9 +382,20 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		e2bwire.WriteErr(w, err)
 		return
 	}
+	// A templateID that names one of the caller's snapshots makes the
+	// sandbox from it (as on a daemon); any other names a template.
+	var snap *snapshotRecord
 	if !tpls[in.TemplateID] {
-		e2bFieldErr(w, http.StatusNotFound, "templateID", "template %q: no Ready Berth node has it", in.TemplateID)
-		return
+		rec, err := g.snapshotFor(r.Context(), p, in.TemplateID, "templateID")
+		if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
+			e2bFieldErr(w, http.StatusNotFound, "templateID", "template %q: no Ready Berth node has it, and no snapshot of yours has that ID", in.TemplateID)
+			return
+		}
+		if err != nil {
+			e2bwire.WriteErr(w, err)
+			return
+		}
+		snap = &rec
 	}
 	// What the daemon gives an E2B sandbox: commands run as "user", who
 	// may sudo (inside the sandbox's user namespace).
@@ -403,35 +410,63 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 	if in.AutoPause != nil && *in.AutoPause {
 		req.OnTimeout = apitypes.OnTimeoutPause
 	}
-	pod, err := g.podFor(req, p, tpls)
+	var pod *corev1.Pod
+	if snap != nil {
+		req.Template, req.Snapshot = "", snap.snap.ID
+		pod, err = g.podOfSnapshot(*snap, req, p, tpls)
+	} else {
+		pod, err = g.podFor(req, p, tpls)
+	}
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	token := g.envdToken(pod.Name)
-	ann := pod.Annotations
-	ann[AnnotationEnvdTokenSHA256] = tokenHash(token)
-	var traffic *string
-	if netCfg.AllowPublicTraffic != nil && !*netCfg.AllowPublicTraffic {
-		// Its ports answer only requests with this token.
-		tok := g.trafficToken(pod.Name)
-		ann[AnnotationTrafficTokenSHA256] = tokenHash(tok)
-		traffic = &tok
-	}
-	ann[AnnotationE2BNetwork] = netCfg.StoreJSON(internet)
+	var metadata string
 	if len(in.Metadata) > 0 {
 		b, _ := json.Marshal(in.Metadata)
-		ann[AnnotationE2BMetadata] = string(b)
+		metadata = string(b)
 	}
+	g.e2bAnnotate(pod, netCfg.StoreJSON(internet), metadata, netCfg.AllowPublicTraffic != nil && !*netCfg.AllowPublicTraffic)
 	got, err := g.makeSandbox(r.Context(), pod, p.Key.Quota)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	e2bwire.WriteJSON(w, http.StatusCreated, e2bwire.SandboxBody{
-		TemplateID: got.Annotations[node.AnnotationTemplate], SandboxID: sandboxID(got), ClientID: e2bwire.ClientID,
-		EnvdVersion: envd.Version, EnvdAccessToken: token, TrafficAccessToken: traffic, Domain: g.domain(),
-	})
+	e2bwire.WriteJSON(w, http.StatusCreated, g.e2bBody(got, g.envdToken(sandboxID(got))))
+}
+
+// e2bTimeout is a create's or fork's timeout in seconds (E2B's default
+// when nil), bounded by the gateway's maximum; a bad one is answered.
+func (g *Gateway) e2bTimeout(w http.ResponseWriter, secs *int64) (time.Duration, bool) {
+	timeout := e2bwire.DefaultTimeout
+	if secs != nil {
+		if *secs <= 0 || *secs > math.MaxInt32 {
+			e2bFieldErr(w, http.StatusBadRequest, "timeout", "%d: want a positive number of seconds", *secs)
+			return 0, false
+		}
+		timeout = time.Duration(*secs) * time.Second
+	}
+	if timeout > g.cfg.MaxTimeout {
+		e2bFieldErr(w, http.StatusBadRequest, "timeout", "%ds is above the gateway's maximum of %d seconds", int64(timeout/time.Second), int64(g.cfg.MaxTimeout/time.Second))
+		return 0, false
+	}
+	return timeout, true
+}
+
+// e2bAnnotate makes pod an E2B sandbox's: the hash of its envd token, its
+// E2B network settings (stored) and metadata (JSON, "" for none), and,
+// when its ports answer only requests with a traffic token, that token's
+// hash. The tokens derive from the pod's name (tokens.go).
+func (g *Gateway) e2bAnnotate(pod *corev1.Pod, stored, metadata string, trafficToken bool) {
+	ann := pod.Annotations
+	ann[AnnotationEnvdTokenSHA256] = tokenHash(g.envdToken(pod.Name))
+	if trafficToken {
+		ann[AnnotationTrafficTokenSHA256] = tokenHash(g.trafficToken(pod.Name))
+	}
+	ann[AnnotationE2BNetwork] = stored
+	if metadata != "" {
+		ann[AnnotationE2BMetadata] = metadata
+	}
 }
 
 // e2bListed is a sandbox pod as E2B lists it.

@@ -209,8 +209,7 @@ func TestE2BControlPlane(t *testing.T) {
 	}
 	// Not served yet: E2B-shaped 501s, never 404.
 	for _, r := range []struct{ method, path string }{
-
-		{"GET", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"},
+		{"POST", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"}, {"DELETE", "/templates/Base_1"},
 	} {
 		code, data, _ := e.e2bCall(t, r.method, r.path, keyAlice, `{"timeout":30}`, nil)
 		if code != 501 {

@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -116,6 +117,7 @@ func writeFile(t *testing.T, name string, data []byte) string {
 // the query, the headers that matter and the body).
 func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 	t.Helper()
+	var snaps atomic.Int64
 	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("X-Got-Path", r.URL.Path)
@@ -124,6 +126,24 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 		w.Header().Set("X-Got-Auth", r.Header.Get("Authorization"))
 		w.Header().Set("X-Got-Host", r.Header.Get("X-Forwarded-Host"))
 		w.Header().Set("X-Got-Secrets", r.Header.Get("E2b-Traffic-Access-Token")+r.Header.Get("X-Access-Token"))
+		if sb, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/sandboxes/"), "/snapshots"); ok && r.Method == "POST" {
+			// The daemon's snapshot of a pod's sandbox carries the
+			// node's labels.
+			var in types.SnapshotRequest
+			_ = json.Unmarshal(body, &in)
+			_ = json.NewEncoder(w).Encode(types.Snapshot{ID: "snap" + strconv.FormatInt(snaps.Add(1), 10), Name: in.Name, Source: sb, Kind: types.SnapshotFilesystem, Template: "minimal",
+				Labels: map[string]string{node.LabelNode: "berth-a"}, CreatedAt: time.Now()})
+			return
+		}
+		if id, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/snapshots/"); ok && r.Method == "DELETE" {
+			if strings.HasSuffix(id, "busy") {
+				w.WriteHeader(http.StatusConflict)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeFailedPrecondition, Message: "snapshot " + id + " is in use by x: destroy those first"})
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+			return
+		}
 		if rest, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/sandboxes/"); ok && r.Method == "GET" && !strings.Contains(rest, "/") {
 			// The daemon's view of the sandbox, with its usage.
 			_ = json.NewEncoder(w).Encode(types.Sandbox{ID: rest, State: types.StateReady, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,
@@ -239,6 +259,7 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 type env struct {
 	kube *fake.Clientset
 	url  string
+	g    *Gateway
 }
 
 func startGateway(t *testing.T, withKeys bool) env {
@@ -282,7 +303,7 @@ func startGateway(t *testing.T, withKeys bool) env {
 	}
 	srv := httptest.NewServer(g.Handler())
 	t.Cleanup(srv.Close)
-	return env{kube: kube, url: srv.URL}
+	return env{kube: kube, url: srv.URL, g: g}
 }
 
 // call sends a request with key (if any) and decodes a JSON answer into out
@@ -394,7 +415,7 @@ func TestCreateRefused(t *testing.T) {
 		{`{"on_timeout":"hibernate"}`, 400, errdefs.CodeInvalidArgument, "on_timeout", false},
 		{`{"idle_pause":"soon"}`, 400, errdefs.CodeInvalidArgument, "idle_pause", false},
 		{`{"idle_pause":"0s"}`, 400, errdefs.CodeInvalidArgument, "idle_pause", false},
-		{`{"snapshot":"s1"}`, 501, errdefs.CodeNotImplemented, "snapshot", false},
+		{`{"snapshot":"s1"}`, 404, errdefs.CodeNotFound, "snapshot", false},
 		{`{"template":"` + tplFails + `"}`, 409, errdefs.CodeFailedPrecondition, "", true},
 		{`{"template":"` + tplNoRoom + `"}`, 429, errdefs.CodeResourceExhausted, "", true},
 	} {
@@ -538,7 +559,8 @@ func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
 		{"GET", "/v1/templates"},
-		{"POST", "/v1/sandboxes/abc/snapshots"},
+		{"POST", "/v1/snapshots/import"},
+		{"GET", "/v1/snapshots/abc/export"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
 			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)

@@ -156,8 +156,15 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	informer := li.Informer()
 	f.Start(ctx.Done())
 	defer f.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return fmt.Errorf("node leases cache did not fill: %w", errdefs.ErrUnavailable)
+	// The fork snapshots' records (forkgc.go), one watch.
+	ff := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSnapshotFork + "=true" }))
+	forks := ff.Core().V1().ConfigMaps()
+	forksInformer := forks.Informer()
+	ff.Start(ctx.Done())
+	defer ff.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced) {
+		return fmt.Errorf("node leases or fork snapshots cache did not fill: %w", errdefs.ErrUnavailable)
 	}
 	l := newLifecycle(g.cfg.Kube, g.cfg.Namespace, g.pods, g.nodes, li.Lister().Leases(nodeLeaseNamespace), cfg, g.cfg.OnNodeLost, g.log)
 	l.claims = g.claims
@@ -165,6 +172,7 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	defer t.Stop()
 	for {
 		l.sweep(ctx, g.now())
+		g.sweepForks(ctx, forks.Lister().ConfigMaps(g.cfg.Namespace), g.now())
 		select {
 		case <-ctx.Done():
 			return nil

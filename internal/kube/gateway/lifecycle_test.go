@@ -195,7 +195,8 @@ func TestNodeLost(t *testing.T) {
 		testPod("default", "u2", "berth-a", corev1.PodRunning, nil),
 		testPod("remade", "u3", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate,
 			node.AnnotationDeadline: "2026-12-02T17:00:00Z", AnnotationRecreated: "1"}),
-		testPod("elsewhere", "u4", "berth-b", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate}))
+		testPod("elsewhere", "u4", "berth-b", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate}),
+		testPod("fromsnap", "u5", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate, node.AnnotationSnapshot: "snap1"}))
 	ctx := t.Context()
 	w.l.sweep(ctx, w.t0)
 	// berth-b renews every 10s; berth-a never again.
@@ -222,10 +223,12 @@ func TestNodeLost(t *testing.T) {
 	if b, _ := w.kube.CoreV1().Nodes().Get(ctx, "berth-b", metav1.GetOptions{}); unreachable(b) {
 		t.Errorf("renewing node tainted: %+v", b.Spec.Taints)
 	}
-	for _, name := range []string{"fails", "default"} {
+	// A sandbox from a snapshot is lost even under recreate: its
+	// snapshot stayed on the lost node.
+	for _, name := range []string{"fails", "default", "fromsnap"} {
 		p := w.pod(t, name)
 		if p == nil || p.Annotations[node.AnnotationLost] == "" || p.Annotations[AnnotationLostNode] != "berth-a" {
-			t.Errorf("pod %s under fail = %+v, want marked lost on berth-a", name, p)
+			t.Errorf("pod %s = %+v, want marked lost on berth-a", name, p)
 			continue
 		}
 		if st := toSandbox(p); st.State != types.StateLost || st.Reason != p.Annotations[node.AnnotationLost] {

@@ -145,7 +145,9 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 	if policy == "" {
 		policy = l.policy
 	}
-	if policy == apitypes.OnNodeLostRecreate {
+	// A sandbox made from a snapshot cannot be made again elsewhere:
+	// the snapshot stayed on the lost node (snapshots.go). It is lost.
+	if policy == apitypes.OnNodeLostRecreate && pod.Annotations[node.AnnotationSnapshot] == "" {
 		l.recreate(ctx, pod)
 		return
 	}

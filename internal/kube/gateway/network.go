@@ -58,14 +58,8 @@ func networkAnnotation(in apitypes.NetworkPolicy, prefix string) (policy.Policy,
 // keeps the policy it had, and so does its pod).
 func (g *Gateway) putNetwork(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var in apitypes.NetworkPolicy
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "want a network policy such as {\"mode\":\"allow\",\"allow\":[\"pypi.org\"]}: %v", err))
-		return
-	}
-	if dec.More() {
-		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "body holds more than one JSON value"))
+	if err := decodeBody(r, &in, false, `a network policy such as {"mode":"allow","allow":["pypi.org"]}`); err != nil {
+		writeError(w, err)
 		return
 	}
 	pol, value, err := networkAnnotation(in, "")

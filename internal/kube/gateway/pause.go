@@ -2,10 +2,8 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"time"
@@ -63,10 +61,8 @@ func (g *Gateway) pauseSandbox(w http.ResponseWriter, r *http.Request, p auth.Pr
 // sandbox gets the time it had left. It answers once the sandbox runs.
 func (g *Gateway) resumeSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var in apitypes.ResumeRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil && !errors.Is(err, io.EOF) {
-		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "want {} or {\"timeout\":\"30m\"}: %v", err))
+	if err := decodeBody(r, &in, true, `{} or {"timeout":"30m"}`); err != nil {
+		writeError(w, err)
 		return
 	}
 	var d time.Duration

@@ -82,9 +82,20 @@ func (g *Gateway) nodeOf(pod *corev1.Pod, rest string) (nodeTarget, error) {
 	if err != nil {
 		return nodeTarget{}, err
 	}
-	n, err := g.nodes.Get(pod.Spec.NodeName)
+	t, err := g.nodeAt(pod.Spec.NodeName)
+	if err != nil {
+		return nodeTarget{}, fmt.Errorf("sandbox %s: %w", pod.Name, err)
+	}
+	t.sandbox, t.rest = sb, rest
+	return t, nil
+}
+
+// nodeAt is the data plane's address on node name: its InternalIP and
+// kubelet port.
+func (g *Gateway) nodeAt(name string) (nodeTarget, error) {
+	n, err := g.nodes.Get(name)
 	if apierrors.IsNotFound(err) {
-		return nodeTarget{}, fmt.Errorf("sandbox %s: its node %s is gone: %w", pod.Name, pod.Spec.NodeName, errdefs.ErrUnavailable)
+		return nodeTarget{}, fmt.Errorf("its node %s is gone: %w", name, errdefs.ErrUnavailable)
 	}
 	if err != nil {
 		return nodeTarget{}, err
@@ -98,9 +109,9 @@ func (g *Gateway) nodeOf(pod *corev1.Pod, rest string) (nodeTarget, error) {
 	}
 	port := n.Status.DaemonEndpoints.KubeletEndpoint.Port
 	if ip == "" || port <= 0 {
-		return nodeTarget{}, fmt.Errorf("sandbox %s: node %s has no InternalIP or kubelet port: %w", pod.Name, n.Name, errdefs.ErrUnavailable)
+		return nodeTarget{}, fmt.Errorf("node %s has no InternalIP or kubelet port: %w", n.Name, errdefs.ErrUnavailable)
 	}
-	return nodeTarget{node: n.Name, addr: net.JoinHostPort(ip, strconv.Itoa(int(port))), sandbox: sb, rest: rest}, nil
+	return nodeTarget{node: n.Name, addr: net.JoinHostPort(ip, strconv.Itoa(int(port)))}, nil
 }
 
 // nodeProxy forwards a sandbox's data plane to its node. The target comes

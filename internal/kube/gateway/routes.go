@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	corev1 "k8s.io/api/core/v1"
@@ -27,6 +29,11 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("PUT /v1/sandboxes/{id}/network", g.authed(g.putNetwork))
 	g.mux.HandleFunc("POST /v1/sandboxes/{id}/pause", g.authed(g.pauseSandbox))
 	g.mux.HandleFunc("POST /v1/sandboxes/{id}/resume", g.authed(g.resumeSandbox))
+	g.mux.HandleFunc("POST /v1/sandboxes/{id}/snapshots", g.authed(g.createSnapshot))
+	g.mux.HandleFunc("POST /v1/sandboxes/{id}/fork", g.authed(g.forkSandbox))
+	g.mux.HandleFunc("GET /v1/snapshots", g.authed(g.listSnapshots))
+	g.mux.HandleFunc("GET /v1/snapshots/{id}", g.authed(g.getSnapshot))
+	g.mux.HandleFunc("DELETE /v1/snapshots/{id}", g.authed(g.deleteSnapshot))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
@@ -40,7 +47,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates and snapshots are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots and fork, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates and snapshot export and import are served by a Berth daemon only: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 
@@ -99,6 +106,29 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v) // the client went away: nobody to tell
+}
+
+// decodeBody reads a request's JSON body into v, refusing unknown fields
+// and trailing values; optional lets an empty body keep v as it is. want
+// shows a good body in the error.
+func decodeBody(r *http.Request, v any, optional bool, want string) error {
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		if optional && errors.Is(err, io.EOF) {
+			return nil
+		}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) && ute.Field != "" {
+			field := errdefs.JSONField(ute.Field)
+			return fieldErr(field, errdefs.ErrInvalidArgument, "%s: want %s, got JSON %s", field, ute.Type, ute.Value)
+		}
+		return fieldErr("body", errdefs.ErrInvalidArgument, "want %s: %v", want, err)
+	}
+	if dec.More() {
+		return fieldErr("body", errdefs.ErrInvalidArgument, "body holds more than one JSON value")
+	}
+	return nil
 }
 
 // fieldErr is a bad request field, as the API names one.

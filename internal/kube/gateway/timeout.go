@@ -40,10 +40,8 @@ func deadlineAt(now time.Time, d time.Duration) string {
 // moves the deadline to that long from now, as on a daemon.
 func (g *Gateway) timeoutSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	var in apitypes.SetTimeoutRequest
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&in); err != nil {
-		writeError(w, fieldErr("body", errdefs.ErrInvalidArgument, "want {\"timeout\":\"30m\"}: %v", err))
+	if err := decodeBody(r, &in, false, `{"timeout":"30m"}`); err != nil {
+		writeError(w, err)
 		return
 	}
 	if in.Timeout == "" {

@@ -2,9 +2,6 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"time"
@@ -12,10 +9,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	apitypes "github.com/berth-sandbox/berth/api/types"
-	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
-	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
 // A sandbox's usage is its node's daemon's to measure (its cgroup, its
@@ -36,27 +31,9 @@ func (g *Gateway) nodeSandbox(ctx context.Context, pod *corev1.Pod) (*apitypes.S
 	}
 	ctx, cancel := context.WithTimeout(ctx, nodeUsageTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+t.addr+node.DataPlanePrefix+"/v1/sandboxes/"+t.sandbox, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := (&http.Client{Transport: g.cfg.NodeTransport}).Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("node %s unreachable: %v: %w", t.node, err, errdefs.ErrUnavailable)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return nil, fmt.Errorf("node %s: %v: %w", t.node, err, errdefs.ErrUnavailable)
-	}
-	if resp.StatusCode != http.StatusOK {
-		var e errdefs.Error
-		_ = json.Unmarshal(body, &e)
-		return nil, fmt.Errorf("node %s: %d %s: %w", t.node, resp.StatusCode, e.Message, errdefs.FromCode(e.Code))
-	}
 	var sb apitypes.Sandbox
-	if err := json.Unmarshal(body, &sb); err != nil {
-		return nil, fmt.Errorf("node %s: sandbox: %v: %w", t.node, err, errdefs.ErrUnavailable)
+	if err := g.nodeCall(ctx, t, http.MethodGet, "/v1/sandboxes/"+t.sandbox, nil, &sb); err != nil {
+		return nil, err
 	}
 	return &sb, nil
 }

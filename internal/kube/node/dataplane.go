@@ -58,6 +58,8 @@ func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) boo
 		ctx := context.WithValue(context.WithValue(r.Context(), dataPath{}, path), forwarded{}, true)
 		h.ServeHTTP(w, r.WithContext(ctx))
 	}))
+	// A snapshot of the sandbox, taken by its daemon (snapshots.go).
+	route("POST "+DataPlanePrefix+"/v1/sandboxes/{id}/snapshots", func(*http.Request) string { return "snapshots" })
 	for _, rt := range ReviewRoutes {
 		route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/"+rt, func(*http.Request) string { return rt })
 	}

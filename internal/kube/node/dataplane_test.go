@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -140,6 +141,70 @@ func TestDataPlane(t *testing.T) {
 			if err != nil || e.Code != tc.code || resp.Header.Get("X-Got-Path") != "" || !strings.Contains(e.Message, tc.id) {
 				t.Errorf("sandbox %s, %s: %d %+v (%v), want %s and no proxying", tc.id, rest, resp.StatusCode, e, err, tc.code)
 			}
+		}
+	}
+}
+
+// TestDataPlaneSnapshots: a snapshot of one of the node's pods' sandboxes
+// is taken through its route; GET and DELETE of a snapshot reach the
+// daemon only for one taken of this node's pods (its berth.dev/node
+// label), never another of the host's daemon.
+func TestDataPlaneSnapshots(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "berth.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Got", r.Method+" "+r.URL.Path)
+		node := map[string]string{"/v1/snapshots/mine": "n1", "/v1/snapshots/theirs": "n2"}[r.URL.Path]
+		switch {
+		case r.Method == "GET" && node != "":
+			_ = json.NewEncoder(w).Encode(types.Snapshot{ID: strings.TrimPrefix(r.URL.Path, "/v1/snapshots/"), Labels: map[string]string{LabelNode: node}})
+		case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Message: "no such snapshot"})
+		case r.Method == "DELETE":
+			w.WriteHeader(http.StatusNoContent)
+		default:
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(types.Snapshot{ID: "new"})
+		}
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	p := &Pods{pods: map[string]*podState{"ns/a": {sandboxID: "sba"}}}
+	mux := http.NewServeMux()
+	handleDataPlane(mux, sock, p.ownsSandbox, slog.New(slog.DiscardHandler))
+	handleSnapshots(mux, sock, "n1", p, slog.New(slog.DiscardHandler))
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+	do := func(method, path string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), method, hs.URL+DataPlanePrefix+path, strings.NewReader(`{}`))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("X-Got")
+	}
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		got          string
+	}{
+		{"POST", "/v1/sandboxes/sba/snapshots", 201, "POST /v1/sandboxes/sba/snapshots"},
+		{"POST", "/v1/sandboxes/other/snapshots", 404, ""},
+		{"GET", "/v1/snapshots/mine", 200, "GET /v1/snapshots/mine"},
+		{"DELETE", "/v1/snapshots/mine", 204, "DELETE /v1/snapshots/mine"},
+		{"GET", "/v1/snapshots/theirs", 404, ""},
+		{"DELETE", "/v1/snapshots/theirs", 404, ""},
+		{"DELETE", "/v1/snapshots/none", 404, ""},
+		{"DELETE", "/v1/snapshots/Bad_ID", 400, ""},
+	} {
+		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
+			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)
 		}
 	}
 }

@@ -157,6 +157,7 @@ func TestUpdatePodSettingsChanged(t *testing.T) {
 		{"environment", map[string]string{AnnotationEnv: `{"A":"1"}`}, true},
 		{"user", map[string]string{AnnotationUser: "agent"}, true},
 		{"template", map[string]string{AnnotationTemplate: "other"}, true},
+		{"snapshot", map[string]string{AnnotationSnapshot: "snap1"}, true},
 		{"not a policy (refused, not a change)", map[string]string{AnnotationNetwork: "sometimes"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -119,6 +119,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
 		handleDataPlane(mux, cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger)
+		handleSnapshots(mux, cfg.DaemonSocket, cfg.Name, pods, cfg.Logger)
 	}
 	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
 		return provider{pods}, status, nil

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/client"
 )
 
@@ -65,6 +66,12 @@ const (
 	// pause the sandbox once it has had no request and used under 1 %
 	// of a core for that long; a moved deadline resumes it (pause.go).
 	AnnotationIdlePause = "berth.dev/idle-pause"
+	// AnnotationSnapshot makes the pod's sandbox from a snapshot this
+	// node's daemon holds (its ID there; the gateway's snapshots.go takes
+	// them): its files, and on gVisor its processes, each container
+	// carrying on in the process tagged with its name where one runs.
+	// Fixed at create, like the template.
+	AnnotationSnapshot = "berth.dev/snapshot"
 )
 
 // Reasons a pod fails with, besides the node's Berth* ones.
@@ -157,6 +164,12 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		return p, &planError{"spec.containers[0].image", fmt.Sprintf("image %q names no template; set the %s annotation", spec.Containers[0].Image, AnnotationTemplate)}
 	}
 	p.req.Template = tpl
+	if v := pod.Annotations[AnnotationSnapshot]; v != "" {
+		if err := types.ValidSandboxID(v); err != nil {
+			return p, &planError{"metadata.annotations[" + AnnotationSnapshot + "]", fmt.Sprintf("%q: want a snapshot ID of this node's daemon", v)}
+		}
+		p.req.Snapshot = v
+	}
 	switch iso := pod.Annotations[AnnotationIsolation]; iso {
 	case "", client.IsolationRunc, client.IsolationGVisor:
 		p.req.Isolation = iso
@@ -305,6 +318,7 @@ func changedSettings(a, b client.CreateRequest) []string {
 		{"allow_sudo", a.AllowSudo, b.AllowSudo},
 		{"on_timeout", a.OnTimeout, b.OnTimeout},
 		{"idle_pause", a.IdlePause, b.IdlePause},
+		{"snapshot", a.Snapshot, b.Snapshot},
 	} {
 		if !reflect.DeepEqual(d.was, d.want) {
 			diff = append(diff, d.name)

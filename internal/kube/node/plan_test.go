@@ -49,7 +49,7 @@ func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
 		AnnotationNetwork: `{"mode":"allow","allow":["pypi.org"]}`, AnnotationEnv: `{"LANG":"C.UTF-8"}`,
-		AnnotationUser: "user", AnnotationAllowSudo: "true"}
+		AnnotationUser: "user", AnnotationAllowSudo: "true", AnnotationSnapshot: "snap1"}
 	d := int64(90)
 	pod.Spec.ActiveDeadlineSeconds = &d
 	p, err := planPod(pod, "n")
@@ -58,6 +58,9 @@ func TestPlanPodAnnotations(t *testing.T) {
 	}
 	if p.req.Template != "base" || p.req.Isolation != "gvisor" || p.req.Timeout != "90s" || !reflect.DeepEqual(p.req.Env, map[string]string{"LANG": "C.UTF-8"}) {
 		t.Errorf("request = %+v", p.req)
+	}
+	if p.req.Snapshot != "snap1" {
+		t.Errorf("snapshot %q, want snap1", p.req.Snapshot)
 	}
 	if p.req.User != "user" || p.req.AllowSudo == nil || !*p.req.AllowSudo {
 		t.Errorf("user %q, allow_sudo %v: want user, true", p.req.User, p.req.AllowSudo)
@@ -91,6 +94,7 @@ func TestPlanPodRefused(t *testing.T) {
 		{"idle-pause", func(p *corev1.Pod) {
 			p.Annotations = map[string]string{AnnotationIdlePause: "a while", AnnotationDeadline: "2030-01-01T00:00:00Z"}
 		}, "metadata.annotations[berth.dev/idle-pause]"},
+		{"snapshot", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationSnapshot: "../Snap"} }, "metadata.annotations[berth.dev/snapshot]"},
 		{"idle-pause without a deadline", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationIdlePause: "5m"} }, "metadata.annotations[berth.dev/idle-pause]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

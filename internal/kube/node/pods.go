@@ -201,10 +201,24 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
+	restored, err := p.restored(ctx, ps)
+	if err != nil {
+		if ctx.Err() == nil {
+			p.fail(ps, "BerthStartFailed", err.Error())
+		}
+		return
+	}
 	fctx := p.newFollowers(ps)
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
+			continue
+		}
+		if pid, ok := restored[processTag(c.name)]; ok {
+			// The container's process came back with the snapshot's
+			// memory: it carries on.
+			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
+			p.follow(fctx, ps, c, pid)
 			continue
 		}
 		pid, err := p.startContainer(ctx, ps, c, 0)
@@ -221,6 +235,27 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	p.mu.Unlock()
 	// A pause asked for while the containers were starting.
 	p.applyPause(ctx, ps)
+}
+
+// restored is, for a sandbox made from a snapshot, the processes that
+// came back running with it (a memory snapshot's), by tag. A container
+// whose process did not (a filesystem snapshot keeps files only) starts
+// again in the snapshot's files.
+func (p *Pods) restored(ctx context.Context, ps *podState) (map[string]uint32, error) {
+	if ps.plan.req.Snapshot == "" {
+		return nil, nil
+	}
+	procs, err := p.sb.Processes(ctx, ps.sandboxID)
+	if err != nil {
+		return nil, fmt.Errorf("processes of sandbox %s made from snapshot %s: %w", ps.sandboxID, ps.plan.req.Snapshot, err)
+	}
+	out := map[string]uint32{}
+	for _, pr := range procs {
+		if pr.Tag != "" {
+			out[pr.Tag] = pr.PID
+		}
+	}
+	return out, nil
 }
 
 // adopt records a live sandbox's address and follows its events, so the

@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/crilog"
@@ -314,5 +315,83 @@ func TestNeverStarted(t *testing.T) {
 		if p.neverStarted(t.Context(), "sb", "main") {
 			t.Errorf("with %s: neverStarted = true, want false", path)
 		}
+	}
+}
+
+// snapRunner is fakeRunner as a daemon that makes the pod's sandbox "sb"
+// from a snapshot, with the processes a memory snapshot brought back.
+type snapRunner struct {
+	*fakeRunner
+	snapshot chan string
+	restored []client.ProcessInfo
+}
+
+func (s *snapRunner) Create(_ context.Context, req client.CreateRequest) (*client.Sandbox, error) {
+	s.snapshot <- req.Snapshot
+	return &client.Sandbox{Sandbox: types.Sandbox{ID: "sb", State: client.StateReady}}, nil
+}
+
+func (s *snapRunner) Get(context.Context, string) (*client.Sandbox, error) {
+	return &client.Sandbox{Sandbox: types.Sandbox{ID: "sb", State: client.StateReady}}, nil
+}
+
+func (s *snapRunner) FollowEvents(ctx context.Context, _ string, _ func(client.Event) error) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+func (s *snapRunner) MakeDir(context.Context, string, string) error { return nil }
+
+func (s *snapRunner) SetTimeout(context.Context, string, time.Duration) error { return nil }
+
+func (s *snapRunner) Processes(context.Context, string) ([]client.ProcessInfo, error) {
+	return s.restored, nil
+}
+
+// TestRunFromSnapshot: a pod with the snapshot annotation has its sandbox
+// made from that snapshot; a container whose tagged process came back
+// with it (a memory snapshot) is followed in that process, not started;
+// one whose process did not (a filesystem snapshot) starts as its first
+// run.
+func TestRunFromSnapshot(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		restored []client.ProcessInfo
+		starts   []int
+	}{
+		{"memory", []client.ProcessInfo{{PID: 7, Tag: processTag("main")}, {PID: 9}}, nil},
+		{"filesystem", nil, []int{0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &snapRunner{fakeRunner: newFakeRunner(), snapshot: make(chan string, 1), restored: tc.restored}
+			f.procs[7] = make(chan struct{})
+			ctx, cancel := context.WithCancel(t.Context())
+			p := &Pods{ctx: ctx, node: "node", sb: f, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+			running := make(chan struct{}, 8)
+			p.NotifyPods(ctx, func(pod *corev1.Pod) {
+				if pod.Status.Reason != "" {
+					t.Errorf("pod failed: %s: %s", pod.Status.Reason, pod.Status.Message)
+				}
+				if cs := pod.Status.ContainerStatuses; len(cs) == 1 && cs[0].State.Running != nil {
+					running <- struct{}{}
+				}
+			})
+			t.Cleanup(func() {
+				cancel()
+				p.Wait()
+			})
+			pod := testPod()
+			pod.Annotations = map[string]string{AnnotationSnapshot: "snap1"}
+			if err := p.CreatePod(ctx, pod); err != nil {
+				t.Fatal(err)
+			}
+			if got := <-f.snapshot; got != "snap1" {
+				t.Errorf("sandbox made from snapshot %q, want snap1", got)
+			}
+			<-running
+			if got := f.starts(); !slices.Equal(got, tc.starts) {
+				t.Errorf("runs started %v, want %v", got, tc.starts)
+			}
+		})
 	}
 }

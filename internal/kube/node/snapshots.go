@@ -1,0 +1,122 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// Snapshots through the data plane (the gateway's snapshots.go): POST
+// DataPlanePrefix + /v1/sandboxes/{id}/snapshots takes one of a pod's
+// sandbox (handleDataPlane's routes), and GET and DELETE DataPlanePrefix +
+// /v1/snapshots/{id} read and remove one. A snapshot carries the labels of
+// the sandbox it was taken of, so the node serves those whose LabelNode is
+// its own name, never another snapshot of the host's daemon.
+
+// handleSnapshots registers the snapshot routes that are not a sandbox's.
+// Before a DELETE the node destroys the sandboxes made from the snapshot
+// whose pods are deleted (freeSnapshot).
+func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *slog.Logger) {
+	proxy := dataPlane(socket, func(string) bool { return true }, log)
+	h := func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := types.ValidSandboxID(id); err != nil {
+			writeError(w, err)
+			return
+		}
+		if err := snapshotOfNode(r.Context(), socket, nodeName, id); err != nil {
+			writeError(w, err)
+			return
+		}
+		if r.Method == http.MethodDelete {
+			p.freeSnapshot(r.Context(), id)
+		}
+		path := "/v1/snapshots/" + id
+		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
+	}
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/snapshots/{id}", h)
+	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/snapshots/{id}", h)
+}
+
+// snapshotOfNode says whether snapshot id of the daemon at socket was
+// taken of a sandbox of one of node's pods: nil if so, not_found if it was
+// not (or does not exist).
+func snapshotOfNode(ctx context.Context, socket, node, id string) error {
+	hc := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", socket)
+		},
+	}}
+	defer hc.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://berth/v1/snapshots/"+id, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("berth daemon unreachable: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return fmt.Errorf("berth daemon: snapshot %s: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	notOurs := fmt.Errorf("snapshot %s is no snapshot of this node's pods: %w", id, errdefs.ErrNotFound)
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusBadRequest:
+		return notOurs
+	default:
+		var e errdefs.Error
+		_ = json.Unmarshal(body, &e)
+		return fmt.Errorf("berth daemon: snapshot %s: %d %s: %w", id, resp.StatusCode, e.Message, errdefs.FromCode(e.Code))
+	}
+	var snap types.Snapshot
+	if err := json.Unmarshal(body, &snap); err != nil {
+		return fmt.Errorf("berth daemon: snapshot %s: %v: %w", id, err, errdefs.ErrUnavailable)
+	}
+	if snap.Labels[LabelNode] != node {
+		return notOurs
+	}
+	return nil
+}
+
+// freeSnapshot destroys the sandboxes made from snapshot id whose pods are
+// gone from the API or being deleted, before the snapshot is removed: a
+// sandbox deleted through the gateway is gone as far as its caller knows,
+// though this node may not have seen its pod's deletion yet (or is still
+// destroying it; a second destroy waits for the first). A sandbox whose
+// pod lives keeps the snapshot, and the daemon refuses the removal.
+func (p *Pods) freeSnapshot(ctx context.Context, id string) {
+	p.mu.Lock()
+	var users []*podState
+	for _, ps := range p.pods {
+		if ps.plan.req.Snapshot == id && ps.sandboxID != "" {
+			users = append(users, ps)
+		}
+	}
+	p.mu.Unlock()
+	for _, ps := range users {
+		pod, err := p.kube.CoreV1().Pods(ps.pod.Namespace).Get(ctx, ps.pod.Name, metav1.GetOptions{})
+		if err != nil && !apierrors.IsNotFound(err) {
+			continue
+		}
+		if err == nil && pod.UID == ps.pod.UID && pod.DeletionTimestamp == nil {
+			continue
+		}
+		if err := p.kill(ps.sandboxID); err != nil {
+			p.log.Warn("sandbox_destroy_failed", "sandbox_id", ps.sandboxID, "snapshot_id", id, "err", err)
+		}
+	}
+}
