@@ -121,7 +121,28 @@ func (c *Client) ExportSnapshot(ctx context.Context, id string, w io.Writer) err
 // ImportSnapshot uploads an archive ExportSnapshot wrote (on this or
 // another daemon) and returns the new snapshot.
 func (c *Client) ImportSnapshot(ctx context.Context, r io.Reader) (*Snapshot, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint("/v1/snapshots/import", nil), r)
+	return c.ImportSnapshotWith(ctx, r, ImportOptions{})
+}
+
+// ImportOptions are an import's settings besides the archive.
+type ImportOptions struct {
+	// Labels are set on the new snapshot over those the archive carries.
+	Labels map[string]string
+	// Node, on a Kubernetes gateway, names the Berth node the snapshot
+	// goes to (by default the Ready node holding the fewest).
+	Node string
+}
+
+// ImportSnapshotWith is ImportSnapshot with options.
+func (c *Client) ImportSnapshotWith(ctx context.Context, r io.Reader, opts ImportOptions) (*Snapshot, error) {
+	q := url.Values{}
+	for k, v := range opts.Labels {
+		q.Add("label", k+"="+v)
+	}
+	if opts.Node != "" {
+		q.Set("node", opts.Node)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint("/v1/snapshots/import", q), r)
 	if err != nil {
 		return nil, fmt.Errorf("import snapshot: %w", err)
 	}

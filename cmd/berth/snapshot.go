@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
 )
 
 func newSnapshotCmd(a *app) *cobra.Command {
@@ -152,7 +154,11 @@ func newSnapshotExportCmd(a *app) *cobra.Command {
 }
 
 func newSnapshotImportCmd(a *app) *cobra.Command {
-	var asJSON bool
+	var (
+		asJSON bool
+		labels []string
+		node   string
+	)
 	cmd := &cobra.Command{
 		Use:   "import FILE",
 		Short: "Import a snapshot archive and print the new snapshot's ID",
@@ -170,7 +176,11 @@ func newSnapshotImportCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := c.ImportSnapshot(cmd.Context(), f)
+			lm, err := parseKV("label", labels)
+			if err != nil {
+				return err
+			}
+			s, err := c.ImportSnapshotWith(cmd.Context(), f, client.ImportOptions{Labels: lm, Node: node})
 			if err != nil {
 				return err
 			}
@@ -182,6 +192,8 @@ func newSnapshotImportCmd(a *app) *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
+	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label k=v set on the snapshot over the archive's (repeatable)")
+	cmd.Flags().StringVar(&node, "node", "", "on a Kubernetes gateway: the Berth node to import to (default: the Ready node holding the fewest snapshots)")
 	return cmd
 }
 

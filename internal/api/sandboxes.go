@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -177,15 +178,12 @@ func (s *Server) createSandbox(w http.ResponseWriter, r *http.Request) {
 
 func (s *Server) listSandboxes(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	opts := sandbox.ListOptions{Labels: map[string]string{}}
-	for _, l := range q["label"] {
-		k, v, ok := strings.Cut(l, "=")
-		if !ok || k == "" {
-			writeError(w, badField("label", fmt.Errorf("label %q: want key=value: %w", l, errdefs.ErrInvalidArgument)))
-			return
-		}
-		opts.Labels[k] = v
+	labels, err := labelsQuery(q)
+	if err != nil {
+		writeError(w, err)
+		return
 	}
+	opts := sandbox.ListOptions{Labels: labels}
 	for _, st := range q["state"] {
 		for _, one := range strings.Split(st, ",") {
 			if !slices.Contains(types.States, one) {
@@ -338,4 +336,17 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 
 func notFoundRoute(r *http.Request) error {
 	return fmt.Errorf("no route for %s %s: %w", r.Method, r.URL.Path, errdefs.ErrNotFound)
+}
+
+// labelsQuery reads the repeated query parameter label=key=value.
+func labelsQuery(q url.Values) (map[string]string, error) {
+	labels := map[string]string{}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, badField("label", fmt.Errorf("label %q: want key=value: %w", l, errdefs.ErrInvalidArgument))
+		}
+		labels[k] = v
+	}
+	return labels, nil
 }

@@ -21,7 +21,9 @@ type Snapshots interface {
 	RemoveSnapshot(ctx context.Context, id string) error
 	Fork(ctx context.Context, id string, req sandbox.ForkRequest) ([]sandbox.Sandbox, core.Snapshot, error)
 	ExportSnapshot(ctx context.Context, id string, w io.Writer) error
-	ImportSnapshot(ctx context.Context, r io.Reader, owner string) (core.Snapshot, error)
+	// ImportSnapshot records the archive as a snapshot of owner's, with
+	// labels set over the archive's.
+	ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string) (core.Snapshot, error)
 }
 
 // maxImport bounds an uploaded snapshot archive.
@@ -179,8 +181,13 @@ func (sw *startedWriter) Write(b []byte) (int, error) {
 }
 
 func (s *Server) importSnapshot(w http.ResponseWriter, r *http.Request) {
+	labels, err := labelsQuery(r.URL.Query())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	body := http.MaxBytesReader(w, r.Body, maxImport)
-	snap, err := s.cfg.Snapshots.ImportSnapshot(r.Context(), body, principal(r).Owner())
+	snap, err := s.cfg.Snapshots.ImportSnapshot(r.Context(), body, principal(r).Owner(), labels)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -102,8 +102,9 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 }
 
 // ImportSnapshot reads an archive from r into a new snapshot owned by
-// owner.
-func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string) (core.Snapshot, error) {
+// owner, with labels set over the archive's (a Berth node marks the
+// snapshots it imports as its own this way).
+func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string) (core.Snapshot, error) {
 	ss, err := m.snapStore()
 	if err != nil {
 		return core.Snapshot{}, err
@@ -188,7 +189,7 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string)
 	rec := core.Snapshot{
 		ID: id, Name: meta.Name, Source: meta.Source, Kind: kind, AgentToken: token, Template: tpl.Name, Isolation: meta.Isolation, Owner: owner,
 		CPUMillis: meta.CPUMillis, MemoryBytes: meta.MemoryBytes, DiskBytes: meta.DiskBytes, PidsLimit: meta.PidsLimit,
-		Env: meta.Env, Labels: meta.Labels, User: meta.User, AllowSudo: meta.AllowSudo, Policy: string(meta.Policy),
+		Env: meta.Env, Labels: merged(meta.Labels, labels), User: meta.User, AllowSudo: meta.AllowSudo, Policy: string(meta.Policy),
 		BaseLayers: base, SizeBytes: size, CreatedAt: time.Now().UTC(),
 	}
 	if err := m.checkImported(rec); err != nil {

@@ -105,12 +105,16 @@ func TestSnapshotAllowSudo(t *testing.T) {
 		if err := m.ExportSnapshot(ctx, snap.ID, &buf); err != nil {
 			t.Fatal(err)
 		}
-		imp, err := m.ImportSnapshot(ctx, &buf, "")
+		// Labels given at import go over the archive's.
+		imp, err := m.ImportSnapshot(ctx, &buf, "", map[string]string{"berth.dev/node": "n1"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if imp.AllowSudo != sudo {
 			t.Errorf("export and import of a snapshot with allow_sudo %v: imported has %v", sudo, imp.AllowSudo)
+		}
+		if got, _ := m.GetSnapshot(ctx, imp.ID); got.Labels["berth.dev/node"] != "n1" {
+			t.Errorf("imported with label berth.dev/node=n1: record labels %v", got.Labels)
 		}
 		snaps[sudo] = snap.ID
 		copies, _, err := m.Fork(ctx, src.ID, ForkRequest{Count: 1})

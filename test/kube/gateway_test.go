@@ -523,6 +523,57 @@ func TestGateway(t *testing.T) {
 		}
 		place(p)
 	}
+	// Its export, streamed from its node, is an archive a daemon imports.
+	var archive bytes.Buffer
+	if err := gwB.ExportSnapshot(ctx, snap.ID, &archive); err != nil {
+		t.Fatalf("export through B: %v", err)
+	}
+	exported := bytes.Clone(archive.Bytes())
+	daemonB := c.nodes["berth-b"].Local
+	imported, err := daemonB.ImportSnapshot(ctx, &archive)
+	if err != nil || imported.Template != "minimal" || imported.Kind != client.SnapshotFilesystem {
+		t.Errorf("import of the gateway's export on a daemon = %+v, %v", imported, err)
+	} else if err := daemonB.RemoveSnapshot(ctx, imported.ID); err != nil {
+		t.Errorf("remove the imported snapshot: %v", err)
+	}
+	// Moved to the other node: its export imported through the gateway
+	// naming that node; a sandbox from the copy runs there, with the file.
+	otherNode := "berth-a"
+	if where[sb.ID].node == otherNode {
+		otherNode = "berth-b"
+	}
+	moved, err := gwA.ImportSnapshotWith(ctx, bytes.NewReader(exported), client.ImportOptions{Node: otherNode, Labels: map[string]string{"moved": "yes"}})
+	if err != nil || moved.ID == snap.ID || moved.Labels["run"] != "gw" || moved.Labels["moved"] != "yes" {
+		t.Fatalf("import through A to %s = %+v, %v", otherNode, moved, err)
+	}
+	fromMoved, err := gwB.Create(ctx, client.CreateRequest{Snapshot: moved.ID})
+	if err != nil {
+		t.Fatalf("create from the moved snapshot: %v", err)
+	}
+	if p := nextAdded(); p.Name != fromMoved.ID {
+		t.Fatalf("pod added %s, want %s", p.Name, fromMoved.ID)
+	}
+	if p, err := pods.Get(ctx, fromMoved.ID, metav1.GetOptions{}); err != nil || p.Spec.NodeName != otherNode {
+		t.Errorf("sandbox from the moved snapshot runs on %v (%v), want %s", p.Spec.NodeName, err, otherNode)
+	} else {
+		place(p)
+	}
+	var got bytes.Buffer
+	if err := gwA.Sandbox(fromMoved.ID).ReadFile(ctx, "/tmp/through-gateway.txt", &got); err != nil || got.String() != content {
+		t.Errorf("the file in the sandbox from the moved snapshot: %d bytes, %v", got.Len(), err)
+	}
+	// Deleting the sandbox and then its snapshot right away works: the
+	// node destroys a deleted pod's sandbox before it removes a snapshot.
+	if err := gwA.Kill(ctx, fromMoved.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := gwB.RemoveSnapshot(ctx, moved.ID); err != nil {
+		t.Errorf("remove the moved snapshot after its sandbox's delete: %v", err)
+	}
+	waitPodGone(t, cp, ns, fromMoved.ID)
+	if err := gwOther.ExportSnapshot(ctx, snap.ID, io.Discard); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's export = %v, want not found", err)
+	}
 	// Each copy's pod is the next added.
 	added := func(id string) {
 		t.Helper()

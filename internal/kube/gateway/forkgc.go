@@ -33,11 +33,16 @@ func (g *Gateway) forkDone(ctx context.Context, rec snapshotRecord) {
 	}
 }
 
-// sweepForks removes, once, each fork snapshot in forks (the leader's
-// cache of fork records) that is done and that no sandbox pod names. A
-// node that refuses (a copy's sandbox is still being destroyed) or does
-// not answer is asked again at the next sweep.
-func (g *Gateway) sweepForks(ctx context.Context, forks listersv1.ConfigMapNamespaceLister, now time.Time) {
+// forkRetry is how long the leader waits before it asks a node again to
+// remove a fork's snapshot it refused or did not answer for.
+const forkRetry = 30 * time.Second
+
+// sweepForks removes each fork snapshot in forks (the leader's cache of
+// fork records) that is done and that no sandbox pod names. A node that
+// refuses (a sandbox it cannot tell deleted still sits on it) or does not
+// answer is asked again forkRetry after; tried holds when each was last
+// tried (the leader's, for its term).
+func (g *Gateway) sweepForks(ctx context.Context, forks listersv1.ConfigMapNamespaceLister, tried map[string]time.Time, now time.Time) {
 	cms, err := forks.List(everything())
 	if err != nil || len(cms) == 0 {
 		return
@@ -52,8 +57,11 @@ func (g *Gateway) sweepForks(ctx context.Context, forks listersv1.ConfigMapNames
 			used[id] = true
 		}
 	}
+	present := map[string]bool{}
 	for _, cm := range cms {
-		if !forkOver(cm, now) || used[cm.Labels[LabelSnapshot]] {
+		id := cm.Labels[LabelSnapshot]
+		present[id] = true
+		if !forkOver(cm, now) || used[id] || now.Sub(tried[id]) < forkRetry {
 			continue
 		}
 		rec, err := recordOf(cm)
@@ -61,7 +69,13 @@ func (g *Gateway) sweepForks(ctx context.Context, forks listersv1.ConfigMapNames
 			continue
 		}
 		if err := g.removeSnapshot(ctx, rec); err != nil {
-			g.log.Debug("fork_snapshot_kept", "snapshot_id", rec.snap.ID, "err", err)
+			tried[id] = now
+			g.log.Info("fork_snapshot_kept", "snapshot_id", id, "retry_in", forkRetry, "err", err)
+		}
+	}
+	for id := range tried {
+		if !present[id] {
+			delete(tried, id)
 		}
 	}
 }

@@ -135,6 +135,18 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 				Labels: map[string]string{node.LabelNode: "berth-a"}, CreatedAt: time.Now()})
 			return
 		}
+		if r.URL.Path == node.DataPlanePrefix+"/v1/snapshots/import" && r.Method == "POST" {
+			// The daemon's import, labelled the node's.
+			if string(body) != "archive" {
+				w.WriteHeader(http.StatusBadRequest)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "file", Message: "not an archive"})
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			_ = json.NewEncoder(w).Encode(types.Snapshot{ID: "imp" + strconv.FormatInt(snaps.Add(1), 10), Source: "elsewhere", Kind: types.SnapshotFilesystem, Template: "minimal",
+				Labels: map[string]string{node.LabelNode: "berth-a", node.LabelPodName: "p", "team": "x"}, CreatedAt: time.Now()})
+			return
+		}
 		if id, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/snapshots/"); ok && r.Method == "DELETE" {
 			if strings.HasSuffix(id, "busy") {
 				w.WriteHeader(http.StatusConflict)
@@ -559,8 +571,7 @@ func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
 		{"GET", "/v1/templates"},
-		{"POST", "/v1/snapshots/import"},
-		{"GET", "/v1/snapshots/abc/export"},
+		{"PUT", "/v1/templates/x/isolation"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
 			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)

@@ -170,9 +170,10 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	l.claims = g.claims
 	t := time.NewTicker(cfg.Every)
 	defer t.Stop()
+	tried := map[string]time.Time{}
 	for {
 		l.sweep(ctx, g.now())
-		g.sweepForks(ctx, forks.Lister().ConfigMaps(g.cfg.Namespace), g.now())
+		g.sweepForks(ctx, forks.Lister().ConfigMaps(g.cfg.Namespace), tried, g.now())
 		select {
 		case <-ctx.Done():
 			return nil

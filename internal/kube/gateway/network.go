@@ -125,14 +125,22 @@ func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value st
 	}
 	g.log.Warn("sandbox_network_refused", "sandbox_id", id, "policy_hash", node.NetworkHash(value), "err", refused.err)
 	// Put the previous value back, the teardown outliving the request.
+	g.undoAnnotation(ctx, pod, id, node.AnnotationNetwork, value, back)
+	return refused.err
+}
+
+// undoAnnotation writes back (a nil value removes one) on the sandbox id's
+// pod when its node refused value of annotation key: only while the cache
+// still shows that pod with that value, and only at its resourceVersion,
+// so that what another writer set since stays. It outlives the request.
+func (g *Gateway) undoAnnotation(ctx context.Context, pod *corev1.Pod, id, key, value string, back map[string]*string) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[node.AnnotationNetwork] == value {
+	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[key] == value {
 		if err := g.writeAnnotationsAt(rctx, cur, id, back); err != nil && !apierrors.IsConflict(err) {
-			g.log.Warn("sandbox_network_restore_failed", "sandbox_id", id, "err", err)
+			g.log.Warn("sandbox_annotation_undo_failed", "sandbox_id", id, "annotation", key, "err", err)
 		}
 	}
-	return refused.err
 }
 
 // nodeRefused is a node's daemon refusing what a pod's annotation asked (a policy, a pause).

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
 
@@ -114,13 +113,7 @@ func (g *Gateway) pause(ctx context.Context, p auth.Principal, id string) (*core
 		return got, err
 	}
 	g.log.Warn("sandbox_pause_refused", "sandbox_id", id, "err", refused.err)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
-	defer cancel()
-	if cur, err := g.podByID(id); err == nil && cur.UID == pod.UID && cur.Annotations[node.AnnotationPaused] == value {
-		if err := g.writeAnnotationsAt(rctx, cur, id, map[string]*string{node.AnnotationPaused: nil}); err != nil && !apierrors.IsConflict(err) {
-			g.log.Warn("sandbox_pause_undo_failed", "sandbox_id", id, "err", err)
-		}
-	}
+	g.undoAnnotation(ctx, pod, id, node.AnnotationPaused, value, map[string]*string{node.AnnotationPaused: nil})
 	return nil, refused.err
 }
 

@@ -63,6 +63,9 @@ type nodeTarget struct {
 	// X-Forwarded headers (a sandbox port's server sees the host its
 	// client used).
 	forward bool
+	// path, when set, is the node's path (under node.DataPlanePrefix)
+	// in place of the sandbox's rest: a snapshot's route.
+	path string
 }
 
 type targetKey struct{}
@@ -120,9 +123,11 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(nodeTarget)
-			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr,
-				Path:     node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/" + t.rest,
-				RawQuery: pr.In.URL.RawQuery}
+			path := node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/" + t.rest
+			if t.path != "" {
+				path = node.DataPlanePrefix + t.path
+			}
+			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr, Path: path, RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
 			if t.forward {
 				pr.SetXForwarded()

@@ -34,6 +34,8 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("GET /v1/snapshots", g.authed(g.listSnapshots))
 	g.mux.HandleFunc("GET /v1/snapshots/{id}", g.authed(g.getSnapshot))
 	g.mux.HandleFunc("DELETE /v1/snapshots/{id}", g.authed(g.deleteSnapshot))
+	g.mux.HandleFunc("GET /v1/snapshots/{id}/export", g.authed(g.exportSnapshot))
+	g.mux.HandleFunc("POST /v1/snapshots/import", g.authed(g.importSnapshot))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
@@ -47,7 +49,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots and fork, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates and snapshot export and import are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates are served by a Berth daemon only: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

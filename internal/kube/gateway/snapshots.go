@@ -9,6 +9,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -131,11 +132,17 @@ func (g *Gateway) snapshotFor(ctx context.Context, p auth.Principal, id, field s
 }
 
 // nodeCall sends one request to t's node's data plane at path (under
-// node.DataPlanePrefix) and decodes its JSON answer into out (nil: none).
-// The node's error comes back with its class.
+// node.DataPlanePrefix), with in as its JSON body (nil: none; an
+// io.Reader is streamed as an archive), and decodes its JSON answer into
+// out (nil: none). The node's error comes back with its class.
 func (g *Gateway) nodeCall(ctx context.Context, t nodeTarget, method, path string, in, out any) error {
 	var body io.Reader
-	if in != nil {
+	ctype := "application/json"
+	switch v := in.(type) {
+	case nil:
+	case io.Reader:
+		body, ctype = v, "application/x-tar"
+	default:
 		b, err := json.Marshal(in)
 		if err != nil {
 			return err
@@ -147,7 +154,7 @@ func (g *Gateway) nodeCall(ctx context.Context, t nodeTarget, method, path strin
 		return err
 	}
 	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := (&http.Client{Transport: g.cfg.NodeTransport}).Do(req)
 	if err != nil {
@@ -280,6 +287,120 @@ func (g *Gateway) getSnapshot(w http.ResponseWriter, r *http.Request, p auth.Pri
 		return
 	}
 	writeJSON(w, http.StatusOK, rec.snap)
+}
+
+// exportSnapshot is GET /v1/snapshots/{id}/export: the snapshot as its
+// node's daemon exports it (a tar archive: manifest, layers with their
+// SHA-256, the memory image), streamed from that node. A daemon's import
+// takes it (berth snapshot import).
+func (g *Gateway) exportSnapshot(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	rec, err := g.snapshotFor(r.Context(), p, r.PathValue("id"), "id")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	t, err := g.nodeAt(rec.node)
+	if err != nil {
+		writeError(w, fmt.Errorf("snapshot %s: %w", rec.snap.ID, err))
+		return
+	}
+	t.path = "/v1/snapshots/" + rec.snap.ID + "/export"
+	g.proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), targetKey{}, t)))
+}
+
+// maxImport bounds an uploaded snapshot archive, as a daemon does.
+const maxImport = 64 << 30
+
+// importSnapshot is POST /v1/snapshots/import[?node=NAME][&label=k=v…]: an archive a
+// daemon's (or the gateway's) export wrote, streamed to a Ready Berth node
+// (the one named, else the one holding the fewest snapshots), whose
+// daemon checks it and records it as a snapshot of that node's; then the
+// caller's record of it. Moving a snapshot between nodes is its export
+// and an import naming the other node.
+func (g *Gateway) importSnapshot(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	name, err := g.importNode(r.Context(), r.URL.Query().Get("node"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	t, err := g.nodeAt(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), snapshotTimeout)
+	defer cancel()
+	var snap apitypes.Snapshot
+	// Once uploaded, the snapshot is recorded even if the caller has
+	// gone: it would be no one's otherwise.
+	path := "/v1/snapshots/import"
+	if labels := r.URL.Query()["label"]; len(labels) > 0 {
+		path += "?" + url.Values{"label": labels}.Encode()
+	}
+	if err := g.nodeCall(ctx, t, http.MethodPost, path, http.MaxBytesReader(w, r.Body, maxImport), &snap); err != nil {
+		writeError(w, err)
+		return
+	}
+	// What the archive's source was on its node is not this cluster's.
+	for _, k := range []string{node.LabelNode, node.LabelPodUID, node.LabelPodNamespace, node.LabelPodName} {
+		delete(snap.Labels, k)
+	}
+	rec := snapshotRecord{snap: snap, node: name, owner: p.Owner(), settings: map[string]string{node.AnnotationTemplate: snap.Template}}
+	if snap.Isolation != "" {
+		rec.settings[node.AnnotationIsolation] = snap.Isolation
+	}
+	if snap.AllowSudo {
+		rec.settings[node.AnnotationAllowSudo] = "true"
+	}
+	if _, err := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace).Create(ctx, rec.configMap(g.cfg.Namespace), metav1.CreateOptions{}); err != nil {
+		if derr := g.nodeCall(ctx, t, http.MethodDelete, "/v1/snapshots/"+snap.ID, nil, nil); derr != nil {
+			g.log.Warn("snapshot_remove_failed", "snapshot_id", snap.ID, "node", name, "err", derr)
+		}
+		writeError(w, kubeErr("record snapshot "+snap.ID, err))
+		return
+	}
+	g.log.Info("snapshot_imported", "snapshot_id", snap.ID, "node", name, "kind", snap.Kind)
+	writeJSON(w, http.StatusCreated, snap)
+}
+
+// importNode is the node an import goes to: want if it names a Ready
+// Berth node, else (want "") the Ready one holding the fewest snapshots.
+func (g *Gateway) importNode(ctx context.Context, want string) (string, error) {
+	nodes, err := g.nodes.List(everything())
+	if err != nil {
+		return "", err
+	}
+	var ready []string
+	for _, n := range nodes {
+		if nodeReady(n) {
+			ready = append(ready, n.Name)
+		}
+	}
+	if want != "" {
+		if !slices.Contains(ready, want) {
+			return "", fieldErr("node", errdefs.ErrInvalidArgument, "node %q is no Ready Berth node", want)
+		}
+		return want, nil
+	}
+	if len(ready) == 0 {
+		return "", fmt.Errorf("no Berth node is Ready: %w", errdefs.ErrUnavailable)
+	}
+	cms, err := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: LabelSnapshotNode})
+	if err != nil {
+		return "", kubeErr("list snapshots", err)
+	}
+	held := map[string]int{}
+	for _, cm := range cms.Items {
+		held[cm.Labels[LabelSnapshotNode]]++
+	}
+	slices.Sort(ready)
+	best := ready[0]
+	for _, n := range ready[1:] {
+		if held[n] < held[best] {
+			best = n
+		}
+	}
+	return best, nil
 }
 
 // deleteSnapshot removes the snapshot from its node, then its record. A

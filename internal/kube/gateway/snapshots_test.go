@@ -83,6 +83,13 @@ func TestSnapshots(t *testing.T) {
 			t.Errorf("bob's %s %s = %d %+v, want 404 on %s", tc.method, tc.path, code, eb, tc.field)
 		}
 	}
+	// Its export streams from its node.
+	if code, _, h := e.e2bCall(t, "GET", "/v1/snapshots/"+snap.ID+"/export", keyAlice, "", nil); code != 200 || h.Get("X-Got-Path") != node.DataPlanePrefix+"/v1/snapshots/"+snap.ID+"/export" {
+		t.Errorf("export = %d, node saw %q", code, h.Get("X-Got-Path"))
+	}
+	if code, _, h := e.e2bCall(t, "GET", "/v1/snapshots/"+snap.ID+"/export", keyBob, "", nil); code != 404 || h.Get("X-Got-Path") != "" {
+		t.Errorf("bob's export = %d, node saw %q", code, h.Get("X-Got-Path"))
+	}
 	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"snapshot":"`+snap.ID+`","template":"other"}`, nil); code != 400 || eb.Field != "template" {
 		t.Errorf("create from the snapshot with another template = %d %+v, want 400 on template", code, eb)
 	}
@@ -138,6 +145,28 @@ func TestSnapshots(t *testing.T) {
 	if code, _ := e.call(t, "GET", "/v1/snapshots/"+snap.ID, keyAlice, "", nil); code != 404 {
 		t.Errorf("get after delete = %d", code)
 	}
+	// An import goes to a Ready node, which labels it its own; the answer
+	// and the record keep the archive's own labels only.
+	if code, eb := e.call(t, "POST", "/v1/snapshots/import?node=berth-z", keyAlice, "archive", nil); code != 400 || eb.Field != "node" {
+		t.Errorf("import to no such node = %d %+v, want 400 on node", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/snapshots/import", keyAlice, "junk", nil); code != 400 || eb.Field != "file" {
+		t.Errorf("import of junk = %d %+v, want the node's 400 on file", code, eb)
+	}
+	var imp types.Snapshot
+	if code, eb := e.call(t, "POST", "/v1/snapshots/import", keyAlice, "archive", &imp); code != 201 || len(imp.Labels) != 1 || imp.Labels["team"] != "x" {
+		t.Fatalf("import = %d %+v %+v", code, eb, imp)
+	}
+	if code, _ := e.call(t, "GET", "/v1/snapshots/"+imp.ID, keyBob, "", nil); code != 404 {
+		t.Errorf("bob's get of alice's import = %d", code)
+	}
+	var fromImp types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"snapshot":"`+imp.ID+`"}`, &fromImp); code != 201 {
+		t.Errorf("create from the import = %d %+v", code, eb)
+	} else if p, _ := e.kube.CoreV1().Pods(ns).Get(t.Context(), fromImp.ID, metav1.GetOptions{}); p.Spec.NodeSelector[hostnameLabel] != "berth-a" {
+		t.Errorf("pod from the import selects %v", p.Spec.NodeSelector)
+	}
+
 	// A snapshot whose node is gone went with it: its record goes, and
 	// a create from it is refused.
 	gone := snapshotRecord{snap: types.Snapshot{ID: "snapgone", Template: "minimal"}, node: "berth-z", owner: "alice", settings: map[string]string{}}
@@ -150,8 +179,8 @@ func TestSnapshots(t *testing.T) {
 	if code, eb := e.call(t, "DELETE", "/v1/snapshots/snapgone", keyAlice, "", nil); code != 204 {
 		t.Errorf("delete of a gone node's snapshot = %d %+v", code, eb)
 	}
-	if n := records(); n != 2 {
-		t.Errorf("%d records, want 2", n)
+	if n := records(); n != 3 {
+		t.Errorf("%d records, want 3 (the fork's, the busy one, the import)", n)
 	}
 }
 
@@ -277,11 +306,12 @@ func TestSweepForks(t *testing.T) {
 		slices.Sort(ids)
 		return ids
 	}
-	e.g.sweepForks(ctx, forks.Lister().ConfigMaps(ns), time.Now())
+	tried := map[string]time.Time{}
+	e.g.sweepForks(ctx, forks.Lister().ConfigMaps(ns), tried, time.Now())
 	if got := left(); !slices.Equal(got, []string{"snapb", "snapc"}) {
 		t.Errorf("after a sweep: %v, want snapb (a pod names it) and snapc (not done)", got)
 	}
-	e.g.sweepForks(ctx, forks.Lister().ConfigMaps(ns), time.Now().Add(2*forkAbandoned))
+	e.g.sweepForks(ctx, forks.Lister().ConfigMaps(ns), tried, time.Now().Add(2*forkAbandoned))
 	if got := left(); !slices.Equal(got, []string{"snapb"}) {
 		t.Errorf("after a sweep past the abandon time: %v, want snapb", got)
 	}

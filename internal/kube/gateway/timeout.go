@@ -76,6 +76,20 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 	if err != nil {
 		return nil, err
 	}
+	if pod.Annotations[node.AnnotationOnTimeout] == apitypes.OnTimeoutPause && state(pod) == apitypes.StateReady {
+		if dl, err := time.Parse(time.RFC3339, pod.Annotations[node.AnnotationDeadline]); err == nil && !g.now().Before(dl) {
+			// Its node's daemon pauses it at the deadline, which this
+			// replica's cache may not show yet: the API server's copy
+			// decides.
+			fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return nil, kubeErr("read sandbox "+id, err)
+			}
+			if fresh.UID == pod.UID {
+				pod = fresh
+			}
+		}
+	}
 	deadline := deadlineAt(g.now(), d)
 	switch st := state(pod); st {
 	case apitypes.StateReady:

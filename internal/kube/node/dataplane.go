@@ -89,7 +89,28 @@ func (p *Pods) ownsSandbox(id string) bool {
 // and that the sandbox is one of this node's pods', never any other
 // sandbox of the host.
 func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.Handler {
-	proxy := &httputil.ReverseProxy{
+	proxy := daemonProxy(socket, log)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := types.ValidSandboxID(id); err != nil {
+			writeError(w, err)
+			return
+		}
+		if !owns(id) {
+			writeError(w, fmt.Errorf("sandbox %s is no pod's on this node: %w", id, errdefs.ErrNotFound))
+			return
+		}
+		// Request bodies (stdin, uploads) stream while the answer does;
+		// HTTP/2 is full duplex already.
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		proxy.ServeHTTP(w, r)
+	})
+}
+
+// daemonProxy forwards a request to the daemon's socket at its dataPath,
+// streaming both ways, the caller's key dropped.
+func daemonProxy(socket string, log *slog.Logger) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL = &url.URL{Scheme: "http", Host: "berth",
 				Path:     pr.In.Context().Value(dataPath{}).(string),
@@ -121,21 +142,6 @@ func dataPlane(socket string, owns func(id string) bool, log *slog.Logger) http.
 			writeError(w, fmt.Errorf("berth daemon unreachable: %v: %w", err, errdefs.ErrUnavailable))
 		},
 	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := r.PathValue("id")
-		if err := types.ValidSandboxID(id); err != nil {
-			writeError(w, err)
-			return
-		}
-		if !owns(id) {
-			writeError(w, fmt.Errorf("sandbox %s is no pod's on this node: %w", id, errdefs.ErrNotFound))
-			return
-		}
-		// Request bodies (stdin, uploads) stream while the answer does;
-		// HTTP/2 is full duplex already.
-		_ = http.NewResponseController(w).EnableFullDuplex()
-		proxy.ServeHTTP(w, r)
-	})
 }
 
 // DropAPIKey removes a caller's API key from a request going on to a

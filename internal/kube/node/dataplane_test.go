@@ -157,8 +157,11 @@ func TestDataPlaneSnapshots(t *testing.T) {
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Got", r.Method+" "+r.URL.Path)
+		w.Header().Set("X-Got-Query", r.URL.RawQuery)
 		node := map[string]string{"/v1/snapshots/mine": "n1", "/v1/snapshots/theirs": "n2"}[r.URL.Path]
 		switch {
+		case r.Method == "GET" && strings.HasSuffix(r.URL.Path, "/export"):
+			_, _ = io.WriteString(w, "archive")
 		case r.Method == "GET" && node != "":
 			_ = json.NewEncoder(w).Encode(types.Snapshot{ID: strings.TrimPrefix(r.URL.Path, "/v1/snapshots/"), Labels: map[string]string{LabelNode: node}})
 		case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
@@ -187,6 +190,11 @@ func TestDataPlaneSnapshots(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
+		// An import is labelled with the node's name, never the
+		// client's.
+		if q := resp.Header.Get("X-Got-Query"); strings.Contains(path, "/import") && q != "label=team%3Dx&label=berth.dev%2Fnode%3Dn1" {
+			t.Errorf("import reached the daemon with query %q, want the client's team label and the node's", q)
+		}
 		return resp.StatusCode, resp.Header.Get("X-Got")
 	}
 	for _, tc := range []struct {
@@ -202,6 +210,9 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"DELETE", "/v1/snapshots/theirs", 404, ""},
 		{"DELETE", "/v1/snapshots/none", 404, ""},
 		{"DELETE", "/v1/snapshots/Bad_ID", 400, ""},
+		{"GET", "/v1/snapshots/mine/export", 200, "GET /v1/snapshots/mine/export"},
+		{"GET", "/v1/snapshots/theirs/export", 404, ""},
+		{"POST", "/v1/snapshots/import?label=berth.dev/node=n2&label=team=x", 201, "POST /v1/snapshots/import"},
 	} {
 		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
 			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)

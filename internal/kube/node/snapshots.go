@@ -8,6 +8,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,8 +21,10 @@ import (
 
 // Snapshots through the data plane (the gateway's snapshots.go): POST
 // DataPlanePrefix + /v1/sandboxes/{id}/snapshots takes one of a pod's
-// sandbox (handleDataPlane's routes), and GET and DELETE DataPlanePrefix +
-// /v1/snapshots/{id} read and remove one. A snapshot carries the labels of
+// sandbox (handleDataPlane's routes), GET and DELETE DataPlanePrefix +
+// /v1/snapshots/{id} read and remove one, GET …/{id}/export streams it as
+// the daemon's portable archive, and POST …/import takes such an archive
+// as a snapshot of this node's. A snapshot carries the labels of
 // the sandbox it was taken of, so the node serves those whose LabelNode is
 // its own name, never another snapshot of the host's daemon.
 
@@ -42,10 +47,26 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 			p.freeSnapshot(r.Context(), id)
 		}
 		path := "/v1/snapshots/" + id
+		if strings.HasSuffix(r.URL.Path, "/export") {
+			path += "/export"
+		}
 		proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
 	}
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/snapshots/{id}", h)
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/snapshots/{id}", h)
+	// The snapshot as a portable archive (the daemon's export), streamed.
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/snapshots/{id}/export", h)
+	// An archive imported as a snapshot of this node's: labelled with
+	// its name, whatever the archive or the client says. The client's
+	// own labels go on, but none of Berth's (berth.dev/).
+	importer := daemonProxy(socket, log)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
+		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
+		labels := slices.DeleteFunc(r.URL.Query()["label"], func(l string) bool { return strings.HasPrefix(l, "berth.dev/") })
+		r.URL.RawQuery = url.Values{"label": append(labels, LabelNode+"="+nodeName)}.Encode()
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		importer.ServeHTTP(w, r)
+	})
 }
 
 // snapshotOfNode says whether snapshot id of the daemon at socket was

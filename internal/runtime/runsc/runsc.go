@@ -13,11 +13,14 @@ package runsc
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -304,11 +307,90 @@ func probePlatform(ctx context.Context, bin, version string, timeout time.Durati
 	if timeout <= 0 {
 		timeout = 20 * time.Second
 	}
+	key := platformKey(bin, version)
+	if p, why, ok := cachedPlatform(platformCacheDir, key); ok && (p == PlatformKVM || p == fallback) {
+		if p != PlatformKVM {
+			log.Warn("gvisor kvm platform unusable", "err", why, "using", fallback, "cached", true)
+		}
+		return p
+	}
 	if err := trial(ctx, bin, PlatformKVM, timeout); err != nil {
 		log.Warn("gvisor kvm platform unusable", "err", err, "using", fallback)
+		if ctx.Err() == nil {
+			cachePlatform(platformCacheDir, key, fallback, err.Error(), log)
+		}
 		return fallback
 	}
+	cachePlatform(platformCacheDir, key, PlatformKVM, "", log)
 	return PlatformKVM
+}
+
+// platformCacheDir keeps, per boot of the host, the platform the kvm
+// trial chose for each runsc binary: a hung trial costs its whole timeout,
+// which every daemon start (each test's) would otherwise pay again.
+var platformCacheDir = "/run/berth/runsc-platform"
+
+// platformKey names a runsc binary and version in the cache.
+func platformKey(bin, version string) string {
+	sum := sha256.Sum256([]byte(bin + "\x00" + version))
+	return hex.EncodeToString(sum[:8])
+}
+
+// bootID is this boot of the host's ID; "" if unknown.
+func bootID() string {
+	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// cachedPlatform reads the platform (and why kvm was not it) the trial
+// chose for key in this boot.
+func cachedPlatform(dir, key string) (platform, why string, ok bool) {
+	boot := bootID()
+	if boot == "" {
+		return "", "", false
+	}
+	b, err := os.ReadFile(filepath.Join(dir, key))
+	if err != nil {
+		return "", "", false
+	}
+	lines := strings.SplitN(string(b), "\n", 3)
+	if len(lines) < 2 || lines[0] != boot {
+		return "", "", false
+	}
+	if len(lines) == 3 {
+		why = strings.TrimSpace(lines[2])
+	}
+	return lines[1], why, true
+}
+
+// cachePlatform records the trial's choice for key in this boot, written
+// whole (rename) so a reader never sees half of it.
+func cachePlatform(dir, key, platform, why string, log *slog.Logger) {
+	boot := bootID()
+	if boot == "" {
+		return
+	}
+	err := os.MkdirAll(dir, 0o755)
+	var f *os.File
+	if err == nil {
+		f, err = os.CreateTemp(dir, key+".*")
+	}
+	if err == nil {
+		_, err = fmt.Fprintf(f, "%s\n%s\n%s\n", boot, platform, strings.ReplaceAll(why, "\n", " "))
+		err = errors.Join(err, f.Close())
+		if err == nil {
+			err = os.Rename(f.Name(), filepath.Join(dir, key))
+		}
+		if err != nil {
+			_ = os.Remove(f.Name())
+		}
+	}
+	if err != nil {
+		log.Debug("gvisor_platform_not_cached", "err", err)
+	}
 }
 
 // trial runs `runsc do true` on platform with a throwaway root.

@@ -1,8 +1,10 @@
 package runsc
 
 import (
+	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 )
 
@@ -144,5 +146,36 @@ func TestHasBackgroundRestore(t *testing.T) {
 func TestHasBackgroundRestoreMissingBinary(t *testing.T) {
 	if _, err := hasBackgroundRestore(t.Context(), "/nonexistent/runsc"); err == nil {
 		t.Error("hasBackgroundRestore(/nonexistent/runsc) = nil error, want one")
+	}
+}
+
+// TestPlatformCache: the kvm trial's choice is kept per runsc binary for
+// this boot and read back; another binary, or a record of another boot,
+// is no answer.
+func TestPlatformCache(t *testing.T) {
+	if bootID() == "" {
+		t.Skip("no boot ID on this host")
+	}
+	dir := t.TempDir()
+	log := slog.New(slog.DiscardHandler)
+	a, b := platformKey("/usr/bin/runsc", "release-20250101.0"), platformKey("/opt/runsc", "release-20250101.0")
+	if a == b {
+		t.Fatal("two binaries share a key")
+	}
+	if _, _, ok := cachedPlatform(dir, a); ok {
+		t.Fatal("a choice read from an empty cache")
+	}
+	cachePlatform(dir, a, PlatformSystrap, "trial sandbox on kvm did not finish\nwithin 20s", log)
+	if p, why, ok := cachedPlatform(dir, a); !ok || p != PlatformSystrap || why != "trial sandbox on kvm did not finish within 20s" {
+		t.Errorf("cached = %q, %q, %v", p, why, ok)
+	}
+	if _, _, ok := cachedPlatform(dir, b); ok {
+		t.Error("another binary's choice read")
+	}
+	if err := os.WriteFile(filepath.Join(dir, b), []byte("another-boot\nkvm\n\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, ok := cachedPlatform(dir, b); ok {
+		t.Error("another boot's choice read")
 	}
 }
