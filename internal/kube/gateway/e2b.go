@@ -618,7 +618,7 @@ func (g *Gateway) e2bSandbox(w http.ResponseWriter, r *http.Request, id string, 
 func (g *Gateway) e2bProxy(w http.ResponseWriter, r *http.Request, pod *corev1.Pod, rest string, forward bool) {
 	// The caller was let in by the sandbox's token or key: a paused
 	// sandbox made with autoResume resumes for it.
-	awoken, err := g.awake(context.WithoutCancel(r.Context()), auth.Principal{Operator: true}, pod)
+	awoken, err := g.awake(context.WithoutCancel(r.Context()), pod)
 	var t nodeTarget
 	if err == nil {
 		t, err = g.target(awoken, rest)

@@ -87,7 +87,10 @@ func (fq *fileQuota) quota() (core.Quota, error) {
 var keyID = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // Keys are the gateway's API keys, read from its keys file.
-type Keys struct{ byHash map[string]core.APIKey }
+type Keys struct {
+	byHash map[string]core.APIKey
+	byID   map[string]core.APIKey
+}
 
 // keyPrefix starts every Berth API key (e2bcompat.KeyPrefix: E2B's SDKs
 // check keys against ^e2b_[0-9a-f]+$).
@@ -105,7 +108,7 @@ func LoadKeys(path string) (*Keys, error) {
 	if err := dec.Decode(&f); err != nil {
 		return nil, fmt.Errorf("api keys %s: %v: %w", path, err, errdefs.ErrInvalidArgument)
 	}
-	ks := &Keys{byHash: map[string]core.APIKey{}}
+	ks := &Keys{byHash: map[string]core.APIKey{}, byID: map[string]core.APIKey{}}
 	ids := map[string]bool{}
 	for i, k := range f.Keys {
 		h, err := hex.DecodeString(k.SHA256)
@@ -123,7 +126,9 @@ func LoadKeys(path string) (*Keys, error) {
 		}
 		ids[k.ID] = true
 		hash := hex.EncodeToString(h)
-		ks.byHash[hash] = core.APIKey{ID: k.ID, Name: k.Name, Hash: hash, Admin: k.Admin, Quota: q}
+		key := core.APIKey{ID: k.ID, Name: k.Name, Hash: hash, Admin: k.Admin, Quota: q}
+		ks.byHash[hash] = key
+		ks.byID[k.ID] = key
 	}
 	return ks, nil
 }
@@ -143,4 +148,11 @@ func (ks *Keys) Verify(_ context.Context, secret string) (core.APIKey, error) {
 		return core.APIKey{}, fmt.Errorf("invalid API key: %w", errdefs.ErrUnauthenticated)
 	}
 	return k, nil
+}
+
+// ByID returns the key whose ID is id, for work done on a key's behalf
+// without its secret (an automatic resume, Gateway.asOwner).
+func (ks *Keys) ByID(id string) (core.APIKey, bool) {
+	k, ok := ks.byID[id]
+	return k, ok
 }

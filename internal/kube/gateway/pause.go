@@ -15,6 +15,7 @@ import (
 	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/internal/quota"
@@ -241,23 +242,20 @@ func (g *Gateway) waitPause(ctx context.Context, id string, uid ktypes.UID, want
 }
 
 // awake returns the caller's sandbox pod ready for a data-plane request:
-// a paused one made with auto_resume is resumed first; any other is
-// returned as it is (target then says why it cannot be reached). Another
-// replica may have paused or resumed it a moment ago, which this one's
-// cache may not show yet: a pod the cache shows paused, or one made with
-// auto_resume, is read from the API server (one GET) before it is
-// refused, resumed or reached.
-func (g *Gateway) awake(ctx context.Context, p auth.Principal, pod *corev1.Pod) (*corev1.Pod, error) {
+// a paused one made with auto_resume is resumed first, on its owner's
+// behalf (asOwner); any other is returned as it is (target then says why
+// it cannot be reached). Another replica may have paused or resumed it a
+// moment ago, which this one's cache may not show yet: a pod the cache
+// shows paused, or one made with auto_resume, is read from the API server
+// (one GET) before it is refused, resumed or reached.
+func (g *Gateway) awake(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
 	auto := pod.Annotations[AnnotationAutoResume] == "true"
 	if !auto && !pausedish(state(pod)) {
 		return pod, nil
 	}
-	fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	fresh, err := g.freshPod(ctx, pod)
 	if err != nil {
-		return nil, kubeErr("read sandbox "+sandboxID(pod), err)
-	}
-	if fresh.UID != pod.UID {
-		return nil, fmt.Errorf("sandbox %s: %w", sandboxID(pod), errdefs.ErrNotFound)
+		return nil, err
 	}
 	// Paused by the annotation, even before its node's condition says so.
 	st := state(fresh)
@@ -275,7 +273,38 @@ func (g *Gateway) awake(ctx context.Context, p auth.Principal, pod *corev1.Pod) 
 	want := fresh.Annotations[node.AnnotationPaused]
 	g.awaitCache(ctx, sandboxID(pod), changed, func(c *corev1.Pod) bool { return c.Annotations[node.AnnotationPaused] == want || c.UID != fresh.UID })
 	stop()
-	return g.resume(ctx, p, sandboxID(pod), 0)
+	return g.resume(ctx, g.asOwner(pod), sandboxID(pod), 0)
+}
+
+// asOwner is the principal an automatic resume of pod acts as: its owner
+// key, whose max_timeout then caps the deadline the resume gives, whoever
+// sent the request that woke it (the sandbox's own token, an admin key).
+// The operator where the gateway has no keys, or the owner's key has left
+// the keys file (no quota is left to apply).
+func (g *Gateway) asOwner(pod *corev1.Pod) auth.Principal {
+	if ks, ok := g.cfg.Keys.(interface {
+		ByID(string) (core.APIKey, bool)
+	}); ok {
+		if k, ok := ks.ByID(ownerOf(pod)); ok {
+			return auth.Principal{Key: k}
+		}
+	}
+	return auth.Principal{Operator: true}
+}
+
+// freshPod reads pod again from the API server (one GET), for a decision
+// this replica's cache may be behind on: another replica, or the pod's
+// node, changed it a moment ago. A pod made again under the same name is
+// another sandbox: not found.
+func (g *Gateway) freshPod(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, kubeErr("read sandbox "+sandboxID(pod), err)
+	}
+	if fresh.UID != pod.UID {
+		return nil, fmt.Errorf("sandbox %s: %w", sandboxID(pod), errdefs.ErrNotFound)
+	}
+	return fresh, nil
 }
 
 // pausedish says whether a sandbox in state st is paused or on its way

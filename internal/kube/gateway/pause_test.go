@@ -8,10 +8,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 )
@@ -200,5 +202,44 @@ func TestE2BPause(t *testing.T) {
 	}
 	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/resume", keyAlice, "", nil); code != 409 {
 		t.Errorf("resume of a running sandbox = %d %s, want 409", code, data)
+	}
+}
+
+// TestAsOwner: an automatic resume acts as the sandbox's owner key (its
+// quota caps the deadline given), whoever woke it; the operator where
+// there are no keys or the owner's key is gone from the file.
+func TestAsOwner(t *testing.T) {
+	keys := "keys:\n" +
+		"  - {id: alice, sha256: " + auth.HashKey(keyAlice) + ", admin: true}\n" +
+		"  - {id: carol, sha256: " + auth.HashKey(keyCarol) + ", quota: {max_timeout: 1h}}\n"
+	ks, err := LoadKeys(writeFile(t, "keys.yaml", []byte(keys)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := func(owner string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{LabelOwner: owner}}}
+	}
+	g := &Gateway{cfg: Config{Keys: ks}}
+	if p := g.asOwner(pod("carol")); p.Operator || p.Key.ID != "carol" || p.Key.Quota.MaxTimeout != time.Hour {
+		t.Errorf("carol's sandbox resumes as %+v, want carol's key with its 1h max_timeout", p)
+	}
+	if p := g.asOwner(pod("dave")); !p.Operator || p.Key.ID != "" {
+		t.Errorf("a sandbox of a key gone from the file resumes as %+v, want the operator", p)
+	}
+	if p := (&Gateway{}).asOwner(pod("carol")); !p.Operator {
+		t.Errorf("without keys: %+v, want the operator", p)
+	}
+	// The quota reaches the deadline: paused with under a second left,
+	// a resume gives the default timeout, capped at carol's 1h.
+	now := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	p := pod("carol")
+	p.Annotations = map[string]string{
+		node.AnnotationPaused:   now.Add(-time.Minute).Format(time.RFC3339Nano),
+		node.AnnotationDeadline: now.Add(-time.Minute).Format(time.RFC3339),
+	}
+	g.cfg.DefaultTimeout = 2 * time.Hour
+	dl, ok := g.resumeDeadline(p, now, 0, g.asOwner(p).Key.Quota.MaxTimeout)
+	if want := deadlineAt(now, time.Hour); !ok || dl != want {
+		t.Errorf("resume deadline %q %v, want %q", dl, ok, want)
 	}
 }

@@ -55,7 +55,10 @@ func NodeTransport(certFile, keyFile, caFile string) (*http.Transport, error) {
 // nodeTarget is where a data-plane request goes: the node's kubelet API
 // address and the node's ID of the sandbox.
 type nodeTarget struct {
-	node, addr, sandbox, rest string
+	node, addr, sandbox string
+	// path is the node's path, under node.DataPlanePrefix: a route of
+	// the sandbox's (nodeOf), or a snapshot's.
+	path string
 	// rename is the gateway's ID of the sandbox, for the node's to be
 	// replaced by in the answer's JSON (rename.go); "" leaves it as is.
 	rename string
@@ -63,9 +66,6 @@ type nodeTarget struct {
 	// X-Forwarded headers (a sandbox port's server sees the host its
 	// client used).
 	forward bool
-	// path, when set, is the node's path (under node.DataPlanePrefix)
-	// in place of the sandbox's rest: a snapshot's route.
-	path string
 }
 
 type targetKey struct{}
@@ -89,7 +89,7 @@ func (g *Gateway) nodeOf(pod *corev1.Pod, rest string) (nodeTarget, error) {
 	if err != nil {
 		return nodeTarget{}, fmt.Errorf("sandbox %s: %w", pod.Name, err)
 	}
-	t.sandbox, t.rest = sb, rest
+	t.sandbox, t.path = sb, "/v1/sandboxes/"+sb+"/"+rest
 	return t, nil
 }
 
@@ -123,11 +123,7 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			t := pr.In.Context().Value(targetKey{}).(nodeTarget)
-			path := node.DataPlanePrefix + "/v1/sandboxes/" + t.sandbox + "/" + t.rest
-			if t.path != "" {
-				path = node.DataPlanePrefix + t.path
-			}
-			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr, Path: path, RawQuery: pr.In.URL.RawQuery}
+			pr.Out.URL = &url.URL{Scheme: "https", Host: t.addr, Path: node.DataPlanePrefix + t.path, RawQuery: pr.In.URL.RawQuery}
 			pr.Out.Host = t.addr
 			if t.forward {
 				pr.SetXForwarded()
@@ -190,7 +186,7 @@ func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Prin
 func (g *Gateway) proxyTo(w http.ResponseWriter, r *http.Request, p auth.Principal, rest string, forward bool) {
 	pod, err := g.sandboxPod(p, r.PathValue("id"))
 	if err == nil {
-		pod, err = g.awake(r.Context(), p, pod)
+		pod, err = g.awake(r.Context(), pod)
 	}
 	if err != nil {
 		writeError(w, err)

@@ -342,9 +342,7 @@ func (g *Gateway) importSnapshot(w http.ResponseWriter, r *http.Request, p auth.
 		return
 	}
 	// What the archive's source was on its node is not this cluster's.
-	for _, k := range []string{node.LabelNode, node.LabelPodUID, node.LabelPodNamespace, node.LabelPodName} {
-		delete(snap.Labels, k)
-	}
+	maps.DeleteFunc(snap.Labels, func(k, _ string) bool { return node.InternalLabel(k) })
 	rec := snapshotRecord{snap: snap, node: name, owner: p.Owner(), settings: map[string]string{node.AnnotationTemplate: snap.Template}}
 	if snap.Isolation != "" {
 		rec.settings[node.AnnotationIsolation] = snap.Isolation

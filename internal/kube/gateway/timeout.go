@@ -81,12 +81,8 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 			// Its node's daemon pauses it at the deadline, which this
 			// replica's cache may not show yet: the API server's copy
 			// decides.
-			fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-			if err != nil {
-				return nil, kubeErr("read sandbox "+id, err)
-			}
-			if fresh.UID == pod.UID {
-				pod = fresh
+			if pod, err = g.freshPod(ctx, pod); err != nil {
+				return nil, err
 			}
 		}
 	}

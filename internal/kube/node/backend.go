@@ -33,6 +33,8 @@ type Sandboxes interface {
 	// Resume brings it back, its deadline keeping the time it had.
 	Pause(ctx context.Context, id string) (*client.Sandbox, error)
 	Resume(ctx context.Context, id string) error
+	// GetSnapshot reads one of the daemon's snapshots.
+	GetSnapshot(ctx context.Context, id string) (*client.Snapshot, error)
 	// Start runs a command in the background and returns its pid; Attach
 	// waits for it to end and returns its exit code.
 	Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error)
@@ -110,6 +112,10 @@ func (a apiSandboxes) Pause(ctx context.Context, id string) (*client.Sandbox, er
 func (a apiSandboxes) Resume(ctx context.Context, id string) error {
 	_, err := a.c.Resume(ctx, id, 0)
 	return err
+}
+
+func (a apiSandboxes) GetSnapshot(ctx context.Context, id string) (*client.Snapshot, error) {
+	return a.c.GetSnapshot(ctx, id)
 }
 
 func (a apiSandboxes) Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error) {

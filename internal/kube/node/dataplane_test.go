@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -176,7 +177,11 @@ func TestDataPlaneSnapshots(t *testing.T) {
 	})}
 	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { _ = srv.Close() })
-	p := &Pods{pods: map[string]*podState{"ns/a": {sandboxID: "sba"}}}
+	c, err := client.New("unix://" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Pods{pods: map[string]*podState{"ns/a": {sandboxID: "sba"}}, sb: FromClient(c)}
 	mux := http.NewServeMux()
 	handleDataPlane(mux, sock, p.ownsSandbox, slog.New(slog.DiscardHandler))
 	handleSnapshots(mux, sock, "n1", p, slog.New(slog.DiscardHandler))

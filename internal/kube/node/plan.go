@@ -95,6 +95,12 @@ const (
 	LabelNode         = "berth.dev/node"
 )
 
+// InternalLabel says whether a sandbox or snapshot label key is one of
+// Berth's own (berth.dev/…), which the node sets and no client may: an
+// import drops the client's, and the gateway keeps a node's out of its
+// answers.
+func InternalLabel(key string) bool { return strings.HasPrefix(key, "berth.dev/") }
+
 // TaintKey is the taint every Berth node carries (NoSchedule): only pods
 // that tolerate it, sandbox pods, land there.
 const TaintKey = "berth.dev/sandbox"

@@ -2,11 +2,9 @@ package node
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -39,7 +37,7 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 			writeError(w, err)
 			return
 		}
-		if err := snapshotOfNode(r.Context(), socket, nodeName, id); err != nil {
+		if err := snapshotOfNode(r.Context(), p.sb, nodeName, id); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -62,50 +60,24 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 	importer := daemonProxy(socket, log)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
-		labels := slices.DeleteFunc(r.URL.Query()["label"], func(l string) bool { return strings.HasPrefix(l, "berth.dev/") })
+		labels := slices.DeleteFunc(r.URL.Query()["label"], InternalLabel)
 		r.URL.RawQuery = url.Values{"label": append(labels, LabelNode+"="+nodeName)}.Encode()
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		importer.ServeHTTP(w, r)
 	})
 }
 
-// snapshotOfNode says whether snapshot id of the daemon at socket was
-// taken of a sandbox of one of node's pods: nil if so, not_found if it was
-// not (or does not exist).
-func snapshotOfNode(ctx context.Context, socket, node, id string) error {
-	hc := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", socket)
-		},
-	}}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://berth/v1/snapshots/"+id, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("berth daemon unreachable: %v: %w", err, errdefs.ErrUnavailable)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return fmt.Errorf("berth daemon: snapshot %s: %v: %w", id, err, errdefs.ErrUnavailable)
-	}
+// snapshotOfNode says whether snapshot id of the node's daemon was taken
+// of (or imported to) node: ErrNotFound when it is none of its, or none
+// at all.
+func snapshotOfNode(ctx context.Context, sb Sandboxes, node, id string) error {
 	notOurs := fmt.Errorf("snapshot %s is no snapshot of this node's pods: %w", id, errdefs.ErrNotFound)
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound, http.StatusBadRequest:
+	snap, err := sb.GetSnapshot(ctx, id)
+	if errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrInvalidArgument) {
 		return notOurs
-	default:
-		var e errdefs.Error
-		_ = json.Unmarshal(body, &e)
-		return fmt.Errorf("berth daemon: snapshot %s: %d %s: %w", id, resp.StatusCode, e.Message, errdefs.FromCode(e.Code))
 	}
-	var snap types.Snapshot
-	if err := json.Unmarshal(body, &snap); err != nil {
-		return fmt.Errorf("berth daemon: snapshot %s: %v: %w", id, err, errdefs.ErrUnavailable)
+	if err != nil {
+		return fmt.Errorf("berth daemon: snapshot %s: %w", id, err)
 	}
 	if snap.Labels[LabelNode] != node {
 		return notOurs
