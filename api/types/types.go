@@ -333,6 +333,10 @@ type Template struct {
 	// background; Ready the check that must pass before it is ready.
 	StartCmd []string    `json:"start_cmd,omitempty"`
 	Ready    *ReadyCheck `json:"ready,omitempty"`
+	// Nodes, on a Kubernetes gateway only, are the Ready Berth nodes
+	// whose daemon has the template (built or not); Built then says it
+	// is built on every one of them.
+	Nodes []string `json:"nodes,omitempty"`
 }
 
 // ReadyCheck says when a sandbox whose template has a start command is
@@ -394,6 +398,10 @@ type TemplateIsolationRequest struct {
 // TemplateList is the answer to GET /v1/templates.
 type TemplateList struct {
 	Templates []Template `json:"templates"`
+	// UnreachableNodes, on a Kubernetes gateway only, are the Ready
+	// Berth nodes that did not answer: their templates are missing from
+	// the list.
+	UnreachableNodes []string `json:"unreachable_nodes,omitempty"`
 }
 
 // BuildLine is one line of a template build stream: build output, then

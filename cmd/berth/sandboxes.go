@@ -355,7 +355,13 @@ func newTemplateCmd(a *app) *cobra.Command {
 				return printJSON(a.out, ts)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tBUILT\tSIZE\tLAYERS\tSHARED\tBUILT AT\tISOLATION\tSOURCE\tWARM")
+			// A Kubernetes gateway names the nodes that have each.
+			onNodes := slices.ContainsFunc(ts, func(t client.Template) bool { return len(t.Nodes) > 0 })
+			head := "NAME\tBUILT\tSIZE\tLAYERS\tSHARED\tBUILT AT\tISOLATION\tSOURCE\tWARM"
+			if onNodes {
+				head += "\tNODES"
+			}
+			fmt.Fprintln(tw, head)
 			for _, t := range ts {
 				built := "-"
 				if !t.BuiltAt.IsZero() {
@@ -380,7 +386,11 @@ func newTemplateCmd(a *app) *cobra.Command {
 				if len(pools) > 0 {
 					warm = strings.Join(pools, ", ")
 				}
-				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src, warm)
+				fmt.Fprintf(tw, "%s\t%v\t%s\t%d\t%d\t%s\t%s\t%s\t%s", t.Name, t.Built, humanBytes(t.SizeBytes), t.Layers, t.SharedLayers, built, iso, src, warm)
+				if onNodes {
+					fmt.Fprintf(tw, "\t%s", strings.Join(t.Nodes, ","))
+				}
+				fmt.Fprintln(tw)
 			}
 			return tw.Flush()
 		},

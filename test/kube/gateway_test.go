@@ -156,6 +156,25 @@ func TestGateway(t *testing.T) {
 		}
 	}
 
+	// The template list through replica B: each node's daemon's,
+	// merged, with the nodes that have each.
+	tpls, err := gwB.Templates(ctx)
+	if err != nil {
+		t.Fatalf("templates through gateway B: %v", err)
+	}
+	var minimal *client.Template
+	for i := range tpls {
+		if tpls[i].Name == "minimal" {
+			minimal = &tpls[i]
+		}
+	}
+	if minimal == nil || !minimal.Built || !slices.Equal(minimal.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Errorf("templates through the gateway = %+v, want minimal built on berth-a and berth-b", tpls)
+	}
+	if _, err := gwB.BuildTemplate(ctx, "minimal", io.Discard); errdefs.Code(err) != errdefs.CodeNotImplemented {
+		t.Errorf("template build through the gateway: %v, want not_implemented", err)
+	}
+
 	// Two sandboxes through replica A, each a pod on a Berth node.
 	var made []*client.Sandbox
 	for i := range 2 {

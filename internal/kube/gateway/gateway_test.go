@@ -156,6 +156,15 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
+		if r.URL.Path == node.DataPlanePrefix+"/v1/templates" && r.Method == "GET" {
+			// The daemon's templates: minimal built (with a pool of
+			// the daemon's own), base not yet.
+			_ = json.NewEncoder(w).Encode(types.TemplateList{Templates: []types.Template{
+				{Name: "minimal", Built: true, SizeBytes: 1 << 20, Warm: &types.WarmPool{Target: 1, Ready: 1}},
+				{Name: "base"},
+			}})
+			return
+		}
 		if rest, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/sandboxes/"); ok && r.Method == "GET" && !strings.Contains(rest, "/") {
 			// The daemon's view of the sandbox, with its usage.
 			_ = json.NewEncoder(w).Encode(types.Sandbox{ID: rest, State: types.StateReady, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,
@@ -570,8 +579,9 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"GET", "/v1/templates"},
+		{"POST", "/v1/templates/x/build"},
 		{"PUT", "/v1/templates/x/isolation"},
+		{"GET", "/v1/keys"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
 			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)

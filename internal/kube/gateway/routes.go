@@ -36,6 +36,8 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("DELETE /v1/snapshots/{id}", g.authed(g.deleteSnapshot))
 	g.mux.HandleFunc("GET /v1/snapshots/{id}/export", g.authed(g.exportSnapshot))
 	g.mux.HandleFunc("POST /v1/snapshots/import", g.authed(g.importSnapshot))
+	g.mux.HandleFunc("GET /v1/templates", g.authed(g.listTemplates))
+	g.mux.HandleFunc("GET /v1/templates/{name}", g.authed(g.getTemplate))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
@@ -49,7 +51,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates are served by a Berth daemon only: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, the template list (read only), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane; templates are built, changed and removed on each node's Berth daemon: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

@@ -149,7 +149,8 @@ func TestDataPlane(t *testing.T) {
 // TestDataPlaneSnapshots: a snapshot of one of the node's pods' sandboxes
 // is taken through its route; GET and DELETE of a snapshot reach the
 // daemon only for one taken of this node's pods (its berth.dev/node
-// label), never another of the host's daemon.
+// label), never another of the host's daemon. The daemon's template list
+// is read through the node; nothing changes a template.
 func TestDataPlaneSnapshots(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "berth.sock")
 	l, err := net.Listen("unix", sock)
@@ -168,6 +169,8 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		case r.Method == "GET" && strings.HasPrefix(r.URL.Path, "/v1/snapshots/"):
 			w.WriteHeader(http.StatusNotFound)
 			_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Message: "no such snapshot"})
+		case r.Method == "GET" && r.URL.Path == "/v1/templates":
+			_ = json.NewEncoder(w).Encode(types.TemplateList{Templates: []types.Template{{Name: "minimal", Built: true}}})
 		case r.Method == "DELETE":
 			w.WriteHeader(http.StatusNoContent)
 		default:
@@ -218,6 +221,10 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"GET", "/v1/snapshots/mine/export", 200, "GET /v1/snapshots/mine/export"},
 		{"GET", "/v1/snapshots/theirs/export", 404, ""},
 		{"POST", "/v1/snapshots/import?label=berth.dev/node=n2&label=team=x", 201, "POST /v1/snapshots/import"},
+		// The daemon's templates are read through the node, never changed.
+		{"GET", "/v1/templates", 200, "GET /v1/templates"},
+		{"POST", "/v1/templates", 405, ""},
+		{"DELETE", "/v1/templates/minimal", 404, ""},
 	} {
 		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
 			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)

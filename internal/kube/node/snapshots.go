@@ -26,7 +26,8 @@ import (
 // the sandbox it was taken of, so the node serves those whose LabelNode is
 // its own name, never another snapshot of the host's daemon.
 
-// handleSnapshots registers the snapshot routes that are not a sandbox's.
+// handleSnapshots registers the snapshot routes that are not a sandbox's,
+// and the read of the daemon's templates.
 // Before a DELETE the node destroys the sandboxes made from the snapshot
 // whose pods are deleted (freeSnapshot).
 func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *slog.Logger) {
@@ -57,13 +58,18 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 	// An archive imported as a snapshot of this node's: labelled with
 	// its name, whatever the archive or the client says. The client's
 	// own labels go on, but none of Berth's (berth.dev/).
-	importer := daemonProxy(socket, log)
+	daemon := daemonProxy(socket, log)
+	// The daemon's templates, read only (the gateway's template list):
+	// they are built, changed and deleted on the node's daemon itself.
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates", func(w http.ResponseWriter, r *http.Request) {
+		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, "/v1/templates")))
+	})
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
 		labels := slices.DeleteFunc(r.URL.Query()["label"], InternalLabel)
 		r.URL.RawQuery = url.Values{"label": append(labels, LabelNode+"="+nodeName)}.Encode()
 		_ = http.NewResponseController(w).EnableFullDuplex()
-		importer.ServeHTTP(w, r)
+		daemon.ServeHTTP(w, r)
 	})
 }
 
