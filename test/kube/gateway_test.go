@@ -32,6 +32,9 @@ import (
 // gatewayKey is the API key the test's gateways accept.
 const gatewayKey = "e2b_0123456789abcdef0123456789abcdef01234567"
 
+// opsKey is an admin key of the gateway tests.
+const opsKey = "e2b_0123456789abcdef0123456789abcdef0123aaaa"
+
 // startGateway runs `berth serve --kubernetes` on cp as a replica named
 // name, with the API keys file keys, a client certificate the nodes' CA
 // signed and extra flags, and returns a client of it with gatewayKey.
@@ -73,9 +76,13 @@ func startGatewayProc(t *testing.T, cp *controlPlane, name, keys string, cert ke
 	}
 }
 
-// testKey is an extra API key of a test's gateways: its secret, and its
-// quota as a YAML flow mapping ("" for none).
-type testKey struct{ secret, quota string }
+// testKey is an extra API key of a test's gateways: its secret, its
+// quota as a YAML flow mapping ("" for none), and whether it is an admin
+// key.
+type testKey struct {
+	secret, quota string
+	admin         bool
+}
 
 // gatewaySetup makes the gateway's namespace, an --api-keys file with
 // gatewayKey (id "tester") and the extra keys (by id), and a client
@@ -92,6 +99,9 @@ func gatewaySetup(t *testing.T, cp *controlPlane, extra map[string]testKey) (key
 		b.WriteString("  - id: " + id + "\n    sha256: " + auth.HashKey(extra[id].secret) + "\n")
 		if q := extra[id].quota; q != "" {
 			b.WriteString("    quota: " + q + "\n")
+		}
+		if extra[id].admin {
+			b.WriteString("    admin: true\n")
 		}
 	}
 	keys = filepath.Join(t.TempDir(), "keys.yaml")
@@ -128,7 +138,7 @@ func TestGateway(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}})
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}, "ops": {secret: opsKey, admin: true}})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 	gwOther, err := client.New(gwA.URL(), client.WithAPIKey(otherKey))
@@ -171,8 +181,22 @@ func TestGateway(t *testing.T) {
 	if minimal == nil || !minimal.Built || !slices.Equal(minimal.Nodes, []string{"berth-a", "berth-b"}) {
 		t.Errorf("templates through the gateway = %+v, want minimal built on berth-a and berth-b", tpls)
 	}
-	if _, err := gwB.BuildTemplate(ctx, "minimal", io.Discard); errdefs.Code(err) != errdefs.CodeNotImplemented {
-		t.Errorf("template build through the gateway: %v, want not_implemented", err)
+	// A build through the gateway runs on every Ready node; an admin
+	// key's only.
+	if _, err := gwB.BuildTemplate(ctx, "minimal", io.Discard); errdefs.Code(err) != errdefs.CodePermissionDenied {
+		t.Errorf("template build through the gateway by a plain key: %v, want permission_denied", err)
+	}
+	ops, err := client.New(gwA.URL(), client.WithAPIKey(opsKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buildLog bytes.Buffer
+	built, err := ops.BuildTemplate(ctx, "minimal", &buildLog)
+	if err != nil {
+		t.Fatalf("template build through the gateway: %v\n%s", err, buildLog.String())
+	}
+	if !built.Built || !slices.Equal(built.Nodes, []string{"berth-a", "berth-b"}) || !strings.Contains(buildLog.String(), "[berth-a] ") || !strings.Contains(buildLog.String(), "[berth-b] ") {
+		t.Errorf("template build through the gateway = %+v, log:\n%s\nwant minimal built on berth-a and berth-b, each node's log named", built, buildLog.String())
 	}
 
 	// Two sandboxes through replica A, each a pod on a Berth node.

@@ -156,6 +156,46 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			w.WriteHeader(http.StatusNoContent)
 			return
 		}
+		if r.URL.Path == node.DataPlanePrefix+"/v1/templates" && r.Method == "POST" {
+			// The daemon's template from an image: refused before its
+			// stream for an image that does not exist, else a stream.
+			var in types.TemplateCreateRequest
+			_ = json.Unmarshal(body, &in)
+			if in.Image == "registry.example/nope:1" {
+				w.WriteHeader(http.StatusNotFound)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Field: "image", Message: "image " + in.Image + " not found"})
+				return
+			}
+			line := "pulling " + in.Image + "\n"
+			enc := json.NewEncoder(w)
+			_ = enc.Encode(types.BuildLine{Log: &line})
+			_ = enc.Encode(types.BuildLine{Template: &types.Template{Name: in.Name, Built: true, Source: "image " + in.Image, SizeBytes: 3 << 20}})
+			return
+		}
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"), "/build"); ok && r.Method == "POST" {
+			line := "building " + name + "\n"
+			enc := json.NewEncoder(w)
+			_ = enc.Encode(types.BuildLine{Log: &line})
+			if name == "broken" {
+				_ = enc.Encode(types.BuildLine{Error: &types.Error{Code: errdefs.CodeInternal, Message: "step 2 failed"}})
+				return
+			}
+			_ = enc.Encode(types.BuildLine{Template: &types.Template{Name: name, Built: true}})
+			return
+		}
+		if name, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"); ok && r.Method == "DELETE" {
+			switch name {
+			case "inuse":
+				w.WriteHeader(http.StatusConflict)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeFailedPrecondition, Message: "template \"inuse\" is in use by 1 sandbox(es)"})
+			case "nope":
+				w.WriteHeader(http.StatusNotFound)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Message: "no template nope"})
+			default:
+				w.WriteHeader(http.StatusNoContent)
+			}
+			return
+		}
 		if r.URL.Path == node.DataPlanePrefix+"/v1/templates" && r.Method == "GET" {
 			// The daemon's templates: minimal built (with a pool of
 			// the daemon's own), base not yet.
@@ -579,8 +619,8 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/v1/templates/x/build"},
 		{"PUT", "/v1/templates/x/isolation"},
+		{"POST", "/v1/templates/x/dockerfile"},
 		{"GET", "/v1/keys"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {

@@ -136,6 +136,28 @@ func (g *Gateway) snapshotFor(ctx context.Context, p auth.Principal, id, field s
 // io.Reader is streamed as an archive), and decodes its JSON answer into
 // out (nil: none). The node's error comes back with its class.
 func (g *Gateway) nodeCall(ctx context.Context, t nodeTarget, method, path string, in, out any) error {
+	resp, err := g.nodeOpen(ctx, t, method, path, in)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return fmt.Errorf("node %s: %v: %w", t.node, err, errdefs.ErrUnavailable)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("node %s: %s %s: %v: %w", t.node, method, path, err, errdefs.ErrUnavailable)
+	}
+	return nil
+}
+
+// nodeOpen sends nodeCall's request and returns the node's answer, its
+// body unread (the caller closes it), when it is a success; otherwise the
+// node's error with its class.
+func (g *Gateway) nodeOpen(ctx context.Context, t nodeTarget, method, path string, in any) (*http.Response, error) {
 	var body io.Reader
 	ctype := "application/json"
 	switch v := in.(type) {
@@ -145,39 +167,33 @@ func (g *Gateway) nodeCall(ctx context.Context, t nodeTarget, method, path strin
 	default:
 		b, err := json.Marshal(in)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		body = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, "https://"+t.addr+node.DataPlanePrefix+path, body)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if in != nil {
 		req.Header.Set("Content-Type", ctype)
 	}
 	resp, err := (&http.Client{Transport: g.cfg.NodeTransport}).Do(req)
 	if err != nil {
-		return fmt.Errorf("node %s unreachable: %v: %w", t.node, err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("node %s unreachable: %v: %w", t.node, err, errdefs.ErrUnavailable)
+	}
+	if resp.StatusCode < 300 {
+		return resp, nil
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return fmt.Errorf("node %s: %v: %w", t.node, err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("node %s: %v: %w", t.node, err, errdefs.ErrUnavailable)
 	}
-	if resp.StatusCode >= 300 {
-		var e errdefs.Error
-		_ = json.Unmarshal(data, &e)
-		return &errdefs.Error{Code: errdefs.Code(errdefs.FromCode(e.Code)), Field: e.Field,
-			Message: fmt.Sprintf("node %s: %s", t.node, e.Message)}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(data, out); err != nil {
-		return fmt.Errorf("node %s: %s %s: %v: %w", t.node, method, path, err, errdefs.ErrUnavailable)
-	}
-	return nil
+	var e errdefs.Error
+	_ = json.Unmarshal(data, &e)
+	return nil, &errdefs.Error{Code: errdefs.Code(errdefs.FromCode(e.Code)), Field: e.Field,
+		Message: fmt.Sprintf("node %s: %s", t.node, e.Message)}
 }
 
 // snapshotTimeout bounds taking and recording a snapshot (a memory

@@ -1,11 +1,16 @@
 package gateway
 
 import (
+	"bufio"
 	"cmp"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,13 +19,16 @@ import (
 	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/template"
 )
 
-// Templates on the gateway are read only: each node's daemon has its own
-// (built with `berth template build` on the node, or shipped with it), and
-// the gateway lists what the Ready nodes have, asking each node's data
-// plane (GET /v1/templates, the daemon's list). A create's template check
-// reads the nodes' annotation instead (create.go), with no node call.
+// Templates on the gateway: each node's daemon has its own, and the
+// gateway lists what the Ready nodes have and makes, builds and removes a
+// template on all of them at once, through each node's data plane (the
+// daemon's template routes). A create's template check reads the nodes'
+// annotation instead (create.go), with no node call. A node that joins
+// later has only what its daemon has: a template made through the
+// gateway is made again there by making it again through the gateway.
 
 // templateListConcurrency bounds the node calls of one template list;
 // templateNodeTimeout bounds each.
@@ -74,13 +82,9 @@ func (g *Gateway) getTemplate(w http.ResponseWriter, r *http.Request, _ auth.Pri
 // clusterTemplates asks every Ready Berth node for its daemon's templates
 // and merges the answers (mergeTemplates).
 func (g *Gateway) clusterTemplates(ctx context.Context) (apitypes.TemplateList, error) {
-	nodes, err := g.nodes.List(everything())
+	nodes, err := g.readyNodes()
 	if err != nil {
 		return apitypes.TemplateList{}, err
-	}
-	nodes = slices.DeleteFunc(slices.Clone(nodes), func(n *corev1.Node) bool { return !nodeReady(n) })
-	if len(nodes) == 0 {
-		return apitypes.TemplateList{}, fmt.Errorf("no Berth node is Ready: %w", errdefs.ErrUnavailable)
 	}
 	answers := make([]nodeTemplates, len(nodes))
 	sem := make(chan struct{}, templateListConcurrency)
@@ -152,4 +156,272 @@ func mergeTemplates(answers []nodeTemplates) apitypes.TemplateList {
 	}
 	slices.SortFunc(out.Templates, func(a, b apitypes.Template) int { return cmp.Compare(a.Name, b.Name) })
 	return out
+}
+
+// readyNodes are the Ready Berth nodes, or unavailable when there are
+// none.
+func (g *Gateway) readyNodes() ([]*corev1.Node, error) {
+	nodes, err := g.nodes.List(everything())
+	if err != nil {
+		return nil, err
+	}
+	nodes = slices.DeleteFunc(slices.Clone(nodes), func(n *corev1.Node) bool { return !nodeReady(n) })
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("no Berth node is Ready: %w", errdefs.ErrUnavailable)
+	}
+	slices.SortFunc(nodes, func(a, b *corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
+	return nodes, nil
+}
+
+// adminOnly refuses a caller that is neither the operator nor an admin
+// key, as a daemon refuses template changes (internal/api's adminOnly).
+func adminOnly(p auth.Principal, what string) error {
+	if p.Admin() {
+		return nil
+	}
+	return fmt.Errorf("%s takes an admin key: %w", what, errdefs.ErrPermissionDenied)
+}
+
+// createTemplate is POST /v1/templates: the template made from an image
+// on every Ready node, each pulling it (builds.go's stream).
+func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := adminOnly(p, "a template create"); err != nil {
+		writeError(w, err)
+		return
+	}
+	var req apitypes.TemplateCreateRequest
+	if err := decodeBody(r, &req, false, `{"name","image",…}`); err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := template.ValidName(req.Name); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+		return
+	}
+	if req.Image == "" {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "image", Message: "image is required (an OCI/Docker image reference)"})
+		return
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	g.buildOnNodes(w, r, req.Name, "/v1/templates", body)
+}
+
+// buildTemplate is POST /v1/templates/{name}/build: a built-in template
+// (re)built on every Ready node.
+func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := adminOnly(p, "a template build"); err != nil {
+		writeError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+		return
+	}
+	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", nil)
+}
+
+// nodeBuild is one node's part of a build through the gateway.
+type nodeBuild struct {
+	node string
+	resp *http.Response
+	// built is the template the node's stream ended with; err why the
+	// node failed (refused, unreachable, or its stream's error).
+	built *apitypes.Template
+	err   error
+}
+
+// buildOnNodes sends one build request (path, with body when not nil) to
+// every Ready node at once and answers as a daemon's build does: NDJSON
+// lines, the nodes' log lines prefixed with "[node] " as they come, then
+// the template as the list shows it (mergeTemplates) once every node
+// built it, or an error naming the nodes that failed and those that
+// built it. When every node refuses before its build starts (a bad
+// field, an image that does not exist), the answer is that refusal,
+// plain, as a daemon's, and nothing changed anywhere.
+func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path string, body []byte) {
+	nodes, err := g.readyNodes()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	builds := make([]*nodeBuild, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		b := &nodeBuild{node: n.Name}
+		builds[i] = b
+		wg.Go(func() {
+			t, err := g.nodeAt(n.Name)
+			if err == nil {
+				var in any
+				if body != nil {
+					in = json.RawMessage(body)
+				}
+				b.resp, err = g.nodeOpen(r.Context(), t, http.MethodPost, path, in)
+			}
+			b.err = err
+		})
+	}
+	wg.Wait()
+	defer func() {
+		for _, b := range builds {
+			if b.resp != nil {
+				b.resp.Body.Close()
+			}
+		}
+	}()
+	if !slices.ContainsFunc(builds, func(b *nodeBuild) bool { return b.err == nil }) {
+		// Every node refused: the first one's answer, naming them all.
+		writeError(w, nodesFailed(name, builds))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	var mu sync.Mutex
+	enc := json.NewEncoder(w)
+	emit := func(l apitypes.BuildLine) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = enc.Encode(l)
+		_ = rc.Flush()
+	}
+	for _, b := range builds {
+		if b.err != nil {
+			line := fmt.Sprintf("[%s] refused: %v\n", b.node, b.err)
+			emit(apitypes.BuildLine{Log: &line})
+			continue
+		}
+		wg.Go(func() { b.built, b.err = followBuild(b.node, b.resp.Body, emit) })
+	}
+	wg.Wait()
+	for _, b := range builds {
+		if b.err != nil {
+			err := nodesFailed(name, builds)
+			emit(apitypes.BuildLine{Error: &apitypes.Error{Code: errdefs.Code(err), Message: err.Error()}})
+			return
+		}
+	}
+	answers := make([]nodeTemplates, len(builds))
+	for i, b := range builds {
+		answers[i] = nodeTemplates{node: b.node, tpls: []apitypes.Template{*b.built}}
+	}
+	merged := mergeTemplates(answers).Templates[0]
+	g.log.Info("template_built", "template", name, "nodes", merged.Nodes)
+	emit(apitypes.BuildLine{Template: &merged})
+}
+
+// maxBuildLine bounds one line of a node's build stream.
+const maxBuildLine = 1 << 20
+
+// followBuild reads a node's build stream, passing its log lines on with
+// the node's name, and returns the template it ended with, or the error
+// it ended with (or that cut it short).
+func followBuild(node string, body io.Reader, emit func(apitypes.BuildLine)) (*apitypes.Template, error) {
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 64<<10), maxBuildLine)
+	for sc.Scan() {
+		var l apitypes.BuildLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			return nil, fmt.Errorf("build stream: %v: %w", err, errdefs.ErrUnavailable)
+		}
+		switch {
+		case l.Log != nil:
+			line := "[" + node + "] " + *l.Log
+			emit(apitypes.BuildLine{Log: &line})
+		case l.Error != nil:
+			return nil, &errdefs.Error{Code: l.Error.Code, Field: l.Error.Field, Message: l.Error.Message}
+		case l.Template != nil:
+			return l.Template, nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("build stream: %v: %w", err, errdefs.ErrUnavailable)
+	}
+	return nil, fmt.Errorf("build stream ended without a template: %w", errdefs.ErrUnavailable)
+}
+
+// nodesFailed is the error of a change that failed on some nodes: the
+// first failure's code and field, every failure named, and the nodes it
+// went through on.
+func nodesFailed(name string, builds []*nodeBuild) error {
+	var failed, done []string
+	var first *errdefs.Error
+	for _, b := range builds {
+		if b.err == nil {
+			done = append(done, b.node)
+			continue
+		}
+		failed = append(failed, fmt.Sprintf("%s: %v", b.node, b.err))
+		if first == nil {
+			first = &errdefs.Error{Code: errdefs.Code(b.err)}
+			var e *errdefs.Error
+			if errors.As(b.err, &e) {
+				first.Field = e.Field
+			}
+		}
+	}
+	first.Message = fmt.Sprintf("template %s: failed on %d of %d nodes (%s)", name, len(failed), len(builds), strings.Join(failed, "; "))
+	if len(done) > 0 {
+		first.Message += fmt.Sprintf("; done on %s", strings.Join(done, ", "))
+	}
+	return first
+}
+
+// deleteTemplate is DELETE /v1/templates/{name}: the template removed
+// from every Ready node that has it. A node where a sandbox still uses it
+// refuses (failed_precondition, as a daemon does); the answer then names
+// it, and the nodes it was removed from. None having it is not_found.
+func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := adminOnly(p, "a template delete"); err != nil {
+		writeError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+		return
+	}
+	nodes, err := g.readyNodes()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	dels := make([]*nodeBuild, len(nodes))
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		d := &nodeBuild{node: n.Name}
+		dels[i] = d
+		wg.Go(func() {
+			t, err := g.nodeAt(n.Name)
+			if err == nil {
+				err = g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
+			}
+			d.err = err
+		})
+	}
+	wg.Wait()
+	removed := 0
+	for _, d := range dels {
+		switch {
+		case d.err == nil:
+			removed++
+		case errors.Is(d.err, errdefs.ErrNotFound):
+			d.err = nil // nothing to remove there
+		}
+	}
+	if slices.ContainsFunc(dels, func(d *nodeBuild) bool { return d.err != nil }) {
+		writeError(w, nodesFailed(name, dels))
+		return
+	}
+	if removed == 0 {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeNotFound, Field: "name", Message: fmt.Sprintf("template %q: no Ready Berth node has it", name)})
+		return
+	}
+	g.log.Info("template_deleted", "template", name, "nodes", removed)
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"encoding/json"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -38,15 +40,92 @@ func TestTemplates(t *testing.T) {
 	if code, eb := e.call(t, "GET", "/v1/templates", "", "", nil); code != 401 {
 		t.Errorf("list without a key = %d %+v, want 401", code, eb)
 	}
+	// Changes take an admin key (none of these keys is one).
 	for _, rt := range []struct{ method, path string }{
 		{"POST", "/v1/templates"},
 		{"POST", "/v1/templates/base/build"},
-		{"PUT", "/v1/templates/base/warm"},
 		{"DELETE", "/v1/templates/base"},
 	} {
-		if code, eb := e.call(t, rt.method, rt.path, keyAlice, "{}", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
-			t.Errorf("%s %s = %d %+v, want not_implemented", rt.method, rt.path, code, eb)
+		if code, eb := e.call(t, rt.method, rt.path, keyAlice, `{"name":"py","image":"python:3"}`, nil); code != 403 || eb.Code != errdefs.CodePermissionDenied {
+			t.Errorf("%s %s by a plain key = %d %+v, want permission_denied", rt.method, rt.path, code, eb)
 		}
+	}
+	if code, eb := e.call(t, "PUT", "/v1/templates/base/warm", keyAlice, "{}", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
+		t.Errorf("PUT warm = %d %+v, want not_implemented", code, eb)
+	}
+}
+
+// TestTemplateChanges: the operator makes, builds and removes a template
+// on the nodes through the gateway; the answer streams like a daemon's,
+// each log line naming its node, and ends with the template; refusals
+// before any build are plain errors naming the field.
+func TestTemplateChanges(t *testing.T) {
+	e := startGateway(t, false)
+	stream := func(method, path, body string) (int, []types.BuildLine) {
+		t.Helper()
+		code, data, _ := e.e2bCall(t, method, path, "", body, nil)
+		var lines []types.BuildLine
+		for l := range strings.SplitSeq(strings.TrimSpace(string(data)), "\n") {
+			var bl types.BuildLine
+			if err := json.Unmarshal([]byte(l), &bl); err != nil {
+				t.Fatalf("%s %s: line %q: %v", method, path, l, err)
+			}
+			lines = append(lines, bl)
+		}
+		return code, lines
+	}
+	code, lines := stream("POST", "/v1/templates", `{"name":"py","image":"python:3"}`)
+	if code != 200 || len(lines) != 2 || lines[0].Log == nil || *lines[0].Log != "[berth-a] pulling python:3\n" {
+		t.Fatalf("create from an image = %d %+v", code, lines)
+	}
+	if tpl := lines[1].Template; tpl == nil || tpl.Name != "py" || !tpl.Built || tpl.Source != "image python:3" || !slices.Equal(tpl.Nodes, []string{"berth-a"}) {
+		t.Errorf("created template = %+v", lines[1])
+	}
+	code, lines = stream("POST", "/v1/templates/base/build", "")
+	if code != 200 || len(lines) != 2 || lines[1].Template == nil || lines[1].Template.Name != "base" {
+		t.Errorf("build = %d %+v", code, lines)
+	}
+	// A build that fails on the node ends the stream with its error.
+	code, lines = stream("POST", "/v1/templates/broken/build", "")
+	if last := lines[len(lines)-1]; code != 200 || last.Error == nil || last.Error.Code != errdefs.CodeInternal || !strings.Contains(last.Error.Message, "berth-a: step 2 failed") {
+		t.Errorf("failed build = %d %+v", code, lines)
+	}
+	// Refused by every node before a build starts: plain, as a daemon's.
+	if code, eb := e.call(t, "POST", "/v1/templates", "", `{"name":"py","image":"registry.example/nope:1"}`, nil); code != 404 || eb.Code != errdefs.CodeNotFound || eb.Field != "image" {
+		t.Errorf("create from an image that does not exist = %d %+v, want not_found on image", code, eb)
+	}
+	for _, tc := range []struct{ body, field string }{
+		{`{"name":"Bad Name","image":"python:3"}`, "name"},
+		{`{"name":"py"}`, "image"},
+		{`{"name":"py","image":"python:3","colour":"red"}`, "body"},
+	} {
+		if code, eb := e.call(t, "POST", "/v1/templates", "", tc.body, nil); code != 400 || eb.Field != tc.field {
+			t.Errorf("create %s = %d %+v, want invalid_argument on %s", tc.body, code, eb, tc.field)
+		}
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/templates/py", "", "", nil); code != 204 {
+		t.Errorf("delete = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/templates/nope", "", "", nil); code != 404 || eb.Field != "name" {
+		t.Errorf("delete of a template no node has = %d %+v, want not_found", code, eb)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/templates/inuse", "", "", nil); code != 409 || eb.Code != errdefs.CodeFailedPrecondition || !strings.Contains(eb.Message, "berth-a") {
+		t.Errorf("delete of a template in use = %d %+v, want failed_precondition naming the node", code, eb)
+	}
+}
+
+// TestNodesFailed: a change that failed on some nodes names each failure
+// and the nodes it went through on, with the first failure's class.
+func TestNodesFailed(t *testing.T) {
+	err := nodesFailed("py", []*nodeBuild{
+		{node: "a"},
+		{node: "b", err: &errdefs.Error{Code: errdefs.CodeNotFound, Field: "image", Message: "node b: no such image"}},
+		{node: "c", err: errors.New("unreachable")},
+	})
+	var e *errdefs.Error
+	if !errors.As(err, &e) || e.Code != errdefs.CodeNotFound || e.Field != "image" ||
+		e.Message != "template py: failed on 2 of 3 nodes (b: node b: no such image; c: unreachable); done on a" {
+		t.Errorf("nodesFailed = %#v", err)
 	}
 }
 

@@ -27,7 +27,7 @@ import (
 // its own name, never another snapshot of the host's daemon.
 
 // handleSnapshots registers the snapshot routes that are not a sandbox's,
-// and the read of the daemon's templates.
+// and the daemon's template routes.
 // Before a DELETE the node destroys the sandboxes made from the snapshot
 // whose pods are deleted (freeSnapshot).
 func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *slog.Logger) {
@@ -59,11 +59,29 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 	// its name, whatever the archive or the client says. The client's
 	// own labels go on, but none of Berth's (berth.dev/).
 	daemon := daemonProxy(socket, log)
-	// The daemon's templates, read only (the gateway's template list):
-	// they are built, changed and deleted on the node's daemon itself.
-	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates", func(w http.ResponseWriter, r *http.Request) {
-		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, "/v1/templates")))
-	})
+	// The daemon's templates (the gateway's template routes, which it
+	// keeps to admin keys): listed, made from an image, built and
+	// removed. Builds stream their log as the daemon writes it.
+	toDaemon := func(w http.ResponseWriter, r *http.Request) {
+		path := "/v1/templates"
+		if name := r.PathValue("name"); name != "" {
+			// One path segment, or the daemon would read another route.
+			if strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
+				writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: fmt.Sprintf("template name %q is no template name", name)})
+				return
+			}
+			path += "/" + name
+			if strings.HasSuffix(r.Pattern, "/build") {
+				path += "/build"
+			}
+		}
+		_ = http.NewResponseController(w).EnableFullDuplex()
+		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
+	}
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/build", toDaemon)
+	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
 		labels := slices.DeleteFunc(r.URL.Query()["label"], InternalLabel)
