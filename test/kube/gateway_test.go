@@ -138,7 +138,7 @@ func TestGateway(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}, "ops": {secret: opsKey, admin: true}})
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 	gwOther, err := client.New(gwA.URL(), client.WithAPIKey(otherKey))
@@ -164,39 +164,6 @@ func TestGateway(t *testing.T) {
 				t.Fatal("no pod added")
 			}
 		}
-	}
-
-	// The template list through replica B: each node's daemon's,
-	// merged, with the nodes that have each.
-	tpls, err := gwB.Templates(ctx)
-	if err != nil {
-		t.Fatalf("templates through gateway B: %v", err)
-	}
-	var minimal *client.Template
-	for i := range tpls {
-		if tpls[i].Name == "minimal" {
-			minimal = &tpls[i]
-		}
-	}
-	if minimal == nil || !minimal.Built || !slices.Equal(minimal.Nodes, []string{"berth-a", "berth-b"}) {
-		t.Errorf("templates through the gateway = %+v, want minimal built on berth-a and berth-b", tpls)
-	}
-	// A build through the gateway runs on every Ready node; an admin
-	// key's only.
-	if _, err := gwB.BuildTemplate(ctx, "minimal", io.Discard); errdefs.Code(err) != errdefs.CodePermissionDenied {
-		t.Errorf("template build through the gateway by a plain key: %v, want permission_denied", err)
-	}
-	ops, err := client.New(gwA.URL(), client.WithAPIKey(opsKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var buildLog bytes.Buffer
-	built, err := ops.BuildTemplate(ctx, "minimal", &buildLog)
-	if err != nil {
-		t.Fatalf("template build through the gateway: %v\n%s", err, buildLog.String())
-	}
-	if !built.Built || !slices.Equal(built.Nodes, []string{"berth-a", "berth-b"}) || !strings.Contains(buildLog.String(), "[berth-a] ") || !strings.Contains(buildLog.String(), "[berth-b] ") {
-		t.Errorf("template build through the gateway = %+v, log:\n%s\nwant minimal built on berth-a and berth-b, each node's log named", built, buildLog.String())
 	}
 
 	// Two sandboxes through replica A, each a pod on a Berth node.
@@ -750,5 +717,108 @@ func TestGateway(t *testing.T) {
 	}
 	for _, d := range c.nodes {
 		harness.AssertNoLeaks(t, d)
+	}
+}
+
+// TestGatewayTemplates: templates through the gateway on two real nodes:
+// the list merges the nodes' daemons', a build and a Dockerfile build run
+// on both (an admin key's only), a sandbox of the Dockerfile's template
+// runs with its files, and the template is removed from both.
+func TestGatewayTemplates(t *testing.T) {
+	c := startCluster(t, "berth-a", "berth-b")
+	ctx := t.Context()
+	keys, cert := gatewaySetup(t, c.cp, map[string]testKey{"ops": {secret: opsKey, admin: true}})
+	gw := startGateway(t, c.cp, "gateway-a", keys, cert)
+	ops, err := client.New(gw.URL(), client.WithAPIKey(opsKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tpls, err := gw.Templates(ctx)
+	if err != nil {
+		t.Fatalf("templates through the gateway: %v", err)
+	}
+	var minimal *client.Template
+	for i := range tpls {
+		if tpls[i].Name == "minimal" {
+			minimal = &tpls[i]
+		}
+	}
+	if minimal == nil || !minimal.Built || !slices.Equal(minimal.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Errorf("templates through the gateway = %+v, want minimal built on berth-a and berth-b", tpls)
+	}
+
+	if _, err := gw.BuildTemplate(ctx, "minimal", io.Discard); errdefs.Code(err) != errdefs.CodePermissionDenied {
+		t.Errorf("template build by a plain key: %v, want permission_denied", err)
+	}
+	var buildLog bytes.Buffer
+	built, err := ops.BuildTemplate(ctx, "minimal", &buildLog)
+	if err != nil {
+		t.Fatalf("template build through the gateway: %v\n%s", err, buildLog.String())
+	}
+	if !built.Built || !slices.Equal(built.Nodes, []string{"berth-a", "berth-b"}) || !strings.Contains(buildLog.String(), "[berth-a] ") || !strings.Contains(buildLog.String(), "[berth-b] ") {
+		t.Errorf("template build = %+v, log:\n%s\nwant minimal built on berth-a and berth-b, each node's log named", built, buildLog.String())
+	}
+
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM berth:minimal\nCOPY hello.txt /hello.txt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte("built through the gateway\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	buildLog.Reset()
+	df, err := ops.BuildDockerfile(ctx, "gwdf", client.DockerfileBuild{ContextDir: dir}, &buildLog)
+	if err != nil {
+		t.Fatalf("Dockerfile build through the gateway: %v\n%s", err, buildLog.String())
+	}
+	if !df.Built || !slices.Equal(df.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Errorf("Dockerfile build = %+v, want built on berth-a and berth-b", df)
+	}
+	// Sandboxes of it run with its files, wherever the scheduler puts
+	// them.
+	ns := gateway.DefaultNamespace
+	for i := range 2 {
+		sb, err := gw.Create(ctx, client.CreateRequest{Template: "gwdf", CPU: 0.25, Memory: "128M", Timeout: "5m"})
+		if err != nil {
+			t.Fatalf("create %d of the Dockerfile's template: %v", i, err)
+		}
+		var out bytes.Buffer
+		if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "cat", Args: []string{"/hello.txt"}, Stdout: &out}); err != nil || code != 0 || out.String() != "built through the gateway\n" {
+			t.Errorf("cat /hello.txt in sandbox %d = %d %v %q", i, code, err, out.String())
+		}
+		pod, err := c.cp.Client.CoreV1().Pods(ns).Get(ctx, sb.ID, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := c.nodes[pod.Spec.NodeName]
+		sbs := podSandboxes(t, d, string(pod.UID))
+		if len(sbs) != 1 {
+			t.Fatalf("pod %s: node sandboxes %+v", pod.Name, sbs)
+		}
+		if err := gw.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		// The template is the daemon's to remove once no sandbox of it
+		// stands: its node's sandbox has ended once its events end.
+		waitPodGone(t, c.cp, ns, sb.ID)
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err = d.Local.FollowEvents(fctx, sbs[0].ID, func(client.Event) error { return nil })
+		cancel()
+		if err != nil {
+			t.Fatalf("sandbox %s after delete: %v", sbs[0].ID, err)
+		}
+	}
+	if err := ops.RemoveTemplate(ctx, "gwdf"); err != nil {
+		t.Fatalf("remove the template through the gateway: %v", err)
+	}
+	tpls, err = gw.Templates(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(tpls, func(t client.Template) bool { return t.Name == "gwdf" }) {
+		t.Errorf("gwdf still listed after its removal: %+v", tpls)
+	}
+	if err := ops.RemoveTemplate(ctx, "gwdf"); errdefs.Code(err) != errdefs.CodeNotFound {
+		t.Errorf("remove again: %v, want not_found", err)
 	}
 }

@@ -119,6 +119,9 @@ type Gateway struct {
 	// informer's handler wakes them.
 	mu      sync.Mutex
 	waiters map[string]map[chan struct{}]struct{}
+	// nodesMoved is closed at the next change of a Berth node in the
+	// informer's cache, and replaced (nodesChanged).
+	nodesMoved chan struct{}
 }
 
 // New builds a gateway on one shared informer of the namespace's sandbox
@@ -194,6 +197,20 @@ func New(cfg Config) (*Gateway, error) {
 		AddFunc:    wake,
 		UpdateFunc: func(_, obj any) { wake(obj) },
 		DeleteFunc: wake,
+	}); err != nil {
+		return nil, err
+	}
+	g.nodesMoved = make(chan struct{})
+	nodeMoved := func(any) {
+		g.mu.Lock()
+		close(g.nodesMoved)
+		g.nodesMoved = make(chan struct{})
+		g.mu.Unlock()
+	}
+	if _, err := ni.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    nodeMoved,
+		UpdateFunc: func(_, obj any) { nodeMoved(obj) },
+		DeleteFunc: nodeMoved,
 	}); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/big"
@@ -170,6 +171,14 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			enc := json.NewEncoder(w)
 			_ = enc.Encode(types.BuildLine{Log: &line})
 			_ = enc.Encode(types.BuildLine{Template: &types.Template{Name: in.Name, Built: true, Source: "image " + in.Image, SizeBytes: 3 << 20}})
+			return
+		}
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"), "/dockerfile"); ok && r.Method == "POST" {
+			// A Dockerfile build: what came, then the template.
+			line := fmt.Sprintf("context %q (%s), query %s\n", body, r.Header.Get("Content-Type"), r.URL.RawQuery)
+			enc := json.NewEncoder(w)
+			_ = enc.Encode(types.BuildLine{Log: &line})
+			_ = enc.Encode(types.BuildLine{Template: &types.Template{Name: name, Built: true, Source: "dockerfile"}})
 			return
 		}
 		if name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"), "/build"); ok && r.Method == "POST" {
@@ -620,7 +629,7 @@ func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
 		{"PUT", "/v1/templates/x/isolation"},
-		{"POST", "/v1/templates/x/dockerfile"},
+		{"POST", "/v1/templates/prune"},
 		{"GET", "/v1/keys"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {

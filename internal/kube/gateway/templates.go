@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -207,7 +210,7 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
-	g.buildOnNodes(w, r, req.Name, "/v1/templates", body)
+	g.buildOnNodes(w, r, req.Name, "/v1/templates", func() (any, error) { return json.RawMessage(body), nil })
 }
 
 // buildTemplate is POST /v1/templates/{name}/build: a built-in template
@@ -222,7 +225,47 @@ func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
 		return
 	}
-	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", nil)
+	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", func() (any, error) { return nil, nil })
+}
+
+// buildDockerfile is POST /v1/templates/{name}/dockerfile: a Dockerfile
+// build on every Ready node, from the same context. The context (a tar
+// stream, as the daemon takes it, at most dockerfile.MaxContext bytes) is
+// kept in a file of the gateway's while the nodes read it, each its own
+// copy; the query (which Dockerfile, build args, start command, ready
+// check) goes to each node as it came.
+func (g *Gateway) buildDockerfile(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := adminOnly(p, "a template build"); err != nil {
+		writeError(w, err)
+		return
+	}
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+		return
+	}
+	spool, err := os.CreateTemp("", "berth-gateway-context-")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
+	n, err := io.Copy(spool, io.LimitReader(r.Body, dockerfile.MaxContext+1))
+	if err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "context", Message: fmt.Sprintf("read the build context: %v", err)})
+		return
+	}
+	if n > dockerfile.MaxContext {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "context", Message: fmt.Sprintf("build context over %d bytes", int64(dockerfile.MaxContext))})
+		return
+	}
+	path := "/v1/templates/" + name + "/dockerfile"
+	if r.URL.RawQuery != "" {
+		path += "?" + r.URL.RawQuery
+	}
+	// Each node reads its own handle; the transport closes it.
+	g.buildOnNodes(w, r, name, path, func() (any, error) { return os.Open(spool.Name()) })
 }
 
 // nodeBuild is one node's part of a build through the gateway.
@@ -235,7 +278,8 @@ type nodeBuild struct {
 	err   error
 }
 
-// buildOnNodes sends one build request (path, with body when not nil) to
+// buildOnNodes sends one build request (path, with a body of body's
+// making for each node: JSON, a tar stream, or none when nil) to
 // every Ready node at once and answers as a daemon's build does: NDJSON
 // lines, the nodes' log lines prefixed with "[node] " as they come, then
 // the template as the list shows it (mergeTemplates) once every node
@@ -243,7 +287,7 @@ type nodeBuild struct {
 // built it. When every node refuses before its build starts (a bad
 // field, an image that does not exist), the answer is that refusal,
 // plain, as a daemon's, and nothing changed anywhere.
-func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path string, body []byte) {
+func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path string, body func() (any, error)) {
 	nodes, err := g.readyNodes()
 	if err != nil {
 		writeError(w, err)
@@ -256,11 +300,11 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 		builds[i] = b
 		wg.Go(func() {
 			t, err := g.nodeAt(n.Name)
+			var in any
 			if err == nil {
-				var in any
-				if body != nil {
-					in = json.RawMessage(body)
-				}
+				in, err = body()
+			}
+			if err == nil {
 				b.resp, err = g.nodeOpen(r.Context(), t, http.MethodPost, path, in)
 			}
 			b.err = err
@@ -312,7 +356,49 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 	}
 	merged := mergeTemplates(answers).Templates[0]
 	g.log.Info("template_built", "template", name, "nodes", merged.Nodes)
+	// A create checks the nodes' annotation: answered once it shows the
+	// template, so a create right after the build finds it.
+	if err := g.awaitNodeTemplates(r.Context(), name, merged.Nodes, true); err != nil {
+		line := fmt.Sprintf("built, but %v: creates of it may be refused until they do\n", err)
+		emit(apitypes.BuildLine{Log: &line})
+	}
 	emit(apitypes.BuildLine{Template: &merged})
+}
+
+// nodeTemplatesTimeout bounds the wait for the nodes to report a
+// template change in their annotation (they do at once after a change
+// through their data plane, else at their next health check).
+const nodeTemplatesTimeout = 30 * time.Second
+
+// awaitNodeTemplates waits until each of nodes lists template name in its
+// node.AnnotationTemplates (has false: no longer lists it), as the node
+// informer's cache shows them, or nodeTemplatesTimeout passes.
+func (g *Gateway) awaitNodeTemplates(ctx context.Context, name string, nodes []string, has bool) error {
+	ctx, cancel := context.WithTimeout(ctx, nodeTemplatesTimeout)
+	defer cancel()
+	for {
+		g.mu.Lock()
+		moved := g.nodesMoved
+		g.mu.Unlock()
+		var behind []string
+		for _, n := range nodes {
+			nd, err := g.nodes.Get(n)
+			if err != nil {
+				continue // gone: nothing to wait for
+			}
+			if slices.Contains(strings.Split(nd.Annotations[node.AnnotationTemplates], ","), name) != has {
+				behind = append(behind, n)
+			}
+		}
+		if len(behind) == 0 {
+			return nil
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			return fmt.Errorf("nodes %v have not reported it after %s", behind, nodeTemplatesTimeout)
+		}
+	}
 }
 
 // maxBuildLine bounds one line of a node's build stream.
@@ -423,5 +509,12 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		return
 	}
 	g.log.Info("template_deleted", "template", name, "nodes", removed)
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	if err := g.awaitNodeTemplates(r.Context(), name, names, false); err != nil {
+		g.log.Warn("template_deleted_unreported", "template", name, "err", err)
+	}
 	w.WriteHeader(http.StatusNoContent)
 }

@@ -7,8 +7,11 @@ import (
 	"strings"
 	"testing"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
 // TestTemplates: the gateway lists the Ready nodes' templates, read only,
@@ -74,6 +77,21 @@ func TestTemplateChanges(t *testing.T) {
 		}
 		return code, lines
 	}
+	// The node reports what its daemon has in its annotation; the fake
+	// one does as a real one would once these are made (a build answers
+	// once the annotation shows its template).
+	report := func(names string) {
+		t.Helper()
+		n, err := e.kube.CoreV1().Nodes().Get(t.Context(), "berth-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Annotations[node.AnnotationTemplates] = names
+		if _, err := e.kube.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	report("base,df,minimal,py")
 	code, lines := stream("POST", "/v1/templates", `{"name":"py","image":"python:3"}`)
 	if code != 200 || len(lines) != 2 || lines[0].Log == nil || *lines[0].Log != "[berth-a] pulling python:3\n" {
 		t.Fatalf("create from an image = %d %+v", code, lines)
@@ -84,6 +102,13 @@ func TestTemplateChanges(t *testing.T) {
 	code, lines = stream("POST", "/v1/templates/base/build", "")
 	if code != 200 || len(lines) != 2 || lines[1].Template == nil || lines[1].Template.Name != "base" {
 		t.Errorf("build = %d %+v", code, lines)
+	}
+	// A Dockerfile build: the context and the query reach the node as
+	// they came.
+	code, lines = stream("POST", "/v1/templates/df/dockerfile?dockerfile=Dockerfile&build_arg=A%3D1", "tar bytes")
+	if code != 200 || len(lines) != 2 || lines[0].Log == nil || *lines[0].Log != "[berth-a] context \"tar bytes\" (application/x-tar), query dockerfile=Dockerfile&build_arg=A%3D1\n" ||
+		lines[1].Template == nil || lines[1].Template.Name != "df" {
+		t.Errorf("Dockerfile build = %d %+v", code, lines)
 	}
 	// A build that fails on the node ends the stream with its error.
 	code, lines = stream("POST", "/v1/templates/broken/build", "")
@@ -103,6 +128,7 @@ func TestTemplateChanges(t *testing.T) {
 			t.Errorf("create %s = %d %+v, want invalid_argument on %s", tc.body, code, eb, tc.field)
 		}
 	}
+	report("base,df,minimal")
 	if code, eb := e.call(t, "DELETE", "/v1/templates/py", "", "", nil); code != 204 {
 		t.Errorf("delete = %d %+v", code, eb)
 	}

@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -149,8 +150,8 @@ func TestDataPlane(t *testing.T) {
 // TestDataPlaneSnapshots: a snapshot of one of the node's pods' sandboxes
 // is taken through its route; GET and DELETE of a snapshot reach the
 // daemon only for one taken of this node's pods (its berth.dev/node
-// label), never another of the host's daemon. The daemon's template list
-// is read through the node; nothing changes a template.
+// label), never another of the host's daemon. The daemon's template
+// routes reach it as they are.
 func TestDataPlaneSnapshots(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "berth.sock")
 	l, err := net.Listen("unix", sock)
@@ -187,7 +188,8 @@ func TestDataPlaneSnapshots(t *testing.T) {
 	p := &Pods{pods: map[string]*podState{"ns/a": {sandboxID: "sba"}}, sb: FromClient(c)}
 	mux := http.NewServeMux()
 	handleDataPlane(mux, sock, p.ownsSandbox, slog.New(slog.DiscardHandler))
-	handleSnapshots(mux, sock, "n1", p, slog.New(slog.DiscardHandler))
+	var changes atomic.Int32
+	handleSnapshots(mux, sock, "n1", p, func() { changes.Add(1) }, slog.New(slog.DiscardHandler))
 	hs := httptest.NewServer(mux)
 	defer hs.Close()
 	do := func(method, path string) (int, string) {
@@ -221,13 +223,24 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"GET", "/v1/snapshots/mine/export", 200, "GET /v1/snapshots/mine/export"},
 		{"GET", "/v1/snapshots/theirs/export", 404, ""},
 		{"POST", "/v1/snapshots/import?label=berth.dev/node=n2&label=team=x", 201, "POST /v1/snapshots/import"},
-		// The daemon's templates are read through the node, never changed.
+		// The daemon's template routes, for the gateway's; a name is one
+		// path segment.
 		{"GET", "/v1/templates", 200, "GET /v1/templates"},
-		{"POST", "/v1/templates", 405, ""},
-		{"DELETE", "/v1/templates/minimal", 404, ""},
+		{"POST", "/v1/templates", 201, "POST /v1/templates"},
+		{"POST", "/v1/templates/minimal/build", 201, "POST /v1/templates/minimal/build"},
+		{"POST", "/v1/templates/py/dockerfile?dockerfile=D", 201, "POST /v1/templates/py/dockerfile"},
+		{"DELETE", "/v1/templates/minimal", 204, "DELETE /v1/templates/minimal"},
+		{"POST", "/v1/templates/..%2Fsandboxes%2Fsba/build", 400, ""},
+		{"PUT", "/v1/templates/minimal/isolation", 404, ""},
 	} {
 		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
 			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)
 		}
+	}
+	// Each template change that reached the daemon had the node report
+	// its templates again (Close waits for the handlers to return).
+	hs.Close()
+	if n := changes.Load(); n != 4 {
+		t.Errorf("template changes reported %d times, want 4 (create, build, Dockerfile build, delete)", n)
 	}
 }

@@ -108,7 +108,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 		return err
 	}
 	spec := nodeSpec(cfg, port)
-	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy()}
+	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy(), poke: make(chan struct{}, 1)}
 	// The node registers with the templates its daemon has, so the
 	// gateway refuses an unknown one before it makes a pod.
 	if names, err := status.templates(ctx); err == nil {
@@ -119,7 +119,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
 		handleDataPlane(mux, cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger)
-		handleSnapshots(mux, cfg.DaemonSocket, cfg.Name, pods, cfg.Logger)
+		handleSnapshots(mux, cfg.DaemonSocket, cfg.Name, pods, status.refresh, cfg.Logger)
 	}
 	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
 		return provider{pods}, status, nil
@@ -251,6 +251,17 @@ type nodeStatus struct {
 	healthy *bool
 	// names is the AnnotationTemplates value last reported.
 	names string
+	// poke asks run for a check now (refresh).
+	poke chan struct{}
+}
+
+// refresh has run check the daemon now rather than at its next tick: its
+// templates changed through the node's data plane.
+func (s *nodeStatus) refresh() {
+	select {
+	case s.poke <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 // AnnotationTemplates is the node's annotation naming the templates its
@@ -329,6 +340,7 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-s.poke:
 		}
 	}
 }

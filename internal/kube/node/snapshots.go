@@ -27,10 +27,11 @@ import (
 // its own name, never another snapshot of the host's daemon.
 
 // handleSnapshots registers the snapshot routes that are not a sandbox's,
-// and the daemon's template routes.
+// and the daemon's template routes; templatesChanged is called after a
+// template change went through them.
 // Before a DELETE the node destroys the sandboxes made from the snapshot
 // whose pods are deleted (freeSnapshot).
-func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *slog.Logger) {
+func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templatesChanged func(), log *slog.Logger) {
 	proxy := dataPlane(socket, func(string) bool { return true }, log)
 	h := func(w http.ResponseWriter, r *http.Request) {
 		id := r.PathValue("id")
@@ -60,8 +61,9 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 	// own labels go on, but none of Berth's (berth.dev/).
 	daemon := daemonProxy(socket, log)
 	// The daemon's templates (the gateway's template routes, which it
-	// keeps to admin keys): listed, made from an image, built and
-	// removed. Builds stream their log as the daemon writes it.
+	// keeps to admin keys): listed, made from an image or a Dockerfile,
+	// built and removed. Builds stream their log as the daemon writes
+	// it; a Dockerfile's context streams to the daemon as it comes.
 	toDaemon := func(w http.ResponseWriter, r *http.Request) {
 		path := "/v1/templates"
 		if name := r.PathValue("name"); name != "" {
@@ -71,16 +73,24 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, log *
 				return
 			}
 			path += "/" + name
-			if strings.HasSuffix(r.Pattern, "/build") {
-				path += "/build"
+			for _, verb := range []string{"/build", "/dockerfile"} {
+				if strings.HasSuffix(r.Pattern, verb) {
+					path += verb
+				}
 			}
 		}
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
+		if r.Method != http.MethodGet {
+			// Whatever came of it, the node's annotation says what the
+			// daemon has now, before the gateway answers the change.
+			templatesChanged()
+		}
 	}
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/build", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/dockerfile", toDaemon)
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
