@@ -89,27 +89,16 @@ func (g *Gateway) clusterTemplates(ctx context.Context) (apitypes.TemplateList, 
 	if err != nil {
 		return apitypes.TemplateList{}, err
 	}
+	lists := make([]apitypes.TemplateList, len(nodes))
+	outs := g.eachNode(nodes, func(i int, t nodeTarget) (*http.Response, error) {
+		cctx, cancel := context.WithTimeout(ctx, templateNodeTimeout)
+		defer cancel()
+		return nil, g.nodeCall(cctx, t, http.MethodGet, "/v1/templates", nil, &lists[i])
+	})
 	answers := make([]nodeTemplates, len(nodes))
-	sem := make(chan struct{}, templateListConcurrency)
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		answers[i].node = n.Name
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			t, err := g.nodeAt(n.Name)
-			if err != nil {
-				answers[i].err = err
-				return
-			}
-			cctx, cancel := context.WithTimeout(ctx, templateNodeTimeout)
-			defer cancel()
-			var list apitypes.TemplateList
-			answers[i].err = g.nodeCall(cctx, t, http.MethodGet, "/v1/templates", nil, &list)
-			answers[i].tpls = list.Templates
-		})
+	for i, o := range outs {
+		answers[i] = nodeTemplates{node: o.node, tpls: lists[i].Templates, err: o.err}
 	}
-	wg.Wait()
 	for _, a := range answers {
 		if a.err != nil {
 			g.log.Warn("node_templates_unreachable", "node", a.node, "err", a.err)
@@ -176,6 +165,22 @@ func (g *Gateway) readyNodes() ([]*corev1.Node, error) {
 	return nodes, nil
 }
 
+// templateChange checks a change of the template the path names: an
+// admin's (what names the change in a refusal), of a valid name. It
+// answers the refusal itself; ok is false then.
+func templateChange(w http.ResponseWriter, r *http.Request, p auth.Principal, what string) (name string, ok bool) {
+	if err := adminOnly(p, what); err != nil {
+		writeError(w, err)
+		return "", false
+	}
+	name = r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+		return "", false
+	}
+	return name, true
+}
+
 // adminOnly refuses a caller that is neither the operator nor an admin
 // key, as a daemon refuses template changes (internal/api's adminOnly).
 func adminOnly(p auth.Principal, what string) error {
@@ -216,13 +221,8 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request, p auth.
 // buildTemplate is POST /v1/templates/{name}/build: a built-in template
 // (re)built on every Ready node.
 func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	if err := adminOnly(p, "a template build"); err != nil {
-		writeError(w, err)
-		return
-	}
-	name := r.PathValue("name")
-	if err := template.ValidName(name); err != nil {
-		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+	name, ok := templateChange(w, r, p, "a template build")
+	if !ok {
 		return
 	}
 	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", func() (any, error) { return nil, nil })
@@ -235,13 +235,8 @@ func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 // copy; the query (which Dockerfile, build args, start command, ready
 // check) goes to each node as it came.
 func (g *Gateway) buildDockerfile(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	if err := adminOnly(p, "a template build"); err != nil {
-		writeError(w, err)
-		return
-	}
-	name := r.PathValue("name")
-	if err := template.ValidName(name); err != nil {
-		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+	name, ok := templateChange(w, r, p, "a template build")
+	if !ok {
 		return
 	}
 	spool, err := os.CreateTemp("", "berth-gateway-context-")
@@ -293,24 +288,14 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 		writeError(w, err)
 		return
 	}
-	builds := make([]*nodeBuild, len(nodes))
+	builds := g.eachNode(nodes, func(_ int, t nodeTarget) (*http.Response, error) {
+		in, err := body()
+		if err != nil {
+			return nil, err
+		}
+		return g.nodeOpen(r.Context(), t, http.MethodPost, path, in)
+	})
 	var wg sync.WaitGroup
-	for i, n := range nodes {
-		b := &nodeBuild{node: n.Name}
-		builds[i] = b
-		wg.Go(func() {
-			t, err := g.nodeAt(n.Name)
-			var in any
-			if err == nil {
-				in, err = body()
-			}
-			if err == nil {
-				b.resp, err = g.nodeOpen(r.Context(), t, http.MethodPost, path, in)
-			}
-			b.err = err
-		})
-	}
-	wg.Wait()
 	defer func() {
 		for _, b := range builds {
 			if b.resp != nil {
@@ -401,6 +386,31 @@ func (g *Gateway) awaitNodeTemplates(ctx context.Context, name string, nodes []s
 	}
 }
 
+// eachNode runs call on every one of nodes at once (at most
+// templateListConcurrency calls at a time) with the node's index and
+// data-plane address, and returns each node's outcome in the nodes'
+// order.
+func (g *Gateway) eachNode(nodes []*corev1.Node, call func(i int, t nodeTarget) (*http.Response, error)) []*nodeBuild {
+	out := make([]*nodeBuild, len(nodes))
+	sem := make(chan struct{}, templateListConcurrency)
+	var wg sync.WaitGroup
+	for i, n := range nodes {
+		b := &nodeBuild{node: n.Name}
+		out[i] = b
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			t, err := g.nodeAt(n.Name)
+			if err == nil {
+				b.resp, err = call(i, t)
+			}
+			b.err = err
+		})
+	}
+	wg.Wait()
+	return out
+}
+
 // maxBuildLine bounds one line of a node's build stream.
 const maxBuildLine = 1 << 20
 
@@ -463,13 +473,8 @@ func nodesFailed(name string, builds []*nodeBuild) error {
 // refuses (failed_precondition, as a daemon does); the answer then names
 // it, and the nodes it was removed from. None having it is not_found.
 func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	if err := adminOnly(p, "a template delete"); err != nil {
-		writeError(w, err)
-		return
-	}
-	name := r.PathValue("name")
-	if err := template.ValidName(name); err != nil {
-		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+	name, ok := templateChange(w, r, p, "a template delete")
+	if !ok {
 		return
 	}
 	nodes, err := g.readyNodes()
@@ -477,20 +482,9 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
-	dels := make([]*nodeBuild, len(nodes))
-	var wg sync.WaitGroup
-	for i, n := range nodes {
-		d := &nodeBuild{node: n.Name}
-		dels[i] = d
-		wg.Go(func() {
-			t, err := g.nodeAt(n.Name)
-			if err == nil {
-				err = g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
-			}
-			d.err = err
-		})
-	}
-	wg.Wait()
+	dels := g.eachNode(nodes, func(_ int, t nodeTarget) (*http.Response, error) {
+		return nil, g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
+	})
 	removed := 0
 	for _, d := range dels {
 		switch {
