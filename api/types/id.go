@@ -58,3 +58,26 @@ func ValidUserName(u string) bool {
 	}
 	return true
 }
+
+// MaxTemplateNameLen is the longest template name.
+const MaxTemplateNameLen = 63
+
+// ValidTemplateName checks a template name: 1–63 characters of
+// [a-z0-9_-], starting with a letter or digit. A name is a directory name
+// on each daemon and a path segment of the API, so the daemon's template
+// store and the Kubernetes gateway make this one check.
+func ValidTemplateName(name string) error {
+	ok := name != "" && len(name) <= MaxTemplateNameLen
+	for i := 0; ok && i < len(name); i++ {
+		c := name[i]
+		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '_' || c == '-')
+	}
+	if !ok {
+		return fmt.Errorf("template name %q: must match [a-z0-9][a-z0-9_-]{0,62}: %w", name, errdefs.ErrInvalidArgument)
+	}
+	return nil
+}
+
+// MaxBuildContext bounds the bytes of a Dockerfile build's context (a tar
+// stream) sent to a daemon or the Kubernetes gateway.
+const MaxBuildContext = 1 << 30

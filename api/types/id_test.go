@@ -3,6 +3,7 @@ package types
 import (
 	"errors"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -59,5 +60,16 @@ func TestNewSandboxID(t *testing.T) {
 			t.Fatalf("NewSandboxID() minted %q twice", id)
 		}
 		seen[id] = true
+	}
+}
+
+// TestValidTemplateName: exactly the names [a-z0-9][a-z0-9_-]{0,62}.
+func TestValidTemplateName(t *testing.T) {
+	rule := regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+	for _, name := range []string{"", "a", "base", "my-tpl_2", "-x", "_x", "A", "a.b", "a/b", "..", "x y",
+		strings.Repeat("a", 63), strings.Repeat("a", 64), "é"} {
+		if got, want := ValidTemplateName(name) == nil, rule.MatchString(name); got != want {
+			t.Errorf("ValidTemplateName(%q) valid = %v, want %v", name, got, want)
+		}
 	}
 }

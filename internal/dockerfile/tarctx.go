@@ -9,11 +9,12 @@ import (
 	"os"
 	"path"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
 // MaxContext bounds the bytes of a build context sent to the daemon.
-const MaxContext = 1 << 30
+const MaxContext = types.MaxBuildContext
 
 // ExtractContext unpacks a build context tar (as the CLI sends it) into
 // dir, an empty directory. Names are confined to dir lexically and every

@@ -25,11 +25,11 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -161,15 +161,8 @@ func New(cfg Config) (*Store, error) {
 	return s, nil
 }
 
-var validName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
-
-// ValidName reports whether name can name a template: [a-z0-9][a-z0-9_-]{0,62}.
-func ValidName(name string) error {
-	if !validName.MatchString(name) {
-		return fmt.Errorf("template name %q: must match [a-z0-9][a-z0-9_-]{0,62}: %w", name, errdefs.ErrInvalidArgument)
-	}
-	return nil
-}
+// ValidName checks a template name (types.ValidTemplateName).
+func ValidName(name string) error { return types.ValidTemplateName(name) }
 
 func (s *Store) root() string                 { return filepath.Join(s.cfg.DataDir, "templates") }
 func (s *Store) dir(name string) string       { return filepath.Join(s.root(), name) }

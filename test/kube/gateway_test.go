@@ -759,6 +759,58 @@ func TestGatewayTemplates(t *testing.T) {
 		t.Errorf("template build = %+v, log:\n%s\nwant minimal built on berth-a and berth-b, each node's log named", built, buildLog.String())
 	}
 
+	// A warm pool of one on each node, set through the gateway: a pod's
+	// create claims from its node's pool.
+	ns := gateway.DefaultNamespace
+	pool, err := ops.SetTemplateWarm(ctx, "minimal", 1)
+	if err != nil || pool.Target != 2 {
+		t.Fatalf("warm pool through the gateway = %+v, %v; want a target of 2 (1 on each node)", pool, err)
+	}
+	// The pools fill in the background; a bench-like wait on what the
+	// nodes' daemons report, bounded.
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		tpls, err := gw.Templates(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		i := slices.IndexFunc(tpls, func(t client.Template) bool { return t.Name == "minimal" })
+		if i >= 0 && tpls[i].Warm != nil && tpls[i].Warm.Ready == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("warm pools not filled after 90s: %+v", tpls)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	warmSb, err := gw.Create(ctx, client.CreateRequest{CPU: 0.25, Memory: "128M", Timeout: "5m"})
+	if err != nil {
+		t.Fatalf("create with warm pools: %v", err)
+	}
+	warmPod, err := c.cp.Client.CoreV1().Pods(ns).Get(ctx, warmSb.ID, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmNode := c.nodes[warmPod.Spec.NodeName]
+	sbs := podSandboxes(t, warmNode, string(warmPod.UID))
+	if len(sbs) != 1 {
+		t.Fatalf("pod %s: node sandboxes %+v", warmPod.Name, sbs)
+	}
+	evs, err := warmNode.Local.Events(ctx, sbs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(evs, func(e client.Event) bool { return e.Type == "created" && strings.HasSuffix(e.Message, ", warm") }) {
+		t.Errorf("the pod's sandbox was not claimed from its node's pool: events %+v", evs)
+	}
+	if err := gw.Kill(ctx, warmSb.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, c.cp, ns, warmSb.ID)
+	if pool, err := ops.SetTemplateWarm(ctx, "minimal", 0); err != nil || pool.Target != 0 {
+		t.Errorf("drop the warm pools = %+v, %v", pool, err)
+	}
+
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM berth:minimal\nCOPY hello.txt /hello.txt\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -776,7 +828,6 @@ func TestGatewayTemplates(t *testing.T) {
 	}
 	// Sandboxes of it run with its files, wherever the scheduler puts
 	// them.
-	ns := gateway.DefaultNamespace
 	for i := range 2 {
 		sb, err := gw.Create(ctx, client.CreateRequest{Template: "gwdf", CPU: 0.25, Memory: "128M", Timeout: "5m"})
 		if err != nil {

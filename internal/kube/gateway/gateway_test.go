@@ -192,6 +192,48 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			_ = enc.Encode(types.BuildLine{Template: &types.Template{Name: name, Built: true}})
 			return
 		}
+		if host, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/registries"); ok {
+			// The daemon's registry logins: ghcr.io only.
+			host = strings.TrimPrefix(host, "/")
+			switch {
+			case r.Method == "GET":
+				_ = json.NewEncoder(w).Encode(types.RegistryList{Registries: []types.RegistryLogin{{Registry: "ghcr.io", Username: "ci"}}})
+			case r.Method == "PUT" && strings.Contains(string(body), `"password":"wrong"`):
+				w.WriteHeader(http.StatusUnauthorized)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeUnauthenticated, Message: host + " refused the login"})
+			case r.Method == "PUT":
+				var in types.RegistryLoginRequest
+				_ = json.Unmarshal(body, &in)
+				_ = json.NewEncoder(w).Encode(types.RegistryLogin{Registry: host, Username: in.Username})
+			case host == "ghcr.io":
+				w.WriteHeader(http.StatusNoContent)
+			default:
+				w.WriteHeader(http.StatusNotFound)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Message: "no login for " + host})
+			}
+			return
+		}
+		if r.URL.Path == node.DataPlanePrefix+"/v1/templates/prune" && r.Method == "POST" {
+			_ = json.NewEncoder(w).Encode(types.TemplatePruneResult{RemovedLayers: 2, FreedBytes: 5 << 20})
+			return
+		}
+		if name, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"), "/isolation"); ok && r.Method == "PUT" {
+			var in types.TemplateIsolationRequest
+			_ = json.Unmarshal(body, &in)
+			_ = json.NewEncoder(w).Encode(types.Template{Name: name, Built: true, Isolation: in.Isolation})
+			return
+		}
+		if _, ok := strings.CutSuffix(strings.TrimPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"), "/warm"); ok && r.Method == "PUT" {
+			var in types.WarmRequest
+			_ = json.Unmarshal(body, &in)
+			if *in.Target > 64 {
+				w.WriteHeader(http.StatusBadRequest)
+				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "target", Message: "target 65: want 0 to 64"})
+				return
+			}
+			_ = json.NewEncoder(w).Encode(types.WarmPool{Target: *in.Target, Ready: *in.Target / 2, AllowSudo: in.AllowSudo})
+			return
+		}
 		if name, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"); ok && r.Method == "DELETE" {
 			switch name {
 			case "inuse":
@@ -628,9 +670,9 @@ func TestDataPlane(t *testing.T) {
 func TestNotServed(t *testing.T) {
 	e := startGateway(t, false)
 	for _, r := range []struct{ method, path string }{
-		{"PUT", "/v1/templates/x/isolation"},
-		{"POST", "/v1/templates/prune"},
 		{"GET", "/v1/keys"},
+		{"POST", "/v1/apikeys"},
+		{"POST", "/v1/workspaces"},
 	} {
 		if code, eb := e.call(t, r.method, r.path, "", "", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
 			t.Errorf("%s %s = %d %+v, want 501 not_implemented", r.method, r.path, code, eb)

@@ -42,6 +42,12 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("POST /v1/templates/{name}/build", g.authed(g.buildTemplate))
 	g.mux.HandleFunc("POST /v1/templates/{name}/dockerfile", g.authed(g.buildDockerfile))
 	g.mux.HandleFunc("DELETE /v1/templates/{name}", g.authed(g.deleteTemplate))
+	g.mux.HandleFunc("PUT /v1/templates/{name}/isolation", g.authed(g.setTemplateIsolation))
+	g.mux.HandleFunc("PUT /v1/templates/{name}/warm", g.authed(g.setWarm))
+	g.mux.HandleFunc("POST /v1/templates/prune", g.authed(g.pruneTemplates))
+	g.mux.HandleFunc("GET /v1/registries", g.authed(g.listRegistries))
+	g.mux.HandleFunc("PUT /v1/registries/{host}", g.authed(g.loginRegistry))
+	g.mux.HandleFunc("DELETE /v1/registries/{host}", g.authed(g.logoutRegistry))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
 	for _, rt := range node.ReviewRoutes {
@@ -55,7 +61,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile, built and removed on every Ready node), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile, built, set, removed and pruned on every Ready node) and registry logins (on every Ready node), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

@@ -20,9 +20,8 @@ import (
 	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
-	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/kube/node"
-	"github.com/berth-sandbox/berth/internal/template"
 )
 
 // Templates on the gateway: each node's daemon has its own, and the
@@ -110,14 +109,15 @@ func (g *Gateway) clusterTemplates(ctx context.Context) (apitypes.TemplateList, 
 // mergeTemplates makes one list of the nodes' answers: a template once,
 // as the first node (by name) that has it built shows it (else the first
 // that has it), with Nodes the nodes that have it and Built true only if
-// every one of them has it built. Warm pools are a node's own and are
-// left out. Templates are sorted by name.
+// every one of them has it built. Its warm pools are the sums of the
+// nodes' (each node keeps its own). Templates are sorted by name.
 func mergeTemplates(answers []nodeTemplates) apitypes.TemplateList {
 	slices.SortFunc(answers, func(a, b nodeTemplates) int { return cmp.Compare(a.node, b.node) })
 	type merged struct {
-		t        apitypes.Template
-		nodes    []string
-		allBuilt bool
+		t              apitypes.Template
+		nodes          []string
+		allBuilt       bool
+		warm, warmSudo *apitypes.WarmPool
 	}
 	byName := map[string]*merged{}
 	var out apitypes.TemplateList
@@ -137,12 +137,14 @@ func mergeTemplates(answers []nodeTemplates) apitypes.TemplateList {
 			}
 			m.nodes = append(m.nodes, a.node)
 			m.allBuilt = m.allBuilt && t.Built
+			m.warm = addPool(m.warm, t.Warm)
+			m.warmSudo = addPool(m.warmSudo, t.WarmSudo)
 		}
 	}
 	out.Templates = make([]apitypes.Template, 0, len(byName))
 	for _, m := range byName {
 		t := m.t
-		t.Warm, t.WarmSudo = nil, nil
+		t.Warm, t.WarmSudo = m.warm, m.warmSudo
 		t.Nodes, t.Built = m.nodes, m.allBuilt
 		out.Templates = append(out.Templates, t)
 	}
@@ -174,7 +176,7 @@ func templateChange(w http.ResponseWriter, r *http.Request, p auth.Principal, wh
 		return "", false
 	}
 	name = r.PathValue("name")
-	if err := template.ValidName(name); err != nil {
+	if err := apitypes.ValidTemplateName(name); err != nil {
 		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
 		return "", false
 	}
@@ -202,7 +204,7 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
-	if err := template.ValidName(req.Name); err != nil {
+	if err := apitypes.ValidTemplateName(req.Name); err != nil {
 		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
 		return
 	}
@@ -230,7 +232,7 @@ func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 
 // buildDockerfile is POST /v1/templates/{name}/dockerfile: a Dockerfile
 // build on every Ready node, from the same context. The context (a tar
-// stream, as the daemon takes it, at most dockerfile.MaxContext bytes) is
+// stream, as the daemon takes it, at most apitypes.MaxBuildContext bytes) is
 // kept in a file of the gateway's while the nodes read it, each its own
 // copy; the query (which Dockerfile, build args, start command, ready
 // check) goes to each node as it came.
@@ -246,13 +248,13 @@ func (g *Gateway) buildDockerfile(w http.ResponseWriter, r *http.Request, p auth
 	}
 	defer os.Remove(spool.Name())
 	defer spool.Close()
-	n, err := io.Copy(spool, io.LimitReader(r.Body, dockerfile.MaxContext+1))
+	n, err := io.Copy(spool, io.LimitReader(r.Body, apitypes.MaxBuildContext+1))
 	if err != nil {
 		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "context", Message: fmt.Sprintf("read the build context: %v", err)})
 		return
 	}
-	if n > dockerfile.MaxContext {
-		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "context", Message: fmt.Sprintf("build context over %d bytes", int64(dockerfile.MaxContext))})
+	if n > apitypes.MaxBuildContext {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "context", Message: fmt.Sprintf("build context over %d bytes", int64(apitypes.MaxBuildContext))})
 		return
 	}
 	path := "/v1/templates/" + name + "/dockerfile"
@@ -305,7 +307,7 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 	}()
 	if !slices.ContainsFunc(builds, func(b *nodeBuild) bool { return b.err == nil }) {
 		// Every node refused: the first one's answer, naming them all.
-		writeError(w, nodesFailed(name, builds))
+		writeError(w, nodesFailed("template "+name, builds))
 		return
 	}
 	w.Header().Set("Content-Type", "application/x-ndjson")
@@ -330,8 +332,7 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 	wg.Wait()
 	for _, b := range builds {
 		if b.err != nil {
-			err := nodesFailed(name, builds)
-			emit(apitypes.BuildLine{Error: &apitypes.Error{Code: errdefs.Code(err), Message: err.Error()}})
+			emit(apitypes.BuildLine{Error: nodesFailed("template "+name, builds)})
 			return
 		}
 	}
@@ -384,6 +385,19 @@ func (g *Gateway) awaitNodeTemplates(ctx context.Context, name string, nodes []s
 			return fmt.Errorf("nodes %v have not reported it after %s", behind, nodeTemplatesTimeout)
 		}
 	}
+}
+
+// addPool adds a node's warm pool to the sum so far (nil: none).
+func addPool(sum, p *apitypes.WarmPool) *apitypes.WarmPool {
+	if p == nil {
+		return sum
+	}
+	if sum == nil {
+		sum = &apitypes.WarmPool{AllowSudo: p.AllowSudo}
+	}
+	sum.Target += p.Target
+	sum.Ready += p.Ready
+	return sum
 }
 
 // eachNode runs call on every one of nodes at once (at most
@@ -441,10 +455,10 @@ func followBuild(node string, body io.Reader, emit func(apitypes.BuildLine)) (*a
 	return nil, fmt.Errorf("build stream ended without a template: %w", errdefs.ErrUnavailable)
 }
 
-// nodesFailed is the error of a change that failed on some nodes: the
-// first failure's code and field, every failure named, and the nodes it
-// went through on.
-func nodesFailed(name string, builds []*nodeBuild) error {
+// nodesFailed is the error of a change of what ("template py") that
+// failed on some nodes: the first failure's code and field, every
+// failure named, and the nodes it went through on.
+func nodesFailed(what string, builds []*nodeBuild) *errdefs.Error {
 	var failed, done []string
 	var first *errdefs.Error
 	for _, b := range builds {
@@ -461,7 +475,7 @@ func nodesFailed(name string, builds []*nodeBuild) error {
 			}
 		}
 	}
-	first.Message = fmt.Sprintf("template %s: failed on %d of %d nodes (%s)", name, len(failed), len(builds), strings.Join(failed, "; "))
+	first.Message = fmt.Sprintf("%s: failed on %d of %d nodes (%s)", what, len(failed), len(builds), strings.Join(failed, "; "))
 	if len(done) > 0 {
 		first.Message += fmt.Sprintf("; done on %s", strings.Join(done, ", "))
 	}
@@ -485,24 +499,11 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 	dels := g.eachNode(nodes, func(_ int, t nodeTarget) (*http.Response, error) {
 		return nil, g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
 	})
-	removed := 0
-	for _, d := range dels {
-		switch {
-		case d.err == nil:
-			removed++
-		case errors.Is(d.err, errdefs.ErrNotFound):
-			d.err = nil // nothing to remove there
-		}
-	}
-	if slices.ContainsFunc(dels, func(d *nodeBuild) bool { return d.err != nil }) {
-		writeError(w, nodesFailed(name, dels))
+	if err := removedFromNodes(fmt.Sprintf("template %q", name), "name", dels); err != nil {
+		writeError(w, err)
 		return
 	}
-	if removed == 0 {
-		writeError(w, &errdefs.Error{Code: errdefs.CodeNotFound, Field: "name", Message: fmt.Sprintf("template %q: no Ready Berth node has it", name)})
-		return
-	}
-	g.log.Info("template_deleted", "template", name, "nodes", removed)
+	g.log.Info("template_deleted", "template", name)
 	var names []string
 	for _, n := range nodes {
 		names = append(names, n.Name)
@@ -511,4 +512,163 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		g.log.Warn("template_deleted_unreported", "template", name, "err", err)
 	}
 	w.WriteHeader(http.StatusNoContent)
+}
+
+// nodesWith are the Ready Berth nodes whose annotation lists template
+// name (as the cache shows them); not_found on name when none does.
+func (g *Gateway) nodesWith(name string) ([]*corev1.Node, error) {
+	nodes, err := g.readyNodes()
+	if err != nil {
+		return nil, err
+	}
+	nodes = slices.DeleteFunc(nodes, func(n *corev1.Node) bool {
+		return !slices.Contains(strings.Split(n.Annotations[node.AnnotationTemplates], ","), name)
+	})
+	if len(nodes) == 0 {
+		return nil, &errdefs.Error{Code: errdefs.CodeNotFound, Field: "name", Message: fmt.Sprintf("template %q: no Ready Berth node has it", name)}
+	}
+	return nodes, nil
+}
+
+// callNodes sends one request (method, path, with in as its JSON body
+// when not nil) to each of nodes at once and returns each node's JSON
+// answer, in the nodes' order. A node that refused is named in the error
+// (nodesFailed, for what), with the nodes it was done on.
+func (g *Gateway) callNodes(ctx context.Context, nodes []*corev1.Node, what, method, path string, in any) ([]json.RawMessage, error) {
+	out := make([]json.RawMessage, len(nodes))
+	res := g.eachNode(nodes, func(i int, t nodeTarget) (*http.Response, error) {
+		return nil, g.nodeCall(ctx, t, method, path, in, &out[i])
+	})
+	if slices.ContainsFunc(res, func(b *nodeBuild) bool { return b.err != nil }) {
+		return nil, nodesFailed(what, res)
+	}
+	return out, nil
+}
+
+// decodeAll decodes each node's answer into a T.
+func decodeAll[T any](raws []json.RawMessage) ([]T, error) {
+	out := make([]T, len(raws))
+	for i, raw := range raws {
+		if err := json.Unmarshal(raw, &out[i]); err != nil {
+			return nil, fmt.Errorf("a node's answer: %v: %w", err, errdefs.ErrUnavailable)
+		}
+	}
+	return out, nil
+}
+
+// setTemplateIsolation is PUT /v1/templates/{name}/isolation: the
+// template's default level set on every Ready node that has it; the
+// answer is the template as the list shows it.
+func (g *Gateway) setTemplateIsolation(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	name, ok := templateChange(w, r, p, "a template's isolation")
+	if !ok {
+		return
+	}
+	var in apitypes.TemplateIsolationRequest
+	if err := decodeBody(r, &in, false, `{"isolation"}`); err != nil {
+		writeError(w, err)
+		return
+	}
+	if in.Isolation != "" && !slices.Contains(core.Isolations(), in.Isolation) {
+		writeError(w, fieldErr("isolation", errdefs.ErrInvalidArgument, "isolation %q: want one of %s (or empty for the daemons' default)", in.Isolation, strings.Join(core.Isolations(), ", ")))
+		return
+	}
+	nodes, err := g.nodesWith(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	raws, err := g.callNodes(r.Context(), nodes, "template "+name, http.MethodPut, "/v1/templates/"+name+"/isolation", in)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	got, err := decodeAll[apitypes.Template](raws)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	answers := make([]nodeTemplates, len(nodes))
+	for i, n := range nodes {
+		answers[i] = nodeTemplates{node: n.Name, tpls: []apitypes.Template{got[i]}}
+	}
+	g.log.Info("template_isolation_set", "template", name, "isolation", in.Isolation, "nodes", len(nodes))
+	writeJSON(w, http.StatusOK, mergeTemplates(answers).Templates[0])
+}
+
+// setWarm is PUT /v1/templates/{name}/warm: the daemons' warm pool of the
+// template, target sandboxes on every Ready node that has it (a pod's
+// create on a node claims from its node's pool, as any create of its
+// daemon does). The answer sums the nodes' pools.
+func (g *Gateway) setWarm(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	name, ok := templateChange(w, r, p, "a warm pool")
+	if !ok {
+		return
+	}
+	var in apitypes.WarmRequest
+	if err := decodeBody(r, &in, false, `{"target","allow_sudo"}`); err != nil {
+		writeError(w, err)
+		return
+	}
+	if in.Target == nil {
+		writeError(w, fieldErr("target", errdefs.ErrInvalidArgument, "target is required: the warm sandboxes each node keeps"))
+		return
+	}
+	nodes, err := g.nodesWith(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	raws, err := g.callNodes(r.Context(), nodes, "template "+name, http.MethodPut, "/v1/templates/"+name+"/warm", in)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	got, err := decodeAll[apitypes.WarmPool](raws)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	sum := apitypes.WarmPool{AllowSudo: in.AllowSudo}
+	for _, wp := range got {
+		sum.Target += wp.Target
+		sum.Ready += wp.Ready
+	}
+	g.log.Info("template_warm_set", "template", name, "target", *in.Target, "allow_sudo", in.AllowSudo, "nodes", len(nodes))
+	writeJSON(w, http.StatusOK, sum)
+}
+
+// pruneTemplates is POST /v1/templates/prune: every Ready node's daemon
+// removes the layers none of its templates uses (each refuses while a
+// sandbox stands on older layers, as a single daemon does); the answer
+// sums what they removed.
+func (g *Gateway) pruneTemplates(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	got, err := everyNode[apitypes.TemplatePruneResult](g, r.Context(), p, "a template prune", http.MethodPost, "/v1/templates/prune", nil)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var sum apitypes.TemplatePruneResult
+	for _, p := range got {
+		sum.RemovedLayers += p.RemovedLayers
+		sum.FreedBytes += p.FreedBytes
+	}
+	writeJSON(w, http.StatusOK, sum)
+}
+
+// everyNode is an admin's (what names it in a refusal) one request to
+// every Ready node, each node's answer decoded into a T (callNodes).
+func everyNode[T any](g *Gateway, ctx context.Context, p auth.Principal, what, method, path string, in any) ([]T, error) {
+	if err := adminOnly(p, what); err != nil {
+		return nil, err
+	}
+	nodes, err := g.readyNodes()
+	if err != nil {
+		return nil, err
+	}
+	raws, err := g.callNodes(ctx, nodes, what, method, path, in)
+	if err != nil {
+		return nil, err
+	}
+	return decodeAll[T](raws)
 }

@@ -30,8 +30,9 @@ func TestTemplates(t *testing.T) {
 	if base.Name != "base" || base.Built || !slices.Equal(base.Nodes, []string{"berth-a"}) {
 		t.Errorf("base = %+v, want not built, on berth-a", base)
 	}
-	if minimal.Name != "minimal" || !minimal.Built || minimal.SizeBytes != 1<<20 || !slices.Equal(minimal.Nodes, []string{"berth-a"}) || minimal.Warm != nil {
-		t.Errorf("minimal = %+v, want built, 1 MiB, on berth-a, without the node's warm pool", minimal)
+	if minimal.Name != "minimal" || !minimal.Built || minimal.SizeBytes != 1<<20 || !slices.Equal(minimal.Nodes, []string{"berth-a"}) ||
+		minimal.Warm == nil || *minimal.Warm != (types.WarmPool{Target: 1, Ready: 1}) {
+		t.Errorf("minimal = %+v, want built, 1 MiB, on berth-a, with the node's warm pool", minimal)
 	}
 	var one types.Template
 	if code, eb := e.call(t, "GET", "/v1/templates/minimal", keyAlice, "", &one); code != 200 || one.Name != "minimal" || !one.Built {
@@ -48,13 +49,14 @@ func TestTemplates(t *testing.T) {
 		{"POST", "/v1/templates"},
 		{"POST", "/v1/templates/base/build"},
 		{"DELETE", "/v1/templates/base"},
+		{"POST", "/v1/templates/prune"},
 	} {
 		if code, eb := e.call(t, rt.method, rt.path, keyAlice, `{"name":"py","image":"python:3"}`, nil); code != 403 || eb.Code != errdefs.CodePermissionDenied {
 			t.Errorf("%s %s by a plain key = %d %+v, want permission_denied", rt.method, rt.path, code, eb)
 		}
 	}
-	if code, eb := e.call(t, "PUT", "/v1/templates/base/warm", keyAlice, "{}", nil); code != 501 || eb.Code != errdefs.CodeNotImplemented {
-		t.Errorf("PUT warm = %d %+v, want not_implemented", code, eb)
+	if code, eb := e.call(t, "PUT", "/v1/templates/minimal/warm", keyAlice, `{"target":1}`, nil); code != 403 {
+		t.Errorf("PUT warm by a plain key = %d %+v, want permission_denied", code, eb)
 	}
 }
 
@@ -128,6 +130,35 @@ func TestTemplateChanges(t *testing.T) {
 			t.Errorf("create %s = %d %+v, want invalid_argument on %s", tc.body, code, eb, tc.field)
 		}
 	}
+	// A template's default isolation and warm pool, set on the nodes
+	// that have it.
+	var tpl types.Template
+	if code, eb := e.call(t, "PUT", "/v1/templates/minimal/isolation", "", `{"isolation":"gvisor"}`, &tpl); code != 200 || tpl.Isolation != "gvisor" || !slices.Equal(tpl.Nodes, []string{"berth-a"}) {
+		t.Errorf("set isolation = %d %+v %+v", code, eb, tpl)
+	}
+	var pool types.WarmPool
+	if code, eb := e.call(t, "PUT", "/v1/templates/minimal/warm", "", `{"target":4,"allow_sudo":true}`, &pool); code != 200 || pool != (types.WarmPool{Target: 4, Ready: 2, AllowSudo: true}) {
+		t.Errorf("set warm = %d %+v %+v", code, eb, pool)
+	}
+	for _, tc := range []struct{ path, body, field string }{
+		{"/v1/templates/minimal/isolation", `{"isolation":"vm"}`, "isolation"},
+		{"/v1/templates/minimal/warm", `{}`, "target"},
+		{"/v1/templates/minimal/warm", `{"target":65}`, "target"},
+		{"/v1/templates/minimal/warm", `{"target":"x"}`, "target"},
+	} {
+		if code, eb := e.call(t, "PUT", tc.path, "", tc.body, nil); code != 400 || eb.Field != tc.field {
+			t.Errorf("PUT %s %s = %d %+v, want invalid_argument on %s", tc.path, tc.body, code, eb, tc.field)
+		}
+	}
+	if code, eb := e.call(t, "PUT", "/v1/templates/nope/warm", "", `{"target":1}`, nil); code != 404 || eb.Field != "name" {
+		t.Errorf("warm pool of a template no node has = %d %+v, want not_found on name", code, eb)
+	}
+
+	var pruned types.TemplatePruneResult
+	if code, eb := e.call(t, "POST", "/v1/templates/prune", "", "", &pruned); code != 200 || pruned != (types.TemplatePruneResult{RemovedLayers: 2, FreedBytes: 5 << 20}) {
+		t.Errorf("prune = %d %+v %+v", code, eb, pruned)
+	}
+
 	report("base,df,minimal")
 	if code, eb := e.call(t, "DELETE", "/v1/templates/py", "", "", nil); code != 204 {
 		t.Errorf("delete = %d %+v", code, eb)
@@ -143,7 +174,7 @@ func TestTemplateChanges(t *testing.T) {
 // TestNodesFailed: a change that failed on some nodes names each failure
 // and the nodes it went through on, with the first failure's class.
 func TestNodesFailed(t *testing.T) {
-	err := nodesFailed("py", []*nodeBuild{
+	err := nodesFailed("template py", []*nodeBuild{
 		{node: "a"},
 		{node: "b", err: &errdefs.Error{Code: errdefs.CodeNotFound, Field: "image", Message: "node b: no such image"}},
 		{node: "c", err: errors.New("unreachable")},
@@ -174,10 +205,40 @@ func TestMergeTemplates(t *testing.T) {
 	if b.Name != "b" || !b.Built || !slices.Equal(b.Nodes, []string{"n2"}) {
 		t.Errorf("b = %+v", b)
 	}
-	if c.Name != "c" || !c.Built || c.Warm != nil {
-		t.Errorf("c = %+v, want built, without n1's warm pool", c)
+	if c.Name != "c" || !c.Built || c.Warm == nil || *c.Warm != (types.WarmPool{Target: 2}) || c.WarmSudo != nil {
+		t.Errorf("c = %+v, want built, with n1's warm pool", c)
 	}
 	if empty := mergeTemplates(nil); empty.Templates == nil || len(empty.Templates) != 0 {
 		t.Errorf("no answers: %+v, want an empty list (not null)", empty)
+	}
+}
+
+// TestRegistries: registry logins are set on, listed from and removed from
+// every Ready node, by admins only.
+func TestRegistries(t *testing.T) {
+	e := startGateway(t, false)
+	var list types.RegistryList
+	if code, eb := e.call(t, "GET", "/v1/registries", "", "", &list); code != 200 || len(list.Registries) != 1 || list.Registries[0] != (types.RegistryLogin{Registry: "ghcr.io", Username: "ci"}) {
+		t.Errorf("list = %d %+v %+v", code, eb, list)
+	}
+	var login types.RegistryLogin
+	if code, eb := e.call(t, "PUT", "/v1/registries/registry.example", "", `{"username":"bot","password":"s3cret"}`, &login); code != 200 || login != (types.RegistryLogin{Registry: "registry.example", Username: "bot"}) {
+		t.Errorf("login = %d %+v %+v", code, eb, login)
+	}
+	if code, eb := e.call(t, "PUT", "/v1/registries/registry.example", "", `{"username":"bot","password":"wrong"}`, nil); code != 401 || eb.Code != errdefs.CodeUnauthenticated || !strings.Contains(eb.Message, "berth-a") {
+		t.Errorf("refused login = %d %+v, want unauthenticated naming the node", code, eb)
+	}
+	if code, eb := e.call(t, "PUT", "/v1/registries/registry.example", "", `{"username":"bot"}`, nil); code != 400 || eb.Field != "password" {
+		t.Errorf("login without a password = %d %+v, want invalid_argument on password", code, eb)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/registries/ghcr.io", "", "", nil); code != 204 {
+		t.Errorf("logout = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "DELETE", "/v1/registries/none.example", "", "", nil); code != 404 || eb.Field != "host" {
+		t.Errorf("logout without a login = %d %+v, want not_found on host", code, eb)
+	}
+	keyed := startGateway(t, true)
+	if code, eb := keyed.call(t, "GET", "/v1/registries", keyAlice, "", nil); code != 403 {
+		t.Errorf("list by a plain key = %d %+v, want permission_denied", code, eb)
 	}
 }

@@ -231,7 +231,13 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"POST", "/v1/templates/py/dockerfile?dockerfile=D", 201, "POST /v1/templates/py/dockerfile"},
 		{"DELETE", "/v1/templates/minimal", 204, "DELETE /v1/templates/minimal"},
 		{"POST", "/v1/templates/..%2Fsandboxes%2Fsba/build", 400, ""},
-		{"PUT", "/v1/templates/minimal/isolation", 404, ""},
+		{"PUT", "/v1/templates/minimal/isolation", 201, "PUT /v1/templates/minimal/isolation"},
+		{"PUT", "/v1/templates/minimal/warm", 201, "PUT /v1/templates/minimal/warm"},
+		{"POST", "/v1/templates/prune", 201, "POST /v1/templates/prune"},
+		{"GET", "/v1/registries", 201, "GET /v1/registries"},
+		{"PUT", "/v1/registries/ghcr.io", 201, "PUT /v1/registries/ghcr.io"},
+		{"DELETE", "/v1/registries/ghcr.io", 204, "DELETE /v1/registries/ghcr.io"},
+		{"PUT", "/v1/registries/a%2Fb", 400, ""},
 	} {
 		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
 			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)
@@ -240,7 +246,7 @@ func TestDataPlaneSnapshots(t *testing.T) {
 	// Each template change that reached the daemon had the node report
 	// its templates again (Close waits for the handlers to return).
 	hs.Close()
-	if n := changes.Load(); n != 4 {
-		t.Errorf("template changes reported %d times, want 4 (create, build, Dockerfile build, delete)", n)
+	if n := changes.Load(); n != 9 {
+		t.Errorf("changes reported %d times, want 9 (template create, build, Dockerfile build, delete, isolation, warm, prune; login, logout)", n)
 	}
 }

@@ -27,8 +27,8 @@ import (
 // its own name, never another snapshot of the host's daemon.
 
 // handleSnapshots registers the snapshot routes that are not a sandbox's,
-// and the daemon's template routes; templatesChanged is called after a
-// template change went through them.
+// and the daemon's template and registry login routes; templatesChanged
+// is called after a change went through them.
 // Before a DELETE the node destroys the sandboxes made from the snapshot
 // whose pods are deleted (freeSnapshot).
 func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templatesChanged func(), log *slog.Logger) {
@@ -62,22 +62,24 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	daemon := daemonProxy(socket, log)
 	// The daemon's templates (the gateway's template routes, which it
 	// keeps to admin keys): listed, made from an image or a Dockerfile,
-	// built and removed. Builds stream their log as the daemon writes
+	// built, given a default isolation or a warm pool, removed, and
+	// their unused layers pruned. Builds stream their log as the daemon writes
 	// it; a Dockerfile's context streams to the daemon as it comes.
 	toDaemon := func(w http.ResponseWriter, r *http.Request) {
-		path := "/v1/templates"
-		if name := r.PathValue("name"); name != "" {
+		// The daemon's path is the route's own, the name put in.
+		_, path, _ := strings.Cut(r.Pattern, " ")
+		path = strings.TrimPrefix(path, DataPlanePrefix)
+		for _, k := range []string{"name", "host"} {
+			v := r.PathValue(k)
+			if !strings.Contains(path, "{"+k+"}") {
+				continue
+			}
 			// One path segment, or the daemon would read another route.
-			if strings.ContainsAny(name, "/\\") || name == "." || name == ".." {
-				writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: fmt.Sprintf("template name %q is no template name", name)})
+			if v == "" || strings.ContainsAny(v, "/\\") || v == "." || v == ".." {
+				writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: k, Message: fmt.Sprintf("%s %q is not one path segment", k, v)})
 				return
 			}
-			path += "/" + name
-			for _, verb := range []string{"/build", "/dockerfile"} {
-				if strings.HasSuffix(r.Pattern, verb) {
-					path += verb
-				}
-			}
+			path = strings.Replace(path, "{"+k+"}", v, 1)
 		}
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
@@ -91,6 +93,13 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/build", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/dockerfile", toDaemon)
+	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/templates/{name}/isolation", toDaemon)
+	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/templates/{name}/warm", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/prune", toDaemon)
+	// Its registry logins, which image templates pull with.
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/registries", toDaemon)
+	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
+	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
