@@ -97,7 +97,7 @@ func (g *Gateway) logoutRegistry(w http.ResponseWriter, r *http.Request, p auth.
 // from every node: nil when some node removed it and none failed (not
 // having it is no failure), not_found on name when no node had it, else
 // nodesFailed.
-func removedFromNodes(what, field string, res []*nodeBuild) error {
+func removedFromNodes(what, field string, res []*nodeOutcome) error {
 	removed := 0
 	for _, d := range res {
 		switch {
@@ -107,7 +107,7 @@ func removedFromNodes(what, field string, res []*nodeBuild) error {
 			d.err = nil // nothing to remove there
 		}
 	}
-	if slices.ContainsFunc(res, func(d *nodeBuild) bool { return d.err != nil }) {
+	if slices.ContainsFunc(res, func(d *nodeOutcome) bool { return d.err != nil }) {
 		return nodesFailed(what, res)
 	}
 	if removed == 0 {

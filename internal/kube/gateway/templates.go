@@ -25,18 +25,19 @@ import (
 )
 
 // Templates on the gateway: each node's daemon has its own, and the
-// gateway lists what the Ready nodes have and makes, builds and removes a
-// template on all of them at once, through each node's data plane (the
-// daemon's template routes). A create's template check reads the nodes'
+// gateway lists what the Ready nodes have and makes, builds, sets (default
+// isolation, warm pool), removes and prunes templates on all of them at
+// once, through each node's data plane (the daemon's template routes;
+// registries.go does the same for registry logins). A create's template check reads the nodes'
 // annotation instead (create.go), with no node call. A node that joins
 // later has only what its daemon has: a template made through the
 // gateway is made again there by making it again through the gateway.
 
-// templateListConcurrency bounds the node calls of one template list;
-// templateNodeTimeout bounds each.
+// nodeConcurrency bounds the node calls of one fan-out (eachNode) in
+// flight at once; templateNodeTimeout bounds each call of a list.
 const (
-	templateListConcurrency = 16
-	templateNodeTimeout     = 10 * time.Second
+	nodeConcurrency     = 16
+	templateNodeTimeout = 10 * time.Second
 )
 
 // nodeTemplates is one node's answer to a template list.
@@ -265,8 +266,8 @@ func (g *Gateway) buildDockerfile(w http.ResponseWriter, r *http.Request, p auth
 	g.buildOnNodes(w, r, name, path, func() (any, error) { return os.Open(spool.Name()) })
 }
 
-// nodeBuild is one node's part of a build through the gateway.
-type nodeBuild struct {
+// nodeOutcome is one node's part of a change through the gateway.
+type nodeOutcome struct {
 	node string
 	resp *http.Response
 	// built is the template the node's stream ended with; err why the
@@ -305,7 +306,7 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 			}
 		}
 	}()
-	if !slices.ContainsFunc(builds, func(b *nodeBuild) bool { return b.err == nil }) {
+	if !slices.ContainsFunc(builds, func(b *nodeOutcome) bool { return b.err == nil }) {
 		// Every node refused: the first one's answer, naming them all.
 		writeError(w, nodesFailed("template "+name, builds))
 		return
@@ -401,15 +402,15 @@ func addPool(sum, p *apitypes.WarmPool) *apitypes.WarmPool {
 }
 
 // eachNode runs call on every one of nodes at once (at most
-// templateListConcurrency calls at a time) with the node's index and
+// nodeConcurrency calls at a time) with the node's index and
 // data-plane address, and returns each node's outcome in the nodes'
 // order.
-func (g *Gateway) eachNode(nodes []*corev1.Node, call func(i int, t nodeTarget) (*http.Response, error)) []*nodeBuild {
-	out := make([]*nodeBuild, len(nodes))
-	sem := make(chan struct{}, templateListConcurrency)
+func (g *Gateway) eachNode(nodes []*corev1.Node, call func(i int, t nodeTarget) (*http.Response, error)) []*nodeOutcome {
+	out := make([]*nodeOutcome, len(nodes))
+	sem := make(chan struct{}, nodeConcurrency)
 	var wg sync.WaitGroup
 	for i, n := range nodes {
-		b := &nodeBuild{node: n.Name}
+		b := &nodeOutcome{node: n.Name}
 		out[i] = b
 		wg.Go(func() {
 			sem <- struct{}{}
@@ -458,7 +459,7 @@ func followBuild(node string, body io.Reader, emit func(apitypes.BuildLine)) (*a
 // nodesFailed is the error of a change of what ("template py") that
 // failed on some nodes: the first failure's code and field, every
 // failure named, and the nodes it went through on.
-func nodesFailed(what string, builds []*nodeBuild) *errdefs.Error {
+func nodesFailed(what string, builds []*nodeOutcome) *errdefs.Error {
 	var failed, done []string
 	var first *errdefs.Error
 	for _, b := range builds {
@@ -539,7 +540,7 @@ func (g *Gateway) callNodes(ctx context.Context, nodes []*corev1.Node, what, met
 	res := g.eachNode(nodes, func(i int, t nodeTarget) (*http.Response, error) {
 		return nil, g.nodeCall(ctx, t, method, path, in, &out[i])
 	})
-	if slices.ContainsFunc(res, func(b *nodeBuild) bool { return b.err != nil }) {
+	if slices.ContainsFunc(res, func(b *nodeOutcome) bool { return b.err != nil }) {
 		return nil, nodesFailed(what, res)
 	}
 	return out, nil

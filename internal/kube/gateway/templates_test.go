@@ -174,7 +174,7 @@ func TestTemplateChanges(t *testing.T) {
 // TestNodesFailed: a change that failed on some nodes names each failure
 // and the nodes it went through on, with the first failure's class.
 func TestNodesFailed(t *testing.T) {
-	err := nodesFailed("template py", []*nodeBuild{
+	err := nodesFailed("template py", []*nodeOutcome{
 		{node: "a"},
 		{node: "b", err: &errdefs.Error{Code: errdefs.CodeNotFound, Field: "image", Message: "node b: no such image"}},
 		{node: "c", err: errors.New("unreachable")},

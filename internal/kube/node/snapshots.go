@@ -56,14 +56,11 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/snapshots/{id}", h)
 	// The snapshot as a portable archive (the daemon's export), streamed.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/snapshots/{id}/export", h)
-	// An archive imported as a snapshot of this node's: labelled with
-	// its name, whatever the archive or the client says. The client's
-	// own labels go on, but none of Berth's (berth.dev/).
 	daemon := daemonProxy(socket, log)
 	// The daemon's templates (the gateway's template routes, which it
 	// keeps to admin keys): listed, made from an image or a Dockerfile,
-	// built, given a default isolation or a warm pool, removed, and
-	// their unused layers pruned. Builds stream their log as the daemon writes
+	// built, given a default isolation or a warm pool, removed, and their
+	// unused layers pruned. Builds stream their log as the daemon writes
 	// it; a Dockerfile's context streams to the daemon as it comes.
 	toDaemon := func(w http.ResponseWriter, r *http.Request) {
 		// The daemon's path is the route's own, the name put in.
@@ -95,12 +92,15 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/dockerfile", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/templates/{name}/isolation", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/templates/{name}/warm", toDaemon)
+	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/prune", toDaemon)
 	// Its registry logins, which image templates pull with.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/registries", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
-	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
+	// An archive imported as a snapshot of this node's: labelled with
+	// its name, whatever the archive or the client says. The client's
+	// own labels go on, but none of Berth's (berth.dev/).
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
 		labels := slices.DeleteFunc(r.URL.Query()["label"], InternalLabel)
