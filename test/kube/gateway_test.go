@@ -377,8 +377,16 @@ func TestGateway(t *testing.T) {
 	if got, err := c.nodes[w3.node].Local.Get(ctx, w3.sandbox); err != nil || got.State != client.StatePaused {
 		t.Errorf("node sandbox after the pause = %+v, %v; want paused", got, err)
 	}
-	if l, err := gwA.List(ctx, client.ListOptions{State: client.StatePaused}); err != nil || len(l) != 1 || l[0].ID != third.ID {
-		t.Errorf("A lists paused = %v, %v", ids(l), err)
+	// A's cache may trail B's by its watch's latency (docs/kubernetes.md):
+	// A's list is asked again until it shows the pause, bounded.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		l, err := gwA.List(ctx, client.ListOptions{State: client.StatePaused})
+		if err == nil && len(l) == 1 && l[0].ID == third.ID {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("A lists paused = %v, %v", ids(l), err)
+		}
 	}
 	if pod, err := pods.Get(ctx, third.ID, metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodRunning ||
 		pod.Status.ContainerStatuses[0].State.Waiting == nil || pod.Status.ContainerStatuses[0].State.Waiting.Reason != node.ReasonPaused {
