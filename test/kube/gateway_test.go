@@ -301,11 +301,13 @@ func TestGateway(t *testing.T) {
 		t.Errorf("another key's work log read = %v, want not found", err)
 	}
 
-	// B lists and gets what A made: its state is the cluster's.
-	listed, err := gwB.List(ctx, client.ListOptions{Labels: map[string]string{"run": "gw"}})
-	if err != nil {
-		t.Fatalf("list through B: %v", err)
-	}
+	// B lists and gets what A made: its state is the cluster's, once B's
+	// cache caught up with A's (it trails by its watch's latency).
+	var listed []*client.Sandbox
+	harness.WaitFor(t, 30*time.Second, "gateway B to list A's sandboxes ready", func() bool {
+		listed, err = gwB.List(ctx, client.ListOptions{Labels: map[string]string{"run": "gw"}})
+		return err == nil && len(listed) == 2 && !slices.ContainsFunc(listed, func(l *client.Sandbox) bool { return l.State != client.StateReady })
+	})
 	var listedIDs []string
 	for _, l := range listed {
 		listedIDs = append(listedIDs, l.ID)
@@ -377,17 +379,11 @@ func TestGateway(t *testing.T) {
 	if got, err := c.nodes[w3.node].Local.Get(ctx, w3.sandbox); err != nil || got.State != client.StatePaused {
 		t.Errorf("node sandbox after the pause = %+v, %v; want paused", got, err)
 	}
-	// A's cache may trail B's by its watch's latency (docs/kubernetes.md):
-	// A's list is asked again until it shows the pause, bounded.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	// A's cache may trail B's by its watch's latency (docs/kubernetes.md).
+	harness.WaitFor(t, 30*time.Second, "gateway A to list the sandbox paused", func() bool {
 		l, err := gwA.List(ctx, client.ListOptions{State: client.StatePaused})
-		if err == nil && len(l) == 1 && l[0].ID == third.ID {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("A lists paused = %v, %v", ids(l), err)
-		}
-	}
+		return err == nil && len(l) == 1 && l[0].ID == third.ID
+	})
 	if pod, err := pods.Get(ctx, third.ID, metav1.GetOptions{}); err != nil || pod.Status.Phase != corev1.PodRunning ||
 		pod.Status.ContainerStatuses[0].State.Waiting == nil || pod.Status.ContainerStatuses[0].State.Waiting.Reason != node.ReasonPaused {
 		t.Errorf("paused pod = %+v, %v; want Running with its container waiting (%s)", pod.Status, err, node.ReasonPaused)
@@ -450,9 +446,11 @@ func TestGateway(t *testing.T) {
 	if code, err := gwA.Sandbox(auto.ID).Exec(ctx, client.ExecRequest{Cmd: "echo", Args: []string{"woke"}, Stdout: &out}); err != nil || code != 0 || out.String() != "woke\n" {
 		t.Errorf("exec in a paused auto_resume sandbox = %d, %v, %q", code, err, out.String())
 	}
-	if got, err := gwB.Get(ctx, auto.ID); err != nil || got.State != client.StateReady {
-		t.Errorf("auto_resume sandbox after the exec = %+v, %v; want ready", got, err)
-	}
+	// Resumed through A: B's cache shows it once it caught up.
+	harness.WaitFor(t, 30*time.Second, "gateway B to show the auto_resume sandbox ready", func() bool {
+		got, err := gwB.Get(ctx, auto.ID)
+		return err == nil && got.State == client.StateReady
+	})
 	if _, err := gwOther.Pause(ctx, auto.ID); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("another key's pause = %v, want not found", err)
 	}
