@@ -253,7 +253,10 @@ func TestLimits(t *testing.T) {
 		}
 		MustRun(t, sb, "rm /tmp/fill")
 		// Pids: a fork bomb stays inside and the neighbour is unaffected.
-		Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' 2>/dev/null; true")
+		// Its output goes nowhere: bombs forked as timeout's signal
+		// lands outlive it, and holding the exec's stdout they would
+		// keep the exec open until they die.
+		Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' >/dev/null 2>&1; true")
 		MustRun(t, neighbour, "echo neighbour fine")
 		got, err := d.Client.Get(t.Context(), sb.ID)
 		if err != nil || got.Usage == nil || got.Usage.PIDs > 1024 {
