@@ -95,11 +95,14 @@ type State struct {
 
 // Stats is resource usage so far.
 type Stats struct {
-	CPUUsage      time.Duration // total CPU time consumed
-	MemoryBytes   int64         // current memory use
-	MemoryMax     int64         // peak memory use
-	MemoryLimit   int64
-	PidsCurrent   int64
+	CPUUsage    time.Duration // total CPU time consumed
+	MemoryBytes int64         // current memory use
+	MemoryMax   int64         // peak memory use
+	MemoryLimit int64
+	PidsCurrent int64
+	// PidsRefused counts the forks the pids limit refused so far
+	// (pids.events "max"); 0 where the backend cannot tell.
+	PidsRefused   int64
 	OOMKills      int64 // OOM kills inside the sandbox so far
 	DiskUsedBytes int64
 	DiskBytes     int64

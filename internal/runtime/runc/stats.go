@@ -65,6 +65,9 @@ func (r *Runtime) sentryStats(ctx context.Context, id string, s *runtime.Stats) 
 	}
 	s.MemoryBytes = int64(ev.Data.Memory.Usage.Usage)
 	s.PidsCurrent = int64(ev.Data.Pids.Current)
+	// The host cgroup's refusals are the sentry's threads', not the
+	// sandbox's forks.
+	s.PidsRefused = 0
 }
 
 func (r *Runtime) statsV1(id string, s *runtime.Stats) error {
@@ -85,9 +88,13 @@ func (r *Runtime) statsV1(id string, s *runtime.Stats) error {
 	s.MemoryBytes = read(mem, "memory.usage_in_bytes")
 	s.MemoryMax = read(mem, "memory.max_usage_in_bytes")
 	s.MemoryLimit = read(mem, "memory.limit_in_bytes")
-	s.PidsCurrent = read(filepath.Join(r.cg.controllers["pids"], p), "pids.current")
+	pids := filepath.Join(r.cg.controllers["pids"], p)
+	s.PidsCurrent = read(pids, "pids.current")
 	if err != nil {
 		return err
+	}
+	if kv, err := readKV(filepath.Join(pids, "pids.events")); err == nil {
+		s.PidsRefused = kv["max"]
 	}
 	// v1 reports "unlimited" as a huge page-rounded number.
 	if s.MemoryLimit >= 1<<62 {
@@ -120,6 +127,9 @@ func (r *Runtime) statsV2(id string, s *runtime.Stats) error {
 	}
 	if s.PidsCurrent, err = readInt(filepath.Join(dir, "pids.current")); err != nil {
 		return err
+	}
+	if kv, err := readKV(filepath.Join(dir, "pids.events")); err == nil {
+		s.PidsRefused = kv["max"]
 	}
 	ev, err := readKV(filepath.Join(dir, "memory.events"))
 	if err != nil {
