@@ -772,23 +772,13 @@ func TestGatewayTemplates(t *testing.T) {
 	if err != nil || pool.Target != 2 {
 		t.Fatalf("warm pool through the gateway = %+v, %v; want a target of 2 (1 on each node)", pool, err)
 	}
-	// The pools fill in the background; a bench-like wait on what the
-	// nodes' daemons report, bounded.
-	deadline := time.Now().Add(90 * time.Second)
-	for {
+	// The pools fill in the background: wait until the nodes' daemons
+	// report both ready, bounded.
+	harness.WaitFor(t, 2*time.Minute, "each node's warm pool of minimal to be ready (2 in the gateway's sum)", func() bool {
 		tpls, err := gw.Templates(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
 		i := slices.IndexFunc(tpls, func(t client.Template) bool { return t.Name == "minimal" })
-		if i >= 0 && tpls[i].Warm != nil && tpls[i].Warm.Ready == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("warm pools not filled after 90s: %+v", tpls)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && i >= 0 && tpls[i].Warm != nil && tpls[i].Warm.Ready == 2
+	})
 	warmSb, err := gw.Create(ctx, client.CreateRequest{CPU: 0.25, Memory: "128M", Timeout: "5m"})
 	if err != nil {
 		t.Fatalf("create with warm pools: %v", err)
