@@ -142,23 +142,33 @@ func (c *Client) ImportSnapshotWith(ctx context.Context, r io.Reader, opts Impor
 	if opts.Node != "" {
 		q.Set("node", opts.Node)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint("/v1/snapshots/import", q), r)
+	var s Snapshot
+	if err := c.upload(ctx, "import snapshot", "/v1/snapshots/import", q, r, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// upload posts an archive (application/x-tar) to path and decodes the JSON
+// answer into out. The server's errors come back as they are; what names
+// the call in the client's own.
+func (c *Client) upload(ctx context.Context, what, path string, q url.Values, r io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint(path, q), r)
 	if err != nil {
-		return nil, fmt.Errorf("import snapshot: %w", err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	req.Header.Set("Content-Type", "application/x-tar")
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.hc.Do(req)
 	if err != nil {
-		return nil, c.unreachable(err)
+		return c.unreachable(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		return nil, decodeError(resp)
+		return decodeError(resp)
 	}
-	var s Snapshot
-	if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
-		return nil, fmt.Errorf("decode import answer: %w", err)
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		return fmt.Errorf("%s: decode the answer: %w", what, err)
 	}
-	return &s, nil
+	return nil
 }

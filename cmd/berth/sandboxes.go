@@ -330,8 +330,8 @@ func newTimeoutCmd(a *app) *cobra.Command {
 func newTemplateCmd(a *app) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "template",
-		Short: "List, build, remove and prune templates",
-		Args:  exactArgs(0, "a subcommand (ls, build, rm, prune, isolation, warm)"),
+		Short: "List, build, remove, prune, export and import templates",
+		Args:  exactArgs(0, "a subcommand (ls, build, rm, prune, isolation, warm, export, import)"),
 	}
 	var asJSON bool
 	ls := &cobra.Command{
@@ -591,7 +591,7 @@ in the daemon's config sets it at start. A template may have both pools.`,
 		},
 	}
 	warm.Flags().BoolVar(&warmSudo, "allow-sudo", false, "set the pool of sudo-capable sandboxes (made with allow_sudo), which only creates with allow_sudo claim")
-	cmd.AddCommand(ls, build, rm, prune, isolation, warm)
+	cmd.AddCommand(ls, build, rm, prune, isolation, warm, newTemplateExportCmd(a), newTemplateImportCmd(a))
 	return cmd
 }
 

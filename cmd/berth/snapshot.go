@@ -3,8 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
-	"path/filepath"
 	"strconv"
 	"text/tabwriter"
 	"time"
@@ -124,29 +124,7 @@ func newSnapshotExportCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			// Written beside FILE and renamed once whole: an interrupted
-			// export never leaves a FILE that looks complete.
-			tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial-")
-			if err != nil {
-				return err
-			}
-			defer os.Remove(tmp.Name())
-			err = c.ExportSnapshot(cmd.Context(), args[0], tmp)
-			if cerr := tmp.Close(); err == nil {
-				err = cerr
-			}
-			if err != nil {
-				return err
-			}
-			if err := os.Rename(tmp.Name(), out); err != nil {
-				return err
-			}
-			fi, err := os.Stat(out)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(a.out, "%s: %s\n", out, humanBytes(fi.Size()))
-			return nil
+			return a.writeArchiveFile(out, func(w io.Writer) error { return c.ExportSnapshot(cmd.Context(), args[0], w) })
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write")

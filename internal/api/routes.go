@@ -56,6 +56,8 @@ func (s *Server) routeTable() []route {
 		{"DELETE", "/v1/templates/{name}", s.deleteTemplate, nil},
 		{"POST", "/v1/templates/prune", s.pruneTemplates, nil},
 		{"POST", "/v1/templates/{name}/dockerfile", s.buildDockerfile, dockerfiles},
+		{"GET", "/v1/templates/{name}/export", s.exportTemplate, nil},
+		{"POST", "/v1/templates/import", s.importTemplate, nil},
 		{"GET", "/v1/registries", s.listRegistries, registries},
 		{"PUT", "/v1/registries/{host}", s.loginRegistry, registries},
 		{"DELETE", "/v1/registries/{host}", s.logoutRegistry, registries},
@@ -105,6 +107,10 @@ var routeAccess = map[string]access{
 	"POST /v1/templates/prune":             adminOnly,
 	"PUT /v1/templates/{name}/isolation":   adminOnly,
 	"POST /v1/templates/{name}/dockerfile": adminOnly,
+	// An export holds every file of the template, which may come from a
+	// private registry.
+	"GET /v1/templates/{name}/export": adminOnly,
+	"POST /v1/templates/import":       adminOnly,
 	// Registry credentials are the host's, and secret.
 	"GET /v1/registries":            adminOnly,
 	"PUT /v1/registries/{host}":     adminOnly,

@@ -31,6 +31,8 @@ type Templates interface {
 	BuildImage(ctx context.Context, name, ref string, start template.StartOptions, log io.Writer) (template.Template, error)
 	Remove(ctx context.Context, name string) error
 	PruneLayers(ctx context.Context) (int, int64, error)
+	Export(ctx context.Context, name string, w io.Writer) error
+	Import(ctx context.Context, r io.Reader, name string) (template.Template, error)
 }
 
 // WarmPools is the Manager's warm pools (sandbox/pool.go).

@@ -326,3 +326,60 @@ func (s *Server) setWarm(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, types.WarmPool{Target: st.Target, Ready: st.Ready, AllowSudo: in.AllowSudo})
 }
+
+// maxTemplateImport bounds an uploaded template archive.
+const maxTemplateImport = 64 << 30
+
+// exportTemplate writes a template as a portable archive (GET
+// /v1/templates/{name}/export). The store packs every layer before the
+// first byte, so any refusal is a plain error.
+func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if err := template.ValidName(name); err != nil {
+		writeError(w, badField("name", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-tar")
+	w.Header().Set("Content-Disposition", `attachment; filename="`+name+`.tar"`)
+	ew := &startedWriter{w: w}
+	if err := s.cfg.Templates.Export(r.Context(), name, ew); err != nil {
+		if !ew.started {
+			w.Header().Del("Content-Disposition")
+			writeError(w, badField("name", err))
+			return
+		}
+		s.log.Warn("export_template", "template", name, "err", err)
+	}
+}
+
+// importTemplate makes a template from a portable archive (POST
+// /v1/templates/import[?name=NAME]).
+func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k := range q {
+		if k != "name" {
+			writeError(w, badField(k, fmt.Errorf("unknown query parameter %q (want name): %w", k, errdefs.ErrInvalidArgument)))
+			return
+		}
+	}
+	name := q.Get("name")
+	if name != "" {
+		if err := template.ValidName(name); err != nil {
+			writeError(w, badField("name", err))
+			return
+		}
+	}
+	t, err := s.cfg.Templates.Import(r.Context(), http.MaxBytesReader(w, r.Body, maxTemplateImport), name)
+	if err != nil {
+		switch {
+		case errors.Is(err, errdefs.ErrAlreadyExists):
+			err = badField("name", err)
+		case errors.Is(err, errdefs.ErrInvalidArgument):
+			err = badField("file", err)
+		}
+		writeError(w, err)
+		return
+	}
+	s.templateChanged(r, t.Name)
+	writeJSON(w, http.StatusCreated, templateToJSON(t))
+}

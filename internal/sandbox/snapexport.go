@@ -130,7 +130,7 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string,
 	}()
 	var size int64
 	var last int
-	man, err := snaparchive.Read(r, func(i int, lr io.Reader) error {
+	man, err := snaparchive.Read(r, snaparchive.Format, func(i int, _ snaparchive.Layer, lr io.Reader) error {
 		// Every layer but the last is a base layer under base/<i>.
 		dst := filepath.Join(partial, "base", strconv.Itoa(i))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {

@@ -1,5 +1,7 @@
 // Package snaparchive owns the portable snapshot file (berth snapshot
-// export/import): a tar whose first entry, manifest.json, describes the
+// export/import) and the portable template file (berth template
+// export/import, format TemplateFormat: the same shape, with a template's
+// record instead of a snapshot's and never a memory image): a tar whose first entry, manifest.json, describes the
 // snapshot and lists its layers with their sizes and SHA-256 digests, and
 // whose next entries are those layers, each an OCI-style layer tar, in
 // order, then, for a memory snapshot, the files of its memory image
@@ -19,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -27,8 +30,11 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
-// Format names this version of the archive.
+// Format names this version of the snapshot archive.
 const Format = "berth-snapshot/1"
+
+// TemplateFormat names this version of the template archive.
+const TemplateFormat = "berth-template/1"
 
 // Bounds of what an archive may hold.
 const (
@@ -73,9 +79,12 @@ type Layer struct {
 
 // Manifest is the archive's first entry.
 type Manifest struct {
-	Format   string  `json:"format"`
-	Snapshot Meta    `json:"snapshot"`
-	Layers   []Layer `json:"layers"`
+	Format   string `json:"format"`
+	Snapshot Meta   `json:"snapshot,omitzero"`
+	// Template is a template archive's record, as the template store
+	// writes and reads it (the store checks it).
+	Template json.RawMessage `json:"template,omitempty"`
+	Layers   []Layer         `json:"layers"`
 	// Memory lists a memory snapshot's image files (File
 	// "memory/<name>"), after the layers.
 	Memory []Layer `json:"memory,omitempty"`
@@ -102,7 +111,7 @@ func layerFile(i int) string { return "layers/" + strconv.Itoa(i) + ".tar" }
 var hexDigest = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 func bad(format string, a ...any) error {
-	return fmt.Errorf("snapshot archive: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
+	return fmt.Errorf("archive: "+format+": %w", append(a, errdefs.ErrInvalidArgument)...)
 }
 
 // ParseManifest decodes and checks a manifest.
@@ -116,11 +125,23 @@ func ParseManifest(b []byte) (Manifest, error) {
 	if dec.More() {
 		return Manifest{}, bad("manifest: trailing data")
 	}
-	if m.Format != Format {
-		return Manifest{}, bad("format %q: this daemon reads %q", m.Format, Format)
-	}
-	if m.Snapshot.Template == "" || m.Snapshot.Kind == "" {
-		return Manifest{}, bad("manifest names no template or kind")
+	switch m.Format {
+	case Format:
+		if m.Snapshot.Template == "" || m.Snapshot.Kind == "" {
+			return Manifest{}, bad("manifest names no template or kind")
+		}
+		if len(m.Template) > 0 {
+			return Manifest{}, bad("a snapshot archive with a template record")
+		}
+	case TemplateFormat:
+		if len(m.Template) == 0 || !json.Valid(m.Template) {
+			return Manifest{}, bad("manifest has no template record")
+		}
+		if !reflect.ValueOf(m.Snapshot).IsZero() || len(m.Memory) > 0 {
+			return Manifest{}, bad("a template archive with a snapshot record or memory image")
+		}
+	default:
+		return Manifest{}, bad("format %q: this daemon reads %q and %q", m.Format, Format, TemplateFormat)
 	}
 	if n := len(m.Layers); n < 1 || n > MaxLayers {
 		return Manifest{}, bad("%d layers: want 1 to %d", n, MaxLayers)
@@ -162,13 +183,14 @@ func ParseManifest(b []byte) (Manifest, error) {
 	return m, nil
 }
 
-// Read reads an archive from r: the manifest, then each layer in order,
-// handed to layer as a stream of exactly its size, then each memory image
+// Read reads an archive of format want from r: the manifest, then each
+// layer in order, handed to layer with its manifest entry as a stream of
+// exactly its size, then each memory image
 // file, handed to memory by name (checked: a plain name). Once a func
 // returns, what it left unread is consumed and the entry's digest
 // checked; a mismatch, a misplaced or extra entry, or a short file fails
 // the read. A func's error ends the read too.
-func Read(r io.Reader, layer func(i int, r io.Reader) error, memory func(name string, r io.Reader) error) (Manifest, error) {
+func Read(r io.Reader, want string, layer func(i int, l Layer, r io.Reader) error, memory func(name string, r io.Reader) error) (Manifest, error) {
 	tr := tar.NewReader(r)
 	hdr, err := tr.Next()
 	if err != nil {
@@ -188,8 +210,11 @@ func Read(r io.Reader, layer func(i int, r io.Reader) error, memory func(name st
 	if err != nil {
 		return Manifest{}, err
 	}
+	if m.Format != want {
+		return Manifest{}, bad("format %q: want %q here", m.Format, want)
+	}
 	for i, l := range m.Layers {
-		if err := readEntry(tr, l, fmt.Sprintf("layer %d (%s)", i, l.File), func(r io.Reader) error { return layer(i, r) }); err != nil {
+		if err := readEntry(tr, l, fmt.Sprintf("layer %d (%s)", i, l.File), func(r io.Reader) error { return layer(i, l, r) }); err != nil {
 			return m, err
 		}
 	}
@@ -222,7 +247,7 @@ func readEntry(tr *tar.Reader, l Layer, what string, fn func(io.Reader) error) e
 	}
 	h := sha256.New()
 	if err := fn(io.TeeReader(tr, h)); err != nil {
-		return fmt.Errorf("snapshot archive: %s: %w", l.File, err)
+		return fmt.Errorf("archive: %s: %w", l.File, err)
 	}
 	if _, err := io.Copy(h, tr); err != nil {
 		return bad("read %s: %v", l.File, err)
@@ -237,7 +262,17 @@ func readEntry(tr *tar.Reader, l Layer, what string, fn func(io.Reader) error) e
 // first) and the memory image files in memory (a memory snapshot's; each
 // file read from its start) to w.
 func Write(w io.Writer, meta Meta, files []*os.File, memory []MemoryFile) error {
-	m := Manifest{Format: Format, Snapshot: meta}
+	return write(w, Manifest{Format: Format, Snapshot: meta}, meta.CreatedAt, files, memory)
+}
+
+// WriteTemplate writes a template archive to w: the template store's
+// record of it and its layers (each a layer tar in a file, read from its
+// start), stamped with modTime.
+func WriteTemplate(w io.Writer, record json.RawMessage, modTime time.Time, files []*os.File) error {
+	return write(w, Manifest{Format: TemplateFormat, Template: record}, modTime, files, nil)
+}
+
+func write(w io.Writer, m Manifest, modTime time.Time, files []*os.File, memory []MemoryFile) error {
 	digest := func(f *os.File, name string) (Layer, error) {
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return Layer{}, err
@@ -271,7 +306,7 @@ func Write(w io.Writer, meta Meta, files []*os.File, memory []MemoryFile) error 
 		return err
 	}
 	tw := tar.NewWriter(w)
-	if err := tw.WriteHeader(&tar.Header{Name: manifestName, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(b)), ModTime: meta.CreatedAt}); err != nil {
+	if err := tw.WriteHeader(&tar.Header{Name: manifestName, Typeflag: tar.TypeReg, Mode: 0o644, Size: int64(len(b)), ModTime: modTime}); err != nil {
 		return err
 	}
 	if _, err := tw.Write(b); err != nil {
@@ -281,7 +316,7 @@ func Write(w io.Writer, meta Meta, files []*os.File, memory []MemoryFile) error 
 		if _, err := f.Seek(0, io.SeekStart); err != nil {
 			return err
 		}
-		if err := tw.WriteHeader(&tar.Header{Name: l.File, Typeflag: tar.TypeReg, Mode: 0o644, Size: l.Size, ModTime: meta.CreatedAt}); err != nil {
+		if err := tw.WriteHeader(&tar.Header{Name: l.File, Typeflag: tar.TypeReg, Mode: 0o644, Size: l.Size, ModTime: modTime}); err != nil {
 			return err
 		}
 		if _, err := io.CopyN(tw, f, l.Size); err != nil {

@@ -3,6 +3,7 @@ package snaparchive
 import (
 	"archive/tar"
 	"bytes"
+	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -44,7 +45,7 @@ func archive(t *testing.T, contents ...string) []byte {
 func TestRoundTrip(t *testing.T) {
 	b := archive(t, "first layer", "second")
 	var got []string
-	m, err := Read(bytes.NewReader(b), func(i int, r io.Reader) error {
+	m, err := Read(bytes.NewReader(b), Format, func(i int, _ Layer, r io.Reader) error {
 		data, err := io.ReadAll(r)
 		got = append(got, string(data))
 		return err
@@ -64,7 +65,7 @@ func TestRoundTrip(t *testing.T) {
 // layer.
 func TestReadChecksWholeLayer(t *testing.T) {
 	b := archive(t, "0123456789")
-	if _, err := Read(bytes.NewReader(b), func(int, io.Reader) error { return nil }, nil); err != nil {
+	if _, err := Read(bytes.NewReader(b), Format, func(int, Layer, io.Reader) error { return nil }, nil); err != nil {
 		t.Fatalf("Read: %v", err)
 	}
 }
@@ -168,7 +169,7 @@ func TestReadRejects(t *testing.T) {
 		}()...), "unexpected entry"},
 	}
 	for _, c := range cases {
-		_, err := Read(bytes.NewReader(c.b), func(_ int, r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }, discardMemory)
+		_, err := Read(bytes.NewReader(c.b), Format, func(_ int, _ Layer, r io.Reader) error { _, err := io.Copy(io.Discard, r); return err }, discardMemory)
 		if err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: Read = %v, want invalid argument mentioning %q", c.name, err, c.want)
 		}
@@ -201,7 +202,7 @@ func FuzzRead(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte(`{"format":"berth-snapshot/1"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := Read(bytes.NewReader(b), func(i int, r io.Reader) error {
+		m, err := Read(bytes.NewReader(b), Format, func(i int, _ Layer, r io.Reader) error {
 			n, err := io.Copy(io.Discard, r)
 			if err == nil && n > 0 && i >= 0 && i < MaxLayers && n > 1<<30 {
 				t.Errorf("layer %d: read %d bytes", i, n)
@@ -232,6 +233,7 @@ func FuzzRead(f *testing.F) {
 func FuzzParseManifest(f *testing.F) {
 	f.Add([]byte(`{"format":"berth-snapshot/1","snapshot":{"kind":"filesystem","template":"base","created_at":"2026-01-01T00:00:00Z"},"layers":[{"file":"layers/0.tar","size":1,"sha256":"` + strings.Repeat("a", 64) + `"}]}`))
 	f.Add([]byte(`{"format":"berth-snapshot/1","layers":[{"file":"../x"}]}`))
+	f.Add([]byte(`{"format":"berth-template/1","template":{"name":"x"},"layers":[{"file":"layers/0.tar","size":1,"sha256":"` + strings.Repeat("a", 64) + `"}]}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m, err := ParseManifest(b)
 		if err != nil {
@@ -250,6 +252,9 @@ func FuzzParseManifest(f *testing.F) {
 		}
 		if len(m.Memory) > 0 && m.Snapshot.AgentToken == "" {
 			t.Errorf("accepted a memory image without its agent token")
+		}
+		if (m.Format == TemplateFormat) != (len(m.Template) > 0) || (m.Format == TemplateFormat && len(m.Memory) > 0) {
+			t.Errorf("accepted %s with template record %q and %d memory files", m.Format, m.Template, len(m.Memory))
 		}
 	})
 }
@@ -271,7 +276,7 @@ func TestMemoryRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]string{}
-	m, err := Read(bytes.NewReader(buf.Bytes()), func(int, io.Reader) error { return nil }, func(name string, r io.Reader) error {
+	m, err := Read(bytes.NewReader(buf.Bytes()), Format, func(int, Layer, io.Reader) error { return nil }, func(name string, r io.Reader) error {
 		b, err := io.ReadAll(r)
 		got[name] = string(b)
 		return err
@@ -295,6 +300,51 @@ func TestMemoryRoundTrip(t *testing.T) {
 		b := `{"format":"berth-snapshot/1","layers":[{"file":"layers/0.tar","size":1,"sha256":"` + digest + `"}],` + man + `}`
 		if _, err := ParseManifest([]byte(b)); !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Errorf("%s: ParseManifest = %v; want invalid_argument", name, err)
+		}
+	}
+}
+
+// TestTemplateArchive: a template archive carries the store's record and
+// its layers; it is not read where a snapshot archive is wanted (nor the
+// other way round), and a manifest mixing the two kinds is refused.
+func TestTemplateArchive(t *testing.T) {
+	var buf bytes.Buffer
+	rec := []byte(`{"name":"py"}`)
+	if err := WriteTemplate(&buf, rec, time.Unix(1, 0).UTC(), layerFiles(t, "base layer", "top")); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	m, err := Read(bytes.NewReader(buf.Bytes()), TemplateFormat, func(i int, l Layer, r io.Reader) error {
+		b, err := io.ReadAll(r)
+		if l.File != layerFile(i) || int64(len(b)) != l.Size {
+			t.Errorf("layer %d: entry %+v, %d bytes read", i, l, len(b))
+		}
+		got = append(got, string(b))
+		return err
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compact bytes.Buffer
+	if err := json.Compact(&compact, m.Template); err != nil || compact.String() != string(rec) || len(got) != 2 || got[0] != "base layer" || got[1] != "top" {
+		t.Errorf("Read = %+v, layers %q", m, got)
+	}
+	none := func(int, Layer, io.Reader) error { return nil }
+	if _, err := Read(bytes.NewReader(buf.Bytes()), Format, none, discardMemory); err == nil || !strings.Contains(err.Error(), "want") {
+		t.Errorf("a template archive read as a snapshot's: %v; want refused", err)
+	}
+	if _, err := Read(bytes.NewReader(archive(t, "l")), TemplateFormat, none, nil); err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a snapshot archive read as a template's: %v; want refused", err)
+	}
+	digest := `"layers":[{"file":"layers/0.tar","size":1,"sha256":"` + strings.Repeat("a", 64) + `"}]`
+	for _, bad := range []string{
+		`{"format":"berth-template/1",` + digest + `}`,
+		`{"format":"berth-template/1","template":{"name":"x"},"snapshot":{"kind":"filesystem","template":"base"},` + digest + `}`,
+		`{"format":"berth-template/1","template":{"name":"x"},"memory":[{"file":"memory/checkpoint.img","size":1,"sha256":"` + strings.Repeat("a", 64) + `"}],` + digest + `}`,
+		`{"format":"berth-snapshot/1","template":{"name":"x"},"snapshot":{"kind":"filesystem","template":"base"},` + digest + `}`,
+	} {
+		if _, err := ParseManifest([]byte(bad)); err == nil {
+			t.Errorf("ParseManifest(%s) accepted", bad)
 		}
 	}
 }

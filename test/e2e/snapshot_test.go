@@ -217,7 +217,7 @@ func TestSnapshotExportImport(t *testing.T) {
 	os.WriteFile(short, data[:len(data)/2], 0o600)
 	for _, f := range []string{bad, short} {
 		_, stderr, code := d2.CLI(t, nil, "snapshot", "import", f)
-		if code == 0 || !strings.Contains(stderr, "snapshot archive") {
+		if code == 0 || !strings.Contains(stderr, "import snapshot: archive: ") {
 			t.Errorf("import %s: exit %d %q; want refused with the archive's fault", filepath.Base(f), code, stderr)
 		}
 		harness.AssertSnapshotsClean(t, d2)

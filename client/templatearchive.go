@@ -1,0 +1,58 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// ExportTemplate writes template name as a portable archive to w (admin
+// keys only). Templates made from an image, build steps or a Dockerfile
+// can be exported; built-in ones are built by each daemon.
+func (c *Client) ExportTemplate(ctx context.Context, name string, w io.Writer) error {
+	if err := checkTemplateName(name); err != nil {
+		return err
+	}
+	resp, err := c.do(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(name)+"/export", nil, nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("export template %s: %w", name, err)
+	}
+	return nil
+}
+
+// ImportTemplate uploads an archive ExportTemplate wrote (on this or
+// another daemon) and returns the new template, named as in the archive,
+// or name when it is set. On a Kubernetes gateway it goes to every Ready
+// node.
+func (c *Client) ImportTemplate(ctx context.Context, r io.Reader, name string) (*Template, error) {
+	q := url.Values{}
+	if name != "" {
+		if err := checkTemplateName(name); err != nil {
+			return nil, err
+		}
+		q.Set("name", name)
+	}
+	var t Template
+	if err := c.upload(ctx, "import template", "/v1/templates/import", q, r, &t); err != nil {
+		return nil, err
+	}
+	return &t, nil
+}
+
+// checkTemplateName refuses a name no daemon would take before a request
+// is sent.
+func checkTemplateName(name string) error {
+	if err := types.ValidTemplateName(name); err != nil {
+		return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Message: "template: " + err.Error(), Field: "name"}
+	}
+	return nil
+}

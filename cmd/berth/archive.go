@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+)
+
+// writeArchiveFile writes what export streams to out, beside it first and
+// renamed once whole: an interrupted export never leaves a file that looks
+// complete. It prints the file and its size.
+func (a *app) writeArchiveFile(out string, export func(w io.Writer) error) error {
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".partial-")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	err = export(tmp)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return err
+	}
+	fi, err := os.Stat(out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(a.out, "%s: %s\n", out, humanBytes(fi.Size()))
+	return nil
+}
+
+func newTemplateExportCmd(a *app) *cobra.Command {
+	var out string
+	cmd := &cobra.Command{
+		Use:   "export NAME -o FILE",
+		Short: "Write a template as a portable archive (import it on another daemon)",
+		Long: "Write a template made from an image, build steps or a Dockerfile as an archive of its " +
+			"layers and record (defaults, start command, ready check, isolation). `berth template " +
+			"import` makes the same template on another daemon without a registry or a build. " +
+			"Admin keys only.",
+		Args: exactArgs(1, "a template name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if out == "" {
+				return invalidf("-o FILE is required")
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			return a.writeArchiveFile(out, func(w io.Writer) error { return c.ExportTemplate(cmd.Context(), args[0], w) })
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write")
+	return cmd
+}
+
+func newTemplateImportCmd(a *app) *cobra.Command {
+	var (
+		asJSON bool
+		name   string
+	)
+	cmd := &cobra.Command{
+		Use:   "import FILE [--name NAME]",
+		Short: "Make a template from an archive `berth template export` wrote",
+		Long: "Make a template from an archive written by `berth template export` (on this or another " +
+			"daemon). Every layer's size and SHA-256 and every path in it are checked before the " +
+			"template exists; a name the daemon has is refused. On a Kubernetes gateway the template " +
+			"is made on every Ready node. Admin keys only.",
+		Args: exactArgs(1, "an archive file"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			t, err := c.ImportTemplate(cmd.Context(), f, name)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return printJSON(a.out, t)
+			}
+			fmt.Fprintf(a.out, "%s: %s, %s\n", t.Name, humanBytes(t.SizeBytes), t.Source)
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print the template as JSON")
+	cmd.Flags().StringVar(&name, "name", "", "the new template's name (default: the archive's)")
+	return cmd
+}
