@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -59,15 +58,7 @@ func (c *Client) stream(ctx context.Context, id, sub string, q url.Values, w io.
 			delete(q, k)
 		}
 	}
-	resp, err := c.do(ctx, http.MethodGet, sandboxPath(id)+sub, q, nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return fmt.Errorf("read %s: %w", sub, err)
-	}
-	return nil
+	return c.download(ctx, sandboxPath(id)+sub, q, w, "read "+sub)
 }
 
 // CommitRequest commits everything in a sandbox's checkout.

@@ -107,13 +107,19 @@ func (c *Client) ExportSnapshot(ctx context.Context, id string, w io.Writer) err
 	if err := checkSnapshotID(id); err != nil {
 		return err
 	}
-	resp, err := c.do(ctx, http.MethodGet, snapshotPath(id)+"/export", nil, nil)
+	return c.download(ctx, snapshotPath(id)+"/export", nil, w, "export snapshot "+id)
+}
+
+// download copies the answer to a GET of path to w; what names the call
+// in an error that cut the copy short.
+func (c *Client) download(ctx context.Context, path string, q url.Values, w io.Writer, what string) error {
+	resp, err := c.do(ctx, http.MethodGet, path, q, nil)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	if _, err := io.Copy(w, resp.Body); err != nil {
-		return fmt.Errorf("export snapshot %s: %w", id, err)
+		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
 }

@@ -2,9 +2,7 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"io"
-	"net/http"
 	"net/url"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -18,15 +16,7 @@ func (c *Client) ExportTemplate(ctx context.Context, name string, w io.Writer) e
 	if err := checkTemplateName(name); err != nil {
 		return err
 	}
-	resp, err := c.do(ctx, http.MethodGet, "/v1/templates/"+url.PathEscape(name)+"/export", nil, nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if _, err := io.Copy(w, resp.Body); err != nil {
-		return fmt.Errorf("export template %s: %w", name, err)
-	}
-	return nil
+	return c.download(ctx, "/v1/templates/"+url.PathEscape(name)+"/export", nil, w, "export template "+name)
 }
 
 // ImportTemplate uploads an archive ExportTemplate wrote (on this or

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 
 	"github.com/spf13/cobra"
+
+	"github.com/berth-sandbox/berth/client"
 )
 
 // writeArchiveFile writes what export streams to out, beside it first and
@@ -37,15 +40,25 @@ func (a *app) writeArchiveFile(out string, export func(w io.Writer) error) error
 }
 
 func newTemplateExportCmd(a *app) *cobra.Command {
+	return newArchiveExportCmd(a, "export NAME -o FILE", "Write a template as a portable archive (import it on another daemon)",
+		"Write a template made from an image, build steps or a Dockerfile as an archive of its "+
+			"layers and record (defaults, start command, ready check, isolation). `berth template "+
+			"import` makes the same template on another daemon without a registry or a build. "+
+			"Admin keys only.",
+		"a template name", func(ctx context.Context, c *client.Client, name string, w io.Writer) error {
+			return c.ExportTemplate(ctx, name, w)
+		})
+}
+
+// newArchiveExportCmd is an export command: its one argument (what) exported
+// to the file -o names.
+func newArchiveExportCmd(a *app, use, short, long, what string, export func(ctx context.Context, c *client.Client, arg string, w io.Writer) error) *cobra.Command {
 	var out string
 	cmd := &cobra.Command{
-		Use:   "export NAME -o FILE",
-		Short: "Write a template as a portable archive (import it on another daemon)",
-		Long: "Write a template made from an image, build steps or a Dockerfile as an archive of its " +
-			"layers and record (defaults, start command, ready check, isolation). `berth template " +
-			"import` makes the same template on another daemon without a registry or a build. " +
-			"Admin keys only.",
-		Args: exactArgs(1, "a template name"),
+		Use:   use,
+		Short: short,
+		Long:  long,
+		Args:  exactArgs(1, what),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if out == "" {
 				return invalidf("-o FILE is required")
@@ -54,7 +67,7 @@ func newTemplateExportCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return a.writeArchiveFile(out, func(w io.Writer) error { return c.ExportTemplate(cmd.Context(), args[0], w) })
+			return a.writeArchiveFile(out, func(w io.Writer) error { return export(cmd.Context(), c, args[0], w) })
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write")

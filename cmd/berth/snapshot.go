@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -111,24 +112,10 @@ func newSnapshotRmCmd(a *app) *cobra.Command {
 }
 
 func newSnapshotExportCmd(a *app) *cobra.Command {
-	var out string
-	cmd := &cobra.Command{
-		Use:   "export SNAPSHOT -o FILE",
-		Short: "Write a snapshot as a portable archive (import it on another daemon)",
-		Args:  exactArgs(1, "a snapshot ID"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			if out == "" {
-				return invalidf("-o FILE is required")
-			}
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			return a.writeArchiveFile(out, func(w io.Writer) error { return c.ExportSnapshot(cmd.Context(), args[0], w) })
-		},
-	}
-	cmd.Flags().StringVarP(&out, "output", "o", "", "archive file to write")
-	return cmd
+	return newArchiveExportCmd(a, "export SNAPSHOT -o FILE", "Write a snapshot as a portable archive (import it on another daemon)", "",
+		"a snapshot ID", func(ctx context.Context, c *client.Client, id string, w io.Writer) error {
+			return c.ExportSnapshot(ctx, id, w)
+		})
 }
 
 func newSnapshotImportCmd(a *app) *cobra.Command {

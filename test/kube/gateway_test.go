@@ -855,17 +855,110 @@ func TestGatewayTemplates(t *testing.T) {
 			t.Fatalf("sandbox %s after delete: %v", sbs[0].ID, err)
 		}
 	}
-	if err := ops.RemoveTemplate(ctx, "gwdf"); err != nil {
-		t.Fatalf("remove the template through the gateway: %v", err)
+	syncedTemplates(t, c, gw, ops, "gwdf", "built through the gateway\n")
+}
+
+// syncedTemplates: template name, made through the gateway on both nodes
+// (whose /hello.txt holds hello), is the cluster's. A node that loses it
+// gets it back from the other, the same bits; it exports and imports
+// through the gateway; a delete one node refuses (a sandbox uses it
+// there) is finished by the leader once that sandbox is gone.
+func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hello string) {
+	ctx := t.Context()
+	a, b := c.nodes["berth-a"], c.nodes["berth-b"]
+	hasTemplate := func(d *harness.Daemon, name string) (client.Template, bool) {
+		ts, err := d.Local.Templates(ctx)
+		i := slices.IndexFunc(ts, func(tp client.Template) bool { return tp.Name == name && tp.Built })
+		if err != nil || i < 0 {
+			return client.Template{}, false
+		}
+		return ts[i], true
 	}
-	tpls, err = gw.Templates(ctx)
+	helloIn := func(d *harness.Daemon, template string) string {
+		sb, err := d.Local.Create(ctx, client.CreateRequest{Template: template, Timeout: "5m"})
+		if err != nil {
+			t.Fatalf("create of %s on its node: %v", template, err)
+		}
+		defer d.Local.Kill(ctx, sb.ID)
+		var out bytes.Buffer
+		if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "cat", Args: []string{"/hello.txt"}, Stdout: &out}); err != nil || code != 0 {
+			t.Errorf("cat /hello.txt in %s: %d %v", template, code, err)
+		}
+		return out.String()
+	}
+
+	// A node that lost it (removed on its daemon, behind the gateway's
+	// back) gets it back from the other node.
+	want, ok := hasTemplate(a, name)
+	if !ok {
+		t.Fatalf("berth-a has no built %s", name)
+	}
+	if err := b.Local.RemoveTemplate(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 3*time.Minute, "the leader to copy "+name+" back to berth-b", func() bool {
+		_, ok := hasTemplate(b, name)
+		return ok
+	})
+	got, _ := hasTemplate(b, name)
+	if got.Source != want.Source || got.SizeBytes != want.SizeBytes || !got.BuiltAt.Equal(want.BuiltAt) || got.Layers != want.Layers {
+		t.Errorf("copied template = %+v\nsource's        = %+v", got, want)
+	}
+	if out := helloIn(b, name); out != hello {
+		t.Errorf("/hello.txt from the copied template = %q, want %q", out, hello)
+	}
+
+	// Export and import through the gateway, admin keys only.
+	if err := gw.ExportTemplate(ctx, name, io.Discard); errdefs.Code(err) != errdefs.CodePermissionDenied {
+		t.Errorf("export by a plain key: %v, want permission_denied", err)
+	}
+	var archive bytes.Buffer
+	if err := ops.ExportTemplate(ctx, name, &archive); err != nil {
+		t.Fatalf("export through the gateway: %v", err)
+	}
+	imported, err := ops.ImportTemplate(ctx, bytes.NewReader(archive.Bytes()), name+"-copy")
+	if err != nil || !imported.Built || !slices.Equal(imported.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Fatalf("import through the gateway = %+v, %v; want built on both nodes", imported, err)
+	}
+	if out := helloIn(a, name+"-copy"); out != hello {
+		t.Errorf("/hello.txt from the imported template = %q, want %q", out, hello)
+	}
+	if _, err := ops.ImportTemplate(ctx, bytes.NewReader(archive.Bytes()), name+"-copy"); errdefs.Code(err) != errdefs.CodeAlreadyExists {
+		t.Errorf("import over a name both nodes have: %v, want already_exists", err)
+	}
+	if err := ops.RemoveTemplate(ctx, name+"-copy"); err != nil {
+		t.Fatal(err)
+	}
+
+	// A delete berth-b refuses (a sandbox of it runs there) is done on
+	// berth-a and recorded; once the sandbox is gone the leader removes
+	// it from berth-b, and copies it nowhere meanwhile.
+	user, err := b.Local.Create(ctx, client.CreateRequest{Template: name, Timeout: "10m"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if slices.ContainsFunc(tpls, func(t client.Template) bool { return t.Name == "gwdf" }) {
-		t.Errorf("gwdf still listed after its removal: %+v", tpls)
+	err = ops.RemoveTemplate(ctx, name)
+	if errdefs.Code(err) != errdefs.CodeFailedPrecondition || !strings.Contains(err.Error(), "berth-b") || !strings.Contains(err.Error(), "done on berth-a") {
+		t.Errorf("remove while berth-b uses it: %v; want failed_precondition naming berth-b, done on berth-a", err)
 	}
-	if err := ops.RemoveTemplate(ctx, "gwdf"); errdefs.Code(err) != errdefs.CodeNotFound {
+	cm, err := c.cp.Client.CoreV1().ConfigMaps(gateway.DefaultNamespace).Get(ctx, gateway.TemplatesConfigMap, metav1.GetOptions{})
+	if err != nil || !strings.Contains(cm.Data[name], `"deleted":true`) {
+		t.Errorf("the cluster's record of %s = %v, %v; want deleted", name, cm, err)
+	}
+	if _, ok := hasTemplate(a, name); ok {
+		t.Errorf("berth-a still has %s after the delete", name)
+	}
+	if err := b.Local.Kill(ctx, user.ID); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, 3*time.Minute, "the leader to remove "+name+" from berth-b", func() bool {
+		_, ok := hasTemplate(b, name)
+		return !ok
+	})
+	if _, ok := hasTemplate(a, name); ok {
+		t.Errorf("%s came back on berth-a", name)
+	}
+	if err := ops.RemoveTemplate(ctx, name); errdefs.Code(err) != errdefs.CodeNotFound {
 		t.Errorf("remove again: %v, want not_found", err)
 	}
 }

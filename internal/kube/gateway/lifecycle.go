@@ -88,8 +88,9 @@ func (c *LifecycleConfig) defaults() error {
 }
 
 // RunLifecycle takes part in the gateway replicas' leader election until
-// ctx ends; while this replica leads, it clears away ended sandboxes and
-// acts on lost nodes (lost.go). A replica that does not lead still serves
+// ctx ends; while this replica leads, it clears away ended sandboxes,
+// acts on lost nodes (lost.go) and brings the nodes' templates to the
+// cluster's record (templatesync.go). A replica that does not lead still serves
 // the API. Call it after Run returned nil.
 func (g *Gateway) RunLifecycle(ctx context.Context, cfg LifecycleConfig) error {
 	if err := cfg.defaults(); err != nil {
@@ -163,9 +164,18 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	forksInformer := forks.Informer()
 	ff.Start(ctx.Done())
 	defer ff.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced) {
-		return fmt.Errorf("node leases or fork snapshots cache did not fill: %w", errdefs.ErrUnavailable)
+	// The cluster's template record (templatesync.go), one object.
+	tf := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + TemplatesConfigMap }))
+	tpls := tf.Core().V1().ConfigMaps()
+	tplsInformer := tpls.Informer()
+	tf.Start(ctx.Done())
+	defer tf.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced, tplsInformer.HasSynced) {
+		return fmt.Errorf("node leases, fork snapshots or template record cache did not fill: %w", errdefs.ErrUnavailable)
 	}
+	tsync := newTemplateSync()
+	defer tsync.wg.Wait()
 	l := newLifecycle(g.cfg.Kube, g.cfg.Namespace, g.pods, g.nodes, li.Lister().Leases(nodeLeaseNamespace), cfg, g.cfg.OnNodeLost, g.log)
 	l.claims = g.claims
 	t := time.NewTicker(cfg.Every)
@@ -174,6 +184,8 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	for {
 		l.sweep(ctx, g.now())
 		g.sweepForks(ctx, forks.Lister().ConfigMaps(g.cfg.Namespace), tried, g.now())
+		cm, _ := tpls.Lister().ConfigMaps(g.cfg.Namespace).Get(TemplatesConfigMap)
+		g.syncTemplates(ctx, tsync, cm, g.now())
 		select {
 		case <-ctx.Done():
 			return nil

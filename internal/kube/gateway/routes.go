@@ -45,6 +45,8 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("PUT /v1/templates/{name}/isolation", g.authed(g.setTemplateIsolation))
 	g.mux.HandleFunc("PUT /v1/templates/{name}/warm", g.authed(g.setWarm))
 	g.mux.HandleFunc("POST /v1/templates/prune", g.authed(g.pruneTemplates))
+	g.mux.HandleFunc("GET /v1/templates/{name}/export", g.authed(g.exportTemplate))
+	g.mux.HandleFunc("POST /v1/templates/import", g.authed(g.importTemplate))
 	g.mux.HandleFunc("GET /v1/registries", g.authed(g.listRegistries))
 	g.mux.HandleFunc("PUT /v1/registries/{host}", g.authed(g.loginRegistry))
 	g.mux.HandleFunc("DELETE /v1/registries/{host}", g.authed(g.logoutRegistry))
@@ -61,7 +63,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile, built, set, removed and pruned on every Ready node) and registry logins (on every Ready node), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile or imported, built, set, removed and pruned on every Ready node, exported from one, and copied by the gateway to nodes that lack them) and registry logins (on every Ready node), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

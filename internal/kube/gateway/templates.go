@@ -29,9 +29,10 @@ import (
 // isolation, warm pool), removes and prunes templates on all of them at
 // once, through each node's data plane (the daemon's template routes;
 // registries.go does the same for registry logins). A create's template check reads the nodes'
-// annotation instead (create.go), with no node call. A node that joins
-// later has only what its daemon has: a template made through the
-// gateway is made again there by making it again through the gateway.
+// annotation instead (create.go), with no node call. What is made or
+// deleted through the gateway is recorded as the cluster's, and the
+// leader copies it to nodes that lack it, or removes it, later
+// (templatesync.go).
 
 // nodeConcurrency bounds the node calls of one fan-out (eachNode) in
 // flight at once; templateNodeTimeout bounds each call of a list.
@@ -218,7 +219,7 @@ func (g *Gateway) createTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
-	g.buildOnNodes(w, r, req.Name, "/v1/templates", func() (any, error) { return json.RawMessage(body), nil })
+	g.buildOnNodes(w, r, req.Name, "/v1/templates", "image "+req.Image, func() (any, error) { return json.RawMessage(body), nil })
 }
 
 // buildTemplate is POST /v1/templates/{name}/build: a built-in template
@@ -228,7 +229,7 @@ func (g *Gateway) buildTemplate(w http.ResponseWriter, r *http.Request, p auth.P
 	if !ok {
 		return
 	}
-	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", func() (any, error) { return nil, nil })
+	g.buildOnNodes(w, r, name, "/v1/templates/"+name+"/build", "", func() (any, error) { return nil, nil })
 }
 
 // buildDockerfile is POST /v1/templates/{name}/dockerfile: a Dockerfile
@@ -263,7 +264,7 @@ func (g *Gateway) buildDockerfile(w http.ResponseWriter, r *http.Request, p auth
 		path += "?" + r.URL.RawQuery
 	}
 	// Each node reads its own handle; the transport closes it.
-	g.buildOnNodes(w, r, name, path, func() (any, error) { return os.Open(spool.Name()) })
+	g.buildOnNodes(w, r, name, path, "dockerfile", func() (any, error) { return os.Open(spool.Name()) })
 }
 
 // nodeOutcome is one node's part of a change through the gateway.
@@ -285,7 +286,11 @@ type nodeOutcome struct {
 // built it. When every node refuses before its build starts (a bad
 // field, an image that does not exist), the answer is that refusal,
 // plain, as a daemon's, and nothing changed anywhere.
-func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path string, body func() (any, error)) {
+//
+// how, when set, records the template as the cluster's (templatesync.go)
+// once a node built it: the leader then copies it to the Ready nodes
+// that failed and to those that join later.
+func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path, how string, body func() (any, error)) {
 	nodes, err := g.readyNodes()
 	if err != nil {
 		writeError(w, err)
@@ -331,6 +336,9 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 		wg.Go(func() { b.built, b.err = followBuild(b.node, b.resp.Body, emit) })
 	}
 	wg.Wait()
+	if how != "" && slices.ContainsFunc(builds, func(b *nodeOutcome) bool { return b.err == nil }) {
+		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{How: how})
+	}
 	for _, b := range builds {
 		if b.err != nil {
 			emit(apitypes.BuildLine{Error: nodesFailed("template "+name, builds)})
@@ -500,6 +508,12 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 	dels := g.eachNode(nodes, func(_ int, t nodeTarget) (*http.Response, error) {
 		return nil, g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
 	})
+	// Once a node removed it, the cluster's record says deleted: the
+	// leader removes it from the nodes that refused once they can, and
+	// from nodes that were not Ready, and copies it nowhere.
+	if slices.ContainsFunc(dels, func(d *nodeOutcome) bool { return d.err == nil }) {
+		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{Deleted: true})
+	}
 	if err := removedFromNodes(fmt.Sprintf("template %q", name), "name", dels); err != nil {
 		writeError(w, err)
 		return

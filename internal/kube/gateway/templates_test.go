@@ -50,6 +50,8 @@ func TestTemplates(t *testing.T) {
 		{"POST", "/v1/templates/base/build"},
 		{"DELETE", "/v1/templates/base"},
 		{"POST", "/v1/templates/prune"},
+		{"GET", "/v1/templates/base/export"},
+		{"POST", "/v1/templates/import"},
 	} {
 		if code, eb := e.call(t, rt.method, rt.path, keyAlice, `{"name":"py","image":"python:3"}`, nil); code != 403 || eb.Code != errdefs.CodePermissionDenied {
 			t.Errorf("%s %s by a plain key = %d %+v, want permission_denied", rt.method, rt.path, code, eb)
@@ -104,6 +106,19 @@ func TestTemplateChanges(t *testing.T) {
 	code, lines = stream("POST", "/v1/templates/base/build", "")
 	if code != 200 || len(lines) != 2 || lines[1].Template == nil || lines[1].Template.Name != "base" {
 		t.Errorf("build = %d %+v", code, lines)
+	}
+	// What was made is the cluster's (templatesync.go); a build of what
+	// a node has records nothing.
+	record := func() map[string]templateState {
+		t.Helper()
+		cm, err := e.kube.CoreV1().ConfigMaps(ns).Get(t.Context(), TemplatesConfigMap, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("the template record: %v", err)
+		}
+		return templateStates(cm)
+	}
+	if rec := record(); len(rec) != 1 || rec["py"].How != "image python:3" || rec["py"].Deleted || rec["py"].At.IsZero() {
+		t.Errorf("record after a create and a build = %+v, want py, made from its image", rec)
 	}
 	// A Dockerfile build: the context and the query reach the node as
 	// they came.
@@ -162,6 +177,9 @@ func TestTemplateChanges(t *testing.T) {
 	report("base,df,minimal")
 	if code, eb := e.call(t, "DELETE", "/v1/templates/py", "", "", nil); code != 204 {
 		t.Errorf("delete = %d %+v", code, eb)
+	}
+	if rec := record(); !rec["py"].Deleted || rec["df"].How != "dockerfile" {
+		t.Errorf("record after the delete = %+v, want py deleted, df from a Dockerfile", rec)
 	}
 	if code, eb := e.call(t, "DELETE", "/v1/templates/nope", "", "", nil); code != 404 || eb.Field != "name" {
 		t.Errorf("delete of a template no node has = %d %+v, want not_found", code, eb)

@@ -60,7 +60,7 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	// The daemon's templates (the gateway's template routes, which it
 	// keeps to admin keys): listed, made from an image or a Dockerfile,
 	// built, given a default isolation or a warm pool, removed, and their
-	// unused layers pruned. Builds stream their log as the daemon writes
+	// unused layers pruned, exported and imported. Builds stream their log as the daemon writes
 	// it; a Dockerfile's context streams to the daemon as it comes.
 	toDaemon := func(w http.ResponseWriter, r *http.Request) {
 		// The daemon's path is the route's own, the name put in.
@@ -94,6 +94,11 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/templates/{name}/warm", toDaemon)
 	mux.HandleFunc("DELETE "+DataPlanePrefix+"/v1/templates/{name}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/prune", toDaemon)
+	// Portable templates: the gateway copies a template to a node that
+	// lacks it from one that has it, streaming one's export into the
+	// other's import.
+	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates/{name}/export", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/import", toDaemon)
 	// Its registry logins, which image templates pull with.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/registries", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)

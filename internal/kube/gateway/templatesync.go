@@ -1,0 +1,376 @@
+package gateway
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	apitypes "github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/kube/node"
+)
+
+// The cluster's templates. Each node's daemon keeps its own; what the
+// cluster should have is recorded in one ConfigMap of the gateway's
+// namespace (TemplatesConfigMap), a key per template made, built,
+// imported or deleted through the gateway. The leader brings the Ready
+// nodes to it (syncTemplates):
+//   - a template recorded as present is copied to each Ready node that
+//     lacks it (a node that joined later, or was not Ready when it was
+//     made), from a node that has it: one node's export streamed into the
+//     other's import, the same bits, with no registry and no build;
+//   - a template recorded as deleted is removed from each Ready node that
+//     still has it (a node that was not Ready at the delete, or that
+//     refused it while a sandbox used the template), once it can be.
+//
+// Templates made on a node's daemon directly, and the built-in ones, have
+// no record and are left as they are.
+
+// TemplatesConfigMap is the ConfigMap recording the cluster's templates.
+const TemplatesConfigMap = "berth-templates"
+
+// templateState is one template's entry in TemplatesConfigMap.
+type templateState struct {
+	// Deleted is set when the template was deleted through the gateway.
+	Deleted bool `json:"deleted,omitempty"`
+	// How says how it was made ("image REF", "dockerfile", "import",
+	// "build"), for whoever reads the ConfigMap.
+	How string    `json:"how,omitempty"`
+	At  time.Time `json:"at"`
+}
+
+// recordTemplate sets template name's entry; a failure is logged (the
+// change stands on the nodes it was made on).
+func (g *Gateway) recordTemplate(ctx context.Context, name string, st templateState) {
+	st.At = g.now().UTC().Truncate(time.Second)
+	b, err := json.Marshal(st)
+	if err != nil {
+		return
+	}
+	cms := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace)
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, TemplatesConfigMap, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = cms.Create(ctx, &corev1.ConfigMap{
+				ObjectMeta: metav1.ObjectMeta{Name: TemplatesConfigMap, Namespace: g.cfg.Namespace, Labels: map[string]string{LabelManagedBy: ManagedBy}},
+				Data:       map[string]string{name: string(b)},
+			}, metav1.CreateOptions{})
+			if apierrors.IsAlreadyExists(err) {
+				return apierrors.NewConflict(corev1.Resource("configmaps"), TemplatesConfigMap, err)
+			}
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[name] = string(b)
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		g.log.Warn("template_record_failed", "template", name, "deleted", st.Deleted, "err", err)
+	}
+}
+
+// templateStates reads TemplatesConfigMap's entries (none when it does
+// not exist); an entry that does not decode is skipped.
+func templateStates(cm *corev1.ConfigMap) map[string]templateState {
+	out := map[string]templateState{}
+	if cm == nil {
+		return out
+	}
+	for name, v := range cm.Data {
+		var st templateState
+		if apitypes.ValidTemplateName(name) != nil || json.Unmarshal([]byte(v), &st) != nil {
+			continue
+		}
+		out[name] = st
+	}
+	return out
+}
+
+// nodeHasTemplate reports whether n's annotation lists template name.
+func nodeHasTemplate(n *corev1.Node, name string) bool {
+	return slices.Contains(strings.Split(n.Annotations[node.AnnotationTemplates], ","), name)
+}
+
+// exportTemplate is GET /v1/templates/{name}/export (admin): the template
+// as a node's daemon exports it, from the first Ready node (by name) that
+// has it and answers; a node that refuses (the template not built there)
+// hands over to the next.
+func (g *Gateway) exportTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	name, ok := templateChange(w, r, p, "a template export")
+	if !ok {
+		return
+	}
+	nodes, err := g.nodesWith(name)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	var tried []*nodeOutcome
+	for _, n := range nodes {
+		o := &nodeOutcome{node: n.Name}
+		tried = append(tried, o)
+		t, err := g.nodeAt(n.Name)
+		if err == nil {
+			o.resp, err = g.nodeOpen(r.Context(), t, http.MethodGet, "/v1/templates/"+name+"/export", nil)
+		}
+		if o.err = err; err != nil {
+			continue
+		}
+		defer o.resp.Body.Close()
+		for _, h := range []string{"Content-Type", "Content-Disposition", "Content-Length"} {
+			if v := o.resp.Header.Get(h); v != "" {
+				w.Header().Set(h, v)
+			}
+		}
+		w.WriteHeader(http.StatusOK)
+		if _, err := io.Copy(w, o.resp.Body); err != nil {
+			g.log.Warn("template_export_cut", "template", name, "node", n.Name, "err", err)
+		}
+		return
+	}
+	writeError(w, nodesFailed("template "+name+" export", tried))
+}
+
+// importTemplate is POST /v1/templates/import[?name=NAME] (admin): an
+// archive a daemon's (or the gateway's) export wrote, made a template on
+// every Ready node. The archive (at most maxImport bytes) is kept in a
+// file of the gateway's while the nodes read it, each its own copy. When
+// every node refuses (a damaged archive, a name each has), the answer is
+// the first refusal, plain; when some do, the error names them and the
+// nodes it was made on. A node that joins later gets it from the others
+// (syncTemplates).
+func (g *Gateway) importTemplate(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	if err := adminOnly(p, "a template import"); err != nil {
+		writeError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	for k := range q {
+		if k != "name" {
+			writeError(w, fieldErr(k, errdefs.ErrInvalidArgument, "unknown query parameter %q (want name)", k))
+			return
+		}
+	}
+	path := "/v1/templates/import"
+	if name := q.Get("name"); name != "" {
+		if err := apitypes.ValidTemplateName(name); err != nil {
+			writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "name", Message: err.Error()})
+			return
+		}
+		path += "?name=" + name
+	}
+	nodes, err := g.readyNodes()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	spool, err := os.CreateTemp("", "berth-gateway-template-")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer os.Remove(spool.Name())
+	defer spool.Close()
+	if _, err := io.Copy(spool, http.MaxBytesReader(w, r.Body, maxImport)); err != nil {
+		writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "file", Message: fmt.Sprintf("read the archive: %v", err)})
+		return
+	}
+	// Once uploaded, the import runs to its end on every node even if the
+	// caller has gone, so the nodes agree.
+	ctx := context.WithoutCancel(r.Context())
+	got := make([]apitypes.Template, len(nodes))
+	res := g.eachNode(nodes, func(i int, t nodeTarget) (*http.Response, error) {
+		f, err := os.Open(spool.Name())
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return nil, g.nodeCall(ctx, t, http.MethodPost, path, f, &got[i])
+	})
+	var answers []nodeTemplates
+	for i, o := range res {
+		if o.err == nil {
+			answers = append(answers, nodeTemplates{node: o.node, tpls: []apitypes.Template{got[i]}})
+		}
+	}
+	if len(answers) == 0 {
+		writeError(w, nodesFailed("template import", res))
+		return
+	}
+	merged := mergeTemplates(answers).Templates[0]
+	g.recordTemplate(ctx, merged.Name, templateState{How: "import"})
+	g.log.Info("template_imported", "template", merged.Name, "nodes", merged.Nodes)
+	if err := g.awaitNodeTemplates(ctx, merged.Name, merged.Nodes, true); err != nil {
+		g.log.Warn("template_imported_unreported", "template", merged.Name, "err", err)
+	}
+	if len(answers) < len(res) {
+		writeError(w, nodesFailed("template "+merged.Name+" import", res))
+		return
+	}
+	writeJSON(w, http.StatusCreated, merged)
+}
+
+// templateSyncRetry is how long the leader waits before it tries a
+// template's copy to, or removal from, a node again after a failure.
+const templateSyncRetry = 30 * time.Second
+
+// templateSyncSettle is how long work that succeeded is not started
+// again, while the node's annotation catches up with it.
+const templateSyncSettle = 10 * time.Second
+
+// templateSyncConcurrency bounds the copies in flight at once: each
+// streams a whole template through the gateway.
+const templateSyncConcurrency = 2
+
+// templateSync is the leader's state of the sync, for its term.
+type templateSync struct {
+	mu sync.Mutex
+	// busy holds "template/node" for each copy or removal in flight;
+	// retry when one that failed may be tried again.
+	busy  map[string]bool
+	retry map[string]time.Time
+	sem   chan struct{}
+	wg    sync.WaitGroup
+}
+
+func newTemplateSync() *templateSync {
+	return &templateSync{busy: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, templateSyncConcurrency)}
+}
+
+// syncTemplates starts what brings the Ready nodes to the recorded
+// templates (cm, nil when there is none): a copy to each node that lacks
+// a present one, a removal from each that has a deleted one. Work in
+// flight or waiting out a failure is not started again.
+func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1.ConfigMap, now time.Time) {
+	states := templateStates(cm)
+	if len(states) == 0 {
+		return
+	}
+	nodes, err := g.nodes.List(everything())
+	if err != nil {
+		return
+	}
+	nodes = slices.DeleteFunc(slices.Clone(nodes), func(n *corev1.Node) bool { return !nodeReady(n) })
+	slices.SortFunc(nodes, func(a, b *corev1.Node) int { return cmp.Compare(a.Name, b.Name) })
+	names := make([]string, 0, len(states))
+	for name := range states {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		st := states[name]
+		var from []string
+		for _, n := range nodes {
+			if nodeHasTemplate(n, name) {
+				from = append(from, n.Name)
+			}
+		}
+		for _, n := range nodes {
+			has := nodeHasTemplate(n, name)
+			if has != st.Deleted || (!st.Deleted && len(from) == 0) {
+				continue // as recorded, or present nowhere to copy from
+			}
+			key := name + "/" + n.Name
+			s.mu.Lock()
+			skip := s.busy[key] || now.Before(s.retry[key])
+			if !skip {
+				s.busy[key] = true
+			}
+			s.mu.Unlock()
+			if skip {
+				continue
+			}
+			s.wg.Go(func() {
+				var err error
+				if st.Deleted {
+					err = g.syncRemove(ctx, name, n.Name)
+				} else {
+					s.sem <- struct{}{}
+					err = g.syncCopy(ctx, name, from, n.Name)
+					<-s.sem
+				}
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				delete(s.busy, key)
+				if err != nil {
+					s.retry[key] = g.now().Add(templateSyncRetry)
+					g.log.Warn("template_sync_failed", "template", name, "node", n.Name, "deleted", st.Deleted, "err", err)
+					return
+				}
+				// The node's annotation catches up at once (its data
+				// plane refreshes it after a change); until it has,
+				// the same work is not started again.
+				s.retry[key] = g.now().Add(templateSyncSettle)
+			})
+		}
+	}
+}
+
+// syncCopy copies template name to node to from the first of nodes from
+// that exports it: its export streamed into to's import. A node that has
+// it by now (the annotation was behind) counts as done.
+func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to string) error {
+	dst, err := g.nodeAt(to)
+	if err != nil {
+		return err
+	}
+	var errs []string
+	for _, f := range from {
+		src, err := g.nodeAt(f)
+		var resp *http.Response
+		if err == nil {
+			resp, err = g.nodeOpen(ctx, src, http.MethodGet, "/v1/templates/"+name+"/export", nil)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("export from %s: %v", f, err))
+			continue
+		}
+		var t apitypes.Template
+		err = g.nodeCall(ctx, dst, http.MethodPost, "/v1/templates/import", resp.Body, &t)
+		resp.Body.Close()
+		switch {
+		case errdefs.Code(err) == errdefs.CodeAlreadyExists:
+			return nil
+		case err != nil:
+			return fmt.Errorf("import on %s from %s: %w", to, f, err)
+		}
+		g.log.Info("template_synced", "template", name, "from", f, "to", to, "size_bytes", t.SizeBytes)
+		return nil
+	}
+	return fmt.Errorf("no node exported it: %s: %w", strings.Join(errs, "; "), errdefs.ErrUnavailable)
+}
+
+// syncRemove removes template name, recorded as deleted, from node on;
+// its daemon refuses while a sandbox uses it (the next try may not).
+func (g *Gateway) syncRemove(ctx context.Context, name, on string) error {
+	t, err := g.nodeAt(on)
+	if err != nil {
+		return err
+	}
+	err = g.nodeCall(ctx, t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
+	if err != nil && errdefs.Code(err) != errdefs.CodeNotFound {
+		return err
+	}
+	g.log.Info("template_sync_removed", "template", name, "node", on)
+	return nil
+}
