@@ -779,6 +779,14 @@ func TestGatewayTemplates(t *testing.T) {
 		i := slices.IndexFunc(tpls, func(t client.Template) bool { return t.Name == "minimal" })
 		return err == nil && i >= 0 && tpls[i].Warm != nil && tpls[i].Warm.Ready == 2
 	})
+	// Each node offers one pod fewer while its pool holds a sandbox: the
+	// scheduler counts the pool.
+	podsLeft := func(n *corev1.Node) int64 {
+		return n.Status.Capacity.Pods().Value() - n.Status.Allocatable.Pods().Value()
+	}
+	for name := range c.nodes {
+		waitNode(t, c.cp, name, func(n *corev1.Node) bool { return podsLeft(n) == 1 })
+	}
 	warmSb, err := gw.Create(ctx, client.CreateRequest{CPU: 0.25, Memory: "128M", Timeout: "5m"})
 	if err != nil {
 		t.Fatalf("create with warm pools: %v", err)
@@ -805,6 +813,9 @@ func TestGatewayTemplates(t *testing.T) {
 	waitPodGone(t, c.cp, ns, warmSb.ID)
 	if pool, err := ops.SetTemplateWarm(ctx, "minimal", 0); err != nil || pool.Target != 0 {
 		t.Errorf("drop the warm pools = %+v, %v", pool, err)
+	}
+	for name := range c.nodes {
+		waitNode(t, c.cp, name, func(n *corev1.Node) bool { return podsLeft(n) == 0 })
 	}
 
 	dir := t.TempDir()

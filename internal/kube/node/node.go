@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	statsv1alpha1 "k8s.io/kubelet/pkg/apis/stats/v1alpha1"
 
+	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -111,10 +112,11 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy(), poke: make(chan struct{}, 1)}
 	// The node registers with the templates its daemon has, so the
 	// gateway refuses an unknown one before it makes a pod.
-	if names, err := status.templates(ctx); err == nil {
-		status.names = names
+	if names, warm, err := status.templates(ctx); err == nil {
+		status.names, status.warm = names, warm
 		spec.Annotations = map[string]string{AnnotationTemplates: names}
 		status.base.Annotations = map[string]string{AnnotationTemplates: names}
+		spec.Status.Allocatable = withWarm(status.base.Status.Allocatable, warm)
 	}
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
@@ -249,8 +251,10 @@ type nodeStatus struct {
 	mu      sync.Mutex
 	cb      func(*corev1.Node)
 	healthy *bool
-	// names is the AnnotationTemplates value last reported.
+	// names is the AnnotationTemplates value last reported, warm the
+	// warm pools' sandboxes taken out of the allocatable pods.
 	names string
+	warm  int64
 	// poke asks run for a check now (refresh).
 	poke chan struct{}
 }
@@ -269,18 +273,36 @@ func (s *nodeStatus) refresh() {
 // gateway accepts a create only for a template some Ready node has.
 const AnnotationTemplates = "berth.dev/templates"
 
-// templates is the AnnotationTemplates value for the daemon's templates.
-func (s *nodeStatus) templates(ctx context.Context) (string, error) {
+// templates is the AnnotationTemplates value for the daemon's templates,
+// and how many sandboxes its warm pools are to hold.
+func (s *nodeStatus) templates(ctx context.Context) (string, int64, error) {
 	tpls, err := s.sb.Templates(ctx)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
 	names := make([]string, 0, len(tpls))
+	var warm int64
 	for _, t := range tpls {
 		names = append(names, t.Name)
+		for _, p := range []*client.WarmPool{t.Warm, t.WarmSudo} {
+			if p != nil {
+				warm += int64(p.Target)
+			}
+		}
 	}
 	slices.Sort(names)
-	return strings.Join(slices.Compact(names), ","), nil
+	return strings.Join(slices.Compact(names), ","), warm, nil
+}
+
+// withWarm is alloc with the pods the daemon's warm pools hold taken
+// out: each pool sandbox takes a sandbox's room on the host and is no
+// pod, so the scheduler would not count it otherwise.
+func withWarm(alloc corev1.ResourceList, warm int64) corev1.ResourceList {
+	out := alloc.DeepCopy()
+	if p, ok := out[corev1.ResourcePods]; ok && warm > 0 {
+		out[corev1.ResourcePods] = *resource.NewQuantity(max(0, p.Value()-warm), resource.DecimalSI)
+	}
+	return out
 }
 
 func (s *nodeStatus) Ping(ctx context.Context) error { return s.check(ctx) }
@@ -300,14 +322,15 @@ func (s *nodeStatus) check(ctx context.Context) error {
 }
 
 // run reports a change of the daemon's health as the node's Ready
-// condition, and a change of its templates as AnnotationTemplates.
+// condition, a change of its templates as AnnotationTemplates, and a
+// change of its warm pools in the allocatable pods.
 func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		cctx, cancel := context.WithTimeout(ctx, every)
 		err := s.check(cctx)
-		names, terr := s.templates(cctx)
+		names, warm, terr := s.templates(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -315,11 +338,11 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 		ok := err == nil
 		s.mu.Lock()
 		if terr != nil {
-			names = s.names
+			names, warm = s.names, s.warm
 		}
-		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || names != s.names
+		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || names != s.names || warm != s.warm
 		if cb != nil && changed {
-			s.healthy, s.names = &ok, names
+			s.healthy, s.names, s.warm = &ok, names, warm
 		}
 		s.mu.Unlock()
 		if cb != nil && changed {
@@ -334,6 +357,7 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 				n.Annotations = map[string]string{}
 			}
 			n.Annotations[AnnotationTemplates] = names
+			n.Status.Allocatable = withWarm(s.base.Status.Allocatable, warm)
 			cb(n)
 		}
 		select {

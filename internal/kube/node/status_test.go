@@ -6,6 +6,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // TestPodPhase: the pod's phase and container states follow its
@@ -214,5 +215,22 @@ func TestRestartsOn(t *testing.T) {
 		if got := restartsOn(tc.policy, tc.code); got != tc.want {
 			t.Errorf("restartsOn(%q, %d) = %v, want %v", tc.policy, tc.code, got, tc.want)
 		}
+	}
+}
+
+// TestWithWarm: the warm pools' sandboxes come out of the allocatable
+// pods, never below none; other resources and no pools change nothing.
+func TestWithWarm(t *testing.T) {
+	alloc := corev1.ResourceList{corev1.ResourcePods: resource.MustParse("10"), corev1.ResourceMemory: resource.MustParse("8Gi")}
+	for _, tc := range []struct {
+		warm, want int64
+	}{{0, 10}, {3, 7}, {10, 0}, {12, 0}} {
+		got := withWarm(alloc, tc.warm)
+		if got.Pods().Value() != tc.want || !got.Memory().Equal(resource.MustParse("8Gi")) {
+			t.Errorf("withWarm(%d) = %v, want %d pods and the memory as it was", tc.warm, got, tc.want)
+		}
+	}
+	if alloc.Pods().Value() != 10 {
+		t.Errorf("withWarm changed its argument: %v", alloc)
 	}
 }
