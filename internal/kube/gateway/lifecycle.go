@@ -164,6 +164,13 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	forksInformer := forks.Informer()
 	ff.Start(ctx.Done())
 	defer ff.Shutdown()
+	// The records of pods being made again after their node was lost.
+	rf := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelRemake + "=true" }))
+	remakes := rf.Core().V1().ConfigMaps()
+	remakesInformer := remakes.Informer()
+	rf.Start(ctx.Done())
+	defer rf.Shutdown()
 	// The cluster's template record (templatesync.go), one object.
 	tf := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + TemplatesConfigMap }))
@@ -171,13 +178,14 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	tplsInformer := tpls.Informer()
 	tf.Start(ctx.Done())
 	defer tf.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced, tplsInformer.HasSynced) {
-		return fmt.Errorf("node leases, fork snapshots or template record cache did not fill: %w", errdefs.ErrUnavailable)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced, tplsInformer.HasSynced, remakesInformer.HasSynced) {
+		return fmt.Errorf("node leases, fork snapshots, template record or remake records cache did not fill: %w", errdefs.ErrUnavailable)
 	}
 	tsync := newTemplateSync()
 	defer tsync.wg.Wait()
 	l := newLifecycle(g.cfg.Kube, g.cfg.Namespace, g.pods, g.nodes, li.Lister().Leases(nodeLeaseNamespace), cfg, g.cfg.OnNodeLost, g.log)
 	l.claims = g.claims
+	l.remakes = remakes.Lister().ConfigMaps(g.cfg.Namespace)
 	t := time.NewTicker(cfg.Every)
 	defer t.Stop()
 	tried := map[string]time.Time{}
@@ -212,25 +220,20 @@ type lifecycle struct {
 
 	seen  map[string]leaseSeen
 	ended map[ktypes.UID]time.Time
-	// remake holds pods deleted from a lost node that could not be made
-	// again yet: tried again each sweep.
-	remake map[string]*corev1.Pod
+	// remakes lists the records of pods to make again (lost.go).
+	remakes listersv1.ConfigMapNamespaceLister
 }
 
 func newLifecycle(kube kubernetes.Interface, ns string, pods listersv1.PodNamespaceLister, nodes listersv1.NodeLister,
 	leases coordlisters.LeaseNamespaceLister, cfg LifecycleConfig, policy string, log *slog.Logger) *lifecycle {
 	return &lifecycle{kube: kube, ns: ns, pods: pods, nodes: nodes, leases: leases, cfg: cfg, policy: policy, log: log,
-		seen: map[string]leaseSeen{}, ended: map[ktypes.UID]time.Time{}, remake: map[string]*corev1.Pod{}}
+		seen: map[string]leaseSeen{}, ended: map[ktypes.UID]time.Time{}}
 }
 
 // sweep looks once at every Berth node and sandbox pod, as of now.
 func (l *lifecycle) sweep(ctx context.Context, now time.Time) {
 	lost := l.sweepNodes(ctx, now)
-	for name, pod := range l.remake {
-		if l.create(ctx, pod) {
-			delete(l.remake, name)
-		}
-	}
+	l.sweepRemakes(ctx)
 	pods, err := l.pods.List(everything())
 	if err != nil {
 		l.log.Warn("lifecycle_list_failed", "err", err)

@@ -282,3 +282,51 @@ func TestNewLeaderGrace(t *testing.T) {
 		t.Errorf("pod not marked lost after the grace")
 	}
 }
+
+// TestRemakeAfterLeaderStopped: a leader that stopped between deleting a
+// lost node's pod and making it again left the pod to make in its record;
+// the next leader makes it. A record whose pod was made again meanwhile,
+// or is still there, is dropped without touching the pod.
+func TestRemakeAfterLeaderStopped(t *testing.T) {
+	ctx := t.Context()
+	lost := testPod("gone", "u1", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate,
+		node.AnnotationDeadline: "2026-12-02T17:00:00Z"})
+	still := testPod("still", "u2", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate})
+	again := testPod("again", "u3", "", corev1.PodPending, map[string]string{AnnotationRecreated: "1"})
+	w := newWorld(t, LifecycleConfig{KeepEnded: time.Hour, NodeLostAfter: 40 * time.Second}, berthNode("berth-a"), berthNode("berth-b"), still, again)
+	// What the stopped leader did: the records, and the delete of "gone".
+	for _, rec := range []struct {
+		pod *corev1.Pod
+		uid string
+	}{{lost, "u1"}, {still, "u2"}, {again, "u0"}} {
+		if err := w.l.writeRemake(ctx, remade(rec.pod), ktypes.UID(rec.uid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The next leader's cache of the records.
+	recs := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	cms, err := w.kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelRemake + "=true"})
+	if err != nil || len(cms.Items) != 3 {
+		t.Fatalf("records = %+v, %v; want 3", cms, err)
+	}
+	for i := range cms.Items {
+		_ = recs.Add(&cms.Items[i])
+	}
+	w.l.remakes = listersv1.NewConfigMapLister(recs).ConfigMaps(ns)
+	w.l.sweep(ctx, w.t0)
+
+	g := w.pod(t, "gone")
+	if g == nil || g.Spec.NodeName != "" || g.Annotations[AnnotationRecreated] != "1" || g.Annotations[AnnotationLostNode] != "berth-a" ||
+		g.Annotations[node.AnnotationDeadline] != "2026-12-02T17:00:00Z" || g.Labels[LabelOwner] != "alice" {
+		t.Errorf("pod made from its record = %+v", g)
+	}
+	if s := w.pod(t, "still"); s == nil || s.UID != "u2" || s.Spec.NodeName != "berth-a" {
+		t.Errorf("pod still there = %+v, want untouched", s)
+	}
+	if a := w.pod(t, "again"); a == nil || a.UID != "u3" || a.Annotations[AnnotationRecreated] != "1" {
+		t.Errorf("pod made again before = %+v, want untouched", a)
+	}
+	if left, err := w.kube.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelRemake + "=true"}); err != nil || len(left.Items) != 0 {
+		t.Errorf("records after the sweep = %+v, %v; want none", left, err)
+	}
+}

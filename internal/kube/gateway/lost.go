@@ -174,9 +174,9 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 // under the same name without its node, for the scheduler to place on
 // another. The new pod is a new sandbox (nothing of the old one's files
 // or processes survives), with the old one's ID, template, limits,
-// environment, labels, owner and deadline. Were the leader to stop
-// between the delete and the create, the sandbox would be gone, as if
-// deleted.
+// environment, labels, owner and deadline. The pod to make is recorded
+// first (remakeRecord): a leader that stops between the delete and the
+// create leaves it to the next one, which makes it (sweepRemakes).
 func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod) {
 	if claimed(pod) {
 		// agent-sandbox makes a Sandbox's pod again as soon as it is
@@ -189,14 +189,18 @@ func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod) {
 		return
 	}
 	fresh := remade(pod)
+	if err := l.writeRemake(ctx, fresh, pod.UID); err != nil {
+		l.log.Warn("sandbox_recreate_failed", "sandbox_id", pod.Name, "err", err)
+		return
+	}
 	if err := l.deletePod(ctx, pod); err != nil {
+		// The record stays: the next sweep sees whether the pod is
+		// still there (and looks again) or is gone (and makes it).
 		l.log.Warn("sandbox_recreate_failed", "sandbox_id", pod.Name, "err", err)
 		return
 	}
 	l.log.Warn("sandbox_lost_recreating", "sandbox_id", pod.Name, "node", pod.Spec.NodeName, "recreated", fresh.Annotations[AnnotationRecreated])
-	if !l.create(ctx, fresh) {
-		l.remake[fresh.Name] = fresh
-	}
+	l.finishRemake(ctx, fresh)
 }
 
 // remade is the pod to make again for a pod of a lost node.
@@ -214,6 +218,90 @@ func remade(pod *corev1.Pod) *corev1.Pod {
 	}
 }
 
+// LabelRemake ("true") marks the record of a pod the leader is making
+// again (ConfigMap berth-remake-<sandbox ID>: data "pod", the pod to
+// make, and "uid", the lost one's UID).
+const LabelRemake = "berth.dev/remake"
+
+const remakePrefix = "berth-remake-"
+
+// writeRemake records that fresh is to be made in place of the pod with
+// UID old.
+func (l *lifecycle) writeRemake(ctx context.Context, fresh *corev1.Pod, old ktypes.UID) error {
+	b, err := json.Marshal(fresh)
+	if err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: remakePrefix + fresh.Name, Namespace: l.ns, Labels: map[string]string{LabelManagedBy: ManagedBy, LabelRemake: "true"}},
+		Data:       map[string]string{"pod": string(b), "uid": string(old)},
+	}
+	cms := l.kube.CoreV1().ConfigMaps(l.ns)
+	_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+	}
+	if err != nil {
+		return kubeErr("record the pod to make again", err)
+	}
+	return nil
+}
+
+// finishRemake makes fresh and drops its record once it is made (or the
+// name was taken meanwhile); otherwise the record stays for the next
+// sweep.
+func (l *lifecycle) finishRemake(ctx context.Context, fresh *corev1.Pod) {
+	if !l.create(ctx, fresh) {
+		return
+	}
+	err := l.kube.CoreV1().ConfigMaps(l.ns).Delete(ctx, remakePrefix+fresh.Name, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		l.log.Warn("sandbox_remake_record_left", "sandbox_id", fresh.Name, "err", err)
+	}
+}
+
+// sweepRemakes finishes what a leader recorded to make again and did not
+// (it stopped, or the create failed): each record's pod, read from the
+// API server, not the cache, is made when it is gone; a record whose pod
+// was made again (another UID) is dropped, and so is one whose pod is
+// still there (the lost-node pass decides about it afresh).
+func (l *lifecycle) sweepRemakes(ctx context.Context) {
+	if l.remakes == nil {
+		return
+	}
+	recs, err := l.remakes.List(everything())
+	if err != nil {
+		return
+	}
+	for _, cached := range recs {
+		cm, err := l.kube.CoreV1().ConfigMaps(l.ns).Get(ctx, cached.Name, metav1.GetOptions{})
+		if err != nil {
+			continue // gone meanwhile, or the API is away: next sweep
+		}
+		var fresh corev1.Pod
+		// Only a sandbox pod of the gateway's, as recreate writes it.
+		if err := json.Unmarshal([]byte(cm.Data["pod"]), &fresh); err != nil || fresh.Name == "" || remakePrefix+fresh.Name != cm.Name ||
+			fresh.Labels[LabelManagedBy] != ManagedBy || fresh.Spec.NodeName != "" {
+			l.log.Warn("sandbox_remake_record_bad", "record", cm.Name, "err", err)
+			continue
+		}
+		fresh.Namespace = l.ns
+		pod, err := l.kube.CoreV1().Pods(l.ns).Get(ctx, fresh.Name, metav1.GetOptions{})
+		switch {
+		case apierrors.IsNotFound(err):
+			l.log.Warn("sandbox_lost_recreating", "sandbox_id", fresh.Name, "recreated", fresh.Annotations[AnnotationRecreated], "by", "record")
+			l.finishRemake(ctx, &fresh)
+		case err != nil:
+		case string(pod.UID) == cm.Data["uid"] && pod.DeletionTimestamp != nil:
+			// Being deleted: made once it is gone.
+		default:
+			if err := l.kube.CoreV1().ConfigMaps(l.ns).Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+				l.log.Warn("sandbox_remake_record_left", "sandbox_id", fresh.Name, "err", err)
+			}
+		}
+	}
+}
+
 // create makes a pod again; false means try again next sweep.
 func (l *lifecycle) create(ctx context.Context, pod *corev1.Pod) bool {
 	_, err := l.kube.CoreV1().Pods(l.ns).Create(ctx, pod, metav1.CreateOptions{})
@@ -227,7 +315,7 @@ func (l *lifecycle) create(ctx context.Context, pod *corev1.Pod) bool {
 		return true
 	}
 	l.log.Warn("sandbox_recreate_failed", "sandbox_id", pod.Name, "err", err)
-	return ctx.Err() != nil
+	return false
 }
 
 func isNotFound(err error) bool { return errors.Is(err, errdefs.ErrNotFound) }
