@@ -133,6 +133,10 @@ func writeAtomic(path string, b []byte) error {
 	return os.Rename(tmp, path)
 }
 
+// podKillSignal, sent to the wrapper, SIGKILLs its command's group (the
+// node's internal/kube/node sends it as killSignal).
+const podKillSignal = syscall.SIGUSR1
+
 func runCopying(w *crilog.Writer, argv []string) (int, error) {
 	outR, outW, err := os.Pipe()
 	if err != nil {
@@ -147,6 +151,10 @@ func runCopying(w *crilog.Writer, argv []string) (int, error) {
 	defer errR.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = outW, errW
+	// The command leads a process group of its own: a signal to this
+	// wrapper's group reaches the command once (forwarded below), and
+	// KillSignal ends the command's whole group.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
@@ -162,9 +170,12 @@ func runCopying(w *crilog.Writer, argv []string) (int, error) {
 		return code, nil
 	}
 	// The container's signals are its command's (a node deleting the pod
-	// stops the sandbox anyway; a user's kill reaches the command).
+	// stops the sandbox anyway; a user's kill reaches the command), but
+	// podKillSignal, the node's kill after a failed probe's grace period,
+	// which ends the command's group with SIGKILL: its exit is then
+	// recorded, as a SIGKILL to this wrapper would not let it be.
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGQUIT, podKillSignal)
 	defer signal.Stop(sigs)
 	stop := make(chan struct{})
 	var fwd sync.WaitGroup
@@ -174,6 +185,10 @@ func runCopying(w *crilog.Writer, argv []string) (int, error) {
 		for {
 			select {
 			case s := <-sigs:
+				if s == podKillSignal {
+					_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+					continue
+				}
 				_ = cmd.Process.Signal(s)
 			case <-stop:
 				return

@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"io"
+	"maps"
+	"net/http"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
@@ -40,6 +42,11 @@ type Sandboxes interface {
 	Start(ctx context.Context, id string, req client.ExecRequest) (uint32, error)
 	Attach(ctx context.Context, id string, pid uint32) (int, error)
 	Processes(ctx context.Context, id string) ([]client.ProcessInfo, error)
+	// Signal sends signal sig to process pid (and its group).
+	Signal(ctx context.Context, id string, pid uint32, sig int) error
+	// PortGet sends a GET of path to the sandbox's port, through the
+	// daemon's port proxy, and returns the status code.
+	PortGet(ctx context.Context, id string, port int, path string, h http.Header) (int, error)
 	// Exec runs a command with its streams attached and returns its exit
 	// code; ExecPTY does the same on a terminal.
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
@@ -128,6 +135,25 @@ func (a apiSandboxes) Attach(ctx context.Context, id string, pid uint32) (int, e
 
 func (a apiSandboxes) Processes(ctx context.Context, id string) ([]client.ProcessInfo, error) {
 	return a.c.Sandbox(id).Processes(ctx)
+}
+
+func (a apiSandboxes) Signal(ctx context.Context, id string, pid uint32, sig int) error {
+	return a.c.Sandbox(id).Signal(ctx, pid, sig)
+}
+
+func (a apiSandboxes) PortGet(ctx context.Context, id string, port int, path string, h http.Header) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://sandbox"+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	maps.Copy(req.Header, h)
+	resp, err := (&http.Client{Transport: a.c.Sandbox(id).PortTransport(port)}).Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	return resp.StatusCode, nil
 }
 
 func (a apiSandboxes) Exec(ctx context.Context, id string, req client.ExecRequest) (int, error) {

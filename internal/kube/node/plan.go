@@ -124,6 +124,8 @@ type containerPlan struct {
 	argv []string
 	env  map[string]string
 	cwd  string
+	// probes are its startup, liveness and readiness probes (probe.go).
+	probes containerProbes
 }
 
 // planError is a pod Berth cannot run as asked; the pod fails with it.
@@ -252,6 +254,11 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		memBytes += mem.Value()
 		cp := containerPlan{name: c.Name, cwd: c.WorkingDir}
 		cp.argv = append(append(cp.argv, c.Command...), c.Args...)
+		probes, err := parseProbes(field, c, *spec, len(cp.argv) > 0)
+		if err != nil {
+			return p, err
+		}
+		cp.probes = probes
 		for j, e := range c.Env {
 			if e.ValueFrom != nil {
 				// The pod controller resolves references before the

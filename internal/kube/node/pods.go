@@ -99,6 +99,10 @@ type containerState struct {
 	// back-off was last reset.
 	backOff time.Duration
 	steps   int
+
+	// unstarted: the run's startup probe has not passed yet; unready:
+	// its readiness probe has not passed, or failed since (probe.go).
+	unstarted, unready bool
 }
 
 func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, bo backOff, log *slog.Logger) *Pods {
@@ -597,7 +601,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	start := metav1.NewTime(ps.started)
 	st.StartTime = &start
 	st.ContainerStatuses = nil
-	running := 0
+	readyN := 0
 	for _, c := range ps.plan.containers {
 		var img string
 		for _, sc := range pod.Spec.Containers {
@@ -611,8 +615,8 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		}
 		s := containerStatus(c.name, img, id, ps.containers[c.name], ps.reason, ps.message, pod.Name+"_"+pod.Namespace+"("+string(pod.UID)+")")
 		s.ImageID = "berth://" + ps.plan.req.Template
-		if s.State.Running != nil {
-			running++
+		if s.Ready {
+			readyN++
 		}
 		st.ContainerStatuses = append(st.ContainerStatuses, s)
 	}
@@ -628,7 +632,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		st.Reason, st.Message = ps.reason, ps.message
 	}
 	ready := corev1.ConditionFalse
-	if n > 0 && running == n {
+	if n > 0 && readyN == n {
 		ready = corev1.ConditionTrue
 	}
 	now := metav1.Now()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -122,7 +123,7 @@ func containerStatus(name, image, id string, cs *containerState, failure, messag
 		s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: failure, Message: message, FinishedAt: metav1.Now()}
 	case cs.running:
 		s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(cs.startedAt)}
-		s.Ready, s.Started = true, ptr(true)
+		s.Ready, s.Started = !cs.unstarted && !cs.unready, ptr(!cs.unstarted)
 	default:
 		s.State.Waiting = &corev1.ContainerStateWaiting{Reason: reasonCreating}
 	}
@@ -264,6 +265,7 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 		}
 		cs.restarts = restart
 		cs.running, cs.exited, cs.backOff, cs.startedAt = true, false, 0, time.Now()
+		cs.unstarted, cs.unready = c.probes.startup != nil, c.probes.readiness != nil
 	})
 	return pid, nil
 }
@@ -279,7 +281,13 @@ func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid ui
 		defer ps.fwg.Done()
 		for {
 			if pid != 0 {
+				// The run's probes run while it does.
+				pctx, pcancel := context.WithCancel(ctx)
+				var probes sync.WaitGroup
+				probes.Go(func() { p.probeRun(pctx, ps, c, pid) })
 				_, _ = p.sb.Attach(ctx, ps.sandboxID, pid)
+				pcancel()
+				probes.Wait()
 			}
 			if ctx.Err() != nil {
 				return

@@ -1,0 +1,76 @@
+package kube
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// TestPodProbes: a pod's startup, readiness and liveness probes run in
+// its sandbox. A tcpSocket startup probe holds the others until the
+// server listens; an httpGet readiness probe (through the daemon's port
+// proxy) makes the pod Ready and not Ready as the server's answer
+// changes; a failing exec liveness probe gets the container SIGTERMed
+// (exit 143) and started again under its restart policy, Ready again
+// once its probes pass.
+func TestPodProbes(t *testing.T) {
+	c := startCluster(t, "berth-a")
+	cp := c.cp
+	ctx := t.Context()
+	pod := sandboxPod("probed", "sh", "-c", "rm -f /tmp/die; mkdir -p /tmp/www && echo ok > /tmp/www/healthz && exec httpd -f -p 8080 -h /tmp/www")
+	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	ctr := &pod.Spec.Containers[0]
+	ctr.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	ctr.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("http")}},
+		PeriodSeconds: 1, FailureThreshold: 120}
+	ctr.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
+		PeriodSeconds: 1, FailureThreshold: 1}
+	ctr.LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "test ! -e /tmp/die"}}},
+		PeriodSeconds: 1, FailureThreshold: 1}
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ready := func(want corev1.ConditionStatus) func(*corev1.Pod) bool {
+		return func(p *corev1.Pod) bool {
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady {
+					return cond.Status == want && p.Status.Phase == corev1.PodRunning
+				}
+			}
+			return false
+		}
+	}
+	p := waitPod(t, cp, "default", "probed", "Ready", ready(corev1.ConditionTrue))
+	if cs := p.Status.ContainerStatuses; len(cs) != 1 || !cs[0].Ready || cs[0].Started == nil || !*cs[0].Started || cs[0].RestartCount != 0 {
+		t.Errorf("ready container = %+v", cs)
+	}
+
+	if _, stderr, code := execPod(t, cp, "default", "probed", "", "rm", "/tmp/www/healthz"); code != 0 {
+		t.Fatalf("rm healthz: %d %s", code, stderr)
+	}
+	p = waitPod(t, cp, "default", "probed", "not Ready once its server answers 404", ready(corev1.ConditionFalse))
+	if cs := p.Status.ContainerStatuses; len(cs) != 1 || cs[0].Ready || cs[0].State.Running == nil || cs[0].RestartCount != 0 {
+		t.Errorf("unready container = %+v, want running, not ready, not restarted", cs)
+	}
+	if _, stderr, code := execPod(t, cp, "default", "probed", "", "sh", "-c", "echo ok > /tmp/www/healthz"); code != 0 {
+		t.Fatalf("write healthz: %d %s", code, stderr)
+	}
+	waitPod(t, cp, "default", "probed", "Ready again", ready(corev1.ConditionTrue))
+
+	if _, stderr, code := execPod(t, cp, "default", "probed", "", "touch", "/tmp/die"); code != 0 {
+		t.Fatalf("touch /tmp/die: %d %s", code, stderr)
+	}
+	p = waitPod(t, cp, "default", "probed", "restarted after its liveness probe failed", func(p *corev1.Pod) bool {
+		cs := p.Status.ContainerStatuses
+		return len(cs) == 1 && cs[0].RestartCount == 1 && ready(corev1.ConditionTrue)(p)
+	})
+	if last := p.Status.ContainerStatuses[0].LastTerminationState.Terminated; last == nil || last.ExitCode != 143 {
+		t.Errorf("the killed run = %+v, want exit 143 (SIGTERM)", last)
+	}
+	if err := cp.Client.CoreV1().Pods("default").Delete(ctx, "probed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "probed")
+}
