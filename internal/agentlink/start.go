@@ -165,16 +165,16 @@ func (l *Link) Listening(ctx context.Context, addr, token string, port int) (boo
 		if err != nil {
 			return false, err
 		}
-		if listensOn(b, port) {
+		if ListensOn(b, port) {
 			return true, nil
 		}
 	}
 	return false, nil
 }
 
-// listensOn reports whether a /proc/net/tcp table has a socket in state
+// ListensOn reports whether a /proc/net/tcp (or tcp6) table has a socket in state
 // LISTEN (0A) on port.
-func listensOn(table []byte, port int) bool {
+func ListensOn(table []byte, port int) bool {
 	sc := bufio.NewScanner(bytes.NewReader(table))
 	sc.Buffer(make([]byte, 4096), 4096)
 	for sc.Scan() {

@@ -100,11 +100,11 @@ func TestListensOn(t *testing.T) {
    1: 0100007F:0050 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
 `
 	for port, want := range map[int]bool{8080: true, 80: false, 443: false} {
-		if got := listensOn([]byte(table), port); got != want {
-			t.Errorf("listensOn(%d) = %v, want %v", port, got, want)
+		if got := ListensOn([]byte(table), port); got != want {
+			t.Errorf("ListensOn(%d) = %v, want %v", port, got, want)
 		}
 	}
-	if listensOn([]byte("garbage\n0: x 0A\n"), 0) {
+	if ListensOn([]byte("garbage\n0: x 0A\n"), 0) {
 		t.Error("garbage listens")
 	}
 }

@@ -19,16 +19,18 @@ func TestPodProbes(t *testing.T) {
 	c := startCluster(t, "berth-a")
 	cp := c.cp
 	ctx := t.Context()
+	// Long check timeouts: a loaded machine must not fail a check this
+	// test expects to pass.
 	pod := sandboxPod("probed", "sh", "-c", "rm -f /tmp/die; mkdir -p /tmp/www && echo ok > /tmp/www/healthz && exec httpd -f -p 8080 -h /tmp/www")
 	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
 	ctr := &pod.Spec.Containers[0]
 	ctr.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
 	ctr.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("http")}},
-		PeriodSeconds: 1, FailureThreshold: 120}
+		PeriodSeconds: 1, TimeoutSeconds: 30, FailureThreshold: 120}
 	ctr.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
-		PeriodSeconds: 1, FailureThreshold: 1}
+		PeriodSeconds: 1, TimeoutSeconds: 30, FailureThreshold: 1}
 	ctr.LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"sh", "-c", "test ! -e /tmp/die"}}},
-		PeriodSeconds: 1, FailureThreshold: 1}
+		PeriodSeconds: 1, TimeoutSeconds: 30, FailureThreshold: 1}
 	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,11 @@
 package node
 
 import (
-	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/internal/agentlink"
 )
 
 // Container probes, as the kubelet runs them. A container's startup probe
@@ -195,6 +195,9 @@ func probePort(field string, v intstr.IntOrString, c corev1.Container) (int, err
 	return port, nil
 }
 
+// maxProcNet bounds the /proc/net/tcp table read from a sandbox.
+const maxProcNet = 8 << 20
+
 // check runs the probe once in sandbox id: nil when it passes.
 func (p *Pods) check(ctx context.Context, id string, pr *probe) error {
 	ctx, cancel := context.WithTimeout(ctx, pr.timeout)
@@ -211,11 +214,11 @@ func (p *Pods) check(ctx context.Context, id string, pr *probe) error {
 		return nil
 	case pr.tcp:
 		for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
-			var b strings.Builder
-			if err := p.sb.ReadFile(ctx, id, f, &b); err != nil {
+			var b bytes.Buffer
+			if err := p.sb.ReadFile(ctx, id, f, &limitWriter{w: &b, n: maxProcNet}); err != nil {
 				continue // no IPv6 in the sandbox
 			}
-			if listens(b.String(), pr.port) {
+			if agentlink.ListensOn(b.Bytes(), pr.port) {
 				return nil
 			}
 		}
@@ -230,23 +233,6 @@ func (p *Pods) check(ctx context.Context, id string, pr *probe) error {
 		}
 		return nil
 	}
-}
-
-// listens reports whether a /proc/net/tcp table has a socket listening
-// on port (state 0A).
-func listens(table string, port int) bool {
-	sc := bufio.NewScanner(strings.NewReader(table))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) < 4 || f[3] != "0A" {
-			continue
-		}
-		_, hexPort, ok := strings.Cut(f[1], ":")
-		if v, err := strconv.ParseUint(hexPort, 16, 16); ok && err == nil && int(v) == port {
-			return true
-		}
-	}
-	return false
 }
 
 // killSignal, sent to a container's wrapper (berth-agent podlog), makes

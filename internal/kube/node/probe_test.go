@@ -82,26 +82,6 @@ func TestParseProbes(t *testing.T) {
 	}
 }
 
-// TestListens reads listening sockets from /proc/net/tcp and tcp6.
-func TestListens(t *testing.T) {
-	tcp := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
-   0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1 0 100 0 0 10 0
-   1: 0100007F:0050 0100007F:D431 01 00000000:00000000 00:00000000 00000000  1000        0 2 1 0 20 4 30 10 -1
-`
-	tcp6 := `  sl  local_address                         remote_address                        st
-   0: 00000000000000000000000000000000:1F91 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 3 1 0 100 0 0 10 0
-`
-	for _, tc := range []struct {
-		table string
-		port  int
-		want  bool
-	}{{tcp, 8080, true}, {tcp, 80, false}, {tcp, 9, false}, {tcp6, 8081, true}, {"", 8080, false}} {
-		if got := listens(tc.table, tc.port); got != tc.want {
-			t.Errorf("listens(port %d) = %v, want %v", tc.port, got, tc.want)
-		}
-	}
-}
-
 // probeRunner is fakeRunner whose probe commands pass or fail as the test
 // sets, and whose container's command ends (143) on the wrapper's
 // SIGTERM.
