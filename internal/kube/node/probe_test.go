@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -128,36 +127,19 @@ func (f *probeRunner) PortGet(context.Context, string, int, string, http.Header)
 func TestProbes(t *testing.T) {
 	f := &probeRunner{fakeRunner: newFakeRunner()}
 	f.live.Store(true)
-	ctx, cancel := context.WithCancel(t.Context())
-	p := &Pods{ctx: ctx, sb: f, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
 	statuses := make(chan *corev1.Pod, 64)
-	p.NotifyPods(ctx, func(pod *corev1.Pod) { statuses <- pod })
-	t.Cleanup(func() {
-		cancel()
-		p.Wait()
-	})
 	pod := testPod()
 	c := &pod.Spec.Containers[0]
 	c.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"ready"}}}, PeriodSeconds: 1, FailureThreshold: 2}
 	c.LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"live"}}}, PeriodSeconds: 1, FailureThreshold: 2}
-	ps := &podState{pod: pod, sandboxID: "sb", containers: map[string]*containerState{}}
-	pl, err := planPod(pod, "node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps.plan = pl
-	p.pods[key(pod.Namespace, pod.Name)] = ps
-	pid, err := p.startContainer(ctx, ps, pl.containers[0], 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, ps := startFollowed(t, f, pod, func(pod *corev1.Pod) { statuses <- pod })
+	// Not ready before its readiness probe passed.
 	p.mu.Lock()
 	st := p.withStatus(ps).Status
 	p.mu.Unlock()
 	if len(st.ContainerStatuses) != 1 || st.ContainerStatuses[0].Ready || st.ContainerStatuses[0].State.Running == nil {
 		t.Fatalf("before its readiness probe passed: %+v", st.ContainerStatuses)
 	}
-	p.follow(ctx, ps, pl.containers[0], pid)
 
 	await := func(what string, cond func(corev1.PodStatus) bool) {
 		t.Helper()

@@ -166,14 +166,26 @@ func TestRecoverRuns(t *testing.T) {
 func newRestartPods(t *testing.T, policy corev1.RestartPolicy) (*fakeRunner, *Pods, *podState) {
 	t.Helper()
 	f := newFakeRunner()
+	pod := testPod()
+	pod.Spec.RestartPolicy = policy
+	p, ps := startFollowed(t, f, pod, nil)
+	return f, p, ps
+}
+
+// startFollowed is a node on sb with pod's first container started (run
+// 0) and followed, with a back-off of 1 s up to 4 s; notify, when set,
+// gets the pod's statuses.
+func startFollowed(t *testing.T, sb Sandboxes, pod *corev1.Pod, notify func(*corev1.Pod)) (*Pods, *podState) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	p := &Pods{ctx: ctx, sb: f, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+	p := &Pods{ctx: ctx, sb: sb, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+	if notify != nil {
+		p.NotifyPods(ctx, notify)
+	}
 	t.Cleanup(func() {
 		cancel()
 		p.Wait()
 	})
-	pod := testPod()
-	pod.Spec.RestartPolicy = policy
 	ps := &podState{pod: pod, sandboxID: "sb", containers: map[string]*containerState{}}
 	pl, err := planPod(pod, "node")
 	if err != nil {
@@ -186,7 +198,7 @@ func newRestartPods(t *testing.T, policy corev1.RestartPolicy) (*fakeRunner, *Po
 		t.Fatal(err)
 	}
 	p.follow(ctx, ps, pl.containers[0], pid)
-	return f, p, ps
+	return p, ps
 }
 
 // fakeRunner is a sandbox whose container processes the test ends: Start
