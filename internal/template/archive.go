@@ -162,22 +162,20 @@ func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template,
 			return Template{}, err
 		}
 	}
-	if err := os.MkdirAll(s.sharedRoot(), 0o755); err != nil {
+	// The archive is read into a directory of its own, outside the
+	// layer store, with no lock held (an upload may take long); the
+	// layers move into the store under the template's lock and the
+	// store's shared lock, taken in the order a build takes them.
+	work, err := os.MkdirTemp(s.root(), ".import-")
+	if err != nil {
 		return Template{}, fmt.Errorf("import template: %w", err)
 	}
-	s.sharedMu.RLock()
-	defer s.sharedMu.RUnlock()
+	defer os.RemoveAll(work)
 	var (
-		ids     []string        // each layer's id, lowest first
-		made    []string        // temporary directories of layers new here
-		newHere = map[int]int{} // layer index → index in made
+		ids     []string         // each layer's id, lowest first
+		newHere = map[int]bool{} // layers extracted under work/<i>
 		size    int64
 	)
-	defer func() {
-		for _, dir := range made {
-			_ = os.RemoveAll(dir) // renamed away when the import succeeded
-		}
-	}()
 	man, err := snaparchive.Read(r, snaparchive.TemplateFormat, func(i int, l snaparchive.Layer, lr io.Reader) error {
 		below := ""
 		if i > 0 {
@@ -189,10 +187,8 @@ func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template,
 			size += m.SizeBytes
 			return nil // stored already; Read still checks the digest
 		}
-		dir := filepath.Join(s.sharedRoot(), ".tmp-"+id[:32]+"-"+randHex(4))
-		made = append(made, dir)
-		newHere[i] = len(made) - 1
-		n, err := s.ImportLayer(ctx, lr, dir)
+		newHere[i] = true
+		n, err := s.ImportLayer(ctx, lr, filepath.Join(work, fmt.Sprint(i)))
 		size += n
 		return err
 	}, nil)
@@ -219,15 +215,24 @@ func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template,
 		return Template{}, err
 	}
 	defer unlock()
+	s.sharedMu.RLock()
+	defer s.sharedMu.RUnlock()
 	if _, err := os.Lstat(s.dir(name)); err == nil {
 		return Template{}, fmt.Errorf("template %q exists: remove it first or import under another name: %w", name, errdefs.ErrAlreadyExists)
 	}
+	if err := os.MkdirAll(s.sharedRoot(), 0o755); err != nil {
+		return Template{}, fmt.Errorf("import template: %w", err)
+	}
 	for i, id := range ids {
-		j, ok := newHere[i]
-		if !ok {
+		if !newHere[i] {
+			// Found stored while the archive was read; a prune since
+			// may have taken it.
+			if _, ok := s.sharedLayer(id); !ok {
+				return Template{}, fmt.Errorf("import template %q: layer %d was pruned while the archive was read; import again: %w", name, i, errdefs.ErrUnavailable)
+			}
 			continue
 		}
-		if err := s.putImportedLayer(ctx, id, made[j]); err != nil {
+		if err := s.putImportedLayer(ctx, id, filepath.Join(work, fmt.Sprint(i))); err != nil {
 			return Template{}, fmt.Errorf("import template %q: %w", name, err)
 		}
 	}

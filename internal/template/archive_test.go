@@ -118,6 +118,11 @@ func TestExportImport(t *testing.T) {
 	if left, _ := os.ReadDir(filepath.Join(fresh, "templates/.layers")); len(left) != 0 {
 		t.Errorf("a refused import left %d entries in the layer store", len(left))
 	}
+	for _, dir := range []string{fresh, dstDir} {
+		if left, _ := filepath.Glob(filepath.Join(dir, "templates/.import-*")); len(left) != 0 {
+			t.Errorf("imports left %v", left)
+		}
+	}
 	if _, err := d3.Get(ctx, "one"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Get(one) after a refused import = %v, want not found", err)
 	}

@@ -158,6 +158,16 @@ func New(cfg Config) (*Store, error) {
 	if err := os.MkdirAll(s.root(), 0o755); err != nil {
 		return nil, fmt.Errorf("template store: %w", err)
 	}
+	// What an export or import that died left (archive.go); one daemon
+	// owns a data dir.
+	for _, pat := range []string{".export-*", ".import-*"} {
+		left, _ := filepath.Glob(filepath.Join(s.root(), pat))
+		for _, p := range left {
+			if err := os.RemoveAll(p); err != nil {
+				s.log.Warn("remove leftover", "path", p, "err", err)
+			}
+		}
+	}
 	return s, nil
 }
 
