@@ -100,6 +100,29 @@ func newMachine(t *testing.T) *machine {
 	t.Cleanup(m.removeCgroups)
 	wants, _ := filepath.Glob("/etc/systemd/system/*.wants/*")
 	unitDir := filepath.Join(m.root, "etc/systemd/system")
+	// The controllers are made writable early in every boot, before
+	// berth.service starts, as a systemd host has them: a daemon started
+	// at boot removes what the last boot left in them at once.
+	for path, body := range map[string]string{
+		"usr/local/sbin/berth-test-cgroups": writableCgroups + "\n",
+		"etc/systemd/system/berth-test-cgroups.service": "[Unit]\nDescription=test: cgroup controllers writable, as on a systemd host\n" +
+			"DefaultDependencies=no\nBefore=sysinit.target berth.service\n\n[Service]\nType=oneshot\nExecStart=/bin/sh /usr/local/sbin/berth-test-cgroups\n",
+	} {
+		p := filepath.Join(m.root, path)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	early := filepath.Join(unitDir, "sysinit.target.wants")
+	if err := os.MkdirAll(early, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../berth-test-cgroups.service", filepath.Join(early, "berth-test-cgroups.service")); err != nil && !os.IsExist(err) {
+		t.Fatal(err)
+	}
 	for _, w := range wants {
 		mask := filepath.Join(unitDir, filepath.Base(w))
 		if err := os.Remove(mask); err != nil && !os.IsNotExist(err) {
@@ -115,7 +138,8 @@ func newMachine(t *testing.T) *machine {
 // boot starts the container and waits until its systemd reports the
 // system up. On a cgroup v1 host nspawn mounts the controllers read-only
 // in the container (only its name=systemd subtree is writable); a systemd
-// host has them writable, so they are remounted so.
+// host has them writable, so they are remounted so, early in the boot
+// (berth-test-cgroups.service, newMachine) and again once it is up.
 func (m *machine) boot() {
 	t := m.t
 	t.Helper()
