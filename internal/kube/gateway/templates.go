@@ -21,7 +21,6 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
 	"github.com/berth-sandbox/berth/internal/core"
-	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
 // Templates on the gateway: each node's daemon has its own, and the
@@ -381,7 +380,7 @@ func (g *Gateway) awaitNodeTemplates(ctx context.Context, name string, nodes []s
 			if err != nil {
 				continue // gone: nothing to wait for
 			}
-			if slices.Contains(strings.Split(nd.Annotations[node.AnnotationTemplates], ","), name) != has {
+			if nodeHasTemplate(nd, name) != has {
 				behind = append(behind, n)
 			}
 		}
@@ -537,7 +536,7 @@ func (g *Gateway) nodesWith(name string) ([]*corev1.Node, error) {
 		return nil, err
 	}
 	nodes = slices.DeleteFunc(nodes, func(n *corev1.Node) bool {
-		return !slices.Contains(strings.Split(n.Annotations[node.AnnotationTemplates], ","), name)
+		return !nodeHasTemplate(n, name)
 	})
 	if len(nodes) == 0 {
 		return nil, &errdefs.Error{Code: errdefs.CodeNotFound, Field: "name", Message: fmt.Sprintf("template %q: no Ready Berth node has it", name)}

@@ -235,6 +235,18 @@ func (p *Pods) check(ctx context.Context, id string, pr *probe) error {
 	}
 }
 
+// nextCheck is when a probe checks next after the check due at at: a
+// period later, or, when a slow check ran past that, a period from now
+// (checks that fell behind are skipped, as the kubelet does, not run back
+// to back).
+func nextCheck(at time.Time, period time.Duration, now time.Time) time.Time {
+	next := at.Add(period)
+	if next.Before(now) {
+		return now.Add(period)
+	}
+	return next
+}
+
 // killSignal, sent to a container's wrapper (berth-agent podlog), makes
 // it SIGKILL the container's command.
 const killSignal = syscall.SIGUSR1
@@ -274,7 +286,7 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 	}
 	if s := pr.startup; s != nil {
 		fails := 0
-		for at := started.Add(s.delay); ; at = at.Add(s.period) {
+		for at := started.Add(s.delay); ; at = nextCheck(at, s.period, time.Now()) {
 			if !wait(at) {
 				return
 			}
@@ -299,7 +311,7 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 		go func() {
 			defer close(done)
 			fails := 0
-			for at := since.Add(l.delay); ; at = at.Add(l.period) {
+			for at := since.Add(l.delay); ; at = nextCheck(at, l.period, time.Now()) {
 				if !wait(at) {
 					return
 				}
@@ -322,7 +334,7 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 	}
 	if r := pr.readiness; r != nil {
 		ok, fails, ready := 0, 0, false
-		for at := since.Add(r.delay); ; at = at.Add(r.period) {
+		for at := since.Add(r.delay); ; at = nextCheck(at, r.period, time.Now()) {
 			if !wait(at) {
 				break
 			}

@@ -180,3 +180,15 @@ func TestProbes(t *testing.T) {
 		t.Errorf("runs started %v, want 2", got)
 	}
 }
+
+// TestNextCheck: checks keep their period; one that ran past the next
+// due time does not make the next ones run back to back.
+func TestNextCheck(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	if got := nextCheck(t0, time.Second, t0.Add(100*time.Millisecond)); !got.Equal(t0.Add(time.Second)) {
+		t.Errorf("on time: next = %v, want t0+1s", got.Sub(t0))
+	}
+	if got := nextCheck(t0, time.Second, t0.Add(5*time.Second)); !got.Equal(t0.Add(6 * time.Second)) {
+		t.Errorf("after a 5 s check: next = %v, want a period from now (t0+6s)", got.Sub(t0))
+	}
+}
