@@ -132,7 +132,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.Float64Var(&req.CPU, "cpu", 1, "CPU cores (0.1 … host cores)")
 	f.StringVar(&req.Memory, "memory", "512M", "memory limit")
 	f.StringVar(&req.Disk, "disk", "2G", "disk size")
-	f.Int64Var(&req.PIDs, "pids", 0, "processes and threads the sandbox may hold at once (default: the daemon's; under gvisor at most one per 2 MiB of memory, and a higher default is lowered to that)")
+	f.Int64Var(&req.PIDs, "pids", 0, "processes and threads the sandbox may hold at once (default: the daemon's; at most one per 256 KiB of memory, under gvisor one per 2 MiB, and a higher default is lowered to that)")
 	f.StringVar(&req.Timeout, "timeout", "10m", "lifetime before the sandbox is destroyed (or paused: --on-timeout)")
 	f.StringVar(&req.OnTimeout, "on-timeout", "", "what the deadline does: kill (default) or pause")
 	f.BoolVar(&req.AutoResume, "auto-resume", false, "resume the sandbox, once paused, on its next request")

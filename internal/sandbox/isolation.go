@@ -100,29 +100,49 @@ func (r missingRuntime) List(context.Context) ([]string, error) { return nil, ni
 // runtimeVersion is what a sandbox of level iso records as its runtime.
 func (m *Manager) runtimeVersion(iso string) string { return m.cfg.RuntimeVersions[iso] }
 
-// gvisorTaskBytes is the memory a gVisor sandbox's limit must hold per
-// task of its pids limit (fitPids).
-const gvisorTaskBytes = 2 << 20
+// taskBytes is the memory a sandbox's limit must hold per task of its
+// pids limit (fitPids), by isolation level.
+var taskBytes = map[string]int64{
+	core.IsolationGVisor: 2 << 20,
+	core.IsolationRunc:   256 << 10,
+}
 
-// fitPids keeps a gVisor sandbox's pids limit within what its memory
-// limit holds. Each task of a gVisor sandbox costs host memory charged to
-// that limit: the sentry's record of it and, on systrap, a stub process
-// per address space. Measured with a fork bomb held at the pids limit
-// (the agent kills it there, internal/agent/pids.go): peaks of 147 MiB at
-// 256 tasks, 306 to 482 MiB at 512 (the count overshoots the limit by up
-// to a fifth before the kill lands), 639 MiB at 1,024. A bomb that meets
-// its pids limit first is killed and the sandbox goes on; one that meets
-// the memory limit first takes the whole sandbox down, since the host's
-// OOM killer sees the sentry. So the limit is at most one task per 2 MiB
-// of memory, which leaves the workload room beside a bomb: a limit that
-// came from a default is lowered to that (512 MiB: 256 tasks), and one
-// the request asked for (asked) is refused, naming both fields. Under
-// runc a task costs the sandbox's memory a few pages; nothing changes.
+// fitPids keeps a sandbox's pids limit within what its memory limit
+// holds, so a fork bomb meets the pids limit well before the memory
+// limit.
+//
+// Under gVisor each task costs host memory charged to that limit: the
+// sentry's record of it and, on systrap, a stub process per address
+// space. Measured with a fork bomb held at the pids limit (the agent
+// kills it there, internal/agent/pids.go): peaks of 147 MiB at 256 tasks,
+// 306 to 482 MiB at 512 (the count overshoots the limit by up to a fifth
+// before the kill lands), 639 MiB at 1,024. A bomb that meets its pids
+// limit first is killed and the sandbox goes on; one that meets the
+// memory limit first takes the whole sandbox down, since the host's OOM
+// killer sees the sentry. So: one task per 2 MiB.
+//
+// Under runc a shell's task costs the sandbox's memory about 100 KiB
+// (kernel stack, page tables, the shell's own pages; a busybox bomb at
+// 1,020 tasks held 92 MiB, at 462 tasks 48 MiB). A bomb in a sandbox
+// whose memory cannot hold its pids limit never meets that limit: it
+// fills the memory with tasks, which then thrash the page cache (the
+// shell's own text, read back from disk again and again) without an OOM
+// kill, hundreds of them runnable at once; the sandbox's agent and the
+// exec that started the bomb starve, a kill takes a minute, and the disk
+// traffic reaches the host. Seen in 64 MiB with the default 1,024. So:
+// one task per 256 KiB (64 MiB: 256 tasks), which leaves the workload
+// more than half the memory beside a bomb.
+//
+// A limit that came from a default is lowered to the ceiling (under
+// gVisor 512 MiB gives 256 tasks; under runc the default 1,024 fits from
+// 256 MiB up), and one the request asked for (asked) is refused, naming
+// both fields.
 func fitPids(l *Limits, iso string, asked bool) error {
-	if iso != core.IsolationGVisor {
+	per := taskBytes[iso]
+	if per == 0 {
 		return nil
 	}
-	ceiling := max(l.MemoryBytes/gvisorTaskBytes, MinLimits.PidsLimit)
+	ceiling := max(l.MemoryBytes/per, MinLimits.PidsLimit)
 	if l.PidsLimit <= ceiling {
 		return nil
 	}
@@ -130,6 +150,6 @@ func fitPids(l *Limits, iso string, asked bool) error {
 		l.PidsLimit = ceiling
 		return nil
 	}
-	return &FieldError{Field: "pids", Err: fmt.Errorf("pids %d is more than a gvisor sandbox with memory %s holds: each of its tasks takes host memory from that limit, so at most %d (one per 2 MiB); lower pids or raise memory: %w",
-		l.PidsLimit, fmtLimit("memory", l.MemoryBytes), ceiling, errdefs.ErrInvalidArgument)}
+	return &FieldError{Field: "pids", Err: fmt.Errorf("pids %d is more than a %s sandbox with memory %s holds: each of its tasks takes memory from that limit, so at most %d (one per %s); lower pids or raise memory: %w",
+		l.PidsLimit, iso, fmtLimit("memory", l.MemoryBytes), ceiling, fmtBytes(per), errdefs.ErrInvalidArgument)}
 }

@@ -197,11 +197,12 @@ func TestIsolationReconcile(t *testing.T) {
 	}
 }
 
-// TestGVisorPidsFitMemory: under gVisor the pids limit is at most one task
-// per 2 MiB of memory (fitPids): a default above it is lowered, one the
-// request asked for is refused naming pids and leaves nothing behind; at
-// or below it, and under runc, the limit is what was asked or defaulted.
-func TestGVisorPidsFitMemory(t *testing.T) {
+// TestPidsFitMemory: the pids limit is at most one task per 2 MiB of
+// memory under gVisor and one per 256 KiB under runc (fitPids): a default
+// above it is lowered, one the request asked for is refused naming pids
+// and leaves nothing behind; at or below it the limit is what was asked
+// or defaulted.
+func TestPidsFitMemory(t *testing.T) {
 	f := newIsoFixture(t)
 	m := f.manager(t, true)
 	gv := core.IsolationGVisor
@@ -216,7 +217,9 @@ func TestGVisorPidsFitMemory(t *testing.T) {
 		{"gvisor asked at the ceiling", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 256 << 20, PidsLimit: 128}}, 128},
 		{"gvisor floor", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 16 << 20}}, MinLimits.PidsLimit},
 		{"runc default kept", CreateRequest{Limits: Limits{MemoryBytes: 128 << 20}}, 100},
-		{"runc asked kept", CreateRequest{Limits: Limits{MemoryBytes: 128 << 20, PidsLimit: 1000}}, 1000},
+		{"runc asked at the ceiling", CreateRequest{Limits: Limits{MemoryBytes: 128 << 20, PidsLimit: 512}}, 512},
+		{"runc default lowered", CreateRequest{Limits: Limits{MemoryBytes: 16 << 20}}, 64},
+		{"runc asked above", CreateRequest{Limits: Limits{MemoryBytes: 16 << 20, PidsLimit: 65}}, 0},
 		{"gvisor asked above", CreateRequest{Isolation: gv, Limits: Limits{MemoryBytes: 256 << 20, PidsLimit: 129}}, 0},
 		{"template's gvisor asked above", CreateRequest{Template: "strong", Limits: Limits{MemoryBytes: 64 << 20, PidsLimit: 100}}, 0},
 	} {

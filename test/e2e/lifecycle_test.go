@@ -255,12 +255,18 @@ func TestLimits(t *testing.T) {
 		// Pids: a fork bomb stays inside and the neighbour is unaffected.
 		// Its output goes nowhere: bombs forked as timeout's signal
 		// lands outlive it, and holding the exec's stdout they would
-		// keep the exec open until they die.
+		// keep the exec open until they die. The default pids limit
+		// was lowered to what 64 MiB holds (sandbox.fitPids: 256), so
+		// the bomb meets it instead of filling the memory with tasks
+		// that thrash (which starved the exec and the kill).
+		if sb.PIDsLimit != 256 {
+			t.Errorf("pids limit of a 64 MiB runc sandbox = %d, want 256 (one per 256 KiB)", sb.PIDsLimit)
+		}
 		Run(t, sb, "timeout 5 sh -c 'b() { b | b & }; b' >/dev/null 2>&1; true")
 		MustRun(t, neighbour, "echo neighbour fine")
 		got, err := d.Client.Get(t.Context(), sb.ID)
-		if err != nil || got.Usage == nil || got.Usage.PIDs > 1024 {
-			t.Errorf("after the fork bomb: %+v %v, want at most 1024 pids", got.Usage, err)
+		if err != nil || got.Usage == nil || got.Usage.PIDs > got.PIDsLimit {
+			t.Errorf("after the fork bomb: %+v %v, want at most %d pids", got.Usage, err, got.PIDsLimit)
 		}
 		// The bombed sandbox still dies cleanly, taking every process along.
 		for _, id := range []string{sb.ID, neighbour.ID} {
