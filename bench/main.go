@@ -146,7 +146,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		if err != nil {
 			return err
 		}
-		for _, r := range phaseRows(d.Logs()[logStart:]) {
+		for _, r := range phaseRows(d.Logs()[logStart:], createPhases) {
 			r.name = name + ", " + r.name
 			phases = append(phases, r)
 		}
@@ -178,9 +178,14 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{"floor: fork/exec of `true` on the host", fork})
 	}
 	if iso == client.IsolationRunc && rowSet["warm"] {
+		logStart := len(d.Logs())
 		warm, plain, err := measureWarm(ctx, d, n)
 		if err != nil {
 			return err
+		}
+		for _, r := range phaseRows(d.Logs()[logStart:], claimPhases) {
+			r.name = "warm claim: " + r.name
+			phases = append(phases, r)
 		}
 		rows = append(rows,
 			row{"warm create, template minimal (pool claim → first byte of `echo ok`)", warm},
@@ -210,7 +215,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 	for _, r := range rows {
 		fmt.Printf("| %s | %d | %s | %s |\n", r.name, len(r.samples), fmtDur(pct(r.samples, 50)), fmtDur(pct(r.samples, 99)))
 	}
-	printPhases("where a TTI row's create goes (daemon debug log)", phases)
+	printPhases("where a TTI or warm row's create goes (daemon debug log)", phases)
 	return nil
 }
 

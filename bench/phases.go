@@ -14,17 +14,23 @@ import (
 // runc create, before_start, start) and attach_phases (hostnet inside
 // before_start: netns, sysctls, address reservation, veth, sandbox side,
 // nftables).
-var phaseMsgs = []struct{ msg, layer string }{
+var createPhases = []phaseMsg{
 	{"create_phases", "manager"},
 	{`"sandbox created"`, "runc runtime (inside provision)"},
 	{"attach_phases", "hostnet (inside before_start)"},
 }
 
-// phaseRows turns the debug log lines in logs into rows of per-phase
-// durations, in the order the phases first appear.
-func phaseRows(logs string) []row {
+// claimPhases: a warm create's claim_phases line (the Manager: admit,
+// limits, agent_init, policy, record).
+var claimPhases = []phaseMsg{{"claim_phases", "manager"}}
+
+type phaseMsg struct{ msg, layer string }
+
+// phaseRows turns the debug log lines in logs of the messages msgs into
+// rows of per-phase durations, in the order the phases first appear.
+func phaseRows(logs string, msgs []phaseMsg) []row {
 	var rows []row
-	for _, pm := range phaseMsgs {
+	for _, pm := range msgs {
 		samples := map[string][]time.Duration{}
 		var order []string
 		for _, line := range strings.Split(logs, "\n") {
