@@ -2,32 +2,42 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/splice"
 )
 
 // newForwardCmd is `berth forward ID PORT`: a local HTTP listener whose
 // every request goes to the server on PORT in the sandbox, through the
 // daemon's ports route (so it works wherever the API does, a Kubernetes
-// gateway included, and the sandbox needs no published port).
+// gateway included, and the sandbox needs no published port); with --tcp,
+// a local TCP listener whose every connection is a port tunnel.
 func newForwardCmd(a *app) *cobra.Command {
-	var listen string
+	var (
+		listen string
+		tcp    bool
+	)
 	cmd := &cobra.Command{
-		Use:   "forward ID PORT",
-		Short: "Serve a sandbox's HTTP port on a local address until interrupted",
+		Use:   "forward ID PORT [--tcp] [--listen ADDR]",
+		Short: "Serve a sandbox's port on a local address until interrupted",
 		Long: "Forward HTTP (WebSockets included) from a local address to the server listening on PORT " +
 			"in the sandbox, through the API: open the printed URL in a browser to see a web app the " +
-			"agent started. The server sees the local Host. Ends on Ctrl-C, or when the sandbox ends.",
+			"agent started. The server sees the local Host. With --tcp, forward any TCP connection " +
+			"(a database, a debugger, ssh) through a port tunnel instead, as ssh -L or kubectl " +
+			"port-forward do; half-closes pass on. Ends on Ctrl-C, or when the sandbox ends.",
 		Args: exactArgs(2, "a sandbox ID and a port"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := strconv.Atoi(args[1])
@@ -49,19 +59,28 @@ func newForwardCmd(a *app) *cobra.Command {
 				return invalidf("--listen %q: %v", listen, err)
 			}
 			sb := c.Sandbox(args[0])
-			proxy := &httputil.ReverseProxy{
-				Rewrite: func(pr *httputil.ProxyRequest) {
-					pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
-					pr.Out.Host = pr.In.Host
-				},
-				Transport:     sb.PortTransport(port),
-				FlushInterval: -1,
-				ErrorLog:      log.New(a.err, "berth forward: ", 0),
+			var serve func() error
+			var shutdown func(context.Context) error
+			if tcp {
+				fw := &tcpForwarder{ln: ln, sb: sb, port: port, errOut: a.err}
+				serve, shutdown = fw.serve, fw.shutdown
+				fmt.Fprintf(a.out, "forwarding tcp://%s to port %d of sandbox %s (Ctrl-C ends)\n", ln.Addr(), port, args[0])
+			} else {
+				proxy := &httputil.ReverseProxy{
+					Rewrite: func(pr *httputil.ProxyRequest) {
+						pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
+						pr.Out.Host = pr.In.Host
+					},
+					Transport:     sb.PortTransport(port),
+					FlushInterval: -1,
+					ErrorLog:      log.New(a.err, "berth forward: ", 0),
+				}
+				srv := &http.Server{Handler: proxy, ReadHeaderTimeout: 30 * time.Second}
+				serve, shutdown = func() error { return srv.Serve(ln) }, srv.Shutdown
+				fmt.Fprintf(a.out, "forwarding http://%s to port %d of sandbox %s (Ctrl-C ends)\n", ln.Addr(), port, args[0])
 			}
-			srv := &http.Server{Handler: proxy, ReadHeaderTimeout: 30 * time.Second}
-			fmt.Fprintf(a.out, "forwarding http://%s to port %d of sandbox %s (Ctrl-C ends)\n", ln.Addr(), port, args[0])
 			done := make(chan error, 1)
-			go func() { done <- srv.Serve(ln) }()
+			go func() { done <- serve() }()
 			// Ends with the command's context (Ctrl-C), or once the
 			// sandbox has ended.
 			ended := make(chan error, 1)
@@ -75,12 +94,82 @@ func newForwardCmd(a *app) *cobra.Command {
 			}
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
-			_ = srv.Shutdown(sctx)
+			_ = shutdown(sctx)
 			return endErr
 		},
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "local address to serve on (port 0: any free one, printed)")
+	cmd.Flags().BoolVar(&tcp, "tcp", false, "forward TCP connections (any protocol) through port tunnels instead of HTTP requests")
 	return cmd
+}
+
+// tcpForwarder is `berth forward --tcp`: each connection accepted on ln
+// is spliced to a port tunnel into the sandbox. A tunnel that cannot be
+// opened (nothing listens on the port) closes that connection and is
+// reported; the listener goes on.
+type tcpForwarder struct {
+	ln     net.Listener
+	sb     *client.Sandbox
+	port   int
+	errOut io.Writer
+
+	mu    sync.Mutex
+	conns map[io.Closer]struct{}
+	wg    sync.WaitGroup
+}
+
+func (f *tcpForwarder) serve() error {
+	for {
+		local, err := f.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		f.track(local, true)
+		f.wg.Go(func() {
+			defer f.track(local, false)
+			defer local.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			remote, err := f.sb.DialPort(ctx, f.port)
+			cancel()
+			if err != nil {
+				fmt.Fprintf(f.errOut, "berth forward: %v\n", err)
+				return
+			}
+			defer remote.Close()
+			f.track(remote, true)
+			defer f.track(remote, false)
+			splice.Conns(local, remote)
+		})
+	}
+}
+
+// track adds c to, or removes it from, the connections shutdown closes.
+func (f *tcpForwarder) track(c io.Closer, add bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.conns == nil {
+		f.conns = map[io.Closer]struct{}{}
+	}
+	if add {
+		f.conns[c] = struct{}{}
+	} else {
+		delete(f.conns, c)
+	}
+}
+
+// shutdown stops accepting and closes every connection.
+func (f *tcpForwarder) shutdown(context.Context) error {
+	err := f.ln.Close()
+	f.mu.Lock()
+	for c := range f.conns {
+		_ = c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
+	return err
 }
 
 // waitEnded follows the sandbox's events until it is destroyed (an

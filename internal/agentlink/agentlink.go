@@ -20,6 +20,7 @@ type Link struct {
 	probe     *http.Client
 	transport *http.Transport
 	conns     *connSet
+	dial      func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // New returns a Link.
@@ -44,6 +45,7 @@ func New() *Link {
 	}
 	return &Link{
 		conns: conns,
+		dial:  dial,
 		probe: &http.Client{
 			Timeout: 2 * time.Second,
 			// Probes must not keep idle connections into sandboxes.
@@ -58,6 +60,13 @@ func New() *Link {
 			ForceAttemptHTTP2: false,
 		},
 	}
+}
+
+// Dial opens a connection into a sandbox (addr is its address and a
+// port), tracked as the transport's are: CloseTo cuts it. The connection
+// can be half-closed (CloseWrite).
+func (l *Link) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	return l.dial(ctx, network, addr)
 }
 
 // Transport is the round tripper for proxied data-plane requests.

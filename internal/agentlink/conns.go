@@ -1,6 +1,7 @@
 package agentlink
 
 import (
+	"errors"
 	"net"
 	"sync"
 )
@@ -26,6 +27,14 @@ type trackedConn struct {
 func (c *trackedConn) Close() error {
 	c.once.Do(func() { c.set.remove(c) })
 	return c.Conn.Close()
+}
+
+// CloseWrite half-closes the connection, when it can be.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 // add tracks c, dialed to addr (host:port).

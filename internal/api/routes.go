@@ -46,6 +46,7 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/sandboxes/{id}/network/suggest", s.suggestNetwork, nil},
 		{"", "/v1/sandboxes/{id}/agent/{rest...}", s.proxyAgent, nil},
 		{"", "/v1/sandboxes/{id}/ports/{port}/{rest...}", s.proxyPort, nil},
+		{"GET", "/v1/sandboxes/{id}/tunnel/{port}", s.tunnelPort, func(c Config) bool { return c.Dial != nil }},
 		{"GET", "/v1/templates", s.listTemplates, nil},
 		{"POST", "/v1/templates", s.createTemplate, nil},
 		{"GET", "/metrics", s.metrics, func(c Config) bool { return c.Metrics != nil }},

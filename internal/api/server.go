@@ -9,6 +9,7 @@ import (
 	_ "embed"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httputil"
 	"time"
@@ -62,6 +63,9 @@ type Config struct {
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper
+	// Dial, when set, connects to a sandbox's address and port for the
+	// port tunnels (tunnel.go); its connections can be half-closed.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// APIKeys, when set, serves /v1/apikeys and authenticates callers
 	// (auth.go); without it every caller is the operator.
 	APIKeys APIKeys
@@ -100,6 +104,8 @@ type Server struct {
 	log   *slog.Logger
 	mux   *http.ServeMux
 	proxy *httputil.ReverseProxy
+	// tunnels counts the port tunnels open per sandbox.
+	tunnels tunnelCounts
 }
 
 // New builds the API server.

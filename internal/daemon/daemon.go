@@ -400,7 +400,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
 	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg), records: recs}}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{

@@ -213,21 +213,7 @@ func TestForward(t *testing.T) {
 		}
 	}
 
-	cmd := exec.CommandContext(t.Context(), bin.Berth, "forward", sb.ID, "8080")
-	cmd.Env = append(cmd.Environ(), "BERTH_URL="+d.URL)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("forward printed nothing: %v (%s)", err, stderr.String())
-	}
+	cmd, line, stderr := startForward(t, d, sb.ID, "8080")
 	var local string
 	if _, err := fmt.Sscanf(line, "forwarding %s", &local); err != nil || !strings.HasPrefix(local, "http://127.0.0.1:") {
 		t.Fatalf("forward printed %q", line)
@@ -248,4 +234,26 @@ func TestForward(t *testing.T) {
 	if err := cmd.Wait(); err == nil || !strings.Contains(stderr.String(), "ended") {
 		t.Errorf("forward after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", err, stderr.String())
 	}
+}
+
+// startForward starts `berth forward ARGS…` against d and returns it with
+// the first line it printed (the local address) and its stderr so far.
+func startForward(t *testing.T, d *Daemon, args ...string) (*exec.Cmd, string, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), bin.Berth, append([]string{"forward"}, args...)...)
+	cmd.Env = append(cmd.Environ(), "BERTH_URL="+d.URL)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := &bytes.Buffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("forward %v printed nothing: %v (%s)", args, err, stderr.String())
+	}
+	return cmd, line, stderr
 }

@@ -255,6 +255,38 @@ func TestGateway(t *testing.T) {
 	if code, body := portGet(otherKey, "8080/hello.txt"); code != 404 {
 		t.Errorf("another key's port = %d %q, want 404", code, body)
 	}
+	// A TCP connection to a port through B's tunnel (gateway, node,
+	// daemon: three upgrades carried through), half-close included: the
+	// server answers once its input ended.
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "printf '#!/bin/sh\\ntr a-z A-Z\\necho end-of-input\\n' > /tmp/srv.sh && chmod +x /tmp/srv.sh && (busybox nc -ll -p 9000 -e /tmp/srv.sh </dev/null >/dev/null 2>&1 &)"}}); err != nil || code != 0 {
+		t.Fatalf("start nc: %d, %v", code, err)
+	}
+	harness.WaitFor(t, time.Minute, "nc to listen in the sandbox", func() bool {
+		var out bytes.Buffer
+		code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "netstat", Args: []string{"-ltn"}, Stdout: &out})
+		return err == nil && code == 0 && strings.Contains(out.String(), ":9000 ")
+	})
+	if tc, err := gwB.Sandbox(sb.ID).DialPort(ctx, 9000); err != nil {
+		t.Errorf("tunnel through B: %v", err)
+	} else {
+		go func() {
+			_, _ = tc.Write([]byte("through the gateway"))
+			_ = tc.CloseWrite()
+		}()
+		got, err := io.ReadAll(tc)
+		tc.Close()
+		if err != nil || string(got) != "THROUGH THE GATEWAYend-of-input\n" {
+			t.Errorf("tunnel through B = %q, %v", got, err)
+		}
+	}
+	if _, err := gwB.Sandbox(sb.ID).DialPort(ctx, 9001); errdefs.Code(err) != errdefs.CodeUnavailable {
+		t.Errorf("a tunnel to a port nothing serves = %v, want unavailable", err)
+	}
+	if other, err := client.New(gwB.URL(), client.WithAPIKey(otherKey)); err != nil {
+		t.Fatal(err)
+	} else if _, err := other.Sandbox(sb.ID).DialPort(ctx, 9000); errdefs.Code(err) != errdefs.CodeNotFound {
+		t.Errorf("another key's tunnel = %v, want not_found", err)
+	}
 
 	// What the node's daemon recorded of the sandbox reads through B: its
 	// events, the work log with the command A ran, its egress policy

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strings"
@@ -23,7 +25,9 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/client-go/transport/spdy"
 	utilexec "k8s.io/client-go/util/exec"
 
 	"github.com/berth-sandbox/berth/client"
@@ -499,4 +503,54 @@ func phaseOf(p *corev1.Pod) corev1.PodPhase {
 		return ""
 	}
 	return p.Status.Phase
+}
+
+// portForwardGet sends a GET of path to port of the pod through the API
+// server's port-forward (which streams to the node's kubelet API), as
+// kubectl port-forward and curl would, and returns the raw HTTP answer.
+func portForwardGet(t *testing.T, cp *controlPlane, ns, name string, port int, path string) string {
+	t.Helper()
+	rt, upgrader, err := spdy.RoundTripperFor(cp.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("portforward")
+	dialer := spdy.NewDialer(upgrader, &http.Client{Transport: rt}, "POST", req.URL())
+	stop, ready := make(chan struct{}), make(chan struct{})
+	var errOut bytes.Buffer
+	fw, err := portforward.NewOnAddresses(dialer, []string{"127.0.0.1"}, []string{fmt.Sprintf("0:%d", port)}, stop, ready, io.Discard, &errOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- fw.ForwardPorts() }()
+	defer func() {
+		close(stop)
+		<-done
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("port-forward to %s/%s: %v (%s)", ns, name, err, errOut.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("port-forward to %s/%s did not become ready", ns, name)
+	}
+	ports, err := fw.GetPorts()
+	if err != nil || len(ports) != 1 {
+		t.Fatalf("port-forward ports = %v, %v", ports, err)
+	}
+	c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ports[0].Local))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.0\r\nHost: pod\r\n\r\n", path); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read through port-forward: %v (%s)", err, errOut.String())
+	}
+	return string(b)
 }

@@ -1,6 +1,7 @@
 package kube
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,6 +48,12 @@ func TestPodProbes(t *testing.T) {
 	p := waitPod(t, cp, "default", "probed", "Ready", ready(corev1.ConditionTrue))
 	if cs := p.Status.ContainerStatuses; len(cs) != 1 || !cs[0].Ready || cs[0].Started == nil || !*cs[0].Started || cs[0].RestartCount != 0 {
 		t.Errorf("ready container = %+v", cs)
+	}
+
+	// kubectl port-forward: the API server streams to the node, whose
+	// daemon tunnels to the port in the sandbox.
+	if got := portForwardGet(t, cp, "default", "probed", 8080, "/healthz"); !strings.HasPrefix(got, "HTTP/1.") || !strings.Contains(strings.SplitN(got, "\r\n", 2)[0], " 200 ") || !strings.HasSuffix(got, "\r\n\r\nok\n") {
+		t.Errorf("GET /healthz through port-forward = %q, want 200 and ok", got)
 	}
 
 	if _, stderr, code := execPod(t, cp, "default", "probed", "", "rm", "/tmp/www/healthz"); code != 0 {

@@ -209,3 +209,11 @@ func (g *Gateway) proxyTo(w http.ResponseWriter, r *http.Request, p auth.Princip
 func (g *Gateway) proxyPort(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	g.proxyTo(w, r, p, "ports/"+url.PathEscape(r.PathValue("port"))+"/"+r.PathValue("rest"), true)
 }
+
+// proxyTunnel is GET /v1/sandboxes/{id}/tunnel/{port}, as on a daemon: a
+// TCP connection to the port in the sandbox (an HTTP/1.1 upgrade, which
+// the proxies to the node and from it to its daemon carry through,
+// half-closes included), checked by the node's daemon.
+func (g *Gateway) proxyTunnel(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	g.proxyTo(w, r, p, "tunnel/"+url.PathEscape(r.PathValue("port")), false)
+}

@@ -52,6 +52,7 @@ func (g *Gateway) routes() {
 	g.mux.HandleFunc("DELETE /v1/registries/{host}", g.authed(g.logoutRegistry))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/agent/{rest...}", g.authed(g.proxyAgent))
 	g.mux.HandleFunc("/v1/sandboxes/{id}/ports/{port}/{rest...}", g.authed(g.proxyPort))
+	g.mux.HandleFunc("GET /v1/sandboxes/{id}/tunnel/{port}", g.authed(g.proxyTunnel))
 	for _, rt := range node.ReviewRoutes {
 		g.mux.HandleFunc("GET /v1/sandboxes/{id}/"+rt, g.authed(g.proxyReview(rt)))
 	}

@@ -47,6 +47,9 @@ type Sandboxes interface {
 	// PortGet sends a GET of path to the sandbox's port, through the
 	// daemon's port proxy, and returns the status code.
 	PortGet(ctx context.Context, id string, port int, path string, h http.Header) (int, error)
+	// DialPort opens a TCP connection to the sandbox's port through the
+	// daemon's port tunnel (ctx bounds the dial only).
+	DialPort(ctx context.Context, id string, port int) (io.ReadWriteCloser, error)
 	// Exec runs a command with its streams attached and returns its exit
 	// code; ExecPTY does the same on a terminal.
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
@@ -139,6 +142,10 @@ func (a apiSandboxes) Processes(ctx context.Context, id string) ([]client.Proces
 
 func (a apiSandboxes) Signal(ctx context.Context, id string, pid uint32, sig int) error {
 	return a.c.Sandbox(id).Signal(ctx, pid, sig)
+}
+
+func (a apiSandboxes) DialPort(ctx context.Context, id string, port int) (io.ReadWriteCloser, error) {
+	return a.c.Sandbox(id).DialPort(ctx, port)
 }
 
 func (a apiSandboxes) PortGet(ctx context.Context, id string, port int, path string, h http.Header) (int, error) {

@@ -21,7 +21,8 @@ import (
 // DataPlanePrefix + /v1/sandboxes/{sandbox}/agent/… reaches that sandbox's
 // agent through the daemon on this host, …/ports/{port}/… a server
 // listening on that port in the sandbox (with the X-Forwarded headers of
-// the gateway, so it sees the client's Host), and the ReviewRoutes read what
+// the gateway, so it sees the client's Host), …/tunnel/{port} a TCP
+// connection to that port, and the ReviewRoutes read what
 // the daemon recorded of it. It is served only to clients whose
 // certificate the node's --client-ca signed (the kubelet API's mutual
 // TLS), and only for the sandboxes of pods on this node.
@@ -58,6 +59,9 @@ func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) boo
 		ctx := context.WithValue(context.WithValue(r.Context(), dataPath{}, path), forwarded{}, true)
 		h.ServeHTTP(w, r.WithContext(ctx))
 	}))
+	// A TCP connection to a port of the sandbox (an HTTP/1.1 upgrade the
+	// proxy carries through); the daemon checks the port.
+	route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/tunnel/{port}", func(r *http.Request) string { return "tunnel/" + url.PathEscape(r.PathValue("port")) })
 	// A snapshot of the sandbox, taken by its daemon (snapshots.go).
 	route("POST "+DataPlanePrefix+"/v1/sandboxes/{id}/snapshots", func(*http.Request) string { return "snapshots" })
 	for _, rt := range ReviewRoutes {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -569,21 +570,38 @@ func (p *Pods) GetPods(context.Context) ([]*corev1.Pod, error) {
 func (p *Pods) sandboxOf(namespace, name, container string) (string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ps, ok := p.pods[key(namespace, name)]
-	if !ok {
-		return "", vkerrdefs.NotFoundf("pod %s/%s is not on node %s", namespace, name, p.node)
+	ps, err := p.runningLocked(namespace, name)
+	if err != nil {
+		return "", err
 	}
-	found := false
-	for _, c := range ps.plan.containers {
-		found = found || c.name == container
-	}
-	if !found {
+	if !slices.ContainsFunc(ps.plan.containers, func(c containerPlan) bool { return c.name == container }) {
 		return "", vkerrdefs.NotFoundf("pod %s/%s has no container %q", namespace, name, container)
 	}
-	if ps.sandboxID == "" {
-		return "", vkerrdefs.InvalidInputf("pod %s/%s has no sandbox yet", namespace, name)
+	return ps.sandboxID, nil
+}
+
+// podSandbox is the sandbox of pod namespace/name on this node.
+func (p *Pods) podSandbox(namespace, name string) (string, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, err := p.runningLocked(namespace, name)
+	if err != nil {
+		return "", err
 	}
 	return ps.sandboxID, nil
+}
+
+// runningLocked is pod namespace/name of this node, which has a sandbox;
+// call with p.mu held.
+func (p *Pods) runningLocked(namespace, name string) (*podState, error) {
+	ps, ok := p.pods[key(namespace, name)]
+	if !ok {
+		return nil, vkerrdefs.NotFoundf("pod %s/%s is not on node %s", namespace, name, p.node)
+	}
+	if ps.sandboxID == "" {
+		return nil, vkerrdefs.InvalidInputf("pod %s/%s has no sandbox yet", namespace, name)
+	}
+	return ps, nil
 }
 
 // withStatus is a copy of the pod with its status; call with p.mu held.

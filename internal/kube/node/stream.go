@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/splice"
 )
 
 // RunInContainer runs cmd in the pod's sandbox through the agent (kubectl
@@ -101,7 +102,29 @@ func (p *Pods) AttachToContainer(context.Context, string, string, string, api.At
 	return fmt.Errorf("attach is not supported on Berth nodes; use exec: %w", errdefs.ErrFailedPrecondition)
 }
 
-// PortForward is not offered yet.
-func (p *Pods) PortForward(context.Context, string, string, int32, io.ReadWriteCloser) error {
-	return fmt.Errorf("port-forward is not supported on Berth nodes yet: %w", errdefs.ErrFailedPrecondition)
+// PortForward carries one connection of kubectl port-forward (the
+// kubelet API's stream for it) to port in the pod's sandbox, through the
+// daemon's port tunnel: bytes both ways until both sides end. Nothing
+// listening on the port fails this connection only, as on a kubelet.
+func (p *Pods) PortForward(ctx context.Context, namespace, podName string, port int32, stream io.ReadWriteCloser) error {
+	defer stream.Close()
+	id, err := p.podSandbox(namespace, podName)
+	if err != nil {
+		return err
+	}
+	if port < 1 || port > 65535 {
+		return fmt.Errorf("port %d: want 1 to 65535: %w", port, errdefs.ErrInvalidArgument)
+	}
+	remote, err := p.sb.DialPort(ctx, id, int(port))
+	if err != nil {
+		return fmt.Errorf("port-forward to pod %s/%s port %d: %w", namespace, podName, port, err)
+	}
+	defer remote.Close()
+	stop := context.AfterFunc(ctx, func() {
+		stream.Close()
+		remote.Close()
+	})
+	defer stop()
+	splice.Conns(stream, remote)
+	return nil
 }
