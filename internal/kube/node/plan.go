@@ -115,6 +115,9 @@ const podDir = "/tmp/.berth-pod"
 type plan struct {
 	req        client.CreateRequest
 	containers []containerPlan
+	// volumes are the containers' mounts of emptyDir volumes
+	// (volumes.go), in container order.
+	volumes []volumeMount
 }
 
 type containerPlan struct {
@@ -272,6 +275,11 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		}
 		p.containers = append(p.containers, cp)
 	}
+	mounts, err := planVolumes(spec)
+	if err != nil {
+		return p, err
+	}
+	p.volumes = mounts
 	if cpuMilli > 0 {
 		p.req.CPU = float64(cpuMilli) / 1000
 	}

@@ -206,6 +206,12 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
+	if err := makeVolumes(ctx, p.sb, sb.ID, ps.plan.volumes); err != nil {
+		if ctx.Err() == nil {
+			p.fail(ps, "BerthStartFailed", err.Error())
+		}
+		return
+	}
 	restored, err := p.restored(ctx, ps)
 	if err != nil {
 		if ctx.Err() == nil {

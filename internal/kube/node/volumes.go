@@ -1,0 +1,167 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// A pod's containers share one sandbox, and so one filesystem: an
+// emptyDir volume is a directory of it. The first place the volume is
+// mounted (whole) is the directory; every other mount of it, a subPath of
+// it, or a mount in a second container at another path, is a symbolic
+// link to the directory (or the subPath in it, made when missing). So the
+// containers see one volume's files wherever they mount it, as on a
+// kubelet. The volume lives as long as the sandbox and is counted in its
+// disk; medium Memory is that same disk, and sizeLimit is not enforced
+// apart from the sandbox's disk limit (docs/kubernetes.md). A read-only
+// mount is refused: nothing would enforce it.
+//
+// The service account token volume the ServiceAccount admission plugin
+// adds to every pod (a projected volume of a token, the cluster's CA and
+// the namespace) is left out: Berth nodes mount no token. Every other
+// volume type is refused naming it.
+
+// volumeMount is one mount of an emptyDir volume: at path, of sub (a
+// relative path in the volume, "" for all of it).
+type volumeMount struct {
+	volume, path, sub string
+}
+
+// planVolumes reads the pod's volumes and its containers' mounts of them.
+func planVolumes(spec *corev1.PodSpec) ([]volumeMount, error) {
+	empty := map[string]bool{}
+	skipped := map[string]bool{}
+	for i, v := range spec.Volumes {
+		field := fmt.Sprintf("spec.volumes[%d]", i)
+		switch {
+		case v.EmptyDir != nil:
+			empty[v.Name] = true
+		case v.Projected != nil && serviceAccountVolume(v.Projected):
+			skipped[v.Name] = true
+		default:
+			return nil, &planError{field, fmt.Sprintf("volume %q: only emptyDir volumes are supported on Berth nodes (the sandbox's disk holds them)", v.Name)}
+		}
+	}
+	var mounts []volumeMount
+	for i, c := range spec.Containers {
+		for j, m := range c.VolumeMounts {
+			field := fmt.Sprintf("spec.containers[%d].volumeMounts[%d]", i, j)
+			switch {
+			case skipped[m.Name]:
+				continue
+			case !empty[m.Name]:
+				return nil, &planError{field + ".name", fmt.Sprintf("no emptyDir volume %q in spec.volumes", m.Name)}
+			case m.ReadOnly:
+				return nil, &planError{field + ".readOnly", "read-only mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
+			case m.SubPathExpr != "":
+				return nil, &planError{field + ".subPathExpr", "subPathExpr is not supported on Berth nodes"}
+			case !path.IsAbs(m.MountPath) || path.Clean(m.MountPath) == "/":
+				return nil, &planError{field + ".mountPath", fmt.Sprintf("%q: want an absolute path other than /", m.MountPath)}
+			}
+			sub := m.SubPath
+			if sub != "" && (path.IsAbs(sub) || sub != path.Clean(sub) || sub == ".." || strings.HasPrefix(sub, "../")) {
+				return nil, &planError{field + ".subPath", fmt.Sprintf("%q: want a relative path inside the volume", sub)}
+			}
+			mounts = append(mounts, volumeMount{volume: m.Name, path: path.Clean(m.MountPath), sub: sub})
+		}
+	}
+	return mounts, nil
+}
+
+// serviceAccountVolume reports whether a projected volume is the service
+// account token volume: a token, the kube-root-ca.crt ConfigMap and the
+// namespace from the downward API, nothing else.
+func serviceAccountVolume(p *corev1.ProjectedVolumeSource) bool {
+	for _, s := range p.Sources {
+		switch {
+		case s.ServiceAccountToken != nil:
+		case s.ConfigMap != nil && s.ConfigMap.Name == "kube-root-ca.crt":
+		case s.DownwardAPI != nil:
+		default:
+			return false
+		}
+	}
+	return len(p.Sources) > 0
+}
+
+// volumeRunner is what making the volumes takes of the daemon.
+type volumeRunner interface {
+	MakeDir(ctx context.Context, id, path string) error
+	Stat(ctx context.Context, id, path string) (client.EntryInfo, error)
+	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
+}
+
+// makeVolumes makes the pod's emptyDir volumes in sandbox id: each
+// volume's directory where it is first mounted whole (or, when it is
+// only ever mounted in parts, where its first part is, as the parent of
+// the parts), the parts it is mounted by, and links at every other mount
+// path. A link's path taken by a file of the template fails the pod: a
+// kubelet would hide it under the mount, a link cannot. Made again (a
+// sandbox from a snapshot, a node that restarted), what is there is kept.
+func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volumeMount) error {
+	home := map[string]string{}
+	for _, m := range mounts {
+		if _, ok := home[m.volume]; !ok && m.sub == "" {
+			home[m.volume] = m.path
+		}
+	}
+	for _, m := range mounts {
+		if _, ok := home[m.volume]; !ok {
+			// Mounted in parts only: the volume lives under the pod's
+			// directory.
+			home[m.volume] = path.Join(podDir, "volumes", m.volume)
+		}
+	}
+	made := map[string]bool{}
+	mkdir := func(p string) error {
+		if made[p] {
+			return nil
+		}
+		if err := sb.MakeDir(ctx, id, p); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+			return fmt.Errorf("make %s: %w", p, err)
+		}
+		made[p] = true
+		return nil
+	}
+	for _, m := range mounts {
+		dir := home[m.volume]
+		if err := mkdir(dir); err != nil {
+			return fmt.Errorf("volume %s: %w", m.volume, err)
+		}
+		target := path.Join(dir, m.sub)
+		if err := mkdir(target); err != nil {
+			return fmt.Errorf("volume %s: %w", m.volume, err)
+		}
+		if m.path == target {
+			continue
+		}
+		if err := mkdir(path.Dir(m.path)); err != nil {
+			return fmt.Errorf("volume %s: %w", m.volume, err)
+		}
+		switch st, err := sb.Stat(ctx, id, m.path); {
+		case err == nil && st.SymlinkTarget == target:
+			continue // made before: a sandbox from a snapshot, or a node that restarted
+		case err == nil:
+			return fmt.Errorf("volume %s: mount path %s is taken in the sandbox (a %s of its template)", m.volume, m.path, st.Type)
+		case !errors.Is(err, errdefs.ErrNotFound):
+			return fmt.Errorf("volume %s: %w", m.volume, err)
+		}
+		var out strings.Builder
+		code, err := sb.Exec(ctx, id, client.ExecRequest{Cmd: "ln", Args: []string{"-s", target, m.path}, Stdout: &out, Stderr: &out})
+		if err == nil && code != 0 {
+			err = fmt.Errorf("ln exited with %d: %s", code, strings.TrimSpace(out.String()))
+		}
+		if err != nil {
+			return fmt.Errorf("volume %s at %s: link to %s: %w", m.volume, m.path, target, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+func volumePod() *corev1.Pod {
+	pod := testPod()
+	pod.Spec.Volumes = []corev1.Volume{
+		{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "cache", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
+		{Name: "kube-api-access-x", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{}},
+		}}}},
+	}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{
+		{Name: "work", MountPath: "/work/"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"},
+		{Name: "kube-api-access-x", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true},
+	}
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "side", Image: pod.Spec.Containers[0].Image,
+		VolumeMounts: []corev1.VolumeMount{{Name: "work", MountPath: "/srv/shared"}}})
+	return pod
+}
+
+// TestPlanVolumes: emptyDir mounts are planned in container order (paths
+// cleaned, subPaths kept); the service account token volume is left out;
+// other volume types, read-only mounts, subPathExpr and subPaths leaving
+// the volume are refused naming the field.
+func TestPlanVolumes(t *testing.T) {
+	p, err := planPod(volumePod(), "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []volumeMount{{"work", "/work", ""}, {"cache", "/cache/pip", "pip"}, {"work", "/srv/shared", ""}}
+	if !reflect.DeepEqual(p.volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", p.volumes, want)
+	}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*corev1.Pod)
+		field string
+	}{
+		{"hostPath", func(p *corev1.Pod) {
+			p.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
+		}, "spec.volumes[0]"},
+		{"configMap", func(p *corev1.Pod) {
+			p.Spec.Volumes[1].VolumeSource = corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}
+		}, "spec.volumes[1]"},
+		{"projected secret", func(p *corev1.Pod) {
+			p.Spec.Volumes[2].Projected.Sources = append(p.Spec.Volumes[2].Projected.Sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{}})
+		}, "spec.volumes[2]"},
+		{"readOnly", func(p *corev1.Pod) { p.Spec.Containers[1].VolumeMounts[0].ReadOnly = true }, "spec.containers[1].volumeMounts[0].readOnly"},
+		{"subPathExpr", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].SubPathExpr = "$(POD)" }, "spec.containers[0].volumeMounts[0].subPathExpr"},
+		{"subPath out", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[1].SubPath = "../etc" }, "spec.containers[0].volumeMounts[1].subPath"},
+		{"root", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].MountPath = "/" }, "spec.containers[0].volumeMounts[0].mountPath"},
+		{"unknown volume", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].Name = "nope" }, "spec.containers[0].volumeMounts[0].name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := volumePod()
+			tc.edit(pod)
+			_, err := planPod(pod, "n")
+			var pe *planError
+			if !errors.As(err, &pe) || pe.field != tc.field {
+				t.Errorf("planPod = %v, want a plan error on %s", err, tc.field)
+			}
+		})
+	}
+}
+
+// fakeVolumes records what makeVolumes asks of the daemon; links holds
+// the symbolic links there are.
+type fakeVolumes struct {
+	dirs, calls []string
+	links       map[string]string
+}
+
+func (f *fakeVolumes) MakeDir(_ context.Context, _, p string) error {
+	f.dirs = append(f.dirs, p)
+	return nil
+}
+
+func (f *fakeVolumes) Stat(_ context.Context, _, p string) (client.EntryInfo, error) {
+	if t, ok := f.links[p]; ok {
+		return client.EntryInfo{Path: p, Type: "symlink", SymlinkTarget: t}, nil
+	}
+	return client.EntryInfo{}, fmt.Errorf("%s: %w", p, errdefs.ErrNotFound)
+}
+
+func (f *fakeVolumes) Exec(_ context.Context, _ string, req client.ExecRequest) (int, error) {
+	f.calls = append(f.calls, req.Cmd+" "+strings.Join(req.Args, " "))
+	f.links[req.Args[2]] = req.Args[1]
+	return 0, nil
+}
+
+// TestMakeVolumes: a volume's directory is where it is first mounted
+// whole, under the pod's directory when only parts are mounted; other
+// mounts are links to it (or to the part, made); made again, the links
+// there are kept.
+func TestMakeVolumes(t *testing.T) {
+	mounts := []volumeMount{{"work", "/work", ""}, {"cache", "/cache/pip", "pip"}, {"work", "/srv/shared", ""}, {"work", "/data/in", "in"}}
+	f := &fakeVolumes{links: map[string]string{}}
+	if err := makeVolumes(t.Context(), f, "sb1", mounts); err != nil {
+		t.Fatal(err)
+	}
+	wantLinks := map[string]string{"/cache/pip": podDir + "/volumes/cache/pip", "/srv/shared": "/work", "/data/in": "/work/in"}
+	if !reflect.DeepEqual(f.links, wantLinks) {
+		t.Errorf("links = %v, want %v", f.links, wantLinks)
+	}
+	for _, d := range []string{"/work", podDir + "/volumes/cache/pip", "/work/in", "/srv", "/data"} {
+		if !strings.Contains(" "+strings.Join(f.dirs, " ")+" ", " "+d+" ") {
+			t.Errorf("directories made = %v, want %s among them", f.dirs, d)
+		}
+	}
+	f.calls = nil
+	if err := makeVolumes(t.Context(), f, "sb1", mounts); err != nil || len(f.calls) != 0 {
+		t.Errorf("made again: %v, calls %v; want the links kept", err, f.calls)
+	}
+	// A path of the template where a link should go fails.
+	f.links = map[string]string{"/srv/shared": "/elsewhere"}
+	if err := makeVolumes(t.Context(), f, "sb1", mounts); err == nil || !strings.Contains(err.Error(), "/srv/shared is taken") {
+		t.Errorf("a taken mount path = %v, want an error naming it", err)
+	}
+}

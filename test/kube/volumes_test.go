@@ -1,0 +1,63 @@
+package kube
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/test/harness"
+)
+
+// TestPodVolumes: an emptyDir volume two containers mount at different
+// paths is one directory of the sandbox (each container's file shows at
+// the other's path), a subPath mount is a part of its volume, and a pod
+// with a volume type Berth cannot honour fails naming it.
+func TestPodVolumes(t *testing.T) {
+	c := startCluster(t, "berth-a")
+	cp := c.cp
+	ctx := t.Context()
+	pods := cp.Client.CoreV1().Pods("default")
+	pod := sandboxPod("shared", "sh", "-c", "echo from-main > /work/main.txt && echo cached > /cache/pip/wheel && exec sleep 3600")
+	empty := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: empty}, {Name: "cache", VolumeSource: empty}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"}}
+	side := pod.Spec.Containers[0]
+	side.Name, side.Command = "side", []string{"sh", "-c", "echo from-side > /srv/shared/side.txt && exec sleep 3600"}
+	side.VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/srv/shared"}, {Name: "cache", MountPath: "/cache-all"}}
+	pod.Spec.Containers = append(pod.Spec.Containers, side)
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "shared", "Running", phase(corev1.PodRunning))
+	var out, stderr string
+	harness.WaitFor(t, time.Minute, "both containers' files", func() bool {
+		var code int
+		out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", "cat /work/side.txt /srv/shared/main.txt /cache-all/pip/wheel && readlink /srv/shared")
+		return code == 0
+	})
+	if out != "from-side\nfrom-main\ncached\n/work\n" {
+		t.Errorf("through the volumes: %q (stderr %q)", out, stderr)
+	}
+	if err := pods.Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "shared")
+
+	bad := sandboxPod("hostpath", "true")
+	bad.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
+	bad.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "host", MountPath: "/host"}}
+	if _, err := pods.Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	got := waitPod(t, cp, "default", "hostpath", "Failed", phase(corev1.PodFailed))
+	if got.Status.Reason != "BerthInvalidPod" || !strings.Contains(got.Status.Message, "spec.volumes[0]") {
+		t.Errorf("hostPath pod status = %s: %s", got.Status.Reason, got.Status.Message)
+	}
+	if err := pods.Delete(ctx, "hostpath", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "hostpath")
+}
