@@ -14,17 +14,32 @@ import (
 // TestPodVolumes: an emptyDir volume two containers mount at different
 // paths is one directory of the sandbox (each container's file shows at
 // the other's path), a subPath mount is a part of its volume, and a pod
-// with a volume type Berth cannot honour fails naming it.
+// with a volume type Berth cannot honour fails naming it. The containers'
+// environment comes from a ConfigMap (envFrom), a Secret's key and the
+// pod's fields, read when they start.
 func TestPodVolumes(t *testing.T) {
 	c := startCluster(t, "berth-a")
 	cp := c.cp
 	ctx := t.Context()
 	pods := cp.Client.CoreV1().Pods("default")
-	pod := sandboxPod("shared", "sh", "-c", "echo from-main > /work/main.txt && echo cached > /cache/pip/wheel && exec sleep 3600")
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "agent-settings"},
+		Data: map[string]string{"MODE": "review"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "agent-creds"},
+		Data: map[string][]byte{"token": []byte("s3cret-token")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := sandboxPod("shared", "sh", "-c", "echo from-main > /work/main.txt && echo cached > /cache/pip/wheel && exec sleep 3601")
 	empty := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
 	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: empty}, {Name: "cache", VolumeSource: empty}}
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"}}
+	pod.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}}
+	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env,
+		corev1.EnvVar{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-creds"}, Key: "token"}}},
+		corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
 	side := pod.Spec.Containers[0]
+	side.Env, side.EnvFrom = nil, nil
 	side.Name, side.Command = "side", []string{"sh", "-c", "echo from-side > /srv/shared/side.txt && exec sleep 3600"}
 	side.VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/srv/shared"}, {Name: "cache", MountPath: "/cache-all"}}
 	pod.Spec.Containers = append(pod.Spec.Containers, side)
@@ -40,6 +55,11 @@ func TestPodVolumes(t *testing.T) {
 	})
 	if out != "from-side\nfrom-main\ncached\n/work\n" {
 		t.Errorf("through the volumes: %q (stderr %q)", out, stderr)
+	}
+	// The main container's process has the resolved environment.
+	out, stderr, code := execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -E '^(CFG_MODE|TOKEN|POD_NAME|GREETING)=' | sort`)
+	if want := "CFG_MODE=review\nGREETING=hello from kubernetes\nPOD_NAME=shared\nTOKEN=s3cret-token\n"; code != 0 || out != want {
+		t.Errorf("main container's environment = %q (%d, %q), want %q", out, code, stderr, want)
 	}
 	if err := pods.Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

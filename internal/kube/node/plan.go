@@ -126,7 +126,11 @@ type containerPlan struct {
 	// process of its own and runs as long as the sandbox does.
 	argv []string
 	env  map[string]string
-	cwd  string
+	// refs and envFrom are its environment from ConfigMaps, Secrets and
+	// the pod's fields, resolved as it starts (env.go).
+	refs    []envRef
+	envFrom []corev1.EnvFromSource
+	cwd     string
 	// probes are its startup, liveness and readiness probes (probe.go).
 	probes containerProbes
 }
@@ -264,14 +268,22 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		cp.probes = probes
 		for j, e := range c.Env {
 			if e.ValueFrom != nil {
-				// The pod controller resolves references before the
-				// pod reaches the node; one left is one it could not.
-				return p, &planError{fmt.Sprintf("%s.env[%d].valueFrom", field, j), "unresolved reference"}
+				if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom); err != nil {
+					return p, err
+				}
+				cp.refs = append(cp.refs, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})
+				continue
 			}
 			if cp.env == nil {
 				cp.env = map[string]string{}
 			}
 			cp.env[e.Name] = e.Value
+		}
+		for j, ef := range c.EnvFrom {
+			if ef.ConfigMapRef == nil && ef.SecretRef == nil {
+				return p, &planError{fmt.Sprintf("%s.envFrom[%d]", field, j), "want a configMapRef or a secretRef"}
+			}
+			cp.envFrom = append(cp.envFrom, *ef.DeepCopy())
 		}
 		p.containers = append(p.containers, cp)
 	}
