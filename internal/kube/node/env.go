@@ -71,35 +71,11 @@ func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) 
 	ns := pod.Namespace
 	cms := map[string]*corev1.ConfigMap{}
 	secrets := map[string]*corev1.Secret{}
-	// configMap and secret read one object once per start; nil, nil is
-	// one that does not exist.
 	configMap := func(name string) (*corev1.ConfigMap, error) {
-		if cm, ok := cms[name]; ok {
-			return cm, nil
-		}
-		cm, err := p.kube.CoreV1().ConfigMaps(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			cm, err = nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("configmap %s/%s: %w", ns, name, err)
-		}
-		cms[name] = cm
-		return cm, nil
+		return readOnce(ctx, cms, "configmap", ns, name, p.kube.CoreV1().ConfigMaps(ns).Get)
 	}
 	secret := func(name string) (*corev1.Secret, error) {
-		if s, ok := secrets[name]; ok {
-			return s, nil
-		}
-		s, err := p.kube.CoreV1().Secrets(ns).Get(ctx, name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			s, err = nil, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("secret %s/%s: %w", ns, name, err)
-		}
-		secrets[name] = s
-		return s, nil
+		return readOnce(ctx, secrets, "secret", ns, name, p.kube.CoreV1().Secrets(ns).Get)
 	}
 	optional := func(b *bool) bool { return b != nil && *b }
 	env := map[string]string{}
@@ -180,6 +156,23 @@ func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) 
 		}
 	}
 	return env, nil
+}
+
+// readOnce reads object name of namespace ns once per container start
+// (seen holds what was read); nil, nil is one that does not exist.
+func readOnce[T any](ctx context.Context, seen map[string]*T, kind, ns, name string, get func(context.Context, string, metav1.GetOptions) (*T, error)) (*T, error) {
+	if o, ok := seen[name]; ok {
+		return o, nil
+	}
+	o, err := get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		o, err = nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s/%s: %w", kind, ns, name, err)
+	}
+	seen[name] = o
+	return o, nil
 }
 
 // podField is the value of an env fieldRef (checkEnvSource took it).
