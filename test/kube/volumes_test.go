@@ -32,8 +32,13 @@ func TestPodVolumes(t *testing.T) {
 	}
 	pod := sandboxPod("shared", "sh", "-c", "echo from-main > /work/main.txt && echo cached > /cache/pip/wheel && exec sleep 3601")
 	empty := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
-	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: empty}, {Name: "cache", VolumeSource: empty}}
-	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"}}
+	m400 := int32(0o400)
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: empty}, {Name: "cache", VolumeSource: empty},
+		{Name: "settings", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}},
+		{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "agent-creds",
+			Items: []corev1.KeyToPath{{Key: "token", Path: "api/token", Mode: &m400}}}}}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"},
+		{Name: "settings", MountPath: "/etc/agent", ReadOnly: true}, {Name: "creds", MountPath: "/run/creds", ReadOnly: true}}
 	pod.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}}
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env,
 		corev1.EnvVar{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-creds"}, Key: "token"}}},
@@ -56,8 +61,13 @@ func TestPodVolumes(t *testing.T) {
 	if out != "from-side\nfrom-main\ncached\n/work\n" {
 		t.Errorf("through the volumes: %q (stderr %q)", out, stderr)
 	}
+	// The ConfigMap's keys and the Secret's item are files.
+	out, stderr, code := execPod(t, cp, "default", "shared", "", "sh", "-c", "cat /etc/agent/MODE; echo; cat /run/creds/api/token; echo; stat -c %a /run/creds/api/token")
+	if want := "review\ns3cret-token\n400\n"; code != 0 || out != want {
+		t.Errorf("configMap and secret volumes = %q (%d, %q), want %q", out, code, stderr, want)
+	}
 	// The main container's process has the resolved environment.
-	out, stderr, code := execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -E '^(CFG_MODE|TOKEN|POD_NAME|GREETING)=' | sort`)
+	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -E '^(CFG_MODE|TOKEN|POD_NAME|GREETING)=' | sort`)
 	if want := "CFG_MODE=review\nGREETING=hello from kubernetes\nPOD_NAME=shared\nTOKEN=s3cret-token\n"; code != 0 || out != want {
 		t.Errorf("main container's environment = %q (%d, %q), want %q", out, code, stderr, want)
 	}

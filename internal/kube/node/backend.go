@@ -55,6 +55,8 @@ type Sandboxes interface {
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
 	ExecPTY(ctx context.Context, id string, req client.PTYRequest) (*client.PTY, error)
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
+	// WriteFile writes a file as the sandbox's root, making its parents.
+	WriteFile(ctx context.Context, id, path string, r io.Reader) error
 	MakeDir(ctx context.Context, id, path string) error
 	logFiles
 }
@@ -173,6 +175,10 @@ func (a apiSandboxes) ExecPTY(ctx context.Context, id string, req client.PTYRequ
 
 func (a apiSandboxes) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
 	return a.c.Sandbox(id).ReadFile(ctx, path, w)
+}
+
+func (a apiSandboxes) WriteFile(ctx context.Context, id, path string, r io.Reader) error {
+	return a.c.Sandbox(id).As("root").WriteFile(ctx, path, r)
 }
 
 func (a apiSandboxes) MakeDir(ctx context.Context, id, path string) error {

@@ -1,14 +1,21 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"maps"
+	"path"
 	"regexp"
+	"slices"
+	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-sandbox/berth/client"
 )
 
 // A container's environment from elsewhere, resolved as a kubelet
@@ -200,4 +207,130 @@ func podField(pod *corev1.Pod, path, node, hostIP, podIP string) string {
 		return podIP
 	}
 	return ""
+}
+
+// fillVolumes writes the pod's configMap and secret volumes into their
+// directories (home, by volume) in sandbox id, as the sandbox's root:
+// every key of the object, or the items named (a missing key fails the
+// pod unless the volume is optional), mode defaultMode (0644 unless set)
+// or the item's. They are copies, written once when the sandbox is made:
+// a later change of the object does not reach them (a kubelet updates
+// its mounts), and a process of the sandbox can change them.
+func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home map[string]string) error {
+	if len(ps.plan.files) == 0 {
+		return nil
+	}
+	if p.kube == nil {
+		return fmt.Errorf("configMap and secret volumes: the node has no API client")
+	}
+	ns := ps.pod.Namespace
+	for _, v := range ps.plan.files {
+		dir, ok := home[v.name]
+		if !ok {
+			continue // mounted by no container
+		}
+		var data map[string][]byte
+		var items []corev1.KeyToPath
+		var mode *int32
+		var missing string
+		switch {
+		case v.configMap != nil:
+			cm, err := p.kube.CoreV1().ConfigMaps(ns).Get(ctx, v.configMap.Name, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err) && v.configMap.Optional != nil && *v.configMap.Optional:
+				continue
+			case err != nil:
+				return fmt.Errorf("volume %s: configmap %s/%s: %w", v.name, ns, v.configMap.Name, err)
+			}
+			data = map[string][]byte{}
+			for k, s := range cm.Data {
+				data[k] = []byte(s)
+			}
+			maps.Copy(data, cm.BinaryData)
+			items, mode, missing = v.configMap.Items, v.configMap.DefaultMode, "configmap "+v.configMap.Name
+			if v.configMap.Optional != nil && *v.configMap.Optional {
+				missing = ""
+			}
+		case v.secret != nil:
+			s, err := p.kube.CoreV1().Secrets(ns).Get(ctx, v.secret.SecretName, metav1.GetOptions{})
+			switch {
+			case apierrors.IsNotFound(err) && v.secret.Optional != nil && *v.secret.Optional:
+				continue
+			case err != nil:
+				return fmt.Errorf("volume %s: secret %s/%s: %w", v.name, ns, v.secret.SecretName, err)
+			}
+			data, items, mode, missing = s.Data, v.secret.Items, v.secret.DefaultMode, "secret "+v.secret.SecretName
+			if v.secret.Optional != nil && *v.secret.Optional {
+				missing = ""
+			}
+		}
+		files, err := volumeFiles(data, items, mode, missing)
+		if err != nil {
+			return fmt.Errorf("volume %s: %w", v.name, err)
+		}
+		byMode := map[int32][]string{}
+		for _, f := range files {
+			full := path.Join(dir, f.path)
+			if err := p.sb.WriteFile(ctx, id, full, bytes.NewReader(f.data)); err != nil {
+				return fmt.Errorf("volume %s: write %s: %w", v.name, full, err)
+			}
+			byMode[f.mode] = append(byMode[f.mode], full)
+		}
+		for m, paths := range byMode {
+			var out strings.Builder
+			args := append([]string{strconv.FormatInt(int64(m), 8)}, paths...)
+			code, err := p.sb.Exec(ctx, id, client.ExecRequest{Cmd: "chmod", Args: args, User: "root", Stdout: &out, Stderr: &out})
+			if err == nil && code != 0 {
+				err = fmt.Errorf("chmod exited with %d: %s", code, strings.TrimSpace(out.String()))
+			}
+			if err != nil {
+				return fmt.Errorf("volume %s: %w", v.name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// volumeFile is one file of a configMap or secret volume.
+type volumeFile struct {
+	path string
+	data []byte
+	mode int32
+}
+
+// volumeFiles are the files of an object's data: the items named (each
+// at its path, with its mode or the default), or every key. missing, when
+// set, names the object, and a key an item names that it lacks is an
+// error; unset (optional), such an item is skipped. Paths are relative
+// and stay inside the volume.
+func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *int32, missing string) ([]volumeFile, error) {
+	mode := int32(0o644)
+	if defaultMode != nil {
+		mode = *defaultMode & 0o777
+	}
+	var out []volumeFile
+	if len(items) == 0 {
+		for _, k := range slices.Sorted(maps.Keys(data)) {
+			out = append(out, volumeFile{path: k, data: data[k], mode: mode})
+		}
+		return out, nil
+	}
+	for _, it := range items {
+		v, ok := data[it.Key]
+		if !ok {
+			if missing != "" {
+				return nil, fmt.Errorf("%s has no key %q", missing, it.Key)
+			}
+			continue
+		}
+		if path.IsAbs(it.Path) || it.Path != path.Clean(it.Path) || it.Path == ".." || strings.HasPrefix(it.Path, "../") {
+			return nil, fmt.Errorf("item path %q: want a relative path inside the volume", it.Path)
+		}
+		m := mode
+		if it.Mode != nil {
+			m = *it.Mode & 0o777
+		}
+		out = append(out, volumeFile{path: it.Path, data: v, mode: m})
+	}
+	return out, nil
 }

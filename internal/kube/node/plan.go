@@ -118,6 +118,8 @@ type plan struct {
 	// volumes are the containers' mounts of emptyDir volumes
 	// (volumes.go), in container order.
 	volumes []volumeMount
+	// files are its configMap and secret volumes, filled at start.
+	files []fileVolume
 }
 
 type containerPlan struct {
@@ -287,11 +289,11 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		}
 		p.containers = append(p.containers, cp)
 	}
-	mounts, err := planVolumes(spec)
+	mounts, files, err := planVolumes(spec)
 	if err != nil {
 		return p, err
 	}
-	p.volumes = mounts
+	p.volumes, p.files = mounts, files
 	if cpuMilli > 0 {
 		p.req.CPU = float64(cpuMilli) / 1000
 	}

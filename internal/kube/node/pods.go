@@ -206,7 +206,11 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
-	if err := makeVolumes(ctx, p.sb, sb.ID, ps.plan.volumes); err != nil {
+	home, err := makeVolumes(ctx, p.sb, sb.ID, ps.plan.volumes)
+	if err == nil {
+		err = p.fillVolumes(ctx, ps, sb.ID, home)
+	}
+	if err != nil {
 		if ctx.Err() == nil {
 			p.fail(ps, "BerthStartFailed", err.Error())
 		}

@@ -35,19 +35,35 @@ type volumeMount struct {
 	volume, path, sub string
 }
 
+// fileVolume is a configMap or secret volume: a directory filled with
+// the object's keys as files before the containers start.
+type fileVolume struct {
+	name      string
+	configMap *corev1.ConfigMapVolumeSource
+	secret    *corev1.SecretVolumeSource
+}
+
 // planVolumes reads the pod's volumes and its containers' mounts of them.
-func planVolumes(spec *corev1.PodSpec) ([]volumeMount, error) {
+func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 	empty := map[string]bool{}
+	filled := map[string]bool{}
 	skipped := map[string]bool{}
+	var files []fileVolume
 	for i, v := range spec.Volumes {
 		field := fmt.Sprintf("spec.volumes[%d]", i)
 		switch {
 		case v.EmptyDir != nil:
 			empty[v.Name] = true
+		case v.ConfigMap != nil:
+			empty[v.Name], filled[v.Name] = true, true
+			files = append(files, fileVolume{name: v.Name, configMap: v.ConfigMap.DeepCopy()})
+		case v.Secret != nil:
+			empty[v.Name], filled[v.Name] = true, true
+			files = append(files, fileVolume{name: v.Name, secret: v.Secret.DeepCopy()})
 		case v.Projected != nil && serviceAccountVolume(v.Projected):
 			skipped[v.Name] = true
 		default:
-			return nil, &planError{field, fmt.Sprintf("volume %q: only emptyDir volumes are supported on Berth nodes (the sandbox's disk holds them)", v.Name)}
+			return nil, nil, &planError{field, fmt.Sprintf("volume %q: only emptyDir, configMap and secret volumes are supported on Berth nodes (the sandbox's disk holds them)", v.Name)}
 		}
 	}
 	var mounts []volumeMount
@@ -58,22 +74,22 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, error) {
 			case skipped[m.Name]:
 				continue
 			case !empty[m.Name]:
-				return nil, &planError{field + ".name", fmt.Sprintf("no emptyDir volume %q in spec.volumes", m.Name)}
-			case m.ReadOnly:
-				return nil, &planError{field + ".readOnly", "read-only mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
+				return nil, nil, &planError{field + ".name", fmt.Sprintf("no emptyDir, configMap or secret volume %q in spec.volumes", m.Name)}
+			case m.ReadOnly && !filled[m.Name]:
+				return nil, nil, &planError{field + ".readOnly", "read-only emptyDir mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
 			case m.SubPathExpr != "":
-				return nil, &planError{field + ".subPathExpr", "subPathExpr is not supported on Berth nodes"}
+				return nil, nil, &planError{field + ".subPathExpr", "subPathExpr is not supported on Berth nodes"}
 			case !path.IsAbs(m.MountPath) || path.Clean(m.MountPath) == "/":
-				return nil, &planError{field + ".mountPath", fmt.Sprintf("%q: want an absolute path other than /", m.MountPath)}
+				return nil, nil, &planError{field + ".mountPath", fmt.Sprintf("%q: want an absolute path other than /", m.MountPath)}
 			}
 			sub := m.SubPath
 			if sub != "" && (path.IsAbs(sub) || sub != path.Clean(sub) || sub == ".." || strings.HasPrefix(sub, "../")) {
-				return nil, &planError{field + ".subPath", fmt.Sprintf("%q: want a relative path inside the volume", sub)}
+				return nil, nil, &planError{field + ".subPath", fmt.Sprintf("%q: want a relative path inside the volume", sub)}
 			}
 			mounts = append(mounts, volumeMount{volume: m.Name, path: path.Clean(m.MountPath), sub: sub})
 		}
 	}
-	return mounts, nil
+	return mounts, files, nil
 }
 
 // serviceAccountVolume reports whether a projected volume is the service
@@ -106,7 +122,7 @@ type volumeRunner interface {
 // path. A link's path taken by a file of the template fails the pod: a
 // kubelet would hide it under the mount, a link cannot. Made again (a
 // sandbox from a snapshot, a node that restarted), what is there is kept.
-func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volumeMount) error {
+func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volumeMount) (map[string]string, error) {
 	home := map[string]string{}
 	for _, m := range mounts {
 		if _, ok := home[m.volume]; !ok && m.sub == "" {
@@ -134,25 +150,25 @@ func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volum
 	for _, m := range mounts {
 		dir := home[m.volume]
 		if err := mkdir(dir); err != nil {
-			return fmt.Errorf("volume %s: %w", m.volume, err)
+			return nil, fmt.Errorf("volume %s: %w", m.volume, err)
 		}
 		target := path.Join(dir, m.sub)
 		if err := mkdir(target); err != nil {
-			return fmt.Errorf("volume %s: %w", m.volume, err)
+			return nil, fmt.Errorf("volume %s: %w", m.volume, err)
 		}
 		if m.path == target {
 			continue
 		}
 		if err := mkdir(path.Dir(m.path)); err != nil {
-			return fmt.Errorf("volume %s: %w", m.volume, err)
+			return nil, fmt.Errorf("volume %s: %w", m.volume, err)
 		}
 		switch st, err := sb.Stat(ctx, id, m.path); {
 		case err == nil && st.SymlinkTarget == target:
 			continue // made before: a sandbox from a snapshot, or a node that restarted
 		case err == nil:
-			return fmt.Errorf("volume %s: mount path %s is taken in the sandbox (a %s of its template)", m.volume, m.path, st.Type)
+			return nil, fmt.Errorf("volume %s: mount path %s is taken in the sandbox (a %s of its template)", m.volume, m.path, st.Type)
 		case !errors.Is(err, errdefs.ErrNotFound):
-			return fmt.Errorf("volume %s: %w", m.volume, err)
+			return nil, fmt.Errorf("volume %s: %w", m.volume, err)
 		}
 		var out strings.Builder
 		code, err := sb.Exec(ctx, id, client.ExecRequest{Cmd: "ln", Args: []string{"-s", target, m.path}, Stdout: &out, Stderr: &out})
@@ -160,8 +176,8 @@ func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volum
 			err = fmt.Errorf("ln exited with %d: %s", code, strings.TrimSpace(out.String()))
 		}
 		if err != nil {
-			return fmt.Errorf("volume %s at %s: link to %s: %w", m.volume, m.path, target, err)
+			return nil, fmt.Errorf("volume %s at %s: link to %s: %w", m.volume, m.path, target, err)
 		}
 	}
-	return nil
+	return home, nil
 }

@@ -55,8 +55,8 @@ func TestPlanVolumes(t *testing.T) {
 		{"hostPath", func(p *corev1.Pod) {
 			p.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/"}}
 		}, "spec.volumes[0]"},
-		{"configMap", func(p *corev1.Pod) {
-			p.Spec.Volumes[1].VolumeSource = corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{}}
+		{"claim", func(p *corev1.Pod) {
+			p.Spec.Volumes[1].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
 		}, "spec.volumes[1]"},
 		{"projected secret", func(p *corev1.Pod) {
 			p.Spec.Volumes[2].Projected.Sources = append(p.Spec.Volumes[2].Projected.Sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{}})
@@ -111,8 +111,12 @@ func (f *fakeVolumes) Exec(_ context.Context, _ string, req client.ExecRequest) 
 func TestMakeVolumes(t *testing.T) {
 	mounts := []volumeMount{{"work", "/work", ""}, {"cache", "/cache/pip", "pip"}, {"work", "/srv/shared", ""}, {"work", "/data/in", "in"}}
 	f := &fakeVolumes{links: map[string]string{}}
-	if err := makeVolumes(t.Context(), f, "sb1", mounts); err != nil {
+	home, err := makeVolumes(t.Context(), f, "sb1", mounts)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if want := map[string]string{"work": "/work", "cache": podDir + "/volumes/cache"}; !reflect.DeepEqual(home, want) {
+		t.Errorf("volume directories = %v, want %v", home, want)
 	}
 	wantLinks := map[string]string{"/cache/pip": podDir + "/volumes/cache/pip", "/srv/shared": "/work", "/data/in": "/work/in"}
 	if !reflect.DeepEqual(f.links, wantLinks) {
@@ -124,12 +128,39 @@ func TestMakeVolumes(t *testing.T) {
 		}
 	}
 	f.calls = nil
-	if err := makeVolumes(t.Context(), f, "sb1", mounts); err != nil || len(f.calls) != 0 {
+	if _, err := makeVolumes(t.Context(), f, "sb1", mounts); err != nil || len(f.calls) != 0 {
 		t.Errorf("made again: %v, calls %v; want the links kept", err, f.calls)
 	}
 	// A path of the template where a link should go fails.
 	f.links = map[string]string{"/srv/shared": "/elsewhere"}
-	if err := makeVolumes(t.Context(), f, "sb1", mounts); err == nil || !strings.Contains(err.Error(), "/srv/shared is taken") {
+	if _, err := makeVolumes(t.Context(), f, "sb1", mounts); err == nil || !strings.Contains(err.Error(), "/srv/shared is taken") {
 		t.Errorf("a taken mount path = %v, want an error naming it", err)
+	}
+}
+
+// TestVolumeFiles: every key at its own name with the default mode, or
+// the items named at their paths with their modes; a missing key fails
+// unless the volume is optional; a path out of the volume fails.
+func TestVolumeFiles(t *testing.T) {
+	data := map[string][]byte{"b.conf": []byte("b"), "a.conf": []byte("a")}
+	all, err := volumeFiles(data, nil, nil, "configmap c")
+	if want := []volumeFile{{"a.conf", []byte("a"), 0o644}, {"b.conf", []byte("b"), 0o644}}; err != nil || !reflect.DeepEqual(all, want) {
+		t.Errorf("all keys = %+v, %v; want %+v", all, err, want)
+	}
+	m400, m600 := int32(0o400), int32(0o600)
+	items := []corev1.KeyToPath{{Key: "a.conf", Path: "conf/a"}, {Key: "b.conf", Path: "b", Mode: &m600}}
+	got, err := volumeFiles(data, items, &m400, "secret s")
+	if want := []volumeFile{{"conf/a", []byte("a"), 0o400}, {"b", []byte("b"), 0o600}}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("items = %+v, %v; want %+v", got, err, want)
+	}
+	missing := append(items, corev1.KeyToPath{Key: "c.conf", Path: "c"})
+	if _, err := volumeFiles(data, missing, nil, "secret s"); err == nil || !strings.Contains(err.Error(), `secret s has no key "c.conf"`) {
+		t.Errorf("missing key = %v", err)
+	}
+	if got, err := volumeFiles(data, missing, nil, ""); err != nil || len(got) != 2 {
+		t.Errorf("missing key, optional = %+v, %v; want it skipped", got, err)
+	}
+	if _, err := volumeFiles(data, []corev1.KeyToPath{{Key: "a.conf", Path: "../etc/passwd"}}, nil, "secret s"); err == nil {
+		t.Error("an item path out of the volume was taken")
 	}
 }
