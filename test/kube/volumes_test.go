@@ -42,7 +42,8 @@ func TestPodVolumes(t *testing.T) {
 	pod.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}}
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env,
 		corev1.EnvVar{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-creds"}, Key: "token"}}},
-		corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}})
+		corev1.EnvVar{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		corev1.EnvVar{Name: "WHERE", Value: "$(POD_NAME)/$(CFG_MODE)"})
 	side := pod.Spec.Containers[0]
 	side.Env, side.EnvFrom = nil, nil
 	side.Name, side.Command = "side", []string{"sh", "-c", "echo from-side > /srv/shared/side.txt && exec sleep 3600"}
@@ -67,8 +68,8 @@ func TestPodVolumes(t *testing.T) {
 		t.Errorf("configMap and secret volumes = %q (%d, %q), want %q", out, code, stderr, want)
 	}
 	// The main container's process has the resolved environment.
-	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -E '^(CFG_MODE|TOKEN|POD_NAME|GREETING)=' | sort`)
-	if want := "CFG_MODE=review\nGREETING=hello from kubernetes\nPOD_NAME=shared\nTOKEN=s3cret-token\n"; code != 0 || out != want {
+	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -E '^(CFG_MODE|TOKEN|POD_NAME|GREETING|WHERE)=' | sort`)
+	if want := "CFG_MODE=review\nGREETING=hello from kubernetes\nPOD_NAME=shared\nTOKEN=s3cret-token\nWHERE=shared/review\n"; code != 0 || out != want {
 		t.Errorf("main container's environment = %q (%d, %q), want %q", out, code, stderr, want)
 	}
 	if err := pods.Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {

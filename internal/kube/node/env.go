@@ -28,10 +28,10 @@ import (
 // values reach the container's process only (its environment), as on a
 // kubelet.
 
-// envRef is one env entry whose value comes from elsewhere.
+// envRef is one env entry: a value, or (src) where it comes from.
 type envRef struct {
-	name string
-	src  *corev1.EnvVarSource
+	name, value string
+	src         *corev1.EnvVarSource
 }
 
 // envFieldPaths are the pod fields an env fieldRef may name (labels and
@@ -63,13 +63,31 @@ func checkEnvSource(field string, s *corev1.EnvVarSource) error {
 	return &planError{field, "unsupported or empty reference"}
 }
 
-// containerEnv is the environment container c starts with.
-func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) (map[string]string, error) {
-	if len(c.envFrom) == 0 && len(c.refs) == 0 {
-		return c.env, nil
+// containerEnv is the environment container c starts with, and its
+// command and arguments with $(VAR) references expanded (expand).
+func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) (map[string]string, []string, error) {
+	plain := len(c.envFrom) == 0 && !slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil || strings.Contains(v.value, "$") }) &&
+		!slices.ContainsFunc(c.argv, func(a string) bool { return strings.Contains(a, "$") })
+	if plain {
+		return c.env, c.argv, nil
 	}
-	if p.kube == nil {
-		return nil, fmt.Errorf("environment from ConfigMaps, Secrets or fields: the node has no API client")
+	env, err := p.resolveEnv(ctx, ps, c)
+	if err != nil {
+		return nil, nil, err
+	}
+	argv := make([]string, len(c.argv))
+	for i, a := range c.argv {
+		argv[i] = expand(a, env)
+	}
+	return env, argv, nil
+}
+
+// resolveEnv is container c's environment: envFrom, then its env entries
+// in order, each value's $(VAR) references expanded against what came
+// before it.
+func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (map[string]string, error) {
+	if p.kube == nil && (len(c.envFrom) > 0 || slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil && v.src.FieldRef == nil })) {
+		return nil, fmt.Errorf("environment from ConfigMaps or Secrets: the node has no API client")
 	}
 	p.mu.Lock()
 	pod := ps.pod.DeepCopy()
@@ -122,9 +140,10 @@ func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) 
 			}
 		}
 	}
-	maps.Copy(env, c.env)
-	for _, r := range c.refs {
+	for _, r := range c.vars {
 		switch s := r.src; {
+		case s == nil:
+			env[r.name] = expand(r.value, env)
 		case s.ConfigMapKeyRef != nil:
 			ref := s.ConfigMapKeyRef
 			cm, err := configMap(ref.Name)
@@ -180,6 +199,44 @@ func readOnce[T any](ctx context.Context, seen map[string]*T, kind, ns, name str
 	}
 	seen[name] = o
 	return o, nil
+}
+
+// expand replaces each $(VAR) in s with VAR's value in env, as a kubelet
+// expands a container's env values, command and arguments: $$ is a
+// literal $, and a reference to a variable that is not set, or that is
+// not closed, stays as written.
+func expand(s string, env map[string]string) string {
+	if !strings.Contains(s, "$") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 == len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end < 0 {
+				b.WriteString(s[i:])
+				return b.String()
+			}
+			name := s[i+2 : i+2+end]
+			if v, ok := env[name]; ok {
+				b.WriteString(v)
+			} else {
+				b.WriteString(s[i : i+3+end])
+			}
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String()
 }
 
 // podField is the value of an env fieldRef (checkEnvSource took it).

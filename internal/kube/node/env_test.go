@@ -32,7 +32,10 @@ func TestContainerEnv(t *testing.T) {
 		corev1.EnvVar{Name: "POD", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
 		corev1.EnvVar{Name: "APP", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels['app']"}}},
 		corev1.EnvVar{Name: "HOST", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}},
+		corev1.EnvVar{Name: "WHO", Value: "$(POD) in $(MODE), not $(LATER) or $$(POD)"},
+		corev1.EnvVar{Name: "LATER", Value: "later"},
 	)
+	c.Args = []string{"echo $(WHO) $(NOPE)"}
 	pl, err := planPod(pod, "berth-a")
 	if err != nil {
 		t.Fatal(err)
@@ -43,19 +46,23 @@ func TestContainerEnv(t *testing.T) {
 	)
 	p := &Pods{kube: kube, node: "berth-a", ip: "192.0.2.7"}
 	ps := &podState{pod: pod, plan: pl}
-	env, err := p.containerEnv(t.Context(), ps, pl.containers[0])
+	env, argv, err := p.containerEnv(t.Context(), ps, pl.containers[0])
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]string{"CFG_mode": "fast", "CFG_A": "from-cm", "A": "1", "TOKEN": "s3cret", "MODE": "fast", "POD": "job-1", "APP": "agent", "HOST": "192.0.2.7"}
+	want := map[string]string{"CFG_mode": "fast", "CFG_A": "from-cm", "A": "1", "TOKEN": "s3cret", "MODE": "fast", "POD": "job-1", "APP": "agent", "HOST": "192.0.2.7",
+		"WHO": "job-1 in fast, not $(LATER) or $(POD)", "LATER": "later"}
 	if !reflect.DeepEqual(env, want) {
 		t.Errorf("env = %v, want %v", env, want)
+	}
+	if wantArgv := []string{"sh", "-c", "echo job-1 in fast, not $(LATER) or $(POD) $(NOPE)"}; !reflect.DeepEqual(argv, wantArgv) {
+		t.Errorf("argv = %q, want %q", argv, wantArgv)
 	}
 	// A required key that is not there fails the start, naming it.
 	if err := kube.CoreV1().Secrets("team").Delete(t.Context(), "creds", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := p.containerEnv(t.Context(), ps, pl.containers[0]); err == nil || !strings.Contains(err.Error(), `secret "creds"`) {
+	if _, _, err := p.containerEnv(t.Context(), ps, pl.containers[0]); err == nil || !strings.Contains(err.Error(), `secret "creds"`) {
 		t.Errorf("without the secret: %v, want an error naming it", err)
 	}
 	for _, tc := range []struct {
@@ -70,6 +77,18 @@ func TestContainerEnv(t *testing.T) {
 		var pe *planError
 		if _, err := planPod(bad, "n"); !errors.As(err, &pe) || pe.field != tc.field {
 			t.Errorf("planPod(%+v) = %v, want a plan error on %s", tc.src, err, tc.field)
+		}
+	}
+}
+
+func TestExpand(t *testing.T) {
+	env := map[string]string{"A": "x", "EMPTY": ""}
+	for in, want := range map[string]string{
+		"plain": "plain", "$(A)": "x", "a$(A)b$(A)": "axbx", "$(EMPTY)!": "!", "$(B)": "$(B)",
+		"$$(A)": "$(A)", "$$": "$", "$": "$", "$A": "$A", "$(A": "$(A", "cost $5": "cost $5", "$($(A))": "$($(A))",
+	} {
+		if got := expand(in, env); got != want {
+			t.Errorf("expand(%q) = %q, want %q", in, got, want)
 		}
 	}
 }

@@ -128,9 +128,9 @@ type containerPlan struct {
 	// process of its own and runs as long as the sandbox does.
 	argv []string
 	env  map[string]string
-	// refs and envFrom are its environment from ConfigMaps, Secrets and
-	// the pod's fields, resolved as it starts (env.go).
-	refs    []envRef
+	// vars are its env entries in order, and envFrom its environment
+	// from ConfigMaps and Secrets, resolved as it starts (env.go).
+	vars    []envRef
 	envFrom []corev1.EnvFromSource
 	cwd     string
 	// probes are its startup, liveness and readiness probes (probe.go).
@@ -273,9 +273,10 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 				if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom); err != nil {
 					return p, err
 				}
-				cp.refs = append(cp.refs, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})
+				cp.vars = append(cp.vars, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})
 				continue
 			}
+			cp.vars = append(cp.vars, envRef{name: e.Name, value: e.Value})
 			if cp.env == nil {
 				cp.env = map[string]string{}
 			}

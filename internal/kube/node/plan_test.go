@@ -39,7 +39,7 @@ func TestPlanPod(t *testing.T) {
 	if !reflect.DeepEqual(p.req, want) {
 		t.Errorf("request = %+v, want %+v", p.req, want)
 	}
-	wantC := []containerPlan{{name: "main", argv: []string{"sh", "-c", "echo hi; exit 3"}, env: map[string]string{"A": "1"}, cwd: "/tmp"}}
+	wantC := []containerPlan{{name: "main", argv: []string{"sh", "-c", "echo hi; exit 3"}, env: map[string]string{"A": "1"}, vars: []envRef{{name: "A", value: "1"}}, cwd: "/tmp"}}
 	if !reflect.DeepEqual(p.containers, wantC) {
 		t.Errorf("containers = %+v, want %+v", p.containers, wantC)
 	}

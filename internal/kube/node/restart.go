@@ -254,11 +254,11 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 			return 0, err
 		}
 	}
-	env, err := p.containerEnv(ctx, ps, c)
+	env, argv, err := p.containerEnv(ctx, ps, c)
 	if err != nil {
 		return 0, err
 	}
-	cmd, args := wrapArgv(c.name, restart, c.argv)
+	cmd, args := wrapArgv(c.name, restart, argv)
 	pid, err := p.sb.Start(ctx, ps.sandboxID, client.ExecRequest{Cmd: cmd, Args: args, Env: env, Cwd: c.cwd, Tag: processTag(c.name)})
 	if err != nil {
 		return 0, err
