@@ -1,12 +1,17 @@
 package kube
 
 import (
+	"context"
+	"io"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/berth-sandbox/berth/test/harness"
 )
@@ -91,4 +96,78 @@ func TestPodVolumes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGone(t, cp, "default", "hostpath")
+}
+
+// TestPodAttach: kubectl attach (through the API server, to the node)
+// streams what the container prints from then on, stdout and stderr
+// apart, and ends when the container exits.
+func TestPodAttach(t *testing.T) {
+	c := startCluster(t, "berth-a")
+	cp := c.cp
+	ctx := t.Context()
+	pod := sandboxPod("talker", "sh", "-c", "i=0; while [ ! -e /tmp/stop ]; do echo tick $i; i=$((i+1)); sleep 0.2; done; echo bye >&2")
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "talker", "Running", phase(corev1.PodRunning))
+	req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name("talker").SubResource("attach").
+		VersionedParams(&corev1.PodAttachOptions{Container: "main", Stdout: true, Stderr: true}, scheme.ParameterCodec)
+	ex, err := remotecommand.NewSPDYExecutor(cp.Config, "POST", req.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Stop the container once a tick came through the attach.
+	out := &tickWatch{seen: make(chan struct{})}
+	var errOut strings.Builder
+	stopped := make(chan error, 1)
+	go func() {
+		select {
+		case <-out.seen:
+		case <-ctx.Done():
+			stopped <- ctx.Err()
+			return
+		}
+		// Not execPod: it may end the test, which only the test's own
+		// goroutine may do.
+		req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name("talker").SubResource("exec").
+			VersionedParams(&corev1.PodExecOptions{Container: "main", Command: []string{"touch", "/tmp/stop"}, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		ex, err := remotecommand.NewSPDYExecutor(cp.Config, "POST", req.URL())
+		if err == nil {
+			err = ex.StreamWithContext(ctx, remotecommand.StreamOptions{Stdout: io.Discard, Stderr: io.Discard})
+		}
+		stopped <- err
+	}()
+	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := ex.StreamWithContext(actx, remotecommand.StreamOptions{Stdout: out, Stderr: &errOut}); err != nil {
+		t.Fatalf("attach: %v", err)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("touch /tmp/stop: %v", err)
+	}
+	if !strings.HasPrefix(out.String(), "tick ") || errOut.String() != "bye\n" {
+		t.Errorf("attached stdout %q, stderr %q; want ticks, then bye on stderr", out.String(), errOut.String())
+	}
+}
+
+// tickWatch collects what it is written and closes seen on the first
+// write.
+type tickWatch struct {
+	mu   sync.Mutex
+	b    strings.Builder
+	seen chan struct{}
+	once sync.Once
+}
+
+func (w *tickWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.once.Do(func() { close(w.seen) })
+	return w.b.Write(p)
+}
+
+func (w *tickWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
 }

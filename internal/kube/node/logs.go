@@ -110,6 +110,9 @@ type logStream struct {
 	id        string
 	log, exit string
 	follow    bool
+	// start is where reading starts when no tail is asked (attach:
+	// the log's end when it began).
+	start int64
 }
 
 // run writes the log through f to w: from the start, or from the last
@@ -125,7 +128,7 @@ func (s *logStream) run(ctx context.Context, f *logFilter, tail int, w io.Writer
 		}
 		defer lw.stop()
 	}
-	var off int64
+	off := s.start
 	if tail > 0 {
 		var err error
 		if off, err = s.tailOffset(ctx, tail); err != nil {
@@ -324,6 +327,8 @@ func lastLines(b []byte, atStart bool, n int) (int64, bool) {
 // logFilter turns log records into what the client asked for: those since
 // a time, with or without their timestamps, up to a byte limit.
 type logFilter struct {
+	// stderr, when set, takes the stderr records; w the others.
+	stderr     io.Writer
 	since      time.Time
 	timestamps bool
 	// limit is what may still be written; negative is no limit.
@@ -408,6 +413,9 @@ func (f *logFilter) line(w io.Writer, line []byte) error {
 		f.midLine[r.Stream] = r.Partial
 	}
 	f.out = out
+	if f.stderr != nil && err == nil && r.Stream == "stderr" {
+		w = f.stderr
+	}
 	if f.limit > 0 && len(out) >= f.limit {
 		out = out[:f.limit]
 		f.limit = 0

@@ -402,3 +402,46 @@ func (f *fakeLogs) WatchDir(ctx context.Context, _, path string, ready func(), f
 		}
 	}
 }
+
+// attachIO is kubectl attach's streams without stdin or a terminal.
+type attachIO struct{ out, err *nopCloser }
+
+type nopCloser struct{ bytes.Buffer }
+
+func (*nopCloser) Close() error { return nil }
+
+func (a attachIO) Stdin() io.Reader            { return nil }
+func (a attachIO) Stdout() io.WriteCloser      { return a.out }
+func (a attachIO) Stderr() io.WriteCloser      { return a.err }
+func (a attachIO) TTY() bool                   { return false }
+func (a attachIO) Resize() <-chan api.TermSize { return nil }
+
+// TestAttach: kubectl attach gets what the container prints from the
+// attach on, stdout and stderr apart, and ends when the container exits;
+// with stdin it is refused.
+func TestAttach(t *testing.T) {
+	f := newFakeLogs()
+	f.files[logPath("main")] = []byte(rec(0, "stdout", "F", "before the attach"))
+	p, pod := newLogPods(t, f)
+	a := attachIO{out: &nopCloser{}, err: &nopCloser{}}
+	done := make(chan error, 1)
+	go func() { done <- p.AttachToContainer(t.Context(), pod.Namespace, pod.Name, "main", a) }()
+	<-f.watching
+	f.write(logPath("main"), rec(1, "stdout", "F", "out after"))
+	f.write(logPath("main"), rec(2, "stderr", "F", "err after"))
+	f.write(exitPath("main"), "0\n")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a.out.String() != "out after\n" || a.err.String() != "err after\n" {
+		t.Errorf("attached stdout %q, stderr %q; want only what came after, apart", a.out.String(), a.err.String())
+	}
+	withStdin := attachStdin{a}
+	if err := p.AttachToContainer(t.Context(), pod.Namespace, pod.Name, "main", withStdin); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+		t.Errorf("attach -i = %v, want failed_precondition", err)
+	}
+}
+
+type attachStdin struct{ attachIO }
+
+func (attachStdin) Stdin() io.Reader { return strings.NewReader("x") }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/virtual-kubelet/virtual-kubelet/node/api"
 	utilexec "k8s.io/utils/exec"
@@ -96,10 +97,40 @@ func (p *Pods) execPTY(ctx context.Context, id string, cmd []string, attach api.
 	return code, err
 }
 
-// AttachToContainer is not offered: a container's own stdin is not kept
-// open (use exec).
-func (p *Pods) AttachToContainer(context.Context, string, string, string, api.AttachIO) error {
-	return fmt.Errorf("attach is not supported on Berth nodes; use exec: %w", errdefs.ErrFailedPrecondition)
+// AttachToContainer serves kubectl attach: what the container prints from
+// now on, stdout and stderr apart, until it exits or the client goes.
+// A container has no stdin or terminal of its own on a Berth node (a pod
+// asking for one is refused), so attaching with -i or -t is refused: use
+// exec.
+func (p *Pods) AttachToContainer(ctx context.Context, namespace, podName, container string, attach api.AttachIO) error {
+	if attach.Stdin() != nil || attach.TTY() {
+		return fmt.Errorf("attach with stdin or a terminal is not supported on Berth nodes (a container has none of its own); use exec -it: %w", errdefs.ErrFailedPrecondition)
+	}
+	id, _, err := p.logTarget(namespace, podName, container)
+	if err != nil {
+		return err
+	}
+	s := &logStream{files: p.sb, id: id, log: logPath(container), exit: exitPath(container), follow: true}
+	if st, err := p.sb.Stat(ctx, id, s.log); err == nil {
+		s.start = st.Size
+	}
+	f := newLogFilter(api.ContainerLogOpts{}, time.Now())
+	f.stderr = io.Discard
+	if e := attach.Stderr(); e != nil {
+		f.stderr = e
+	}
+	var out io.Writer = io.Discard
+	if o := attach.Stdout(); o != nil {
+		out = o
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.ctx, cancel)()
+	err = s.run(ctx, f, 0, out)
+	if ctx.Err() != nil {
+		return nil // the client went, or the node stops
+	}
+	return err
 }
 
 // PortForward carries one connection of kubectl port-forward (the
