@@ -160,12 +160,39 @@ func randName(n int) string {
 
 func freeAddr(t TB) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("%v", err)
+	return fmt.Sprintf("127.0.0.1:%d", FreePort(t))
+}
+
+// portsGiven are the ports FreePort handed out in this process.
+var portsGiven = struct {
+	sync.Mutex
+	m map[int]bool
+}{m: map[int]bool{}}
+
+// FreePort returns a loopback TCP port nothing listens on now, and one
+// this process never handed out before: a port is free only until the
+// process it is meant for binds it, so two picks before either binds
+// (a daemon's API and a node's kubelet API, say) could otherwise get the
+// same one.
+func FreePort(t TB) int {
+	t.Helper()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("%v", err)
+		}
+		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		portsGiven.Lock()
+		seen := portsGiven.m[p]
+		portsGiven.m[p] = true
+		portsGiven.Unlock()
+		if !seen {
+			return p
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	t.Fatalf("no loopback port free that was not handed out before")
+	return 0
 }
 
 // StartDaemon starts a daemon with its own data dir, instance name and

@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // controlPlane is a real Kubernetes control plane on loopback: etcd,
@@ -72,12 +74,7 @@ func repoRoot(t *testing.T) string {
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	return harness.FreePort(t)
 }
 
 // startControlPlane starts etcd, the API server and the scheduler, each

@@ -133,6 +133,17 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	if err != nil {
 		return nil, err
 	}
+	if state(pod) == apitypes.StateReady && pod.Annotations[node.AnnotationPaused] == "" {
+		// This replica's cache may trail a pause its node's daemon made
+		// on its own (at the deadline, or idle): the API server says.
+		fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if fresh.UID == pod.UID {
+			pod = fresh
+		}
+	}
 	switch st := state(pod); st {
 	case apitypes.StateReady:
 		if pod.Annotations[node.AnnotationPaused] == "" {
