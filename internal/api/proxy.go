@@ -95,20 +95,30 @@ func (s *Server) proxyAgent(w http.ResponseWriter, r *http.Request) {
 	}, func(ctx context.Context, id string) context.Context { return worklog.WithSandbox(ctx, id, "native") })
 }
 
-// proxyInto proxies r to the target that target makes of sandbox {id}'s
-// agent endpoint, in a context wrap may add to.
-func (s *Server) proxyInto(w http.ResponseWriter, r *http.Request, target func(string, sandbox.AgentEndpoint) (agentTarget, error), wrap func(context.Context, string) context.Context) {
+// agentSession is the session of sandbox {id} of r (Manager.AgentSession)
+// for a data-plane route; ok is false once it answered w with the error.
+// The context is bound to the sandbox's ready period: a call into a
+// sandbox that dies ends with the reason instead of waiting on a
+// connection its dead network stack will never reset (gVisor).
+func (s *Server) agentSession(w http.ResponseWriter, r *http.Request) (string, context.Context, sandbox.AgentEndpoint, context.CancelFunc, bool) {
 	id := r.PathValue("id")
 	if err := validID(id); err != nil {
 		writeError(w, err)
-		return
+		return "", nil, sandbox.AgentEndpoint{}, nil, false
 	}
-	// Bound to the sandbox's ready period: a call into a sandbox that
-	// dies ends with the reason instead of waiting on a connection its
-	// dead network stack will never reset (gVisor).
 	ctx, agent, release, err := s.cfg.Manager.AgentSession(r.Context(), id)
 	if err != nil {
 		writeError(w, err)
+		return "", nil, sandbox.AgentEndpoint{}, nil, false
+	}
+	return id, ctx, agent, release, true
+}
+
+// proxyInto proxies r to the target that target makes of sandbox {id}'s
+// agent endpoint, in a context wrap may add to.
+func (s *Server) proxyInto(w http.ResponseWriter, r *http.Request, target func(string, sandbox.AgentEndpoint) (agentTarget, error), wrap func(context.Context, string) context.Context) {
+	id, ctx, agent, release, ok := s.agentSession(w, r)
+	if !ok {
 		return
 	}
 	defer release()

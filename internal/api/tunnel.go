@@ -76,11 +76,6 @@ func (c *tunnelCounts) drop(id string) {
 // resumes for it) and ends with the sandbox: a pause, a kill or its
 // timeout closes it. HTTP/1.1 only (HTTP/2 has no upgrade).
 func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	if err := validID(id); err != nil {
-		writeError(w, err)
-		return
-	}
 	port, err := parsePort(r.PathValue("port"))
 	if err != nil {
 		writeError(w, err)
@@ -91,9 +86,8 @@ func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
 			TunnelProtocol, r.Header.Get("Upgrade"), errdefs.ErrInvalidArgument)))
 		return
 	}
-	ctx, agent, release, err := s.cfg.Manager.AgentSession(r.Context(), id)
-	if err != nil {
-		writeError(w, err)
+	id, ctx, agent, release, ok := s.agentSession(w, r)
+	if !ok {
 		return
 	}
 	defer release()

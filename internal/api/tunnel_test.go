@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,7 +84,14 @@ func TestTunnel(t *testing.T) {
 	defer end()
 	var d net.Dialer
 	s := New(Config{Manager: tunnelManager{ctx: sctx}, Dial: d.DialContext})
-	srv := httptest.NewServer(s.Handler())
+	// Every handler's end is counted, a tunnel's too (its connection
+	// was taken over, so the server no longer tracks it).
+	var handlers sync.WaitGroup
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handlers.Add(1)
+		defer handlers.Done()
+		s.Handler().ServeHTTP(w, r)
+	}))
 	defer srv.Close()
 	up := "Connection: Upgrade\r\nUpgrade: tcp\r\n"
 
@@ -137,11 +145,19 @@ func TestTunnel(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("the tunnel outlived its sandbox's session")
 	}
-	// The handler's count drops as it returns.
-	for deadline := time.Now().Add(30 * time.Second); s.tunnels.open("sb1") != 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tunnels counted after all ended", s.tunnels.open("sb1"))
-		}
+	// Once every handler returned, no tunnel is counted.
+	returned := make(chan struct{})
+	go func() {
+		handlers.Wait()
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(30 * time.Second):
+		t.Fatal("a tunnel's handler did not return after its sandbox's end")
+	}
+	if n := s.tunnels.open("sb1"); n != 0 {
+		t.Errorf("%d tunnels counted after all ended", n)
 	}
 }
 

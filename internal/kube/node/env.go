@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -93,112 +94,104 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 	pod := ps.pod.DeepCopy()
 	podIP := ps.podIP
 	p.mu.Unlock()
-	ns := pod.Namespace
-	cms := map[string]*corev1.ConfigMap{}
-	secrets := map[string]*corev1.Secret{}
-	configMap := func(name string) (*corev1.ConfigMap, error) {
-		return readOnce(ctx, cms, "configmap", ns, name, p.kube.CoreV1().ConfigMaps(ns).Get)
-	}
-	secret := func(name string) (*corev1.Secret, error) {
-		return readOnce(ctx, secrets, "secret", ns, name, p.kube.CoreV1().Secrets(ns).Get)
-	}
+	objs := &podObjects{kube: p.kube, ns: pod.Namespace}
 	optional := func(b *bool) bool { return b != nil && *b }
 	env := map[string]string{}
 	for _, ef := range c.envFrom {
+		kind, name, opt := "secret", "", false
+		if r := ef.ConfigMapRef; r != nil {
+			kind, name, opt = "configmap", r.Name, optional(r.Optional)
+		} else if r := ef.SecretRef; r != nil {
+			name, opt = r.Name, optional(r.Optional)
+		}
+		data, found, err := objs.data(ctx, kind, name)
 		switch {
-		case ef.ConfigMapRef != nil:
-			cm, err := configMap(ef.ConfigMapRef.Name)
-			if err != nil {
-				return nil, err
-			}
-			if cm == nil {
-				if optional(ef.ConfigMapRef.Optional) {
-					continue
-				}
-				return nil, fmt.Errorf("envFrom: configmap %q not found in namespace %s", ef.ConfigMapRef.Name, ns)
-			}
-			for k, v := range cm.Data {
-				if envVarName.MatchString(ef.Prefix + k) {
-					env[ef.Prefix+k] = v
-				}
-			}
-		case ef.SecretRef != nil:
-			s, err := secret(ef.SecretRef.Name)
-			if err != nil {
-				return nil, err
-			}
-			if s == nil {
-				if optional(ef.SecretRef.Optional) {
-					continue
-				}
-				return nil, fmt.Errorf("envFrom: secret %q not found in namespace %s", ef.SecretRef.Name, ns)
-			}
-			for k, v := range s.Data {
-				if envVarName.MatchString(ef.Prefix + k) {
-					env[ef.Prefix+k] = string(v)
-				}
+		case err != nil:
+			return nil, err
+		case !found && opt:
+			continue
+		case !found:
+			return nil, fmt.Errorf("envFrom: %s %q not found in namespace %s", kind, name, pod.Namespace)
+		}
+		for k, v := range data {
+			if envVarName.MatchString(ef.Prefix + k) {
+				env[ef.Prefix+k] = string(v)
 			}
 		}
 	}
 	for _, r := range c.vars {
+		kind, name, key, opt := "", "", "", false
 		switch s := r.src; {
 		case s == nil:
 			env[r.name] = expand(r.value, env)
-		case s.ConfigMapKeyRef != nil:
-			ref := s.ConfigMapKeyRef
-			cm, err := configMap(ref.Name)
-			if err != nil {
-				return nil, err
-			}
-			v, ok := "", false
-			if cm != nil {
-				v, ok = cm.Data[ref.Key]
-			}
-			switch {
-			case ok:
-				env[r.name] = v
-			case !optional(ref.Optional):
-				return nil, fmt.Errorf("env %s: key %q of configmap %q not found in namespace %s", r.name, ref.Key, ref.Name, ns)
-			}
-		case s.SecretKeyRef != nil:
-			ref := s.SecretKeyRef
-			sec, err := secret(ref.Name)
-			if err != nil {
-				return nil, err
-			}
-			var v []byte
-			ok := false
-			if sec != nil {
-				v, ok = sec.Data[ref.Key]
-			}
-			switch {
-			case ok:
-				env[r.name] = string(v)
-			case !optional(ref.Optional):
-				return nil, fmt.Errorf("env %s: key %q of secret %q not found in namespace %s", r.name, ref.Key, ref.Name, ns)
-			}
+			continue
 		case s.FieldRef != nil:
 			env[r.name] = podField(pod, s.FieldRef.FieldPath, p.node, p.ip, podIP)
+			continue
+		case s.ConfigMapKeyRef != nil:
+			kind, name, key, opt = "configmap", s.ConfigMapKeyRef.Name, s.ConfigMapKeyRef.Key, optional(s.ConfigMapKeyRef.Optional)
+		case s.SecretKeyRef != nil:
+			kind, name, key, opt = "secret", s.SecretKeyRef.Name, s.SecretKeyRef.Key, optional(s.SecretKeyRef.Optional)
+		}
+		data, _, err := objs.data(ctx, kind, name)
+		if err != nil {
+			return nil, err
+		}
+		v, ok := data[key]
+		switch {
+		case ok:
+			env[r.name] = string(v)
+		case !opt:
+			return nil, fmt.Errorf("env %s: key %q of %s %q not found in namespace %s", r.name, key, kind, name, pod.Namespace)
 		}
 	}
 	return env, nil
 }
 
-// readOnce reads object name of namespace ns once per container start
-// (seen holds what was read); nil, nil is one that does not exist.
-func readOnce[T any](ctx context.Context, seen map[string]*T, kind, ns, name string, get func(context.Context, string, metav1.GetOptions) (*T, error)) (*T, error) {
-	if o, ok := seen[name]; ok {
-		return o, nil
+// podObjects reads ConfigMaps and Secrets of a pod's namespace, each
+// once, as their keys' bytes.
+type podObjects struct {
+	kube kubernetes.Interface
+	ns   string
+	seen map[string]map[string][]byte // "kind/name": data, nil when absent
+}
+
+// data is the keys of the ConfigMap (its data and binaryData) or Secret
+// name; found is false when there is none.
+func (o *podObjects) data(ctx context.Context, kind, name string) (map[string][]byte, bool, error) {
+	if d, ok := o.seen[kind+"/"+name]; ok {
+		return d, d != nil, nil
 	}
-	o, err := get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		o, err = nil, nil
+	var d map[string][]byte
+	var err error
+	if kind == "configmap" {
+		var cm *corev1.ConfigMap
+		if cm, err = o.kube.CoreV1().ConfigMaps(o.ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			d = map[string][]byte{}
+			for k, v := range cm.Data {
+				d[k] = []byte(v)
+			}
+			maps.Copy(d, cm.BinaryData)
+		}
+	} else {
+		var s *corev1.Secret
+		if s, err = o.kube.CoreV1().Secrets(o.ns).Get(ctx, name, metav1.GetOptions{}); err == nil {
+			d = s.Data
+			if d == nil {
+				d = map[string][]byte{}
+			}
+		}
 	}
-	if err != nil {
-		return nil, fmt.Errorf("%s %s/%s: %w", kind, ns, name, err)
+	switch {
+	case apierrors.IsNotFound(err):
+	case err != nil:
+		return nil, false, fmt.Errorf("%s %s/%s: %w", kind, o.ns, name, err)
 	}
-	seen[name] = o
-	return o, nil
+	if o.seen == nil {
+		o.seen = map[string]map[string][]byte{}
+	}
+	o.seen[kind+"/"+name] = d
+	return d, d != nil, nil
 }
 
 // expand replaces each $(VAR) in s with VAR's value in env, as a kubelet
@@ -280,46 +273,31 @@ func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home ma
 	if p.kube == nil {
 		return fmt.Errorf("configMap and secret volumes: the node has no API client")
 	}
-	ns := ps.pod.Namespace
+	objs := &podObjects{kube: p.kube, ns: ps.pod.Namespace}
 	for _, v := range ps.plan.files {
 		dir, ok := home[v.name]
 		if !ok {
 			continue // mounted by no container
 		}
-		var data map[string][]byte
-		var items []corev1.KeyToPath
-		var mode *int32
-		var missing string
+		kind, name, items, mode, opt := "secret", "", []corev1.KeyToPath(nil), (*int32)(nil), (*bool)(nil)
+		if cm := v.configMap; cm != nil {
+			kind, name, items, mode, opt = "configmap", cm.Name, cm.Items, cm.DefaultMode, cm.Optional
+		} else if s := v.secret; s != nil {
+			name, items, mode, opt = s.SecretName, s.Items, s.DefaultMode, s.Optional
+		}
+		optional := opt != nil && *opt
+		data, found, err := objs.data(ctx, kind, name)
 		switch {
-		case v.configMap != nil:
-			cm, err := p.kube.CoreV1().ConfigMaps(ns).Get(ctx, v.configMap.Name, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err) && v.configMap.Optional != nil && *v.configMap.Optional:
-				continue
-			case err != nil:
-				return fmt.Errorf("volume %s: configmap %s/%s: %w", v.name, ns, v.configMap.Name, err)
-			}
-			data = map[string][]byte{}
-			for k, s := range cm.Data {
-				data[k] = []byte(s)
-			}
-			maps.Copy(data, cm.BinaryData)
-			items, mode, missing = v.configMap.Items, v.configMap.DefaultMode, "configmap "+v.configMap.Name
-			if v.configMap.Optional != nil && *v.configMap.Optional {
-				missing = ""
-			}
-		case v.secret != nil:
-			s, err := p.kube.CoreV1().Secrets(ns).Get(ctx, v.secret.SecretName, metav1.GetOptions{})
-			switch {
-			case apierrors.IsNotFound(err) && v.secret.Optional != nil && *v.secret.Optional:
-				continue
-			case err != nil:
-				return fmt.Errorf("volume %s: secret %s/%s: %w", v.name, ns, v.secret.SecretName, err)
-			}
-			data, items, mode, missing = s.Data, v.secret.Items, v.secret.DefaultMode, "secret "+v.secret.SecretName
-			if v.secret.Optional != nil && *v.secret.Optional {
-				missing = ""
-			}
+		case err != nil:
+			return fmt.Errorf("volume %s: %w", v.name, err)
+		case !found && optional:
+			continue
+		case !found:
+			return fmt.Errorf("volume %s: %s %s/%s not found", v.name, kind, ps.pod.Namespace, name)
+		}
+		missing := kind + " " + name
+		if optional {
+			missing = ""
 		}
 		files, err := volumeFiles(data, items, mode, missing)
 		if err != nil {
