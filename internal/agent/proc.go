@@ -554,6 +554,13 @@ func (p *proc) endEvent(st exitStatus) *pb.ProcessEvent {
 // it. Raising needs no privilege, and going back down is allowed as far as
 // the floor the host set when it started the agent (oom_score_adj_min);
 // forks are serialized so no other child sees the raised value by chance.
+// What a running process can see is the agent at that score for the moment
+// of a fork (until cmd.Start returns), its own start included: a child that
+// reads /proc/1 at once may still find it raised. Holding the child at its
+// exec until the agent is back down needs ptrace, which the sandbox's
+// seccomp profile denies; a shim exec in between costs ~2 ms per start.
+// The window is harmless to the choice of victim: at equal scores the OOM
+// killer takes the larger process, and the agent is the smaller.
 // The same floor lets a workload lower itself to the agent's score, never
 // below: it can make itself as likely a victim as the agent, not less.
 const workloadOOMScoreAdj = "1000"
