@@ -264,8 +264,19 @@ func podSandboxes(t *testing.T, d *harness.Daemon, uid string) []*client.Sandbox
 // the node's kubelet API), like kubectl exec.
 func execPod(t *testing.T, cp *controlPlane, ns, name string, stdin string, cmd ...string) (string, string, int) {
 	t.Helper()
+	return execContainer(t, cp, ns, name, "main", stdin, cmd...)
+}
+
+// execPodIn runs cmd in container of pod ns/name.
+func execPodIn(t *testing.T, cp *controlPlane, ns, name, container string, cmd ...string) (string, string, int) {
+	t.Helper()
+	return execContainer(t, cp, ns, name, container, "", cmd...)
+}
+
+func execContainer(t *testing.T, cp *controlPlane, ns, name, container, stdin string, cmd ...string) (string, string, int) {
+	t.Helper()
 	req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Container: "main", Command: cmd, Stdin: stdin != "", Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: cmd, Stdin: stdin != "", Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewSPDYExecutor(cp.Config, "POST", req.URL())
 	if err != nil {
 		t.Fatalf("exec executor: %v", err)

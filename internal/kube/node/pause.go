@@ -296,6 +296,9 @@ func (p *Pods) stopFollowers(ps *podState) {
 // run from the sandbox (a node that restarted while it was paused could
 // not).
 func (p *Pods) recoverAllRuns(ps *podState, id string) {
+	if len(ps.plan.inits) > 0 {
+		p.recoverInits(ps.ctx, ps, id)
+	}
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			continue

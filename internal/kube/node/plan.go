@@ -115,6 +115,9 @@ const podDir = "/tmp/.berth-pod"
 type plan struct {
 	req        client.CreateRequest
 	containers []containerPlan
+	// inits are the pod's init containers, run in order, each to a
+	// successful exit, before containers start (inits.go).
+	inits []containerPlan
 	// volumes are the containers' mounts of emptyDir volumes
 	// (volumes.go), in container order.
 	volumes []volumeMount
@@ -156,9 +159,6 @@ var (
 func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	var p plan
 	spec := &pod.Spec
-	if len(spec.InitContainers) > 0 {
-		return p, &planError{"spec.initContainers", "init containers are not supported on Berth nodes yet"}
-	}
 	if len(spec.Containers) == 0 {
 		return p, &planError{"spec.containers", "a pod needs at least one container"}
 	}
@@ -243,52 +243,24 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 
 	var cpuMilli, memBytes int64
 	for i, c := range spec.Containers {
-		field := fmt.Sprintf("spec.containers[%d]", i)
-		if !dnsLabel.MatchString(c.Name) {
-			return p, &planError{field + ".name", fmt.Sprintf("%q is not a DNS label", c.Name)}
-		}
-		if c.TTY || c.Stdin {
-			return p, &planError{field + ".stdin", "attaching to a container's own stdin or TTY is not supported; use exec"}
-		}
-		// Limits bound the sandbox; requests stand in where a container
-		// sets no limit (they are what the scheduler counted).
-		cpu, mem := c.Resources.Limits.Cpu(), c.Resources.Limits.Memory()
-		if cpu.IsZero() {
-			cpu = c.Resources.Requests.Cpu()
-		}
-		if mem.IsZero() {
-			mem = c.Resources.Requests.Memory()
-		}
-		cpuMilli += cpu.MilliValue()
-		memBytes += mem.Value()
-		cp := containerPlan{name: c.Name, cwd: c.WorkingDir}
-		cp.argv = append(append(cp.argv, c.Command...), c.Args...)
-		probes, err := parseProbes(field, c, *spec, len(cp.argv) > 0)
+		cp, cpu, mem, err := planContainer(fmt.Sprintf("spec.containers[%d]", i), c, *spec, false)
 		if err != nil {
 			return p, err
 		}
-		cp.probes = probes
-		for j, e := range c.Env {
-			if e.ValueFrom != nil {
-				if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom); err != nil {
-					return p, err
-				}
-				cp.vars = append(cp.vars, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})
-				continue
-			}
-			cp.vars = append(cp.vars, envRef{name: e.Name, value: e.Value})
-			if cp.env == nil {
-				cp.env = map[string]string{}
-			}
-			cp.env[e.Name] = e.Value
-		}
-		for j, ef := range c.EnvFrom {
-			if ef.ConfigMapRef == nil && ef.SecretRef == nil {
-				return p, &planError{fmt.Sprintf("%s.envFrom[%d]", field, j), "want a configMapRef or a secretRef"}
-			}
-			cp.envFrom = append(cp.envFrom, *ef.DeepCopy())
-		}
+		cpuMilli += cpu
+		memBytes += mem
 		p.containers = append(p.containers, cp)
+	}
+	// Init containers run one at a time before the others: the sandbox
+	// needs the most any of them asks for, or the containers' sum
+	// (the kubelet's effective pod request).
+	for i, c := range spec.InitContainers {
+		cp, cpu, mem, err := planContainer(fmt.Sprintf("spec.initContainers[%d]", i), c, *spec, true)
+		if err != nil {
+			return p, err
+		}
+		cpuMilli, memBytes = max(cpuMilli, cpu), max(memBytes, mem)
+		p.inits = append(p.inits, cp)
 	}
 	mounts, files, err := planVolumes(spec)
 	if err != nil {
@@ -302,6 +274,65 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		p.req.Memory = strconv.FormatInt(memBytes, 10)
 	}
 	return p, nil
+}
+
+// planContainer translates one container (init: an init container) and
+// returns the CPU (millicores) and memory (bytes) it counts for.
+func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init bool) (containerPlan, int64, int64, error) {
+	cp := containerPlan{name: c.Name, cwd: c.WorkingDir}
+	if !dnsLabel.MatchString(c.Name) {
+		return cp, 0, 0, &planError{field + ".name", fmt.Sprintf("%q is not a DNS label", c.Name)}
+	}
+	if c.TTY || c.Stdin {
+		return cp, 0, 0, &planError{field + ".stdin", "attaching to a container's own stdin or TTY is not supported; use exec"}
+	}
+	// Limits bound the sandbox; requests stand in where a container
+	// sets no limit (they are what the scheduler counted).
+	cpu, mem := c.Resources.Limits.Cpu(), c.Resources.Limits.Memory()
+	if cpu.IsZero() {
+		cpu = c.Resources.Requests.Cpu()
+	}
+	if mem.IsZero() {
+		mem = c.Resources.Requests.Memory()
+	}
+	cp.argv = append(append(cp.argv, c.Command...), c.Args...)
+	if init {
+		switch {
+		case c.RestartPolicy != nil:
+			return cp, 0, 0, &planError{field + ".restartPolicy", "sidecar init containers are not supported on Berth nodes; make it a container"}
+		case len(cp.argv) == 0:
+			return cp, 0, 0, &planError{field + ".command", "an init container needs a command: a Berth template has no entrypoint to run"}
+		case c.StartupProbe != nil || c.LivenessProbe != nil || c.ReadinessProbe != nil:
+			return cp, 0, 0, &planError{field, "init containers cannot have probes"}
+		}
+	} else {
+		probes, err := parseProbes(field, c, spec, len(cp.argv) > 0)
+		if err != nil {
+			return cp, 0, 0, err
+		}
+		cp.probes = probes
+	}
+	for j, e := range c.Env {
+		if e.ValueFrom != nil {
+			if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom); err != nil {
+				return cp, 0, 0, err
+			}
+			cp.vars = append(cp.vars, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})
+			continue
+		}
+		cp.vars = append(cp.vars, envRef{name: e.Name, value: e.Value})
+		if cp.env == nil {
+			cp.env = map[string]string{}
+		}
+		cp.env[e.Name] = e.Value
+	}
+	for j, ef := range c.EnvFrom {
+		if ef.ConfigMapRef == nil && ef.SecretRef == nil {
+			return cp, 0, 0, &planError{fmt.Sprintf("%s.envFrom[%d]", field, j), "want a configMapRef or a secretRef"}
+		}
+		cp.envFrom = append(cp.envFrom, *ef.DeepCopy())
+	}
+	return cp, cpu.MilliValue(), mem.Value(), nil
 }
 
 // settingsChange says which of the settings a sandbox was made with

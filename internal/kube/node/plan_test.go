@@ -45,6 +45,36 @@ func TestPlanPod(t *testing.T) {
 	}
 }
 
+// TestPlanPodInits: init containers are planned in order with their own
+// env and mounts, and the sandbox is sized for the largest of them or the
+// containers' sum, whichever is more (the kubelet's effective request).
+func TestPlanPodInits(t *testing.T) {
+	pod := testPod()
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}}
+	pod.Spec.InitContainers = []corev1.Container{
+		{Name: "fetch", Command: []string{"sh", "-c", "echo data > /seed/f"}, Env: []corev1.EnvVar{{Name: "B", Value: "2"}},
+			VolumeMounts: []corev1.VolumeMount{{Name: "work", MountPath: "/seed"}},
+			Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{
+				corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("128Mi")}}},
+		{Name: "check", Command: []string{"test", "-s", "/work/f"}},
+	}
+	p, err := planPod(pod, "n")
+	if err != nil {
+		t.Fatalf("planPod = %v", err)
+	}
+	if len(p.inits) != 2 || p.inits[0].name != "fetch" || p.inits[1].name != "check" || p.inits[0].env["B"] != "2" {
+		t.Errorf("inits = %+v", p.inits)
+	}
+	if p.req.CPU != 2 || p.req.Memory != "268435456" {
+		t.Errorf("cpu %v, memory %s: want 2 (the fetch init container's) and 268435456 (the container's)", p.req.CPU, p.req.Memory)
+	}
+	want := []volumeMount{{volume: "work", path: "/seed"}, {volume: "work", path: "/work"}}
+	if !reflect.DeepEqual(p.volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", p.volumes, want)
+	}
+}
+
 func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
@@ -81,7 +111,20 @@ func TestPlanPodRefused(t *testing.T) {
 		{"network json", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationNetwork: `{"mode":"open","x":1}`} }, "metadata.annotations[berth.dev/network]"},
 		{"env", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationEnv: `{"A":1}`} }, "metadata.annotations[berth.dev/env]"},
 		{"allow-sudo", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationAllowSudo: "yes"} }, "metadata.annotations[berth.dev/allow-sudo]"},
-		{"init", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers"},
+		{"init without a command", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers[0].command"},
+		{"sidecar init", func(p *corev1.Pod) {
+			always := corev1.ContainerRestartPolicyAlways
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, RestartPolicy: &always}}
+		}, "spec.initContainers[0].restartPolicy"},
+		{"init probe", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, ReadinessProbe: &corev1.Probe{}}}
+		}, "spec.initContainers[0]"},
+		{"init name", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "I_1", Command: []string{"true"}}}
+		}, "spec.initContainers[0].name"},
+		{"init mount", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, VolumeMounts: []corev1.VolumeMount{{Name: "nope", MountPath: "/w"}}}}
+		}, "spec.initContainers[0].volumeMounts[0].name"},
 		{"stdin", func(p *corev1.Pod) { p.Spec.Containers[0].Stdin = true }, "spec.containers[0].stdin"},
 		{"valueFrom", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "S", ValueFrom: &corev1.EnvVarSource{}}}

@@ -74,6 +74,8 @@ type podState struct {
 	// for that).
 	pz pauseState
 	up bool
+	// initialized: every init container succeeded (true without any).
+	initialized bool
 
 	// ctx is the pod's context (cancel ends it); fcancel ends the current
 	// generation of its container followers, fwg counts them.
@@ -223,6 +225,15 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
+	if !p.runInits(ctx, ps, restored) {
+		return
+	}
+	p.startContainers(ctx, ps, restored)
+}
+
+// startContainers starts the pod's containers in its sandbox, or follows
+// those whose processes came back with it (restored, by tag).
+func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[string]uint32) {
 	fctx := p.newFollowers(ps)
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
@@ -519,6 +530,12 @@ func (p *Pods) DeletePod(_ context.Context, pod *corev1.Pod) error {
 	id := ps.sandboxID
 	ps.cancel()
 	now := time.Now()
+	for _, c := range ps.plan.inits {
+		// One running ends; one that never started stays waiting.
+		if cs := ps.containers[c.name]; cs != nil && !cs.exited {
+			cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, now
+		}
+	}
 	for _, c := range ps.plan.containers {
 		cs := ps.containers[c.name]
 		if cs == nil {
@@ -584,7 +601,8 @@ func (p *Pods) sandboxOf(namespace, name, container string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if !slices.ContainsFunc(ps.plan.containers, func(c containerPlan) bool { return c.name == container }) {
+	named := func(c containerPlan) bool { return c.name == container }
+	if !slices.ContainsFunc(ps.plan.containers, named) && !slices.ContainsFunc(ps.plan.inits, named) {
 		return "", vkerrdefs.NotFoundf("pod %s/%s has no container %q", namespace, name, container)
 	}
 	return ps.sandboxID, nil
@@ -628,11 +646,11 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	}
 	start := metav1.NewTime(ps.started)
 	st.StartTime = &start
-	st.ContainerStatuses = nil
-	readyN := 0
-	for _, c := range ps.plan.containers {
+	st.ContainerStatuses, st.InitContainerStatuses = nil, nil
+	initialized := ps.initialized || len(ps.plan.inits) == 0
+	status := func(c containerPlan, specs []corev1.Container) corev1.ContainerStatus {
 		var img string
-		for _, sc := range pod.Spec.Containers {
+		for _, sc := range specs {
 			if sc.Name == c.name {
 				img = sc.Image
 			}
@@ -643,6 +661,26 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		}
 		s := containerStatus(c.name, img, id, ps.containers[c.name], ps.reason, ps.message, pod.Name+"_"+pod.Namespace+"("+string(pod.UID)+")")
 		s.ImageID = "berth://" + ps.plan.req.Template
+		return s
+	}
+	for _, c := range ps.plan.inits {
+		s := status(c, pod.Spec.InitContainers)
+		if ps.containers[c.name] == nil {
+			// Behind an init container that has not succeeded (yet),
+			// never run: it stays waiting whatever ended the pod.
+			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonPodInitializing}}
+		}
+		// Ready once it succeeded, as the kubelet reports them.
+		s.Ready = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
+		st.InitContainerStatuses = append(st.InitContainerStatuses, s)
+	}
+	readyN := 0
+	for _, c := range ps.plan.containers {
+		s := status(c, pod.Spec.Containers)
+		if !initialized {
+			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonPodInitializing}}
+			s.Ready, s.Started = false, ptr(false)
+		}
 		if s.Ready {
 			readyN++
 		}
@@ -666,7 +704,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	now := metav1.Now()
 	st.Conditions = []corev1.PodCondition{
 		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: start},
-		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: start},
+		{Type: corev1.PodInitialized, Status: condition(initialized), LastTransitionTime: start},
 		{Type: corev1.ContainersReady, Status: ready, LastTransitionTime: now},
 		{Type: corev1.PodReady, Status: ready, LastTransitionTime: now},
 	}
@@ -680,6 +718,13 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func condition(b bool) corev1.ConditionStatus {
+	if b {
+		return corev1.ConditionTrue
+	}
+	return corev1.ConditionFalse
+}
 
 // renew keeps the deadline of every pod sandbox without an
 // activeDeadlineSeconds ahead, until ctx ends.
@@ -780,6 +825,26 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
 	}
 	p.adopt(ctx, ps, sb)
+	running := map[string]uint32{}
+	for _, pr := range procs {
+		if pr.Tag != "" {
+			running[pr.Tag] = pr.PID
+		}
+	}
+	if len(ps.plan.inits) > 0 && !p.containersBegan(ctx, ps, sb.ID, running) {
+		// The node stopped while the init containers ran: they carry on
+		// (one that succeeded is not run again), then the containers
+		// start.
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			if p.runInits(ctx, ps, running) {
+				p.startContainers(ctx, ps, nil)
+			}
+		}()
+		return nil
+	}
+	p.recoverInits(ctx, ps, sb.ID)
 	fctx := p.newFollowers(ps)
 	started := ps.started
 	for _, c := range ps.plan.containers {
@@ -833,6 +898,10 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 	for _, c := range ps.plan.containers {
 		ps.containers[c.name] = &containerState{running: true, startedAt: ps.started}
 	}
+	// The node pauses a pod only once its containers started, after its
+	// init containers succeeded; their runs are read back on resume
+	// (recoverAllRuns).
+	ps.initialized = true
 	ps.up = true
 	pz := pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
 	p.mu.Unlock()

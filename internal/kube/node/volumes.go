@@ -67,29 +67,46 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 		}
 	}
 	var mounts []volumeMount
-	for i, c := range spec.Containers {
-		for j, m := range c.VolumeMounts {
-			field := fmt.Sprintf("spec.containers[%d].volumeMounts[%d]", i, j)
-			switch {
-			case skipped[m.Name]:
-				continue
-			case !empty[m.Name]:
-				return nil, nil, &planError{field + ".name", fmt.Sprintf("no emptyDir, configMap or secret volume %q in spec.volumes", m.Name)}
-			case m.ReadOnly && !filled[m.Name]:
-				return nil, nil, &planError{field + ".readOnly", "read-only emptyDir mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
-			case m.SubPathExpr != "":
-				return nil, nil, &planError{field + ".subPathExpr", "subPathExpr is not supported on Berth nodes"}
-			case !path.IsAbs(m.MountPath) || path.Clean(m.MountPath) == "/":
-				return nil, nil, &planError{field + ".mountPath", fmt.Sprintf("%q: want an absolute path other than /", m.MountPath)}
+	type group struct {
+		field string
+		cs    []corev1.Container
+	}
+	for _, g := range []group{{"spec.initContainers", spec.InitContainers}, {"spec.containers", spec.Containers}} {
+		for i, c := range g.cs {
+			ms, err := planMounts(fmt.Sprintf("%s[%d]", g.field, i), c, empty, filled, skipped)
+			if err != nil {
+				return nil, nil, err
 			}
-			sub := m.SubPath
-			if sub != "" && (path.IsAbs(sub) || sub != path.Clean(sub) || sub == ".." || strings.HasPrefix(sub, "../")) {
-				return nil, nil, &planError{field + ".subPath", fmt.Sprintf("%q: want a relative path inside the volume", sub)}
-			}
-			mounts = append(mounts, volumeMount{volume: m.Name, path: path.Clean(m.MountPath), sub: sub})
+			mounts = append(mounts, ms...)
 		}
 	}
 	return mounts, files, nil
+}
+
+// planMounts reads one container's mounts of the pod's volumes.
+func planMounts(cfield string, c corev1.Container, empty, filled, skipped map[string]bool) ([]volumeMount, error) {
+	var mounts []volumeMount
+	for j, m := range c.VolumeMounts {
+		field := fmt.Sprintf("%s.volumeMounts[%d]", cfield, j)
+		switch {
+		case skipped[m.Name]:
+			continue
+		case !empty[m.Name]:
+			return nil, &planError{field + ".name", fmt.Sprintf("no emptyDir, configMap or secret volume %q in spec.volumes", m.Name)}
+		case m.ReadOnly && !filled[m.Name]:
+			return nil, &planError{field + ".readOnly", "read-only emptyDir mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
+		case m.SubPathExpr != "":
+			return nil, &planError{field + ".subPathExpr", "subPathExpr is not supported on Berth nodes"}
+		case !path.IsAbs(m.MountPath) || path.Clean(m.MountPath) == "/":
+			return nil, &planError{field + ".mountPath", fmt.Sprintf("%q: want an absolute path other than /", m.MountPath)}
+		}
+		sub := m.SubPath
+		if sub != "" && (path.IsAbs(sub) || sub != path.Clean(sub) || sub == ".." || strings.HasPrefix(sub, "../")) {
+			return nil, &planError{field + ".subPath", fmt.Sprintf("%q: want a relative path inside the volume", sub)}
+		}
+		mounts = append(mounts, volumeMount{volume: m.Name, path: path.Clean(m.MountPath), sub: sub})
+	}
+	return mounts, nil
 }
 
 // serviceAccountVolume reports whether a projected volume is the service
