@@ -40,6 +40,7 @@ func newNodeCmd() *cobra.Command {
 		reserveMem string
 		backOff    time.Duration
 		backOffMax time.Duration
+		configSync time.Duration
 		apiQPS     float64
 		apiBurst   int
 	)
@@ -70,7 +71,8 @@ restart of the node.
 
 Containers restart as the pod's restartPolicy says (Always, the default;
 OnFailure; Never), with the kubelet's back-off: at once, then
---restart-backoff doubling up to --restart-backoff-max.`,
+--restart-backoff doubling up to --restart-backoff-max. configMap and secret
+volumes follow their objects every --config-sync-period.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if kubeconfig == "" || cert == "" || key == "" || clientCA == "" {
@@ -80,6 +82,10 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 			if backOff <= 0 || backOffMax < backOff {
 				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "restart-backoff",
 					Message: "--restart-backoff must be positive and at most --restart-backoff-max"}
+			}
+			if configSync < time.Second {
+				return &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "config-sync-period",
+					Message: "--config-sync-period must be at least 1s"}
 			}
 			if err := checkAPIRate(apiQPS, apiBurst); err != nil {
 				return err
@@ -140,7 +146,8 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 				Kube: kube, Capacity: capacity, Reserved: reserved,
 				DaemonSocket:   daemon.SocketPath(cfg.DataDir),
 				RestartBackOff: backOff, RestartBackOffMax: backOffMax,
-				Version: buildVersion(), Logger: log.With("component", "node"),
+				ConfigSyncPeriod: configSync,
+				Version:          buildVersion(), Logger: log.With("component", "node"),
 			}, node.FromClient(c))
 			dcancel()
 			return errors.Join(nerr, <-derr)
@@ -160,6 +167,7 @@ OnFailure; Never), with the kubelet's back-off: at once, then
 	f.StringVar(&reserveMem, "reserve-memory", "512Mi", "memory held back from the node's allocatable for the host")
 	f.DurationVar(&backOff, "restart-backoff", node.DefaultRestartBackOff, "wait before the second restart of a container that keeps exiting (doubled for each next one)")
 	f.DurationVar(&backOffMax, "restart-backoff-max", node.DefaultRestartBackOffMax, "longest wait before restarting a container")
+	f.DurationVar(&configSync, "config-sync-period", node.DefaultConfigSyncPeriod, "how often configMap and secret volumes are brought up to date with their objects")
 	f.Float64Var(&apiQPS, "kube-api-qps", defaultKubeAPIQPS, "requests per second the node sends the API server at most (as the kubelet's --kube-api-qps)")
 	f.IntVar(&apiBurst, "kube-api-burst", defaultKubeAPIBurst, "requests the node may send the API server at once above --kube-api-qps (as the kubelet's --kube-api-burst)")
 	return cmd

@@ -18,6 +18,7 @@ func TestNodeLocalValidation(t *testing.T) {
 		{[]string{"--kube-api-burst", "0"}, "--kube-api-burst"},
 		{[]string{"--restart-backoff", "0s"}, "--restart-backoff"},
 		{[]string{"--restart-backoff", "1m", "--restart-backoff-max", "10s"}, "--restart-backoff"},
+		{[]string{"--config-sync-period", "10ms"}, "--config-sync-period"},
 	} {
 		code, _, stderr := runBerth(t, "http://127.0.0.1:1", append(base, c.args...)...)
 		if code == 0 || !strings.Contains(stderr, c.want) || !strings.Contains(stderr, "invalid_argument") {

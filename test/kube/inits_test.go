@@ -1,7 +1,6 @@
 package kube
 
 import (
-	"io"
 	"strings"
 	"testing"
 	"time"
@@ -69,7 +68,7 @@ func TestPodInitContainers(t *testing.T) {
 		s.LastTerminationState.Terminated == nil || s.LastTerminationState.Terminated.ExitCode != 3 {
 		t.Errorf("flaky = %+v, want exit 0 after one restart from exit 3", s)
 	}
-	if got := containerLogs(t, cp, "inits", "seed"); got != "seed-log-line\n" {
+	if got := containerLogs(t, cp, "default", "inits", "seed"); got != "seed-log-line\n" {
 		t.Errorf("logs of seed = %q", got)
 	}
 
@@ -93,9 +92,9 @@ func TestPodInitContainers(t *testing.T) {
 		t.Errorf("gate = %+v, want exit 0, never restarted", s)
 	}
 	harness.WaitFor(t, time.Minute, "the container's output", func() bool {
-		return strings.Count(containerLogs(t, cp, "inits", "main"), "\n") >= 2
+		return strings.Count(containerLogs(t, cp, "default", "inits", "main"), "\n") >= 2
 	})
-	if got := containerLogs(t, cp, "inits", "main"); got != "seeded\nrun\n" {
+	if got := containerLogs(t, cp, "default", "inits", "main"); got != "seeded\nrun\n" {
 		t.Errorf("container read %q from the init containers' volume, want seeded and one gate run", got)
 	}
 	if err := pods.Delete(ctx, "inits", metav1.DeleteOptions{}); err != nil {
@@ -123,7 +122,7 @@ func TestPodInitContainers(t *testing.T) {
 	if w := p.Status.ContainerStatuses[0].State.Waiting; w == nil || w.Reason != "PodInitializing" {
 		t.Errorf("container = %+v, want never started (waiting with PodInitializing)", p.Status.ContainerStatuses[0].State)
 	}
-	if got := containerLogs(t, cp, "init-fails", "check"); got != "missing config\n" {
+	if got := containerLogs(t, cp, "default", "init-fails", "check"); got != "missing config\n" {
 		t.Errorf("logs of check = %q", got)
 	}
 	if err := pods.Delete(ctx, "init-fails", metav1.DeleteOptions{}); err != nil {
@@ -139,19 +138,4 @@ func podCondition(p *corev1.Pod, typ corev1.PodConditionType) corev1.ConditionSt
 		}
 	}
 	return ""
-}
-
-// containerLogs is the log of one container of pod default/name.
-func containerLogs(t *testing.T, cp *controlPlane, name, container string) string {
-	t.Helper()
-	rc, err := cp.Client.CoreV1().Pods("default").GetLogs(name, &corev1.PodLogOptions{Container: container}).Stream(t.Context())
-	if err != nil {
-		t.Fatalf("logs of %s -c %s: %v", name, container, err)
-	}
-	defer rc.Close()
-	b, err := io.ReadAll(rc)
-	if err != nil {
-		t.Fatalf("logs of %s -c %s: %v", name, container, err)
-	}
-	return string(b)
 }

@@ -13,6 +13,8 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -36,10 +38,23 @@ import (
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
-var bin harness.Binaries
+var (
+	bin harness.Binaries
+	// grpcHealthBin is the static gRPC health server (./grpchealth) the
+	// gRPC probe test puts in a pod's sandbox.
+	grpcHealthBin string
+)
 
 func TestMain(m *testing.M) {
-	os.Exit(harness.Main(m, &bin, nil))
+	os.Exit(harness.Main(m, &bin, func(b harness.Binaries) error {
+		grpcHealthBin = filepath.Join(b.Dir, "grpchealth")
+		cmd := exec.Command("go", "build", "-o", grpcHealthBin, "./grpchealth")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("build grpchealth: %v\n%s", err, out)
+		}
+		return nil
+	}))
 }
 
 // cluster is the control plane and two Berth nodes.
@@ -302,14 +317,20 @@ func execContainer(t *testing.T, cp *controlPlane, ns, name, container, stdin st
 
 func podLogs(t *testing.T, cp *controlPlane, ns, name string) string {
 	t.Helper()
-	rc, err := cp.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: "main"}).Stream(t.Context())
+	return containerLogs(t, cp, ns, name, "main")
+}
+
+// containerLogs is the log of one container of pod ns/name.
+func containerLogs(t *testing.T, cp *controlPlane, ns, name, container string) string {
+	t.Helper()
+	rc, err := cp.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: container}).Stream(t.Context())
 	if err != nil {
-		t.Fatalf("logs of %s/%s: %v", ns, name, err)
+		t.Fatalf("logs of %s/%s -c %s: %v", ns, name, container, err)
 	}
 	defer rc.Close()
 	b, err := io.ReadAll(rc)
 	if err != nil {
-		t.Fatalf("logs of %s/%s: %v", ns, name, err)
+		t.Fatalf("logs of %s/%s -c %s: %v", ns, name, container, err)
 	}
 	return string(b)
 }

@@ -1,12 +1,20 @@
 package kube
 
 import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestPodProbes: a pod's startup, readiness and liveness probes run in
@@ -25,7 +33,8 @@ func TestPodProbes(t *testing.T) {
 	pod := sandboxPod("probed", "sh", "-c", "rm -f /tmp/die; mkdir -p /tmp/www && echo ok > /tmp/www/healthz && exec httpd -f -p 8080 -h /tmp/www")
 	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
 	ctr := &pod.Spec.Containers[0]
-	ctr.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}
+	hostPort := harness.FreePort(t)
+	ctr.Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, HostPort: int32(hostPort)}}
 	ctr.StartupProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("http")}},
 		PeriodSeconds: 1, TimeoutSeconds: 30, FailureThreshold: 120}
 	ctr.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
@@ -56,6 +65,19 @@ func TestPodProbes(t *testing.T) {
 		t.Errorf("GET /healthz through port-forward = %q, want 200 and ok", got)
 	}
 
+	// The hostPort: the node serves it on its address and forwards to
+	// the container's port.
+	hostURL := fmt.Sprintf("http://127.0.0.1:%d/healthz", hostPort)
+	resp, err := http.Get(hostURL)
+	if err != nil {
+		t.Fatalf("GET through the host port: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "ok\n" {
+		t.Errorf("GET /healthz through the host port = %d %q, want 200 ok", resp.StatusCode, body)
+	}
+
 	if _, stderr, code := execPod(t, cp, "default", "probed", "", "rm", "/tmp/www/healthz"); code != 0 {
 		t.Fatalf("rm healthz: %d %s", code, stderr)
 	}
@@ -82,4 +104,52 @@ func TestPodProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGone(t, cp, "default", "probed")
+
+	// A gRPC readiness probe: the pod is Ready while the health service
+	// in the sandbox answers SERVING for the probe's service, not Ready
+	// once it answers NOT_SERVING.
+	gp := sandboxPod("grpc-probed", "sh", "-c", "while [ ! -x /tmp/grpchealth ]; do sleep 0.1; done; exec /tmp/grpchealth -listen :9000 -down /tmp/down")
+	gp.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	svc := "agent.v1"
+	gp.Spec.Containers[0].ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000, Service: &svc}},
+		PeriodSeconds: 1, TimeoutSeconds: 30, FailureThreshold: 1}
+	gpod, err := cp.Client.CoreV1().Pods("default").Create(ctx, gp, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "grpc-probed", "Running", phase(corev1.PodRunning))
+	sbs := podSandboxes(t, c.nodes["berth-a"], string(gpod.UID))
+	if len(sbs) != 1 {
+		t.Fatalf("sandboxes of grpc-probed: %d", len(sbs))
+	}
+	f, err := os.Open(grpcHealthBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = sbs[0].WriteFile(ctx, "/tmp/grpchealth.part", f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := execPod(t, cp, "default", "grpc-probed", "", "sh", "-c", "chmod 755 /tmp/grpchealth.part && mv /tmp/grpchealth.part /tmp/grpchealth"); code != 0 {
+		t.Fatalf("install grpchealth: %d %s", code, stderr)
+	}
+	waitPod(t, cp, "default", "grpc-probed", "Ready through its gRPC probe", ready(corev1.ConditionTrue))
+	if _, stderr, code := execPod(t, cp, "default", "grpc-probed", "", "touch", "/tmp/down"); code != 0 {
+		t.Fatalf("touch /tmp/down: %d %s", code, stderr)
+	}
+	waitPod(t, cp, "default", "grpc-probed", "not Ready once it answers NOT_SERVING", ready(corev1.ConditionFalse))
+	if err := cp.Client.CoreV1().Pods("default").Delete(ctx, "grpc-probed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "grpc-probed")
+
+	// The host port closed with the pod.
+	harness.WaitFor(t, time.Minute, "the host port to close", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", hostPort))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
 }

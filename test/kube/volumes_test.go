@@ -23,7 +23,7 @@ import (
 // environment comes from a ConfigMap (envFrom), a Secret's key and the
 // pod's fields, read when they start.
 func TestPodVolumes(t *testing.T) {
-	c := startCluster(t, "berth-a")
+	c := startClusterWith(t, []string{"--config-sync-period", "1s"}, "berth-a")
 	cp := c.cp
 	ctx := t.Context()
 	pods := cp.Client.CoreV1().Pods("default")
@@ -77,10 +77,73 @@ func TestPodVolumes(t *testing.T) {
 	if want := "CFG_MODE=review\nGREETING=hello from kubernetes\nPOD_NAME=shared\nTOKEN=s3cret-token\nWHERE=shared/review\n"; code != 0 || out != want {
 		t.Errorf("main container's environment = %q (%d, %q), want %q", out, code, stderr, want)
 	}
+	// The cluster's "kubernetes" Service's variables, as a kubelet sets.
+	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", `for p in /proc/[0-9]*; do [ "$(tr '\0' ' ' < $p/cmdline 2>/dev/null)" = "sleep 3601 " ] && tr '\0' '\n' < $p/environ; done | grep -cE '^KUBERNETES_SERVICE_HOST=[0-9a-f.:]+$'`)
+	if code != 0 || out != "1\n" {
+		t.Errorf("KUBERNETES_SERVICE_HOST in the container's environment: %q (%d, %q), want one", out, code, stderr)
+	}
+	// The ConfigMap and the Secret change: their volumes follow (the
+	// environment, read at the start, does not).
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "agent-settings"},
+		Data: map[string]string{"MODE": "approve", "LEVEL": "2"}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().Secrets("default").Update(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "agent-creds"},
+		Data: map[string][]byte{"token": []byte("rotated-token")}}, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, time.Minute, "the volumes to follow their objects", func() bool {
+		out, _, code := execPod(t, cp, "default", "shared", "", "sh", "-c", "cat /etc/agent/MODE /etc/agent/LEVEL /run/creds/api/token; stat -c %a /run/creds/api/token")
+		return code == 0 && out == "approve2rotated-token400\n"
+	})
 	if err := pods.Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitPodGone(t, cp, "default", "shared")
+
+	// A pod made before its Secret and ConfigMap waits for them, as on
+	// a kubelet: ContainerCreating naming the Secret its volume needs,
+	// then CreateContainerConfigError naming the ConfigMap its env needs,
+	// then it runs with both.
+	late := sandboxPod("late-config", "sh", "-c", "echo $LATE_MODE; cat /run/late/key; echo; exec sleep 3600")
+	late.Spec.RestartPolicy = corev1.RestartPolicyOnFailure
+	late.Spec.Volumes = []corev1.Volume{{Name: "late", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "late-secret"}}}}
+	late.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "late", MountPath: "/run/late", ReadOnly: true}}
+	late.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "LATE_MODE", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{
+		LocalObjectReference: corev1.LocalObjectReference{Name: "late-settings"}, Key: "mode"}}}}
+	if _, err := pods.Create(ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(reason, names string) func(*corev1.Pod) bool {
+		return func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			return len(cs) == 1 && cs[0].State.Waiting != nil && cs[0].State.Waiting.Reason == reason && strings.Contains(cs[0].State.Waiting.Message, names)
+		}
+	}
+	got := waitPod(t, cp, "default", "late-config", "waiting for the Secret", waiting("ContainerCreating", "late-secret"))
+	if got.Status.Phase != corev1.PodPending {
+		t.Errorf("phase while the Secret is missing: %s, want Pending", got.Status.Phase)
+	}
+	if _, err := cp.Client.CoreV1().Secrets("default").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "late-secret"},
+		Data: map[string][]byte{"key": []byte("late-key")}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "late-config", "waiting for the ConfigMap", waiting("CreateContainerConfigError", "late-settings"))
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "late-settings"},
+		Data: map[string]string{"mode": "late-mode"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "late-config", "Running", phase(corev1.PodRunning))
+	harness.WaitFor(t, time.Minute, "the late pod's output", func() bool {
+		return strings.Count(podLogs(t, cp, "default", "late-config"), "\n") >= 2
+	})
+	if got := podLogs(t, cp, "default", "late-config"); got != "late-mode\nlate-key\n" {
+		t.Errorf("late pod printed %q, want the ConfigMap's mode and the Secret's key", got)
+	}
+	if err := pods.Delete(ctx, "late-config", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "late-config")
 
 	bad := sandboxPod("hostpath", "true")
 	bad.Spec.Volumes = []corev1.Volume{{Name: "host", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/etc"}}}}
@@ -88,7 +151,7 @@ func TestPodVolumes(t *testing.T) {
 	if _, err := pods.Create(ctx, bad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	got := waitPod(t, cp, "default", "hostpath", "Failed", phase(corev1.PodFailed))
+	got = waitPod(t, cp, "default", "hostpath", "Failed", phase(corev1.PodFailed))
 	if got.Status.Reason != "BerthInvalidPod" || !strings.Contains(got.Status.Message, "spec.volumes[0]") {
 		t.Errorf("hostPath pod status = %s: %s", got.Status.Reason, got.Status.Message)
 	}

@@ -54,6 +54,8 @@ type Sandboxes interface {
 	// code; ExecPTY does the same on a terminal.
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
 	ExecPTY(ctx context.Context, id string, req client.PTYRequest) (*client.PTY, error)
+	// ReadFile reads a file as the sandbox's root (the node's own files,
+	// and volume files of any mode).
 	ReadFile(ctx context.Context, id, path string, w io.Writer) error
 	// WriteFile writes a file as the sandbox's root, making its parents.
 	WriteFile(ctx context.Context, id, path string, r io.Reader) error
@@ -174,7 +176,7 @@ func (a apiSandboxes) ExecPTY(ctx context.Context, id string, req client.PTYRequ
 }
 
 func (a apiSandboxes) ReadFile(ctx context.Context, id, path string, w io.Writer) error {
-	return a.c.Sandbox(id).ReadFile(ctx, path, w)
+	return a.c.Sandbox(id).As("root").ReadFile(ctx, path, w)
 }
 
 func (a apiSandboxes) WriteFile(ctx context.Context, id, path string, r io.Reader) error {

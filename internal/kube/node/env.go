@@ -1,22 +1,23 @@
 package node
 
 import (
-	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"path"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/berth-sandbox/berth/client"
 )
 
 // A container's environment from elsewhere, resolved as a kubelet
@@ -24,10 +25,61 @@ import (
 // ConfigMap or Secret, behind a prefix), then the container's literal
 // env, then its env valueFrom (a ConfigMap's or Secret's key, or a field
 // of the pod). The node reads the ConfigMaps and Secrets of the pod's
-// namespace through its API client when the container starts; a missing
-// one (or key) that is not optional fails the start, naming it. Secrets'
-// values reach the container's process only (its environment), as on a
-// kubelet.
+// namespace through its API client when the container starts. A missing
+// one (or key) that is not optional holds the start, as on a kubelet: the
+// container waits with CreateContainerConfigError and the message naming
+// it, and the node reads again, after 1 s, then twice as long each time
+// up to configRetryMax, until it is there (configError, awaitConfig).
+// Secrets' values reach the container's process only (its environment),
+// as on a kubelet.
+
+// configError is a ConfigMap or Secret (or a key of one) that a pod
+// needs and its namespace does not have yet: the start waits for it.
+type configError struct{ msg string }
+
+func (e *configError) Error() string { return e.msg }
+
+// The waits between reads of a pod's missing ConfigMaps and Secrets.
+const (
+	configRetry    = time.Second
+	configRetryMax = 10 * time.Second
+)
+
+// Waiting reasons of a container whose start waits for its configuration.
+const (
+	reasonConfigError = "CreateContainerConfigError"
+)
+
+// awaitConfig runs read until it returns no configError: meanwhile every
+// named container waits with reason and the error as message. It returns
+// read's other error, or ctx's.
+func (p *Pods) awaitConfig(ctx context.Context, ps *podState, names []string, reason string, read func() error) error {
+	wait := configRetry
+	for waited := false; ; waited = true {
+		err := read()
+		ce, ok := err.(*configError)
+		if !ok {
+			if waited {
+				for _, n := range names {
+					p.setContainer(ps, n, func(cs *containerState) { cs.waitReason, cs.waitMessage = "", "" })
+				}
+			}
+			return err
+		}
+		for _, n := range names {
+			p.setContainer(ps, n, func(cs *containerState) { cs.waitReason, cs.waitMessage = reason, ce.msg })
+		}
+		p.log.Info("pod_config_missing", "pod", key(ps.pod.Namespace, ps.pod.Name), "containers", names, "err", ce.msg, "retry_in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, configRetryMax)
+	}
+}
 
 // envRef is one env entry: a value, or (src) where it comes from.
 type envRef struct {
@@ -67,7 +119,7 @@ func checkEnvSource(field string, s *corev1.EnvVarSource) error {
 // containerEnv is the environment container c starts with, and its
 // command and arguments with $(VAR) references expanded (expand).
 func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) (map[string]string, []string, error) {
-	plain := len(c.envFrom) == 0 && !slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil || strings.Contains(v.value, "$") }) &&
+	plain := p.services == nil && len(c.envFrom) == 0 && !slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil || strings.Contains(v.value, "$") }) &&
 		!slices.ContainsFunc(c.argv, func(a string) bool { return strings.Contains(a, "$") })
 	if plain {
 		return c.env, c.argv, nil
@@ -96,7 +148,7 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 	p.mu.Unlock()
 	objs := &podObjects{kube: p.kube, ns: pod.Namespace}
 	optional := func(b *bool) bool { return b != nil && *b }
-	env := map[string]string{}
+	env := p.serviceEnv(pod)
 	for _, ef := range c.envFrom {
 		kind, name, opt := "secret", "", false
 		if r := ef.ConfigMapRef; r != nil {
@@ -111,7 +163,7 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 		case !found && opt:
 			continue
 		case !found:
-			return nil, fmt.Errorf("envFrom: %s %q not found in namespace %s", kind, name, pod.Namespace)
+			return nil, &configError{fmt.Sprintf("envFrom: %s %q not found in namespace %s", kind, name, pod.Namespace)}
 		}
 		for k, v := range data {
 			if envVarName.MatchString(ef.Prefix + k) {
@@ -142,7 +194,7 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 		case ok:
 			env[r.name] = string(v)
 		case !opt:
-			return nil, fmt.Errorf("env %s: key %q of %s %q not found in namespace %s", r.name, key, kind, name, pod.Namespace)
+			return nil, &configError{fmt.Sprintf("env %s: key %q of %s %q not found in namespace %s", r.name, key, kind, name, pod.Namespace)}
 		}
 	}
 	return env, nil
@@ -192,6 +244,53 @@ func (o *podObjects) data(ctx context.Context, kind, name string) (map[string][]
 	}
 	o.seen[kind+"/"+name] = d
 	return d, d != nil, nil
+}
+
+// serviceEnv is the Services' variables a kubelet gives every container,
+// under its own: the default namespace's "kubernetes" Service's always,
+// and each Service of the pod's namespace unless the pod turned
+// enableServiceLinks off. A Service without a cluster IP has none.
+func (p *Pods) serviceEnv(pod *corev1.Pod) map[string]string {
+	env := map[string]string{}
+	if p.services == nil {
+		return env
+	}
+	links := pod.Spec.EnableServiceLinks == nil || *pod.Spec.EnableServiceLinks
+	var svcs []*corev1.Service
+	if links {
+		if l, err := p.services.Services(pod.Namespace).List(labels.Everything()); err == nil {
+			svcs = l
+		}
+	}
+	if k, err := p.services.Services(metav1.NamespaceDefault).Get("kubernetes"); err == nil {
+		svcs = append(slices.DeleteFunc(svcs, func(s *corev1.Service) bool { return s.Name == "kubernetes" }), k)
+	}
+	for _, s := range svcs {
+		ip := s.Spec.ClusterIP
+		if ip == "" || ip == corev1.ClusterIPNone || len(s.Spec.Ports) == 0 {
+			continue
+		}
+		name := strings.ToUpper(strings.ReplaceAll(s.Name, "-", "_"))
+		env[name+"_SERVICE_HOST"] = ip
+		env[name+"_SERVICE_PORT"] = strconv.Itoa(int(s.Spec.Ports[0].Port))
+		for i, sp := range s.Spec.Ports {
+			port := strconv.Itoa(int(sp.Port))
+			if sp.Name != "" {
+				env[name+"_SERVICE_PORT_"+strings.ToUpper(strings.ReplaceAll(sp.Name, "-", "_"))] = port
+			}
+			proto := string(cmp.Or(sp.Protocol, corev1.ProtocolTCP))
+			url := strings.ToLower(proto) + "://" + net.JoinHostPort(ip, port)
+			if i == 0 {
+				env[name+"_PORT"] = url
+			}
+			pp := name + "_PORT_" + port + "_" + strings.ToUpper(proto)
+			env[pp] = url
+			env[pp+"_PROTO"] = strings.ToLower(proto)
+			env[pp+"_PORT"] = port
+			env[pp+"_ADDR"] = ip
+		}
+	}
+	return env
 }
 
 // expand replaces each $(VAR) in s with VAR's value in env, as a kubelet
@@ -259,73 +358,6 @@ func podField(pod *corev1.Pod, path, node, hostIP, podIP string) string {
 	return ""
 }
 
-// fillVolumes writes the pod's configMap and secret volumes into their
-// directories (home, by volume) in sandbox id, as the sandbox's root:
-// every key of the object, or the items named (a missing key fails the
-// pod unless the volume is optional), mode defaultMode (0644 unless set)
-// or the item's. They are copies, written once when the sandbox is made:
-// a later change of the object does not reach them (a kubelet updates
-// its mounts), and a process of the sandbox can change them.
-func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home map[string]string) error {
-	if len(ps.plan.files) == 0 {
-		return nil
-	}
-	if p.kube == nil {
-		return fmt.Errorf("configMap and secret volumes: the node has no API client")
-	}
-	objs := &podObjects{kube: p.kube, ns: ps.pod.Namespace}
-	for _, v := range ps.plan.files {
-		dir, ok := home[v.name]
-		if !ok {
-			continue // mounted by no container
-		}
-		kind, name, items, mode, opt := "secret", "", []corev1.KeyToPath(nil), (*int32)(nil), (*bool)(nil)
-		if cm := v.configMap; cm != nil {
-			kind, name, items, mode, opt = "configmap", cm.Name, cm.Items, cm.DefaultMode, cm.Optional
-		} else if s := v.secret; s != nil {
-			name, items, mode, opt = s.SecretName, s.Items, s.DefaultMode, s.Optional
-		}
-		optional := opt != nil && *opt
-		data, found, err := objs.data(ctx, kind, name)
-		switch {
-		case err != nil:
-			return fmt.Errorf("volume %s: %w", v.name, err)
-		case !found && optional:
-			continue
-		case !found:
-			return fmt.Errorf("volume %s: %s %s/%s not found", v.name, kind, ps.pod.Namespace, name)
-		}
-		missing := kind + " " + name
-		if optional {
-			missing = ""
-		}
-		files, err := volumeFiles(data, items, mode, missing)
-		if err != nil {
-			return fmt.Errorf("volume %s: %w", v.name, err)
-		}
-		byMode := map[int32][]string{}
-		for _, f := range files {
-			full := path.Join(dir, f.path)
-			if err := p.sb.WriteFile(ctx, id, full, bytes.NewReader(f.data)); err != nil {
-				return fmt.Errorf("volume %s: write %s: %w", v.name, full, err)
-			}
-			byMode[f.mode] = append(byMode[f.mode], full)
-		}
-		for m, paths := range byMode {
-			var out strings.Builder
-			args := append([]string{strconv.FormatInt(int64(m), 8)}, paths...)
-			code, err := p.sb.Exec(ctx, id, client.ExecRequest{Cmd: "chmod", Args: args, User: "root", Stdout: &out, Stderr: &out})
-			if err == nil && code != 0 {
-				err = fmt.Errorf("chmod exited with %d: %s", code, strings.TrimSpace(out.String()))
-			}
-			if err != nil {
-				return fmt.Errorf("volume %s: %w", v.name, err)
-			}
-		}
-	}
-	return nil
-}
-
 // volumeFile is one file of a configMap or secret volume.
 type volumeFile struct {
 	path string
@@ -354,7 +386,7 @@ func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *
 		v, ok := data[it.Key]
 		if !ok {
 			if missing != "" {
-				return nil, fmt.Errorf("%s has no key %q", missing, it.Key)
+				return nil, &configError{fmt.Sprintf("%s has no key %q", missing, it.Key)}
 			}
 			continue
 		}

@@ -7,6 +7,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -70,7 +71,10 @@ type Config struct {
 	// (default DefaultRestartBackOff and DefaultRestartBackOffMax, the
 	// kubelet's).
 	RestartBackOff, RestartBackOffMax time.Duration
-	Logger                            *slog.Logger
+	// ConfigSyncPeriod is how often configMap and secret volumes are
+	// brought up to date (DefaultConfigSyncPeriod when zero).
+	ConfigSyncPeriod time.Duration
+	Logger           *slog.Logger
 }
 
 // Run registers the node and serves it until ctx ends. Pods left running
@@ -103,6 +107,7 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	pods := newPods(ctx, cfg.Name, cfg.IP, sb, cfg.Kube, newBackOff(cfg.RestartBackOff, cfg.RestartBackOffMax), cfg.Logger)
+	pods.syncEvery = cmp.Or(cfg.ConfigSyncPeriod, DefaultConfigSyncPeriod)
 	defer pods.Wait()
 	defer cancel()
 	if err := pods.reconcile(ctx); err != nil {
@@ -123,7 +128,8 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 		handleDataPlane(mux, cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger)
 		handleSnapshots(mux, cfg.DaemonSocket, cfg.Name, pods, status.refresh, cfg.Logger)
 	}
-	n, err := nodeutil.NewNode(cfg.Name, func(nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
+	n, err := nodeutil.NewNode(cfg.Name, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, vknode.NodeProvider, error) {
+		pods.services = pc.Services
 		return provider{pods}, status, nil
 	},
 		nodeutil.WithClient(cfg.Kube),
@@ -134,6 +140,12 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 			nc.Handler = mux
 			nc.TLSConfig = tlsCfg
 			nc.NumWorkers = max(2, goruntime.NumCPU())
+			// The node resolves containers' environment itself, as each
+			// starts (env.go): a missing ConfigMap then holds the
+			// container with CreateContainerConfigError, where the
+			// controller's own resolution would hold the pod without a
+			// status, and $(VAR) references keep their order.
+			nc.SkipDownwardAPIResolution = true
 			return nil
 		})
 	if err != nil {

@@ -118,6 +118,8 @@ type plan struct {
 	// inits are the pod's init containers, run in order, each to a
 	// successful exit, before containers start (inits.go).
 	inits []containerPlan
+	// hostPorts are the containers' ports the node serves (hostports.go).
+	hostPorts []hostPort
 	// volumes are the containers' mounts of emptyDir volumes
 	// (volumes.go), in container order.
 	volumes []volumeMount
@@ -138,6 +140,15 @@ type containerPlan struct {
 	cwd     string
 	// probes are its startup, liveness and readiness probes (probe.go).
 	probes containerProbes
+}
+
+// names are the pod's init containers' and containers' names.
+func (p plan) names() []string {
+	var out []string
+	for _, c := range append(slices.Clone(p.inits), p.containers...) {
+		out = append(out, c.name)
+	}
+	return out
 }
 
 // planError is a pod Berth cannot run as asked; the pod fails with it.
@@ -250,6 +261,16 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 		cpuMilli += cpu
 		memBytes += mem
 		p.containers = append(p.containers, cp)
+		hps, err := planHostPorts(fmt.Sprintf("spec.containers[%d]", i), c)
+		if err != nil {
+			return p, err
+		}
+		for _, hp := range hps {
+			if slices.ContainsFunc(p.hostPorts, func(o hostPort) bool { return o.addr == hp.addr }) {
+				return p, &planError{hp.field + ".hostPort", fmt.Sprintf("%s is asked for twice", hp.addr)}
+			}
+			p.hostPorts = append(p.hostPorts, hp)
+		}
 	}
 	// Init containers run one at a time before the others: the sandbox
 	// needs the most any of them asks for, or the containers' sum

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	corev1listers "k8s.io/client-go/listers/core/v1"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -42,6 +43,12 @@ type Pods struct {
 	// it, never under a request's context.
 	ctx context.Context
 	wg  sync.WaitGroup
+
+	// syncEvery is the config sync period (filevolumes.go).
+	syncEvery time.Duration
+	// services lists the cluster's Services for containers' service
+	// environment variables (env.go); nil: none.
+	services corev1listers.ServiceLister
 
 	mu     sync.Mutex
 	pods   map[string]*podState // by namespace/name
@@ -76,6 +83,9 @@ type podState struct {
 	up bool
 	// initialized: every init container succeeded (true without any).
 	initialized bool
+	// volFiles are the files of its configMap and secret volumes the
+	// node wrote (filevolumes.go).
+	volFiles []string
 
 	// ctx is the pod's context (cancel ends it); fcancel ends the current
 	// generation of its container followers, fwg counts them.
@@ -106,6 +116,10 @@ type containerState struct {
 	// unstarted: the run's startup probe has not passed yet; unready:
 	// its readiness probe has not passed, or failed since (probe.go).
 	unstarted, unready bool
+
+	// waitReason and waitMessage, while set, say why its next run waits
+	// for its configuration (a ConfigMap or Secret: awaitConfig).
+	waitReason, waitMessage string
 }
 
 func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, bo backOff, log *slog.Logger) *Pods {
@@ -196,6 +210,10 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		sb = full
 	}
 	p.adopt(ctx, ps, sb)
+	if err := p.serveHostPorts(ps); err != nil {
+		p.fail(ps, "BerthStartFailed", err.Error())
+		return
+	}
 	// The deadline and the policy may have moved while the sandbox was
 	// being made.
 	p.applyDeadline(ctx, ps)
@@ -210,7 +228,11 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	}
 	home, err := makeVolumes(ctx, p.sb, sb.ID, ps.plan.volumes)
 	if err == nil {
-		err = p.fillVolumes(ctx, ps, sb.ID, home)
+		// A missing ConfigMap or Secret holds every container in
+		// ContainerCreating until it is there, as a kubelet's mount does.
+		err = p.awaitConfig(ctx, ps, ps.plan.names(), reasonCreating, func() error {
+			return p.fillVolumes(ctx, ps, sb.ID, home)
+		})
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -218,6 +240,7 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
+	p.syncVolumesEvery(ps, p.syncEvery)
 	restored, err := p.restored(ctx, ps)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -665,7 +688,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	}
 	for _, c := range ps.plan.inits {
 		s := status(c, pod.Spec.InitContainers)
-		if ps.containers[c.name] == nil {
+		if cs := ps.containers[c.name]; cs == nil || (!cs.running && !cs.exited && cs.waitReason == "") {
 			// Behind an init container that has not succeeded (yet),
 			// never run: it stays waiting whatever ended the pod.
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonPodInitializing}}
@@ -825,6 +848,10 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
 	}
 	p.adopt(ctx, ps, sb)
+	if err := p.serveHostPorts(ps); err != nil {
+		p.fail(ps, "BerthStartFailed", err.Error())
+	}
+	p.syncVolumesEvery(ps, p.syncEvery)
 	running := map[string]uint32{}
 	for _, pr := range procs {
 		if pr.Tag != "" {
@@ -894,6 +921,10 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 // back) once it is resumed.
 func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandbox) {
 	p.adopt(ctx, ps, sb)
+	if err := p.serveHostPorts(ps); err != nil {
+		p.fail(ps, "BerthStartFailed", err.Error())
+	}
+	p.syncVolumesEvery(ps, p.syncEvery)
 	p.mu.Lock()
 	for _, c := range ps.plan.containers {
 		ps.containers[c.name] = &containerState{running: true, startedAt: ps.started}

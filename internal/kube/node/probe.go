@@ -30,9 +30,11 @@ import (
 // daemon's port proxy (a status from 200 to 399 passes); tcpSocket passes
 // while something in the sandbox listens on the port, read from the
 // sandbox's own /proc/net/tcp and tcp6 (the sandbox's network is its own:
-// the host does not connect into it). gRPC probes, httpGet to another
-// host or over HTTPS, and probes of a container with no command of its
-// own are refused when the pod is planned.
+// the host does not connect into it); grpc calls the standard health
+// service (grpc.health.v1.Health/Check, with the probe's service name)
+// over a port tunnel of the daemon, and passes on SERVING. httpGet to
+// another host or over HTTPS, and probes of a container with no command
+// of its own are refused when the pod is planned.
 
 // probeKind names a probe as the pod spec does.
 type probeKind string
@@ -52,6 +54,9 @@ type probe struct {
 	headers  http.Header
 	port     int
 	tcp      bool
+	// grpc: a gRPC health check of port, for service grpcService.
+	grpc        bool
+	grpcService string
 
 	delay, period, timeout time.Duration
 	success, failure       int
@@ -131,7 +136,7 @@ func parseProbe(field string, kind probeKind, p *corev1.Probe, c corev1.Containe
 		}
 	}
 	if n != 1 {
-		return nil, &planError{field, "want exactly one of exec, httpGet, tcpSocket"}
+		return nil, &planError{field, "want exactly one of exec, httpGet, tcpSocket, grpc"}
 	}
 	switch {
 	case h.Exec != nil:
@@ -169,7 +174,14 @@ func parseProbe(field string, kind probeKind, p *corev1.Probe, c corev1.Containe
 		}
 		pr.port, pr.tcp = port, true
 	default:
-		return nil, &planError{field + ".grpc", "gRPC probes are not served by Berth nodes; use exec, httpGet or tcpSocket"}
+		g := h.GRPC
+		if g.Port < 1 || g.Port > 65535 {
+			return nil, &planError{field + ".grpc.port", fmt.Sprintf("%d is not a port", g.Port)}
+		}
+		pr.port, pr.grpc = int(g.Port), true
+		if g.Service != nil {
+			pr.grpcService = *g.Service
+		}
 	}
 	return pr, nil
 }
@@ -223,6 +235,8 @@ func (p *Pods) check(ctx context.Context, id string, pr *probe) error {
 			}
 		}
 		return fmt.Errorf("nothing listens on port %d", pr.port)
+	case pr.grpc:
+		return p.grpcCheck(ctx, id, pr.port, pr.grpcService)
 	default:
 		code, err := p.sb.PortGet(ctx, id, pr.port, pr.httpPath, pr.headers)
 		if err != nil {

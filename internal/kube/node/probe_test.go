@@ -49,8 +49,8 @@ func TestParseProbes(t *testing.T) {
 		field string
 		edit  func(c *corev1.Container)
 	}{
-		{"spec.containers[0].readinessProbe.grpc", func(c *corev1.Container) {
-			c.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
+		{"spec.containers[0].readinessProbe.grpc.port", func(c *corev1.Container) {
+			c.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 0}}}
 		}},
 		{"spec.containers[0].livenessProbe.httpGet.host", func(c *corev1.Container) {
 			c.LivenessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Host: "198.51.100.1", Port: intstr.FromInt32(80)}}}

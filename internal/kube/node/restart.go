@@ -112,6 +112,12 @@ func containerStatus(name, image, id string, cs *containerState, failure, messag
 	}
 	cur := containerRun{exitCode: cs.exitCode, startedAt: cs.startedAt, finishedAt: cs.finishedAt}
 	switch {
+	case cs.waitReason != "" && failure == "":
+		// Its next run waits for its configuration (awaitConfig).
+		if cs.exited {
+			s.LastTerminationState.Terminated = cur.terminated(id)
+		}
+		s.State.Waiting = &corev1.ContainerStateWaiting{Reason: cs.waitReason, Message: cs.waitMessage}
 	case cs.backOff > 0 && cs.exited && failure == "":
 		// The run that ended is the last state while the next waits.
 		s.LastTerminationState.Terminated = cur.terminated(id)
@@ -243,6 +249,16 @@ func (p *Pods) neverStarted(ctx context.Context, id, name string) bool {
 // the previous run's, and that is done before the restart is reported:
 // whoever sees the new restart count finds the previous log in place.
 func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan, restart int) (uint32, error) {
+	var env map[string]string
+	var argv []string
+	err := p.awaitConfig(ctx, ps, []string{c.name}, reasonConfigError, func() error {
+		var err error
+		env, argv, err = p.containerEnv(ctx, ps, c)
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
 	if restart > 0 {
 		cmd, args := rotateArgv(c.name)
 		var stderr bytes.Buffer
@@ -253,10 +269,6 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 		if err != nil {
 			return 0, err
 		}
-	}
-	env, argv, err := p.containerEnv(ctx, ps, c)
-	if err != nil {
-		return 0, err
 	}
 	cmd, args := wrapArgv(c.name, restart, argv)
 	pid, err := p.sb.Start(ctx, ps.sandboxID, client.ExecRequest{Cmd: cmd, Args: args, Env: env, Cwd: c.cwd, Tag: processTag(c.name)})
@@ -269,6 +281,7 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 		}
 		cs.restarts = restart
 		cs.running, cs.exited, cs.backOff, cs.startedAt = true, false, 0, time.Now()
+		cs.waitReason, cs.waitMessage = "", ""
 		cs.unstarted, cs.unready = c.probes.startup != nil, c.probes.readiness != nil
 	})
 	return pid, nil

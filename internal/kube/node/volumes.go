@@ -43,6 +43,30 @@ type fileVolume struct {
 	secret    *corev1.SecretVolumeSource
 }
 
+func (v fileVolume) items() []corev1.KeyToPath {
+	if v.configMap != nil {
+		return v.configMap.Items
+	}
+	return v.secret.Items
+}
+
+func (v fileVolume) defaultMode() *int32 {
+	if v.configMap != nil {
+		return v.configMap.DefaultMode
+	}
+	return v.secret.DefaultMode
+}
+
+func (v fileVolume) optional() bool {
+	var o *bool
+	if v.configMap != nil {
+		o = v.configMap.Optional
+	} else {
+		o = v.secret.Optional
+	}
+	return o != nil && *o
+}
+
 // planVolumes reads the pod's volumes and its containers' mounts of them.
 func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 	empty := map[string]bool{}
@@ -125,6 +149,24 @@ func serviceAccountVolume(p *corev1.ProjectedVolumeSource) bool {
 	return len(p.Sources) > 0
 }
 
+// volumeHomes is each mounted volume's directory in the sandbox: where it
+// is first mounted whole, else (mounted in parts only) under the pod's
+// directory.
+func volumeHomes(mounts []volumeMount) map[string]string {
+	home := map[string]string{}
+	for _, m := range mounts {
+		if _, ok := home[m.volume]; !ok && m.sub == "" {
+			home[m.volume] = m.path
+		}
+	}
+	for _, m := range mounts {
+		if _, ok := home[m.volume]; !ok {
+			home[m.volume] = path.Join(podDir, "volumes", m.volume)
+		}
+	}
+	return home
+}
+
 // volumeRunner is what making the volumes takes of the daemon.
 type volumeRunner interface {
 	MakeDir(ctx context.Context, id, path string) error
@@ -140,19 +182,7 @@ type volumeRunner interface {
 // kubelet would hide it under the mount, a link cannot. Made again (a
 // sandbox from a snapshot, a node that restarted), what is there is kept.
 func makeVolumes(ctx context.Context, sb volumeRunner, id string, mounts []volumeMount) (map[string]string, error) {
-	home := map[string]string{}
-	for _, m := range mounts {
-		if _, ok := home[m.volume]; !ok && m.sub == "" {
-			home[m.volume] = m.path
-		}
-	}
-	for _, m := range mounts {
-		if _, ok := home[m.volume]; !ok {
-			// Mounted in parts only: the volume lives under the pod's
-			// directory.
-			home[m.volume] = path.Join(podDir, "volumes", m.volume)
-		}
-	}
+	home := volumeHomes(mounts)
 	made := map[string]bool{}
 	mkdir := func(p string) error {
 		if made[p] {
