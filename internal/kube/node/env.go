@@ -70,12 +70,8 @@ func (p *Pods) awaitConfig(ctx context.Context, ps *podState, names []string, re
 			p.setContainer(ps, n, func(cs *containerState) { cs.waitReason, cs.waitMessage = reason, ce.msg })
 		}
 		p.log.Info("pod_config_missing", "pod", key(ps.pod.Namespace, ps.pod.Name), "containers", names, "err", ce.msg, "retry_in", wait)
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !sleepCtx(ctx, wait) {
 			return ctx.Err()
-		case <-t.C:
 		}
 		wait = min(2*wait, configRetryMax)
 	}

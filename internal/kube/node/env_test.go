@@ -139,6 +139,9 @@ func TestStartWaitsForConfig(t *testing.T) {
 		if _, err := kube.CoreV1().ConfigMaps(pod.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "settings"}, Data: map[string]string{"MODE": "x"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// Inside the synctest bubble: the fake clock moves past the
+		// longest retry wait (no real time passes), and Wait lets the
+		// start act on it.
 		time.Sleep(configRetryMax)
 		synctest.Wait()
 		if err := <-started; err != nil {

@@ -61,12 +61,7 @@ func (p *Pods) wantFiles(ctx context.Context, ps *podState, home map[string]stri
 		if !ok {
 			continue // mounted by no container
 		}
-		kind, name, items, mode, opt := "secret", "", v.items(), v.defaultMode(), v.optional()
-		if cm := v.configMap; cm != nil {
-			kind, name = "configmap", cm.Name
-		} else if s := v.secret; s != nil {
-			name = s.SecretName
-		}
+		kind, name, opt := v.kind, v.object, v.optional
 		data, found, err := objs.data(ctx, kind, name)
 		switch {
 		case err != nil:
@@ -81,7 +76,7 @@ func (p *Pods) wantFiles(ctx context.Context, ps *podState, home map[string]stri
 		if opt {
 			missing = ""
 		}
-		files, err := volumeFiles(data, items, mode, missing)
+		files, err := volumeFiles(data, v.items, v.defaultMode, missing)
 		if ce, ok := err.(*configError); ok {
 			keep(dir, &configError{fmt.Sprintf("volume %s: %s", v.name, ce.msg)})
 			continue
@@ -160,13 +155,14 @@ func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, e
 		}
 		changed++
 	}
-	var now []string
+	// What the volumes hold now: what they should, and the files of
+	// objects that have gone (left as they were).
+	now := slices.Collect(maps.Keys(want))
 	for _, full := range had {
-		_, ok := want[full]
-		if !ok && slices.ContainsFunc(kept, func(dir string) bool { return strings.HasPrefix(full, dir+"/") }) {
-			ok = true // its object has gone: left as it was
+		if _, ok := want[full]; ok {
+			continue
 		}
-		if ok {
+		if slices.ContainsFunc(kept, func(dir string) bool { return strings.HasPrefix(full, dir+"/") }) {
 			now = append(now, full)
 			continue
 		}
@@ -174,11 +170,6 @@ func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, e
 			return changed, err
 		}
 		changed++
-	}
-	for full := range want {
-		if !slices.Contains(now, full) {
-			now = append(now, full)
-		}
 	}
 	slices.Sort(now)
 	p.mu.Lock()

@@ -8,7 +8,6 @@ import (
 	"maps"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -16,21 +15,18 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-sandbox/berth/client"
-	"github.com/berth-sandbox/berth/errdefs"
 )
 
-// fileRunner is a sandbox's filesystem in memory, with the commands the
+// fileRunner is fakeRunner's files with the writes and the commands the
 // volume sync runs (chmod, mv -f, rm -f).
 type fileRunner struct {
-	Sandboxes
-	mu    sync.Mutex
-	files map[string]string
+	*fakeRunner
 	modes map[string]int64
 	moved []string
 }
 
 func newFileRunner() *fileRunner {
-	return &fileRunner{files: map[string]string{}, modes: map[string]int64{}}
+	return &fileRunner{fakeRunner: newFakeRunner(), modes: map[string]int64{}}
 }
 
 func (f *fileRunner) WriteFile(_ context.Context, _, path string, r io.Reader) error {
@@ -38,17 +34,6 @@ func (f *fileRunner) WriteFile(_ context.Context, _, path string, r io.Reader) e
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.files[path] = string(b)
-	return err
-}
-
-func (f *fileRunner) ReadFile(_ context.Context, _, path string, w io.Writer) error {
-	f.mu.Lock()
-	b, ok := f.files[path]
-	f.mu.Unlock()
-	if !ok {
-		return errdefs.ErrNotFound
-	}
-	_, err := io.WriteString(w, b)
 	return err
 }
 

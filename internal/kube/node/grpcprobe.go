@@ -37,7 +37,7 @@ func (p *Pods) grpcCheck(ctx context.Context, id string, port int, service strin
 		return err
 	}
 	defer conn.Close()
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service}, grpc.WaitForReady(false))
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 	if err != nil {
 		return fmt.Errorf("gRPC health check of port %d: %w", port, err)
 	}

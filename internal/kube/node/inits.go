@@ -49,86 +49,63 @@ func (p *Pods) runInits(ctx context.Context, ps *podState, running map[string]ui
 func (p *Pods) runInit(ctx context.Context, ps *podState, c containerPlan, pid uint32) bool {
 	id := ps.sandboxID
 	restart := 0
-	if pid == 0 {
-		if p.neverStarted(ctx, id, c.name) {
-			// Its first run.
-		} else {
-			// It ran here before: its runs are read back, and one that
-			// ended 0 is done.
-			cs := &containerState{}
-			p.recoverRuns(ctx, id, c.name, cs)
-			code, at, err := p.readExit(ctx, id, c.name, "")
-			if err != nil {
-				p.fail(ps, "BerthContainerLost", fmt.Sprintf("init container %s ended without an exit code: %v", c.name, err))
-				return false
-			}
-			cs.exited, cs.exitCode, cs.finishedAt = true, code, at
-			p.setContainer(ps, c.name, func(s *containerState) { *s = *cs })
-			if code == 0 {
-				return true
-			}
-			wait, next, ok := p.nextRun(ps, c.name, code)
-			if !p.waitRestart(ctx, ps, c, code, wait, ok) {
-				return false
-			}
-			restart = next
+	// ended: a run ended before this node took the pod (its restart
+	// policy applies to code without a run of its own).
+	ended, code := false, 0
+	if pid == 0 && !p.neverStarted(ctx, id, c.name) {
+		cs := &containerState{}
+		p.recoverRuns(ctx, id, c.name, cs)
+		var at time.Time
+		var err error
+		if code, at, err = p.readExit(ctx, id, c.name, ""); err != nil {
+			p.fail(ps, "BerthContainerLost", fmt.Sprintf("init container %s ended without an exit code: %v", c.name, err))
+			return false
 		}
+		cs.exited, cs.exitCode, cs.finishedAt = true, code, at
+		p.setContainer(ps, c.name, func(s *containerState) { *s = *cs })
+		ended, restart = true, cs.restarts
 	}
 	for {
-		if pid == 0 {
+		if !ended {
 			var err error
-			if pid, err = p.startContainer(ctx, ps, c, restart); err != nil {
-				if ctx.Err() == nil {
-					p.fail(ps, "BerthStartFailed", fmt.Sprintf("init container %s: %v", c.name, err))
+			switch {
+			case pid == 0:
+				if pid, err = p.startContainer(ctx, ps, c, restart); err != nil {
+					if ctx.Err() == nil {
+						p.fail(ps, "BerthStartFailed", fmt.Sprintf("init container %s: %v", c.name, err))
+					}
+					return false
 				}
+			default:
+				// Running since before this node took the pod.
+				cs := &containerState{running: true, startedAt: time.Now()}
+				p.recoverRuns(ctx, id, c.name, cs)
+				p.setContainer(ps, c.name, func(s *containerState) { *s = *cs })
+			}
+			_, _ = p.sb.Attach(ctx, id, pid)
+			if ctx.Err() != nil {
 				return false
 			}
-		} else {
-			cs := &containerState{running: true, startedAt: time.Now()}
-			p.recoverRuns(ctx, id, c.name, cs)
-			p.setContainer(ps, c.name, func(s *containerState) { *s = *cs })
-		}
-		_, _ = p.sb.Attach(ctx, id, pid)
-		if ctx.Err() != nil {
-			return false
-		}
-		code, ok := p.collectExit(ctx, ps, c.name)
-		if !ok {
-			p.fail(ps, "BerthContainerLost", "init container "+c.name+" ended without an exit code")
-			return false
+			var ok bool
+			if code, ok = p.collectExit(ctx, ps, c.name); !ok {
+				p.fail(ps, "BerthContainerLost", "init container "+c.name+" ended without an exit code")
+				return false
+			}
 		}
 		if code == 0 {
 			return true
 		}
 		wait, next, ok := p.nextRun(ps, c.name, code)
-		if !p.waitRestart(ctx, ps, c, code, wait, ok) {
+		switch {
+		case ctx.Err() != nil:
+			return false
+		case !ok:
+			p.fail(ps, reasonInitFailed, fmt.Sprintf("init container %s exited with %d and the pod's restartPolicy is Never", c.name, code))
+			return false
+		case !sleepCtx(ctx, wait):
 			return false
 		}
-		pid, restart = 0, next
-	}
-}
-
-// waitRestart waits out the back-off before init container c runs again
-// after it exited with code; ok false (the restart policy is Never) fails
-// the pod instead. It reports whether c is to run again.
-func (p *Pods) waitRestart(ctx context.Context, ps *podState, c containerPlan, code int, wait time.Duration, ok bool) bool {
-	if ctx.Err() != nil {
-		return false
-	}
-	if !ok {
-		p.fail(ps, reasonInitFailed, fmt.Sprintf("init container %s exited with %d and the pod's restartPolicy is Never", c.name, code))
-		return false
-	}
-	if wait <= 0 {
-		return true
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+		ended, pid, restart = false, 0, next
 	}
 }
 

@@ -209,9 +209,7 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	if full, err := p.sb.Get(ctx, sb.ID); err == nil {
 		sb = full
 	}
-	p.adopt(ctx, ps, sb)
-	if err := p.serveHostPorts(ps); err != nil {
-		p.fail(ps, "BerthStartFailed", err.Error())
+	if !p.adopt(ctx, ps, sb) {
 		return
 	}
 	// The deadline and the policy may have moved while the sandbox was
@@ -307,9 +305,10 @@ func (p *Pods) restored(ctx context.Context, ps *podState) (map[string]uint32, e
 	return out, nil
 }
 
-// adopt records a live sandbox's address and follows its events, so the
-// pod fails when the sandbox ends under it.
-func (p *Pods) adopt(ctx context.Context, ps *podState, sb *client.Sandbox) {
+// adopt records a live sandbox's address, follows its events, so the
+// pod fails when the sandbox ends under it, and serves the pod's host
+// ports; false when it could not serve them (the pod failed).
+func (p *Pods) adopt(ctx context.Context, ps *podState, sb *client.Sandbox) bool {
 	p.mu.Lock()
 	if sb.Network != nil {
 		ps.podIP = sb.Network.Address
@@ -320,6 +319,11 @@ func (p *Pods) adopt(ctx context.Context, ps *podState, sb *client.Sandbox) {
 		defer p.wg.Done()
 		p.watchSandbox(ctx, ps, sb.ID)
 	}()
+	if err := p.serveHostPorts(ps); err != nil {
+		p.fail(ps, "BerthStartFailed", err.Error())
+		return false
+	}
+	return true
 }
 
 // collectExit reads the exit code the container's wrapper left. A process
@@ -848,9 +852,6 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
 	}
 	p.adopt(ctx, ps, sb)
-	if err := p.serveHostPorts(ps); err != nil {
-		p.fail(ps, "BerthStartFailed", err.Error())
-	}
 	p.syncVolumesEvery(ps, p.syncEvery)
 	running := map[string]uint32{}
 	for _, pr := range procs {
@@ -921,9 +922,6 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 // back) once it is resumed.
 func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandbox) {
 	p.adopt(ctx, ps, sb)
-	if err := p.serveHostPorts(ps); err != nil {
-		p.fail(ps, "BerthStartFailed", err.Error())
-	}
 	p.syncVolumesEvery(ps, p.syncEvery)
 	p.mu.Lock()
 	for _, c := range ps.plan.containers {

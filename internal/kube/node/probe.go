@@ -284,16 +284,7 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 	p.mu.Unlock()
 	podKey := key(ps.pod.Namespace, ps.pod.Name)
 	// wait sleeps until t or the end of ctx (false).
-	wait := func(t time.Time) bool {
-		tm := time.NewTimer(time.Until(t))
-		defer tm.Stop()
-		select {
-		case <-ctx.Done():
-			return false
-		case <-tm.C:
-			return true
-		}
-	}
+	wait := func(t time.Time) bool { return sleepCtx(ctx, time.Until(t)) }
 	kill := func(why string) {
 		p.log.Info("container_probe_kill", "pod", podKey, "container", c.name, "why", why)
 		p.killContainer(ctx, ps, id, pid, c, why)

@@ -70,6 +70,21 @@ func (b backOff) delay(steps int) time.Duration {
 	return min(d, b.max)
 }
 
+// sleepCtx waits d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // restartsOn says whether a container that exited with code is started
 // again under the pod's restart policy (empty is Always, the default).
 func restartsOn(policy corev1.RestartPolicy, code int) bool {
@@ -320,14 +335,8 @@ func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid ui
 			if !ok {
 				return
 			}
-			if wait > 0 {
-				t := time.NewTimer(wait)
-				select {
-				case <-ctx.Done():
-					t.Stop()
-					return
-				case <-t.C:
-				}
+			if !sleepCtx(ctx, wait) {
+				return
 			}
 			var err error
 			if pid, err = p.startContainer(ctx, ps, c, restart); err != nil {

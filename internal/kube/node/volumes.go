@@ -38,33 +38,13 @@ type volumeMount struct {
 // fileVolume is a configMap or secret volume: a directory filled with
 // the object's keys as files before the containers start.
 type fileVolume struct {
-	name      string
-	configMap *corev1.ConfigMapVolumeSource
-	secret    *corev1.SecretVolumeSource
-}
-
-func (v fileVolume) items() []corev1.KeyToPath {
-	if v.configMap != nil {
-		return v.configMap.Items
-	}
-	return v.secret.Items
-}
-
-func (v fileVolume) defaultMode() *int32 {
-	if v.configMap != nil {
-		return v.configMap.DefaultMode
-	}
-	return v.secret.DefaultMode
-}
-
-func (v fileVolume) optional() bool {
-	var o *bool
-	if v.configMap != nil {
-		o = v.configMap.Optional
-	} else {
-		o = v.secret.Optional
-	}
-	return o != nil && *o
+	name string
+	// kind ("configmap" or "secret") and object name the object it
+	// holds; items, defaultMode and optional are the volume's.
+	kind, object string
+	items        []corev1.KeyToPath
+	defaultMode  *int32
+	optional     bool
 }
 
 // planVolumes reads the pod's volumes and its containers' mounts of them.
@@ -80,10 +60,12 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 			empty[v.Name] = true
 		case v.ConfigMap != nil:
 			empty[v.Name], filled[v.Name] = true, true
-			files = append(files, fileVolume{name: v.Name, configMap: v.ConfigMap.DeepCopy()})
+			cm := v.ConfigMap.DeepCopy()
+			files = append(files, fileVolume{name: v.Name, kind: "configmap", object: cm.Name, items: cm.Items, defaultMode: cm.DefaultMode, optional: cm.Optional != nil && *cm.Optional})
 		case v.Secret != nil:
 			empty[v.Name], filled[v.Name] = true, true
-			files = append(files, fileVolume{name: v.Name, secret: v.Secret.DeepCopy()})
+			sc := v.Secret.DeepCopy()
+			files = append(files, fileVolume{name: v.Name, kind: "secret", object: sc.SecretName, items: sc.Items, defaultMode: sc.DefaultMode, optional: sc.Optional != nil && *sc.Optional})
 		case v.Projected != nil && serviceAccountVolume(v.Projected):
 			skipped[v.Name] = true
 		default:
