@@ -1,13 +1,16 @@
 package kube
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ktypes "k8s.io/apimachinery/pkg/types"
 
+	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/test/harness"
 )
 
@@ -19,6 +22,11 @@ import (
 // logs are kubectl logs -c NAME. They carry on across a restart of the
 // node without running again once done. Under restartPolicy Never a
 // failed init container fails the pod and its container never starts.
+// A sidecar (restartPolicy Always) starts among them and runs beside the
+// container: the next init container waits for its startup probe, its
+// readiness holds the pod's, it is restarted under a pod whose policy is
+// Never, carries on across a node restart, and is stopped (SIGTERM) once
+// the container completed, the pod then Succeeded.
 func TestPodInitContainers(t *testing.T) {
 	c := startClusterWith(t, []string{"--restart-backoff", "1s", "--restart-backoff-max", "2s"}, "berth-inits")
 	cp := c.cp
@@ -129,6 +137,176 @@ func TestPodInitContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitPodGone(t, cp, "default", "init-fails")
+
+	testSidecar(t, c)
+	testPauseDuringInit(t, c)
+}
+
+// testPauseDuringInit: a sandbox whose daemon pauses it at its deadline
+// (on-timeout pause) while an init container runs leaves the pod Pending
+// and paused, not failed; a moved deadline resumes it, the init container
+// the (filesystem) pause ended runs again as a restart, and the container
+// starts once it succeeded.
+func testPauseDuringInit(t *testing.T, c *cluster) {
+	cp := c.cp
+	ctx := t.Context()
+	pods := cp.Client.CoreV1().Pods("default")
+	pod := sandboxPod("init-paused", "sh", "-c", "cat /work/runs; exec sleep 3600")
+	pod.Annotations = map[string]string{node.AnnotationOnTimeout: "pause",
+		node.AnnotationDeadline: time.Now().Add(time.Hour).UTC().Format(time.RFC3339)}
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mount := []corev1.VolumeMount{{Name: "work", MountPath: "/work"}}
+	pod.Spec.Containers[0].VolumeMounts = mount
+	pod.Spec.InitContainers = []corev1.Container{{Name: "gate", Image: "minimal", VolumeMounts: mount,
+		Command: []string{"sh", "-c", "echo run >> /work/runs; while [ ! -e /work/go ]; do sleep 0.1; done"}}}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	gate := func(p *corev1.Pod) corev1.ContainerStatus {
+		if len(p.Status.InitContainerStatuses) == 0 {
+			return corev1.ContainerStatus{}
+		}
+		return p.Status.InitContainerStatuses[0]
+	}
+	waitPod(t, cp, "default", "init-paused", "gate running", func(p *corev1.Pod) bool { return gate(p).State.Running != nil })
+	deadline := func(d time.Duration) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, node.AnnotationDeadline, time.Now().Add(d).UTC().Format(time.RFC3339))
+		if _, err := pods.Patch(ctx, "init-paused", ktypes.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The deadline comes while gate runs: the daemon pauses the sandbox.
+	deadline(2 * time.Second)
+	p := waitPod(t, cp, "default", "init-paused", "paused by its daemon", func(p *corev1.Pod) bool {
+		st, _ := node.Paused(p)
+		return st == "paused"
+	})
+	if p.Status.Phase != corev1.PodPending || p.Status.Reason != "" {
+		t.Errorf("paused while initializing: phase %s, reason %q; want Pending, none", p.Status.Phase, p.Status.Reason)
+	}
+	// A moved deadline resumes it: gate runs again (the pause ended its
+	// process), then the container starts.
+	deadline(time.Hour)
+	waitPod(t, cp, "default", "init-paused", "gate running again", func(p *corev1.Pod) bool {
+		st, _ := node.Paused(p)
+		return st == "" && gate(p).State.Running != nil && gate(p).RestartCount == 1
+	})
+	if out, stderr, code := execPodIn(t, cp, "default", "init-paused", "gate", "touch", "/work/go"); code != 0 {
+		t.Fatalf("touch /work/go: %d %q %q", code, out, stderr)
+	}
+	p = waitPod(t, cp, "default", "init-paused", "Running", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+	if s := gate(p); s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 ||
+		s.LastTerminationState.Terminated == nil || s.LastTerminationState.Terminated.ExitCode != 137 {
+		t.Errorf("gate = %+v, want exit 0 after a run the pause ended (137)", s)
+	}
+	harness.WaitFor(t, time.Minute, "the container's output", func() bool {
+		return containerLogs(t, cp, "default", "init-paused", "main") == "run\nrun\n"
+	})
+	if err := pods.Delete(ctx, "init-paused", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "init-paused")
+}
+
+func testSidecar(t *testing.T, c *cluster) {
+	cp := c.cp
+	ctx := t.Context()
+	pods := cp.Client.CoreV1().Pods("default")
+	pod := sandboxPod("sidecar", "sh", "-c", "cat /work/side; while [ ! -e /work/go ]; do sleep 0.1; done")
+	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
+	mount := []corev1.VolumeMount{{Name: "work", MountPath: "/work"}}
+	pod.Spec.Containers[0].VolumeMounts = mount
+	always := corev1.ContainerRestartPolicyAlways
+	// Checked every second; the startup probe gives it a minute.
+	probe := func(failures int32, cmd ...string) *corev1.Probe {
+		return &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: cmd}}, PeriodSeconds: 1, FailureThreshold: failures}
+	}
+	pod.Spec.InitContainers = []corev1.Container{
+		// Starts (its startup probe passes) once it wrote /work/side;
+		// exits 2 when asked to (/work/crash), 0 on SIGTERM.
+		{Name: "proxy", Image: "minimal", RestartPolicy: &always, VolumeMounts: mount,
+			Command: []string{"sh", "-c", `trap 'echo stopping; exit 0' TERM; echo up >> /work/side
+while :; do if [ -e /work/crash ]; then rm /work/crash; exit 2; fi; sleep 0.1; done`},
+			StartupProbe: probe(60, "test", "-s", "/work/side"), ReadinessProbe: probe(1, "test", "-e", "/work/ready")},
+		// Runs only once proxy started.
+		{Name: "after", Image: "minimal", VolumeMounts: mount, Command: []string{"test", "-s", "/work/side"}},
+	}
+	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proxy := func(p *corev1.Pod) corev1.ContainerStatus {
+		for _, s := range p.Status.InitContainerStatuses {
+			if s.Name == "proxy" {
+				return s
+			}
+		}
+		return corev1.ContainerStatus{}
+	}
+	p := waitPod(t, cp, "default", "sidecar", "Running and Initialized beside a running sidecar", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodRunning && podCondition(p, corev1.PodInitialized) == corev1.ConditionTrue &&
+			proxy(p).State.Running != nil
+	})
+	if s := p.Status.InitContainerStatuses[1]; s.Name != "after" || s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
+		t.Errorf("after = %+v, want exit 0 (it ran once proxy had started)", s)
+	}
+	if s := proxy(p); s.Started == nil || !*s.Started || s.Ready {
+		t.Errorf("proxy = %+v, want started, not ready (no /work/ready yet)", s)
+	}
+	if got := podCondition(p, corev1.PodReady); got != corev1.ConditionFalse {
+		t.Errorf("Ready = %s while the sidecar is not, want False", got)
+	}
+	if out, stderr, code := execPodIn(t, cp, "default", "sidecar", "main", "touch", "/work/ready"); code != 0 {
+		t.Fatalf("touch /work/ready: %d %q %q", code, out, stderr)
+	}
+	waitPod(t, cp, "default", "sidecar", "Ready with the sidecar ready", func(p *corev1.Pod) bool {
+		return podCondition(p, corev1.PodReady) == corev1.ConditionTrue && proxy(p).Ready
+	})
+
+	// It ends: it runs again, though the pod's restartPolicy is Never.
+	if out, stderr, code := execPodIn(t, cp, "default", "sidecar", "main", "touch", "/work/crash"); code != 0 {
+		t.Fatalf("touch /work/crash: %d %q %q", code, out, stderr)
+	}
+	p = waitPod(t, cp, "default", "sidecar", "proxy running again", func(p *corev1.Pod) bool {
+		s := proxy(p)
+		return s.RestartCount == 1 && s.State.Running != nil && s.Started != nil && *s.Started
+	})
+	if l := proxy(p).LastTerminationState.Terminated; l == nil || l.ExitCode != 2 {
+		t.Errorf("proxy's last run = %+v, want exit 2", l)
+	}
+	if s := p.Status.ContainerStatuses[0]; s.State.Running == nil || s.RestartCount != 0 {
+		t.Errorf("main = %+v, want running on, never restarted", s)
+	}
+
+	// The node restarts: the sidecar carries on as it was.
+	restartNode(t, cp, c.nodes["berth-inits"], "berth-inits")
+	waitPod(t, cp, "default", "sidecar", "proxy and main running after the node's restart", func(p *corev1.Pod) bool {
+		s := proxy(p)
+		return s.RestartCount == 1 && s.State.Running != nil && p.Status.ContainerStatuses[0].State.Running != nil
+	})
+
+	// The container completes: the sidecar is stopped, the pod Succeeded.
+	if out, stderr, code := execPodIn(t, cp, "default", "sidecar", "main", "touch", "/work/go"); code != 0 {
+		t.Fatalf("touch /work/go: %d %q %q", code, out, stderr)
+	}
+	p = waitPod(t, cp, "default", "sidecar", "Succeeded with the sidecar stopped", func(p *corev1.Pod) bool {
+		return p.Status.Phase == corev1.PodSucceeded && proxy(p).State.Terminated != nil
+	})
+	if s := proxy(p); s.State.Terminated.ExitCode != 0 || s.RestartCount != 1 {
+		t.Errorf("proxy = %+v, want ended by SIGTERM (exit 0) without another restart", s)
+	}
+	if got := containerLogs(t, cp, "default", "sidecar", "proxy"); got != "stopping\n" {
+		t.Errorf("logs of proxy = %q, want its SIGTERM trap's line", got)
+	}
+	if got := containerLogs(t, cp, "default", "sidecar", "main"); got != "up\n" {
+		t.Errorf("main read %q from /work/side, want the sidecar's first run's line", got)
+	}
+	if err := pods.Delete(ctx, "sidecar", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "sidecar")
 }
 
 func podCondition(p *corev1.Pod, typ corev1.PodConditionType) corev1.ConditionStatus {

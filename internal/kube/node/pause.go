@@ -186,7 +186,9 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 	} else if (want != "") == st.paused {
 		return
 	}
-	if id == "" || over || !up || (want == st.failed && st.failedErr != nil) {
+	// A pause waits for the containers to start; a resume (of a pause
+	// the daemon made on its own while the init containers ran) does not.
+	if id == "" || over || (!up && want != "") || (want == st.failed && st.failedErr != nil) {
 		return
 	}
 	if want != "" {
@@ -297,9 +299,27 @@ func (p *Pods) stopFollowers(ps *podState) {
 // not).
 func (p *Pods) recoverAllRuns(ps *podState, id string) {
 	if len(ps.plan.inits) > 0 {
+		running := map[string]uint32{}
+		if procs, err := p.sb.Processes(ps.ctx, id); err == nil {
+			for _, pr := range procs {
+				running[pr.Tag] = pr.PID
+			}
+		}
+		if !p.containersBegan(ps.ctx, ps, id, running) {
+			// The daemon paused it while its init containers ran:
+			// refollow goes on with them, and they read their runs back
+			// themselves; the containers never ran.
+			p.mu.Lock()
+			ps.initialized = false
+			for _, c := range ps.plan.followed() {
+				delete(ps.containers, c.name)
+			}
+			p.mu.Unlock()
+			return
+		}
 		p.recoverInits(ps.ctx, ps, id)
 	}
-	for _, c := range ps.plan.containers {
+	for _, c := range ps.plan.followed() {
 		if len(c.argv) == 0 {
 			continue
 		}
@@ -318,49 +338,83 @@ func (p *Pods) recoverAllRuns(ps *podState, id string) {
 // pause failed) again: its process if it still runs (a memory pause kept
 // it), its exit code if it ended on its own (the restart policy applies),
 // and otherwise (a filesystem pause ended it at pausedAt) it starts again
-// as its next restart.
+// as its next restart. A pod paused while its init containers ran goes
+// on with them (start).
 func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
-	ctx := p.newFollowers(ps)
-	procs, err := p.sb.Processes(ctx, id)
+	procs, err := p.sb.Processes(ps.ctx, id)
 	if err != nil {
 		return fmt.Errorf("processes of sandbox %s: %w", id, err)
 	}
-	for _, c := range ps.plan.containers {
+	running := map[string]uint32{}
+	for _, pr := range procs {
+		if pr.Tag != "" {
+			running[pr.Tag] = pr.PID
+		}
+	}
+	p.mu.Lock()
+	initialized := ps.initialized || len(ps.plan.inits) == 0
+	p.mu.Unlock()
+	if !initialized {
+		p.wg.Go(func() { p.start(ps.ctx, ps, running, pausedAt) })
+		return nil
+	}
+	ctx := p.newFollowers(ps)
+	for _, c := range ps.plan.followed() {
 		if len(c.argv) == 0 {
 			continue
 		}
-		var pid uint32
-		for _, pr := range procs {
-			if pr.Tag == processTag(c.name) {
-				pid = pr.PID
-			}
-		}
-		if pid != 0 {
+		if pid := running[processTag(c.name)]; pid != 0 {
 			p.follow(ctx, ps, c, pid)
 			continue
 		}
-		if _, _, err := p.readExit(ctx, id, c.name, ""); err == nil {
-			p.follow(ctx, ps, c, 0)
-			continue
-		} else if !errors.Is(err, errdefs.ErrNotFound) {
-			return fmt.Errorf("container %s: exit code: %w", c.name, err)
-		}
-		p.mu.Lock()
-		cs := ps.containers[c.name]
-		if cs == nil {
-			cs = &containerState{startedAt: pausedAt}
-			ps.containers[c.name] = cs
-		}
-		cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, pausedAt
-		restart := cs.restarts + 1
-		p.mu.Unlock()
-		pid, err := p.startContainer(ctx, ps, c, restart)
+		pid, err := p.restartPaused(ctx, ps, c, pausedAt)
 		if err != nil {
-			return fmt.Errorf("start container %s again: %w", c.name, err)
+			return err
 		}
 		p.follow(ctx, ps, c, pid)
 	}
+	// The containers run (a pause during their start ended it before it
+	// said so).
+	p.mu.Lock()
+	ps.up = true
+	p.mu.Unlock()
 	return nil
+}
+
+// restartPaused takes container c, without a process after its sandbox
+// was resumed, on: a run that ended on its own left its exit code (pid 0:
+// its follower reads it, and its restart policy applies); one the
+// filesystem pause ended at pausedAt is recorded as ended with 137 then
+// and started again as its next restart, whatever the restart policy: a
+// resumed pod runs what it ran before. One the pause came before starts
+// as its first run.
+func (p *Pods) restartPaused(ctx context.Context, ps *podState, c containerPlan, pausedAt time.Time) (uint32, error) {
+	if _, _, err := p.readExit(ctx, ps.sandboxID, c.name, ""); err == nil {
+		return 0, nil
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return 0, fmt.Errorf("container %s: exit code: %w", c.name, err)
+	}
+	if p.neverStarted(ctx, ps.sandboxID, c.name) {
+		pid, err := p.startContainer(ctx, ps, c, 0)
+		if err != nil {
+			return 0, fmt.Errorf("start container %s: %w", c.name, err)
+		}
+		return pid, nil
+	}
+	p.mu.Lock()
+	cs := ps.containers[c.name]
+	if cs == nil {
+		cs = &containerState{startedAt: pausedAt}
+		ps.containers[c.name] = cs
+	}
+	cs.running, cs.exited, cs.exitCode, cs.finishedAt = false, true, 137, pausedAt
+	restart := cs.restarts + 1
+	p.mu.Unlock()
+	pid, err := p.startContainer(ctx, ps, c, restart)
+	if err != nil {
+		return 0, fmt.Errorf("start container %s again: %w", c.name, err)
+	}
+	return pid, nil
 }
 
 // pauseCondition is ConditionPaused for a pod whose sandbox exists; the
@@ -405,16 +459,19 @@ func errText(err error) string {
 	return errdefs.Code(err) + ": " + msg
 }
 
-// pausedStatus shows a paused pod's running containers waiting with
-// ReasonPaused, and the pod not ready; the caller holds p.mu.
+// pausedStatus shows a paused pod's running containers (init containers
+// and sidecars too) waiting with ReasonPaused, and the pod not ready; the
+// caller holds p.mu.
 func pausedStatus(st *corev1.PodStatus, kind string) {
 	msg := "the sandbox is paused (" + kind + ")"
-	for i := range st.ContainerStatuses {
-		cs := &st.ContainerStatuses[i]
-		if cs.State.Running != nil {
-			cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonPaused, Message: msg}}
-			cs.Ready = false
-			cs.Started = ptr(false)
+	for _, list := range [][]corev1.ContainerStatus{st.InitContainerStatuses, st.ContainerStatuses} {
+		for i := range list {
+			cs := &list[i]
+			if cs.State.Running != nil {
+				cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonPaused, Message: msg}}
+				cs.Ready = false
+				cs.Started = ptr(false)
+			}
 		}
 	}
 	for i := range st.Conditions {

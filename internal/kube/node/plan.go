@@ -140,6 +140,31 @@ type containerPlan struct {
 	cwd     string
 	// probes are its startup, liveness and readiness probes (probe.go).
 	probes containerProbes
+	// sidecar: an init container with restartPolicy Always (inits.go),
+	// which starts among the init containers and runs beside the
+	// containers, restarted whenever it ends.
+	sidecar bool
+}
+
+// followed are the containers whose runs the node follows and restarts:
+// the sidecars, in order, then the containers.
+func (p plan) followed() []containerPlan {
+	var out []containerPlan
+	for _, c := range p.inits {
+		if c.sidecar {
+			out = append(out, c)
+		}
+	}
+	return append(out, p.containers...)
+}
+
+// restartPolicy is container c's: Always for a sidecar, the pod's for
+// the others.
+func (c containerPlan) restartPolicy(pod corev1.RestartPolicy) corev1.RestartPolicy {
+	if c.sidecar {
+		return corev1.RestartPolicyAlways
+	}
+	return pod
 }
 
 // names are the pod's init containers' and containers' names.
@@ -253,35 +278,54 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	p.req.Timeout = strconv.FormatInt(int64(sandboxTimeout(pod, time.Now())/time.Second), 10) + "s"
 
 	var cpuMilli, memBytes int64
+	addHostPorts := func(field string, c corev1.Container) error {
+		hps, err := planHostPorts(field, c)
+		if err != nil {
+			return err
+		}
+		for _, hp := range hps {
+			if slices.ContainsFunc(p.hostPorts, func(o hostPort) bool { return o.addr == hp.addr }) {
+				return &planError{hp.field + ".hostPort", fmt.Sprintf("%s is asked for twice", hp.addr)}
+			}
+			p.hostPorts = append(p.hostPorts, hp)
+		}
+		return nil
+	}
 	for i, c := range spec.Containers {
-		cp, cpu, mem, err := planContainer(fmt.Sprintf("spec.containers[%d]", i), c, *spec, false)
+		field := fmt.Sprintf("spec.containers[%d]", i)
+		cp, cpu, mem, err := planContainer(field, c, *spec, false)
 		if err != nil {
 			return p, err
 		}
 		cpuMilli += cpu
 		memBytes += mem
 		p.containers = append(p.containers, cp)
-		hps, err := planHostPorts(fmt.Sprintf("spec.containers[%d]", i), c)
-		if err != nil {
+		if err := addHostPorts(field, c); err != nil {
 			return p, err
-		}
-		for _, hp := range hps {
-			if slices.ContainsFunc(p.hostPorts, func(o hostPort) bool { return o.addr == hp.addr }) {
-				return p, &planError{hp.field + ".hostPort", fmt.Sprintf("%s is asked for twice", hp.addr)}
-			}
-			p.hostPorts = append(p.hostPorts, hp)
 		}
 	}
-	// Init containers run one at a time before the others: the sandbox
-	// needs the most any of them asks for, or the containers' sum
-	// (the kubelet's effective pod request).
+	// Init containers run one at a time before the others, each beside
+	// the sidecars started before it, and the sidecars run beside the
+	// containers: the sandbox needs the most any init container asks
+	// for plus the sidecars before it, or the containers' sum plus
+	// every sidecar's (the kubelet's effective pod request).
+	var sideCPU, sideMem int64
 	for i, c := range spec.InitContainers {
-		cp, cpu, mem, err := planContainer(fmt.Sprintf("spec.initContainers[%d]", i), c, *spec, true)
+		field := fmt.Sprintf("spec.initContainers[%d]", i)
+		cp, cpu, mem, err := planContainer(field, c, *spec, true)
 		if err != nil {
 			return p, err
 		}
-		cpuMilli, memBytes = max(cpuMilli, cpu), max(memBytes, mem)
 		p.inits = append(p.inits, cp)
+		if !cp.sidecar {
+			cpuMilli, memBytes = max(cpuMilli, sideCPU+cpu), max(memBytes, sideMem+mem)
+			continue
+		}
+		if err := addHostPorts(field, c); err != nil {
+			return p, err
+		}
+		sideCPU, sideMem = sideCPU+cpu, sideMem+mem
+		cpuMilli, memBytes = cpuMilli+cpu, memBytes+mem
 	}
 	mounts, files, err := planVolumes(spec)
 	if err != nil {
@@ -319,14 +363,16 @@ func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init b
 	cp.argv = append(append(cp.argv, c.Command...), c.Args...)
 	if init {
 		switch {
-		case c.RestartPolicy != nil:
-			return cp, 0, 0, &planError{field + ".restartPolicy", "sidecar init containers are not supported on Berth nodes; make it a container"}
+		case c.RestartPolicy != nil && *c.RestartPolicy != corev1.ContainerRestartPolicyAlways:
+			return cp, 0, 0, &planError{field + ".restartPolicy", fmt.Sprintf("%q: an init container's may only be Always (a sidecar)", *c.RestartPolicy)}
 		case len(cp.argv) == 0:
 			return cp, 0, 0, &planError{field + ".command", "an init container needs a command: a Berth template has no entrypoint to run"}
-		case c.StartupProbe != nil || c.LivenessProbe != nil || c.ReadinessProbe != nil:
-			return cp, 0, 0, &planError{field, "init containers cannot have probes"}
+		case c.RestartPolicy == nil && (c.StartupProbe != nil || c.LivenessProbe != nil || c.ReadinessProbe != nil):
+			return cp, 0, 0, &planError{field, "init containers cannot have probes (only sidecars, restartPolicy Always)"}
 		}
-	} else {
+		cp.sidecar = c.RestartPolicy != nil
+	}
+	if !init || cp.sidecar {
 		probes, err := parseProbes(field, c, spec, len(cp.argv) > 0)
 		if err != nil {
 			return cp, 0, 0, err

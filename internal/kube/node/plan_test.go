@@ -75,6 +75,54 @@ func TestPlanPodInits(t *testing.T) {
 	}
 }
 
+// TestPlanPodSidecars: an init container with restartPolicy Always is a
+// sidecar: it may have probes, it is followed before the containers, and
+// the sandbox is sized for what runs at once (an init container beside
+// the sidecars before it, or the containers beside every sidecar).
+func TestPlanPodSidecars(t *testing.T) {
+	pod := testPod()
+	pod.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("256Mi")}}
+	always := corev1.ContainerRestartPolicyAlways
+	limits := func(cpu, mem string) corev1.ResourceRequirements {
+		l := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
+		if mem != "" {
+			l[corev1.ResourceMemory] = resource.MustParse(mem)
+		}
+		return corev1.ResourceRequirements{Limits: l}
+	}
+	pod.Spec.InitContainers = []corev1.Container{
+		{Name: "a", Command: []string{"true"}, Resources: limits("2", "")},
+		{Name: "proxy", Command: []string{"sleep", "inf"}, RestartPolicy: &always, Resources: limits("1", "64Mi"),
+			ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"true"}}}}},
+		{Name: "b", Command: []string{"true"}, Resources: limits("2", "")},
+	}
+	p, err := planPod(pod, "n")
+	if err != nil {
+		t.Fatalf("planPod = %v", err)
+	}
+	if p.inits[0].sidecar || !p.inits[1].sidecar || p.inits[2].sidecar {
+		t.Errorf("sidecars = %v %v %v, want only proxy", p.inits[0].sidecar, p.inits[1].sidecar, p.inits[2].sidecar)
+	}
+	if p.inits[1].probes.readiness == nil {
+		t.Error("the sidecar's readiness probe was dropped")
+	}
+	var names []string
+	for _, c := range p.followed() {
+		names = append(names, c.name)
+	}
+	if !reflect.DeepEqual(names, []string{"proxy", "main"}) {
+		t.Errorf("followed = %v, want proxy then main", names)
+	}
+	if got := p.inits[1].restartPolicy(corev1.RestartPolicyNever); got != corev1.RestartPolicyAlways {
+		t.Errorf("sidecar restart policy %s, want Always", got)
+	}
+	// b beside proxy: 3 CPUs; main beside proxy: 256Mi+64Mi.
+	if p.req.CPU != 3 || p.req.Memory != "335544320" {
+		t.Errorf("cpu %v, memory %s: want 3 and 335544320", p.req.CPU, p.req.Memory)
+	}
+}
+
 func TestPlanPodAnnotations(t *testing.T) {
 	pod := testPod()
 	pod.Annotations = map[string]string{AnnotationTemplate: "base", AnnotationIsolation: "gvisor",
@@ -112,10 +160,15 @@ func TestPlanPodRefused(t *testing.T) {
 		{"env", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationEnv: `{"A":1}`} }, "metadata.annotations[berth.dev/env]"},
 		{"allow-sudo", func(p *corev1.Pod) { p.Annotations = map[string]string{AnnotationAllowSudo: "yes"} }, "metadata.annotations[berth.dev/allow-sudo]"},
 		{"init without a command", func(p *corev1.Pod) { p.Spec.InitContainers = []corev1.Container{{Name: "i"}} }, "spec.initContainers[0].command"},
-		{"sidecar init", func(p *corev1.Pod) {
-			always := corev1.ContainerRestartPolicyAlways
-			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, RestartPolicy: &always}}
+		{"init restartPolicy", func(p *corev1.Pod) {
+			never := corev1.ContainerRestartPolicy("Never")
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, RestartPolicy: &never}}
 		}, "spec.initContainers[0].restartPolicy"},
+		{"sidecar probe", func(p *corev1.Pod) {
+			always := corev1.ContainerRestartPolicyAlways
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, RestartPolicy: &always,
+				ReadinessProbe: &corev1.Probe{}}}
+		}, "spec.initContainers[0].readinessProbe"},
 		{"init probe", func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, ReadinessProbe: &corev1.Probe{}}}
 		}, "spec.initContainers[0]"},

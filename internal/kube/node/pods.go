@@ -86,6 +86,13 @@ type podState struct {
 	// volFiles are the files of its configMap and secret volumes the
 	// node wrote (filevolumes.go).
 	volFiles []string
+	// tick, once asked for, is closed at the pod's next change (await).
+	tick chan struct{}
+	// nmu orders the pod's status reports (changed).
+	nmu sync.Mutex
+	// sideStop holds, by sidecar, the channel closed to stop it once the
+	// containers are done (inits.go).
+	sideStop map[string]chan struct{}
 
 	// ctx is the pod's context (cancel ends it); fcancel ends the current
 	// generation of its container followers, fwg counts them.
@@ -141,7 +148,15 @@ func (p *Pods) NotifyPods(_ context.Context, fn func(*corev1.Pod)) {
 
 // changed reports ps's status; call without p.mu held.
 func (p *Pods) changed(ps *podState) {
+	// A status is sent before the next is made: the last one sent is the
+	// latest, whichever goroutines change the pod at once.
+	ps.nmu.Lock()
+	defer ps.nmu.Unlock()
 	p.mu.Lock()
+	if ps.tick != nil {
+		close(ps.tick)
+		ps.tick = nil
+	}
 	fn := p.notify
 	pod := p.withStatus(ps)
 	p.mu.Unlock()
@@ -246,16 +261,37 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 		}
 		return
 	}
-	if !p.runInits(ctx, ps, restored) {
+	p.start(ctx, ps, restored, time.Time{})
+}
+
+// start runs the pod's init containers, then starts its containers, under
+// one generation of followers: the sidecars' carry on beside the
+// containers', and a pause (stopFollowers) ends the init containers'
+// run too, which refollow starts again at resume. restored are the
+// processes already running in the sandbox by tag (a restarted node's, a
+// snapshot's, or a resumed sandbox's); pausedAt, once set, is when a
+// filesystem pause ended the ones that do not run any more.
+func (p *Pods) start(ctx context.Context, ps *podState, restored map[string]uint32, pausedAt time.Time) {
+	fctx := p.newFollowers(ps)
+	ps.fwg.Add(1)
+	ok := func() bool {
+		defer ps.fwg.Done()
+		return p.runInits(fctx, ps, restored, pausedAt) && p.startContainers(fctx, ps, restored)
+	}()
+	if !ok {
 		return
 	}
-	p.startContainers(ctx, ps, restored)
+	p.mu.Lock()
+	ps.up = true
+	p.mu.Unlock()
+	// A pause asked for while the containers were starting.
+	p.applyPause(ctx, ps)
 }
 
 // startContainers starts the pod's containers in its sandbox, or follows
-// those whose processes came back with it (restored, by tag).
-func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[string]uint32) {
-	fctx := p.newFollowers(ps)
+// those whose processes came back with it (restored, by tag), under ctx
+// (its followers'): false when the pod failed or ctx ended.
+func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[string]uint32) bool {
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
@@ -265,7 +301,7 @@ func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[s
 			// The container's process came back with the snapshot's
 			// memory: it carries on.
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
-			p.follow(fctx, ps, c, pid)
+			p.follow(ctx, ps, c, pid)
 			continue
 		}
 		pid, err := p.startContainer(ctx, ps, c, 0)
@@ -273,15 +309,11 @@ func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[s
 			if ctx.Err() == nil {
 				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
 			}
-			return
+			return false
 		}
-		p.follow(fctx, ps, c, pid)
+		p.follow(ctx, ps, c, pid)
 	}
-	p.mu.Lock()
-	ps.up = true
-	p.mu.Unlock()
-	// A pause asked for while the containers were starting.
-	p.applyPause(ctx, ps)
+	return ctx.Err() == nil
 }
 
 // restored is, for a sandbox made from a snapshot, the processes that
@@ -375,6 +407,9 @@ func (p *Pods) watchSandbox(ctx context.Context, ps *podState, id string) {
 			deadline = true
 		}
 		if ev.Type == client.EventPaused {
+			// The deadline paused it (on-timeout pause) rather than
+			// ending it.
+			deadline = false
 			p.pausedByDaemon(ctx, ps, id, ev)
 		}
 		switch ev.Type {
@@ -690,6 +725,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		s.ImageID = "berth://" + ps.plan.req.Template
 		return s
 	}
+	readyN, n := 0, len(ps.plan.containers)
 	for _, c := range ps.plan.inits {
 		s := status(c, pod.Spec.InitContainers)
 		if cs := ps.containers[c.name]; cs == nil || (!cs.running && !cs.exited && cs.waitReason == "") {
@@ -697,11 +733,19 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 			// never run: it stays waiting whatever ended the pod.
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonPodInitializing}}
 		}
-		// Ready once it succeeded, as the kubelet reports them.
-		s.Ready = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
+		if c.sidecar {
+			// A sidecar is ready as a container is, and counts toward
+			// the pod's readiness.
+			n++
+			if s.Ready {
+				readyN++
+			}
+		} else {
+			// Ready once it succeeded, as the kubelet reports them.
+			s.Ready = s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
+		}
 		st.InitContainerStatuses = append(st.InitContainerStatuses, s)
 	}
-	readyN := 0
 	for _, c := range ps.plan.containers {
 		s := status(c, pod.Spec.Containers)
 		if !initialized {
@@ -713,8 +757,17 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		}
 		st.ContainerStatuses = append(st.ContainerStatuses, s)
 	}
-	n := len(ps.plan.containers)
 	st.Phase = podPhase(pod.Spec.RestartPolicy, st.ContainerStatuses)
+	if st.Phase == corev1.PodSucceeded || st.Phase == corev1.PodFailed {
+		// Not over while a sidecar still runs: a terminal phase is final
+		// (no later status is taken), and the sidecars' ends are still
+		// to be reported, as on a kubelet.
+		for _, c := range ps.plan.inits {
+			if cs := ps.containers[c.name]; c.sidecar && cs != nil && cs.running {
+				st.Phase = corev1.PodRunning
+			}
+		}
+	}
 	if ps.reason != "" {
 		// A pod that could not be made, or whose sandbox ended, is over
 		// whatever its restart policy.
@@ -866,16 +919,14 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
-			if p.runInits(ctx, ps, running) {
-				p.startContainers(ctx, ps, nil)
-			}
+			p.start(ctx, ps, running, time.Time{})
 		}()
 		return nil
 	}
 	p.recoverInits(ctx, ps, sb.ID)
 	fctx := p.newFollowers(ps)
 	started := ps.started
-	for _, c := range ps.plan.containers {
+	for _, c := range ps.plan.followed() {
 		var pid uint32
 		for _, pr := range procs {
 			if pr.Tag == processTag(c.name) {
@@ -924,12 +975,13 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 	p.adopt(ctx, ps, sb)
 	p.syncVolumesEvery(ps, p.syncEvery)
 	p.mu.Lock()
-	for _, c := range ps.plan.containers {
+	for _, c := range ps.plan.followed() {
 		ps.containers[c.name] = &containerState{running: true, startedAt: ps.started}
 	}
 	// The node pauses a pod only once its containers started, after its
 	// init containers succeeded; their runs are read back on resume
-	// (recoverAllRuns).
+	// (recoverAllRuns), which finds out too whether the daemon paused it
+	// on its own before then.
 	ps.initialized = true
 	ps.up = true
 	pz := pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}

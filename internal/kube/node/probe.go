@@ -80,11 +80,16 @@ const defaultGrace = 30 * time.Second
 
 // parseProbes checks a container's probes (field is the container's path
 // in the pod spec).
-func parseProbes(field string, c corev1.Container, spec corev1.PodSpec, hasCommand bool) (containerProbes, error) {
-	grace := defaultGrace
+// podGrace is the pod's terminationGracePeriodSeconds.
+func podGrace(spec corev1.PodSpec) time.Duration {
 	if g := spec.TerminationGracePeriodSeconds; g != nil && *g >= 0 {
-		grace = time.Duration(*g) * time.Second
+		return time.Duration(*g) * time.Second
 	}
+	return defaultGrace
+}
+
+func parseProbes(field string, c corev1.Container, spec corev1.PodSpec, hasCommand bool) (containerProbes, error) {
+	grace := podGrace(spec)
 	var out containerProbes
 	for _, k := range []struct {
 		kind probeKind
@@ -287,7 +292,7 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 	wait := func(t time.Time) bool { return sleepCtx(ctx, time.Until(t)) }
 	kill := func(why string) {
 		p.log.Info("container_probe_kill", "pod", podKey, "container", c.name, "why", why)
-		p.killContainer(ctx, ps, id, pid, c, why)
+		p.killContainer(ctx, ps, id, pid, c)
 	}
 	if s := pr.startup; s != nil {
 		fails := 0
@@ -369,17 +374,26 @@ func (p *Pods) probeRun(ctx context.Context, ps *podState, c containerPlan, pid 
 }
 
 // killContainer ends a container's run as the kubelet does after a
-// failed probe: SIGTERM to its command, SIGKILL once grace has passed
-// (both through its wrapper, which passes them on and records the exit).
-func (p *Pods) killContainer(ctx context.Context, ps *podState, id string, pid uint32, c containerPlan, why string) {
-	grace := defaultGrace
+// failed probe: SIGTERM to its command, SIGKILL once the probe's grace
+// has passed.
+func (p *Pods) killContainer(ctx context.Context, ps *podState, id string, pid uint32, c containerPlan) {
+	grace := podGrace(ps.pod.Spec)
 	for _, pr := range []*probe{c.probes.liveness, c.probes.startup} {
 		if pr != nil {
 			grace = pr.grace
 		}
 	}
+	p.terminate(ctx, ps, id, pid, c.name, grace)
+}
+
+// terminate ends a container's run pid: SIGTERM to its command, SIGKILL
+// once grace has passed (both through its wrapper, which passes them on
+// and records the exit). ctx ends when the run does.
+func (p *Pods) terminate(ctx context.Context, ps *podState, id string, pid uint32, name string, grace time.Duration) {
 	if err := p.sb.Signal(ctx, id, pid, int(syscall.SIGTERM)); err != nil {
-		p.log.Warn("container_kill_failed", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", c.name, "err", err)
+		if ctx.Err() == nil {
+			p.log.Warn("container_kill_failed", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", name, "err", err)
+		}
 		return
 	}
 	t := time.NewTimer(grace)
@@ -390,6 +404,6 @@ func (p *Pods) killContainer(ctx context.Context, ps *podState, id string, pid u
 	case <-t.C:
 	}
 	if err := p.sb.Signal(ctx, id, pid, int(killSignal)); err != nil && ctx.Err() == nil {
-		p.log.Warn("container_kill_failed", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", c.name, "err", err)
+		p.log.Warn("container_kill_failed", "pod", key(ps.pod.Namespace, ps.pod.Name), "container", name, "err", err)
 	}
 }

@@ -317,6 +317,9 @@ func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid ui
 				pctx, pcancel := context.WithCancel(ctx)
 				var probes sync.WaitGroup
 				probes.Go(func() { p.probeRun(pctx, ps, c, pid) })
+				if c.sidecar {
+					probes.Go(func() { p.stopWhenAsked(pctx, ps, c, pid) })
+				}
 				_, _ = p.sb.Attach(ctx, ps.sandboxID, pid)
 				pcancel()
 				probes.Wait()
@@ -331,8 +334,11 @@ func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid ui
 				}
 				return
 			}
-			wait, restart, ok := p.nextRun(ps, c.name, code)
+			wait, restart, ok := p.nextRun(ps, c, code)
 			if !ok {
+				if !c.sidecar {
+					p.stopSidecars(ctx, ps)
+				}
 				return
 			}
 			if !sleepCtx(ctx, wait) {
@@ -352,10 +358,12 @@ func (p *Pods) follow(ctx context.Context, ps *podState, c containerPlan, pid ui
 // nextRun decides, once a container exited with code, whether it starts
 // again: ok, after wait, as run restart. A wait puts it in
 // CrashLoopBackOff until then.
-func (p *Pods) nextRun(ps *podState, name string, code int) (wait time.Duration, restart int, ok bool) {
+func (p *Pods) nextRun(ps *podState, c containerPlan, code int) (wait time.Duration, restart int, ok bool) {
+	name := c.name
 	p.mu.Lock()
 	cs := ps.containers[name]
-	if cs == nil || ps.reason != "" || ps.deleted || !restartsOn(ps.pod.Spec.RestartPolicy, code) {
+	if cs == nil || ps.reason != "" || ps.deleted || !restartsOn(c.restartPolicy(ps.pod.Spec.RestartPolicy), code) ||
+		(c.sidecar && ps.sidecarStopped(name)) {
 		p.mu.Unlock()
 		return 0, 0, false
 	}
