@@ -142,11 +142,12 @@ func TestPodInitContainers(t *testing.T) {
 	testPauseDuringInit(t, c)
 }
 
-// testPauseDuringInit: a sandbox whose daemon pauses it at its deadline
-// (on-timeout pause) while an init container runs leaves the pod Pending
-// and paused, not failed; a moved deadline resumes it, the init container
-// the (filesystem) pause ended runs again as a restart, and the container
-// starts once it succeeded.
+// testPauseDuringInit: a sandbox paused while an init container runs, by
+// the pause annotation and then by its daemon at its deadline
+// (on-timeout pause), leaves the pod Pending and paused, not failed; the
+// annotation's removal, then a moved deadline, resume it, the init
+// container each (filesystem) pause ended runs again as a restart, and
+// the container starts once it succeeded.
 func testPauseDuringInit(t *testing.T, c *cluster) {
 	cp := c.cp
 	ctx := t.Context()
@@ -169,6 +170,31 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 		return p.Status.InitContainerStatuses[0]
 	}
 	waitPod(t, cp, "default", "init-paused", "gate running", func(p *corev1.Pod) bool { return gate(p).State.Running != nil })
+	// Paused by the annotation, then resumed by its removal: gate runs
+	// again.
+	annotate := func(v string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:null}}}`, node.AnnotationPaused)
+		if v != "" {
+			patch = fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, node.AnnotationPaused, v)
+		}
+		if _, err := pods.Patch(ctx, "init-paused", ktypes.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	annotate("now")
+	p := waitPod(t, cp, "default", "init-paused", "paused by the annotation", func(p *corev1.Pod) bool {
+		done, err := node.PauseStatus(p, "now")
+		return done && err == nil
+	})
+	if w := gate(p).State.Waiting; p.Status.Phase != corev1.PodPending || w == nil || w.Reason != node.ReasonPaused {
+		t.Errorf("paused while initializing: phase %s, gate %+v; want Pending, waiting with %s", p.Status.Phase, gate(p).State, node.ReasonPaused)
+	}
+	annotate("")
+	waitPod(t, cp, "default", "init-paused", "gate running again after the resume", func(p *corev1.Pod) bool {
+		st, _ := node.Paused(p)
+		return st == "" && gate(p).State.Running != nil && gate(p).RestartCount == 1
+	})
 	deadline := func(d time.Duration) {
 		t.Helper()
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, node.AnnotationDeadline, time.Now().Add(d).UTC().Format(time.RFC3339))
@@ -178,7 +204,7 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 	}
 	// The deadline comes while gate runs: the daemon pauses the sandbox.
 	deadline(2 * time.Second)
-	p := waitPod(t, cp, "default", "init-paused", "paused by its daemon", func(p *corev1.Pod) bool {
+	p = waitPod(t, cp, "default", "init-paused", "paused by its daemon", func(p *corev1.Pod) bool {
 		st, _ := node.Paused(p)
 		return st == "paused"
 	})
@@ -190,7 +216,7 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 	deadline(time.Hour)
 	waitPod(t, cp, "default", "init-paused", "gate running again", func(p *corev1.Pod) bool {
 		st, _ := node.Paused(p)
-		return st == "" && gate(p).State.Running != nil && gate(p).RestartCount == 1
+		return st == "" && gate(p).State.Running != nil && gate(p).RestartCount == 2
 	})
 	if out, stderr, code := execPodIn(t, cp, "default", "init-paused", "gate", "touch", "/work/go"); code != 0 {
 		t.Fatalf("touch /work/go: %d %q %q", code, out, stderr)
@@ -203,7 +229,7 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 		t.Errorf("gate = %+v, want exit 0 after a run the pause ended (137)", s)
 	}
 	harness.WaitFor(t, time.Minute, "the container's output", func() bool {
-		return containerLogs(t, cp, "default", "init-paused", "main") == "run\nrun\n"
+		return containerLogs(t, cp, "default", "init-paused", "main") == "run\nrun\nrun\n"
 	})
 	if err := pods.Delete(ctx, "init-paused", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

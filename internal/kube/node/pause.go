@@ -186,8 +186,8 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 	} else if (want != "") == st.paused {
 		return
 	}
-	// A pause waits for the containers to start; a resume (of a pause
-	// the daemon made on its own while the init containers ran) does not.
+	// A pause waits for the sandbox to be made (start); a resume does
+	// not.
 	if id == "" || over || (!up && want != "") || (want == st.failed && st.failedErr != nil) {
 		return
 	}
@@ -373,11 +373,6 @@ func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
 		}
 		p.follow(ctx, ps, c, pid)
 	}
-	// The containers run (a pause during their start ended it before it
-	// said so).
-	p.mu.Lock()
-	ps.up = true
-	p.mu.Unlock()
 	return nil
 }
 

@@ -77,8 +77,8 @@ type podState struct {
 	// (network.go); dmu orders its changes too.
 	net netState
 	// pz is the sandbox's pause against AnnotationPaused (pause.go); dmu
-	// orders it too. up says the containers were started (a pause waits
-	// for that).
+	// orders it too. up says the pod's processes are started (start
+	// began; a pause asked for before waits for that).
 	pz pauseState
 	up bool
 	// initialized: every init container succeeded (true without any).
@@ -272,26 +272,35 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 // snapshot's, or a resumed sandbox's); pausedAt, once set, is when a
 // filesystem pause ended the ones that do not run any more.
 func (p *Pods) start(ctx context.Context, ps *podState, restored map[string]uint32, pausedAt time.Time) {
-	fctx := p.newFollowers(ps)
-	ps.fwg.Add(1)
-	ok := func() bool {
-		defer ps.fwg.Done()
-		return p.runInits(fctx, ps, restored, pausedAt) && p.startContainers(fctx, ps, restored)
-	}()
-	if !ok {
-		return
-	}
+	// From here on the pod may be paused; a pause asked for while its
+	// sandbox was made is done first.
 	p.mu.Lock()
 	ps.up = true
 	p.mu.Unlock()
-	// A pause asked for while the containers were starting.
 	p.applyPause(ctx, ps)
+	// dmu orders this against a pause: one done before is seen here (the
+	// resume starts again), one after ends these followers.
+	ps.dmu.Lock()
+	p.mu.Lock()
+	paused := ps.pz.paused
+	p.mu.Unlock()
+	if paused {
+		ps.dmu.Unlock()
+		return
+	}
+	fctx := p.newFollowers(ps)
+	ps.fwg.Add(1)
+	ps.dmu.Unlock()
+	defer ps.fwg.Done()
+	if p.runInits(fctx, ps, restored, pausedAt) {
+		p.startContainers(fctx, ps, restored)
+	}
 }
 
 // startContainers starts the pod's containers in its sandbox, or follows
 // those whose processes came back with it (restored, by tag), under ctx
-// (its followers'): false when the pod failed or ctx ended.
-func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[string]uint32) bool {
+// (its followers').
+func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[string]uint32) {
 	for _, c := range ps.plan.containers {
 		if len(c.argv) == 0 {
 			p.setContainer(ps, c.name, func(cs *containerState) { cs.running, cs.startedAt = true, time.Now() })
@@ -309,11 +318,10 @@ func (p *Pods) startContainers(ctx context.Context, ps *podState, restored map[s
 			if ctx.Err() == nil {
 				p.fail(ps, "BerthStartFailed", fmt.Sprintf("container %s: %v", c.name, err))
 			}
-			return false
+			return
 		}
 		p.follow(ctx, ps, c, pid)
 	}
-	return ctx.Err() == nil
 }
 
 // restored is, for a sandbox made from a snapshot, the processes that
