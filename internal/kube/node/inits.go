@@ -190,16 +190,14 @@ func (p *Pods) stopSidecars(ctx context.Context, ps *podState) {
 			continue
 		}
 		p.mu.Lock()
-		stop := ps.sidecarStop(c.name)
-		select {
-		case <-stop:
-			// Stopped already.
-			p.mu.Unlock()
-			continue
-		default:
+		stopped := ps.sidecarStopped(c.name)
+		if !stopped {
+			close(ps.sidecarStop(c.name))
 		}
-		close(stop)
 		p.mu.Unlock()
+		if stopped {
+			continue
+		}
 		if !p.await(ctx, ps, func() bool {
 			cs := ps.containers[c.name]
 			return cs == nil || !cs.running

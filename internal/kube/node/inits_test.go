@@ -80,6 +80,9 @@ func TestSidecars(t *testing.T) {
 		if pst = status(); pst.Status.Phase != corev1.PodRunning || pst.Status.InitContainerStatuses[0].State.Running == nil {
 			t.Errorf("phase %s, s1 %+v; want Running while s1 runs", pst.Status.Phase, pst.Status.InitContainerStatuses[0].State)
 		}
+		// Inside the synctest bubble: Sleep moves the fake clock past
+		// the grace period (no real time passes); Wait lets the node
+		// act on it.
 		time.Sleep(defaultGrace)
 		synctest.Wait()
 		pst = status()
@@ -91,7 +94,7 @@ func TestSidecars(t *testing.T) {
 				t.Errorf("%s = %+v, want terminated with %d", s.Name, s.State, code)
 			}
 		}
-		// Past any back-off: nothing starts again.
+		// Past any back-off (fake clock, as above): nothing starts again.
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if got := f.started(); len(got) != 5 {

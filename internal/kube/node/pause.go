@@ -299,12 +299,9 @@ func (p *Pods) stopFollowers(ps *podState) {
 // not).
 func (p *Pods) recoverAllRuns(ps *podState, id string) {
 	if len(ps.plan.inits) > 0 {
-		running := map[string]uint32{}
-		if procs, err := p.sb.Processes(ps.ctx, id); err == nil {
-			for _, pr := range procs {
-				running[pr.Tag] = pr.PID
-			}
-		}
+		// Unread (an error), no process counts as running: the files
+		// decide.
+		running, _ := p.runningByTag(ps.ctx, id)
 		if !p.containersBegan(ps.ctx, ps, id, running) {
 			// The daemon paused it while its init containers ran:
 			// refollow goes on with them, and they read their runs back
@@ -341,15 +338,9 @@ func (p *Pods) recoverAllRuns(ps *podState, id string) {
 // as its next restart. A pod paused while its init containers ran goes
 // on with them (start).
 func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
-	procs, err := p.sb.Processes(ps.ctx, id)
+	running, err := p.runningByTag(ps.ctx, id)
 	if err != nil {
-		return fmt.Errorf("processes of sandbox %s: %w", id, err)
-	}
-	running := map[string]uint32{}
-	for _, pr := range procs {
-		if pr.Tag != "" {
-			running[pr.Tag] = pr.PID
-		}
+		return err
 	}
 	p.mu.Lock()
 	initialized := ps.initialized || len(ps.plan.inits) == 0

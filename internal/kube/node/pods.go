@@ -332,9 +332,19 @@ func (p *Pods) restored(ctx context.Context, ps *podState) (map[string]uint32, e
 	if ps.plan.req.Snapshot == "" {
 		return nil, nil
 	}
-	procs, err := p.sb.Processes(ctx, ps.sandboxID)
+	running, err := p.runningByTag(ctx, ps.sandboxID)
 	if err != nil {
-		return nil, fmt.Errorf("processes of sandbox %s made from snapshot %s: %w", ps.sandboxID, ps.plan.req.Snapshot, err)
+		return nil, fmt.Errorf("made from snapshot %s: %w", ps.plan.req.Snapshot, err)
+	}
+	return running, nil
+}
+
+// runningByTag is the pids of the tagged processes running in sandbox id,
+// by tag (a container's is processTag of its name).
+func (p *Pods) runningByTag(ctx context.Context, id string) (map[string]uint32, error) {
+	procs, err := p.sb.Processes(ctx, id)
+	if err != nil {
+		return nil, fmt.Errorf("processes of sandbox %s: %w", id, err)
 	}
 	out := map[string]uint32{}
 	for _, pr := range procs {
@@ -908,18 +918,12 @@ func (p *Pods) reconcile(ctx context.Context) error {
 // policy says so), or without a process of its own. Restart counts and
 // previous runs are read back from the sandbox.
 func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) error {
-	procs, err := p.sb.Processes(ctx, sb.ID)
+	running, err := p.runningByTag(ctx, sb.ID)
 	if err != nil {
-		return fmt.Errorf("processes of sandbox %s: %w", sb.ID, err)
+		return err
 	}
 	p.adopt(ctx, ps, sb)
 	p.syncVolumesEvery(ps, p.syncEvery)
-	running := map[string]uint32{}
-	for _, pr := range procs {
-		if pr.Tag != "" {
-			running[pr.Tag] = pr.PID
-		}
-	}
 	if len(ps.plan.inits) > 0 && !p.containersBegan(ctx, ps, sb.ID, running) {
 		// The node stopped while the init containers ran: they carry on
 		// (one that succeeded is not run again), then the containers
@@ -935,12 +939,7 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 	fctx := p.newFollowers(ps)
 	started := ps.started
 	for _, c := range ps.plan.followed() {
-		var pid uint32
-		for _, pr := range procs {
-			if pr.Tag == processTag(c.name) {
-				pid = pr.PID
-			}
-		}
+		pid := running[processTag(c.name)]
 		cs := &containerState{running: true, startedAt: started}
 		if len(c.argv) > 0 {
 			p.recoverRuns(ctx, sb.ID, c.name, cs)

@@ -78,8 +78,6 @@ func (cp containerProbes) any() bool {
 // none, as the API server defaults it.
 const defaultGrace = 30 * time.Second
 
-// parseProbes checks a container's probes (field is the container's path
-// in the pod spec).
 // podGrace is the pod's terminationGracePeriodSeconds.
 func podGrace(spec corev1.PodSpec) time.Duration {
 	if g := spec.TerminationGracePeriodSeconds; g != nil && *g >= 0 {
@@ -88,6 +86,8 @@ func podGrace(spec corev1.PodSpec) time.Duration {
 	return defaultGrace
 }
 
+// parseProbes checks a container's probes (field is the container's path
+// in the pod spec).
 func parseProbes(field string, c corev1.Container, spec corev1.PodSpec, hasCommand bool) (containerProbes, error) {
 	grace := podGrace(spec)
 	var out containerProbes
