@@ -172,14 +172,10 @@ func (n *Network) createLink(att *Attachment, prefix netip.Prefix) error {
 }
 
 // configureSandboxSide gives eth0 the sandbox address and a default route
-// via the host side.
+// via the host side. eth0 has IPv6 off already: it was made in the
+// sandbox's namespace after configureNetns turned it off for every new
+// interface there (net/ipv6/conf/default).
 func configureSandboxSide(att Attachment) error {
-	err := inNetns(att.NetNSPath, func() error {
-		return writeSysctl("net/ipv6/conf/"+sandboxIface+"/disable_ipv6", "1")
-	})
-	if err != nil {
-		return err
-	}
 	h, err := handleAt(att.NetNSPath)
 	if err != nil {
 		return err

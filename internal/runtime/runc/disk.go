@@ -24,8 +24,11 @@ import (
 // makeImage creates a sparse file of size bytes at path and formats it ext4.
 // No journal: the image is scratch space that dies with the sandbox, and a
 // journal costs both create time and space. lazy_itable_init and nodiscard
-// keep mkfs from touching (and so allocating) the whole file.
-func makeImage(ctx context.Context, path string, size int64) error {
+// keep mkfs from touching (and so allocating) the whole file. A
+// background mkfs (refilling the disk pool) runs at the lowest CPU and
+// I/O priority, so that it takes only what live sandboxes and creates
+// leave over.
+func makeImage(ctx context.Context, path string, size int64, background bool) error {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
 		return fmt.Errorf("create disk image: %w", err)
@@ -42,10 +45,32 @@ func makeImage(ctx context.Context, path string, size int64) error {
 		"-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard",
 		"-m", "0", // no root reserve: sandbox root is not host root
 		path)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("mkfs.ext4: %w", err)
+	}
+	if background {
+		// Set once it runs; the few instructions before count for nothing.
+		lowerPriority(cmd.Process.Pid)
+	}
+	if err := cmd.Wait(); err != nil {
+		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(out.String()))
 	}
 	return nil
+}
+
+// lowerPriority gives process pid the lowest CPU priority (nice 19) and
+// the idle I/O class. Best effort: a process that already ended, or a
+// kernel without I/O priorities, leaves it as it was.
+func lowerPriority(pid int) {
+	_ = unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
+	const (
+		ioprioWhoProcess = 1
+		ioprioClassIdle  = 3
+		ioprioClassShift = 13
+	)
+	_, _, _ = unix.Syscall(unix.SYS_IOPRIO_SET, ioprioWhoProcess, uintptr(pid), ioprioClassIdle<<ioprioClassShift)
 }
 
 // attachLoop binds image to a free loop device with autoclear set and

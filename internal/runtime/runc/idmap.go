@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -55,6 +56,58 @@ func usernsFD(inner, outer, count uint32) (*os.File, error) {
 		return nil, fmt.Errorf("user namespace for idmap: %w", err)
 	}
 	return f, nil
+}
+
+// idmapNS keeps, per sandbox root uid, the user namespace usernsFD made
+// for it, so each create does not fork the daemon again (a full fork of
+// its address space and an exec, the largest share of the daemon's CPU
+// in a create after runc). The namespace only describes a mapping: no
+// process ever runs in it, so it holds no state one sandbox could leave
+// for the next one on the same uid slot. (The sandbox's own user
+// namespace, which its processes live in and which holds keyrings and
+// per-namespace counters, is made fresh for every sandbox: newUserNS.)
+type idmapNS struct {
+	mu  sync.Mutex
+	fds map[uint32]*os.File // by outer (host) uid
+}
+
+// get returns the namespace mapping inner.. onto outer..; the caller
+// must not close it.
+func (c *idmapNS) get(inner, outer, count uint32) (*os.File, error) {
+	c.mu.Lock()
+	f, ok := c.fds[outer]
+	c.mu.Unlock()
+	if ok {
+		return f, nil
+	}
+	// Made outside the lock: creates on other slots do not wait for
+	// this fork. Two creates never share a slot, but should two ever
+	// race here, the second namespace is dropped.
+	f, err := usernsFD(inner, outer, count)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if kept, ok := c.fds[outer]; ok {
+		f.Close()
+		return kept, nil
+	}
+	if c.fds == nil {
+		c.fds = map[uint32]*os.File{}
+	}
+	c.fds[outer] = f
+	return f, nil
+}
+
+// close drops every namespace kept.
+func (c *idmapNS) close() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, f := range c.fds {
+		f.Close()
+	}
+	c.fds = nil
 }
 
 // mountIdmappedLayers attaches an idmapped, read-only view of each layer

@@ -42,8 +42,8 @@ func newDiskPool(dir string, depth int, log *slog.Logger) (*diskPool, error) {
 		ready: map[int64][]string{}, filling: map[int64]bool{}}, nil
 }
 
-// take moves a ready image of size to dst and reports whether it did. It
-// starts refilling that size either way.
+// take moves a ready image of size to dst and reports whether it did.
+// The caller refills the pool (warm) once it is done with its create.
 func (p *diskPool) take(size int64, dst string) bool {
 	p.mu.Lock()
 	var img string
@@ -52,7 +52,6 @@ func (p *diskPool) take(size int64, dst string) bool {
 		p.ready[size] = imgs[:len(imgs)-1]
 	}
 	p.mu.Unlock()
-	p.warm(size)
 	if img == "" {
 		return false
 	}
@@ -96,7 +95,7 @@ func (p *diskPool) fill(size int64) {
 		var b [6]byte
 		rand.Read(b[:])
 		img := filepath.Join(p.dir, fmt.Sprintf("%d-%s.img", size, hex.EncodeToString(b[:])))
-		if err := makeImage(p.ctx, img, size); err != nil {
+		if err := makeImage(p.ctx, img, size, true); err != nil {
 			os.Remove(img)
 			if p.ctx.Err() == nil {
 				p.log.Warn("disk_pool_fill", "size", size, "err", err)

@@ -26,6 +26,7 @@ func TestDiskPool(t *testing.T) {
 	if p.take(size, dst) {
 		t.Fatal("take from an empty pool succeeded")
 	}
+	p.warm(size)
 	harness.WaitFor(t, 30*time.Second, "the pool to hold 2 images", func() bool {
 		p.mu.Lock()
 		defer p.mu.Unlock()

@@ -81,6 +81,7 @@ type Runtime struct {
 	sigpending, msgqueue uint64
 	pool                 *diskPool
 	slots                *slots
+	idmaps               idmapNS
 	proc                 string // where /proc is; "" is /proc (a seam for tests)
 }
 
@@ -166,6 +167,7 @@ func (r *Runtime) Close() {
 	if r.pool != nil {
 		r.pool.close()
 	}
+	r.idmaps.close()
 	// The daemon's own cgroup parent goes once no sandbox is left under
 	// it; with sandboxes still running rmdir fails and it stays, for the
 	// next start to adopt them.
@@ -227,6 +229,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		}
 		return fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	// The image this create took from the pool is replaced once the
+	// create is over, not beside it: mkfs would compete with runc and the
+	// agent for the CPU while the caller waits.
+	defer r.Warm(spec.DiskBytes)
 	defer func() {
 		if err == nil {
 			return
@@ -345,27 +351,25 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 	}
 	id := s.ID
 	phases.mark("checks")
-	// The user namespace for the idmapped layers costs a fork (~10 ms):
-	// made while the disk image is prepared, and always collected before
-	// returning.
+	// The user namespace for the idmapped layers costs a fork (~10 ms)
+	// the first time a uid slot is used: made while the disk image is
+	// prepared, and always collected before returning.
 	type nsResult struct {
 		f   *os.File
 		err error
 	}
 	nsc := make(chan nsResult, 1)
 	go func() {
-		f, err := usernsFD(r.cfg.UIDBase, uid, r.cfg.UIDCount)
+		f, err := r.idmaps.get(r.cfg.UIDBase, uid, r.cfg.UIDCount)
 		nsc <- nsResult{f, err}
 	}()
 	defer func() {
 		if nsc != nil {
-			if res := <-nsc; res.f != nil {
-				res.f.Close()
-			}
+			<-nsc
 		}
 	}()
 	if r.pool == nil || !r.pool.take(s.DiskBytes, r.image(id)) {
-		if err := makeImage(ctx, r.image(id), s.DiskBytes); err != nil {
+		if err := makeImage(ctx, r.image(id), s.DiskBytes, false); err != nil {
 			return err
 		}
 	}
@@ -395,7 +399,6 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 		return ns.err
 	}
 	lowers, err := mountIdmappedLayers(s.Layers, filepath.Join(r.dir(id), "lower"), ns.f)
-	ns.f.Close()
 	if err != nil {
 		return err
 	}

@@ -187,12 +187,11 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 	if err := os.RemoveAll(filepath.Join(r.dir(id), "lower")); err != nil {
 		return err
 	}
-	ns, err := usernsFD(r.cfg.UIDBase, uid, r.cfg.UIDCount)
+	ns, err := r.idmaps.get(r.cfg.UIDBase, uid, r.cfg.UIDCount)
 	if err != nil {
 		return err
 	}
 	lowers, err := mountIdmappedLayers(layers, filepath.Join(r.dir(id), "lower"), ns)
-	ns.Close()
 	if err != nil {
 		return err
 	}
