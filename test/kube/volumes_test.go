@@ -3,14 +3,20 @@ package kube
 import (
 	"context"
 	"io"
+	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/berth-sandbox/berth/test/harness"
@@ -21,7 +27,10 @@ import (
 // the other's path), a subPath mount is a part of its volume, and a pod
 // with a volume type Berth cannot honour fails naming it. The containers'
 // environment comes from a ConfigMap (envFrom), a Secret's key and the
-// pod's fields, read when they start.
+// pod's fields, read when they start. A projected volume holds a token of
+// the pod's service account (the API server takes it as that account),
+// the cluster's CA and the namespace; a downwardAPI volume the pod's
+// labels (following a change) and a container's memory limit.
 func TestPodVolumes(t *testing.T) {
 	c := startClusterWith(t, []string{"--config-sync-period", "1s"}, "berth-a")
 	cp := c.cp
@@ -35,15 +44,38 @@ func TestPodVolumes(t *testing.T) {
 		Data: map[string][]byte{"token": []byte("s3cret-token")}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := cp.Client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "agent"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(cp.CA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cp.Client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "kube-root-ca.crt"},
+		Data: map[string]string{"ca.crt": string(caPEM)}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	pod := sandboxPod("shared", "sh", "-c", "echo from-main > /work/main.txt && echo cached > /cache/pip/wheel && exec sleep 3601")
+	pod.Labels = map[string]string{"stage": "one"}
+	pod.Spec.ServiceAccountName = "agent"
 	empty := corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}
 	m400 := int32(0o400)
 	pod.Spec.Volumes = []corev1.Volume{{Name: "work", VolumeSource: empty}, {Name: "cache", VolumeSource: empty},
 		{Name: "settings", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}},
 		{Name: "creds", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "agent-creds",
-			Items: []corev1.KeyToPath{{Key: "token", Path: "api/token", Mode: &m400}}}}}}
+			Items: []corev1.KeyToPath{{Key: "token", Path: "api/token", Mode: &m400}}}}},
+		{Name: "kube-api-access", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}, Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}},
+		}}}},
+		{Name: "podinfo", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+			{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+			{Path: "mem", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "main", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}},
+		}}}}}
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "work", MountPath: "/work"}, {Name: "cache", MountPath: "/cache/pip", SubPath: "pip"},
-		{Name: "settings", MountPath: "/etc/agent", ReadOnly: true}, {Name: "creds", MountPath: "/run/creds", ReadOnly: true}}
+		{Name: "settings", MountPath: "/etc/agent", ReadOnly: true}, {Name: "creds", MountPath: "/run/creds", ReadOnly: true},
+		{Name: "kube-api-access", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}, {Name: "podinfo", MountPath: "/etc/podinfo"}}
 	pod.Spec.Containers[0].EnvFrom = []corev1.EnvFromSource{{Prefix: "CFG_", ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-settings"}}}}
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env,
 		corev1.EnvVar{Name: "TOKEN", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "agent-creds"}, Key: "token"}}},
@@ -95,6 +127,39 @@ func TestPodVolumes(t *testing.T) {
 	harness.WaitFor(t, time.Minute, "the volumes to follow their objects", func() bool {
 		out, _, code := execPod(t, cp, "default", "shared", "", "sh", "-c", "cat /etc/agent/MODE /etc/agent/LEVEL /run/creds/api/token; stat -c %a /run/creds/api/token")
 		return code == 0 && out == "approve2rotated-token400\n"
+	})
+	// The service account token volume: the API server takes the token
+	// as the pod's service account; the CA and namespace are there.
+	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", "cd /var/run/secrets/kubernetes.io/serviceaccount && cat namespace && echo && cat token")
+	ns, token, _ := strings.Cut(out, "\n")
+	if code != 0 || ns != "default" || token == "" {
+		t.Fatalf("service account volume: %q (%d, %q)", out, code, stderr)
+	}
+	if got, _, _ := execPod(t, cp, "default", "shared", "", "cat", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"); got != string(caPEM) {
+		t.Errorf("ca.crt in the pod = %q, want the cluster's CA", got)
+	}
+	as := rest.AnonymousClientConfig(cp.Config)
+	as.BearerToken = token
+	asClient, err := kubernetes.NewForConfig(as)
+	if err != nil {
+		t.Fatal(err)
+	}
+	review, err := asClient.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	if err != nil || review.Status.UserInfo.Username != "system:serviceaccount:default:agent" {
+		t.Errorf("the pod's token authenticates as %+v (%v), want system:serviceaccount:default:agent", review, err)
+	}
+	// The downwardAPI volume: the container's limit, and labels that
+	// follow the pod's.
+	out, stderr, code = execPod(t, cp, "default", "shared", "", "sh", "-c", "cat /etc/podinfo/mem; echo; cat /etc/podinfo/labels")
+	if want := "128\nstage=\"one\""; code != 0 || out != want {
+		t.Errorf("downwardAPI volume = %q (%d, %q), want %q", out, code, stderr, want)
+	}
+	if _, err := pods.Patch(ctx, "shared", types.MergePatchType, []byte(`{"metadata":{"labels":{"stage":"two","team":"a"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	harness.WaitFor(t, time.Minute, "the labels file to follow the pod's labels", func() bool {
+		out, _, code := execPod(t, cp, "default", "shared", "", "cat", "/etc/podinfo/labels")
+		return code == 0 && out == "stage=\"two\"\nteam=\"a\""
 	})
 	if err := pods.Delete(ctx, "shared", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"path"
 	"regexp"
 	"slices"
 	"strconv"
@@ -97,7 +96,8 @@ var fieldLabel = regexp.MustCompile(`^metadata\.(labels|annotations)\['([^']+)'\
 var envVarName = regexp.MustCompile(`^[-._a-zA-Z][-._a-zA-Z0-9]*$`)
 
 // checkEnvSource refuses at plan what the node cannot resolve.
-func checkEnvSource(field string, s *corev1.EnvVarSource) error {
+// containers are the pod's containers' names, self the variable's.
+func checkEnvSource(field string, s *corev1.EnvVarSource, containers map[string]bool, self string) error {
 	switch {
 	case s.ConfigMapKeyRef != nil, s.SecretKeyRef != nil:
 		return nil
@@ -107,7 +107,7 @@ func checkEnvSource(field string, s *corev1.EnvVarSource) error {
 		}
 		return &planError{field + ".fieldRef.fieldPath", fmt.Sprintf("%q is not a field a Berth node resolves", s.FieldRef.FieldPath)}
 	case s.ResourceFieldRef != nil:
-		return &planError{field + ".resourceFieldRef", "resource fields are not supported on Berth nodes"}
+		return checkResourceRef(field+".resourceFieldRef", s.ResourceFieldRef, containers, self)
 	}
 	return &planError{field, "unsupported or empty reference"}
 }
@@ -135,13 +135,14 @@ func (p *Pods) containerEnv(ctx context.Context, ps *podState, c containerPlan) 
 // in order, each value's $(VAR) references expanded against what came
 // before it.
 func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (map[string]string, error) {
-	if p.kube == nil && (len(c.envFrom) > 0 || slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil && v.src.FieldRef == nil })) {
+	if p.kube == nil && (len(c.envFrom) > 0 || slices.ContainsFunc(c.vars, func(v envRef) bool { return v.src != nil && v.src.FieldRef == nil && v.src.ResourceFieldRef == nil })) {
 		return nil, fmt.Errorf("environment from ConfigMaps or Secrets: the node has no API client")
 	}
 	p.mu.Lock()
 	pod := ps.pod.DeepCopy()
-	podIP := ps.podIP
+	podIP, id := ps.podIP, ps.sandboxID
 	p.mu.Unlock()
+	size := p.sizeOnce(ctx, id)
 	objs := &podObjects{kube: p.kube, ns: pod.Namespace}
 	optional := func(b *bool) bool { return b != nil && *b }
 	env := p.serviceEnv(pod)
@@ -175,6 +176,13 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 			continue
 		case s.FieldRef != nil:
 			env[r.name] = podField(pod, s.FieldRef.FieldPath, p.node, p.ip, podIP)
+			continue
+		case s.ResourceFieldRef != nil:
+			v, err := resourceValue(pod, s.ResourceFieldRef, c.name, size)
+			if err != nil {
+				return nil, err
+			}
+			env[r.name] = v
 			continue
 		case s.ConfigMapKeyRef != nil:
 			kind, name, key, opt = "configmap", s.ConfigMapKeyRef.Name, s.ConfigMapKeyRef.Key, optional(s.ConfigMapKeyRef.Optional)
@@ -367,10 +375,7 @@ type volumeFile struct {
 // error; unset (optional), such an item is skipped. Paths are relative
 // and stay inside the volume.
 func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *int32, missing string) ([]volumeFile, error) {
-	mode := int32(0o644)
-	if defaultMode != nil {
-		mode = *defaultMode & 0o777
-	}
+	mode := fileMode(defaultMode, nil)
 	var out []volumeFile
 	if len(items) == 0 {
 		for _, k := range slices.Sorted(maps.Keys(data)) {
@@ -386,14 +391,10 @@ func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *
 			}
 			continue
 		}
-		if path.IsAbs(it.Path) || it.Path != path.Clean(it.Path) || it.Path == ".." || strings.HasPrefix(it.Path, "../") {
-			return nil, fmt.Errorf("item path %q: want a relative path inside the volume", it.Path)
+		if err := checkItemPath("path", it.Path); err != nil {
+			return nil, fmt.Errorf("item %w", err)
 		}
-		m := mode
-		if it.Mode != nil {
-			m = *it.Mode & 0o777
-		}
-		out = append(out, volumeFile{path: it.Path, data: v, mode: m})
+		out = append(out, volumeFile{path: it.Path, data: v, mode: fileMode(&mode, it.Mode)})
 	}
 	return out, nil
 }

@@ -75,7 +75,8 @@ func TestContainerEnv(t *testing.T) {
 		src   corev1.EnvVarSource
 		field string
 	}{
-		{corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}, "spec.containers[0].env[0].valueFrom.resourceFieldRef"},
+		{corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.gpu"}}, "spec.containers[0].env[0].valueFrom.resourceFieldRef.resource"},
+		{corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu", ContainerName: "nope"}}, "spec.containers[0].env[0].valueFrom.resourceFieldRef.containerName"},
 		{corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.phase"}}, "spec.containers[0].env[0].valueFrom.fieldRef.fieldPath"},
 	} {
 		bad := testPod()

@@ -11,15 +11,18 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/berth-sandbox/berth/client"
 )
 
-// configMap and secret volumes are directories of the sandbox holding
-// copies of the objects' keys, written as the sandbox's root: every key,
-// or the items named, mode defaultMode (0644 unless set) or the item's
-// (set with chmod). They are written before any container starts (a
-// missing object or key that is not optional holds the start: awaitConfig)
-// and, like a kubelet's mounts, kept up to date while the pod runs: every
+// File volumes (configMap, secret, downwardAPI and projected ones) are
+// directories of the sandbox holding copies of the objects' keys (and the
+// pod's fields, downward.go, or a service account token, token.go),
+// written as the sandbox's root: every key, or the items named, mode
+// defaultMode (0644 unless set) or the item's (set with chmod). They are
+// written before any container starts (a missing object or key that is
+// not optional holds the start: awaitConfig) and, like a kubelet's mounts, kept up to date while the pod runs: every
 // config sync period (a minute by default) the node reads the objects
 // again and rewrites each file whose content differs from the sandbox's
 // (a changed key, or a copy a process changed), each through a new file
@@ -31,21 +34,24 @@ import (
 // enforced: a process running as the sandbox's root can change a copy
 // until the next sync.
 
-// DefaultConfigSyncPeriod is how often the node brings configMap and
-// secret volumes up to date (the kubelet's sync frequency).
+// DefaultConfigSyncPeriod is how often the node brings file volumes up to
+// date (the kubelet's sync frequency).
 const DefaultConfigSyncPeriod = time.Minute
 
 // maxVolumeFile bounds one file read back from a sandbox to compare.
 const maxVolumeFile = 4 << 20
 
-// wantFiles are the files the pod's configMap and secret volumes should
-// hold, by path in the sandbox; kept are the volumes' directories whose
-// object (not optional) has gone, left as they are.
-func (p *Pods) wantFiles(ctx context.Context, ps *podState, home map[string]string) (want map[string]volumeFile, kept []string, err error) {
+// wantFiles are the files the pod's file volumes should hold, by path in
+// the sandbox (id); kept are the volumes' directories whose object (not
+// optional) has gone, left as they are.
+func (p *Pods) wantFiles(ctx context.Context, ps *podState, id string, home map[string]string) (want map[string]volumeFile, kept []string, err error) {
 	if p.kube == nil {
-		return nil, nil, fmt.Errorf("configMap and secret volumes: the node has no API client")
+		return nil, nil, fmt.Errorf("configMap, secret and projected volumes: the node has no API client")
 	}
-	objs := &podObjects{kube: p.kube, ns: ps.pod.Namespace}
+	p.mu.Lock()
+	pod := ps.pod // replaced, never changed, on an update
+	p.mu.Unlock()
+	objs := &podObjects{kube: p.kube, ns: pod.Namespace}
 	want = map[string]volumeFile{}
 	// A volume whose object is missing is kept and named in err (the
 	// first); the others are still read.
@@ -56,27 +62,13 @@ func (p *Pods) wantFiles(ctx context.Context, ps *podState, home map[string]stri
 			missingErr = e
 		}
 	}
+	size := p.sizeOnce(ctx, id)
 	for _, v := range ps.plan.files {
 		dir, ok := home[v.name]
 		if !ok {
 			continue // mounted by no container
 		}
-		kind, name, opt := v.kind, v.object, v.optional
-		data, found, err := objs.data(ctx, kind, name)
-		switch {
-		case err != nil:
-			return nil, nil, fmt.Errorf("volume %s: %w", v.name, err)
-		case !found && opt:
-			continue
-		case !found:
-			keep(dir, &configError{fmt.Sprintf("volume %s: %s %s/%s not found", v.name, kind, ps.pod.Namespace, name)})
-			continue
-		}
-		missing := kind + " " + name
-		if opt {
-			missing = ""
-		}
-		files, err := volumeFiles(data, v.items, v.defaultMode, missing)
+		files, err := p.sourceFiles(ctx, ps, pod, objs, v, size)
 		if ce, ok := err.(*configError); ok {
 			keep(dir, &configError{fmt.Sprintf("volume %s: %s", v.name, ce.msg)})
 			continue
@@ -92,14 +84,63 @@ func (p *Pods) wantFiles(ctx context.Context, ps *podState, home map[string]stri
 	return want, kept, missingErr
 }
 
-// fillVolumes writes the pod's configMap and secret volumes into their
+// sourceFiles are the files of volume v, its sources' together; a
+// configError names a missing object or key that is not optional, or two
+// sources' files at one path.
+func (p *Pods) sourceFiles(ctx context.Context, ps *podState, pod *corev1.Pod, objs *podObjects, v fileVolume, size func() (sandboxSize, error)) ([]volumeFile, error) {
+	var out []volumeFile
+	from := map[string]int{} // path: index of the source that wrote it
+	for i, src := range v.sources {
+		var files []volumeFile
+		switch src.kind {
+		case "configmap", "secret":
+			data, found, err := objs.data(ctx, src.kind, src.object)
+			switch {
+			case err != nil:
+				return nil, err
+			case !found && src.optional:
+				continue
+			case !found:
+				return nil, &configError{fmt.Sprintf("%s %s/%s not found", src.kind, pod.Namespace, src.object)}
+			}
+			missing := src.kind + " " + src.object
+			if src.optional {
+				missing = ""
+			}
+			if files, err = volumeFiles(data, src.items, src.defaultMode, missing); err != nil {
+				return nil, err
+			}
+		case "downward":
+			var err error
+			if files, err = downwardFiles(pod, src.fields, src.defaultMode, size); err != nil {
+				return nil, err
+			}
+		case "token":
+			tok, err := p.serviceAccountToken(ctx, ps, pod, src.token)
+			if err != nil {
+				return nil, err
+			}
+			files = []volumeFile{{path: src.token.Path, data: []byte(tok), mode: fileMode(src.defaultMode, nil)}}
+		}
+		for _, f := range files {
+			if j, ok := from[f.path]; ok {
+				return nil, &configError{fmt.Sprintf("sources %d and %d both have a file %s", j, i, f.path)}
+			}
+			from[f.path] = i
+			out = append(out, f)
+		}
+	}
+	return out, nil
+}
+
+// fillVolumes writes the pod's file volumes into their
 // directories (home, by volume) in sandbox id before its containers
 // start, and records what it wrote for the syncs.
 func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home map[string]string) error {
 	if len(ps.plan.files) == 0 {
 		return nil
 	}
-	want, _, err := p.wantFiles(ctx, ps, home)
+	want, _, err := p.wantFiles(ctx, ps, id, home)
 	if err != nil {
 		return err
 	}
@@ -123,12 +164,12 @@ func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home ma
 	return nil
 }
 
-// syncVolumes brings the pod's configMap and secret volumes in sandbox id
+// syncVolumes brings the pod's file volumes in sandbox id
 // to their objects' content now; it returns how many files it wrote or
 // removed.
 func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, error) {
 	home := volumeHomes(ps.plan.volumes)
-	want, kept, err := p.wantFiles(ctx, ps, home)
+	want, kept, err := p.wantFiles(ctx, ps, id, home)
 	if _, ok := err.(*configError); err != nil && !ok {
 		return 0, err
 	}
@@ -178,7 +219,7 @@ func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, e
 	return changed, err
 }
 
-// syncVolumesEvery keeps the pod's configMap and secret volumes up to
+// syncVolumesEvery keeps the pod's file volumes up to
 // date until its context ends, skipping while its sandbox is paused.
 func (p *Pods) syncVolumesEvery(ps *podState, every time.Duration) {
 	if len(ps.plan.files) == 0 || every <= 0 {

@@ -8,11 +8,18 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -154,5 +161,136 @@ func TestVolumeSync(t *testing.T) {
 	want = map[string]string{"/etc/cfg/a": "10", "/etc/cfg/c": "3"}
 	if got := f.snapshot(); !maps.Equal(got, want) {
 		t.Errorf("after the deletes = %v, want %v", got, want)
+	}
+}
+
+// sizedRunner is a fileRunner whose sandbox has a size.
+type sizedRunner struct{ *fileRunner }
+
+func (sizedRunner) Get(_ context.Context, id string) (*client.Sandbox, error) {
+	sb := &client.Sandbox{}
+	sb.ID, sb.CPU, sb.MemoryBytes, sb.DiskBytes = id, 2, 1<<30, 4<<30
+	return sb, nil
+}
+
+// TestProjectedVolumes: a projected volume holds its sources' files in
+// one directory (a service account token bound to the pod, a ConfigMap's
+// item, a downward field); a downwardAPI volume the pod's labels and one
+// annotation, and its containers' resources (a limit the container does
+// not set is the sandbox's). The sync rewrites the labels when they
+// change and the token once it is due for a refresh, not before; a
+// service account that does not exist holds the volume, naming it.
+func TestProjectedVolumes(t *testing.T) {
+	ctx := t.Context()
+	pod := testPod()
+	pod.Labels = map[string]string{"app": "agent", "tier": "b\"e"}
+	pod.Annotations = map[string]string{"owner": "team-a"}
+	pod.Spec.ServiceAccountName = "runner"
+	exp := int64(600)
+	m400 := int32(0o400)
+	pod.Spec.Volumes = []corev1.Volume{
+		{Name: "api", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{DefaultMode: &m400, Sources: []corev1.VolumeProjection{
+			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", Audience: "vault", ExpirationSeconds: &exp}},
+			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"}, Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+			{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}},
+		}}}},
+		{Name: "info", VolumeSource: corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+			{Path: "labels", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.labels"}},
+			{Path: "owner", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.annotations['owner']"}},
+			{Path: "mem-mi", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "main", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}},
+			{Path: "cpu-m", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "main", Resource: "limits.cpu", Divisor: resource.MustParse("1m")}},
+			{Path: "cpu", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "side", Resource: "limits.cpu"}},
+			{Path: "side-mem", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "side", Resource: "limits.memory"}},
+			{Path: "side-req", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "side", Resource: "requests.memory"}},
+		}}}},
+	}
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "api", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true}, {Name: "info", MountPath: "/etc/podinfo"}}
+	pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "side", Image: pod.Spec.Containers[0].Image})
+	kube := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "kube-root-ca.crt"}, Data: map[string]string{"ca.crt": "PEM"}})
+	var asked []*authenticationv1.TokenRequest
+	var accounts []string
+	kube.PrependReactor("create", "serviceaccounts", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		ca, ok := a.(k8stesting.CreateActionImpl)
+		if !ok || a.GetSubresource() != "token" {
+			return false, nil, nil
+		}
+		if ca.Name == "ghost" {
+			return true, nil, apierrors.NewNotFound(corev1.Resource("serviceaccounts"), "ghost")
+		}
+		tr := ca.GetObject().(*authenticationv1.TokenRequest).DeepCopy()
+		asked, accounts = append(asked, tr), append(accounts, ca.Name)
+		tr.Status.Token = "tok-" + strconv.Itoa(len(asked))
+		return true, tr, nil
+	})
+	f := newFileRunner()
+	p := &Pods{ctx: ctx, sb: sizedRunner{f}, kube: kube, log: slog.New(slog.DiscardHandler)}
+	pl, err := planPod(pod, "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &podState{pod: pod, plan: pl, ctx: ctx, sandboxID: "sb"}
+	if err := p.fillVolumes(ctx, ps, "sb", volumeHomes(pl.volumes)); err != nil {
+		t.Fatal(err)
+	}
+	sa := "/var/run/secrets/kubernetes.io/serviceaccount/"
+	want := map[string]string{
+		sa + "token": "tok-1", sa + "ca.crt": "PEM", sa + "namespace": "team",
+		"/etc/podinfo/labels": "app=\"agent\"\ntier=\"b\\\"e\"", "/etc/podinfo/owner": "team-a",
+		"/etc/podinfo/mem-mi": "256", "/etc/podinfo/cpu-m": "500", "/etc/podinfo/cpu": "2",
+		"/etc/podinfo/side-mem": strconv.Itoa(1 << 30), "/etc/podinfo/side-req": "0",
+	}
+	if got := f.snapshot(); !maps.Equal(got, want) {
+		t.Fatalf("filled = %v, want %v", got, want)
+	}
+	if f.modes[sa+"token"] != 0o400 || f.modes["/etc/podinfo/labels"] != 0o644 {
+		t.Errorf("modes: token %o, labels %o; want 400 and 644", f.modes[sa+"token"], f.modes["/etc/podinfo/labels"])
+	}
+	if len(asked) != 1 || accounts[0] != "runner" || !slices.Equal(asked[0].Spec.Audiences, []string{"vault"}) || *asked[0].Spec.ExpirationSeconds != 600 ||
+		asked[0].Spec.BoundObjectRef == nil || asked[0].Spec.BoundObjectRef.Kind != "Pod" || asked[0].Spec.BoundObjectRef.UID != pod.UID {
+		t.Fatalf("token requests = %+v, want one for runner, audience vault, 600 s, bound to the pod", asked)
+	}
+	sync := func(wantN int) {
+		t.Helper()
+		if n, err := p.syncVolumes(ctx, ps, "sb"); n != wantN || err != nil {
+			t.Errorf("sync = %d, %v; want %d changes", n, err, wantN)
+		}
+	}
+	sync(0)
+	if len(asked) != 1 {
+		t.Errorf("a fresh token was asked for again (%d requests)", len(asked))
+	}
+	// New labels: the file follows.
+	updated := pod.DeepCopy()
+	updated.Labels["app"] = "agent-v2"
+	p.mu.Lock()
+	ps.pod = updated
+	p.mu.Unlock()
+	sync(1)
+	if got := f.snapshot()["/etc/podinfo/labels"]; got != "app=\"agent-v2\"\ntier=\"b\\\"e\"" {
+		t.Errorf("labels after the update = %q", got)
+	}
+	// The token is due (80 % of its life): a new one is written.
+	k := tokenKey(pod.Spec.Volumes[0].Projected.Sources[0].ServiceAccountToken)
+	p.mu.Lock()
+	held := ps.tokens[k]
+	p.mu.Unlock()
+	if left := time.Until(held.refreshAt); left <= 0 || left > 480*time.Second {
+		t.Errorf("token refreshed in %s, want within 80 %% of 600 s", left)
+	}
+	p.mu.Lock()
+	held.refreshAt = time.Now().Add(-time.Second)
+	ps.tokens[k] = held
+	p.mu.Unlock()
+	sync(1)
+	if got := f.snapshot()[sa+"token"]; got != "tok-2" || len(asked) != 2 {
+		t.Errorf("token after its refresh = %q (%d requests), want tok-2", got, len(asked))
+	}
+	// A service account that does not exist holds the volume.
+	ghost := pod.DeepCopy()
+	ghost.Spec.ServiceAccountName = "ghost"
+	gs := &podState{pod: ghost, plan: pl, ctx: ctx, sandboxID: "sb2"}
+	var ce *configError
+	if err := p.fillVolumes(ctx, gs, "sb2", volumeHomes(pl.volumes)); !errors.As(err, &ce) || !strings.Contains(err.Error(), "service account team/ghost not found") {
+		t.Errorf("fill with a missing service account = %v, want a config error naming it", err)
 	}
 }

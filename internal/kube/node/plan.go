@@ -341,6 +341,16 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 	return p, nil
 }
 
+// containerNames are the names of the pod's containers, init containers
+// included.
+func containerNames(spec corev1.PodSpec) map[string]bool {
+	names := map[string]bool{}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		names[c.Name] = true
+	}
+	return names
+}
+
 // planContainer translates one container (init: an init container) and
 // returns the CPU (millicores) and memory (bytes) it counts for.
 func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init bool) (containerPlan, int64, int64, error) {
@@ -381,7 +391,7 @@ func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init b
 	}
 	for j, e := range c.Env {
 		if e.ValueFrom != nil {
-			if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom); err != nil {
+			if err := checkEnvSource(fmt.Sprintf("%s.env[%d].valueFrom", field, j), e.ValueFrom, containerNames(spec), c.Name); err != nil {
 				return cp, 0, 0, err
 			}
 			cp.vars = append(cp.vars, envRef{name: e.Name, src: e.ValueFrom.DeepCopy()})

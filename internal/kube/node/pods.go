@@ -86,6 +86,9 @@ type podState struct {
 	// volFiles are the files of its configMap and secret volumes the
 	// node wrote (filevolumes.go).
 	volFiles []string
+	// tokens are the service account tokens its volumes hold, by what
+	// they were asked with (tokenKey).
+	tokens map[string]podToken
 	// tick, once asked for, is closed at the pod's next change (await).
 	tick chan struct{}
 	// nmu orders the pod's status reports (changed).

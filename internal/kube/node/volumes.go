@@ -24,10 +24,10 @@ import (
 // apart from the sandbox's disk limit (docs/kubernetes.md). A read-only
 // mount is refused: nothing would enforce it.
 //
-// The service account token volume the ServiceAccount admission plugin
-// adds to every pod (a projected volume of a token, the cluster's CA and
-// the namespace) is left out: Berth nodes mount no token. Every other
-// volume type is refused naming it.
+// configMap, secret, downwardAPI and projected volumes (the service
+// account token volume the ServiceAccount admission plugin adds to every
+// pod among them) are directories the node fills with files
+// (filevolumes.go). Every other volume type is refused naming it.
 
 // volumeMount is one mount of an emptyDir volume: at path, of sub (a
 // relative path in the volume, "" for all of it).
@@ -35,42 +35,95 @@ type volumeMount struct {
 	volume, path, sub string
 }
 
-// fileVolume is a configMap or secret volume: a directory filled with
-// the object's keys as files before the containers start.
+// fileVolume is a volume of files the node writes before the containers
+// start and keeps up to date: a configMap, secret or downwardAPI volume
+// (one source) or a projected one (its sources' files in one directory).
 type fileVolume struct {
-	name string
-	// kind ("configmap" or "secret") and object name the object it
-	// holds; items, defaultMode and optional are the volume's.
+	name    string
+	sources []fileSource
+}
+
+// fileSource is where some of a file volume's files come from.
+type fileSource struct {
+	// kind is "configmap" or "secret" (object's keys), "downward" (the
+	// pod's fields, fields) or "token" (a service account token, token).
 	kind, object string
 	items        []corev1.KeyToPath
-	defaultMode  *int32
-	optional     bool
+	// defaultMode is the volume's; optional the object's.
+	defaultMode *int32
+	optional    bool
+	fields      []corev1.DownwardAPIVolumeFile
+	token       *corev1.ServiceAccountTokenProjection
 }
 
 // planVolumes reads the pod's volumes and its containers' mounts of them.
 func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 	empty := map[string]bool{}
 	filled := map[string]bool{}
-	skipped := map[string]bool{}
 	var files []fileVolume
+	containers := containerNames(*spec)
+	optional := func(b *bool) bool { return b != nil && *b }
 	for i, v := range spec.Volumes {
 		field := fmt.Sprintf("spec.volumes[%d]", i)
+		var sources []fileSource
 		switch {
 		case v.EmptyDir != nil:
 			empty[v.Name] = true
+			continue
 		case v.ConfigMap != nil:
-			empty[v.Name], filled[v.Name] = true, true
 			cm := v.ConfigMap.DeepCopy()
-			files = append(files, fileVolume{name: v.Name, kind: "configmap", object: cm.Name, items: cm.Items, defaultMode: cm.DefaultMode, optional: cm.Optional != nil && *cm.Optional})
+			if err := checkItems(field+".configMap.items", cm.Items); err != nil {
+				return nil, nil, err
+			}
+			sources = []fileSource{{kind: "configmap", object: cm.Name, items: cm.Items, defaultMode: cm.DefaultMode, optional: optional(cm.Optional)}}
 		case v.Secret != nil:
-			empty[v.Name], filled[v.Name] = true, true
 			sc := v.Secret.DeepCopy()
-			files = append(files, fileVolume{name: v.Name, kind: "secret", object: sc.SecretName, items: sc.Items, defaultMode: sc.DefaultMode, optional: sc.Optional != nil && *sc.Optional})
-		case v.Projected != nil && serviceAccountVolume(v.Projected):
-			skipped[v.Name] = true
+			if err := checkItems(field+".secret.items", sc.Items); err != nil {
+				return nil, nil, err
+			}
+			sources = []fileSource{{kind: "secret", object: sc.SecretName, items: sc.Items, defaultMode: sc.DefaultMode, optional: optional(sc.Optional)}}
+		case v.DownwardAPI != nil:
+			d := v.DownwardAPI.DeepCopy()
+			if err := checkDownwardFiles(field+".downwardAPI.items", d.Items, containers); err != nil {
+				return nil, nil, err
+			}
+			sources = []fileSource{{kind: "downward", fields: d.Items, defaultMode: d.DefaultMode}}
+		case v.Projected != nil:
+			pv := v.Projected.DeepCopy()
+			for j, src := range pv.Sources {
+				sfield := fmt.Sprintf("%s.projected.sources[%d]", field, j)
+				fs := fileSource{defaultMode: pv.DefaultMode}
+				switch {
+				case src.ConfigMap != nil:
+					if err := checkItems(sfield+".configMap.items", src.ConfigMap.Items); err != nil {
+						return nil, nil, err
+					}
+					fs.kind, fs.object, fs.items, fs.optional = "configmap", src.ConfigMap.Name, src.ConfigMap.Items, optional(src.ConfigMap.Optional)
+				case src.Secret != nil:
+					if err := checkItems(sfield+".secret.items", src.Secret.Items); err != nil {
+						return nil, nil, err
+					}
+					fs.kind, fs.object, fs.items, fs.optional = "secret", src.Secret.Name, src.Secret.Items, optional(src.Secret.Optional)
+				case src.DownwardAPI != nil:
+					if err := checkDownwardFiles(sfield+".downwardAPI.items", src.DownwardAPI.Items, containers); err != nil {
+						return nil, nil, err
+					}
+					fs.kind, fs.fields = "downward", src.DownwardAPI.Items
+				case src.ServiceAccountToken != nil:
+					if err := checkItemPath(sfield+".serviceAccountToken.path", src.ServiceAccountToken.Path); err != nil {
+						return nil, nil, err
+					}
+					fs.kind, fs.token = "token", src.ServiceAccountToken
+				default:
+					return nil, nil, &planError{sfield, fmt.Sprintf("volume %q: a projected volume's sources may be configMap, secret, downwardAPI and serviceAccountToken on Berth nodes", v.Name)}
+				}
+				sources = append(sources, fs)
+			}
 		default:
-			return nil, nil, &planError{field, fmt.Sprintf("volume %q: only emptyDir, configMap and secret volumes are supported on Berth nodes (the sandbox's disk holds them)", v.Name)}
+			return nil, nil, &planError{field, fmt.Sprintf("volume %q: only emptyDir, configMap, secret, downwardAPI and projected volumes are supported on Berth nodes (the sandbox's disk holds them)", v.Name)}
 		}
+		empty[v.Name], filled[v.Name] = true, true
+		files = append(files, fileVolume{name: v.Name, sources: sources})
 	}
 	var mounts []volumeMount
 	type group struct {
@@ -79,7 +132,7 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 	}
 	for _, g := range []group{{"spec.initContainers", spec.InitContainers}, {"spec.containers", spec.Containers}} {
 		for i, c := range g.cs {
-			ms, err := planMounts(fmt.Sprintf("%s[%d]", g.field, i), c, empty, filled, skipped)
+			ms, err := planMounts(fmt.Sprintf("%s[%d]", g.field, i), c, empty, filled)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -90,15 +143,13 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 }
 
 // planMounts reads one container's mounts of the pod's volumes.
-func planMounts(cfield string, c corev1.Container, empty, filled, skipped map[string]bool) ([]volumeMount, error) {
+func planMounts(cfield string, c corev1.Container, empty, filled map[string]bool) ([]volumeMount, error) {
 	var mounts []volumeMount
 	for j, m := range c.VolumeMounts {
 		field := fmt.Sprintf("%s.volumeMounts[%d]", cfield, j)
 		switch {
-		case skipped[m.Name]:
-			continue
 		case !empty[m.Name]:
-			return nil, &planError{field + ".name", fmt.Sprintf("no emptyDir, configMap or secret volume %q in spec.volumes", m.Name)}
+			return nil, &planError{field + ".name", fmt.Sprintf("no volume %q in spec.volumes", m.Name)}
 		case m.ReadOnly && !filled[m.Name]:
 			return nil, &planError{field + ".readOnly", "read-only emptyDir mounts are not supported on Berth nodes (a volume is a directory of the sandbox)"}
 		case m.SubPathExpr != "":
@@ -115,20 +166,23 @@ func planMounts(cfield string, c corev1.Container, empty, filled, skipped map[st
 	return mounts, nil
 }
 
-// serviceAccountVolume reports whether a projected volume is the service
-// account token volume: a token, the kube-root-ca.crt ConfigMap and the
-// namespace from the downward API, nothing else.
-func serviceAccountVolume(p *corev1.ProjectedVolumeSource) bool {
-	for _, s := range p.Sources {
-		switch {
-		case s.ServiceAccountToken != nil:
-		case s.ConfigMap != nil && s.ConfigMap.Name == "kube-root-ca.crt":
-		case s.DownwardAPI != nil:
-		default:
-			return false
+// checkItems refuses items whose path is not one inside the volume.
+func checkItems(field string, items []corev1.KeyToPath) error {
+	for k, it := range items {
+		if err := checkItemPath(fmt.Sprintf("%s[%d].path", field, k), it.Path); err != nil {
+			return err
 		}
 	}
-	return len(p.Sources) > 0
+	return nil
+}
+
+// checkItemPath refuses a file's path that is not relative or leaves its
+// volume.
+func checkItemPath(field, p string) error {
+	if p == "" || path.IsAbs(p) || p != path.Clean(p) || p == ".." || strings.HasPrefix(p, "../") {
+		return &planError{field, fmt.Sprintf("%q: want a relative path inside the volume", p)}
+	}
+	return nil
 }
 
 // volumeHomes is each mounted volume's directory in the sandbox: where it

@@ -34,18 +34,24 @@ func volumePod() *corev1.Pod {
 	return pod
 }
 
-// TestPlanVolumes: emptyDir mounts are planned in container order (paths
-// cleaned, subPaths kept); the service account token volume is left out;
-// other volume types, read-only mounts, subPathExpr and subPaths leaving
-// the volume are refused naming the field.
+// TestPlanVolumes: mounts are planned in container order (paths cleaned,
+// subPaths kept); the service account token volume is a file volume of
+// its three sources; other volume types and projected sources, read-only
+// emptyDir mounts, subPathExpr, subPaths and files leaving the volume,
+// and downward fields the node does not resolve are refused naming the
+// field.
 func TestPlanVolumes(t *testing.T) {
 	p, err := planPod(volumePod(), "n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []volumeMount{{"work", "/work", ""}, {"cache", "/cache/pip", "pip"}, {"work", "/srv/shared", ""}}
+	want := []volumeMount{{"work", "/work", ""}, {"cache", "/cache/pip", "pip"}, {"kube-api-access-x", "/var/run/secrets/kubernetes.io/serviceaccount", ""}, {"work", "/srv/shared", ""}}
 	if !reflect.DeepEqual(p.volumes, want) {
 		t.Errorf("volumes = %+v, want %+v", p.volumes, want)
+	}
+	if len(p.files) != 1 || p.files[0].name != "kube-api-access-x" || len(p.files[0].sources) != 3 ||
+		p.files[0].sources[0].kind != "token" || p.files[0].sources[1].kind != "configmap" || p.files[0].sources[2].kind != "downward" {
+		t.Errorf("file volumes = %+v, want the token volume's three sources", p.files)
 	}
 	for _, tc := range []struct {
 		name  string
@@ -58,9 +64,26 @@ func TestPlanVolumes(t *testing.T) {
 		{"claim", func(p *corev1.Pod) {
 			p.Spec.Volumes[1].VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "c"}}
 		}, "spec.volumes[1]"},
-		{"projected secret", func(p *corev1.Pod) {
-			p.Spec.Volumes[2].Projected.Sources = append(p.Spec.Volumes[2].Projected.Sources, corev1.VolumeProjection{Secret: &corev1.SecretProjection{}})
-		}, "spec.volumes[2]"},
+		{"projected trust bundle", func(p *corev1.Pod) {
+			p.Spec.Volumes[2].Projected.Sources = append(p.Spec.Volumes[2].Projected.Sources, corev1.VolumeProjection{ClusterTrustBundle: &corev1.ClusterTrustBundleProjection{Path: "b"}})
+		}, "spec.volumes[2].projected.sources[3]"},
+		{"projected item out", func(p *corev1.Pod) {
+			p.Spec.Volumes[2].Projected.Sources[1].ConfigMap.Items = []corev1.KeyToPath{{Key: "ca.crt", Path: "../ca.crt"}}
+		}, "spec.volumes[2].projected.sources[1].configMap.items[0].path"},
+		{"token path", func(p *corev1.Pod) { p.Spec.Volumes[2].Projected.Sources[0].ServiceAccountToken.Path = "/token" },
+			"spec.volumes[2].projected.sources[0].serviceAccountToken.path"},
+		{"secret item out", func(p *corev1.Pod) {
+			p.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s", Items: []corev1.KeyToPath{{Key: "k", Path: "a/../../k"}}}}
+		}, "spec.volumes[0].secret.items[0].path"},
+		{"downward field", func(p *corev1.Pod) {
+			p.Spec.Volumes[0].VolumeSource = corev1.VolumeSource{DownwardAPI: &corev1.DownwardAPIVolumeSource{Items: []corev1.DownwardAPIVolumeFile{
+				{Path: "name", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
+				{Path: "ip", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIP"}}}}}
+		}, "spec.volumes[0].downwardAPI.items[1].fieldRef.fieldPath"},
+		{"downward container", func(p *corev1.Pod) {
+			p.Spec.Volumes[2].Projected.Sources[2].DownwardAPI.Items = []corev1.DownwardAPIVolumeFile{
+				{Path: "mem", ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "nope", Resource: "limits.memory"}}}
+		}, "spec.volumes[2].projected.sources[2].downwardAPI.items[0].resourceFieldRef.containerName"},
 		{"readOnly", func(p *corev1.Pod) { p.Spec.Containers[1].VolumeMounts[0].ReadOnly = true }, "spec.containers[1].volumeMounts[0].readOnly"},
 		{"subPathExpr", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[0].SubPathExpr = "$(POD)" }, "spec.containers[0].volumeMounts[0].subPathExpr"},
 		{"subPath out", func(p *corev1.Pod) { p.Spec.Containers[0].VolumeMounts[1].SubPath = "../etc" }, "spec.containers[0].volumeMounts[1].subPath"},
