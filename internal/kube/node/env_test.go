@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	corev1listers "k8s.io/client-go/listers/core/v1"
@@ -40,6 +41,8 @@ func TestContainerEnv(t *testing.T) {
 		corev1.EnvVar{Name: "HOST", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIP"}}},
 		corev1.EnvVar{Name: "WHO", Value: "$(POD) in $(MODE), not $(LATER) or $$(POD)"},
 		corev1.EnvVar{Name: "LATER", Value: "later"},
+		corev1.EnvVar{Name: "MEM_MI", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}}},
+		corev1.EnvVar{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.cpu"}}},
 	)
 	c.Args = []string{"echo $(WHO) $(NOPE)"}
 	pl, err := planPod(pod, "berth-a")
@@ -57,7 +60,7 @@ func TestContainerEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{"CFG_mode": "fast", "CFG_A": "from-cm", "A": "1", "TOKEN": "s3cret", "MODE": "fast", "POD": "job-1", "APP": "agent", "HOST": "192.0.2.7",
-		"WHO": "job-1 in fast, not $(LATER) or $(POD)", "LATER": "later"}
+		"WHO": "job-1 in fast, not $(LATER) or $(POD)", "LATER": "later", "MEM_MI": "256", "CPU": "1"}
 	if !reflect.DeepEqual(env, want) {
 		t.Errorf("env = %v, want %v", env, want)
 	}
