@@ -24,12 +24,27 @@ func (c *Client) ExportTemplate(ctx context.Context, name string, w io.Writer) e
 // or name when it is set. On a Kubernetes gateway it goes to every Ready
 // node.
 func (c *Client) ImportTemplate(ctx context.Context, r io.Reader, name string) (*Template, error) {
+	return c.importTemplate(ctx, r, name, false)
+}
+
+// ReplaceTemplate is ImportTemplate in place of a template the daemon has
+// (not a built-in one), as a rebuild would replace it: sandboxes made
+// from the old one keep it, the next ones get the archive's. A daemon's
+// only (a gateway refuses it).
+func (c *Client) ReplaceTemplate(ctx context.Context, r io.Reader, name string) (*Template, error) {
+	return c.importTemplate(ctx, r, name, true)
+}
+
+func (c *Client) importTemplate(ctx context.Context, r io.Reader, name string, replace bool) (*Template, error) {
 	q := url.Values{}
 	if name != "" {
 		if err := checkTemplateName(name); err != nil {
 			return nil, err
 		}
 		q.Set("name", name)
+	}
+	if replace {
+		q.Set("replace", "true")
 	}
 	var t Template
 	if err := c.upload(ctx, "import template", "/v1/templates/import", q, r, &t); err != nil {

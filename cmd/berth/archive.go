@@ -76,16 +76,18 @@ func newArchiveExportCmd(a *app, use, short, long, what string, export func(ctx 
 
 func newTemplateImportCmd(a *app) *cobra.Command {
 	var (
-		asJSON bool
-		name   string
+		asJSON, replace bool
+		name            string
 	)
 	cmd := &cobra.Command{
-		Use:   "import FILE [--name NAME]",
+		Use:   "import FILE [--name NAME] [--replace]",
 		Short: "Make a template from an archive `berth template export` wrote",
 		Long: "Make a template from an archive written by `berth template export` (on this or another " +
 			"daemon). Every layer's size and SHA-256 and every path in it are checked before the " +
-			"template exists; a name the daemon has is refused. On a Kubernetes gateway the template " +
-			"is made on every Ready node. Admin keys only.",
+			"template exists; a name the daemon has is refused unless --replace, which puts the " +
+			"archive's in its place as a rebuild would (sandboxes of the old one keep it). On a " +
+			"Kubernetes gateway the template is made on every Ready node (--replace is refused there). " +
+			"Admin keys only.",
 		Args: exactArgs(1, "an archive file"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
@@ -97,7 +99,11 @@ func newTemplateImportCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			t, err := c.ImportTemplate(cmd.Context(), f, name)
+			imp := c.ImportTemplate
+			if replace {
+				imp = c.ReplaceTemplate
+			}
+			t, err := imp(cmd.Context(), f, name)
 			if err != nil {
 				return err
 			}
@@ -110,5 +116,6 @@ func newTemplateImportCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the template as JSON")
 	cmd.Flags().StringVar(&name, "name", "", "the new template's name (default: the archive's)")
+	cmd.Flags().BoolVar(&replace, "replace", false, "replace a template of that name the daemon has")
 	return cmd
 }

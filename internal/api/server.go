@@ -34,6 +34,7 @@ type Templates interface {
 	PruneLayers(ctx context.Context) (int, int64, error)
 	Export(ctx context.Context, name string, w io.Writer) error
 	Import(ctx context.Context, r io.Reader, name string) (template.Template, error)
+	ImportOver(ctx context.Context, r io.Reader, name string) (template.Template, error)
 }
 
 // WarmPools is the Manager's warm pools (sandbox/pool.go).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -353,14 +354,24 @@ func (s *Server) exportTemplate(w http.ResponseWriter, r *http.Request) {
 }
 
 // importTemplate makes a template from a portable archive (POST
-// /v1/templates/import[?name=NAME]).
+// /v1/templates/import[?name=NAME][&replace=true]); replace lets it take
+// the place of a template of that name, as a rebuild would.
 func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	for k := range q {
-		if k != "name" {
-			writeError(w, badField(k, fmt.Errorf("unknown query parameter %q (want name): %w", k, errdefs.ErrInvalidArgument)))
+		if k != "name" && k != "replace" {
+			writeError(w, badField(k, fmt.Errorf("unknown query parameter %q (want name or replace): %w", k, errdefs.ErrInvalidArgument)))
 			return
 		}
+	}
+	replace := false
+	if v := q.Get("replace"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, badField("replace", fmt.Errorf("%q: want true or false: %w", v, errdefs.ErrInvalidArgument)))
+			return
+		}
+		replace = b
 	}
 	name := q.Get("name")
 	if name != "" {
@@ -369,7 +380,12 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	t, err := s.cfg.Templates.Import(r.Context(), http.MaxBytesReader(w, r.Body, maxTemplateImport), name)
+	body := http.MaxBytesReader(w, r.Body, maxTemplateImport)
+	imp := s.cfg.Templates.Import
+	if replace {
+		imp = s.cfg.Templates.ImportOver
+	}
+	t, err := imp(r.Context(), body, name)
 	if err != nil {
 		switch {
 		case errors.Is(err, errdefs.ErrAlreadyExists):

@@ -157,6 +157,17 @@ func importedLayerID(below, digest string) string {
 // foreign archive is ErrInvalidArgument. Nothing is left behind on an
 // error but layers another template shares.
 func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template, error) {
+	return s.importArchive(ctx, r, name, false)
+}
+
+// ImportOver is Import that replaces a template of the name this daemon
+// has (not a built-in one), as a rebuild does: sandboxes made from the
+// old one keep its layers, the next ones get the archive's.
+func (s *Store) ImportOver(ctx context.Context, r io.Reader, name string) (Template, error) {
+	return s.importArchive(ctx, r, name, true)
+}
+
+func (s *Store) importArchive(ctx context.Context, r io.Reader, name string, replace bool) (Template, error) {
 	if name != "" {
 		if err := ValidName(name); err != nil {
 			return Template{}, err
@@ -217,7 +228,9 @@ func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template,
 	defer unlock()
 	s.sharedMu.RLock()
 	defer s.sharedMu.RUnlock()
-	if _, err := os.Lstat(s.dir(name)); err == nil {
+	_, err = os.Lstat(s.dir(name))
+	existed := err == nil
+	if existed && !replace {
 		return Template{}, fmt.Errorf("template %q exists: remove it first or import under another name: %w", name, errdefs.ErrAlreadyExists)
 	}
 	if err := os.MkdirAll(s.sharedRoot(), 0o755); err != nil {
@@ -245,12 +258,22 @@ func (s *Store) Import(ctx context.Context, r io.Reader, name string) (Template,
 	if m.BuiltAt.IsZero() {
 		m.BuiltAt = time.Now().UTC().Truncate(time.Second)
 	}
-	if err := os.Mkdir(s.dir(name), 0o755); err != nil {
-		return Template{}, fmt.Errorf("import template %q: %w", name, err)
+	if !existed {
+		if err := os.Mkdir(s.dir(name), 0o755); err != nil {
+			return Template{}, fmt.Errorf("import template %q: %w", name, err)
+		}
 	}
 	if err := writeManifest(s.manifestPath(name), m); err != nil {
-		os.RemoveAll(s.dir(name))
+		if !existed {
+			os.RemoveAll(s.dir(name))
+		}
 		return Template{}, fmt.Errorf("import template %q: %w", name, err)
+	}
+	if existed {
+		// Layers of its own an earlier build left are no longer its.
+		if err := s.pruneLocked(name); err != nil {
+			s.log.Warn("prune old template layers", "template", name, "err", err)
+		}
 	}
 	s.log.Info("template imported", "template", name, "layers", len(ids), "new_layers", len(newHere), "size_bytes", size)
 	return s.inspect(name)

@@ -92,6 +92,15 @@ func TestExportImport(t *testing.T) {
 	if _, err := dst.Import(ctx, bytes.NewReader(archive.Bytes()), "minimal"); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("Import as a built-in name = %v, want already exists", err)
 	}
+	// ImportOver takes an existing template's place (a node catching up
+	// with a rebuild), never a built-in one's.
+	over, err := dst.ImportOver(ctx, bytes.NewReader(archive.Bytes()), "one-copy")
+	if err != nil || over.Name != "one-copy" || !over.Built || over.BuiltAt != again.BuiltAt {
+		t.Errorf("ImportOver one-copy = %+v, %v; want it built as the archive's", over, err)
+	}
+	if _, err := dst.ImportOver(ctx, bytes.NewReader(archive.Bytes()), "minimal"); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("ImportOver a built-in name = %v, want already exists", err)
+	}
 	if err := src.Export(ctx, "minimal", &bytes.Buffer{}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("Export(minimal) = %v, want failed precondition (built in)", err)
 	}

@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,8 +17,9 @@ import (
 // made on another (its own data dir and uid range) from the archive alone,
 // with the registry down: a sandbox there sees the image's files, layers
 // and defaults, owned by its own users. A second import under a new name
-// shares the layers; the name taken, a built-in template's export and a
-// tampered archive are refused, the last leaving nothing behind.
+// shares the layers; the name taken (unless --replace, never a built-in
+// one), a built-in template's export and a tampered archive are refused,
+// the last leaving nothing behind.
 func TestTemplateExportImport(t *testing.T) {
 	reg := harness.StartRegistry(t)
 	oci := harness.NewOCILayout(t)
@@ -80,6 +83,23 @@ func TestTemplateExportImport(t *testing.T) {
 	}
 	if _, errOut, code := d2.CLI(t, nil, "template", "import", file); code == 0 || !strings.Contains(errOut, "already_exists") {
 		t.Errorf("import over tool: exit %d %q; want already_exists", code, errOut)
+	}
+	// --replace takes its place (the same archive here); never a
+	// built-in's; a bad replace value is refused naming it.
+	if out, errOut, code := d2.CLI(t, nil, "template", "import", file, "--replace"); code != 0 || !strings.Contains(out, "tool:") {
+		t.Errorf("import --replace over tool: exit %d %q %q", code, out, errOut)
+	}
+	if _, errOut, code := d2.CLI(t, nil, "template", "import", file, "--name", "minimal", "--replace"); code == 0 || !strings.Contains(errOut, "already_exists") {
+		t.Errorf("import --replace over built-in minimal: exit %d %q; want already_exists", code, errOut)
+	}
+	if resp, err := http.Post(d2.URL+"/v1/templates/import?replace=maybe", "application/x-tar", strings.NewReader("")); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), `"replace"`) {
+			t.Errorf("replace=maybe: %d %s; want 400 naming replace", resp.StatusCode, b)
+		}
 	}
 	if _, errOut, code := d1.CLI(t, nil, "template", "export", "minimal", "-o", filepath.Join(t.TempDir(), "m.tar")); code == 0 || !strings.Contains(errOut, "failed_precondition") {
 		t.Errorf("export of built-in minimal: exit %d %q; want failed_precondition", code, errOut)

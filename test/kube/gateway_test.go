@@ -903,9 +903,11 @@ func TestGatewayTemplates(t *testing.T) {
 
 // syncedTemplates: template name, made through the gateway on both nodes
 // (whose /hello.txt holds hello), is the cluster's. A node that loses it
-// gets it back from the other, the same bits; it exports and imports
-// through the gateway; a delete one node refuses (a sandbox uses it
-// there) is finished by the leader once that sandbox is gone.
+// gets it back from the other, the same bits; a node left with a build
+// older than the cluster's last rebuild gets the new one in its place;
+// it exports and imports through the gateway; a delete one node refuses
+// (a sandbox uses it there) is finished by the leader once that sandbox
+// is gone.
 func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hello string) {
 	ctx := t.Context()
 	a, b := c.nodes["berth-a"], c.nodes["berth-b"]
@@ -949,6 +951,43 @@ func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hel
 	}
 	if out := helloIn(b, name); out != hello {
 		t.Errorf("/hello.txt from the copied template = %q, want %q", out, hello)
+	}
+
+	// A rebuild through the gateway, then berth-b put back to the build
+	// before it (as a node that was not Ready during the rebuild would
+	// have): the leader replaces it with berth-a's, the rebuild's bits.
+	var old bytes.Buffer
+	if err := b.Local.ExportTemplate(ctx, name, &old); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	hello = "rebuilt through the gateway\n"
+	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte("FROM berth:minimal\nCOPY hello.txt /hello.txt\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hello.txt"), []byte(hello), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var rebuildLog bytes.Buffer
+	if _, err := ops.BuildDockerfile(ctx, name, client.DockerfileBuild{ContextDir: dir}, &rebuildLog); err != nil {
+		t.Fatalf("rebuild through the gateway: %v\n%s", err, rebuildLog.String())
+	}
+	rebuilt, ok := hasTemplate(a, name)
+	if !ok || !rebuilt.BuiltAt.After(want.BuiltAt) {
+		t.Fatalf("berth-a after the rebuild: %+v (%v), want a build after %s", rebuilt, ok, want.BuiltAt)
+	}
+	if _, err := b.Local.ImportTemplate(ctx, bytes.NewReader(old.Bytes()), name); errdefs.Code(err) != errdefs.CodeAlreadyExists {
+		t.Errorf("import over %s on berth-b without replace: %v, want already_exists", name, err)
+	}
+	if back, err := b.Local.ReplaceTemplate(ctx, bytes.NewReader(old.Bytes()), name); err != nil || !back.BuiltAt.Equal(want.BuiltAt) {
+		t.Fatalf("berth-b put back to the old build: %+v, %v", back, err)
+	}
+	harness.WaitFor(t, 3*time.Minute, "the leader to bring berth-b to the rebuild of "+name, func() bool {
+		got, ok := hasTemplate(b, name)
+		return ok && got.BuiltAt.Equal(rebuilt.BuiltAt)
+	})
+	if out := helloIn(b, name); out != hello {
+		t.Errorf("/hello.txt on berth-b after the sync = %q, want the rebuild's %q", out, hello)
 	}
 
 	// Export and import through the gateway, admin keys only.

@@ -290,6 +290,9 @@ type nodeOutcome struct {
 // once a node built it: the leader then copies it to the Ready nodes
 // that failed and to those that join later.
 func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, path, how string, body func() (any, error)) {
+	// A node whose build of the template is older than this one's start
+	// missed it (templatesync.go).
+	began := g.now().UTC().Truncate(time.Second)
 	nodes, err := g.readyNodes()
 	if err != nil {
 		writeError(w, err)
@@ -336,7 +339,7 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 	}
 	wg.Wait()
 	if how != "" && slices.ContainsFunc(builds, func(b *nodeOutcome) bool { return b.err == nil }) {
-		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{How: how})
+		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{How: how, Built: began})
 	}
 	for _, b := range builds {
 		if b.err != nil {

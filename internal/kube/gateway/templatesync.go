@@ -33,6 +33,12 @@ import (
 //     lacks it (a node that joined later, or was not Ready when it was
 //     made), from a node that has it: one node's export streamed into the
 //     other's import, the same bits, with no registry and no build;
+//   - so is a template built (or rebuilt) through the gateway to each
+//     Ready node whose build of it is older than that build's start (a
+//     node that was not Ready or failed during a rebuild, by its
+//     node.AnnotationTemplateBuilds), from a node whose build is not:
+//     the import takes the old one's place (replace), as a rebuild on
+//     that node would;
 //   - a template recorded as deleted is removed from each Ready node that
 //     still has it (a node that was not Ready at the delete, or that
 //     refused it while a sandbox used the template), once it can be.
@@ -51,6 +57,20 @@ type templateState struct {
 	// "build"), for whoever reads the ConfigMap.
 	How string    `json:"how,omitempty"`
 	At  time.Time `json:"at"`
+	// Built is when the last build of it through the gateway began: a
+	// node's build from before then is an older one.
+	Built time.Time `json:"built,omitzero"`
+}
+
+// stale reports whether node n's build of template name is older than
+// the recorded build st (a node that does not say when it built counts
+// as current).
+func (st templateState) stale(n *corev1.Node, name string) bool {
+	if st.Built.IsZero() {
+		return false
+	}
+	at, ok := node.TemplateBuiltAt(n, name)
+	return ok && at.Before(st.Built)
 }
 
 // recordTemplate sets template name's entry; a failure is logged (the
@@ -281,13 +301,14 @@ func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1
 		st := states[name]
 		var from []string
 		for _, n := range nodes {
-			if nodeHasTemplate(n, name) {
+			if nodeHasTemplate(n, name) && !st.stale(n, name) {
 				from = append(from, n.Name)
 			}
 		}
 		for _, n := range nodes {
 			has := nodeHasTemplate(n, name)
-			if has != st.Deleted || (!st.Deleted && len(from) == 0) {
+			replace := has && !st.Deleted && st.stale(n, name)
+			if (has != st.Deleted && !replace) || (!st.Deleted && len(from) == 0) {
 				continue // as recorded, or present nowhere to copy from
 			}
 			key := name + "/" + n.Name
@@ -306,7 +327,7 @@ func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1
 					err = g.syncRemove(ctx, name, n.Name)
 				} else {
 					s.sem <- struct{}{}
-					err = g.syncCopy(ctx, name, from, n.Name)
+					err = g.syncCopy(ctx, name, from, n.Name, replace)
 					<-s.sem
 				}
 				s.mu.Lock()
@@ -327,9 +348,10 @@ func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1
 }
 
 // syncCopy copies template name to node to from the first of nodes from
-// that exports it: its export streamed into to's import. A node that has
-// it by now (the annotation was behind) counts as done.
-func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to string) error {
+// that exports it: its export streamed into to's import, which replaces
+// to's own (older) build when replace is set. A node that has it by now
+// (the annotation was behind) counts as done.
+func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to string, replace bool) error {
 	dst, err := g.nodeAt(to)
 	if err != nil {
 		return err
@@ -346,7 +368,11 @@ func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to s
 			continue
 		}
 		var t apitypes.Template
-		err = g.nodeCall(ctx, dst, http.MethodPost, "/v1/templates/import", resp.Body, &t)
+		path := "/v1/templates/import"
+		if replace {
+			path += "?replace=true"
+		}
+		err = g.nodeCall(ctx, dst, http.MethodPost, path, resp.Body, &t)
 		resp.Body.Close()
 		switch {
 		case errdefs.Code(err) == errdefs.CodeAlreadyExists:
@@ -354,7 +380,7 @@ func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to s
 		case err != nil:
 			return fmt.Errorf("import on %s from %s: %w", to, f, err)
 		}
-		g.log.Info("template_synced", "template", name, "from", f, "to", to, "size_bytes", t.SizeBytes)
+		g.log.Info("template_synced", "template", name, "from", f, "to", to, "replaced", replace, "size_bytes", t.SizeBytes)
 		return nil
 	}
 	return fmt.Errorf("no node exported it: %s: %w", strings.Join(errs, "; "), errdefs.ErrUnavailable)

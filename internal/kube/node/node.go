@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -117,11 +118,11 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy(), poke: make(chan struct{}, 1)}
 	// The node registers with the templates its daemon has, so the
 	// gateway refuses an unknown one before it makes a pod.
-	if names, warm, err := status.templates(ctx); err == nil {
-		status.names, status.warm = names, warm
-		spec.Annotations = map[string]string{AnnotationTemplates: names}
-		status.base.Annotations = map[string]string{AnnotationTemplates: names}
-		spec.Status.Allocatable = withWarm(status.base.Status.Allocatable, warm)
+	if tpls, err := status.templates(ctx); err == nil {
+		status.tpls = tpls
+		spec.Annotations = tpls.annotations()
+		status.base.Annotations = tpls.annotations()
+		spec.Status.Allocatable = withWarm(status.base.Status.Allocatable, tpls.warm)
 	}
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
@@ -263,10 +264,8 @@ type nodeStatus struct {
 	mu      sync.Mutex
 	cb      func(*corev1.Node)
 	healthy *bool
-	// names is the AnnotationTemplates value last reported, warm the
-	// warm pools' sandboxes taken out of the allocatable pods.
-	names string
-	warm  int64
+	// tpls is what was last reported of the daemon's templates.
+	tpls daemonTemplates
 	// poke asks run for a check now (refresh).
 	poke chan struct{}
 }
@@ -285,25 +284,67 @@ func (s *nodeStatus) refresh() {
 // gateway accepts a create only for a template some Ready node has.
 const AnnotationTemplates = "berth.dev/templates"
 
-// templates is the AnnotationTemplates value for the daemon's templates,
-// and how many sandboxes its warm pools are to hold.
-func (s *nodeStatus) templates(ctx context.Context) (string, int64, error) {
+// AnnotationTemplateBuilds is the node's annotation saying when each
+// built template of its daemon was built: `name=<unix seconds>`, sorted
+// by name and comma-separated. The gateway's leader finds a node that
+// missed a rebuild by it (an older build than the cluster's).
+const AnnotationTemplateBuilds = "berth.dev/template-builds"
+
+// daemonTemplates is what the node reports of its daemon's templates.
+type daemonTemplates struct {
+	// names and builds are the AnnotationTemplates and
+	// AnnotationTemplateBuilds values; warm how many sandboxes the warm
+	// pools are to hold.
+	names, builds string
+	warm          int64
+}
+
+func (t daemonTemplates) annotations() map[string]string {
+	return map[string]string{AnnotationTemplates: t.names, AnnotationTemplateBuilds: t.builds}
+}
+
+// templates reads the daemon's templates.
+func (s *nodeStatus) templates(ctx context.Context) (daemonTemplates, error) {
 	tpls, err := s.sb.Templates(ctx)
 	if err != nil {
-		return "", 0, err
+		return daemonTemplates{}, err
 	}
+	var out daemonTemplates
 	names := make([]string, 0, len(tpls))
-	var warm int64
+	var builds []string
 	for _, t := range tpls {
 		names = append(names, t.Name)
+		if t.Built && !t.BuiltAt.IsZero() {
+			builds = append(builds, t.Name+"="+strconv.FormatInt(t.BuiltAt.Unix(), 10))
+		}
 		for _, p := range []*client.WarmPool{t.Warm, t.WarmSudo} {
 			if p != nil {
-				warm += int64(p.Target)
+				out.warm += int64(p.Target)
 			}
 		}
 	}
 	slices.Sort(names)
-	return strings.Join(slices.Compact(names), ","), warm, nil
+	slices.Sort(builds)
+	out.names = strings.Join(slices.Compact(names), ",")
+	out.builds = strings.Join(slices.Compact(builds), ",")
+	return out, nil
+}
+
+// TemplateBuiltAt reads when node n's daemon built template name, from
+// its AnnotationTemplateBuilds; ok is false when it does not say.
+func TemplateBuiltAt(n *corev1.Node, name string) (at time.Time, ok bool) {
+	for _, e := range strings.Split(n.Annotations[AnnotationTemplateBuilds], ",") {
+		k, v, found := strings.Cut(e, "=")
+		if !found || k != name {
+			continue
+		}
+		secs, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return time.Time{}, false
+		}
+		return time.Unix(secs, 0).UTC(), true
+	}
+	return time.Time{}, false
 }
 
 // withWarm is alloc with the pods the daemon's warm pools hold taken
@@ -342,7 +383,7 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 	for {
 		cctx, cancel := context.WithTimeout(ctx, every)
 		err := s.check(cctx)
-		names, warm, terr := s.templates(cctx)
+		tpls, terr := s.templates(cctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -350,11 +391,11 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 		ok := err == nil
 		s.mu.Lock()
 		if terr != nil {
-			names, warm = s.names, s.warm
+			tpls = s.tpls
 		}
-		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || names != s.names || warm != s.warm
+		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || tpls != s.tpls
 		if cb != nil && changed {
-			s.healthy, s.names, s.warm = &ok, names, warm
+			s.healthy, s.tpls = &ok, tpls
 		}
 		s.mu.Unlock()
 		if cb != nil && changed {
@@ -368,8 +409,8 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 			if n.Annotations == nil {
 				n.Annotations = map[string]string{}
 			}
-			n.Annotations[AnnotationTemplates] = names
-			n.Status.Allocatable = withWarm(s.base.Status.Allocatable, warm)
+			maps.Copy(n.Annotations, tpls.annotations())
+			n.Status.Allocatable = withWarm(s.base.Status.Allocatable, tpls.warm)
 			cb(n)
 		}
 		select {
