@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -94,16 +95,7 @@ func TestVolumeSync(t *testing.T) {
 		&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "settings"}, Data: map[string]string{"a": "1", "b": "2"}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "token"}, Data: map[string][]byte{"t": []byte("s1")}},
 	)
-	f := newFileRunner()
-	p := &Pods{ctx: ctx, sb: f, kube: kube, log: slog.New(slog.DiscardHandler)}
-	pl, err := planPod(pod, "node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := &podState{pod: pod, plan: pl, ctx: ctx, sandboxID: "sb"}
-	if err := p.fillVolumes(ctx, ps, "sb", volumeHomes(pl.volumes)); err != nil {
-		t.Fatal(err)
-	}
+	p, ps, f := filledPod(t, pod, kube)
 	want := map[string]string{"/etc/cfg/a": "1", "/etc/cfg/b": "2", "/run/tok/t": "s1"}
 	if got := f.snapshot(); !maps.Equal(got, want) {
 		t.Fatalf("filled = %v, want %v", got, want)
@@ -164,6 +156,24 @@ func TestVolumeSync(t *testing.T) {
 	}
 }
 
+// filledPod is a node's Pods over a fake sandbox "sb" (sizedRunner) and
+// kube, and pod's state there once its file volumes were filled.
+func filledPod(t *testing.T, pod *corev1.Pod, kube kubernetes.Interface) (*Pods, *podState, *fileRunner) {
+	t.Helper()
+	ctx := t.Context()
+	f := newFileRunner()
+	p := &Pods{ctx: ctx, sb: sizedRunner{f}, kube: kube, log: slog.New(slog.DiscardHandler)}
+	pl, err := planPod(pod, "node")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := &podState{pod: pod, plan: pl, ctx: ctx, sandboxID: "sb"}
+	if err := p.fillVolumes(ctx, ps, "sb", volumeHomes(pl.volumes)); err != nil {
+		t.Fatal(err)
+	}
+	return p, ps, f
+}
+
 // sizedRunner is a fileRunner whose sandbox has a size.
 type sizedRunner struct{ *fileRunner }
 
@@ -222,16 +232,8 @@ func TestProjectedVolumes(t *testing.T) {
 		tr.Status.Token = "tok-" + strconv.Itoa(len(asked))
 		return true, tr, nil
 	})
-	f := newFileRunner()
-	p := &Pods{ctx: ctx, sb: sizedRunner{f}, kube: kube, log: slog.New(slog.DiscardHandler)}
-	pl, err := planPod(pod, "node")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ps := &podState{pod: pod, plan: pl, ctx: ctx, sandboxID: "sb"}
-	if err := p.fillVolumes(ctx, ps, "sb", volumeHomes(pl.volumes)); err != nil {
-		t.Fatal(err)
-	}
+	p, ps, f := filledPod(t, pod, kube)
+	pl := ps.plan
 	sa := "/var/run/secrets/kubernetes.io/serviceaccount/"
 	want := map[string]string{
 		sa + "token": "tok-1", sa + "ca.crt": "PEM", sa + "namespace": "team",
