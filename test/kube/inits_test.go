@@ -228,8 +228,14 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 		s.LastTerminationState.Terminated == nil || s.LastTerminationState.Terminated.ExitCode != 137 {
 		t.Errorf("gate = %+v, want exit 0 after a run the pause ended (137)", s)
 	}
-	harness.WaitFor(t, time.Minute, "the container's output", func() bool {
-		return containerLogs(t, cp, "default", "init-paused", "main") == "run\nrun\nrun\n"
+	last := ""
+	harness.WaitFor(t, time.Minute, "the container's output: three runs of gate", func() bool {
+		out := containerLogs(t, cp, "default", "init-paused", "main")
+		if out != last {
+			t.Logf("the container printed %q", out)
+			last = out
+		}
+		return out == "run\nrun\nrun\n"
 	})
 	if err := pods.Delete(ctx, "init-paused", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
