@@ -27,6 +27,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "podlog" {
 		os.Exit(podLog(os.Args[2:]))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "podlog-input" {
+		os.Exit(podInputCmd(os.Args[2:]))
+	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "berth-agent:", err)
 		os.Exit(1)

@@ -3,15 +3,18 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/crilog"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestRunLogged: the command's stdout and stderr become records of their
@@ -162,5 +165,132 @@ func TestRunLoggedRestart(t *testing.T) {
 	}
 	if got := read(r.exit + crilog.Previous); got != "0\n" {
 		t.Errorf("previous exit = %q", got)
+	}
+}
+
+// TestRunLoggedInput: a container's stdin is what writers put into its
+// FIFO, writer after writer (or, once, the first writer's only, after
+// which a writer finds no reader); on a terminal its output is one
+// stream, logged as stdout, its input echoed.
+func TestRunLoggedInput(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		in     podInput
+		argv   []string
+		writes []string
+		want   string // in the stdout records
+		code   string
+	}{
+		{"once", podInput{once: true}, []string{"cat"}, []string{"hello\n"}, "hello", "0\n"},
+		{"writers in turn", podInput{}, []string{"sh", "-c", `read a; read b; echo "$a-$b"`}, []string{"x\n", "y\n"}, "x-y", "0\n"},
+		{"terminal", podInput{tty: true}, []string{"sh", "-c", `read a; test -t 0 && echo "got-$a on a tty"; exit 4`}, []string{"abc\n"}, "got-abc on a tty", "4\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			r := podRun{log: filepath.Join(dir, "c.log"), exit: filepath.Join(dir, "c.exit"), in: tc.in}
+			r.in.stdin = filepath.Join(dir, "c.stdin")
+			if tc.in.tty {
+				r.in.resize = filepath.Join(dir, "c.resize")
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, err := r.runLogged(tc.argv)
+				done <- err
+			}()
+			write := func(fifo, s string) {
+				t.Helper()
+				// The wrapper makes the FIFO as it starts the command.
+				harness.WaitFor(t, 30*time.Second, fifo+" made", func() bool {
+					fi, err := os.Stat(fifo)
+					return err == nil && fi.Mode()&os.ModeNamedPipe != 0
+				})
+				f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer f.Close()
+				if fifo == r.in.resize {
+					_, err = f.WriteString(s)
+				} else {
+					err = writeFrames(f, strings.NewReader(s))
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.in.tty {
+				write(r.in.resize, "100 30\n")
+			}
+			for _, s := range tc.writes {
+				write(r.in.stdin, s)
+			}
+			if err := <-done; err != nil {
+				t.Fatalf("runLogged: %v", err)
+			}
+			if b, err := os.ReadFile(r.exit); err != nil || string(b) != tc.code {
+				t.Errorf("exit file = %q, %v; want %q", b, err, tc.code)
+			}
+			b, err := os.ReadFile(r.log)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out strings.Builder
+			sc := bufio.NewScanner(bytes.NewReader(b))
+			for sc.Scan() {
+				rec, err := crilog.Parse(sc.Bytes())
+				if err != nil || rec.Stream != crilog.Stdout && tc.in.tty {
+					t.Fatalf("log line %q: %+v, %v", sc.Text(), rec, err)
+				}
+				out.Write(rec.Content)
+				if !rec.Partial {
+					out.WriteByte('\n')
+				}
+			}
+			if !strings.Contains(out.String(), tc.want) {
+				t.Errorf("output %q, want %q in it", out.String(), tc.want)
+			}
+		})
+	}
+}
+
+// TestFeedInput: frames from writers in turn reach the command's input
+// whole; once, the first writer's end closes it (and the FIFO).
+func TestFeedInput(t *testing.T) {
+	for _, once := range []bool{false, true} {
+		fr, fw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		ir, iw, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			feedInput(fr, iw, once)
+		}()
+		big := strings.Repeat("x", 3*inputFrameMax+5) // several frames
+		for i, s := range []string{"first\n", big, "third\n"} {
+			// Once, the FIFO may be closed by the time the second
+			// writer writes: its write may fail.
+			if err := writeFrames(fw, strings.NewReader(s)); err != nil && (i == 0 || !once) {
+				t.Fatal(err)
+			}
+		}
+		if once {
+			<-done // ended after the first writer's input
+			b, _ := io.ReadAll(ir)
+			if string(b) != "first\n" {
+				t.Errorf("once: input %q, want the first writer's only", b)
+			}
+			continue
+		}
+		b := make([]byte, len("first\n")+len(big)+len("third\n"))
+		if _, err := io.ReadFull(ir, b); err != nil || string(b) != "first\n"+big+"third\n" {
+			t.Errorf("input %d bytes (%v), want the three writers' in turn", len(b), err)
+		}
+		fw.Close()
+		<-done
 	}
 }

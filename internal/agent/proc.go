@@ -374,7 +374,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 	}
 	var kinds []string
 	if spec.pty != nil {
-		master, slave, err := openPTY()
+		master, slave, err := OpenPTY()
 		if err != nil {
 			return nil, nil, fmt.Errorf("open pty: %w", err)
 		}
@@ -385,7 +385,7 @@ func (t *procTable) startProc(spec startSpec, req *pb.StartRequest) (*proc, chan
 		if rows == 0 {
 			rows = 24
 		}
-		if err := setWinsize(master, uint16(cols), uint16(rows)); err != nil {
+		if err := SetWinsize(master, uint16(cols), uint16(rows)); err != nil {
 			closeAll([]*os.File{master, slave})
 			return nil, nil, fmt.Errorf("size pty: %w", err)
 		}

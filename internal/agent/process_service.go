@@ -258,7 +258,7 @@ func (ps *processService) Update(_ context.Context, req *connect.Request[pb.Upda
 			return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("process %d has no pty", p.pid))
 		}
 		size := req.Msg.GetPty().GetSize()
-		if err := setWinsize(p.tty, uint16(size.GetCols()), uint16(size.GetRows())); err != nil {
+		if err := SetWinsize(p.tty, uint16(size.GetCols()), uint16(size.GetRows())); err != nil {
 			return nil, connect.NewError(connect.CodeInternal, fmt.Errorf("resize pty of %d: %w", p.pid, err))
 		}
 	}

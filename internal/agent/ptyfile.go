@@ -8,7 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// openPTY opens a PTY pair whose master is non-blocking, in Go's poller,
+// OpenPTY opens a PTY pair whose master is non-blocking, in Go's poller,
 // so that a read deadline can end a read on it.
 //
 // pty.Open reads the master's descriptor with Fd(), which puts the file in
@@ -21,7 +21,7 @@ import (
 // mode goes back in the poller, where the drain after exit
 // (startProc) ends it. Touch it only through SyscallConn from here on:
 // Fd() would make it blocking again.
-func openPTY() (master, replica *os.File, err error) {
+func OpenPTY() (master, replica *os.File, err error) {
 	m, r, err := pty.Open()
 	if err != nil {
 		return nil, nil, err
@@ -55,8 +55,8 @@ func ttyControl(f *os.File, fn func(fd int) error) error {
 	return ferr
 }
 
-// setWinsize sets a PTY's window size.
-func setWinsize(f *os.File, cols, rows uint16) error {
+// SetWinsize sets a PTY's window size.
+func SetWinsize(f *os.File, cols, rows uint16) error {
 	return ttyControl(f, func(fd int) error {
 		return unix.IoctlSetWinsize(fd, unix.TIOCSWINSZ, &unix.Winsize{Col: cols, Row: rows})
 	})

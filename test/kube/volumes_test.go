@@ -228,7 +228,8 @@ func TestPodVolumes(t *testing.T) {
 
 // TestPodAttach: kubectl attach (through the API server, to the node)
 // streams what the container prints from then on, stdout and stderr
-// apart, and ends when the container exits.
+// apart, and ends when the container exits; with -i (and -t) it types
+// into a container made with stdin (and a terminal).
 func TestPodAttach(t *testing.T) {
 	c := startCluster(t, "berth-a")
 	cp := c.cp
@@ -275,6 +276,64 @@ func TestPodAttach(t *testing.T) {
 	}
 	if !strings.HasPrefix(out.String(), "tick ") || errOut.String() != "bye\n" {
 		t.Errorf("attached stdout %q, stderr %q; want ticks, then bye on stderr", out.String(), errOut.String())
+	}
+	if err := cp.Client.CoreV1().Pods("default").Delete(ctx, "talker", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "talker")
+
+	// kubectl run -it: a container on a terminal of its own, with stdin
+	// once; what the attach sends is typed into its shell, and what the
+	// shell prints (the terminal's echo included) comes back.
+	shell := sandboxPod("shell", "sh")
+	shell.Spec.RestartPolicy = corev1.RestartPolicyNever
+	shell.Spec.Containers[0].Stdin, shell.Spec.Containers[0].StdinOnce, shell.Spec.Containers[0].TTY = true, true, true
+	attachInput(t, cp, shell, true, "echo hi-$((2+3))\nexit 3\n", "hi-5")
+	got := waitPod(t, cp, "default", "shell", "Failed", phase(corev1.PodFailed))
+	if st := got.Status.ContainerStatuses[0].State.Terminated; st == nil || st.ExitCode != 3 {
+		t.Errorf("shell ended %+v, want exit 3", got.Status.ContainerStatuses[0].State)
+	}
+
+	// kubectl run -i: stdin once, no terminal: the attach's input, then
+	// its end, which ends the container's stdin.
+	reader := sandboxPod("reader", "sh", "-c", "cat; echo stdin-ended")
+	reader.Spec.RestartPolicy = corev1.RestartPolicyNever
+	reader.Spec.Containers[0].Stdin, reader.Spec.Containers[0].StdinOnce = true, true
+	attachInput(t, cp, reader, false, "line-one\nline-two\n", "line-one\nline-two\nstdin-ended\n")
+	waitPod(t, cp, "default", "reader", "Succeeded", phase(corev1.PodSucceeded))
+	if got := podLogs(t, cp, "default", "reader"); got != "line-one\nline-two\nstdin-ended\n" {
+		t.Errorf("reader's log = %q", got)
+	}
+}
+
+// attachInput makes pod, attaches to its container once it runs (on its
+// terminal when tty) with input as stdin, and checks that want is in
+// what the attach streamed before the container ended.
+func attachInput(t *testing.T, cp *controlPlane, pod *corev1.Pod, tty bool, input, want string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", pod.Name, "Running", phase(corev1.PodRunning))
+	req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod.Name).SubResource("attach").
+		VersionedParams(&corev1.PodAttachOptions{Container: "main", Stdin: true, Stdout: true, Stderr: !tty, TTY: tty}, scheme.ParameterCodec)
+	ex, err := remotecommand.NewSPDYExecutor(cp.Config, "POST", req.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut strings.Builder
+	opts := remotecommand.StreamOptions{Stdin: strings.NewReader(input), Stdout: &out, Tty: tty}
+	if !tty {
+		opts.Stderr = &errOut
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := ex.StreamWithContext(actx, opts); err != nil {
+		t.Fatalf("attach -i to %s: %v (streamed %q, %q)", pod.Name, err, out.String(), errOut.String())
+	}
+	if !strings.Contains(out.String(), want) {
+		t.Errorf("attach -i to %s streamed %q (stderr %q), want %q in it", pod.Name, out.String(), errOut.String(), want)
 	}
 }
 

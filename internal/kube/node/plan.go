@@ -144,6 +144,9 @@ type containerPlan struct {
 	// which starts among the init containers and runs beside the
 	// containers, restarted whenever it ends.
 	sidecar bool
+	// stdin, stdinOnce and tty are the container's own: kubectl attach
+	// -i writes to its stdin, on its terminal with tty (stream.go).
+	stdin, stdinOnce, tty bool
 }
 
 // followed are the containers whose runs the node follows and restarts:
@@ -358,9 +361,10 @@ func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init b
 	if !dnsLabel.MatchString(c.Name) {
 		return cp, 0, 0, &planError{field + ".name", fmt.Sprintf("%q is not a DNS label", c.Name)}
 	}
-	if c.TTY || c.Stdin {
-		return cp, 0, 0, &planError{field + ".stdin", "attaching to a container's own stdin or TTY is not supported; use exec"}
+	if init && (c.TTY || c.Stdin) {
+		return cp, 0, 0, &planError{field + ".stdin", "an init container's own stdin or terminal is not supported on Berth nodes; use exec"}
 	}
+	cp.stdin, cp.stdinOnce, cp.tty = c.Stdin, c.StdinOnce, c.TTY
 	// Limits bound the sandbox; requests stand in where a container
 	// sets no limit (they are what the scheduler counted).
 	cpu, mem := c.Resources.Limits.Cpu(), c.Resources.Limits.Memory()
@@ -371,6 +375,9 @@ func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init b
 		mem = c.Resources.Requests.Memory()
 	}
 	cp.argv = append(append(cp.argv, c.Command...), c.Args...)
+	if (c.Stdin || c.TTY) && len(cp.argv) == 0 {
+		return cp, 0, 0, &planError{field + ".command", "a container with stdin or a terminal needs a command on Berth nodes (one without runs no process of its own)"}
+	}
 	if init {
 		switch {
 		case c.RestartPolicy != nil && *c.RestartPolicy != corev1.ContainerRestartPolicyAlways:
@@ -533,9 +540,21 @@ const agentPath = "/.berth/berth-agent"
 // as CRI records (each line timed, for --since and --timestamps), the
 // run's record (restart count, start time) to its run file, and the exit
 // code to its exit file once it ends; restart is the run's restart count.
-func wrapArgv(name string, restart int, argv []string) (string, []string) {
-	return agentPath, append([]string{"podlog", "-log", logPath(name), "-exit", exitPath(name),
-		"-run", runPath(name), "-restart", strconv.Itoa(restart), "--"}, argv...)
+// A container with stdin reads it from its stdin FIFO, one with a
+// terminal runs on one, sized through its resize FIFO.
+func wrapArgv(c containerPlan, restart int, argv []string) (string, []string) {
+	args := []string{"podlog", "-log", logPath(c.name), "-exit", exitPath(c.name),
+		"-run", runPath(c.name), "-restart", strconv.Itoa(restart)}
+	if c.stdin {
+		args = append(args, "-stdin", stdinPath(c.name))
+		if c.stdinOnce {
+			args = append(args, "-stdin-once")
+		}
+	}
+	if c.tty {
+		args = append(args, "-tty", "-resize", resizePath(c.name))
+	}
+	return agentPath, append(append(args, "--"), argv...)
 }
 
 // rotateArgv keeps a container's last run's files as its previous run's,
@@ -550,6 +569,11 @@ func rotateArgv(name string) (string, []string) {
 func logPath(name string) string  { return podDir + "/" + name + ".log" }
 func exitPath(name string) string { return podDir + "/" + name + ".exit" }
 func runPath(name string) string  { return podDir + "/" + name + ".run" }
+
+// stdinPath and resizePath are the FIFOs of a container's stdin and of
+// its terminal's size (berth-agent podlog -stdin, -resize).
+func stdinPath(name string) string  { return podDir + "/" + name + ".stdin" }
+func resizePath(name string) string { return podDir + "/" + name + ".resize" }
 
 // processTag names a container's process in the agent's process table.
 func processTag(name string) string { return "berth-pod/" + name }

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -178,7 +179,12 @@ func TestPlanPodRefused(t *testing.T) {
 		{"init mount", func(p *corev1.Pod) {
 			p.Spec.InitContainers = []corev1.Container{{Name: "i", Command: []string{"true"}, VolumeMounts: []corev1.VolumeMount{{Name: "nope", MountPath: "/w"}}}}
 		}, "spec.initContainers[0].volumeMounts[0].name"},
-		{"stdin", func(p *corev1.Pod) { p.Spec.Containers[0].Stdin = true }, "spec.containers[0].stdin"},
+		{"stdin without a command", func(p *corev1.Pod) {
+			p.Spec.Containers[0].Stdin, p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = true, nil, nil
+		}, "spec.containers[0].command"},
+		{"init container stdin", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "minimal", Command: []string{"sh"}, TTY: true}}
+		}, "spec.initContainers[0].stdin"},
 		{"valueFrom", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "S", ValueFrom: &corev1.EnvVarSource{}}}
 		}, "spec.containers[0].env[0].valueFrom"},
@@ -273,4 +279,22 @@ func FuzzParseNetwork(f *testing.F) {
 		}
 		_ = np
 	})
+}
+
+// TestPlanStdin: a container's stdin, stdinOnce and tty reach its podlog
+// wrapper as its FIFOs and terminal.
+func TestPlanStdin(t *testing.T) {
+	pod := testPod()
+	c := &pod.Spec.Containers[0]
+	c.Stdin, c.StdinOnce, c.TTY = true, true, true
+	p, err := planPod(pod, "n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, args := wrapArgv(p.containers[0], 2, p.containers[0].argv)
+	want := []string{"podlog", "-log", podDir + "/main.log", "-exit", podDir + "/main.exit", "-run", podDir + "/main.run", "-restart", "2",
+		"-stdin", podDir + "/main.stdin", "-stdin-once", "-tty", "-resize", podDir + "/main.resize", "--", "sh", "-c", "echo hi; exit 3"}
+	if !slices.Equal(args, want) {
+		t.Errorf("wrapper args = %q, want %q", args, want)
+	}
 }

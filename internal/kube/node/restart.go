@@ -285,7 +285,7 @@ func (p *Pods) startContainer(ctx context.Context, ps *podState, c containerPlan
 			return 0, err
 		}
 	}
-	cmd, args := wrapArgv(c.name, restart, argv)
+	cmd, args := wrapArgv(c, restart, argv)
 	pid, err := p.sb.Start(ctx, ps.sandboxID, client.ExecRequest{Cmd: cmd, Args: args, Env: env, Cwd: c.cwd, Tag: processTag(c.name)})
 	if err != nil {
 		return 0, err

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -64,21 +66,9 @@ func (p *Pods) execPTY(ctx context.Context, id string, cmd []string, attach api.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if rs := attach.Resize(); rs != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case s, ok := <-rs:
-					if !ok {
-						return
-					}
-					_ = pty.Resize(s.Width, s.Height)
-				}
-			}
-		}()
+		wg.Go(func() {
+			forwardResizes(ctx, rs, func(s api.TermSize) { _ = pty.Resize(s.Width, s.Height) })
+		})
 	}
 	if in := attach.Stdin(); in != nil {
 		// Not waited for: a read on the client's stdin ends only when the
@@ -98,13 +88,20 @@ func (p *Pods) execPTY(ctx context.Context, id string, cmd []string, attach api.
 }
 
 // AttachToContainer serves kubectl attach: what the container prints from
-// now on, stdout and stderr apart, until it exits or the client goes.
-// A container has no stdin or terminal of its own on a Berth node (a pod
-// asking for one is refused), so attaching with -i or -t is refused: use
-// exec.
+// now on, stdout and stderr apart (one stream on a terminal), until it
+// exits or the client goes. With -i the client's input goes to the
+// container's stdin, and with -t its terminal's size to the container's
+// terminal, through `berth-agent podlog-input` run in the sandbox, which
+// writes into the container's FIFOs (berth-agent podlog). A container
+// made without stdin (or a terminal) refuses -i (or -t), as a kubelet's
+// does; one with stdinOnce takes the first attach's input only.
 func (p *Pods) AttachToContainer(ctx context.Context, namespace, podName, container string, attach api.AttachIO) error {
-	if attach.Stdin() != nil || attach.TTY() {
-		return fmt.Errorf("attach with stdin or a terminal is not supported on Berth nodes (a container has none of its own); use exec -it: %w", errdefs.ErrFailedPrecondition)
+	c, ok := p.containerPlan(namespace, podName, container)
+	switch {
+	case ok && attach.Stdin() != nil && !c.stdin:
+		return fmt.Errorf("container %s was not made with stdin: true; attach without -i, or use exec: %w", container, errdefs.ErrFailedPrecondition)
+	case ok && attach.TTY() && !c.tty:
+		return fmt.Errorf("container %s was not made with tty: true; attach without -t, or use exec -t: %w", container, errdefs.ErrFailedPrecondition)
 	}
 	id, _, err := p.logTarget(namespace, podName, container)
 	if err != nil {
@@ -126,11 +123,78 @@ func (p *Pods) AttachToContainer(ctx context.Context, namespace, podName, contai
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	if in := attach.Stdin(); in != nil {
+		// Not waited for: a read of the client's stdin ends only when the
+		// client closes it; the stream's end, after this returns, does.
+		go p.podInput(ctx, id, []string{"-fifo", stdinPath(container)}, in)
+	}
+	if rs := attach.Resize(); rs != nil && attach.TTY() {
+		wg.Go(func() {
+			forwardResizes(ctx, rs, func(sz api.TermSize) {
+				p.podInput(ctx, id, []string{"-fifo", resizePath(container),
+					"-cols", strconv.Itoa(int(sz.Width)), "-rows", strconv.Itoa(int(sz.Height))}, nil)
+			})
+		})
+	}
 	err = s.run(ctx, f, 0, out)
 	if ctx.Err() != nil {
 		return nil // the client went, or the node stops
 	}
 	return err
+}
+
+// forwardResizes calls fn with each terminal size the client sends on rs,
+// until rs closes or ctx ends.
+func forwardResizes(ctx context.Context, rs <-chan api.TermSize, fn func(api.TermSize)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sz, ok := <-rs:
+			if !ok {
+				return
+			}
+			fn(sz)
+		}
+	}
+}
+
+// podInput runs `berth-agent podlog-input args` in sandbox id with in as
+// its stdin, as the sandbox's root; a failure (the container not reading:
+// it ended, or its once stdin was taken) is logged.
+func (p *Pods) podInput(ctx context.Context, id string, args []string, in io.Reader) {
+	var stderr strings.Builder
+	req := client.ExecRequest{Cmd: agentPath, Args: append([]string{"podlog-input"}, args...), User: "root", Stderr: &limitWriter{w: &stderr, n: 4096}}
+	if in != nil {
+		req.Stdin = in
+	}
+	code, err := p.sb.Exec(ctx, id, req)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(stderr.String()))
+	}
+	if err != nil && ctx.Err() == nil {
+		p.log.Info("attach_input_failed", "sandbox_id", id, "args", args, "err", err)
+	}
+}
+
+// containerPlan is the plan of the pod's container (or init container)
+// name.
+func (p *Pods) containerPlan(namespace, podName, name string) (containerPlan, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ps, ok := p.pods[key(namespace, podName)]
+	if !ok {
+		return containerPlan{}, false
+	}
+	for _, c := range append(slices.Clone(ps.plan.inits), ps.plan.containers...) {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return containerPlan{}, false
 }
 
 // PortForward carries one connection of kubectl port-forward (the
