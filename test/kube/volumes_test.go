@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -288,7 +289,7 @@ func TestPodAttach(t *testing.T) {
 	shell := sandboxPod("shell", "sh")
 	shell.Spec.RestartPolicy = corev1.RestartPolicyNever
 	shell.Spec.Containers[0].Stdin, shell.Spec.Containers[0].StdinOnce, shell.Spec.Containers[0].TTY = true, true, true
-	attachInput(t, cp, shell, true, "echo hi-$((2+3))\nexit 3\n", "hi-5")
+	attachInput(t, cp, shell, "main", true, "echo hi-$((2+3))\nexit 3\n", "hi-5")
 	got := waitPod(t, cp, "default", "shell", "Failed", phase(corev1.PodFailed))
 	if st := got.Status.ContainerStatuses[0].State.Terminated; st == nil || st.ExitCode != 3 {
 		t.Errorf("shell ended %+v, want exit 3", got.Status.ContainerStatuses[0].State)
@@ -299,25 +300,43 @@ func TestPodAttach(t *testing.T) {
 	reader := sandboxPod("reader", "sh", "-c", "cat; echo stdin-ended")
 	reader.Spec.RestartPolicy = corev1.RestartPolicyNever
 	reader.Spec.Containers[0].Stdin, reader.Spec.Containers[0].StdinOnce = true, true
-	attachInput(t, cp, reader, false, "line-one\nline-two\n", "line-one\nline-two\nstdin-ended\n")
+	attachInput(t, cp, reader, "main", false, "line-one\nline-two\n", "line-one\nline-two\nstdin-ended\n")
 	waitPod(t, cp, "default", "reader", "Succeeded", phase(corev1.PodSucceeded))
 	if got := podLogs(t, cp, "default", "reader"); got != "line-one\nline-two\nstdin-ended\n" {
 		t.Errorf("reader's log = %q", got)
 	}
+
+	// An init container that asks before the pod goes on: the attach's
+	// answer lets it through, and the container starts.
+	gated := sandboxPod("gated", "sh", "-c", "echo started; exec sleep 3600")
+	gated.Spec.InitContainers = []corev1.Container{{Name: "ask", Image: "minimal", Stdin: true, StdinOnce: true,
+		Command: []string{"sh", "-c", `echo proceed?; read answer; [ "$answer" = yes ] && echo approved`}}}
+	attachInput(t, cp, gated, "ask", false, "yes\n", "approved\n")
+	waitPod(t, cp, "default", "gated", "Running", phase(corev1.PodRunning))
+	harness.WaitFor(t, time.Minute, "the container's output", func() bool {
+		return containerLogs(t, cp, "default", "gated", "main") == "started\n"
+	})
 }
 
-// attachInput makes pod, attaches to its container once it runs (on its
-// terminal when tty) with input as stdin, and checks that want is in
-// what the attach streamed before the container ended.
-func attachInput(t *testing.T, cp *controlPlane, pod *corev1.Pod, tty bool, input, want string) {
+// attachInput makes pod, attaches to its container (or init container)
+// once it runs (on its terminal when tty) with input as stdin, and checks
+// that want is in what the attach streamed before the container ended.
+func attachInput(t *testing.T, cp *controlPlane, pod *corev1.Pod, container string, tty bool, input, want string) {
 	t.Helper()
 	ctx := t.Context()
 	if _, err := cp.Client.CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPod(t, cp, "default", pod.Name, "Running", phase(corev1.PodRunning))
+	waitPod(t, cp, "default", pod.Name, container+" running", func(p *corev1.Pod) bool {
+		for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+			if cs.Name == container {
+				return cs.State.Running != nil
+			}
+		}
+		return false
+	})
 	req := cp.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace("default").Name(pod.Name).SubResource("attach").
-		VersionedParams(&corev1.PodAttachOptions{Container: "main", Stdin: true, Stdout: true, Stderr: !tty, TTY: tty}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodAttachOptions{Container: container, Stdin: true, Stdout: true, Stderr: !tty, TTY: tty}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewSPDYExecutor(cp.Config, "POST", req.URL())
 	if err != nil {
 		t.Fatal(err)

@@ -361,9 +361,6 @@ func planContainer(field string, c corev1.Container, spec corev1.PodSpec, init b
 	if !dnsLabel.MatchString(c.Name) {
 		return cp, 0, 0, &planError{field + ".name", fmt.Sprintf("%q is not a DNS label", c.Name)}
 	}
-	if init && (c.TTY || c.Stdin) {
-		return cp, 0, 0, &planError{field + ".stdin", "an init container's own stdin or terminal is not supported on Berth nodes; use exec"}
-	}
 	cp.stdin, cp.stdinOnce, cp.tty = c.Stdin, c.StdinOnce, c.TTY
 	// Limits bound the sandbox; requests stand in where a container
 	// sets no limit (they are what the scheduler counted).

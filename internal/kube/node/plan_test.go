@@ -182,9 +182,9 @@ func TestPlanPodRefused(t *testing.T) {
 		{"stdin without a command", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Stdin, p.Spec.Containers[0].Command, p.Spec.Containers[0].Args = true, nil, nil
 		}, "spec.containers[0].command"},
-		{"init container stdin", func(p *corev1.Pod) {
-			p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "minimal", Command: []string{"sh"}, TTY: true}}
-		}, "spec.initContainers[0].stdin"},
+		{"init container stdin without a command", func(p *corev1.Pod) {
+			p.Spec.InitContainers = []corev1.Container{{Name: "i", Image: "minimal", TTY: true}}
+		}, "spec.initContainers[0].command"},
 		{"valueFrom", func(p *corev1.Pod) {
 			p.Spec.Containers[0].Env = []corev1.EnvVar{{Name: "S", ValueFrom: &corev1.EnvVarSource{}}}
 		}, "spec.containers[0].env[0].valueFrom"},
