@@ -54,8 +54,10 @@ const podLogDrainBudget = 1 << 20
 // as the command runs, or (-stdin-once) the first writer's only, after
 // which the command's stdin ends. A container with a terminal (-tty) runs
 // on a PTY of its own: its output, one stream, is logged as stdout, its
-// input goes to the terminal, and each "COLS ROWS" line written into the
-// -resize FIFO sets the terminal's size. `berth-agent podlog-input` is
+// input goes to the terminal (-stdin-once does not close a terminal: the
+// program on it ends when told to, as after kubectl run -it), and each
+// "COLS ROWS" line written into the -resize FIFO sets the terminal's
+// size. `berth-agent podlog-input` is
 // such a writer (the node runs one per kubectl attach -i).
 //
 // Both run as ordinary processes of the sandbox, with nothing of the

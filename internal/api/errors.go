@@ -3,7 +3,9 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
+	"net/url"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -22,6 +24,19 @@ func (e *fieldError) Error() string { return e.err.Error() }
 func (e *fieldError) Unwrap() error { return e.err }
 
 func badField(field string, err error) error { return &fieldError{field: field, err: err} }
+
+// boolParam reads query parameter name as true ("true", "1") or false
+// (absent, "false", "0"); anything else is a bad field naming it.
+func boolParam(q url.Values, name string) (bool, error) {
+	switch v := q.Get(name); v {
+	case "", "false", "0":
+		return false, nil
+	case "true", "1":
+		return true, nil
+	default:
+		return false, badField(name, fmt.Errorf("%s %q: want true or false: %w", name, v, errdefs.ErrInvalidArgument))
+	}
+}
 
 // writeError maps an error to its status and JSON body: the one place where
 // error classes become wire codes.

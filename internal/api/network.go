@@ -110,8 +110,12 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 		}
 		f.Since = since
 	}
-	switch v := q.Get("follow"); v {
-	case "", "false", "0":
+	follow, err := boolParam(q, "follow")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !follow {
 		recs, err := nm.NetworkLog(r.Context(), id, f)
 		if err != nil {
 			writeError(w, err)
@@ -123,10 +127,6 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, out)
 		return
-	case "true", "1":
-	default:
-		writeError(w, badField("follow", fmt.Errorf("follow %q: want true or false: %w", v, errdefs.ErrInvalidArgument)))
-		return
 	}
 	if _, err := nm.NetworkLog(r.Context(), id, audit.Filter{DeniedOnly: true}); err != nil {
 		writeError(w, err)
@@ -137,7 +137,7 @@ func (s *Server) networkLog(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	err := nm.FollowNetworkLog(r.Context(), id, f, func(rec audit.Record) error {
+	err = nm.FollowNetworkLog(r.Context(), id, f, func(rec audit.Record) error {
 		if err := enc.Encode(types.NetworkRecord(rec)); err != nil {
 			return err
 		}

@@ -295,9 +295,12 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	follow := r.URL.Query().Get("follow")
-	switch follow {
-	case "", "false", "0":
+	follow, err := boolParam(r.URL.Query(), "follow")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if !follow {
 		evs, err := s.cfg.Manager.Events(r.Context(), id)
 		if err != nil {
 			writeError(w, err)
@@ -309,10 +312,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, http.StatusOK, out)
 		return
-	case "true", "1":
-	default:
-		writeError(w, badField("follow", fmt.Errorf("follow %q: want true or false: %w", follow, errdefs.ErrInvalidArgument)))
-		return
 	}
 	if _, err := s.cfg.Manager.Get(r.Context(), id); err != nil {
 		writeError(w, err)
@@ -323,7 +322,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	rc := http.NewResponseController(w)
 	rc.Flush()
 	enc := json.NewEncoder(w)
-	err := s.cfg.Manager.FollowEvents(r.Context(), id, func(e core.Event) error {
+	err = s.cfg.Manager.FollowEvents(r.Context(), id, func(e core.Event) error {
 		if err := enc.Encode(eventToJSON(e)); err != nil {
 			return err
 		}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -364,14 +363,10 @@ func (s *Server) importTemplate(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	replace := false
-	if v := q.Get("replace"); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			writeError(w, badField("replace", fmt.Errorf("%q: want true or false: %w", v, errdefs.ErrInvalidArgument)))
-			return
-		}
-		replace = b
+	replace, err := boolParam(q, "replace")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	name := q.Get("name")
 	if name != "" {

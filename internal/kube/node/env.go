@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 )
 
 // A container's environment from elsewhere, resolved as a kubelet
@@ -144,14 +145,13 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 	p.mu.Unlock()
 	size := p.sizeOnce(ctx, id)
 	objs := &podObjects{kube: p.kube, ns: pod.Namespace}
-	optional := func(b *bool) bool { return b != nil && *b }
 	env := p.serviceEnv(pod)
 	for _, ef := range c.envFrom {
 		kind, name, opt := "secret", "", false
 		if r := ef.ConfigMapRef; r != nil {
-			kind, name, opt = "configmap", r.Name, optional(r.Optional)
+			kind, name, opt = "configmap", r.Name, ptr.Deref(r.Optional, false)
 		} else if r := ef.SecretRef; r != nil {
-			name, opt = r.Name, optional(r.Optional)
+			name, opt = r.Name, ptr.Deref(r.Optional, false)
 		}
 		data, found, err := objs.data(ctx, kind, name)
 		switch {
@@ -185,9 +185,9 @@ func (p *Pods) resolveEnv(ctx context.Context, ps *podState, c containerPlan) (m
 			env[r.name] = v
 			continue
 		case s.ConfigMapKeyRef != nil:
-			kind, name, key, opt = "configmap", s.ConfigMapKeyRef.Name, s.ConfigMapKeyRef.Key, optional(s.ConfigMapKeyRef.Optional)
+			kind, name, key, opt = "configmap", s.ConfigMapKeyRef.Name, s.ConfigMapKeyRef.Key, ptr.Deref(s.ConfigMapKeyRef.Optional, false)
 		case s.SecretKeyRef != nil:
-			kind, name, key, opt = "secret", s.SecretKeyRef.Name, s.SecretKeyRef.Key, optional(s.SecretKeyRef.Optional)
+			kind, name, key, opt = "secret", s.SecretKeyRef.Name, s.SecretKeyRef.Key, ptr.Deref(s.SecretKeyRef.Optional, false)
 		}
 		data, _, err := objs.data(ctx, kind, name)
 		if err != nil {
@@ -362,7 +362,7 @@ func podField(pod *corev1.Pod, path, node, hostIP, podIP string) string {
 	return ""
 }
 
-// volumeFile is one file of a configMap or secret volume.
+// volumeFile is one file of a file volume.
 type volumeFile struct {
 	path string
 	data []byte
@@ -372,8 +372,8 @@ type volumeFile struct {
 // volumeFiles are the files of an object's data: the items named (each
 // at its path, with its mode or the default), or every key. missing, when
 // set, names the object, and a key an item names that it lacks is an
-// error; unset (optional), such an item is skipped. Paths are relative
-// and stay inside the volume.
+// error; unset (optional), such an item is skipped. The items' paths
+// were checked at plan (checkItems): relative, inside the volume.
 func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *int32, missing string) ([]volumeFile, error) {
 	mode := fileMode(defaultMode, nil)
 	var out []volumeFile
@@ -390,9 +390,6 @@ func volumeFiles(data map[string][]byte, items []corev1.KeyToPath, defaultMode *
 				return nil, &configError{fmt.Sprintf("%s has no key %q", missing, it.Key)}
 			}
 			continue
-		}
-		if err := checkItemPath("path", it.Path); err != nil {
-			return nil, fmt.Errorf("item %w", err)
 		}
 		out = append(out, volumeFile{path: it.Path, data: v, mode: fileMode(&mode, it.Mode)})
 	}

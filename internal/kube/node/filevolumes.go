@@ -22,9 +22,10 @@ import (
 // written as the sandbox's root: every key, or the items named, mode
 // defaultMode (0644 unless set) or the item's (set with chmod). They are
 // written before any container starts (a missing object or key that is
-// not optional holds the start: awaitConfig) and, like a kubelet's mounts, kept up to date while the pod runs: every
-// config sync period (a minute by default) the node reads the objects
-// again and rewrites each file whose content differs from the sandbox's
+// not optional holds the start: awaitConfig) and, like a kubelet's
+// mounts, kept up to date while the pod runs: every config sync period
+// (a minute by default) the node reads the objects again and rewrites
+// each file whose content differs from the sandbox's
 // (a changed key, or a copy a process changed), each through a new file
 // moved into place so a reader sees the old content or the new, never
 // part of one; files of keys that are gone (or of an optional object that
@@ -46,7 +47,7 @@ const maxVolumeFile = 4 << 20
 // optional) has gone, left as they are.
 func (p *Pods) wantFiles(ctx context.Context, ps *podState, id string, home map[string]string) (want map[string]volumeFile, kept []string, err error) {
 	if p.kube == nil {
-		return nil, nil, fmt.Errorf("configMap, secret and projected volumes: the node has no API client")
+		return nil, nil, fmt.Errorf("configMap, secret, downwardAPI and projected volumes: the node has no API client")
 	}
 	p.mu.Lock()
 	pod := ps.pod // replaced, never changed, on an update
@@ -133,9 +134,9 @@ func (p *Pods) sourceFiles(ctx context.Context, ps *podState, pod *corev1.Pod, o
 	return out, nil
 }
 
-// fillVolumes writes the pod's file volumes into their
-// directories (home, by volume) in sandbox id before its containers
-// start, and records what it wrote for the syncs.
+// fillVolumes writes the pod's file volumes into their directories
+// (home, by volume) in sandbox id before its containers start, and
+// records what it wrote for the syncs.
 func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home map[string]string) error {
 	if len(ps.plan.files) == 0 {
 		return nil
@@ -164,9 +165,8 @@ func (p *Pods) fillVolumes(ctx context.Context, ps *podState, id string, home ma
 	return nil
 }
 
-// syncVolumes brings the pod's file volumes in sandbox id
-// to their objects' content now; it returns how many files it wrote or
-// removed.
+// syncVolumes brings the pod's file volumes in sandbox id to their
+// sources' content now; it returns how many files it wrote or removed.
 func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, error) {
 	home := volumeHomes(ps.plan.volumes)
 	want, kept, err := p.wantFiles(ctx, ps, id, home)
@@ -219,8 +219,8 @@ func (p *Pods) syncVolumes(ctx context.Context, ps *podState, id string) (int, e
 	return changed, err
 }
 
-// syncVolumesEvery keeps the pod's file volumes up to
-// date until its context ends, skipping while its sandbox is paused.
+// syncVolumesEvery keeps the pod's file volumes up to date until its
+// context ends, skipping while its sandbox is paused.
 func (p *Pods) syncVolumesEvery(ps *podState, every time.Duration) {
 	if len(ps.plan.files) == 0 || every <= 0 {
 		return

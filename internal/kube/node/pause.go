@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -456,7 +457,7 @@ func pausedStatus(st *corev1.PodStatus, kind string) {
 			if cs.State.Running != nil {
 				cs.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: ReasonPaused, Message: msg}}
 				cs.Ready = false
-				cs.Started = ptr(false)
+				cs.Started = ptr.To(false)
 			}
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -771,7 +772,7 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 		s := status(c, pod.Spec.Containers)
 		if !initialized {
 			s.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonPodInitializing}}
-			s.Ready, s.Started = false, ptr(false)
+			s.Ready, s.Started = false, ptr.To(false)
 		}
 		if s.Ready {
 			readyN++
@@ -817,8 +818,6 @@ func (p *Pods) withStatus(ps *podState) *corev1.Pod {
 	}
 	return pod
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func condition(b bool) corev1.ConditionStatus {
 	if b {

@@ -12,6 +12,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -144,7 +145,7 @@ func containerStatus(name, image, id string, cs *containerState, failure, messag
 		s.State.Terminated = &corev1.ContainerStateTerminated{ExitCode: 137, Reason: failure, Message: message, FinishedAt: metav1.Now()}
 	case cs.running:
 		s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(cs.startedAt)}
-		s.Ready, s.Started = !cs.unstarted && !cs.unready, ptr(!cs.unstarted)
+		s.Ready, s.Started = !cs.unstarted && !cs.unready, ptr.To(!cs.unstarted)
 	default:
 		s.State.Waiting = &corev1.ContainerStateWaiting{Reason: reasonCreating}
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -62,7 +63,6 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 	filled := map[string]bool{}
 	var files []fileVolume
 	containers := containerNames(*spec)
-	optional := func(b *bool) bool { return b != nil && *b }
 	for i, v := range spec.Volumes {
 		field := fmt.Sprintf("spec.volumes[%d]", i)
 		var sources []fileSource
@@ -75,13 +75,13 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 			if err := checkItems(field+".configMap.items", cm.Items); err != nil {
 				return nil, nil, err
 			}
-			sources = []fileSource{{kind: "configmap", object: cm.Name, items: cm.Items, defaultMode: cm.DefaultMode, optional: optional(cm.Optional)}}
+			sources = []fileSource{{kind: "configmap", object: cm.Name, items: cm.Items, defaultMode: cm.DefaultMode, optional: ptr.Deref(cm.Optional, false)}}
 		case v.Secret != nil:
 			sc := v.Secret.DeepCopy()
 			if err := checkItems(field+".secret.items", sc.Items); err != nil {
 				return nil, nil, err
 			}
-			sources = []fileSource{{kind: "secret", object: sc.SecretName, items: sc.Items, defaultMode: sc.DefaultMode, optional: optional(sc.Optional)}}
+			sources = []fileSource{{kind: "secret", object: sc.SecretName, items: sc.Items, defaultMode: sc.DefaultMode, optional: ptr.Deref(sc.Optional, false)}}
 		case v.DownwardAPI != nil:
 			d := v.DownwardAPI.DeepCopy()
 			if err := checkDownwardFiles(field+".downwardAPI.items", d.Items, containers); err != nil {
@@ -98,12 +98,12 @@ func planVolumes(spec *corev1.PodSpec) ([]volumeMount, []fileVolume, error) {
 					if err := checkItems(sfield+".configMap.items", src.ConfigMap.Items); err != nil {
 						return nil, nil, err
 					}
-					fs.kind, fs.object, fs.items, fs.optional = "configmap", src.ConfigMap.Name, src.ConfigMap.Items, optional(src.ConfigMap.Optional)
+					fs.kind, fs.object, fs.items, fs.optional = "configmap", src.ConfigMap.Name, src.ConfigMap.Items, ptr.Deref(src.ConfigMap.Optional, false)
 				case src.Secret != nil:
 					if err := checkItems(sfield+".secret.items", src.Secret.Items); err != nil {
 						return nil, nil, err
 					}
-					fs.kind, fs.object, fs.items, fs.optional = "secret", src.Secret.Name, src.Secret.Items, optional(src.Secret.Optional)
+					fs.kind, fs.object, fs.items, fs.optional = "secret", src.Secret.Name, src.Secret.Items, ptr.Deref(src.Secret.Optional, false)
 				case src.DownwardAPI != nil:
 					if err := checkDownwardFiles(sfield+".downwardAPI.items", src.DownwardAPI.Items, containers); err != nil {
 						return nil, nil, err

@@ -60,8 +60,8 @@ func usernsFD(inner, outer, count uint32) (*os.File, error) {
 
 // idmapNS keeps, per sandbox root uid, the user namespace usernsFD made
 // for it, so each create does not fork the daemon again (a full fork of
-// its address space and an exec, the largest share of the daemon's CPU
-// in a create after runc). The namespace only describes a mapping: no
+// its address space and an exec: about an eighth of the daemon's own CPU
+// per create in a profile of a 50-create burst). The namespace only describes a mapping: no
 // process ever runs in it, so it holds no state one sandbox could leave
 // for the next one on the same uid slot. (The sandbox's own user
 // namespace, which its processes live in and which holds keyrings and
@@ -71,8 +71,9 @@ type idmapNS struct {
 	fds map[uint32]*os.File // by outer (host) uid
 }
 
-// get returns the namespace mapping inner.. onto outer..; the caller
-// must not close it.
+// get returns the namespace mapping inner.. onto outer.. (count ids);
+// inner and count are the runtime's, the same for every uid, so outer
+// alone keys it. The caller must not close it.
 func (c *idmapNS) get(inner, outer, count uint32) (*os.File, error) {
 	c.mu.Lock()
 	f, ok := c.fds[outer]
