@@ -6,10 +6,12 @@ import (
 	"encoding/base64"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -39,6 +41,8 @@ type fakeAgent struct {
 	files    map[string][]byte
 	// wholeFiles answers file reads whole, ignoring Range.
 	wholeFiles bool
+	// conns counts the connections the server accepted.
+	conns atomic.Int64
 }
 
 func newFakeAgent() *fakeAgent {
@@ -120,6 +124,13 @@ func (f *fakeAgent) Start(ctx context.Context, req *connect.Request[process.Star
 			}
 		}
 	case "sleep":
+		<-ctx.Done()
+		return ctx.Err()
+	case "linger":
+		// An agent that holds the stream open past the end event.
+		if err := send(stream, end(7, true, "exit status 7")); err != nil {
+			return err
+		}
 		<-ctx.Done()
 		return ctx.Err()
 	}
@@ -211,7 +222,13 @@ func newAgentClient(t *testing.T) (*fakeAgent, *Client) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, errors.Join(errors.New("sandbox gone"), errdefs.ErrNotFound), "")
 	})
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewUnstartedServer(mux)
+	srv.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			f.conns.Add(1)
+		}
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	c, err := New(srv.URL)
 	if err != nil {
@@ -250,6 +267,27 @@ func TestExec(t *testing.T) {
 	}
 	if _, err := c.Sandbox("gone").Exec(t.Context(), ExecRequest{Cmd: "echo"}); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Exec in unknown sandbox = %v, want not found (not unimplemented)", err)
+	}
+}
+
+// TestExecReusesConnection: an exec reads its stream to the end, so the
+// next one reuses the connection instead of dialling again (the daemon's
+// proxy then keeps its own connection into the sandbox too).
+func TestExecReusesConnection(t *testing.T) {
+	f, c := newAgentClient(t)
+	sb := c.Sandbox("sb1")
+	for i := range 5 {
+		if code, err := sb.Exec(t.Context(), ExecRequest{Cmd: "echo", Args: []string{"x"}}); err != nil || code != 3 {
+			t.Fatalf("exec %d = %d, %v; want 3", i, code, err)
+		}
+	}
+	if n := f.conns.Load(); n != 1 {
+		t.Errorf("5 execs opened %d connections, want 1", n)
+	}
+	// A stream held open past its end event does not hold the exec: it
+	// returns the end event's code (the read after it is bounded).
+	if code, err := sb.Exec(t.Context(), ExecRequest{Cmd: "linger"}); err != nil || code != 7 {
+		t.Errorf("exec linger = %d, %v; want 7", code, err)
 	}
 }
 

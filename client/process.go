@@ -111,7 +111,7 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (int, error) {
 		return -1, agentError(err)
 	}
 	defer stream.Close()
-	return receive(stream, req.Stdout, req.Stderr, func(pid uint32) {
+	return receive(stream, cancel, req.Stdout, req.Stderr, func(pid uint32) {
 		if req.Stdin != nil {
 			// Not waited for: Read on a terminal or pipe can block past the
 			// command's end, and cancelling ctx stops the forwarding calls.
@@ -121,12 +121,13 @@ func (s *Sandbox) Exec(ctx context.Context, req ExecRequest) (int, error) {
 }
 
 // receive reads a process's events until its end event and returns its
-// exit code. onStart runs once with the pid.
+// exit code. onStart runs once with the pid. cancel ends the stream's
+// context; receive uses it to bound what it reads after the end event.
 func receive[T interface{ GetEvent() *process.ProcessEvent }](stream interface {
 	Receive() bool
 	Msg() T
 	Err() error
-}, stdout, stderr io.Writer, onStart func(pid uint32)) (int, error) {
+}, cancel context.CancelFunc, stdout, stderr io.Writer, onStart func(pid uint32)) (int, error) {
 	for stream.Receive() {
 		ev := stream.Msg().GetEvent()
 		switch e := ev.GetEvent().(type) {
@@ -153,6 +154,7 @@ func receive[T interface{ GetEvent() *process.ProcessEvent }](stream interface {
 		case *process.ProcessEvent_End:
 			end := e.End
 			code := ExitCode(end.GetExitCode(), end.GetExited(), end.GetStatus())
+			afterEnd(stream, cancel)
 			return code, nil
 		}
 	}
@@ -160,6 +162,24 @@ func receive[T interface{ GetEvent() *process.ProcessEvent }](stream interface {
 		return -1, agentError(err)
 	}
 	return -1, fmt.Errorf("process stream ended without an end event: %w", errdefs.ErrUnavailable)
+}
+
+// afterEndWait bounds how long afterEnd waits for a stream's own end.
+const afterEndWait = time.Second
+
+// afterEnd reads a process stream past its end event to the stream's own
+// end, which the agent sends right after it. A response read to its end
+// hands its connection back to the transport's pool; one closed early
+// (connect's Close does not drain) is torn down, and the next call dials
+// again: a TCP handshake to the daemon, and the daemon's own to the agent
+// inside the sandbox, on every exec. The far end is a sandbox's agent, so
+// the read is bounded: a few messages, and afterEndWait, after which
+// cancel cuts the stream as Close would have.
+func afterEnd(stream interface{ Receive() bool }, cancel context.CancelFunc) {
+	t := time.AfterFunc(afterEndWait, cancel)
+	defer t.Stop()
+	for i := 0; i < 4 && stream.Receive(); i++ {
+	}
 }
 
 // forwardStdin copies r to the process's stdin, then closes it. Errors end
@@ -253,7 +273,7 @@ func (s *Sandbox) Attach(ctx context.Context, pid uint32, stdout, stderr io.Writ
 		return -1, agentError(err)
 	}
 	defer stream.Close()
-	return receive(stream, stdout, stderr, nil)
+	return receive(stream, cancel, stdout, stderr, nil)
 }
 
 // Processes lists the processes the agent started that are still running.

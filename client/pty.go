@@ -103,7 +103,7 @@ func (s *Sandbox) StartPTY(ctx context.Context, req PTYRequest) (*PTY, error) {
 		defer close(p.done)
 		defer stop()
 		defer stream.Close()
-		code, err := receive(stream, pw, pw, nil)
+		code, err := receive(stream, cancel, pw, pw, nil)
 		p.code, p.err = code, err
 		if err == nil {
 			err = io.EOF
