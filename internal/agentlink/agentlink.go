@@ -8,6 +8,7 @@ package agentlink
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -105,6 +106,30 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 		case <-t.C:
 		}
 	}
+}
+
+// Connect opens a connection to the agent at addr and leaves it idle in
+// the transport's pool (a GET /health over it), so the next request there
+// skips the dial: a warm sandbox's claim and its first command then
+// start on a connection made while it waited (a dial into a sandbox's
+// network namespace costs ~0.2 ms). The pool drops it after its idle
+// timeout; a later request dials as usual.
+func (l *Link) Connect(ctx context.Context, addr string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{Transport: l.transport}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	// Read to its end, bounded, or the connection is not reused.
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("health answered %s", resp.Status)
+	}
+	return nil
 }
 
 // CloseIdle drops idle connections to agents (after a sandbox ends, and

@@ -87,6 +87,9 @@ type Event struct {
 // returns an error wrapping errdefs.ErrNotFound.
 type Store interface {
 	PutSandbox(ctx context.Context, s Sandbox) error
+	// PutSandboxEvents writes s and appends evs after it, atomically,
+	// and returns evs with their sequence numbers.
+	PutSandboxEvents(ctx context.Context, s Sandbox, evs ...Event) ([]Event, error)
 	GetSandbox(ctx context.Context, id string) (Sandbox, error)
 	// ListSandboxes returns sandboxes whose state is one of states (all
 	// if none given), oldest first.

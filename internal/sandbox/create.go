@@ -110,15 +110,15 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	m.live[rec.ID] = e
 	m.mu.Unlock()
-	if err := m.deps.Store.PutSandbox(cctx, rec); err != nil {
-		m.forget(rec.ID)
-		return Sandbox{}, err
-	}
 	how := "template " + tpl.Name + ", isolation " + iso
 	if restore != nil {
 		how += ", from the memory of snapshot " + restore.snapshot
 	}
-	m.event(cctx, rec.ID, EventCreated, how)
+	if err := m.putWithEvents(cctx, rec, newEvent(rec.ID, EventCreated, how)); err != nil {
+		m.forget(rec.ID)
+		return Sandbox{}, err
+	}
+	m.hub.notify(rec.ID)
 	c := &creation{e: e, req: req, tpl: tpl, policy: policy, log: m.log.With("sandbox_id", rec.ID), start: now, recorded: time.Now(), restore: restore}
 
 	if err := m.provision(cctx, c); err != nil {
@@ -298,11 +298,11 @@ func (m *Manager) finish(ctx context.Context, c *creation) error {
 	if err := e.moveTo(StateReady); err != nil {
 		return err
 	}
-	if err := m.deps.Store.PutSandbox(ctx, e.rec); err != nil {
+	if err := m.putWithEvents(ctx, e.rec, newEvent(e.id, EventReady, "")); err != nil {
 		return fmt.Errorf("persist: %w", err)
 	}
 	e.publish()
-	m.event(ctx, e.id, EventReady, "")
+	m.hub.notify(e.id)
 	m.arm(e)
 	c.log.Info("sandbox_ready", "template", c.tpl.Name, "isolation", e.rec.Isolation, "elapsed_ms", time.Since(c.start).Milliseconds())
 	if !c.provisioned.IsZero() && !c.answered.IsZero() {

@@ -99,6 +99,13 @@ type Prober interface {
 	WaitReady(ctx context.Context, addr string) error
 }
 
+// Connector is a Prober that can also open a connection to an agent
+// ahead of its first request and keep it for that request
+// (agentlink.Link): the warm pool connects to each sandbox it fills.
+type Connector interface {
+	Connect(ctx context.Context, addr string) error
+}
+
 // Starter runs a template's start command in a new sandbox and waits for
 // its ready check (the daemon's, over the agent). Start returns once the
 // check passed (or at once without one); it fails with

@@ -62,12 +62,26 @@ func (h *hub) closeAll() {
 // event records a lifecycle event and wakes its followers. Failing to
 // record is logged: it must not fail the lifecycle step itself.
 func (m *Manager) event(ctx context.Context, id, typ, msg string) {
-	_, err := m.deps.Store.AddEvent(context.WithoutCancel(ctx), core.Event{SandboxID: id, Time: time.Now().UTC(), Type: typ, Message: msg})
+	_, err := m.deps.Store.AddEvent(context.WithoutCancel(ctx), newEvent(id, typ, msg))
 	if err != nil {
 		m.log.Error("record_event", "sandbox_id", id, "type", typ, "err", err)
 		return
 	}
 	m.hub.notify(id)
+}
+
+// newEvent is an event of sandbox id, now.
+func newEvent(id, typ, msg string) core.Event {
+	return core.Event{SandboxID: id, Time: time.Now().UTC(), Type: typ, Message: msg}
+}
+
+// putWithEvents writes rec and appends evs after it in one store
+// transaction: a create's record and its events cost one commit. The
+// caller publishes the entry, then wakes the followers (m.hub.notify),
+// so a follower woken by an event finds the record it describes.
+func (m *Manager) putWithEvents(ctx context.Context, rec core.Sandbox, evs ...core.Event) error {
+	_, err := m.deps.Store.PutSandboxEvents(ctx, rec, evs...)
+	return err
 }
 
 // terminal reports whether an event ends a sandbox's event stream.

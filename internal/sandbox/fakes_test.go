@@ -43,6 +43,18 @@ func (s *memStore) PutSandbox(ctx context.Context, sb core.Sandbox) error {
 	return nil
 }
 
+func (s *memStore) PutSandboxEvents(ctx context.Context, sb core.Sandbox, evs ...core.Event) ([]core.Event, error) {
+	if err := s.PutSandbox(ctx, sb); err != nil {
+		return nil, err
+	}
+	out := make([]core.Event, 0, len(evs))
+	for _, e := range evs {
+		e, _ = s.AddEvent(ctx, e)
+		out = append(out, e)
+	}
+	return out, nil
+}
+
 func (s *memStore) GetSandbox(ctx context.Context, id string) (core.Sandbox, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -456,6 +456,12 @@ func (m *Manager) fill(ctx context.Context, name WarmKey, gen int) (*warm, error
 		}
 		return nil, err
 	}
+	if cn, ok := m.deps.Prober.(Connector); ok {
+		// Not needed: a claim without it dials.
+		if err := cn.Connect(fctx, agentAddr(c.e.att)); err != nil {
+			c.log.Debug("warm_connect", "err", err)
+		}
+	}
 	c.log.Debug("warm_ready", "template", name.Template, "allow_sudo", name.AllowSudo, "elapsed_ms", time.Since(now).Milliseconds())
 	return &warm{c: c, iso: iso, gen: gen}, nil
 }
@@ -612,12 +618,11 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	if err := e.moveTo(StateReady); err != nil {
 		return fail(err)
 	}
-	if err := m.deps.Store.PutSandbox(cctx, e.rec); err != nil {
+	if err := m.putWithEvents(cctx, e.rec, newEvent(rec.ID, EventCreated, "template "+tpl.Name+", isolation "+rec.Isolation+", warm"), newEvent(rec.ID, EventReady, "")); err != nil {
 		return fail(fmt.Errorf("persist: %w", err))
 	}
 	e.publish()
-	m.event(cctx, rec.ID, EventCreated, "template "+tpl.Name+", isolation "+rec.Isolation+", warm")
-	m.event(cctx, rec.ID, EventReady, "")
+	m.hub.notify(rec.ID)
 	m.arm(e)
 	e.unlock()
 	c.log.Info("sandbox_ready", "template", tpl.Name, "isolation", rec.Isolation, "warm", true, "elapsed_ms", time.Since(now).Milliseconds())

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -29,6 +30,10 @@ type DB struct {
 	db *sql.DB
 	// rd serves reads, on connections of their own.
 	rd *sql.DB
+
+	// prepared holds the writer's statements, prepared once (writer
+	// goroutine only).
+	prepared map[string]*sql.Stmt
 
 	writes     chan *writeReq
 	closeOnce  sync.Once
@@ -104,7 +109,7 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		return nil, fmt.Errorf("open store %s: %w", path, err)
 	}
 	rd.SetMaxOpenConns(4)
-	d := &DB{db: db, rd: rd, writes: make(chan *writeReq), closed: make(chan struct{}), writerDone: make(chan struct{})}
+	d := &DB{db: db, rd: rd, prepared: map[string]*sql.Stmt{}, writes: make(chan *writeReq), closed: make(chan struct{}), writerDone: make(chan struct{})}
 	go d.writer()
 	return d, nil
 }
@@ -152,19 +157,42 @@ func decodeMap(s string) (map[string]string, error) {
 
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
-	_, err := d.exec(ctx, `INSERT OR REPLACE INTO sandboxes
+	if _, err := d.execAll(ctx, putSandbox(s)); err != nil {
+		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
+	}
+	return nil
+}
+
+// PutSandboxEvents inserts or replaces a sandbox record and appends evs
+// after it, all in one transaction, and returns evs with their sequence
+// numbers. A create's record and its events cost one commit, not one
+// each.
+func (d *DB) PutSandboxEvents(ctx context.Context, s core.Sandbox, evs ...core.Event) ([]core.Event, error) {
+	stmts := []stmt{putSandbox(s)}
+	for _, e := range evs {
+		stmts = append(stmts, addEvent(e))
+	}
+	res, err := d.execAll(ctx, stmts...)
+	if err != nil {
+		return nil, fmt.Errorf("put sandbox %s: %w", s.ID, err)
+	}
+	out := slices.Clone(evs)
+	for i := range out {
+		out[i].Seq = res[i+1].lastID
+	}
+	return out, nil
+}
+
+func putSandbox(s core.Sandbox) stmt {
+	return stmt{`INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
 		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, []any{
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
 		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion,
-		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause), s.AllowSudo)
-	if err != nil {
-		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
-	}
-	return nil
+		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause), s.AllowSudo}}
 }
 
 const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
@@ -248,13 +276,17 @@ func (d *DB) ListSandboxes(ctx context.Context, states ...string) ([]core.Sandbo
 
 // AddEvent appends a lifecycle event and returns it with its sequence number.
 func (d *DB) AddEvent(ctx context.Context, e core.Event) (core.Event, error) {
-	res, err := d.exec(ctx, `INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
-		e.SandboxID, unixNano(e.Time), e.Type, e.Message)
+	res, err := d.execAll(ctx, addEvent(e))
 	if err != nil {
 		return e, fmt.Errorf("add event for %s: %w", e.SandboxID, err)
 	}
-	e.Seq, err = res.LastInsertId()
-	return e, err
+	e.Seq = res[0].lastID
+	return e, nil
+}
+
+func addEvent(e core.Event) stmt {
+	return stmt{`INSERT INTO events (sandbox_id, time, type, message) VALUES (?,?,?,?)`,
+		[]any{e.SandboxID, unixNano(e.Time), e.Type, e.Message}}
 }
 
 // Events returns the events of one sandbox with a sequence number above
