@@ -345,7 +345,13 @@ func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
 	}
 	p.mu.Lock()
 	initialized := ps.initialized || len(ps.plan.inits) == 0
+	prepared := ps.prepared
 	p.mu.Unlock()
+	if !prepared {
+		// Paused before its processes started: the pod's run goes on
+		// (prepare).
+		return nil
+	}
 	if !initialized {
 		p.wg.Go(func() { p.start(ps.ctx, ps, running, pausedAt) })
 		return nil

@@ -82,6 +82,9 @@ type podState struct {
 	// began; a pause asked for before waits for that).
 	pz pauseState
 	up bool
+	// prepared: the sandbox is ready for the processes (prepare); a
+	// resume before then leaves the rest to the pod's run.
+	prepared bool
 	// initialized: every init container succeeded (true without any).
 	initialized bool
 	// volFiles are the files of its configMap and secret volumes the
@@ -235,37 +238,100 @@ func (p *Pods) run(ctx context.Context, ps *podState) {
 	// being made.
 	p.applyDeadline(ctx, ps)
 	p.applyNetwork(ctx, ps)
-	// The containers' log directory exists before any of them starts: a
-	// log follower watches it from the container's start on.
-	if err := p.sb.MakeDir(ctx, sb.ID, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
-		if ctx.Err() == nil {
-			p.fail(ps, "BerthStartFailed", fmt.Sprintf("make %s: %v", podDir, err))
-		}
+	restored, ok := p.prepare(ctx, ps, sb.ID)
+	if !ok {
 		return
 	}
-	home, err := makeVolumes(ctx, p.sb, sb.ID, ps.plan.volumes)
+	p.start(ctx, ps, restored, time.Time{})
+}
+
+// prepare readies sandbox id for the pod's processes (prepareOnce) and
+// returns those that came back with it. The daemon may pause the sandbox
+// meanwhile (idle, or at its deadline under AnnotationOnTimeout pause),
+// while a missing ConfigMap holds the volumes, say: what failed is done
+// again once the sandbox is resumed, and the pod stays Pending, paused,
+// until then. false: the pod failed, was deleted, or ctx ended.
+func (p *Pods) prepare(ctx context.Context, ps *podState, id string) (map[string]uint32, bool) {
+	for {
+		restored, err := p.prepareOnce(ctx, ps, id)
+		if err == nil {
+			p.mu.Lock()
+			ps.prepared = true
+			p.mu.Unlock()
+			return restored, true
+		}
+		if ctx.Err() != nil {
+			return nil, false
+		}
+		if !p.awaitResumed(ctx, ps, id) {
+			if ctx.Err() == nil {
+				p.fail(ps, "BerthStartFailed", err.Error())
+			}
+			return nil, false
+		}
+		p.log.Info("pod_prepare_again", "pod", key(ps.pod.Namespace, ps.pod.Name), "sandbox_id", id, "after", err.Error())
+	}
+}
+
+// prepareOnce makes the containers' log directory, fills the volumes and
+// reads what processes came back with the sandbox.
+func (p *Pods) prepareOnce(ctx context.Context, ps *podState, id string) (map[string]uint32, error) {
+	// The containers' log directory exists before any of them starts: a
+	// log follower watches it from the container's start on.
+	if err := p.sb.MakeDir(ctx, id, podDir); err != nil && !errors.Is(err, errdefs.ErrAlreadyExists) {
+		return nil, fmt.Errorf("make %s: %w", podDir, err)
+	}
+	home, err := makeVolumes(ctx, p.sb, id, ps.plan.volumes)
 	if err == nil {
 		// A missing ConfigMap or Secret holds every container in
 		// ContainerCreating until it is there, as a kubelet's mount does.
 		err = p.awaitConfig(ctx, ps, ps.plan.names(), reasonCreating, func() error {
-			return p.fillVolumes(ctx, ps, sb.ID, home)
+			return p.fillVolumes(ctx, ps, id, home)
 		})
 	}
 	if err != nil {
-		if ctx.Err() == nil {
-			p.fail(ps, "BerthStartFailed", err.Error())
-		}
-		return
+		return nil, err
 	}
 	p.syncVolumesEvery(ps, p.syncEvery)
-	restored, err := p.restored(ctx, ps)
-	if err != nil {
-		if ctx.Err() == nil {
-			p.fail(ps, "BerthStartFailed", err.Error())
+	return p.restored(ctx, ps)
+}
+
+// awaitResumed waits, when sandbox id is paused (or being paused), until
+// it runs again: true then, false when it is not paused (what failed
+// failed for another reason), or the pod failed or was deleted, or ctx
+// ended. A pause's start and its end each change the pod (the sandbox
+// watch, applyPause), so it looks again at each change.
+func (p *Pods) awaitResumed(ctx context.Context, ps *podState, id string) bool {
+	for {
+		// The change to wait for is taken before the look, so one
+		// between the two is not missed.
+		p.mu.Lock()
+		if ps.reason != "" || ps.deleted {
+			p.mu.Unlock()
+			return false
 		}
-		return
+		if ps.tick == nil {
+			ps.tick = make(chan struct{})
+		}
+		tick := ps.tick
+		p.mu.Unlock()
+		sb, err := p.sb.Get(ctx, id)
+		if err != nil {
+			return false
+		}
+		switch sb.State {
+		case client.StateReady:
+			return true
+		case client.StatePausing, client.StatePaused, client.StateResuming:
+		default:
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick:
+		}
 	}
-	p.start(ctx, ps, restored, time.Time{})
 }
 
 // start runs the pod's init containers, then starts its containers, under
@@ -926,6 +992,9 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 	}
 	p.adopt(ctx, ps, sb)
 	p.syncVolumesEvery(ps, p.syncEvery)
+	p.mu.Lock()
+	ps.prepared = true
+	p.mu.Unlock()
 	if len(ps.plan.inits) > 0 && !p.containersBegan(ctx, ps, sb.ID, running) {
 		// The node stopped while the init containers ran: they carry on
 		// (one that succeeded is not run again), then the containers
@@ -991,8 +1060,7 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 	// init containers succeeded; their runs are read back on resume
 	// (recoverAllRuns), which finds out too whether the daemon paused it
 	// on its own before then.
-	ps.initialized = true
-	ps.up = true
+	ps.prepared, ps.initialized, ps.up = true, true, true
 	pz := pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
 	p.mu.Unlock()
 	if pz.value == "" {
