@@ -203,7 +203,7 @@ func (g *Gateway) e2bConnect(w http.ResponseWriter, r *http.Request, p auth.Prin
 func (g *Gateway) e2bToken(w http.ResponseWriter, pod *corev1.Pod) (string, bool) {
 	token, ok := g.podToken(pod)
 	if !ok {
-		e2bwire.WriteError(w, http.StatusConflict, fmt.Sprintf("sandbox %s: its envdAccessToken was not made from this gateway's key (secret %s), so it cannot be handed out again; use the token its create returned", sandboxID(pod), TokenKeySecret))
+		e2bwire.WriteError(w, http.StatusConflict, fmt.Sprintf("sandbox %s: its envdAccessToken was not made from a key this gateway holds (secret %s), so it cannot be handed out again; use the token its create returned", sandboxID(pod), TokenKeySecret))
 	}
 	return token, ok
 }
@@ -213,7 +213,7 @@ func (g *Gateway) e2bBody(pod *corev1.Pod, token string) e2bwire.SandboxBody {
 	id := sandboxID(pod)
 	var traffic *string
 	if h := pod.Annotations[AnnotationTrafficTokenSHA256]; h != "" {
-		if tok := g.trafficToken(id); hashMatches(h, tok) {
+		if tok, ok := g.tokenFor(trafficPurpose, id, h); ok {
 			traffic = &tok
 		}
 	}

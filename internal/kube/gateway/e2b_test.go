@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/url"
@@ -11,8 +13,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -536,5 +540,94 @@ func TestE2BPreview(t *testing.T) {
 		if want := tc.h["Host"]; want != "" && h.Get("X-Got-Host") != want {
 			t.Errorf("%s: node saw Host %q, want the client's %q", name, h.Get("X-Got-Host"), want)
 		}
+	}
+}
+
+// TestTokenKeyRotation: the Secret replaced with a new current key and
+// the old one retired, a replica reading it again hands out a sandbox's
+// token made under the old key (connect, signed URLs) and derives new
+// sandboxes' tokens from the new one; with the old key dropped, connect
+// answers 409 for the sandboxes made under it. A Secret gone or holding a
+// short key changes nothing.
+func TestTokenKeyRotation(t *testing.T) {
+	e := startGateway(t, true)
+	ctx := t.Context()
+	old := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	secrets := e.kube.CoreV1().Secrets(ns)
+	s, err := secrets.Get(ctx, TokenKeySecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyA := s.Data[tokenKeyField]
+	keyB := bytes.Repeat([]byte{7}, tokenKeyLen)
+	replace := func(data map[string][]byte) {
+		t.Helper()
+		if err := secrets.Delete(ctx, TokenKeySecret, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: TokenKeySecret, Namespace: ns}, Data: data}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	connect := func(id string) (int, e2bwire.SandboxBody) {
+		t.Helper()
+		var got e2bwire.SandboxBody
+		code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+id+"/connect", keyAlice, `{}`, nil)
+		if code == 200 {
+			if err := json.Unmarshal(data, &got); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return code, got
+	}
+
+	replace(map[string][]byte{tokenKeyField: keyB, retiredKeyPrefix + "-1": keyA})
+	if err := e.g.readTokenKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code, got := connect(old.SandboxID); code != 200 || got.EnvdAccessToken != old.EnvdAccessToken {
+		t.Errorf("connect under a retired key = %d, token %q; want 200 and the create's %q", code, got.EnvdAccessToken, old.EnvdAccessToken)
+	}
+	signed := "/files?path=/tmp/a&username=user&signature=" + url.QueryEscape(envd.FileSignature("/tmp/a", "read", "user", old.EnvdAccessToken, 0))
+	if code, data, _ := e.e2bCall(t, "GET", signed, "", "", nil); code != 200 {
+		t.Errorf("a URL signed with a retired key's token = %d %s, want 200", code, data)
+	}
+	fresh := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	if want := derive(keyB, envdPurpose, fresh.SandboxID); fresh.EnvdAccessToken != want {
+		t.Errorf("a new sandbox's token %q is not the new key's %q", fresh.EnvdAccessToken, want)
+	}
+
+	// The old key dropped: its sandbox's token is no more handed out.
+	replace(map[string][]byte{tokenKeyField: keyB})
+	if err := e.g.readTokenKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if code, _ := connect(old.SandboxID); code != 409 {
+		t.Errorf("connect with its key dropped = %d, want 409", code)
+	}
+	if code, data, _ := e.e2bCall(t, "GET", signed, "", "", nil); code != 401 {
+		t.Errorf("a URL signed with a dropped key's token = %d %s, want 401", code, data)
+	}
+	if code, got := connect(fresh.SandboxID); code != 200 || got.EnvdAccessToken != fresh.EnvdAccessToken {
+		t.Errorf("connect under the current key = %d %q", code, got.EnvdAccessToken)
+	}
+
+	// A short retired key is refused whole; a Secret gone is not made
+	// again by a reload; the keys stay as they were either way.
+	replace(map[string][]byte{tokenKeyField: keyA, retiredKeyPrefix + "-short": []byte("short")})
+	if err := e.g.readTokenKeys(ctx); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), retiredKeyPrefix+"-short") {
+		t.Errorf("a short retired key: %v, want failed_precondition naming it", err)
+	}
+	if err := secrets.Delete(ctx, TokenKeySecret, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.g.readTokenKeys(ctx); err == nil {
+		t.Error("a reload without the Secret succeeded")
+	}
+	if _, err := secrets.Get(ctx, TokenKeySecret, metav1.GetOptions{}); err == nil {
+		t.Error("a reload made the Secret again")
+	}
+	if code, got := connect(fresh.SandboxID); code != 200 || got.EnvdAccessToken != fresh.EnvdAccessToken {
+		t.Errorf("connect after refused reloads = %d %q, want the current key's token", code, got.EnvdAccessToken)
 	}
 }

@@ -111,9 +111,12 @@ type Gateway struct {
 	mux       *http.ServeMux
 	// now is the gateway's clock (a test's, in unit tests).
 	now func() time.Time
-	// tokenKey derives E2B sandboxes' envd tokens (tokens.go); Run loads
-	// it.
-	tokenKey []byte
+	// tokenKeys derive E2B sandboxes' tokens (tokens.go): Run loads
+	// them and reads them again every tokenKeyReload; keyMu guards them.
+	keyMu     sync.Mutex
+	tokenKeys tokenKeys
+	// bg are the goroutines Run starts beside the informers.
+	bg sync.WaitGroup
 
 	// waiters are the creates waiting on a pod, by pod name; the
 	// informer's handler wakes them.
@@ -245,7 +248,11 @@ func (g *Gateway) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), g.synced...) {
 		return fmt.Errorf("gateway: the pod and node caches did not fill: %w", errdefs.ErrUnavailable)
 	}
-	return g.loadTokenKey(ctx)
+	if err := g.loadTokenKey(ctx); err != nil {
+		return err
+	}
+	g.bg.Go(func() { g.reloadTokenKeys(ctx) })
+	return nil
 }
 
 // Shutdown waits for the informers' goroutines once ctx (Run's) ended.
@@ -256,6 +263,7 @@ func (g *Gateway) Shutdown() {
 	if g.claims != nil {
 		g.claims.factory.Shutdown()
 	}
+	g.bg.Wait()
 }
 
 // Handler returns the root HTTP handler.
