@@ -141,9 +141,10 @@ func (d *DB) commitTx(group []*writeReq) (err error) {
 	ctx := context.Background()
 	// Statements are prepared once, on the writer's one connection, and
 	// before the transaction takes it: SQLite compiles a statement on
-	// every unprepared exec, a fifth of a sandbox record's write. Queries
-	// built per call (a build log's rows) would grow the cache without
-	// end, so it stops at maxPrepared and the rest run unprepared.
+	// every unprepared exec, about 15 % of a create's write
+	// (bench_test.go). Queries built per call (a build log's rows) would
+	// grow the cache without end, so it stops at maxPrepared and the rest
+	// run unprepared.
 	for _, r := range group {
 		for _, st := range r.stmts {
 			if _, ok := d.prepared[st.query]; ok || len(d.prepared) >= maxPrepared {

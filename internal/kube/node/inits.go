@@ -100,25 +100,33 @@ func (p *Pods) startSidecar(ctx context.Context, ps *podState, c containerPlan, 
 func (p *Pods) await(ctx context.Context, ps *podState, cond func() bool) bool {
 	for {
 		p.mu.Lock()
-		if ps.reason != "" || ps.deleted {
-			p.mu.Unlock()
-			return false
-		}
-		if cond() {
+		if cond() && ps.reason == "" && !ps.deleted {
 			p.mu.Unlock()
 			return true
 		}
-		if ps.tick == nil {
-			ps.tick = make(chan struct{})
-		}
-		tick := ps.tick
+		tick, ok := p.nextChangeLocked(ps)
 		p.mu.Unlock()
+		if !ok {
+			return false
+		}
 		select {
 		case <-ctx.Done():
 			return false
 		case <-tick:
 		}
 	}
+}
+
+// nextChangeLocked is the channel closed at the pod's next change
+// (changed); false when the pod failed or was deleted. p.mu is held.
+func (p *Pods) nextChangeLocked(ps *podState) (<-chan struct{}, bool) {
+	if ps.reason != "" || ps.deleted {
+		return nil, false
+	}
+	if ps.tick == nil {
+		ps.tick = make(chan struct{})
+	}
+	return ps.tick, true
 }
 
 // sidecarStop is the channel closed to stop sidecar name; call with p.mu

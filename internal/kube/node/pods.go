@@ -306,15 +306,11 @@ func (p *Pods) awaitResumed(ctx context.Context, ps *podState, id string) bool {
 		// The change to wait for is taken before the look, so one
 		// between the two is not missed.
 		p.mu.Lock()
-		if ps.reason != "" || ps.deleted {
-			p.mu.Unlock()
+		tick, ok := p.nextChangeLocked(ps)
+		p.mu.Unlock()
+		if !ok {
 			return false
 		}
-		if ps.tick == nil {
-			ps.tick = make(chan struct{})
-		}
-		tick := ps.tick
-		p.mu.Unlock()
 		sb, err := p.sb.Get(ctx, id)
 		if err != nil {
 			return false
