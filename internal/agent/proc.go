@@ -571,8 +571,8 @@ const selfOOMScoreAdj = "/proc/self/oom_score_adj"
 // oomForFork raises the agent's oom_score_adj for the fork that follows and
 // returns the function that puts it back. Failures are logged, not fatal:
 // outside a sandbox (tests) /proc may refuse. The file stays open (under
-// forkMu): an open, read, write and close for each of the three accesses
-// were a tenth of the agent's system calls per exec.
+// forkMu): three system calls per fork, where opening, reading or
+// writing, and closing it for each access took about twenty (strace).
 func (t *procTable) oomForFork() (restore func()) {
 	t.forkMu.Lock()
 	var old []byte

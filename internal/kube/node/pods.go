@@ -297,11 +297,13 @@ func (p *Pods) prepareOnce(ctx context.Context, ps *podState, id string) (map[st
 }
 
 // awaitResumed waits, when sandbox id is paused (or being paused), until
-// it runs again: true then, false when it is not paused (what failed
-// failed for another reason), or the pod failed or was deleted, or ctx
-// ended. A pause's start and its end each change the pod (the sandbox
-// watch, applyPause), so it looks again at each change.
+// it runs again: true then; false when it was not paused at the first
+// look (what failed failed for another reason), when it ends, or when the
+// pod failed or was deleted, or ctx ended. A pause's start and its end
+// each change the pod (the sandbox watch, applyPause), so it looks again
+// at each change.
 func (p *Pods) awaitResumed(ctx context.Context, ps *podState, id string) bool {
+	paused := false
 	for {
 		// The change to wait for is taken before the look, so one
 		// between the two is not missed.
@@ -317,8 +319,9 @@ func (p *Pods) awaitResumed(ctx context.Context, ps *podState, id string) bool {
 		}
 		switch sb.State {
 		case client.StateReady:
-			return true
+			return paused
 		case client.StatePausing, client.StatePaused, client.StateResuming:
+			paused = true
 		default:
 			return false
 		}

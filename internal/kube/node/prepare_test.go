@@ -26,6 +26,8 @@ import (
 type prepRunner struct {
 	*tagRunner
 	wrote []string
+	// failDir, when set, fails every MakeDir, paused or not.
+	failDir error
 }
 
 func (f *prepRunner) Create(context.Context, client.CreateRequest) (*client.Sandbox, error) {
@@ -58,7 +60,12 @@ func (f *prepRunner) refused() error {
 	return nil
 }
 
-func (f *prepRunner) MakeDir(context.Context, string, string) error { return f.refused() }
+func (f *prepRunner) MakeDir(context.Context, string, string) error {
+	if f.failDir != nil {
+		return f.failDir
+	}
+	return f.refused()
+}
 
 func (f *prepRunner) WriteFile(_ context.Context, _, path string, r io.Reader) error {
 	if err := f.refused(); err != nil {
@@ -146,6 +153,35 @@ func TestPauseBeforeStart(t *testing.T) {
 		}
 		if got := podNow(p, ps); got.Status.Phase != corev1.PodRunning || got.Status.Reason != "" {
 			t.Errorf("after the resume: phase %s, reason %q (%s); want Running", got.Status.Phase, got.Status.Reason, got.Status.Message)
+		}
+	})
+}
+
+// TestPrepareFails: a step that fails while the sandbox runs (not paused)
+// fails the pod with the step's error, once; it is not tried again.
+func TestPrepareFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &prepRunner{tagRunner: newTagRunner(), failDir: fmt.Errorf("no space left on device: %w", errdefs.ErrResourceExhausted)}
+		ctx, cancel := context.WithCancel(t.Context())
+		p := &Pods{ctx: ctx, node: "node", sb: f, kube: fake.NewClientset(), backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+		t.Cleanup(func() {
+			cancel()
+			p.Wait()
+		})
+		pod := testPod()
+		if err := p.CreatePod(ctx, pod); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		p.mu.Lock()
+		ps := p.pods[key(pod.Namespace, pod.Name)]
+		p.mu.Unlock()
+		got := podNow(p, ps)
+		if got.Status.Phase != corev1.PodFailed || got.Status.Reason != "BerthStartFailed" || !strings.Contains(got.Status.Message, "no space left") {
+			t.Errorf("phase %s, reason %q (%s); want Failed, BerthStartFailed naming the error", got.Status.Phase, got.Status.Reason, got.Status.Message)
+		}
+		if s := f.started(); len(s) != 0 {
+			t.Errorf("started %v", s)
 		}
 	})
 }
