@@ -84,17 +84,9 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 	start := time.Now()
 	var last error
 	for {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := l.probe.Do(req)
+		err := health(ctx, l.probe, addr)
 		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("health answered %s", resp.Status)
+			return nil
 		}
 		last = err
 		wait := min(max(time.Since(start)/10, time.Millisecond), 20*time.Millisecond)
@@ -115,16 +107,22 @@ func (l *Link) WaitReady(ctx context.Context, addr string) error {
 // network namespace costs ~0.2 ms). The pool drops it after its idle
 // timeout; a later request dials as usual.
 func (l *Link) Connect(ctx context.Context, addr string) error {
+	return health(ctx, &http.Client{Transport: l.transport}, addr)
+}
+
+// health asks the agent at addr for GET /health through hc. The answer is
+// read to its end (bounded), so a client that keeps connections keeps
+// this one.
+func health(ctx context.Context, hc *http.Client, addr string) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/health", nil)
 	if err != nil {
 		return err
 	}
-	resp, err := (&http.Client{Transport: l.transport}).Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	// Read to its end, bounded, or the connection is not reused.
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
 	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("health answered %s", resp.Status)

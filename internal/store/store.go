@@ -157,10 +157,8 @@ func decodeMap(s string) (map[string]string, error) {
 
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
-	if _, err := d.execAll(ctx, putSandbox(s)); err != nil {
-		return fmt.Errorf("put sandbox %s: %w", s.ID, err)
-	}
-	return nil
+	_, err := d.PutSandboxEvents(ctx, s)
+	return err
 }
 
 // PutSandboxEvents inserts or replaces a sandbox record and appends evs

@@ -191,7 +191,7 @@ func startTagged(t *testing.T, f *tagRunner, pod *corev1.Pod, notify func(*corev
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &podState{pod: pod, plan: pl, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{}, prepared: true,
+	ps := &podState{pod: pod, plan: pl, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{},
 		applied: pod.Annotations[AnnotationDeadline], net: netState{known: true}}
 	p.pods[key(pod.Namespace, pod.Name)] = ps
 	p.wg.Go(func() { p.start(ctx, ps, nil, time.Time{}) })

@@ -345,11 +345,11 @@ func (p *Pods) refollow(ps *podState, id string, pausedAt time.Time) error {
 	}
 	p.mu.Lock()
 	initialized := ps.initialized || len(ps.plan.inits) == 0
-	prepared := ps.prepared
+	up := ps.up
 	p.mu.Unlock()
-	if !prepared {
-		// Paused before its processes started: the pod's run goes on
-		// (prepare).
+	if !up {
+		// Paused before its processes started (start sets up): the
+		// pod's run goes on (prepare).
 		return nil
 	}
 	if !initialized {

@@ -111,7 +111,7 @@ func newPausePods(t *testing.T, f *pausingRunner) (*Pods, *podState) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ps := &podState{pod: pod, plan: pl, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{}, prepared: true, up: true, net: netState{known: true}}
+	ps := &podState{pod: pod, plan: pl, sandboxID: "sb", ctx: ctx, containers: map[string]*containerState{}, up: true, net: netState{known: true}}
 	p.pods[key(pod.Namespace, pod.Name)] = ps
 	pid, err := p.startContainer(ctx, ps, pl.containers[0], 0)
 	if err != nil {

@@ -82,9 +82,6 @@ type podState struct {
 	// began; a pause asked for before waits for that).
 	pz pauseState
 	up bool
-	// prepared: the sandbox is ready for the processes (prepare); a
-	// resume before then leaves the rest to the pod's run.
-	prepared bool
 	// initialized: every init container succeeded (true without any).
 	initialized bool
 	// volFiles are the files of its configMap and secret volumes the
@@ -255,9 +252,9 @@ func (p *Pods) prepare(ctx context.Context, ps *podState, id string) (map[string
 	for {
 		restored, err := p.prepareOnce(ctx, ps, id)
 		if err == nil {
-			p.mu.Lock()
-			ps.prepared = true
-			p.mu.Unlock()
+			// Once: a try a pause cut off after the volumes were filled
+			// must not start a second sync.
+			p.syncVolumesEvery(ps, p.syncEvery)
 			return restored, true
 		}
 		if ctx.Err() != nil {
@@ -292,7 +289,6 @@ func (p *Pods) prepareOnce(ctx context.Context, ps *podState, id string) (map[st
 	if err != nil {
 		return nil, err
 	}
-	p.syncVolumesEvery(ps, p.syncEvery)
 	return p.restored(ctx, ps)
 }
 
@@ -991,9 +987,6 @@ func (p *Pods) readopt(ctx context.Context, ps *podState, sb *client.Sandbox) er
 	}
 	p.adopt(ctx, ps, sb)
 	p.syncVolumesEvery(ps, p.syncEvery)
-	p.mu.Lock()
-	ps.prepared = true
-	p.mu.Unlock()
 	if len(ps.plan.inits) > 0 && !p.containersBegan(ctx, ps, sb.ID, running) {
 		// The node stopped while the init containers ran: they carry on
 		// (one that succeeded is not run again), then the containers
@@ -1059,7 +1052,7 @@ func (p *Pods) readoptPaused(ctx context.Context, ps *podState, sb *client.Sandb
 	// init containers succeeded; their runs are read back on resume
 	// (recoverAllRuns), which finds out too whether the daemon paused it
 	// on its own before then.
-	ps.prepared, ps.initialized, ps.up = true, true, true
+	ps.initialized, ps.up = true, true
 	pz := pauseState{paused: true, value: ps.pod.Annotations[AnnotationPaused], kind: sb.Pause, at: time.Now(), runsUnknown: true}
 	p.mu.Unlock()
 	if pz.value == "" {

@@ -28,6 +28,8 @@ type prepRunner struct {
 	wrote []string
 	// failDir, when set, fails every MakeDir, paused or not.
 	failDir error
+	// refusedWrite gets the path of each write refused while paused.
+	refusedWrite chan string
 }
 
 func (f *prepRunner) Create(context.Context, client.CreateRequest) (*client.Sandbox, error) {
@@ -69,6 +71,10 @@ func (f *prepRunner) MakeDir(context.Context, string, string) error {
 
 func (f *prepRunner) WriteFile(_ context.Context, _, path string, r io.Reader) error {
 	if err := f.refused(); err != nil {
+		select {
+		case f.refusedWrite <- path:
+		default:
+		}
 		return err
 	}
 	b, err := io.ReadAll(r)
@@ -86,6 +92,25 @@ func (f *prepRunner) Exec(context.Context, string, client.ExecRequest) (int, err
 	return 0, f.refused()
 }
 
+// startPrep is a node on f with pod created (its sandbox made and being
+// readied in the background) and the pod's state.
+func startPrep(t *testing.T, f *prepRunner, kube *fake.Clientset, pod *corev1.Pod) (*Pods, *podState) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	p := &Pods{ctx: ctx, node: "node", sb: f, kube: kube, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
+	t.Cleanup(func() {
+		cancel()
+		p.Wait()
+	})
+	if err := p.CreatePod(ctx, pod); err != nil {
+		t.Fatal(err)
+	}
+	synctest.Wait()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p, p.pods[key(pod.Namespace, pod.Name)]
+}
+
 // TestPauseBeforeStart: the daemon pauses a pod's sandbox (its deadline
 // under on-timeout pause) while the pod waits for a ConfigMap its volume
 // needs, before any process started. The ConfigMap appears meanwhile: the
@@ -94,26 +119,15 @@ func (f *prepRunner) Exec(context.Context, string, client.ExecRequest) (int, err
 // the container starts.
 func TestPauseBeforeStart(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		f := &prepRunner{tagRunner: newTagRunner()}
+		f := &prepRunner{tagRunner: newTagRunner(), refusedWrite: make(chan string, 1)}
 		kube := fake.NewClientset()
-		ctx, cancel := context.WithCancel(t.Context())
-		p := &Pods{ctx: ctx, node: "node", sb: f, kube: kube, backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
-		t.Cleanup(func() {
-			cancel()
-			p.Wait()
-		})
+		ctx := t.Context()
 		pod := testPod()
 		pod.Annotations = map[string]string{AnnotationDeadline: "2026-12-03T10:00:00Z", AnnotationOnTimeout: "pause"}
 		pod.Spec.Volumes = []corev1.Volume{{Name: "conf", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 			LocalObjectReference: corev1.LocalObjectReference{Name: "settings"}}}}}
 		pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "conf", MountPath: "/etc/app"}}
-		if err := p.CreatePod(ctx, pod); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		p.mu.Lock()
-		ps := p.pods[key(pod.Namespace, pod.Name)]
-		p.mu.Unlock()
+		p, ps := startPrep(t, f, kube, pod)
 
 		// Paused by the daemon while the ConfigMap is missing; then the
 		// ConfigMap appears.
@@ -123,7 +137,9 @@ func TestPauseBeforeStart(t *testing.T) {
 			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: "settings"}, Data: map[string]string{"mode": "fast"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Minute) // past every retry of the missing ConfigMap
+		// The node's next try (after its retry wait, on the bubble's
+		// clock) writes the file and is refused.
+		<-f.refusedWrite
 		synctest.Wait()
 		got := podNow(p, ps)
 		if st, _ := Paused(got); st != "paused" || got.Status.Phase != corev1.PodPending || got.Status.Reason != "" {
@@ -162,20 +178,7 @@ func TestPauseBeforeStart(t *testing.T) {
 func TestPrepareFails(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &prepRunner{tagRunner: newTagRunner(), failDir: fmt.Errorf("no space left on device: %w", errdefs.ErrResourceExhausted)}
-		ctx, cancel := context.WithCancel(t.Context())
-		p := &Pods{ctx: ctx, node: "node", sb: f, kube: fake.NewClientset(), backOff: newBackOff(time.Second, 4*time.Second), log: slog.New(slog.DiscardHandler), pods: map[string]*podState{}}
-		t.Cleanup(func() {
-			cancel()
-			p.Wait()
-		})
-		pod := testPod()
-		if err := p.CreatePod(ctx, pod); err != nil {
-			t.Fatal(err)
-		}
-		synctest.Wait()
-		p.mu.Lock()
-		ps := p.pods[key(pod.Namespace, pod.Name)]
-		p.mu.Unlock()
+		p, ps := startPrep(t, f, fake.NewClientset(), testPod())
 		got := podNow(p, ps)
 		if got.Status.Phase != corev1.PodFailed || got.Status.Reason != "BerthStartFailed" || !strings.Contains(got.Status.Message, "no space left") {
 			t.Errorf("phase %s, reason %q (%s); want Failed, BerthStartFailed naming the error", got.Status.Phase, got.Status.Reason, got.Status.Message)
