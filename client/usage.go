@@ -36,3 +36,33 @@ func (c *Client) Usage(ctx context.Context, opts UsageOptions) ([]UsageRecord, e
 	}
 	return out.Usage, nil
 }
+
+// MetricSample is one reading of a sandbox's usage over time.
+type MetricSample = types.MetricSample
+
+// MetricsOptions bound the readings Metrics returns; a zero bound is
+// open. A range open at its end ends with a reading taken now.
+type MetricsOptions struct {
+	Since, Until time.Time
+}
+
+// Metrics returns sandbox id's usage readings, oldest first: one every
+// 5 s while it runs (coarser as it ages; the daemon keeps at most 720 per
+// sandbox, in memory).
+func (c *Client) Metrics(ctx context.Context, id string, opts MetricsOptions) ([]MetricSample, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	if !opts.Since.IsZero() {
+		q.Set("since", opts.Since.UTC().Format(time.RFC3339Nano))
+	}
+	if !opts.Until.IsZero() {
+		q.Set("until", opts.Until.UTC().Format(time.RFC3339Nano))
+	}
+	var out []MetricSample
+	if err := c.doJSON(ctx, http.MethodGet, sandboxPath(id)+"/metrics", q, nil, &out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

@@ -179,6 +179,22 @@ type SetTimeoutRequest struct {
 	Timeout string `json:"timeout"`
 }
 
+// MetricSample is one reading of a sandbox's usage over time (GET
+// /v1/sandboxes/{id}/metrics).
+type MetricSample struct {
+	Time time.Time `json:"time"`
+	// CPUs is the sandbox's CPU limit (the host's CPUs without one);
+	// CPUSeconds the CPU time used since the sandbox started; CPUPercent
+	// its share of CPUs since the reading before.
+	CPUs             float64 `json:"cpus"`
+	CPUSeconds       float64 `json:"cpu_seconds"`
+	CPUPercent       float64 `json:"cpu_percent"`
+	MemoryBytes      int64   `json:"memory_bytes"`
+	MemoryLimitBytes int64   `json:"memory_limit_bytes"`
+	DiskUsedBytes    int64   `json:"disk_used_bytes"`
+	DiskBytes        int64   `json:"disk_bytes"`
+}
+
 // Usage is what a sandbox has consumed so far.
 type Usage struct {
 	CPUSeconds      float64 `json:"cpu_seconds"`

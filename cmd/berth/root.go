@@ -143,6 +143,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newKillCmd(a),
 		newRmCmd(a),
 		newUsageCmd(a),
+		newMetricsCmd(a),
 		newTimeoutCmd(a),
 		newForwardCmd(a),
 		newPauseCmd(a),

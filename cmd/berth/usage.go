@@ -31,14 +31,9 @@ an RFC 3339 time or a duration back from now (24h).`,
 				return invalidf("-o %q: want json or table", output)
 			}
 			opts := client.UsageOptions{By: by}
-			if since != "" {
-				if t, err := time.Parse(time.RFC3339, since); err == nil {
-					opts.Since = t
-				} else if d, err := units.ParseDuration(since); err == nil {
-					opts.Since = time.Now().Add(-d)
-				} else {
-					return invalidf("--since %q: want an RFC 3339 time or a duration such as 24h", since)
-				}
+			var err error
+			if opts.Since, err = parseWhen("--since", since); err != nil {
+				return err
 			}
 			c, err := a.client()
 			if err != nil {
@@ -76,6 +71,75 @@ an RFC 3339 time or a duration back from now (24h).`,
 	}
 	cmd.Flags().StringVar(&by, "by", "key", "key or sandbox")
 	cmd.Flags().StringVar(&since, "since", "", "only sandboxes metered since T (RFC 3339, or a duration back from now)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
+	return cmd
+}
+
+// parseWhen reads a time flag: an RFC 3339 time or a duration back from
+// now; "" is the zero time.
+func parseWhen(flag, v string) (time.Time, error) {
+	if v == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if d, err := units.ParseDuration(v); err == nil {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, invalidf("%s %q: want an RFC 3339 time or a duration back from now such as 10m", flag, v)
+}
+
+func newMetricsCmd(a *app) *cobra.Command {
+	var since, until, output string
+	cmd := &cobra.Command{
+		Use:   "metrics ID [--since T] [--until T] [-o json]",
+		Short: "Print a sandbox's usage over time",
+		Long: `Print a sandbox's usage readings, oldest first: its CPU limit (the host's
+CPUs without one) and its share of it since the reading before, CPU-seconds so far, memory and disk in use and
+their limits. The daemon takes one every 5 s while the sandbox runs and
+keeps its whole life at a resolution that coarsens with age (at most 720
+readings, in memory: a daemon restart starts anew). --since and --until
+take an RFC 3339 time or a duration back from now (10m); without --until
+the last reading is taken now.`,
+		Args: exactArgs(1, "ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if output != "" && output != "json" && output != "table" {
+				return invalidf("-o %q: want json or table", output)
+			}
+			var opts client.MetricsOptions
+			var err error
+			if opts.Since, err = parseWhen("--since", since); err != nil {
+				return err
+			}
+			if opts.Until, err = parseWhen("--until", until); err != nil {
+				return err
+			}
+			c, err := a.client()
+			if err != nil {
+				return err
+			}
+			ms, err := c.Metrics(cmd.Context(), args[0], opts)
+			if err != nil {
+				return err
+			}
+			if output == "json" {
+				if ms == nil {
+					ms = []client.MetricSample{}
+				}
+				return printJSON(a.out, ms)
+			}
+			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TIME\tCPUS\tCPU%\tCPU-S\tMEM\tMEM-LIMIT\tDISK\tDISK-SIZE")
+			for _, m := range ms {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", m.Time.Local().Format(time.DateTime), strconv.FormatFloat(m.CPUs, 'f', -1, 64), strconv.FormatFloat(m.CPUPercent, 'f', 1, 64),
+					fmtF(m.CPUSeconds), humanBytes(m.MemoryBytes), humanBytes(m.MemoryLimitBytes), humanBytes(m.DiskUsedBytes), humanBytes(m.DiskBytes))
+			}
+			return tw.Flush()
+		},
+	}
+	cmd.Flags().StringVar(&since, "since", "", "readings from T on (RFC 3339, or a duration back from now)")
+	cmd.Flags().StringVar(&until, "until", "", "readings up to T (RFC 3339, or a duration back from now)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "table or json")
 	return cmd
 }

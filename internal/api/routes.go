@@ -51,6 +51,7 @@ func (s *Server) routeTable() []route {
 		{"POST", "/v1/templates", s.createTemplate, nil},
 		{"GET", "/metrics", s.metrics, func(c Config) bool { return c.Metrics != nil }},
 		{"GET", "/v1/usage", s.getUsage, func(c Config) bool { return c.Usage != nil }},
+		{"GET", "/v1/sandboxes/{id}/metrics", s.sandboxMetrics, func(c Config) bool { return c.History != nil }},
 		{"POST", "/v1/templates/{name}/build", s.buildTemplate, nil},
 		{"PUT", "/v1/templates/{name}/isolation", s.setTemplateIsolation, nil},
 		{"PUT", "/v1/templates/{name}/warm", s.setWarm, func(c Config) bool { return c.Warm != nil }},

@@ -56,6 +56,11 @@ type Usage interface {
 	List(ctx context.Context, since time.Time) ([]core.Usage, error)
 }
 
+// History is the sandboxes' usage over time (usage.History).
+type History interface {
+	Series(sb sandbox.Sandbox, since, until, now time.Time) []types.MetricSample
+}
+
 // Config wires the API to the daemon's subsystems.
 type Config struct {
 	Manager Manager
@@ -82,6 +87,8 @@ type Config struct {
 	Registries Registries
 	// Usage, when set, serves GET /v1/usage.
 	Usage Usage
+	// History, when set, serves GET /v1/sandboxes/{id}/metrics.
+	History History
 	// Records, when set, removes ended sandboxes' records and logs.
 	Records Records
 	// Workspaces, when set, serves workspaces, environments and secrets.

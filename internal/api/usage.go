@@ -78,3 +78,40 @@ func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// sandboxMetrics answers GET /v1/sandboxes/{id}/metrics?since=&until=
+// (RFC 3339, both optional): the sandbox's usage readings in that range,
+// oldest first, and when the range is open at its end a reading taken
+// now.
+func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	if err := validID(id); err != nil {
+		writeError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	var bounds [2]time.Time
+	for i, name := range []string{"since", "until"} {
+		v := q.Get(name)
+		if v == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, v)
+		if err != nil {
+			writeError(w, badField(name, fmt.Errorf("%s %q: want an RFC 3339 time: %w", name, v, errdefs.ErrInvalidArgument)))
+			return
+		}
+		bounds[i] = t
+	}
+	since, until := bounds[0], bounds[1]
+	if !since.IsZero() && !until.IsZero() && until.Before(since) {
+		writeError(w, badField("until", fmt.Errorf("until %s is before since %s: %w", until.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano), errdefs.ErrInvalidArgument)))
+		return
+	}
+	sb, err := s.cfg.Manager.Get(r.Context(), id)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, s.cfg.History.Series(sb, since, until, time.Now()))
+}

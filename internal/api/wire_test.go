@@ -161,7 +161,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Snapshot": types.Snapshot{}, "SnapshotList": types.SnapshotList{}, "SnapshotRequest": types.SnapshotRequest{},
 		"ForkRequest": types.ForkRequest{}, "ForkResult": types.ForkResult{},
 		"ReadyCheck": types.ReadyCheck{}, "RegistryLoginRequest": types.RegistryLoginRequest{}, "RegistryLogin": types.RegistryLogin{},
-		"WarmPool": types.WarmPool{},
+		"WarmPool": types.WarmPool{}, "MetricSample": types.MetricSample{},
 	}
 	for name := range doc.Components.Schemas {
 		if _, ok := schemas[name]; !ok {

@@ -349,6 +349,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer lv.Close()
 	link := agentlink.New()
 	meter := usage.New(db, log.With("component", "usage"))
+	history := usage.NewHistory(0, 0)
 	mctx, mcancel := context.WithCancel(context.WithoutCancel(ctx))
 	mdone := make(chan struct{})
 	go func() { meter.Run(mctx, 5*time.Second); close(mdone) }()
@@ -368,7 +369,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		WarmPool:         warmPools,
 		Ceiling:          ceiling,
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: meter, Starter: starter{link}})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: usage.Tee{meter, history}, Starter: starter{link}})
 	if err != nil {
 		return err
 	}
@@ -400,20 +401,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
 	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg), records: recs}}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, History: history, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
 		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
-		Native: srv.Handler(), Logger: log.With("component", "e2b"),
+		History: history, Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
-	// getMetrics({start, end}) reads the history this keeps.
-	mctx, stopMetrics := context.WithCancel(ctx)
-	defer stopMetrics()
-	go root.RecordMetrics(mctx)
-	go root.SweepUploads(mctx)
+	bctx, stopBackground := context.WithCancel(ctx)
+	defer stopBackground()
+	go retainHistory(bctx, mgr, history)
+	go root.SweepUploads(bctx)
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -59,3 +59,34 @@ func metricSources(mgr *sandbox.Manager, meter *usage.Meter, keys *e2bcompat.Key
 		},
 	}
 }
+
+// historyRetainInterval is how often the usage history forgets sandboxes
+// that ended without a final sample.
+const historyRetainInterval = time.Minute
+
+// retainHistory keeps history's series to the live sandboxes until ctx
+// ends. A sandbox normally leaves with its final sample; this catches one
+// whose cgroup was gone before that sample could be read.
+func retainHistory(ctx context.Context, mgr *sandbox.Manager, history *usage.History) {
+	t := time.NewTicker(historyRetainInterval)
+	defer t.Stop()
+	live := []string{string(sandbox.StateCreating), string(sandbox.StateReady), string(sandbox.StatePausing),
+		string(sandbox.StatePaused), string(sandbox.StateResuming), string(sandbox.StateStopping)}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		listed := time.Now()
+		sbs, err := mgr.List(ctx, sandbox.ListOptions{States: live})
+		if err != nil {
+			continue
+		}
+		ids := make(map[string]bool, len(sbs))
+		for _, sb := range sbs {
+			ids[sb.ID] = true
+		}
+		history.Retain(ids, listed)
+	}
+}

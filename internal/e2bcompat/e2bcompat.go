@@ -66,9 +66,9 @@ type Config struct {
 	NoSudo bool
 	// Native serves everything under /v1 (Berth's own API).
 	Native http.Handler
-	// MetricsInterval is how often RecordMetrics samples each sandbox
-	// (DefaultMetricsInterval if zero).
-	MetricsInterval time.Duration
+	// History, when set, holds the sandboxes' usage over time for
+	// getMetrics; without it getMetrics answers [].
+	History History
 	// Templates, when set, serves E2B's template API (templates.go) with
 	// its uploads and tags kept in TemplateDir.
 	Templates   TemplateBuilder
@@ -89,9 +89,6 @@ type Server struct {
 	mux   *http.ServeMux
 	proxy *httputil.ReverseProxy
 
-	// metrics is each E2B sandbox's usage history (RecordMetrics).
-	history metricsHistory
-
 	// tpl serves E2B's template API; nil answers it with 501.
 	tpl *templateAPI
 }
@@ -108,10 +105,7 @@ func New(cfg Config) *Server {
 	if cfg.Native == nil {
 		cfg.Native = http.NotFoundHandler()
 	}
-	if cfg.MetricsInterval <= 0 {
-		cfg.MetricsInterval = DefaultMetricsInterval
-	}
-	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux(), history: metricsHistory{by: map[string][]metricSample{}}}
+	s := &Server{cfg: cfg, log: cfg.Logger, mux: http.NewServeMux()}
 	s.proxy = s.sandboxProxy()
 	if cfg.Templates != nil {
 		bctx := cfg.BuildContext

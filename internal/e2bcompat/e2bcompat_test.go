@@ -19,6 +19,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
+	"github.com/berth-sandbox/berth/internal/usage"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
 
@@ -455,23 +456,20 @@ func TestSignedFilesFindTheirSandbox(t *testing.T) {
 func TestMetricsHistory(t *testing.T) {
 	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
 	srv, key, rec := newTestServer(t, mgr)
+	history := usage.NewHistory(5*time.Second, 0)
+	srv.cfg.History = history
 	t0 := time.Now().Add(-time.Minute).Truncate(time.Second)
-	set := func(id string, cpu time.Duration, mem int64) {
-		mgr.sbs[id] = sandbox.Sandbox{
-			Sandbox: core.Sandbox{ID: id, State: string(sandbox.StateReady), Owner: rec.ID, CPUMillis: 1000, MemoryBytes: 512 << 20, CreatedAt: t0},
-			Usage:   &runtime.Stats{CPUUsage: cpu, MemoryBytes: mem, MemoryLimit: 512 << 20},
+	set := func(at time.Duration, cpu time.Duration, mem int64) {
+		st := runtime.Stats{CPUUsage: cpu, MemoryBytes: mem, MemoryLimit: 512 << 20}
+		mgr.sbs["sba"] = sandbox.Sandbox{
+			Sandbox: core.Sandbox{ID: "sba", State: string(sandbox.StateReady), Owner: rec.ID, CPUMillis: 1000, MemoryBytes: 512 << 20, CreatedAt: t0},
+			Usage:   &st,
 		}
+		history.Observe(sandbox.UsageSample{ID: "sba", Owner: rec.ID, Time: t0.Add(at), Stats: st})
 	}
-	set("sba", 0, 1<<20)
-	mgr.sbs["native"] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: "native", State: string(sandbox.StateReady), CreatedAt: t0}, Usage: &runtime.Stats{}}
-	srv.sampleAll(t.Context(), t0.Add(5*time.Second))
-	set("sba", 2500*time.Millisecond, 2<<20) // half of one CPU over 5 s
-	srv.sampleAll(t.Context(), t0.Add(10*time.Second))
-	set("sba", 2500*time.Millisecond, 3<<20)
-	srv.sampleAll(t.Context(), t0.Add(15*time.Second))
-	if _, ok := srv.history.by["native"]; ok {
-		t.Error("a native sandbox was sampled")
-	}
+	set(5*time.Second, 0, 1<<20)
+	set(10*time.Second, 2500*time.Millisecond, 2<<20) // half of one CPU over 5 s
+	set(15*time.Second, 2500*time.Millisecond, 3<<20)
 
 	get := func(query string) []e2bwire.MetricBody {
 		t.Helper()
@@ -493,8 +491,9 @@ func TestMetricsHistory(t *testing.T) {
 	if len(ms) != 3 || ms[0].MemUsed != 1<<20 || ms[1].MemUsed != 2<<20 || ms[2].MemUsed != 3<<20 {
 		t.Fatalf("metrics over the history = %+v", ms)
 	}
-	if ms[1].CPUUsedPct != 50 || ms[2].CPUUsedPct != 0 || ms[1].TimestampUnix != t0.Add(10*time.Second).Unix() {
-		t.Errorf("cpu = %v, %v; timestamp %d", ms[1].CPUUsedPct, ms[2].CPUUsedPct, ms[1].TimestampUnix)
+	if ms[1].CPUUsedPct != 50 || ms[2].CPUUsedPct != 0 || ms[1].TimestampUnix != t0.Add(10*time.Second).Unix() ||
+		ms[1].CPUCount != 1 || ms[1].MemTotal != 512<<20 {
+		t.Errorf("second sample = %+v, third %+v", ms[1], ms[2])
 	}
 	if ms := get("start=" + unix(10*time.Second) + "&end=" + unix(10*time.Second)); len(ms) != 1 || ms[0].MemUsed != 2<<20 {
 		t.Errorf("metrics at one second = %+v", ms)
@@ -505,21 +504,21 @@ func TestMetricsHistory(t *testing.T) {
 		}
 	}
 	// No range: the whole history, then a sample taken now.
-	if ms := get(""); len(ms) != 4 || ms[3].TimestampUnix < time.Now().Unix()-1 {
+	if ms := get(""); len(ms) != 4 || ms[3].TimestampUnix < time.Now().Unix()-1 || ms[3].MemUsed != 3<<20 {
 		t.Errorf("metrics without a range = %+v", ms)
 	}
-	// Ended sandboxes are forgotten.
-	delete(mgr.sbs, "sba")
-	srv.sampleAll(t.Context(), t0.Add(20*time.Second))
-	if len(srv.history.by) != 0 {
-		t.Errorf("history after the sandbox ended: %v", srv.history.by)
+	// A start alone: from there, and now.
+	if ms := get("start=" + unix(12*time.Second)); len(ms) != 2 || ms[0].MemUsed != 3<<20 {
+		t.Errorf("metrics from 12 s = %+v", ms)
 	}
-	// The history is bounded.
-	for i := range maxMetricSamples + 10 {
-		srv.history.add("x", metricSample{at: t0.Add(time.Duration(i) * time.Second)})
-	}
-	if n := len(srv.history.by["x"]); n != maxMetricSamples || !srv.history.by["x"][0].at.Equal(t0.Add(10*time.Second)) {
-		t.Errorf("history holds %d samples from %v", n, srv.history.by["x"][0].at)
+	for _, q := range []string{"start=soon", "end=1.5"} {
+		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+q, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 400 {
+			t.Errorf("metrics ?%s = %d %s, want 400", q, w.Code, w.Body)
+		}
 	}
 }
 

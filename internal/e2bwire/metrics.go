@@ -23,23 +23,25 @@ type MetricBody struct {
 	DiskTotal     int64   `json:"diskTotal"`
 }
 
-// SampleNow is a sample of a sandbox as a daemon's API shows it (with its
-// usage) taken at now: its CPU use is the average since it was created,
-// as a share of its CPU limit; its totals are its limits.
-func SampleNow(sb *types.Sandbox, now time.Time) MetricBody {
-	m := MetricBody{
-		Timestamp: now.UTC().Format(time.RFC3339Nano), TimestampUnix: now.Unix(),
-		CPUCount: int64(math.Ceil(sb.CPU)), MemTotal: sb.MemoryBytes, DiskTotal: sb.DiskBytes,
+// Metric is a native metrics reading as E2B shows it.
+func Metric(m types.MetricSample) MetricBody {
+	return MetricBody{
+		Timestamp: m.Time.UTC().Format(time.RFC3339Nano), TimestampUnix: m.Time.Unix(), CPUCount: int64(math.Ceil(m.CPUs)),
+		CPUUsedPct: m.CPUPercent, MemUsed: m.MemoryBytes, MemTotal: m.MemoryLimitBytes, DiskUsed: m.DiskUsedBytes, DiskTotal: m.DiskBytes,
 	}
-	u := sb.Usage
-	if u == nil {
-		return m
+}
+
+// MetricsBounds turns a range MetricsRange read (whole unix seconds,
+// inclusive, math.MinInt64 and math.MaxInt64 where the request left it
+// open) into the native API's since and until (zero where open).
+func MetricsBounds(from, to int64) (since, until time.Time) {
+	if from != math.MinInt64 {
+		since = time.Unix(from, 0)
 	}
-	m.MemUsed, m.DiskUsed = u.MemoryBytes, u.DiskUsedBytes
-	if age := now.Sub(sb.CreatedAt).Seconds(); age > 0 && sb.CPU > 0 {
-		m.CPUUsedPct = min(100, max(0, 100*u.CPUSeconds/age/sb.CPU))
+	if to != math.MaxInt64 {
+		until = time.Unix(to, 0).Add(time.Second - time.Nanosecond)
 	}
-	return m
+	return since, until
 }
 
 // MetricsRange reads a metrics request's start and end (unix seconds,

@@ -488,6 +488,52 @@ func TestUsageAttributed(t *testing.T) {
 		t.Errorf("key idler: %.3f CPU-seconds (its cgroup: %.3f, the spin: %.3f)", us[0].CPUSeconds, idle.Seconds(), spun.Seconds())
 	}
 
+	// Its usage over time: a point recorded after the spin holds all of
+	// its CPU, and the points where CPU was used show a share of the
+	// sandbox's one CPU; another key does not see them.
+	var pts []client.MetricSample
+	waitFor(t, 2*time.Minute, "a recorded point holding the spin's CPU", func() bool {
+		pts, err = ca.Metrics(ctx, sa.ID, client.MetricsOptions{Until: time.Now().Add(-time.Millisecond)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(pts) > 0 && pts[len(pts)-1].CPUSeconds >= spun.Seconds()
+	})
+	busy := 0
+	for i, m := range pts {
+		if m.CPUs != 1 || m.CPUPercent < 0 || m.CPUPercent > 100 || m.MemoryBytes <= 0 || m.MemoryLimitBytes <= 0 || m.DiskBytes <= 0 {
+			t.Errorf("point %d = %+v", i, m)
+		}
+		if i > 0 && m.CPUSeconds > pts[i-1].CPUSeconds+0.1 {
+			busy++
+			if m.CPUPercent <= 0 || !m.Time.After(pts[i-1].Time) {
+				t.Errorf("point %d used %.3f CPU-seconds since the one before but shows %.1f %%: %+v", i, m.CPUSeconds-pts[i-1].CPUSeconds, m.CPUPercent, pts)
+			}
+		}
+	}
+	if busy == 0 && pts[0].CPUPercent <= 0 {
+		t.Errorf("no point shows the spin: %+v", pts)
+	}
+	now, err := ca.Metrics(ctx, sa.ID, client.MetricsOptions{Since: pts[len(pts)-1].Time.Add(time.Nanosecond)})
+	if err != nil || len(now) == 0 || now[len(now)-1].CPUSeconds > cgroupCPU(t, d, sa.ID).Seconds() {
+		t.Errorf("readings after the last point = %+v, %v: want one taken now, within the cgroup's CPU", now, err)
+	}
+	if _, err := cb.Metrics(ctx, sa.ID, client.MetricsOptions{}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's metrics: %v, want not_found", err)
+	}
+	_, err = ca.Metrics(ctx, sa.ID, client.MetricsOptions{Since: time.Now(), Until: time.Now().Add(-time.Hour)})
+	if !errors.Is(err, errdefs.ErrInvalidArgument) || errdefs.Body(err).Field != "until" {
+		t.Errorf("until before since: %v, want invalid_argument on until", err)
+	}
+	out, errOut, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.SocketURL}, "metrics", sa.ID, "-o", "json")
+	var cliPts []client.MetricSample
+	if code != 0 || json.Unmarshal([]byte(out), &cliPts) != nil || len(cliPts) < len(pts) {
+		t.Errorf("berth metrics -o json = %d %q %q", code, out, errOut)
+	}
+	if out, errOut, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.SocketURL}, "metrics", sa.ID, "--since", "soon"); code == 0 || !strings.Contains(errOut, "--since") {
+		t.Errorf("berth metrics --since soon = %d %q %q, want an error naming --since", code, out, errOut)
+	}
+
 	// Kept after the sandbox is gone, and across a restart.
 	if err := ca.Kill(ctx, sa.ID); err != nil {
 		t.Fatal(err)
@@ -502,7 +548,7 @@ func TestUsageAttributed(t *testing.T) {
 	if !ok || rec.Key != "spinner" || rec.CPUSeconds < spun.Seconds() {
 		t.Errorf("after kill and restart, sandbox %s usage %+v (ok %v), want its %.3f CPU-seconds on spinner", sa.ID, rec, ok, spun.Seconds())
 	}
-	out, errOut, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.SocketURL}, "usage", "--by", "key", "-o", "json")
+	out, errOut, code = d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.SocketURL}, "usage", "--by", "key", "-o", "json")
 	var doc struct {
 		Usage []struct {
 			Key        string  `json:"key"`

@@ -256,6 +256,31 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			}})
 			return
 		}
+		if _, ok := strings.CutSuffix(r.URL.Path, "/metrics"); ok && r.Method == "GET" {
+			// The daemon's readings of the sandbox: one every 5 s, at 40,
+			// 45 and 50 MiB, the last 10 s ago; and one taken now when
+			// the range has no end.
+			now := time.Now()
+			all := []types.MetricSample{}
+			for i := range 3 {
+				all = append(all, types.MetricSample{Time: now.Add(time.Duration(i*5-20) * time.Second), CPUs: 1, CPUSeconds: float64(i), CPUPercent: 20,
+					MemoryBytes: int64(40+5*i) << 20, MemoryLimitBytes: 512 << 20, DiskUsedBytes: 5 << 20, DiskBytes: 1 << 30})
+			}
+			q := r.URL.Query()
+			if q.Get("until") == "" {
+				all = append(all, types.MetricSample{Time: now, CPUs: 1, CPUSeconds: 3, CPUPercent: 10, MemoryBytes: 60 << 20, MemoryLimitBytes: 512 << 20, DiskBytes: 1 << 30})
+			}
+			since, _ := time.Parse(time.RFC3339Nano, q.Get("since"))
+			until, _ := time.Parse(time.RFC3339Nano, q.Get("until"))
+			out := []types.MetricSample{}
+			for _, m := range all {
+				if !m.Time.Before(since) && (until.IsZero() || !m.Time.After(until)) {
+					out = append(out, m)
+				}
+			}
+			_ = json.NewEncoder(w).Encode(out)
+			return
+		}
 		if rest, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/sandboxes/"); ok && r.Method == "GET" && !strings.Contains(rest, "/") {
 			// The daemon's view of the sandbox, with its usage.
 			_ = json.NewEncoder(w).Encode(types.Sandbox{ID: rest, State: types.StateReady, CPU: 1, MemoryBytes: 512 << 20, DiskBytes: 1 << 30,

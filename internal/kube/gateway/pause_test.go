@@ -143,8 +143,8 @@ func TestPauseResume(t *testing.T) {
 }
 
 // TestUsage: a get of one sandbox carries its node's measure of its
-// usage; E2B's metrics are one sample of it, taken now, or none for a
-// range that ends before now.
+// usage; E2B's metrics are the node's readings of it over time, in the
+// range asked, and a reading taken now when the range has no end.
 func TestUsage(t *testing.T) {
 	e := startGateway(t, true)
 	var sb types.Sandbox
@@ -156,15 +156,33 @@ func TestUsage(t *testing.T) {
 		t.Errorf("get = %d %+v, usage %+v", code, eb, got.Usage)
 	}
 	e2 := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
-	code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics", keyAlice, "", nil)
-	var ms []e2bwire.MetricBody
-	if code != 200 || json.Unmarshal(data, &ms) != nil || len(ms) != 1 || ms[0].MemUsed != 40<<20 || ms[0].MemTotal != 512<<20 ||
-		ms[0].CPUCount != 1 || ms[0].DiskTotal != 1<<30 || ms[0].CPUUsedPct <= 0 || ms[0].CPUUsedPct > 100 {
-		t.Errorf("metrics = %d %s", code, data)
+	metrics := func(query string) []e2bwire.MetricBody {
+		t.Helper()
+		code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics"+query, keyAlice, "", nil)
+		var ms []e2bwire.MetricBody
+		if code != 200 || json.Unmarshal(data, &ms) != nil {
+			t.Fatalf("metrics%s = %d %s", query, code, data)
+		}
+		return ms
 	}
-	past := strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)
-	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics?end="+past, keyAlice, "", nil); code != 200 || string(bytes.TrimSpace(data)) != "[]" {
-		t.Errorf("metrics of a past range = %d %s, want []", code, data)
+	ms := metrics("")
+	if len(ms) != 4 || ms[0].MemUsed != 40<<20 || ms[2].MemUsed != 50<<20 || ms[3].MemUsed != 60<<20 || ms[0].MemTotal != 512<<20 ||
+		ms[0].CPUCount != 1 || ms[0].DiskTotal != 1<<30 || ms[0].CPUUsedPct != 20 || ms[3].CPUUsedPct != 10 {
+		t.Errorf("metrics = %+v", ms)
+	}
+	// A range ending before now: the node's readings in it, none taken
+	// now. E2B's whole seconds reach the node as since and until.
+	now := time.Now()
+	start, end := strconv.FormatInt(now.Add(-17*time.Second).Unix(), 10), strconv.FormatInt(now.Add(-8*time.Second).Unix(), 10)
+	if ms := metrics("?start=" + start + "&end=" + end); len(ms) != 2 || ms[0].MemUsed != 45<<20 || ms[1].MemUsed != 50<<20 {
+		t.Errorf("metrics of [-17 s, -8 s] = %+v", ms)
+	}
+	past := strconv.FormatInt(now.Add(-time.Hour).Unix(), 10)
+	if ms := metrics("?end=" + past); len(ms) != 0 {
+		t.Errorf("metrics of a past range = %+v, want []", ms)
+	}
+	if ms := metrics("?start=" + end + "&end=" + start); len(ms) != 0 {
+		t.Errorf("metrics of a range ending before it starts = %+v, want []", ms)
 	}
 	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics?start=soon", keyAlice, "", nil); code != 400 || !bytes.Contains(data, []byte("start")) {
 		t.Errorf("metrics with a bad start = %d %s", code, data)

@@ -153,7 +153,7 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 
 // proxyReview serves one of node.ReviewRoutes of a sandbox from its node:
 // what the node's daemon recorded of it (events, egress policy and
-// decisions, work log, diff). JSON records name the gateway's sandbox ID,
+// decisions, work log, diff, usage over time). JSON records name the gateway's sandbox ID,
 // as the rest of its API does (rename.go).
 func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Request, auth.Principal) {
 	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {

@@ -64,7 +64,7 @@ func (g *Gateway) routes() {
 
 // notServed is the answer to a route the gateway does not serve (yet).
 func notServed(r *http.Request) error {
-	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile or imported, built, set, removed and pruned on every Ready node, exported from one, and copied by the gateway to nodes that lack them) and registry logins (on every Ready node), the review reads and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause and connect and envd data plane: %w",
+	return fmt.Errorf("%s %s is not served by the Kubernetes gateway (berth serve --kubernetes): it serves the native API's sandbox create, list, get, delete, timeout, network policy, pause and resume, snapshots (export and import included) and fork, templates (listed, made from an image or a Dockerfile or imported, built, set, removed and pruned on every Ready node, exported from one, and copied by the gateway to nodes that lack them) and registry logins (on every Ready node), the review reads (usage over time included) and the agent and ports data plane, and E2B's sandbox create, list, get, kill, timeout, network, pause, metrics and connect and envd data plane: %w",
 		r.Method, r.URL.Path, errdefs.ErrNotImplemented)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"net/http"
+	"net/url"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,9 +16,10 @@ import (
 
 // A sandbox's usage is its node's daemon's to measure (its cgroup, its
 // disk, the egress services' counters): the gateway's get of one sandbox
-// asks the node for it (GET /berth/v1/sandboxes/<node sandbox>), and E2B's
-// metrics are a sample of it taken at the request. The gateway keeps no
-// history of samples.
+// asks the node for it (GET /berth/v1/sandboxes/<node sandbox>). The
+// gateway keeps no history of it: the node's daemon keeps each sandbox's
+// readings over time, and E2B's metrics read them there (GET
+// /berth/v1/sandboxes/<node sandbox>/metrics).
 
 // nodeUsageTimeout bounds the node's answer to a usage read: a get
 // answers without usage rather than wait on a slow node.
@@ -53,31 +55,61 @@ func (g *Gateway) withUsage(ctx context.Context, pod *corev1.Pod, out *apitypes.
 	out.Usage = sb.Usage
 }
 
-// e2bMetrics is E2B's GET /sandboxes/{id}/metrics: one sample, taken now
-// from the node's daemon, when the range (start and end, unix seconds,
-// both optional) holds now, else none. CPU use is the average since the
-// sandbox started (the gateway keeps no earlier sample to take a rate
-// over); totals are the daemon's limits.
+// e2bMetrics is E2B's GET /sandboxes/{id}/metrics: the readings the
+// node's daemon keeps of the sandbox (native GET
+// /v1/sandboxes/{id}/metrics) in the range (start and end, unix seconds,
+// both optional), and a reading taken now when the range has no end. A
+// sandbox not yet on a node has none.
 func (g *Gateway) e2bMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
 	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}
-	now := g.now()
 	from, to := int64(math.MinInt64), int64(math.MaxInt64)
 	if err := e2bwire.MetricsRange(r.URL.Query(), &from, &to); err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
 	out := []e2bwire.MetricBody{}
-	if state(pod) != apitypes.StateReady || now.Unix() < from || now.Unix() > to {
+	if _, err := sandboxOf(pod); err != nil || from > to {
 		e2bwire.WriteJSON(w, http.StatusOK, out)
 		return
 	}
-	sb, err := g.nodeSandbox(r.Context(), pod)
+	ms, err := g.nodeMetrics(r.Context(), pod, from, to)
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
 	}
-	e2bwire.WriteJSON(w, http.StatusOK, append(out, e2bwire.SampleNow(sb, now)))
+	for _, m := range ms {
+		out = append(out, e2bwire.Metric(m))
+	}
+	e2bwire.WriteJSON(w, http.StatusOK, out)
+}
+
+// nodeMetrics is the node's daemon's readings of pod's sandbox in [from,
+// to] (E2B's range, as e2bwire.MetricsRange reads it).
+func (g *Gateway) nodeMetrics(ctx context.Context, pod *corev1.Pod, from, to int64) ([]apitypes.MetricSample, error) {
+	t, err := g.nodeOf(pod, "")
+	if err != nil {
+		return nil, err
+	}
+	q := url.Values{}
+	since, until := e2bwire.MetricsBounds(from, to)
+	if !since.IsZero() {
+		q.Set("since", since.Format(time.RFC3339Nano))
+	}
+	if !until.IsZero() {
+		q.Set("until", until.Format(time.RFC3339Nano))
+	}
+	path := "/v1/sandboxes/" + t.sandbox + "/metrics"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
+	ctx, cancel := context.WithTimeout(ctx, nodeUsageTimeout)
+	defer cancel()
+	var ms []apitypes.MetricSample
+	if err := g.nodeCall(ctx, t, http.MethodGet, path, nil, &ms); err != nil {
+		return nil, err
+	}
+	return ms, nil
 }

@@ -31,8 +31,8 @@ const DataPlanePrefix = "/berth"
 // ReviewRoutes are the daemon's read-only routes of a sandbox (under
 // /v1/sandboxes/{id}/) the data plane also carries: its events, its
 // egress policy, the egress decisions the host logged and the policy they
-// suggest, its work log and its diff.
-var ReviewRoutes = []string{"events", "network", "network/log", "network/suggest", "worklog", "diff"}
+// suggest, its work log, its diff and its usage over time.
+var ReviewRoutes = []string{"events", "network", "network/log", "network/suggest", "worklog", "diff", "metrics"}
 
 // dataPath is the daemon path a data-plane request goes to, set by the
 // route that took it.
@@ -67,8 +67,8 @@ func handleDataPlane(mux *http.ServeMux, socket string, owns func(id string) boo
 	for _, rt := range ReviewRoutes {
 		route("GET "+DataPlanePrefix+"/v1/sandboxes/{id}/"+rt, func(*http.Request) string { return rt })
 	}
-	// The daemon's view of the sandbox: its usage, for the gateway's
-	// get and E2B's metrics.
+	// The daemon's view of the sandbox: its usage now, for the gateway's
+	// get.
 	mux.Handle("GET "+DataPlanePrefix+"/v1/sandboxes/{id}", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, "/v1/sandboxes/"+r.PathValue("id"))))
 	}))
