@@ -2,15 +2,19 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	ktypes "k8s.io/apimachinery/pkg/types"
 
 	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
@@ -250,4 +254,97 @@ func TestPausePod(t *testing.T) {
 	if err := d.Local.RemoveSnapshot(ctx, snap.ID); err != nil {
 		t.Errorf("remove the snapshot: %v", err)
 	}
+}
+
+// TestPausedPodGivesRoom: with the real scheduler, a paused pod gives its
+// node's room back: the node's allocatable CPU grows by the paused pod's
+// request and a pod that would not fit beside it runs. The paused pod's
+// resume then finds no room and waits, refused with resource_exhausted
+// and still paused; once the other pod is gone it resumes on its own.
+func TestPausedPodGivesRoom(t *testing.T) {
+	c := startCluster(t, "berth-room")
+	cp := c.cp
+	ctx := t.Context()
+	pods := cp.Client.CoreV1().Pods("default")
+	n := waitNode(t, cp, "berth-room", func(*corev1.Node) bool { return true })
+	alloc := n.Status.Allocatable.Cpu().MilliValue()
+	// Two pods of three quarters of the node each: one fits, not both.
+	big := func(name string) *corev1.Pod {
+		pod := sandboxPod(name, "sh", "-c", "exec sleep 100000")
+		q := *resource.NewMilliQuantity(alloc*3/4, resource.DecimalSI)
+		pod.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU] = q
+		pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: q}
+		return pod
+	}
+	running := func(name string) *corev1.Pod {
+		t.Helper()
+		return waitPod(t, cp, "default", name, "running", func(p *corev1.Pod) bool {
+			cs := p.Status.ContainerStatuses
+			st, _ := node.Paused(p)
+			return len(cs) == 1 && cs[0].State.Running != nil && st == ""
+		})
+	}
+	annotate := func(v string) {
+		t.Helper()
+		val := `"` + v + `"`
+		if v == "" {
+			val = "null"
+		}
+		patch := `{"metadata":{"annotations":{"` + node.AnnotationPaused + `":` + val + `}}}`
+		if _, err := pods.Patch(ctx, "parked", ktypes.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatalf("annotate: %v", err)
+		}
+	}
+	allocatable := func(want int64) {
+		t.Helper()
+		waitNode(t, cp, "berth-room", func(n *corev1.Node) bool { return n.Status.Allocatable.Cpu().MilliValue() == want })
+	}
+
+	if _, err := pods.Create(ctx, big("parked"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	parked := running("parked")
+	sbs := podSandboxes(t, c.nodes["berth-room"], string(parked.UID))
+	if len(sbs) != 1 {
+		t.Fatalf("parked's sandboxes: %v", ids(sbs))
+	}
+	annotate("overnight")
+	waitPod(t, cp, "default", "parked", "paused", func(p *corev1.Pod) bool {
+		done, err := node.PauseStatus(p, "overnight")
+		return done && err == nil
+	})
+	allocatable(alloc + alloc*3/4)
+
+	if _, err := pods.Create(ctx, big("taker"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	taker := running("taker")
+	if taker.Spec.NodeName != "berth-room" {
+		t.Fatalf("taker runs on %q", taker.Spec.NodeName)
+	}
+
+	annotate("")
+	p := waitPod(t, cp, "default", "parked", "resume refused", func(p *corev1.Pod) bool {
+		done, err := node.PauseStatus(p, "")
+		return done && err != nil
+	})
+	if _, err := node.PauseStatus(p, ""); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "no room to resume") {
+		t.Errorf("resume without room: %v", err)
+	}
+	if got, err := c.nodes["berth-room"].Local.Get(ctx, sbs[0].ID); err != nil || got.State != client.StatePaused {
+		t.Errorf("parked's sandbox while its resume waits = %+v, %v", got, err)
+	}
+
+	if err := pods.Delete(ctx, "taker", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	running("parked")
+	allocatable(alloc)
+	if got, err := c.nodes["berth-room"].Local.Get(ctx, sbs[0].ID); err != nil || got.State != client.StateReady {
+		t.Errorf("parked's sandbox after the resume = %+v, %v", got, err)
+	}
+	if err := pods.Delete(ctx, "parked", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "parked")
 }

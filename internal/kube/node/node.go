@@ -107,23 +107,39 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	spec := nodeSpec(cfg, port)
 	pods := newPods(ctx, cfg.Name, cfg.IP, sb, cfg.Kube, newBackOff(cfg.RestartBackOff, cfg.RestartBackOffMax), cfg.Logger)
 	pods.syncEvery = cmp.Or(cfg.ConfigSyncPeriod, DefaultConfigSyncPeriod)
+	pods.alloc = corev1.ResourceList{}
+	for _, r := range roomResources {
+		if q, ok := spec.Status.Allocatable[r]; ok {
+			pods.alloc[r] = q.DeepCopy()
+		}
+	}
 	defer pods.Wait()
 	defer cancel()
 	if err := pods.reconcile(ctx); err != nil {
 		return err
 	}
-	spec := nodeSpec(cfg, port)
-	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy(), poke: make(chan struct{}, 1)}
+	status := &nodeStatus{sb: sb, log: cfg.Logger, base: spec.DeepCopy(), poke: make(chan struct{}, 1), room: pods.pausedRoom}
+	pods.mu.Lock()
+	pods.onRoom = status.refresh
+	pods.mu.Unlock()
+	pods.wg.Add(1)
+	go func() {
+		defer pods.wg.Done()
+		pods.roomLoop()
+	}()
 	// The node registers with the templates its daemon has, so the
-	// gateway refuses an unknown one before it makes a pod.
+	// gateway refuses an unknown one before it makes a pod; and with the
+	// room its paused pods give back.
+	status.lastRoom = status.room()
 	if tpls, err := status.templates(ctx); err == nil {
 		status.tpls = tpls
 		spec.Annotations = tpls.annotations()
 		status.base.Annotations = tpls.annotations()
-		spec.Status.Allocatable = withWarm(status.base.Status.Allocatable, tpls.warm)
 	}
+	spec.Status.Allocatable = status.allocatable(status.tpls.warm, status.lastRoom)
 	mux := http.NewServeMux()
 	if cfg.DaemonSocket != "" {
 		handleDataPlane(mux, cfg.DaemonSocket, pods.ownsSandbox, cfg.Logger)
@@ -268,6 +284,16 @@ type nodeStatus struct {
 	tpls daemonTemplates
 	// poke asks run for a check now (refresh).
 	poke chan struct{}
+	// room is the cpu and memory the node's paused pods give back
+	// (room.go); lastRoom what was last reported of it.
+	room     func() corev1.ResourceList
+	lastRoom corev1.ResourceList
+}
+
+// allocatable is the node's allocatable less the pods its warm pools hold,
+// plus the room its paused pods give back.
+func (s *nodeStatus) allocatable(warm int64, room corev1.ResourceList) corev1.ResourceList {
+	return withRoom(withWarm(s.base.Status.Allocatable, warm), room)
 }
 
 // refresh has run check the daemon now rather than at its next tick: its
@@ -375,8 +401,9 @@ func (s *nodeStatus) check(ctx context.Context) error {
 }
 
 // run reports a change of the daemon's health as the node's Ready
-// condition, a change of its templates as AnnotationTemplates, and a
-// change of its warm pools in the allocatable pods.
+// condition, a change of its templates as AnnotationTemplates, a change
+// of its warm pools in the allocatable pods, and a change of the room its
+// paused pods give back in the allocatable cpu and memory.
 func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -388,14 +415,18 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 		if ctx.Err() != nil {
 			return
 		}
+		var room corev1.ResourceList
+		if s.room != nil {
+			room = s.room()
+		}
 		ok := err == nil
 		s.mu.Lock()
 		if terr != nil {
 			tpls = s.tpls
 		}
-		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || tpls != s.tpls
+		cb, changed := s.cb, s.healthy == nil || *s.healthy != ok || tpls != s.tpls || !sameRoom(room, s.lastRoom)
 		if cb != nil && changed {
-			s.healthy, s.tpls = &ok, tpls
+			s.healthy, s.tpls, s.lastRoom = &ok, tpls, room
 		}
 		s.mu.Unlock()
 		if cb != nil && changed {
@@ -410,7 +441,8 @@ func (s *nodeStatus) run(ctx context.Context, every time.Duration) {
 				n.Annotations = map[string]string{}
 			}
 			maps.Copy(n.Annotations, tpls.annotations())
-			n.Status.Allocatable = withWarm(s.base.Status.Allocatable, tpls.warm)
+			n.Status.Allocatable = s.allocatable(tpls.warm, room)
+			s.log.Debug("node_status", "ready", ok, "paused_room", roomString(room))
 			cb(n)
 		}
 		select {

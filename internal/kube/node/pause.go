@@ -86,6 +86,18 @@ type pauseState struct {
 	byDaemon bool
 	why      string
 	deadline string
+	// resuming: the resume was given the node's room (room.go) and is
+	// under way. noRoom: the last resume found no room (failedErr says
+	// why); it is tried again as pods of the node change.
+	resuming, noRoom bool
+}
+
+// clearNoRoom forgets a resume that waited for room; the caller holds
+// p.mu.
+func (st *pauseState) clearNoRoom() {
+	if st.noRoom {
+		st.noRoom, st.failed, st.failedErr = false, "", nil
+	}
 }
 
 // PauseStatus reads ConditionPaused of a pod for the annotation value
@@ -177,6 +189,7 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 			// The annotation now holds it paused: removing it resumes.
 			p.mu.Lock()
 			ps.pz.byDaemon, ps.pz.value = false, want
+			ps.pz.clearNoRoom()
 			p.mu.Unlock()
 			p.changed(ps)
 			return
@@ -185,11 +198,21 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 		}
 		// A new deadline: it resumes (and applyDeadline sets it next).
 	} else if (want != "") == st.paused {
+		if want != "" && st.noRoom {
+			// Paused again while its resume waited for room: it
+			// waits no more.
+			p.mu.Lock()
+			ps.pz.value = want
+			ps.pz.clearNoRoom()
+			p.mu.Unlock()
+			p.changed(ps)
+		}
 		return
 	}
 	// A pause waits for the sandbox to be made (start); a resume does
-	// not.
-	if id == "" || over || (!up && want != "") || (want == st.failed && st.failedErr != nil) {
+	// not. A refused one is not tried again until the annotation
+	// changes, but one that found no room is, each time.
+	if id == "" || over || (!up && want != "") || (want == st.failed && st.failedErr != nil && !st.noRoom) {
 		return
 	}
 	if want != "" {
@@ -218,13 +241,27 @@ func (p *Pods) applyPause(ctx context.Context, ps *podState) {
 		p.changed(ps)
 		return
 	}
+	if err := p.admitResume(ps); err != nil {
+		p.mu.Lock()
+		same := st.noRoom && st.failedErr != nil && st.failedErr.Error() == err.Error()
+		ps.pz.failed, ps.pz.failedErr, ps.pz.noRoom = "", err, true
+		p.mu.Unlock()
+		if !same {
+			p.log.Warn("sandbox_resume_waits_for_room", "pod", k, "sandbox_id", id, "err", err)
+			p.changed(ps)
+		}
+		return
+	}
 	if err := p.sb.Resume(ctx, id); err != nil {
+		p.mu.Lock()
+		ps.pz.resuming = false
+		p.mu.Unlock()
 		if ctx.Err() != nil {
 			return
 		}
 		p.log.Warn("sandbox_resume_refused", "pod", k, "sandbox_id", id, "err", err)
 		p.mu.Lock()
-		ps.pz.failed, ps.pz.failedErr = "", err
+		ps.pz.failed, ps.pz.failedErr, ps.pz.noRoom = "", err, false
 		p.mu.Unlock()
 		p.changed(ps)
 		return

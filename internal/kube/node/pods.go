@@ -54,6 +54,14 @@ type Pods struct {
 	mu     sync.Mutex
 	pods   map[string]*podState // by namespace/name
 	notify func(*corev1.Pod)
+
+	// alloc is the node's allocatable cpu and memory, the room its
+	// running pods may request together; nil admits anything (room.go).
+	alloc corev1.ResourceList
+	// onRoom, when set, is called when a pod starts or stops giving its
+	// room back (the node's allocatable moves); roomKick wakes roomLoop.
+	onRoom   func()
+	roomKick chan struct{}
 }
 
 type podState struct {
@@ -82,6 +90,8 @@ type podState struct {
 	// began; a pause asked for before waits for that).
 	pz pauseState
 	up bool
+	// gaveRoom is givesRoom as changed last saw it (room.go).
+	gaveRoom bool
 	// initialized: every init container succeeded (true without any).
 	initialized bool
 	// volFiles are the files of its configMap and secret volumes the
@@ -134,7 +144,7 @@ type containerState struct {
 }
 
 func newPods(ctx context.Context, nodeName, nodeIP string, sb Sandboxes, kube kubernetes.Interface, bo backOff, log *slog.Logger) *Pods {
-	return &Pods{ctx: ctx, node: nodeName, ip: nodeIP, sb: sb, kube: kube, backOff: bo, log: log, pods: map[string]*podState{}}
+	return &Pods{ctx: ctx, node: nodeName, ip: nodeIP, sb: sb, kube: kube, backOff: bo, log: log, pods: map[string]*podState{}, roomKick: make(chan struct{}, 1)}
 }
 
 func key(ns, name string) string { return ns + "/" + name }
@@ -167,6 +177,7 @@ func (p *Pods) changed(ps *podState) {
 	if fn != nil {
 		fn(pod)
 	}
+	p.roomChangedBy(ps)
 }
 
 // CreatePod makes the pod's sandbox and starts its containers. The work
@@ -195,7 +206,12 @@ func (p *Pods) CreatePod(_ context.Context, pod *corev1.Pod) error {
 		p.fail(ps, "BerthInvalidPod", err.Error())
 		return nil
 	}
+	if !p.admit(ps) {
+		return nil
+	}
+	p.mu.Lock()
 	ps.plan = pl
+	p.mu.Unlock()
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
@@ -574,7 +590,7 @@ func (p *Pods) UpdatePod(_ context.Context, pod *corev1.Pod) error {
 		// own try, even after a refusal.
 		ps.pz.failed, ps.pz.failedErr = "", nil
 	}
-	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.byDaemon
+	repause := (pod.Annotations[AnnotationPaused] != "") != ps.pz.paused || ps.pz.byDaemon || ps.pz.noRoom
 	changed := ""
 	if ps.reason == "" && !ps.deleted && ps.plan.req.Template != "" {
 		changed = settingsChange(ps.plan, pod)
