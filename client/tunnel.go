@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/proto/datagram"
 )
 
 // PortConn is a TCP connection to a port in a sandbox, through the daemon
@@ -50,12 +51,58 @@ func (c *PortConn) CloseWrite() error {
 // over HTTP/1.1 (http:// or unix://; an https:// daemon that negotiates
 // HTTP/2 cannot upgrade).
 func (s *Sandbox) DialPort(ctx context.Context, port int) (*PortConn, error) {
-	c, err := s.client()
+	rwc, cancel, err := s.dialTunnel(ctx, port, "tcp")
 	if err != nil {
 		return nil, err
 	}
+	return &PortConn{rwc: rwc, cancel: cancel}, nil
+}
+
+// UDPConn is a UDP port of a sandbox, through the daemon (DialUDP): each
+// Write sends one datagram to the port, each Read returns one the
+// sandbox's server sent back (cut to the buffer, as a UDP socket cuts
+// it). The sandbox's server sees one peer per UDPConn.
+type UDPConn struct {
+	c      *datagram.Conn
+	cancel context.CancelFunc
+	once   sync.Once
+}
+
+// Read reads one datagram into p.
+func (c *UDPConn) Read(p []byte) (int, error) { return c.c.Read(p) }
+
+// Write sends p, at most datagram.MaxSize bytes, as one datagram.
+func (c *UDPConn) Write(p []byte) (int, error) { return c.c.Write(p) }
+
+// Close ends the tunnel.
+func (c *UDPConn) Close() error {
+	err := c.c.Close()
+	c.once.Do(c.cancel)
+	return err
+}
+
+// DialUDP opens a UDP tunnel to port in the sandbox, through the daemon
+// (the port tunnel upgraded to udp): a DNS server, a game server, a
+// metrics collector. As with DialPort, ctx bounds the dial only and the
+// tunnel ends with the sandbox. UDP has no handshake: a port nobody
+// listens on is not an error here; its datagrams get no answer.
+func (s *Sandbox) DialUDP(ctx context.Context, port int) (*UDPConn, error) {
+	rwc, cancel, err := s.dialTunnel(ctx, port, datagram.Protocol)
+	if err != nil {
+		return nil, err
+	}
+	return &UDPConn{c: datagram.NewConn(rwc), cancel: cancel}, nil
+}
+
+// dialTunnel opens a port tunnel of protocol proto (tcp or udp) and
+// returns its connection and what ends its request.
+func (s *Sandbox) dialTunnel(ctx context.Context, port int, proto string) (io.ReadWriteCloser, context.CancelFunc, error) {
+	c, err := s.client()
+	if err != nil {
+		return nil, nil, err
+	}
 	if port < 1 || port > 65535 {
-		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "port", Message: fmt.Sprintf("port %d: want 1 to 65535", port)}
+		return nil, nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "port", Message: fmt.Sprintf("port %d: want 1 to 65535", port)}
 	}
 	// The request's context outlives the dial: a transport may tie an
 	// upgraded connection to it. ctx ends the dial only.
@@ -64,10 +111,10 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (*PortConn, error) {
 	req, err := http.NewRequestWithContext(rctx, http.MethodGet, c.endpoint(sandboxPath(s.ID)+"/tunnel/"+strconv.Itoa(port), nil), nil)
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, nil, err
 	}
 	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "tcp")
+	req.Header.Set("Upgrade", proto)
 	resp, err := c.hc.Do(req)
 	if !stop() {
 		// ctx ended during the dial.
@@ -75,26 +122,26 @@ func (s *Sandbox) DialPort(ctx context.Context, port int) (*PortConn, error) {
 			resp.Body.Close()
 		}
 		cancel()
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	if err != nil {
 		cancel()
-		return nil, c.unreachable(err)
+		return nil, nil, c.unreachable(err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		defer resp.Body.Close()
 		cancel()
 		if resp.StatusCode/100 == 2 {
-			return nil, fmt.Errorf("port tunnel to %s port %d: the daemon answered %s instead of switching protocols (an HTTP/2 connection cannot upgrade): %w",
+			return nil, nil, fmt.Errorf("port tunnel to %s port %d: the daemon answered %s instead of switching protocols (an HTTP/2 connection cannot upgrade): %w",
 				s.ID, port, resp.Status, errdefs.ErrUnavailable)
 		}
-		return nil, decodeError(resp)
+		return nil, nil, decodeError(resp)
 	}
 	rwc, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok || !strings.EqualFold(resp.Header.Get("Upgrade"), "tcp") {
+	if !ok || !strings.EqualFold(resp.Header.Get("Upgrade"), proto) {
 		resp.Body.Close()
 		cancel()
-		return nil, fmt.Errorf("port tunnel to %s port %d: the daemon switched to %q, not tcp: %w", s.ID, port, resp.Header.Get("Upgrade"), errdefs.ErrUnavailable)
+		return nil, nil, fmt.Errorf("port tunnel to %s port %d: the daemon switched to %q, not %s: %w", s.ID, port, resp.Header.Get("Upgrade"), proto, errdefs.ErrUnavailable)
 	}
-	return &PortConn{rwc: rwc, cancel: cancel}, nil
+	return rwc, cancel, nil
 }

@@ -24,25 +24,31 @@ import (
 // every request goes to the server on PORT in the sandbox, through the
 // daemon's ports route (so it works wherever the API does, a Kubernetes
 // gateway included, and the sandbox needs no published port); with --tcp,
-// a local TCP listener whose every connection is a port tunnel.
+// a local TCP listener whose every connection is a port tunnel; with
+// --udp, a local UDP socket whose every peer gets a UDP tunnel.
 func newForwardCmd(a *app) *cobra.Command {
 	var (
-		listen string
-		tcp    bool
+		listen   string
+		tcp, udp bool
 	)
 	cmd := &cobra.Command{
-		Use:   "forward ID PORT [--tcp] [--listen ADDR]",
+		Use:   "forward ID PORT [--tcp|--udp] [--listen ADDR]",
 		Short: "Serve a sandbox's port on a local address until interrupted",
 		Long: "Forward HTTP (WebSockets included) from a local address to the server listening on PORT " +
 			"in the sandbox, through the API: open the printed URL in a browser to see a web app the " +
 			"agent started. The server sees the local Host. With --tcp, forward any TCP connection " +
 			"(a database, a debugger, ssh) through a port tunnel instead, as ssh -L or kubectl " +
-			"port-forward do; half-closes pass on. Ends on Ctrl-C, or when the sandbox ends.",
+			"port-forward do; half-closes pass on. With --udp, forward UDP datagrams (a DNS server, " +
+			"a game server): each local peer gets a tunnel of its own, closed after 2 minutes without " +
+			"a datagram. Ends on Ctrl-C, or when the sandbox ends.",
 		Args: exactArgs(2, "a sandbox ID and a port"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			port, err := strconv.Atoi(args[1])
 			if err != nil || port < 1 || port > 65535 {
 				return invalidf("port %q: want a number from 1 to 65535", args[1])
+			}
+			if tcp && udp {
+				return invalidf("--tcp and --udp: want one of them")
 			}
 			c, err := a.client()
 			if err != nil {
@@ -54,18 +60,31 @@ func newForwardCmd(a *app) *cobra.Command {
 			if _, err := c.Get(ctx, args[0]); err != nil {
 				return err
 			}
-			ln, err := net.Listen("tcp", listen)
-			if err != nil {
-				return invalidf("--listen %q: %v", listen, err)
-			}
 			sb := c.Sandbox(args[0])
 			var serve func() error
 			var shutdown func(context.Context) error
-			if tcp {
+			var ln net.Listener
+			if udp {
+				pc, err := net.ListenPacket("udp", listen)
+				if err != nil {
+					return invalidf("--listen %q: %v", listen, err)
+				}
+				defer pc.Close()
+				fctx, stop := context.WithCancel(ctx)
+				defer stop()
+				serve = func() error { return sb.ForwardUDP(fctx, pc, port, 0) }
+				shutdown = func(context.Context) error { stop(); return nil }
+				fmt.Fprintf(a.out, "forwarding udp://%s to port %d of sandbox %s (Ctrl-C ends)\n", pc.LocalAddr(), port, args[0])
+			} else if ln, err = net.Listen("tcp", listen); err != nil {
+				return invalidf("--listen %q: %v", listen, err)
+			}
+			switch {
+			case udp:
+			case tcp:
 				fw := &tcpForwarder{ln: ln, sb: sb, port: port, errOut: a.err}
 				serve, shutdown = fw.serve, fw.shutdown
 				fmt.Fprintf(a.out, "forwarding tcp://%s to port %d of sandbox %s (Ctrl-C ends)\n", ln.Addr(), port, args[0])
-			} else {
+			default:
 				proxy := &httputil.ReverseProxy{
 					Rewrite: func(pr *httputil.ProxyRequest) {
 						pr.Out.URL.Scheme, pr.Out.URL.Host = "http", pr.In.Host
@@ -100,6 +119,7 @@ func newForwardCmd(a *app) *cobra.Command {
 	}
 	cmd.Flags().StringVar(&listen, "listen", "127.0.0.1:0", "local address to serve on (port 0: any free one, printed)")
 	cmd.Flags().BoolVar(&tcp, "tcp", false, "forward TCP connections (any protocol) through port tunnels instead of HTTP requests")
+	cmd.Flags().BoolVar(&udp, "udp", false, "forward UDP datagrams through UDP port tunnels, a tunnel per local peer")
 	return cmd
 }
 

@@ -10,15 +10,19 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/splice"
+	"github.com/berth-sandbox/berth/proto/datagram"
 )
 
 // TunnelProtocol is the Upgrade token of a port tunnel: after the daemon
 // answers 101 Switching Protocols, the connection carries the bytes of a
-// TCP connection to the sandbox's port, both ways.
+// TCP connection to the sandbox's port, both ways. With Upgrade: udp
+// (datagram.Protocol) it carries datagrams to and from the sandbox's UDP
+// port instead, each framed as package datagram says.
 const TunnelProtocol = "tcp"
 
 // maxTunnels bounds the tunnels open into one sandbox at once: each holds
@@ -75,15 +79,22 @@ func (c *tunnelCounts) drop(id string) {
 // when idle does not while one is open; one that resumes on demand
 // resumes for it) and ends with the sandbox: a pause, a kill or its
 // timeout closes it. HTTP/1.1 only (HTTP/2 has no upgrade).
+//
+// With Upgrade: udp the tunnel carries datagrams to and from a UDP port
+// of the sandbox (a DNS server, a game server, a metrics collector), each
+// framed as package datagram says, from one host socket: the sandbox sees
+// one peer per tunnel. Nothing listening is not known at the upgrade (UDP
+// has no handshake): such datagrams go unanswered.
 func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
 	port, err := parsePort(r.PathValue("port"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	if !headerHasToken(r.Header, "Connection", "upgrade") || !strings.EqualFold(r.Header.Get("Upgrade"), TunnelProtocol) {
-		writeError(w, badField("upgrade", fmt.Errorf("a port tunnel is an HTTP/1.1 upgrade: want headers Connection: Upgrade and Upgrade: %s (got Upgrade %q): %w",
-			TunnelProtocol, r.Header.Get("Upgrade"), errdefs.ErrInvalidArgument)))
+	proto := strings.ToLower(r.Header.Get("Upgrade"))
+	if !headerHasToken(r.Header, "Connection", "upgrade") || (proto != TunnelProtocol && proto != datagram.Protocol) {
+		writeError(w, badField("upgrade", fmt.Errorf("a port tunnel is an HTTP/1.1 upgrade: want headers Connection: Upgrade and Upgrade: %s or %s (got Upgrade %q): %w",
+			TunnelProtocol, datagram.Protocol, r.Header.Get("Upgrade"), errdefs.ErrInvalidArgument)))
 		return
 	}
 	id, ctx, agent, release, ok := s.agentSession(w, r)
@@ -102,7 +113,9 @@ func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	dctx, cancel := context.WithTimeout(ctx, tunnelDialTimeout)
-	back, err := s.cfg.Dial(dctx, "tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+	// A UDP socket connects without asking the sandbox: nothing
+	// listening shows as datagrams that get no answer.
+	back, err := s.cfg.Dial(dctx, proto, net.JoinHostPort(host, strconv.Itoa(port)))
 	cancel()
 	if err != nil {
 		writeJSON(w, http.StatusBadGateway, errorBody{Code: errdefs.CodeUnavailable, Field: "port",
@@ -118,7 +131,7 @@ func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
 	defer front.Close()
 	// Hijacked connections keep the server's deadlines; a tunnel has none.
 	_ = front.SetDeadline(time.Time{})
-	if _, err := buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + TunnelProtocol + "\r\n\r\n"); err != nil {
+	if _, err := buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + proto + "\r\n\r\n"); err != nil {
 		return
 	}
 	if err := buf.Flush(); err != nil {
@@ -131,9 +144,59 @@ func (s *Server) tunnelPort(w http.ResponseWriter, r *http.Request) {
 	})
 	defer stop()
 	start := time.Now()
-	up, down := splice.Conns(&hijacked{Conn: front, buf: buf.Reader}, back)
-	s.log.Info("port_tunnel", "sandbox_id", id, "port", port, "bytes_in", up, "bytes_out", down,
+	client := &hijacked{Conn: front, buf: buf.Reader}
+	var up, down int64
+	if proto == datagram.Protocol {
+		up, down = relayDatagrams(client, back)
+	} else {
+		up, down = splice.Conns(client, back)
+	}
+	s.log.Info("port_tunnel", "sandbox_id", id, "port", port, "protocol", proto, "bytes_in", up, "bytes_out", down,
 		"duration_ms", time.Since(start).Milliseconds(), "cut", context.Cause(ctx) != nil)
+}
+
+// relayDatagrams carries framed datagrams from client to the sandbox's
+// UDP socket back, and back's datagrams to client framed, until client
+// ends its stream or either side fails; it closes both and returns the
+// payload bytes carried each way. A datagram the sandbox refused (ICMP
+// port unreachable, which a connected UDP socket reports at its next
+// call) is dropped, as UDP drops it.
+func relayDatagrams(client net.Conn, back net.Conn) (up, down int64) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer client.Close()
+		buf := make([]byte, datagram.MaxSize)
+		for {
+			n, err := back.Read(buf)
+			if errors.Is(err, syscall.ECONNREFUSED) {
+				continue
+			}
+			if err != nil {
+				return
+			}
+			if datagram.Write(client, buf[:n]) != nil {
+				return
+			}
+			down += int64(n)
+		}
+	}()
+	buf, in := make([]byte, datagram.MaxSize), bufio.NewReader(client)
+	for {
+		n, err := datagram.Read(in, buf)
+		if err != nil {
+			break
+		}
+		if _, err := back.Write(buf[:n]); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
+			break
+		}
+		up += int64(n)
+	}
+	back.Close()
+	client.Close()
+	wg.Wait()
+	return up, down
 }
 
 // hijacked is a taken-over client connection. What the server's buffer

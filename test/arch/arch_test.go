@@ -111,6 +111,8 @@ func TestImportGraph(t *testing.T) {
 		// The agent protocol's constants are a leaf the agent may import
 		// (it may import proto/) as well as the daemon.
 		{"proto/envd", []string{module + "/"}, []string{module + "/proto/envd"}},
+		// So is the UDP tunnels' framing, which the SDK and the daemon share.
+		{"proto/datagram", []string{module + "/"}, []string{module + "/proto/datagram"}},
 		// Lower layers never call each other or upward.
 		{"internal/runtime/runc", []string{module + "/internal/sandbox", module + "/internal/hostnet", module + "/internal/egress", module + "/internal/template", module + "/internal/store", module + "/internal/api"}, nil},
 		// The policy language is pure: no host networking, no kernel.

@@ -144,3 +144,110 @@ func TestPortTunnel(t *testing.T) {
 	}
 	AssertNoLeaks(t, d)
 }
+
+// udpExchange sends each of msgs on c as a datagram, then reads as many
+// answers (skipping the ones skip names) and returns them; it fails the
+// test if they do not come within a minute.
+func udpExchange(t *testing.T, c io.ReadWriter, skip string, msgs ...string) []string {
+	t.Helper()
+	for _, m := range msgs {
+		if _, err := c.Write([]byte(m)); err != nil {
+			t.Fatalf("send %q: %v", m, err)
+		}
+	}
+	got := make(chan []string, 1)
+	go func() {
+		var out []string
+		buf := make([]byte, 1<<16)
+		for len(out) < len(msgs) {
+			n, err := c.Read(buf)
+			if err != nil {
+				break
+			}
+			if s := string(buf[:n]); s != skip {
+				out = append(out, s)
+			}
+		}
+		got <- out
+	}()
+	select {
+	case out := <-got:
+		return out
+	case <-time.After(time.Minute):
+		t.Fatalf("no answer to %d datagram(s) within a minute", len(msgs))
+		return nil
+	}
+}
+
+// TestUDPTunnel: DialUDP carries datagrams to a UDP server in the sandbox
+// and its answers back, bounds and order kept, a 60 KB one too; a
+// datagram the port refused (nothing listened yet) does not end the
+// tunnel; `berth forward --udp` gives each local peer a tunnel of its
+// own, each answered apart; another upgrade is refused on field upgrade;
+// a kill ends the tunnel and the forward, and nothing is left behind.
+func TestUDPTunnel(t *testing.T) {
+	d := StartDaemon(t)
+	sb := d.Create(t, client.CreateRequest{})
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+
+	u, err := sb.DialUDP(ctx, 5353)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if _, err := u.Write([]byte("early")); err != nil {
+		t.Fatal(err)
+	}
+	harness.StartUDPEcho(t, bin, sb, 5353)
+	// "early" was refused (or, had it been slow, is answered: skipped).
+	if got := udpExchange(t, u, "echo early", "one", "two", "three"); strings.Join(got, "|") != "echo one|echo two|echo three" {
+		t.Errorf("through DialUDP: %q", got)
+	}
+	big := strings.Repeat("x", 60000)
+	if got := udpExchange(t, u, "echo early", big); len(got) != 1 || got[0] != "echo "+big {
+		t.Errorf("a 60 KB datagram came back as %d answer(s)", len(got))
+	}
+
+	cmd, line, stderr := startForward(t, d, sb.ID, "5353", "--udp")
+	var local string
+	if _, err := fmt.Sscanf(line, "forwarding udp://%s", &local); err != nil {
+		t.Fatalf("forward --udp printed %q", line)
+	}
+	for i := range 2 {
+		pc, err := net.Dial("udp", local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprintf("peer %d", i)
+		if got := udpExchange(t, pc, "", msg); len(got) != 1 || got[0] != "echo "+msg {
+			t.Errorf("through berth forward --udp: %q, want %q", got, "echo "+msg)
+		}
+		pc.Close()
+	}
+
+	code, body := callAPI(t, "GET", d.URL+"/v1/sandboxes/"+sb.ID+"/tunnel/5353", "", map[string]string{"Connection": "Upgrade", "Upgrade": "sctp"})
+	if code != 400 || !strings.Contains(body, `"field": "upgrade"`) {
+		t.Errorf("tunnel with Upgrade: sctp = %d %s, want 400 on field upgrade", code, body)
+	}
+
+	// A kill ends the open tunnel and the forward.
+	cut := make(chan error, 1)
+	go func() {
+		buf := make([]byte, 64)
+		_, err := u.Read(buf)
+		cut <- err
+	}()
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cut:
+	case <-ctx.Done():
+		t.Fatal("an open UDP tunnel outlived its sandbox's kill")
+	}
+	if err := cmd.Wait(); err == nil || !strings.Contains(stderr.String(), "ended") {
+		t.Errorf("forward --udp after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", err, stderr.String())
+	}
+	AssertNoLeaks(t, d)
+}

@@ -29,6 +29,8 @@ import (
 // Binaries are the built berth and berth-agent.
 type Binaries struct {
 	Dir, Berth, Agent string
+	// UDPEcho is a static UDP echo server (./udpecho) for sandboxes.
+	UDPEcho string
 }
 
 // Build builds berth and the static berth-agent into a temporary dir; call
@@ -39,7 +41,7 @@ func Build() (Binaries, func(), error) {
 		return Binaries{}, nil, err
 	}
 	cleanup := func() { os.RemoveAll(dir) }
-	b := Binaries{Dir: dir, Berth: filepath.Join(dir, "berth"), Agent: filepath.Join(dir, "berth-agent")}
+	b := Binaries{Dir: dir, Berth: filepath.Join(dir, "berth"), Agent: filepath.Join(dir, "berth-agent"), UDPEcho: filepath.Join(dir, "udpecho")}
 	root := repoRoot()
 	build := func(out, pkg string, static bool) error {
 		cmd := exec.Command("go", "build", "-o", out, pkg)
@@ -58,6 +60,10 @@ func Build() (Binaries, func(), error) {
 		return Binaries{}, nil, err
 	}
 	if err := build(b.Agent, "./cmd/berth-agent", true); err != nil {
+		cleanup()
+		return Binaries{}, nil, err
+	}
+	if err := build(b.UDPEcho, "./test/harness/udpecho", true); err != nil {
 		cleanup()
 		return Binaries{}, nil, err
 	}
@@ -739,4 +745,25 @@ func Each[T any](t TB, n int, items []T, fn func(T) error) {
 		})
 	}
 	wg.Wait()
+}
+
+// StartUDPEcho puts bin's UDP echo server into sb, starts it on port and
+// waits until the sandbox shows it listening (busybox netstat).
+func StartUDPEcho(t TB, bin Binaries, sb *client.Sandbox, port int) {
+	t.Helper()
+	f, err := os.Open(bin.UDPEcho)
+	if err != nil {
+		t.Fatalf("udpecho: %v", err)
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := sb.WriteFile(ctx, "/tmp/udpecho", f); err != nil {
+		t.Fatalf("put udpecho into %s: %v", sb.ID, err)
+	}
+	MustRun(t, sb, fmt.Sprintf("chmod 755 /tmp/udpecho && (/tmp/udpecho -listen :%d </dev/null >/tmp/udpecho.log 2>&1 &)", port))
+	WaitFor(t, time.Minute, fmt.Sprintf("the UDP echo server in %s to listen on %d", sb.ID, port), func() bool {
+		out, _, _ := Run(t, sb, "netstat -lun")
+		return strings.Contains(out, fmt.Sprintf(":%d ", port))
+	})
 }

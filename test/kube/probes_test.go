@@ -23,7 +23,8 @@ import (
 // proxy) makes the pod Ready and not Ready as the server's answer
 // changes; a failing exec liveness probe gets the container SIGTERMed
 // (exit 143) and started again under its restart policy, Ready again
-// once its probes pass.
+// once its probes pass. A TCP host port and a UDP one carry traffic to
+// the pod's servers.
 func TestPodProbes(t *testing.T) {
 	c := startCluster(t, "berth-a")
 	cp := c.cp
@@ -152,4 +153,43 @@ func TestPodProbes(t *testing.T) {
 		}
 		return err != nil
 	})
+
+	// A UDP host port: each peer's datagrams reach the container's UDP
+	// server and its answers come back to that peer.
+	udpPort := harness.FreePort(t)
+	up := sandboxPod("udp-echo", "sh", "-c", "exec sleep 100000")
+	up.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 5353, HostPort: int32(udpPort), Protocol: corev1.ProtocolUDP}}
+	upod, err := cp.Client.CoreV1().Pods("default").Create(ctx, up, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitPod(t, cp, "default", "udp-echo", "Running", phase(corev1.PodRunning))
+	sbs = podSandboxes(t, c.nodes["berth-a"], string(upod.UID))
+	if len(sbs) != 1 {
+		t.Fatalf("sandboxes of udp-echo: %d", len(sbs))
+	}
+	harness.StartUDPEcho(t, bin, sbs[0], 5353)
+	for i := range 2 {
+		conn, err := net.Dial("udp", fmt.Sprintf("127.0.0.1:%d", udpPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := fmt.Sprintf("peer %d", i)
+		if _, err := conn.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		// A bound for a lost answer, not a timing: the answer is an
+		// event on the socket.
+		_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+		buf := make([]byte, 256)
+		n, err := conn.Read(buf)
+		conn.Close()
+		if err != nil || string(buf[:n]) != "echo "+msg {
+			t.Errorf("through the UDP host port: %q, %v; want %q", buf[:n], err, "echo "+msg)
+		}
+	}
+	if err := cp.Client.CoreV1().Pods("default").Delete(ctx, "udp-echo", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPodGone(t, cp, "default", "udp-echo")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"time"
 
@@ -50,6 +51,10 @@ type Sandboxes interface {
 	// DialPort opens a TCP connection to the sandbox's port through the
 	// daemon's port tunnel (ctx bounds the dial only).
 	DialPort(ctx context.Context, id string, port int) (io.ReadWriteCloser, error)
+	// ForwardUDP serves pc until ctx ends: each peer's datagrams go to
+	// the sandbox's UDP port through a UDP tunnel of its own, and the
+	// answers back to it (client.Sandbox.ForwardUDP).
+	ForwardUDP(ctx context.Context, id string, pc net.PacketConn, port int) error
 	// Exec runs a command with its streams attached and returns its exit
 	// code; ExecPTY does the same on a terminal.
 	Exec(ctx context.Context, id string, req client.ExecRequest) (int, error)
@@ -150,6 +155,10 @@ func (a apiSandboxes) Signal(ctx context.Context, id string, pid uint32, sig int
 
 func (a apiSandboxes) DialPort(ctx context.Context, id string, port int) (io.ReadWriteCloser, error) {
 	return a.c.Sandbox(id).DialPort(ctx, port)
+}
+
+func (a apiSandboxes) ForwardUDP(ctx context.Context, id string, pc net.PacketConn, port int) error {
+	return a.c.Sandbox(id).ForwardUDP(ctx, pc, port, 0)
 }
 
 func (a apiSandboxes) PortGet(ctx context.Context, id string, port int, path string, h http.Header) (int, error) {

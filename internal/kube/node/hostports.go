@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strconv"
 
@@ -16,9 +17,13 @@ import (
 // listens on hostIP:hostPort (hostIP unset: the node's address) and joins
 // each connection to the container's port through a port tunnel of the
 // sandbox's daemon, as a kubelet's port mapping forwards the host's port
-// to the pod. TCP only; the scheduler keeps two pods from asking one node
-// for the same hostPort. The listener opens once the sandbox is made (and
-// again after the node restarted) and closes with the pod.
+// to the pod. A UDP port is a UDP socket on the node whose every peer
+// gets a UDP tunnel of its own to the container's port (closed after 2
+// minutes without a datagram, as a NAT's UDP mapping), so the container
+// tells peers apart and answers each. SCTP is not served. The scheduler
+// keeps two pods from asking one node for the same hostPort and
+// protocol. The listener opens once the sandbox is made (and again after
+// the node restarted) and closes with the pod.
 
 // hostPort is one port the node serves for a pod.
 type hostPort struct {
@@ -26,6 +31,7 @@ type hostPort struct {
 	field  string
 	addr   string // host:port, host empty for the node's address
 	target int
+	udp    bool
 }
 
 // planHostPorts reads container c's ports (field names it) that ask for a
@@ -38,8 +44,8 @@ func planHostPorts(field string, c corev1.Container) ([]hostPort, error) {
 		}
 		f := fmt.Sprintf("%s.ports[%d]", field, j)
 		switch {
-		case pt.Protocol != "" && pt.Protocol != corev1.ProtocolTCP:
-			return nil, &planError{f + ".protocol", fmt.Sprintf("%s host ports are not supported on Berth nodes; TCP only", pt.Protocol)}
+		case pt.Protocol != "" && pt.Protocol != corev1.ProtocolTCP && pt.Protocol != corev1.ProtocolUDP:
+			return nil, &planError{f + ".protocol", fmt.Sprintf("%s host ports are not supported on Berth nodes; TCP and UDP only", pt.Protocol)}
 		case pt.HostPort < 1 || pt.HostPort > 65535:
 			return nil, &planError{f + ".hostPort", fmt.Sprintf("%d: want 1 to 65535", pt.HostPort)}
 		case pt.ContainerPort < 1 || pt.ContainerPort > 65535:
@@ -47,7 +53,7 @@ func planHostPorts(field string, c corev1.Container) ([]hostPort, error) {
 		case pt.HostIP != "" && net.ParseIP(pt.HostIP) == nil:
 			return nil, &planError{f + ".hostIP", fmt.Sprintf("%q is not an address", pt.HostIP)}
 		}
-		out = append(out, hostPort{field: f, addr: net.JoinHostPort(pt.HostIP, strconv.Itoa(int(pt.HostPort))), target: int(pt.ContainerPort)})
+		out = append(out, hostPort{field: f, addr: net.JoinHostPort(pt.HostIP, strconv.Itoa(int(pt.HostPort))), target: int(pt.ContainerPort), udp: pt.Protocol == corev1.ProtocolUDP})
 	}
 	return out, nil
 }
@@ -55,33 +61,54 @@ func planHostPorts(field string, c corev1.Container) ([]hostPort, error) {
 // serveHostPorts listens on the pod's host ports and serves them until
 // its context ends. A port it cannot listen on fails the start.
 func (p *Pods) serveHostPorts(ps *podState) error {
-	var lns []net.Listener
+	socks := make([]io.Closer, 0, len(ps.plan.hostPorts))
 	for _, hp := range ps.plan.hostPorts {
 		addr := hp.addr
 		if host, port, _ := net.SplitHostPort(addr); host == "" {
 			addr = net.JoinHostPort(p.ip, port)
 		}
 		var lc net.ListenConfig
-		ln, err := lc.Listen(ps.ctx, "tcp", addr)
+		var sock io.Closer
+		var err error
+		if hp.udp {
+			sock, err = lc.ListenPacket(ps.ctx, "udp", addr)
+		} else {
+			sock, err = lc.Listen(ps.ctx, "tcp", addr)
+		}
 		if err != nil {
-			for _, l := range lns {
-				l.Close()
+			for _, s := range socks {
+				s.Close()
 			}
 			return fmt.Errorf("%s: listen on %s: %w", hp.field, addr, err)
 		}
-		lns = append(lns, ln)
+		socks = append(socks, sock)
 	}
-	for i, ln := range lns {
+	k := key(ps.pod.Namespace, ps.pod.Name)
+	for i, sock := range socks {
 		hp := ps.plan.hostPorts[i]
 		p.wg.Add(2)
 		go func() {
 			defer p.wg.Done()
 			<-ps.ctx.Done()
-			ln.Close()
+			sock.Close()
 		}()
+		if pc, ok := sock.(net.PacketConn); ok {
+			go func() {
+				defer p.wg.Done()
+				p.log.Info("host_port_listening", "pod", k, "addr", pc.LocalAddr().String(), "protocol", "udp", "container_port", hp.target)
+				p.mu.Lock()
+				id := ps.sandboxID
+				p.mu.Unlock()
+				if err := p.sb.ForwardUDP(ps.ctx, id, pc, hp.target); err != nil && !errors.Is(err, net.ErrClosed) && ps.ctx.Err() == nil {
+					p.log.Warn("host_port_failed", "addr", pc.LocalAddr().String(), "err", err)
+				}
+			}()
+			continue
+		}
+		ln := sock.(net.Listener)
 		go func() {
 			defer p.wg.Done()
-			p.log.Info("host_port_listening", "pod", key(ps.pod.Namespace, ps.pod.Name), "addr", ln.Addr().String(), "container_port", hp.target)
+			p.log.Info("host_port_listening", "pod", k, "addr", ln.Addr().String(), "protocol", "tcp", "container_port", hp.target)
 			for {
 				conn, err := ln.Accept()
 				if err != nil {

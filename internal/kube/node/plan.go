@@ -287,7 +287,7 @@ func planPod(pod *corev1.Pod, nodeName string) (plan, error) {
 			return err
 		}
 		for _, hp := range hps {
-			if slices.ContainsFunc(p.hostPorts, func(o hostPort) bool { return o.addr == hp.addr }) {
+			if slices.ContainsFunc(p.hostPorts, func(o hostPort) bool { return o.addr == hp.addr && o.udp == hp.udp }) {
 				return &planError{hp.field + ".hostPort", fmt.Sprintf("%s is asked for twice", hp.addr)}
 			}
 			p.hostPorts = append(p.hostPorts, hp)
