@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -126,6 +127,14 @@ func TestPortTunnel(t *testing.T) {
 	if _, err := open.Write([]byte("pending")); err != nil {
 		t.Fatal(err)
 	}
+	killCuts(ctx, t, d, sb, open, cmd, stderr, "--tcp")
+}
+
+// killCuts kills sb and checks that the open tunnel's reads end, that
+// `berth forward` (cmd, started with flag) ends non-zero saying the
+// sandbox ended, and that nothing is left behind.
+func killCuts(ctx context.Context, t *testing.T, d *Daemon, sb *client.Sandbox, open io.Reader, cmd *exec.Cmd, stderr *bytes.Buffer, flag string) {
+	t.Helper()
 	cut := make(chan error, 1)
 	go func() {
 		_, err := io.ReadAll(open)
@@ -137,10 +146,10 @@ func TestPortTunnel(t *testing.T) {
 	select {
 	case <-cut:
 	case <-ctx.Done():
-		t.Fatal("an open tunnel outlived its sandbox's kill")
+		t.Fatalf("an open %s tunnel outlived its sandbox's kill", flag)
 	}
 	if err := cmd.Wait(); err == nil || !strings.Contains(stderr.String(), "ended") {
-		t.Errorf("forward --tcp after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", err, stderr.String())
+		t.Errorf("forward %s after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", flag, err, stderr.String())
 	}
 	AssertNoLeaks(t, d)
 }
@@ -232,22 +241,5 @@ func TestUDPTunnel(t *testing.T) {
 	}
 
 	// A kill ends the open tunnel and the forward.
-	cut := make(chan error, 1)
-	go func() {
-		buf := make([]byte, 64)
-		_, err := u.Read(buf)
-		cut <- err
-	}()
-	if err := sb.Kill(t.Context()); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-cut:
-	case <-ctx.Done():
-		t.Fatal("an open UDP tunnel outlived its sandbox's kill")
-	}
-	if err := cmd.Wait(); err == nil || !strings.Contains(stderr.String(), "ended") {
-		t.Errorf("forward --udp after the kill = %v, stderr %q; want it to end non-zero saying the sandbox ended", err, stderr.String())
-	}
-	AssertNoLeaks(t, d)
+	killCuts(ctx, t, d, sb, u, cmd, stderr, "--udp")
 }
