@@ -33,6 +33,7 @@ func (s *Server) routes() {
 	m.HandleFunc("POST /v2/sandboxes/{id}/connect", s.auth(s.owned(s.connect)))
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
+	m.HandleFunc("GET /sandboxes/metrics", s.auth(s.manyMetrics))
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.auth(s.owned(s.createSnapshot)))
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.owned(s.fork)))
 	m.HandleFunc("GET /snapshots", s.auth(s.listSnapshots))
@@ -57,7 +58,6 @@ func (s *Server) routes() {
 var unimplemented = map[string]string{
 	"/sandboxes/{id}/logs":    "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
 	"/v2/sandboxes/{id}/logs": "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
-	"GET /sandboxes/metrics":  "metrics of many sandboxes at once are not served; GET /sandboxes/{id}/metrics is",
 	"/secrets":                "secrets are not managed through the E2B API",
 	"/secrets/":               "secrets are not managed through the E2B API",
 	"/teams":                  "Berth has no teams: each API key sees its own sandboxes",

@@ -394,7 +394,7 @@ func TestListOrderFiltersAndPages(t *testing.T) {
 func TestUnimplementedRoutesAre501(t *testing.T) {
 	srv, key, _ := newTestServer(t, &fakeManager{sbs: map[string]sandbox.Sandbox{}})
 	for _, rt := range []string{
-		"GET /sandboxes/abc/logs", "GET /v2/sandboxes/abc/logs", "GET /sandboxes/metrics", "GET /templates",
+		"GET /sandboxes/abc/logs", "GET /v2/sandboxes/abc/logs", "GET /templates",
 		"DELETE /templates/team/base:v1", "DELETE /templates/Base-Image", "GET /templates/base",
 		"GET /templates/aliases/base", "POST /v3/templates", "GET /volumes", "GET /teams", "POST /secrets",
 	} {
@@ -510,6 +510,29 @@ func TestMetricsHistory(t *testing.T) {
 	// A start alone: from there, and now.
 	if ms := get("start=" + unix(12*time.Second)); len(ms) != 2 || ms[0].MemUsed != 3<<20 {
 		t.Errorf("metrics from 12 s = %+v", ms)
+	}
+	// Many at once: a reading taken now of each running one asked for.
+	req := httptest.NewRequest("GET", "/sandboxes/metrics?sandbox_ids=sba,nosuchsandbox&sandbox_ids=sba", nil)
+	req.Header.Set("X-API-Key", key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	var many e2bwire.ManyMetricsBody
+	if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &many) != nil || len(many.Sandboxes) != 1 || many.Sandboxes["sba"].MemUsed != 3<<20 ||
+		many.Sandboxes["sba"].TimestampUnix < time.Now().Unix()-1 {
+		t.Errorf("GET /sandboxes/metrics = %d %s", w.Code, w.Body)
+	}
+	var tooMany []string
+	for i := range e2bwire.MaxMetricsIDs + 1 {
+		tooMany = append(tooMany, "s"+strconv.Itoa(i))
+	}
+	for _, q := range []string{"", "?sandbox_ids=,", "?sandbox_ids=" + strings.Join(tooMany, ",")} {
+		req := httptest.NewRequest("GET", "/sandboxes/metrics"+q, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv.ServeHTTP(w, req)
+		if w.Code != 400 || !strings.Contains(w.Body.String(), "sandbox_ids") {
+			t.Errorf("GET /sandboxes/metrics%s = %d %s, want 400 on sandbox_ids", q, w.Code, w.Body)
+		}
 	}
 	for _, q := range []string{"start=soon", "end=1.5"} {
 		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+q, nil)

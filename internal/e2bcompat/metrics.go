@@ -39,3 +39,30 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// manyMetrics is GET /sandboxes/metrics?sandbox_ids=…: a reading taken
+// now of each sandbox asked for that runs and is the caller's. Others (a
+// paused one, an unknown one, another key's) are left out, as E2B leaves
+// out what it has no metrics of.
+func (s *Server) manyMetrics(w http.ResponseWriter, r *http.Request) {
+	ids, err := e2bwire.MetricsIDs(r.URL.Query())
+	if err != nil {
+		writeErr(w, err)
+		return
+	}
+	out := e2bwire.ManyMetricsBody{Sandboxes: map[string]e2bwire.MetricBody{}}
+	now := time.Now()
+	for _, id := range ids {
+		if s.cfg.History == nil || !validID(id) {
+			continue
+		}
+		sb, err := s.cfg.Manager.Get(r.Context(), id)
+		if err != nil || !callerOf(r).Sees(sb.Owner) || !live(sb.State) {
+			continue
+		}
+		if ms := s.cfg.History.Series(sb, now, time.Time{}, now); len(ms) > 0 {
+			out.Sandboxes[id] = e2bwire.Metric(ms[len(ms)-1])
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

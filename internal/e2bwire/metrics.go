@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -62,4 +63,36 @@ func MetricsRange(q url.Values, from, to *int64) error {
 		*p.to = n
 	}
 	return nil
+}
+
+// MaxMetricsIDs bounds the sandboxes of one GET /sandboxes/metrics, as
+// E2B's API does.
+const MaxMetricsIDs = 100
+
+// ManyMetricsBody is E2B's SandboxesWithMetrics: the latest sample of
+// each sandbox asked for that runs, by sandbox ID.
+type ManyMetricsBody struct {
+	Sandboxes map[string]MetricBody `json:"sandboxes"`
+}
+
+// MetricsIDs reads GET /sandboxes/metrics's sandbox_ids (comma-separated,
+// repeated, or both): 1 to MaxMetricsIDs IDs, each once.
+func MetricsIDs(q url.Values) ([]string, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, v := range q["sandbox_ids"] {
+		for id := range strings.SplitSeq(v, ",") {
+			if id = strings.TrimSpace(id); id != "" && !seen[id] {
+				seen[id] = true
+				ids = append(ids, id)
+			}
+		}
+	}
+	switch {
+	case len(ids) == 0:
+		return nil, fmt.Errorf("sandbox_ids: want at least one sandbox ID: %w", errdefs.ErrInvalidArgument)
+	case len(ids) > MaxMetricsIDs:
+		return nil, fmt.Errorf("sandbox_ids: %d sandboxes, at most %d at once: %w", len(ids), MaxMetricsIDs, errdefs.ErrInvalidArgument)
+	}
+	return ids, nil
 }

@@ -146,6 +146,26 @@ test('getMetrics keeps a history (a sample every 5 s) and filters it by range', 
   assert.ok(Date.now() - full[full.length - 1].timestamp.getTime() < 5_000)
 })
 
+test('GET /sandboxes/metrics: a sample of each running sandbox asked for, none of others', async () => {
+  const [a, b] = await Promise.all([newSandbox(), newSandbox()])
+  await b.pause()
+  const r = await api('GET', `/sandboxes/metrics?sandbox_ids=${a.sandboxId},${b.sandboxId},nosuchsandbox`)
+  assert.equal(r.status, 200, JSON.stringify(r.body))
+  assert.deepEqual(Object.keys(r.body.sandboxes), [a.sandboxId], 'the running one only: not the paused one, not an unknown one')
+  const m = r.body.sandboxes[a.sandboxId]
+  assert.ok(m.memUsed > 0 && m.memTotal >= m.memUsed && m.cpuCount >= 1 && m.diskTotal > 0, JSON.stringify(m))
+  assert.ok(Math.abs(Date.now() / 1000 - m.timestampUnix) < 60, `taken now: ${m.timestampUnix}`)
+  // Another key sees nothing of them.
+  const other = await api('GET', `/sandboxes/metrics?sandbox_ids=${a.sandboxId}`, { key: process.env.E2B_API_KEY_2 })
+  assert.equal(other.status, 200)
+  assert.deepEqual(other.body.sandboxes, {})
+  for (const q of ['', '?sandbox_ids=', '?sandbox_ids=' + Array.from({ length: 101 }, (_, i) => `s${i}`).join(',')]) {
+    const bad = await api('GET', '/sandboxes/metrics' + q)
+    assert.equal(bad.status, 400, q)
+    assert.match(bad.body.message, /sandbox_ids/)
+  }
+})
+
 test('requests without a valid API key get 401 in the E2B error shape', async () => {
   await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_0000000000000000000000000000000000000000' }), AuthenticationError)
   for (const key of [null, 'e2b_00', 'not-a-key']) {

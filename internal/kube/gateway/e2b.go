@@ -100,6 +100,7 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("PUT /sandboxes/{id}/network", g.e2bAuthed(g.e2bUpdateNetwork))
 	m.HandleFunc("POST /sandboxes/{id}/pause", g.e2bAuthed(g.e2bPause))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", g.e2bAuthed(g.e2bMetrics))
+	m.HandleFunc("GET /sandboxes/metrics", g.e2bAuthed(g.e2bManyMetrics))
 	m.HandleFunc("POST /sandboxes/{id}/resume", g.e2bAuthed(g.e2bResume))
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", g.e2bAuthed(g.e2bCreateSnapshot))
 	m.HandleFunc("POST /sandboxes/{id}/fork", g.e2bAuthed(g.e2bFork))
@@ -252,7 +253,7 @@ func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p aut
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "logs and the metrics of several sandboxes at once are served by a Berth daemon only",
+	"/sandboxes/":     "logs are not served through the E2B API",
 	"/v2/sandboxes/":  "logs are served by a Berth daemon only",
 	"/snapshots":      "only GET lists snapshots",
 	"/snapshots/":     "a snapshot is read with GET /snapshots and deleted with DELETE /templates/{id}",

@@ -190,6 +190,25 @@ func TestUsage(t *testing.T) {
 	if code, _, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/metrics", keyBob, "", nil); code != 404 {
 		t.Errorf("another key's metrics = %d, want 404", code)
 	}
+
+	// Many at once: the node's reading taken now of each running one
+	// asked for; another key's and unknown ones left out.
+	many := func(key, query string) (int, e2bwire.ManyMetricsBody) {
+		t.Helper()
+		code, data, _ := e.e2bCall(t, "GET", "/sandboxes/metrics"+query, key, "", nil)
+		var out e2bwire.ManyMetricsBody
+		_ = json.Unmarshal(data, &out)
+		return code, out
+	}
+	if code, out := many(keyAlice, "?sandbox_ids="+e2.SandboxID+",nosuchsandbox0000000"); code != 200 || len(out.Sandboxes) != 1 || out.Sandboxes[e2.SandboxID].MemUsed != 60<<20 {
+		t.Errorf("GET /sandboxes/metrics = %d %+v", code, out)
+	}
+	if code, out := many(keyBob, "?sandbox_ids="+e2.SandboxID); code != 200 || len(out.Sandboxes) != 0 {
+		t.Errorf("another key's GET /sandboxes/metrics = %d %+v", code, out)
+	}
+	if code, _ := many(keyAlice, ""); code != 400 {
+		t.Errorf("GET /sandboxes/metrics without sandbox_ids = %d, want 400", code)
+	}
 }
 
 // TestE2BPause: E2B's pause answers 204, then 409; the sandbox lists as

@@ -5,8 +5,10 @@ import (
 	"math"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 
 	apitypes "github.com/berth-sandbox/berth/api/types"
@@ -112,4 +114,50 @@ func (g *Gateway) nodeMetrics(ctx context.Context, pod *corev1.Pod, from, to int
 		return nil, err
 	}
 	return ms, nil
+}
+
+// manyMetricsParallel bounds the node reads of one GET /sandboxes/metrics
+// at once.
+const manyMetricsParallel = 8
+
+// e2bManyMetrics is E2B's GET /sandboxes/metrics?sandbox_ids=…: a reading
+// taken now by its node's daemon of each sandbox asked for that runs and
+// is the caller's; the others (paused, unknown, another key's, not yet on
+// a node, on a node that does not answer) are left out, as a daemon
+// leaves them out.
+func (g *Gateway) e2bManyMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+	ids, err := e2bwire.MetricsIDs(r.URL.Query())
+	if err != nil {
+		e2bwire.WriteErr(w, err)
+		return
+	}
+	now := g.now().Unix()
+	var mu sync.Mutex
+	out := e2bwire.ManyMetricsBody{Sandboxes: map[string]e2bwire.MetricBody{}}
+	var eg errgroup.Group
+	eg.SetLimit(manyMetricsParallel)
+	for _, id := range ids {
+		if apitypes.ValidSandboxID(id) != nil {
+			continue
+		}
+		pod, err := g.podByID(id)
+		if err != nil || !p.Sees(ownerOf(pod)) || !isE2B(pod) || !e2bLive(pod) || state(pod) != apitypes.StateReady {
+			continue
+		}
+		if _, err := sandboxOf(pod); err != nil {
+			continue
+		}
+		eg.Go(func() error {
+			ms, err := g.nodeMetrics(r.Context(), pod, now, math.MaxInt64)
+			if err != nil || len(ms) == 0 {
+				return nil
+			}
+			mu.Lock()
+			out.Sandboxes[id] = e2bwire.Metric(ms[len(ms)-1])
+			mu.Unlock()
+			return nil
+		})
+	}
+	_ = eg.Wait() // the reads return nil: a node that fails leaves its sandbox out
+	e2bwire.WriteJSON(w, http.StatusOK, out)
 }
