@@ -408,7 +408,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
 		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
-		History: history, Native: srv.Handler(), Logger: log.With("component", "e2b"),
+		History: history, Records: hostRecords(mgr, wl), Native: srv.Handler(), Logger: log.With("component", "e2b"),
 	})
 	bctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()

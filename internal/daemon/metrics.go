@@ -4,10 +4,12 @@ import (
 	"context"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/internal/e2bcompat"
 	"github.com/berth-sandbox/berth/internal/metrics"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/usage"
+	"github.com/berth-sandbox/berth/internal/worklog"
 )
 
 // instrumented is the Manager as both APIs see it: creates are timed.
@@ -88,5 +90,29 @@ func retainHistory(ctx context.Context, mgr *sandbox.Manager, history *usage.His
 			ids[sb.ID] = true
 		}
 		history.Retain(ids, listed)
+	}
+}
+
+// hostRecords reads what the host recorded of a sandbox, its lifecycle
+// events and its work log, for E2B's sandbox logs.
+func hostRecords(mgr *sandbox.Manager, wl *worklog.Log) func(ctx context.Context, id string) ([]types.Event, []types.WorklogEntry, error) {
+	return func(ctx context.Context, id string) ([]types.Event, []types.WorklogEntry, error) {
+		evs, err := mgr.Events(ctx, id)
+		if err != nil {
+			return nil, nil, err
+		}
+		events := make([]types.Event, 0, len(evs))
+		for _, e := range evs {
+			events = append(events, types.Event{Time: e.Time, SandboxID: e.SandboxID, Type: e.Type, Message: e.Message})
+		}
+		es, err := wl.Read(ctx, id)
+		if err != nil {
+			return nil, nil, err
+		}
+		work := make([]types.WorklogEntry, 0, len(es))
+		for _, e := range es {
+			work = append(work, types.WorklogEntry(e))
+		}
+		return events, work, nil
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -34,6 +35,10 @@ func (s *Server) routes() {
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
 	m.HandleFunc("GET /sandboxes/metrics", s.auth(s.manyMetrics))
+	if s.cfg.Records != nil {
+		m.HandleFunc("GET /sandboxes/{id}/logs", s.auth(s.owned(s.logs(false))))
+		m.HandleFunc("GET /v2/sandboxes/{id}/logs", s.auth(s.owned(s.logs(true))))
+	}
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.auth(s.owned(s.createSnapshot)))
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.owned(s.fork)))
 	m.HandleFunc("GET /snapshots", s.auth(s.listSnapshots))
@@ -42,6 +47,9 @@ func (s *Server) routes() {
 		s.templateRoutes()
 	}
 	for pattern, missing := range unimplemented {
+		if s.cfg.Records != nil && strings.HasSuffix(pattern, "/logs") {
+			continue
+		}
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
 		})

@@ -69,6 +69,10 @@ type Config struct {
 	// History, when set, holds the sandboxes' usage over time for
 	// getMetrics; without it getMetrics answers [].
 	History History
+	// Records, when set, reads what the host recorded of a sandbox (its
+	// lifecycle events and its work log) for E2B's sandbox logs; without
+	// it they answer 501.
+	Records func(ctx context.Context, id string) ([]types.Event, []types.WorklogEntry, error)
 	// Templates, when set, serves E2B's template API (templates.go) with
 	// its uploads and tags kept in TemplateDir.
 	Templates   TemplateBuilder

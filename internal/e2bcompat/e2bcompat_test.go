@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
@@ -582,5 +583,42 @@ func TestCreateAllowsSudo(t *testing.T) {
 		if got := mgr.lastCreate.AllowSudo; got == nil || *got == noSudo {
 			t.Errorf("NoSudo %v: create asked AllowSudo %v, want %v", noSudo, got, !noSudo)
 		}
+	}
+}
+
+// TestSandboxLogs: E2B's sandbox logs are what the host recorded of the
+// caller's sandbox (Records), v1 and v2; another key's is not found.
+func TestSandboxLogs(t *testing.T) {
+	mgr := &fakeManager{sbs: map[string]sandbox.Sandbox{}}
+	srv, key, rec := newTestServer(t, mgr)
+	mgr.sbs["sba"] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sba", State: string(sandbox.StateReady), Owner: rec.ID, CreatedAt: time.Now()}}
+	mgr.sbs["sbb"] = sandbox.Sandbox{Sandbox: core.Sandbox{ID: "sbb", State: string(sandbox.StateReady), Owner: "another key", CreatedAt: time.Now()}}
+	srv2 := New(Config{Manager: mgr, Store: srv.cfg.Store, Keys: srv.cfg.Keys,
+		Records: func(_ context.Context, id string) ([]types.Event, []types.WorklogEntry, error) {
+			return []types.Event{{Time: time.Unix(100, 0), SandboxID: id, Type: types.EventReady}},
+				[]types.WorklogEntry{{Time: time.Unix(101, 0), Kind: "exec", Cmd: "make", Exited: true, ExitCode: 1}}, nil
+		}})
+	get := func(path string) (int, []byte) {
+		req := httptest.NewRequest("GET", path, nil)
+		req.Header.Set("X-API-Key", key)
+		w := httptest.NewRecorder()
+		srv2.ServeHTTP(w, req)
+		return w.Code, w.Body.Bytes()
+	}
+	code, body := get("/v2/sandboxes/sba/logs?level=warn")
+	var v2 e2bwire.LogsV2Body
+	if code != 200 || json.Unmarshal(body, &v2) != nil || len(v2.Logs) != 1 || v2.Logs[0].Message != "exec make (exit 1)" || v2.Logs[0].Level != "warn" {
+		t.Errorf("v2 logs = %d %s", code, body)
+	}
+	code, body = get("/sandboxes/sba/logs")
+	var v1 e2bwire.LogsBody
+	if code != 200 || json.Unmarshal(body, &v1) != nil || len(v1.Logs) != 2 || v1.Logs[0].Line != "[info] ready" {
+		t.Errorf("v1 logs = %d %s", code, body)
+	}
+	if code, body := get("/v2/sandboxes/sbb/logs"); code != 404 {
+		t.Errorf("another key's logs = %d %s", code, body)
+	}
+	if code, body := get("/v2/sandboxes/sba/logs?direction=sideways"); code != 400 {
+		t.Errorf("a bad direction = %d %s", code, body)
 	}
 }

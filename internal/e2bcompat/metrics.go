@@ -66,3 +66,28 @@ func (s *Server) manyMetrics(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, out)
 }
+
+// logs is E2B's GET /sandboxes/{id}/logs (v1: start, limit) and
+// /v2/sandboxes/{id}/logs (cursor, direction, level, limit, search):
+// what the host recorded of the sandbox, its lifecycle events and its
+// work log, as e2bwire.SandboxLogs makes them entries.
+func (s *Server) logs(v2 bool) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		q, err := e2bwire.ParseLogQuery(r.URL.Query(), v2)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		events, work, err := s.cfg.Records(r.Context(), sandboxOf(r).ID)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		entries := e2bwire.SandboxLogs(events, work, q)
+		if v2 {
+			writeJSON(w, http.StatusOK, e2bwire.LogsV2Body{Logs: entries})
+			return
+		}
+		writeJSON(w, http.StatusOK, e2bwire.LogsV1(entries))
+	}
+}

@@ -166,6 +166,33 @@ test('GET /sandboxes/metrics: a sample of each running sandbox asked for, none o
   }
 })
 
+test('sandbox logs: what the host recorded, its events and the commands run in it', async () => {
+  const sbx = await newSandbox()
+  await sbx.commands.run('echo logged-command')
+  await assert.rejects(sbx.commands.run('exit 3'))
+  let msgs = []
+  const logs = await waitFor('both commands in the logs', async () => {
+    const r = await api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs`)
+    assert.equal(r.status, 200, JSON.stringify(r.body))
+    msgs = r.body.logs.map((e) => `${e.level} ${e.message}`)
+    const ok = msgs.some((m) => m.startsWith('info ') && m.includes('echo logged-command') && m.endsWith('(exit 0)')) &&
+      msgs.some((m) => m.startsWith('warn ') && m.includes('exit 3') && m.endsWith('(exit 3)'))
+    return ok && r.body.logs
+  }, 30_000).catch((err) => { throw new Error(`${err.message}: ${JSON.stringify(msgs)}`) })
+  assert.ok(logs.some((e) => e.level === 'info' && e.message === 'ready' && e.fields.source === 'event'), JSON.stringify(logs))
+  for (let i = 1; i < logs.length; i++) assert.ok(logs[i].timestamp >= logs[i - 1].timestamp, 'oldest first')
+  const warn = await api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs?level=warn&direction=backward&limit=1`)
+  assert.equal(warn.body.logs.length, 1)
+  assert.match(warn.body.logs[0].message, /exit 3/)
+  const v1 = await api('GET', `/sandboxes/${sbx.sandboxId}/logs?limit=2`)
+  assert.equal(v1.status, 200)
+  assert.equal(v1.body.logs.length, 2)
+  assert.equal(v1.body.logEntries.length, 2)
+  assert.match(v1.body.logs[0].line, /^\[info\] /)
+  const other = await api('GET', `/v2/sandboxes/${sbx.sandboxId}/logs`, { key: process.env.E2B_API_KEY_2 })
+  assert.equal(other.status, 404)
+})
+
 test('requests without a valid API key get 401 in the E2B error shape', async () => {
   await assert.rejects(Sandbox.create('base', { apiKey: 'e2b_0000000000000000000000000000000000000000' }), AuthenticationError)
   for (const key of [null, 'e2b_00', 'not-a-key']) {

@@ -92,7 +92,7 @@ func TestGatewayE2B(t *testing.T) {
 	run("the gateway's own SDK test", "kube-gateway.mjs")
 	// The daemon's SDK suite: its data-plane tests, signed URLs included
 	// (the gateway checks those), connect, snapshots and fork.
-	run("the SDK suite's commands, files, pty, connect, preview hosts, metrics and pausing at the deadline", "--test-name-pattern=^(run: |background handles|sendStdin|commands\\.connect|a background command|write and read|write many|list with depth|as envd|watchDir|pty: |uploadUrl and downloadUrl|signed URLs built|Sandbox\\.connect reaches|getHost reaches|allowPublicTraffic: false requires|lifecycle \\{ onTimeout: pause, autoResume: true \\}|getMetrics reports usage|getMetrics keeps a history|GET /sandboxes/metrics: |snapshot: |fork: )",
+	run("the SDK suite's commands, files, pty, connect, preview hosts, metrics and pausing at the deadline", "--test-name-pattern=^(run: |background handles|sendStdin|commands\\.connect|a background command|write and read|write many|list with depth|as envd|watchDir|pty: |uploadUrl and downloadUrl|signed URLs built|Sandbox\\.connect reaches|getHost reaches|allowPublicTraffic: false requires|lifecycle \\{ onTimeout: pause, autoResume: true \\}|getMetrics reports usage|getMetrics keeps a history|GET /sandboxes/metrics: |sandbox logs: |snapshot: |fork: )",
 		"commands.test.mjs", "files.test.mjs", "pty.test.mjs", "sandbox.test.mjs", "host.test.mjs", "pause.test.mjs", "snapshot.test.mjs")
 	// The SDK deleted its snapshots; the forks' went with their copies.
 	waitNoSnapshots(t, cp, ns)

@@ -101,6 +101,8 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("POST /sandboxes/{id}/pause", g.e2bAuthed(g.e2bPause))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", g.e2bAuthed(g.e2bMetrics))
 	m.HandleFunc("GET /sandboxes/metrics", g.e2bAuthed(g.e2bManyMetrics))
+	m.HandleFunc("GET /sandboxes/{id}/logs", g.e2bAuthed(g.e2bLogs(false)))
+	m.HandleFunc("GET /v2/sandboxes/{id}/logs", g.e2bAuthed(g.e2bLogs(true)))
 	m.HandleFunc("POST /sandboxes/{id}/resume", g.e2bAuthed(g.e2bResume))
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", g.e2bAuthed(g.e2bCreateSnapshot))
 	m.HandleFunc("POST /sandboxes/{id}/fork", g.e2bAuthed(g.e2bFork))
@@ -253,8 +255,8 @@ func (g *Gateway) e2bUpdateNetwork(w http.ResponseWriter, r *http.Request, p aut
 
 // e2bNotServed are E2B's routes the gateway does not serve, with why.
 var e2bNotServed = map[string]string{
-	"/sandboxes/":     "logs are not served through the E2B API",
-	"/v2/sandboxes/":  "logs are served by a Berth daemon only",
+	"/sandboxes/":     "this route of E2B's sandbox API is not served",
+	"/v2/sandboxes/":  "this route of E2B's sandbox API is not served",
 	"/snapshots":      "only GET lists snapshots",
 	"/snapshots/":     "a snapshot is read with GET /snapshots and deleted with DELETE /templates/{id}",
 	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",

@@ -256,6 +256,16 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			}})
 			return
 		}
+		if _, ok := strings.CutSuffix(r.URL.Path, "/events"); ok && r.Method == "GET" && r.URL.Query().Get("follow") == "" {
+			// The daemon's events of the sandbox.
+			_ = json.NewEncoder(w).Encode(types.EventList{Events: []types.Event{{Time: time.Now().Add(-time.Minute), Type: types.EventReady}}})
+			return
+		}
+		if _, ok := strings.CutSuffix(r.URL.Path, "/worklog"); ok && r.Method == "GET" && r.URL.Query().Get("follow") == "" {
+			// The daemon's work log of the sandbox: one command.
+			_ = json.NewEncoder(w).Encode(types.WorklogEntryList{Entries: []types.WorklogEntry{{Time: time.Now().Add(-30 * time.Second), Kind: "exec", Cmd: "ls", Exited: true, Done: true}}})
+			return
+		}
 		if _, ok := strings.CutSuffix(r.URL.Path, "/metrics"); ok && r.Method == "GET" {
 			// The daemon's readings of the sandbox: one every 5 s, at 40,
 			// 45 and 50 MiB, the last 10 s ago; and one taken now when

@@ -209,6 +209,24 @@ func TestUsage(t *testing.T) {
 	if code, _ := many(keyAlice, ""); code != 400 {
 		t.Errorf("GET /sandboxes/metrics without sandbox_ids = %d, want 400", code)
 	}
+
+	// Its logs: what the node recorded of it, events and commands.
+	code, data, _ := e.e2bCall(t, "GET", "/v2/sandboxes/"+e2.SandboxID+"/logs", keyAlice, "", nil)
+	var logs e2bwire.LogsV2Body
+	if code != 200 || json.Unmarshal(data, &logs) != nil || len(logs.Logs) != 2 || logs.Logs[0].Message != "ready" || logs.Logs[1].Message != "exec ls (exit 0)" {
+		t.Errorf("v2 logs = %d %s", code, data)
+	}
+	code, data, _ = e.e2bCall(t, "GET", "/sandboxes/"+e2.SandboxID+"/logs?limit=1", keyAlice, "", nil)
+	var v1 e2bwire.LogsBody
+	if code != 200 || json.Unmarshal(data, &v1) != nil || len(v1.Logs) != 1 || v1.Logs[0].Line != "[info] ready" {
+		t.Errorf("v1 logs = %d %s", code, data)
+	}
+	if code, _, _ := e.e2bCall(t, "GET", "/v2/sandboxes/"+e2.SandboxID+"/logs?level=loud", keyAlice, "", nil); code != 400 {
+		t.Errorf("logs at a bad level = %d, want 400", code)
+	}
+	if code, _, _ := e.e2bCall(t, "GET", "/v2/sandboxes/"+e2.SandboxID+"/logs", keyBob, "", nil); code != 404 {
+		t.Errorf("another key's logs = %d, want 404", code)
+	}
 }
 
 // TestE2BPause: E2B's pause answers 204, then 409; the sandbox lists as

@@ -161,3 +161,47 @@ func (g *Gateway) e2bManyMetrics(w http.ResponseWriter, r *http.Request, p auth.
 	_ = eg.Wait() // the reads return nil: a node that fails leaves its sandbox out
 	e2bwire.WriteJSON(w, http.StatusOK, out)
 }
+
+// e2bLogs is E2B's GET /sandboxes/{id}/logs and /v2/sandboxes/{id}/logs:
+// what the sandbox's node recorded of it (its events and work log, read
+// from the node's daemon as the review routes read them), as a daemon's
+// E2B API answers them; none while it is not on a node yet.
+func (g *Gateway) e2bLogs(v2 bool) func(http.ResponseWriter, *http.Request, auth.Principal) {
+	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
+		pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+		if !ok {
+			return
+		}
+		q, err := e2bwire.ParseLogQuery(r.URL.Query(), v2)
+		if err != nil {
+			e2bwire.WriteErr(w, err)
+			return
+		}
+		var events apitypes.EventList
+		var work apitypes.WorklogEntryList
+		if _, err := sandboxOf(pod); err == nil {
+			t, err := g.nodeOf(pod, "")
+			if err != nil {
+				e2bwire.WriteErr(w, err)
+				return
+			}
+			ctx, cancel := context.WithTimeout(r.Context(), nodeUsageTimeout)
+			defer cancel()
+			base := "/v1/sandboxes/" + t.sandbox
+			if err := g.nodeCall(ctx, t, http.MethodGet, base+"/events", nil, &events); err != nil {
+				e2bwire.WriteErr(w, err)
+				return
+			}
+			if err := g.nodeCall(ctx, t, http.MethodGet, base+"/worklog", nil, &work); err != nil {
+				e2bwire.WriteErr(w, err)
+				return
+			}
+		}
+		entries := e2bwire.SandboxLogs(events.Events, work.Entries, q)
+		if v2 {
+			e2bwire.WriteJSON(w, http.StatusOK, e2bwire.LogsV2Body{Logs: entries})
+			return
+		}
+		e2bwire.WriteJSON(w, http.StatusOK, e2bwire.LogsV1(entries))
+	}
+}
