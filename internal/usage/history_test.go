@@ -2,6 +2,7 @@ package usage
 
 import (
 	goruntime "runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -135,4 +136,31 @@ func TestTee(t *testing.T) {
 	if len(a.by["x"].pts) != 1 || len(b.by["x"].pts) != 1 {
 		t.Error("a sink missed the sample")
 	}
+}
+
+// BenchmarkHistoryObserve is one monitor sample handed to a History of
+// 1,000 sandboxes with full series (the daemon's cost per sandbox per
+// second); it reports the heap the full series hold per sandbox.
+func BenchmarkHistoryObserve(b *testing.B) {
+	const sandboxes = 1000
+	var before, after goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&before)
+	h := NewHistory(time.Second, 0)
+	t0 := time.Unix(1_800_000_000, 0)
+	ids := make([]string, sandboxes)
+	for i := range ids {
+		ids[i] = "sb" + strconv.Itoa(i)
+		for j := range DefaultHistoryPoints {
+			h.Observe(sampleAt(ids[i], t0.Add(time.Duration(j)*time.Second), 0, 1))
+		}
+	}
+	goruntime.GC()
+	goruntime.ReadMemStats(&after)
+	at := t0.Add(time.Duration(DefaultHistoryPoints) * time.Second)
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		h.Observe(sampleAt(ids[i%sandboxes], at.Add(time.Duration(i/sandboxes)*time.Second), 0, 1))
+	}
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/sandboxes, "heap-B/sandbox")
 }
