@@ -310,8 +310,6 @@ test('updateNetwork replaces the egress rules as E2B does; getInfo reports inter
 test('E2B routes Berth does not serve answer 501 naming what is missing, never 404', async () => {
   const sbx = await newSandbox()
   for (const [method, path] of [
-    ['GET', `/v2/sandboxes/${sbx.sandboxId}/logs`],
-    ['GET', '/sandboxes/metrics'],
     ['GET', '/templates'],
     ['DELETE', '/templates/team/base:v1'],
     ['GET', '/volumes'],
