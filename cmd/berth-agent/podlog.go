@@ -437,7 +437,11 @@ func writeFrames(w io.Writer, r io.Reader) error {
 			}
 		}
 		if errors.Is(err, io.EOF) {
-			_, err = w.Write(make([]byte, 4))
+			// The end frame finds no reader when the command took its
+			// input and ended meanwhile: nothing was lost.
+			if _, err = w.Write(make([]byte, 4)); errors.Is(err, syscall.EPIPE) {
+				return nil
+			}
 			return err
 		}
 		if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"io"
 	"os"
 	"path/filepath"
@@ -292,5 +293,51 @@ func TestFeedInput(t *testing.T) {
 		}
 		fw.Close()
 		<-done
+	}
+}
+
+// gateReader returns data once, then io.EOF once gate is closed.
+type gateReader struct {
+	data []byte
+	gate chan struct{}
+}
+
+func (g *gateReader) Read(p []byte) (int, error) {
+	if len(g.data) > 0 {
+		n := copy(p, g.data)
+		g.data = g.data[n:]
+		return n, nil
+	}
+	<-g.gate
+	return 0, io.EOF
+}
+
+// TestWriteFramesReaderGone: a command that took its input and ended
+// before the end frame was written lost nothing: that is no error; a
+// reader gone before the input is one.
+func TestWriteFramesReaderGone(t *testing.T) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw.Close()
+	g := &gateReader{data: []byte("abc"), gate: make(chan struct{})}
+	go func() {
+		buf := make([]byte, 7)
+		_, _ = io.ReadFull(pr, buf) // the data frame
+		pr.Close()
+		close(g.gate)
+	}()
+	if err := writeFrames(pw, g); err != nil {
+		t.Errorf("writeFrames with the reader gone before the end frame = %v, want nil", err)
+	}
+	pr2, pw2, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pw2.Close()
+	pr2.Close()
+	if err := writeFrames(pw2, strings.NewReader("abc")); !errors.Is(err, unix.EPIPE) {
+		t.Errorf("writeFrames with no reader at all = %v, want EPIPE", err)
 	}
 }
