@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/sandbox"
@@ -36,6 +37,20 @@ func boolParam(q url.Values, name string) (bool, error) {
 	default:
 		return false, badField(name, fmt.Errorf("%s %q: want true or false: %w", name, v, errdefs.ErrInvalidArgument))
 	}
+}
+
+// timeParam reads query parameter name as an RFC 3339 time (the zero
+// time when absent); anything else is a bad field naming it.
+func timeParam(q url.Values, name string) (time.Time, error) {
+	v := q.Get(name)
+	if v == "" {
+		return time.Time{}, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, v)
+	if err != nil {
+		return time.Time{}, badField(name, fmt.Errorf("%s %q: want an RFC 3339 time: %w", name, v, errdefs.ErrInvalidArgument))
+	}
+	return t, nil
 }
 
 // writeError maps an error to its status and JSON body: the one place where

@@ -25,14 +25,10 @@ func (s *Server) getUsage(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badField("by", fmt.Errorf("by %q: want key or sandbox: %w", by, errdefs.ErrInvalidArgument)))
 		return
 	}
-	var since time.Time
-	if v := q.Get("since"); v != "" {
-		t, err := time.Parse(time.RFC3339, v)
-		if err != nil {
-			writeError(w, badField("since", fmt.Errorf("since %q: want an RFC 3339 time: %w", v, errdefs.ErrInvalidArgument)))
-			return
-		}
-		since = t
+	since, err := timeParam(q, "since")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	all, err := s.cfg.Usage.List(r.Context(), since)
 	if err != nil {
@@ -90,20 +86,16 @@ func (s *Server) sandboxMetrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	var bounds [2]time.Time
-	for i, name := range []string{"since", "until"} {
-		v := q.Get(name)
-		if v == "" {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339Nano, v)
-		if err != nil {
-			writeError(w, badField(name, fmt.Errorf("%s %q: want an RFC 3339 time: %w", name, v, errdefs.ErrInvalidArgument)))
-			return
-		}
-		bounds[i] = t
+	since, err := timeParam(q, "since")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
-	since, until := bounds[0], bounds[1]
+	until, err := timeParam(q, "until")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	if !since.IsZero() && !until.IsZero() && until.Before(since) {
 		writeError(w, badField("until", fmt.Errorf("until %s is before since %s: %w", until.Format(time.RFC3339Nano), since.Format(time.RFC3339Nano), errdefs.ErrInvalidArgument)))
 		return

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
@@ -35,9 +34,12 @@ func (s *Server) routes() {
 	m.HandleFunc("PUT /sandboxes/{id}/network", s.auth(s.owned(s.updateNetwork)))
 	m.HandleFunc("GET /sandboxes/{id}/metrics", s.auth(s.owned(s.metrics)))
 	m.HandleFunc("GET /sandboxes/metrics", s.auth(s.manyMetrics))
-	if s.cfg.Records != nil {
-		m.HandleFunc("GET /sandboxes/{id}/logs", s.auth(s.owned(s.logs(false))))
-		m.HandleFunc("GET /v2/sandboxes/{id}/logs", s.auth(s.owned(s.logs(true))))
+	for pattern, v2 := range map[string]bool{"/sandboxes/{id}/logs": false, "/v2/sandboxes/{id}/logs": true} {
+		if s.cfg.Records != nil {
+			m.HandleFunc("GET "+pattern, s.auth(s.owned(s.logs(v2))))
+		} else {
+			m.HandleFunc(pattern, notImplemented("sandbox logs are not served: this daemon keeps no records of its sandboxes"))
+		}
 	}
 	m.HandleFunc("POST /sandboxes/{id}/snapshots", s.auth(s.owned(s.createSnapshot)))
 	m.HandleFunc("POST /sandboxes/{id}/fork", s.auth(s.owned(s.fork)))
@@ -47,12 +49,7 @@ func (s *Server) routes() {
 		s.templateRoutes()
 	}
 	for pattern, missing := range unimplemented {
-		if s.cfg.Records != nil && strings.HasSuffix(pattern, "/logs") {
-			continue
-		}
-		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-			writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
-		})
+		m.HandleFunc(pattern, notImplemented(missing))
 	}
 	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("%s %s is not part of E2B's API", r.Method, r.URL.Path))
@@ -64,20 +61,25 @@ func (s *Server) routes() {
 // route as "sandbox not found" (or exists: false) and would report the
 // wrong thing.
 var unimplemented = map[string]string{
-	"/sandboxes/{id}/logs":    "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
-	"/v2/sandboxes/{id}/logs": "sandbox logs are not served through the E2B API; `berth events ID` shows a sandbox's lifecycle",
-	"/secrets":                "secrets are not managed through the E2B API",
-	"/secrets/":               "secrets are not managed through the E2B API",
-	"/teams":                  "Berth has no teams: each API key sees its own sandboxes",
-	"/teams/":                 "Berth has no teams: each API key sees its own sandboxes",
-	"/templates":              templatesMissing,
-	"/templates/":             templatesMissing,
-	"/v2/templates":           templatesMissing,
-	"/v2/templates/":          templatesMissing,
-	"/v3/templates":           templatesMissing,
-	"/v3/templates/":          templatesMissing,
-	"/volumes":                "volumes are not supported yet",
-	"/volumes/":               "volumes are not supported yet",
+	"/secrets":       "secrets are not managed through the E2B API",
+	"/secrets/":      "secrets are not managed through the E2B API",
+	"/teams":         "Berth has no teams: each API key sees its own sandboxes",
+	"/teams/":        "Berth has no teams: each API key sees its own sandboxes",
+	"/templates":     templatesMissing,
+	"/templates/":    templatesMissing,
+	"/v2/templates":  templatesMissing,
+	"/v2/templates/": templatesMissing,
+	"/v3/templates":  templatesMissing,
+	"/v3/templates/": templatesMissing,
+	"/volumes":       "volumes are not supported yet",
+	"/volumes/":      "volumes are not supported yet",
+}
+
+// notImplemented answers E2B's 501 naming what is missing.
+func notImplemented(missing string) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotImplemented, fmt.Sprintf("%s %s is not implemented by Berth: %s", r.Method, r.URL.Path, missing))
+	}
 }
 
 const templatesMissing = "this part of E2B's template API is not served (Berth serves the SDK's Template() builds, their status and logs, tags and Template.exists); templates are listed with `berth template ls` and removed with `berth template rm NAME`"

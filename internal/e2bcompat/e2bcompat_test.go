@@ -313,6 +313,15 @@ func newTestServer(t *testing.T, mgr *fakeManager) (*Server, string, core.APIKey
 	return New(Config{Manager: mgr, Store: db, Keys: keys}), secret, rec
 }
 
+// serve sends a GET of path with key to srv and returns the answer.
+func serve(srv http.Handler, key, path string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest("GET", path, nil)
+	req.Header.Set("X-API-Key", key)
+	w := httptest.NewRecorder()
+	srv.ServeHTTP(w, req)
+	return w
+}
+
 func listIDs(t *testing.T, srv *Server, key, query string) ([]string, string) {
 	t.Helper()
 	req := httptest.NewRequest("GET", "/v2/sandboxes?"+query, nil)
@@ -474,10 +483,7 @@ func TestMetricsHistory(t *testing.T) {
 
 	get := func(query string) []e2bwire.MetricBody {
 		t.Helper()
-		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+query, nil)
-		req.Header.Set("X-API-Key", key)
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, req)
+		w := serve(srv, key, "/sandboxes/sba/metrics?"+query)
 		if w.Code != 200 {
 			t.Fatalf("metrics ?%s = %d %s", query, w.Code, w.Body)
 		}
@@ -513,10 +519,7 @@ func TestMetricsHistory(t *testing.T) {
 		t.Errorf("metrics from 12 s = %+v", ms)
 	}
 	// Many at once: a reading taken now of each running one asked for.
-	req := httptest.NewRequest("GET", "/sandboxes/metrics?sandbox_ids=sba,nosuchsandbox&sandbox_ids=sba", nil)
-	req.Header.Set("X-API-Key", key)
-	w := httptest.NewRecorder()
-	srv.ServeHTTP(w, req)
+	w := serve(srv, key, "/sandboxes/metrics?sandbox_ids=sba,nosuchsandbox&sandbox_ids=sba")
 	var many e2bwire.ManyMetricsBody
 	if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &many) != nil || len(many.Sandboxes) != 1 || many.Sandboxes["sba"].MemUsed != 3<<20 ||
 		many.Sandboxes["sba"].TimestampUnix < time.Now().Unix()-1 {
@@ -527,20 +530,12 @@ func TestMetricsHistory(t *testing.T) {
 		tooMany = append(tooMany, "s"+strconv.Itoa(i))
 	}
 	for _, q := range []string{"", "?sandbox_ids=,", "?sandbox_ids=" + strings.Join(tooMany, ",")} {
-		req := httptest.NewRequest("GET", "/sandboxes/metrics"+q, nil)
-		req.Header.Set("X-API-Key", key)
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, req)
-		if w.Code != 400 || !strings.Contains(w.Body.String(), "sandbox_ids") {
+		if w := serve(srv, key, "/sandboxes/metrics"+q); w.Code != 400 || !strings.Contains(w.Body.String(), "sandbox_ids") {
 			t.Errorf("GET /sandboxes/metrics%s = %d %s, want 400 on sandbox_ids", q, w.Code, w.Body)
 		}
 	}
 	for _, q := range []string{"start=soon", "end=1.5"} {
-		req := httptest.NewRequest("GET", "/sandboxes/sba/metrics?"+q, nil)
-		req.Header.Set("X-API-Key", key)
-		w := httptest.NewRecorder()
-		srv.ServeHTTP(w, req)
-		if w.Code != 400 {
+		if w := serve(srv, key, "/sandboxes/sba/metrics?"+q); w.Code != 400 {
 			t.Errorf("metrics ?%s = %d %s, want 400", q, w.Code, w.Body)
 		}
 	}
@@ -599,10 +594,7 @@ func TestSandboxLogs(t *testing.T) {
 				[]types.WorklogEntry{{Time: time.Unix(101, 0), Kind: "exec", Cmd: "make", Exited: true, ExitCode: 1}}, nil
 		}})
 	get := func(path string) (int, []byte) {
-		req := httptest.NewRequest("GET", path, nil)
-		req.Header.Set("X-API-Key", key)
-		w := httptest.NewRecorder()
-		srv2.ServeHTTP(w, req)
+		w := serve(srv2, key, path)
 		return w.Code, w.Body.Bytes()
 	}
 	code, body := get("/v2/sandboxes/sba/logs?level=warn")

@@ -1,7 +1,9 @@
 package usage
 
 import (
+	"math"
 	goruntime "runtime"
+	"sort"
 	"sync"
 	"time"
 
@@ -120,23 +122,36 @@ func (h *History) Series(sb sandbox.Sandbox, since, until, now time.Time) []type
 	if cpus <= 0 {
 		cpus = float64(goruntime.NumCPU())
 	}
+	from, to := int64(math.MinInt64), int64(math.MaxInt64)
+	if !since.IsZero() {
+		from = since.UnixNano()
+	}
+	if !until.IsZero() {
+		to = until.UnixNano()
+	}
+	out := []types.MetricSample{}
+	prev := point{at: sb.CreatedAt.UnixNano()}
 	h.mu.Lock()
-	var pts []point
 	if se := h.by[sb.ID]; se != nil {
-		pts = append(pts, se.pts...)
+		// The points are in time order: only the range's are read.
+		pts := se.pts
+		i := sort.Search(len(pts), func(k int) bool { return pts[k].at >= from })
+		if i > 0 {
+			prev = pts[i-1]
+		}
+		for _, p := range pts[i:] {
+			if p.at > to {
+				break
+			}
+			out = append(out, p.sample(prev, cpus))
+			prev = p
+		}
+		if n := len(pts); n > 0 {
+			prev = pts[n-1] // a reading now is over the time since the last point
+		}
 	}
 	h.mu.Unlock()
-	prev := point{at: sb.CreatedAt.UnixNano()}
-	out := []types.MetricSample{}
-	in := func(at int64) bool {
-		return (since.IsZero() || at >= since.UnixNano()) && (until.IsZero() || at <= until.UnixNano())
-	}
-	for _, p := range pts {
-		if in(p.at) {
-			out = append(out, p.sample(prev, cpus))
-		}
-		prev = p
-	}
+	in := func(at int64) bool { return at >= from && at <= to }
 	if until.IsZero() && sb.Usage != nil && in(now.UnixNano()) && now.UnixNano() > prev.at {
 		u := sb.Usage
 		cur := point{at: now.UnixNano(), cpu: u.CPUUsage, mem: u.MemoryBytes, memLimit: u.MemoryLimit, disk: u.DiskUsedBytes, diskBytes: u.DiskBytes}

@@ -90,8 +90,10 @@ type podState struct {
 	// began; a pause asked for before waits for that).
 	pz pauseState
 	up bool
-	// gaveRoom is givesRoom as changed last saw it (room.go).
+	// gaveRoom is givesRoom as changed last saw it, phase the phase it
+	// last reported (room.go).
 	gaveRoom bool
+	phase    corev1.PodPhase
 	// initialized: every init container succeeded (true without any).
 	initialized bool
 	// volFiles are the files of its configMap and secret volumes the
@@ -173,6 +175,7 @@ func (p *Pods) changed(ps *podState) {
 	}
 	fn := p.notify
 	pod := p.withStatus(ps)
+	ps.phase = pod.Status.Phase
 	p.mu.Unlock()
 	if fn != nil {
 		fn(pod)

@@ -47,15 +47,11 @@ func podRoom(pod *corev1.Pod) corev1.ResourceList {
 	return out
 }
 
-// terminal reports whether ps's pod is over as the scheduler sees it (its
-// phase is Succeeded or Failed, or it is being deleted); call with p.mu
-// held.
-func (p *Pods) terminal(ps *podState) bool {
-	if ps.deleted || ps.reason != "" {
-		return true
-	}
-	ph := p.withStatus(ps).Status.Phase
-	return ph == corev1.PodSucceeded || ph == corev1.PodFailed
+// terminal reports whether ps's pod is over as the scheduler sees it: the
+// phase last reported is Succeeded or Failed, or it is being deleted.
+// Call with p.mu held.
+func terminal(ps *podState) bool {
+	return ps.deleted || ps.reason != "" || ps.phase == corev1.PodSucceeded || ps.phase == corev1.PodFailed
 }
 
 // givesRoom reports whether ps's pod is paused and gives its room back;
@@ -70,7 +66,7 @@ func (p *Pods) pausedRoom() corev1.ResourceList {
 	defer p.mu.Unlock()
 	out := corev1.ResourceList{}
 	for _, ps := range p.pods {
-		if givesRoom(ps) && !p.terminal(ps) {
+		if givesRoom(ps) && !terminal(ps) {
 			addRoom(out, podRoom(ps.pod))
 		}
 	}
@@ -86,7 +82,7 @@ func (p *Pods) noRoom(want corev1.ResourceList, skip *podState) (corev1.Resource
 	}
 	used := corev1.ResourceList{}
 	for _, ps := range p.pods {
-		if ps == skip || givesRoom(ps) || p.terminal(ps) {
+		if ps == skip || givesRoom(ps) || terminal(ps) {
 			continue
 		}
 		addRoom(used, podRoom(ps.pod))
@@ -132,12 +128,16 @@ func (p *Pods) admitResume(ps *podState) error {
 	return nil
 }
 
+// waitsForRoom reports whether ps's resume waits for room; call with p.mu
+// held.
+func waitsForRoom(ps *podState) bool { return ps.pz.noRoom && !ps.deleted && ps.reason == "" }
+
 // roomWaiters lists the pods whose resume waits for room; call with p.mu
 // held.
 func (p *Pods) roomWaiters() []*podState {
 	var out []*podState
 	for _, ps := range p.pods {
-		if ps.pz.noRoom && !ps.deleted && ps.reason == "" {
+		if waitsForRoom(ps) {
 			out = append(out, ps)
 		}
 	}
@@ -172,7 +172,13 @@ func (p *Pods) roomChangedBy(ps *podState) {
 	gives := givesRoom(ps)
 	moved := gives != ps.gaveRoom
 	ps.gaveRoom = gives
-	waiting := !ps.pz.noRoom && len(p.roomWaiters()) > 0
+	waiting := false
+	for _, o := range p.pods {
+		if !ps.pz.noRoom && waitsForRoom(o) {
+			waiting = true
+			break
+		}
+	}
 	onRoom := p.onRoom
 	p.mu.Unlock()
 	if moved && onRoom != nil {
