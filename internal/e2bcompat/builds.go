@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -328,6 +329,11 @@ func (t *templateAPI) status(w http.ResponseWriter, r *http.Request) {
 	body := map[string]any{
 		"templateID": job.Template, "buildID": job.ID, "status": job.Status,
 		"logEntries": entries, "logs": logs,
+		// Berth's own, for the Kubernetes gateway (which records a
+		// build its node ran as the cluster's): the Berth template the
+		// build makes, its tags and when it was asked for.
+		e2bwire.BuildTemplateField: job.Target, e2bwire.BuildTagsField: job.Tags,
+		e2bwire.BuildRequestedField: job.CreatedAt, e2bwire.BuildUpdatedField: job.UpdatedAt,
 	}
 	if job.Status == statusError {
 		tail, err := t.store.BuildLogTail(r.Context(), id, reasonLines)

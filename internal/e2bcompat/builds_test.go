@@ -12,6 +12,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/store"
 )
 
@@ -62,6 +63,8 @@ func testTemplateBuildSurvivesRestart(t *testing.T) {
 	<-started
 	if body := buildStatus(t, old, admin, "app", running, 0); body["status"] != "building" || fmt.Sprint(body["logs"]) != "[fetching unpacking]" {
 		t.Fatalf("status while building = %v", body)
+	} else if body[e2bwire.BuildTemplateField] != "app" || fmt.Sprint(body[e2bwire.BuildTagsField]) != "[default]" || body[e2bwire.BuildRequestedField] == "" || body[e2bwire.BuildUpdatedField] == "" {
+		t.Fatalf("status while building = %v: want the build's template, tags and request time", body)
 	}
 
 	// The daemon "dies" (its build goroutine is left blocked) and a new

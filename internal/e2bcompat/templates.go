@@ -24,6 +24,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/template"
 )
 
@@ -48,7 +49,7 @@ type TemplateBuilder interface {
 }
 
 // defaultTag is the tag of a name given without one.
-const defaultTag = "default"
+const defaultTag = e2bwire.DefaultTag
 
 // uploadLinkTTL is how long an upload link is good for.
 const uploadLinkTTL = time.Hour
@@ -56,10 +57,7 @@ const uploadLinkTTL = time.Hour
 // baseImages are E2B's base image names, which mean Berth's base template.
 var baseImages = []string{"e2bdev/base", "docker.io/e2bdev/base", "index.docker.io/e2bdev/base"}
 
-var (
-	validTag  = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
-	validHash = regexp.MustCompile(`^[0-9a-f]{64}$`)
-)
+var validHash = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // templateAPI is the state of E2B's template API.
 type templateAPI struct {
@@ -84,11 +82,7 @@ type templateAPI struct {
 }
 
 // tagEntry is what one NAME:TAG names.
-type tagEntry struct {
-	BuildID  string    `json:"build_id"`
-	Template string    `json:"template"`
-	Created  time.Time `json:"created"`
-}
+type tagEntry = e2bwire.TagEntry
 
 func newTemplateAPI(ctx context.Context, b TemplateBuilder, st BuildStore, dir string, log *slog.Logger) *templateAPI {
 	secret := make([]byte, 32)
@@ -133,16 +127,7 @@ func (s *Server) admin(next http.HandlerFunc) http.HandlerFunc {
 }
 
 // splitName splits "name[:tag]".
-func splitName(s string) (name, tag string, err error) {
-	name, tag, hasTag := strings.Cut(s, ":")
-	if err := template.ValidName(name); err != nil {
-		return "", "", err
-	}
-	if hasTag && !validTag.MatchString(tag) {
-		return "", "", fmt.Errorf("tag %q: want [A-Za-z0-9._-], at most 64: %w", tag, errdefs.ErrInvalidArgument)
-	}
-	return name, tag, nil
-}
+func splitName(s string) (name, tag string, err error) { return e2bwire.SplitTemplateRef(s) }
 
 func (t *templateAPI) tagsPath() string { return filepath.Join(t.dir, "tags.json") }
 
@@ -520,11 +505,4 @@ func (t *templateAPI) removeTags(w http.ResponseWriter, r *http.Request) {
 }
 
 // badTag names the first of tags that is not a valid tag ("" if none is).
-func badTag(tags []string) string {
-	for _, tg := range tags {
-		if !validTag.MatchString(tg) {
-			return fmt.Sprintf("tags: %q: want [A-Za-z0-9._-], at most 64", tg)
-		}
-	}
-	return ""
-}
+func badTag(tags []string) string { return e2bwire.BadTag(tags) }

@@ -40,7 +40,7 @@ func TestGatewayE2B(t *testing.T) {
 	cp := c.cp
 	ctx := t.Context()
 	ns := gateway.DefaultNamespace
-	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}})
+	keys, cert := gatewaySetup(t, cp, map[string]testKey{"other": {secret: otherKey}, "admin": {secret: adminKey, admin: true}})
 	gwA := startGateway(t, cp, "gateway-a", keys, cert)
 	gwB := startGateway(t, cp, "gateway-b", keys, cert)
 
@@ -70,11 +70,13 @@ func TestGatewayE2B(t *testing.T) {
 
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
+	var extraEnv []string
 	run := func(what string, args ...string) {
 		t.Helper()
 		cmd := exec.CommandContext(sctx, nodeBin, append([]string{"--test", "--test-reporter=spec"}, args...)...)
 		cmd.Dir = dir
-		cmd.Env = append(os.Environ(),
+		cmd.Env = append(os.Environ(), extraEnv...)
+		cmd.Env = append(cmd.Env,
 			"E2B_API_URL="+gwA.URL(),
 			"E2B_SANDBOX_URL="+gwA.URL(),
 			"BERTH_GATEWAY_B_URL="+gwB.URL(),
@@ -170,7 +172,33 @@ func TestGatewayE2B(t *testing.T) {
 		t.Fatalf("kill = %d", status)
 	}
 	waitPodGone(t, cp, ns, sb.SandboxID)
+
+	// E2B's template builds through the gateway: each runs on one node,
+	// its uploads through the gateway, and is ready once both nodes have
+	// it; sandboxes of it and of its tags run on either node. (No image
+	// is pulled here: BERTH_TEST_IMAGE only names one for a build that
+	// is refused before it pulls.)
+	extraEnv = []string{"E2B_ADMIN_API_KEY=" + adminKey, "BERTH_TEST_IMAGE=registry.invalid/unused:1"}
+	run("the SDK suite's template builds, through the gateway",
+		"--test-name-pattern=^(a template from E2B's base image|steps that need the internet|template builds need an admin key)", "template.test.mjs")
+	cm, err := cp.Client.CoreV1().ConfigMaps(ns).Get(ctx, gateway.TemplatesConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cm.Data) < 2 {
+		t.Errorf("the cluster's templates after the builds: %v, want the build's and its default tag's", cm.Data)
+	}
+	for name := range cm.Data {
+		for nd := range c.nodes {
+			waitNode(t, cp, nd, func(n *corev1.Node) bool {
+				return slices.Contains(strings.Split(n.Annotations[node.AnnotationTemplates], ","), name)
+			})
+		}
+	}
 }
+
+// adminKey is an admin key of the E2B test's gateways (template builds).
+const adminKey = "e2b_abcdefabcdefabcdefabcdefabcdefabcdefabcd"
 
 // e2bSuite finds node and test/e2b with the SDK installed, and skips
 // without the base template's debootstrap result (as test/e2e's e2bNode).

@@ -108,6 +108,7 @@ func (g *Gateway) e2bRoutes() {
 	m.HandleFunc("POST /sandboxes/{id}/fork", g.e2bAuthed(g.e2bFork))
 	m.HandleFunc("GET /snapshots", g.e2bAuthed(g.e2bListSnapshots))
 	m.HandleFunc("DELETE /templates/{templateID}", g.e2bAuthed(g.e2bDeleteSnapshot))
+	g.e2bTemplateRoutes()
 	for pattern, missing := range e2bNotServed {
 		m.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 			e2bwire.WriteError(w, http.StatusNotImplemented,
@@ -259,12 +260,12 @@ var e2bNotServed = map[string]string{
 	"/v2/sandboxes/":  "this route of E2B's sandbox API is not served",
 	"/snapshots":      "only GET lists snapshots",
 	"/snapshots/":     "a snapshot is read with GET /snapshots and deleted with DELETE /templates/{id}",
-	"/templates":      "templates are built on each Berth node (berth template build) and listed with the native API",
-	"/templates/":     "templates are built on each Berth node (berth template build) and listed with the native API",
-	"/v2/templates":   "templates are built on each Berth node (berth template build)",
-	"/v2/templates/":  "templates are built on each Berth node (berth template build)",
-	"/v3/templates":   "templates are built on each Berth node (berth template build)",
-	"/v3/templates/":  "templates are built on each Berth node (berth template build)",
+	"/templates":      "templates are listed with the native API (GET /v1/templates); the SDK's Template.build and tags are served",
+	"/templates/":     "templates are listed with the native API (GET /v1/templates); the SDK's Template.build and tags are served",
+	"/v2/templates":   "the SDK's Template.build is served (POST /v3/templates, then POST /v2/templates/{id}/builds/{build})",
+	"/v2/templates/":  "the SDK's Template.build is served (POST /v3/templates, then POST /v2/templates/{id}/builds/{build})",
+	"/v3/templates":   "the SDK's Template.build is served (POST /v3/templates)",
+	"/v3/templates/":  "the SDK's Template.build is served (POST /v3/templates)",
 	"/teams":          "Berth has no teams: each API key sees its own sandboxes",
 	"/teams/":         "Berth has no teams: each API key sees its own sandboxes",
 	"/secrets":        "secrets are not managed through the E2B API",
@@ -379,6 +380,19 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 	if err != nil {
 		e2bwire.WriteErr(w, err)
 		return
+	}
+	if strings.Contains(in.TemplateID, ":") {
+		// A tag of the cluster's names the template its build made.
+		target, ok, err := g.e2bResolve(r.Context(), in.TemplateID)
+		if err != nil {
+			e2bwire.WriteErr(w, err)
+			return
+		}
+		if !ok {
+			e2bFieldErr(w, http.StatusNotFound, "templateID", "template %q: no such tag", in.TemplateID)
+			return
+		}
+		in.TemplateID = target
 	}
 	tpls, err := g.templates()
 	if err != nil {

@@ -213,7 +213,7 @@ func TestE2BControlPlane(t *testing.T) {
 	}
 	// Not served yet: E2B-shaped 501s, never 404.
 	for _, r := range []struct{ method, path string }{
-		{"POST", "/snapshots"}, {"GET", "/templates"}, {"POST", "/v3/templates"}, {"DELETE", "/templates/Base_1"},
+		{"POST", "/snapshots"}, {"GET", "/templates"}, {"GET", "/v3/templates"}, {"GET", "/v2/templates/base/builds/b1"}, {"DELETE", "/templates/Base_1"},
 	} {
 		code, data, _ := e.e2bCall(t, r.method, r.path, keyAlice, `{"timeout":30}`, nil)
 		if code != 501 {
@@ -629,5 +629,139 @@ func TestTokenKeyRotation(t *testing.T) {
 	}
 	if code, got := connect(fresh.SandboxID); code != 200 || got.EnvdAccessToken != fresh.EnvdAccessToken {
 		t.Errorf("connect after refused reloads = %d %q, want the current key's token", code, got.EnvdAccessToken)
+	}
+}
+
+// TestE2BTemplateBuild: E2B's template builds through the gateway go to
+// the builder node's daemon (its upload links made the gateway's, naming
+// the node); a build the node finished is recorded as the cluster's, with
+// its tags, and reported "building" until every Ready node has it; tags
+// resolve in a create, in fromTemplate and in Template.exists.
+func TestE2BTemplateBuild(t *testing.T) {
+	keyed := startGateway(t, true)
+	if code, data, _ := keyed.e2bCall(t, "POST", "/v3/templates", keyAlice, `{"name":"app"}`, nil); code != 403 || !strings.Contains(string(data), "admin API key") {
+		t.Errorf("request with a key that is no admin's = %d %s, want 403", code, data)
+	}
+
+	e := startGateway(t, false)
+	code, data, _ := e.e2bCall(t, "POST", "/v3/templates", "", `{"name":"app","tags":["v1"]}`, nil)
+	if code != 202 || !strings.Contains(string(data), `"buildID":"b1"`) {
+		t.Fatalf("request = %d %s", code, data)
+	}
+	hash := strings.Repeat("ab", 32)
+	var link struct {
+		Present bool   `json:"present"`
+		URL     string `json:"url"`
+	}
+	code, data, _ = e.e2bCall(t, "GET", "/templates/app/files/"+hash, "", "", nil)
+	if code != 201 || json.Unmarshal(data, &link) != nil {
+		t.Fatalf("upload link = %d %s", code, data)
+	}
+	want := e.url + "/templates/app/files/" + hash + "?expires=1&node=berth-a&signature=s"
+	if link.Present || link.URL != want {
+		t.Fatalf("upload link = %+v, want %s", link, want)
+	}
+	// The link needs no key; the node's daemon checks its signature.
+	req, _ := http.NewRequestWithContext(t.Context(), "PUT", link.URL, strings.NewReader("tar"))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 202 || resp.Header.Get("X-Got-Path") != node.DataPlanePrefix+node.E2BPrefix+"/templates/app/files/"+hash ||
+		resp.Header.Get("X-Got-Query") != "expires=1&signature=s" || resp.Header.Get("X-Got-Body") != "tar" {
+		t.Errorf("upload = %d, node saw %s ? %s body %q", resp.StatusCode, resp.Header.Get("X-Got-Path"), resp.Header.Get("X-Got-Query"), resp.Header.Get("X-Got-Body"))
+	}
+	if code, data, _ := e.e2bCall(t, "PUT", "/templates/app/files/"+hash+"?expires=1&signature=s&node=gone", "", "tar", nil); code != 404 {
+		t.Errorf("upload to a node that is none = %d %s, want 404", code, data)
+	}
+
+	// Triggered on the build's node; a build no node has is 404.
+	code, data, h := e.e2bCall(t, "POST", "/v2/templates/app/builds/b1", "", `{"fromTemplate":"minimal","steps":[]}`, nil)
+	if code != 202 || h.Get("X-Got-Path") != node.DataPlanePrefix+node.E2BPrefix+"/v2/templates/app/builds/b1" {
+		t.Errorf("trigger = %d %s, node saw %s", code, data, h.Get("X-Got-Path"))
+	}
+	if code, _, _ := e.e2bCall(t, "GET", "/templates/app/builds/nope/status", "", "", nil); code != 404 {
+		t.Errorf("status of a build no node has = %d, want 404", code)
+	}
+
+	// Ready on its node, not yet on every Ready node: still building,
+	// and recorded as the cluster's with its tags.
+	status := func() string {
+		t.Helper()
+		code, data, _ := e.e2bCall(t, "GET", "/templates/app/builds/b1/status?logsOffset=0", "", "", nil)
+		var st struct {
+			Status string   `json:"status"`
+			Logs   []string `json:"logs"`
+		}
+		if code != 200 || json.Unmarshal(data, &st) != nil || len(st.Logs) != 1 {
+			t.Fatalf("status = %d %s", code, data)
+		}
+		return st.Status
+	}
+	if st := status(); st != "building" {
+		t.Errorf("status while berth-a lacks app = %q, want building", st)
+	}
+	cms := e.kube.CoreV1().ConfigMaps(ns)
+	cm, err := cms.Get(t.Context(), TemplatesConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := templateStates(cm)["app"]
+	if rec.Deleted || rec.Built.IsZero() || !rec.Built.Before(time.Now().Add(-50*time.Minute)) {
+		t.Errorf("app's record = %+v, want built when the build was asked for", rec)
+	}
+	tags, err := e.g.e2bTags(t.Context(), "app")
+	if err != nil || len(tags) != 2 || tags["default"].Template != "app" || tags["v1"].BuildID != "b1" {
+		t.Errorf("app's tags = %v (%v)", tags, err)
+	}
+	n, err := e.kube.CoreV1().Nodes().Get(t.Context(), "berth-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Annotations[node.AnnotationTemplates] += ",app"
+	if _, err := e.kube.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.g.awaitNodeTemplates(t.Context(), "app", []string{"berth-a"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if st := status(); st != "ready" {
+		t.Errorf("status once every node has app = %q, want ready", st)
+	}
+
+	// Tags: fromTemplate, exists, list, remove, create.
+	_, _, h = e.e2bCall(t, "POST", "/v2/templates/app/builds/b1", "", `{"fromTemplate":"app:v1"}`, nil)
+	if got := h.Get("X-Got-Body"); got != `{"fromTemplate":"app"}` {
+		t.Errorf("trigger from app:v1 reached the node as %s, want the template the tag names", got)
+	}
+	for alias, want := range map[string]int{"app": 200, "app:v1": 200, "app:nope": 404, "nope": 404, "Bad!": 400} {
+		if code, data, _ := e.e2bCall(t, "GET", "/templates/aliases/"+url.PathEscape(alias), "", "", nil); code != want {
+			t.Errorf("exists %s = %d %s, want %d", alias, code, data, want)
+		}
+	}
+	code, data, _ = e.e2bCall(t, "GET", "/templates/app/tags", "", "", nil)
+	if code != 200 || !strings.Contains(string(data), `"tag":"default"`) || !strings.Contains(string(data), `"tag":"v1"`) {
+		t.Errorf("tags = %d %s", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/templates/tags", "", `{"target":"app:v1","tags":["stable"]}`, nil); code != 201 {
+		t.Errorf("assign stable = %d %s", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/templates/tags", "", `{"target":"app:nope","tags":["x"]}`, nil); code != 404 {
+		t.Errorf("assign from a tag that is none = %d %s, want 404", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "DELETE", "/templates/tags", "", `{"name":"app","tags":["v1","nope"]}`, nil); code != 404 {
+		t.Errorf("remove a tag that is none = %d %s, want 404", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "DELETE", "/templates/tags", "", `{"name":"app","tags":["v1"]}`, nil); code != 204 {
+		t.Errorf("remove v1 = %d %s", code, data)
+	}
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes", "", `{"templateID":"app:v1"}`, nil); code != 404 || !strings.Contains(string(data), "templateID") {
+		t.Errorf("create from a removed tag = %d %s, want 404 naming templateID", code, data)
+	}
+	var sb e2bwire.SandboxBody
+	code, data, _ = e.e2bCall(t, "POST", "/sandboxes", "", `{"templateID":"app:stable","timeout":30}`, nil)
+	if code != 201 || json.Unmarshal(data, &sb) != nil || sb.TemplateID != "app" {
+		t.Fatalf("create from app:stable = %d %s", code, data)
 	}
 }

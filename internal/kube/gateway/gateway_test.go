@@ -38,6 +38,7 @@ import (
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/auth"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 )
 
@@ -210,6 +211,30 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			default:
 				w.WriteHeader(http.StatusNotFound)
 				_ = json.NewEncoder(w).Encode(errdefs.Error{Code: errdefs.CodeNotFound, Message: "no login for " + host})
+			}
+			return
+		}
+		if rest, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+node.E2BPrefix); ok {
+			// The daemon's E2B template builds: build b1 of "app",
+			// asked for an hour ago, ready now.
+			w.Header().Set("X-Got-Body", string(body))
+			w.Header().Set("Content-Type", "application/json")
+			switch {
+			case r.Method == "POST" && rest == "/v3/templates":
+				w.WriteHeader(http.StatusAccepted)
+				_, _ = io.WriteString(w, `{"templateID":"app","buildID":"b1","tags":["default","v1"]}`)
+			case r.Method == "GET" && strings.Contains(rest, "/files/"):
+				w.WriteHeader(http.StatusCreated)
+				_, _ = fmt.Fprintf(w, `{"present":false,"url":"http://berth%s?expires=1&signature=s"}`, rest)
+			case r.Method == "GET" && rest == "/templates/app/builds/b1/status":
+				_ = json.NewEncoder(w).Encode(map[string]any{"templateID": "app", "buildID": "b1", "status": "ready", "logEntries": []any{}, "logs": []string{"built"},
+					e2bwire.BuildTemplateField: "app", e2bwire.BuildTagsField: []string{"default", "v1"},
+					e2bwire.BuildRequestedField: time.Now().Add(-time.Hour), e2bwire.BuildUpdatedField: time.Now()})
+			case strings.Contains(rest, "/builds/") && !strings.Contains(rest, "/b1"):
+				w.WriteHeader(http.StatusNotFound)
+				_, _ = io.WriteString(w, `{"code":404,"message":"build not found"}`)
+			default:
+				w.WriteHeader(http.StatusAccepted)
 			}
 			return
 		}

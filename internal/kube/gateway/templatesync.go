@@ -81,16 +81,33 @@ func (g *Gateway) recordTemplate(ctx context.Context, name string, st templateSt
 	if err != nil {
 		return
 	}
+	err = g.updateConfigMap(ctx, TemplatesConfigMap, func(data map[string]string) bool {
+		data[name] = string(b)
+		return true
+	})
+	if err != nil {
+		g.log.Warn("template_record_failed", "template", name, "deleted", st.Deleted, "err", err)
+	}
+}
+
+// updateConfigMap has change edit the data of ConfigMap name of the
+// gateway's namespace, made if it does not exist, again on a conflict;
+// change reports whether it changed anything (nothing is written if not).
+func (g *Gateway) updateConfigMap(ctx context.Context, name string, change func(data map[string]string) bool) error {
 	cms := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace)
-	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := cms.Get(ctx, TemplatesConfigMap, metav1.GetOptions{})
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := cms.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
+			data := map[string]string{}
+			if !change(data) {
+				return nil
+			}
 			_, err = cms.Create(ctx, &corev1.ConfigMap{
-				ObjectMeta: metav1.ObjectMeta{Name: TemplatesConfigMap, Namespace: g.cfg.Namespace, Labels: map[string]string{LabelManagedBy: ManagedBy}},
-				Data:       map[string]string{name: string(b)},
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: g.cfg.Namespace, Labels: map[string]string{LabelManagedBy: ManagedBy}},
+				Data:       data,
 			}, metav1.CreateOptions{})
 			if apierrors.IsAlreadyExists(err) {
-				return apierrors.NewConflict(corev1.Resource("configmaps"), TemplatesConfigMap, err)
+				return apierrors.NewConflict(corev1.Resource("configmaps"), name, err)
 			}
 			return err
 		}
@@ -100,13 +117,12 @@ func (g *Gateway) recordTemplate(ctx context.Context, name string, st templateSt
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
-		cm.Data[name] = string(b)
+		if !change(cm.Data) {
+			return nil
+		}
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 		return err
 	})
-	if err != nil {
-		g.log.Warn("template_record_failed", "template", name, "deleted", st.Deleted, "err", err)
-	}
 }
 
 // templateStates reads TemplatesConfigMap's entries (none when it does

@@ -238,6 +238,14 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"PUT", "/v1/registries/ghcr.io", 201, "PUT /v1/registries/ghcr.io"},
 		{"DELETE", "/v1/registries/ghcr.io", 204, "DELETE /v1/registries/ghcr.io"},
 		{"PUT", "/v1/registries/a%2Fb", 400, ""},
+		// E2B's template builds, at the daemon's own E2B paths.
+		{"POST", "/e2b/v3/templates", 201, "POST /v3/templates"},
+		{"GET", "/e2b/templates/app/files/" + strings.Repeat("a", 64), 201, "GET /templates/app/files/" + strings.Repeat("a", 64)},
+		{"PUT", "/e2b/templates/app/files/" + strings.Repeat("a", 64) + "?expires=1&signature=s", 201, "PUT /templates/app/files/" + strings.Repeat("a", 64)},
+		{"POST", "/e2b/v2/templates/app/builds/b1", 201, "POST /v2/templates/app/builds/b1"},
+		{"GET", "/e2b/templates/app/builds/b1/status?logsOffset=3", 201, "GET /templates/app/builds/b1/status"},
+		{"GET", "/e2b/templates/..%2F..%2Fv1%2Fsandboxes/builds/b1/status", 400, ""},
+		{"GET", "/e2b/templates/app/builds/x%2Fy/status", 400, ""},
 	} {
 		if status, got := do(tc.method, tc.path); status != tc.status || got != tc.got {
 			t.Errorf("%s %s = %d, daemon saw %q; want %d, %q", tc.method, tc.path, status, got, tc.status, tc.got)
@@ -246,7 +254,7 @@ func TestDataPlaneSnapshots(t *testing.T) {
 	// Each template change that reached the daemon had the node report
 	// its templates again (Close waits for the handlers to return).
 	hs.Close()
-	if n := changes.Load(); n != 9 {
-		t.Errorf("changes reported %d times, want 9 (template create, build, Dockerfile build, delete, isolation, warm, prune; login, logout)", n)
+	if n := changes.Load(); n != 13 {
+		t.Errorf("changes reported %d times, want 13 (template create, build, Dockerfile build, delete, isolation, warm, prune; login, logout; E2B request, upload, trigger, status)", n)
 	}
 }

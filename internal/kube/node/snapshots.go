@@ -63,26 +63,30 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	// unused layers pruned, exported and imported. Builds stream their log as the daemon writes
 	// it; a Dockerfile's context streams to the daemon as it comes.
 	toDaemon := func(w http.ResponseWriter, r *http.Request) {
-		// The daemon's path is the route's own, the name put in.
+		// The daemon's path is the route's own, its wildcards put in.
 		_, path, _ := strings.Cut(r.Pattern, " ")
-		path = strings.TrimPrefix(path, DataPlanePrefix)
-		for _, k := range []string{"name", "host"} {
-			v := r.PathValue(k)
-			if !strings.Contains(path, "{"+k+"}") {
-				continue
+		path = strings.TrimPrefix(strings.TrimPrefix(path, DataPlanePrefix), E2BPrefix)
+		for {
+			i := strings.IndexByte(path, '{')
+			j := strings.IndexByte(path, '}')
+			if i < 0 || j < i {
+				break
 			}
+			k := path[i+1 : j]
+			v := r.PathValue(k)
 			// One path segment, or the daemon would read another route.
 			if v == "" || strings.ContainsAny(v, "/\\") || v == "." || v == ".." {
 				writeError(w, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: k, Message: fmt.Sprintf("%s %q is not one path segment", k, v)})
 				return
 			}
-			path = strings.Replace(path, "{"+k+"}", v, 1)
+			path = path[:i] + v + path[j+1:]
 		}
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
-		if r.Method != http.MethodGet {
+		if r.Method != http.MethodGet || strings.HasSuffix(path, "/status") {
 			// Whatever came of it, the node's annotation says what the
-			// daemon has now, before the gateway answers the change.
+			// daemon has now, before the gateway answers the change (an
+			// E2B build's end is seen by a poll of its status).
 			templatesChanged()
 		}
 	}
@@ -99,6 +103,14 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	// other's import.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates/{name}/export", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/import", toDaemon)
+	// E2B's template builds (the gateway sends each build to one node,
+	// then copies what it made to the others): the daemon's own E2B
+	// routes, under E2BPrefix. An upload's signature is the daemon's.
+	mux.HandleFunc("POST "+DataPlanePrefix+E2BPrefix+"/v3/templates", toDaemon)
+	mux.HandleFunc("GET "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/files/{hash}", toDaemon)
+	mux.HandleFunc("PUT "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/files/{hash}", toDaemon)
+	mux.HandleFunc("POST "+DataPlanePrefix+E2BPrefix+"/v2/templates/{templateID}/builds/{buildID}", toDaemon)
+	mux.HandleFunc("GET "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/builds/{buildID}/status", toDaemon)
 	// Its registry logins, which image templates pull with.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/registries", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
@@ -114,6 +126,10 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 		daemon.ServeHTTP(w, r)
 	})
 }
+
+// E2BPrefix is where, under DataPlanePrefix, the node carries its
+// daemon's E2B template build routes.
+const E2BPrefix = "/e2b"
 
 // snapshotOfNode says whether snapshot id of the node's daemon was taken
 // of (or imported to) node: ErrNotFound when it is none of its, or none
