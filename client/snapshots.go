@@ -137,6 +137,9 @@ type ImportOptions struct {
 	// Node, on a Kubernetes gateway, names the Berth node the snapshot
 	// goes to (by default the Ready node holding the fewest).
 	Node string
+	// ID, on a daemon, is the ID the snapshot is imported under (by
+	// default a new one); an ID the daemon has is an error.
+	ID string
 }
 
 // ImportSnapshotWith is ImportSnapshot with options.
@@ -147,6 +150,9 @@ func (c *Client) ImportSnapshotWith(ctx context.Context, r io.Reader, opts Impor
 	}
 	if opts.Node != "" {
 		q.Set("node", opts.Node)
+	}
+	if opts.ID != "" {
+		q.Set("id", opts.ID)
 	}
 	var s Snapshot
 	if err := c.upload(ctx, "import snapshot", "/v1/snapshots/import", q, r, &s); err != nil {

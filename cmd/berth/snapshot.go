@@ -123,6 +123,7 @@ func newSnapshotImportCmd(a *app) *cobra.Command {
 		asJSON bool
 		labels []string
 		node   string
+		id     string
 	)
 	cmd := &cobra.Command{
 		Use:   "import FILE",
@@ -145,7 +146,7 @@ func newSnapshotImportCmd(a *app) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := c.ImportSnapshotWith(cmd.Context(), f, client.ImportOptions{Labels: lm, Node: node})
+			s, err := c.ImportSnapshotWith(cmd.Context(), f, client.ImportOptions{Labels: lm, Node: node, ID: id})
 			if err != nil {
 				return err
 			}
@@ -159,6 +160,7 @@ func newSnapshotImportCmd(a *app) *cobra.Command {
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print the snapshot as JSON")
 	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "label k=v set on the snapshot over the archive's (repeatable)")
 	cmd.Flags().StringVar(&node, "node", "", "on a Kubernetes gateway: the Berth node to import to (default: the Ready node holding the fewest snapshots)")
+	cmd.Flags().StringVar(&id, "id", "", "on a daemon: import under this snapshot ID (default: a new one; one the daemon has is refused)")
 	return cmd
 }
 

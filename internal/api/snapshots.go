@@ -23,7 +23,7 @@ type Snapshots interface {
 	ExportSnapshot(ctx context.Context, id string, w io.Writer) error
 	// ImportSnapshot records the archive as a snapshot of owner's, with
 	// labels set over the archive's.
-	ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string) (core.Snapshot, error)
+	ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string, id string) (core.Snapshot, error)
 }
 
 // maxImport bounds an uploaded snapshot archive.
@@ -187,7 +187,7 @@ func (s *Server) importSnapshot(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body := http.MaxBytesReader(w, r.Body, maxImport)
-	snap, err := s.cfg.Snapshots.ImportSnapshot(r.Context(), body, principal(r).Owner(), labels)
+	snap, err := s.cfg.Snapshots.ImportSnapshot(r.Context(), body, principal(r).Owner(), labels, r.URL.Query().Get("id"))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
@@ -103,8 +105,15 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 
 // ImportSnapshot reads an archive from r into a new snapshot owned by
 // owner, with labels set over the archive's (a Berth node marks the
-// snapshots it imports as its own this way).
-func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string) (core.Snapshot, error) {
+// snapshots it imports as its own this way), under id (the Kubernetes
+// gateway keeps a snapshot's copies on several nodes under one ID) or,
+// when id is empty, a new one. An id this daemon has is already_exists.
+func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string, labels map[string]string, id string) (core.Snapshot, error) {
+	if id != "" {
+		if err := types.ValidSandboxID(id); err != nil {
+			return core.Snapshot{}, &FieldError{Field: "id", Err: fmt.Errorf("import snapshot: %w", err)}
+		}
+	}
 	ss, err := m.snapStore()
 	if err != nil {
 		return core.Snapshot{}, err
@@ -117,9 +126,17 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string,
 		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
 	}
 	ctx = context.WithoutCancel(ctx)
-	id := newID()
+	if id == "" {
+		id = newID()
+	} else if _, err := ss.GetSnapshot(ctx, id); err == nil {
+		return core.Snapshot{}, &FieldError{Field: "id", Err: fmt.Errorf("import snapshot: snapshot %s exists: %w", id, errdefs.ErrAlreadyExists)}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
+	}
 	partial := m.snapshotDir(id) + ".partial"
-	if err := os.Mkdir(partial, 0o755); err != nil {
+	if err := os.Mkdir(partial, 0o755); errors.Is(err, fs.ErrExist) {
+		return core.Snapshot{}, &FieldError{Field: "id", Err: fmt.Errorf("import snapshot: snapshot %s is being imported: %w", id, errdefs.ErrAlreadyExists)}
+	} else if err != nil {
 		return core.Snapshot{}, fmt.Errorf("import snapshot: %w", err)
 	}
 	keep := false

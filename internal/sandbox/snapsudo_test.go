@@ -3,12 +3,15 @@ package sandbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"testing"
 
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
@@ -106,7 +109,7 @@ func TestSnapshotAllowSudo(t *testing.T) {
 			t.Fatal(err)
 		}
 		// Labels given at import go over the archive's.
-		imp, err := m.ImportSnapshot(ctx, &buf, "", map[string]string{"berth.dev/node": "n1"})
+		imp, err := m.ImportSnapshot(ctx, &buf, "", map[string]string{"berth.dev/node": "n1"}, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,6 +118,30 @@ func TestSnapshotAllowSudo(t *testing.T) {
 		}
 		if got, _ := m.GetSnapshot(ctx, imp.ID); got.Labels["berth.dev/node"] != "n1" {
 			t.Errorf("imported with label berth.dev/node=n1: record labels %v", got.Labels)
+		}
+		// Under an ID asked for: a new one is taken, one the daemon has
+		// or a bad one is refused, naming id, and nothing is made.
+		archive := func() io.Reader {
+			var b bytes.Buffer
+			if err := m.ExportSnapshot(ctx, snap.ID, &b); err != nil {
+				t.Fatal(err)
+			}
+			return &b
+		}
+		want := types.NewSandboxID()
+		if kept, err := m.ImportSnapshot(ctx, archive(), "", nil, want); err != nil || kept.ID != want {
+			t.Errorf("import under %s = %+v, %v", want, kept, err)
+		}
+		before, _ := m.Snapshots(ctx)
+		for id, code := range map[string]string{want: errdefs.CodeAlreadyExists, snap.ID: errdefs.CodeAlreadyExists, "Bad_ID": errdefs.CodeInvalidArgument} {
+			_, err := m.ImportSnapshot(ctx, archive(), "", nil, id)
+			var fe *FieldError
+			if errdefs.Code(err) != code || !errors.As(err, &fe) || fe.Field != "id" {
+				t.Errorf("import under %s = %v, want %s on id", id, err, code)
+			}
+		}
+		if after, _ := m.Snapshots(ctx); len(after) != len(before) {
+			t.Errorf("refused imports left %d snapshots, want %d", len(after), len(before))
 		}
 		snaps[sudo] = snap.ID
 		copies, _, err := m.Fork(ctx, src.ID, ForkRequest{Count: 1})

@@ -202,8 +202,8 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		resp.Body.Close()
 		// An import is labelled with the node's name, never the
 		// client's.
-		if q := resp.Header.Get("X-Got-Query"); strings.Contains(path, "/import") && q != "label=team%3Dx&label=berth.dev%2Fnode%3Dn1" {
-			t.Errorf("import reached the daemon with query %q, want the client's team label and the node's", q)
+		if q := resp.Header.Get("X-Got-Query"); strings.Contains(path, "/import") && q != "id=sbkeep&label=team%3Dx&label=berth.dev%2Fnode%3Dn1" {
+			t.Errorf("import reached the daemon with query %q, want the ID, the client's team label and the node's", q)
 		}
 		return resp.StatusCode, resp.Header.Get("X-Got")
 	}
@@ -222,7 +222,7 @@ func TestDataPlaneSnapshots(t *testing.T) {
 		{"DELETE", "/v1/snapshots/Bad_ID", 400, ""},
 		{"GET", "/v1/snapshots/mine/export", 200, "GET /v1/snapshots/mine/export"},
 		{"GET", "/v1/snapshots/theirs/export", 404, ""},
-		{"POST", "/v1/snapshots/import?label=berth.dev/node=n2&label=team=x", 201, "POST /v1/snapshots/import"},
+		{"POST", "/v1/snapshots/import?label=berth.dev/node=n2&label=team=x&id=sbkeep", 201, "POST /v1/snapshots/import"},
 		// The daemon's template routes, for the gateway's; a name is one
 		// path segment.
 		{"GET", "/v1/templates", 200, "GET /v1/templates"},

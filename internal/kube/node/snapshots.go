@@ -121,7 +121,12 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/snapshots/import", func(w http.ResponseWriter, r *http.Request) {
 		r = r.Clone(context.WithValue(r.Context(), dataPath{}, "/v1/snapshots/import"))
 		labels := slices.DeleteFunc(r.URL.Query()["label"], InternalLabel)
-		r.URL.RawQuery = url.Values{"label": append(labels, LabelNode+"="+nodeName)}.Encode()
+		q := url.Values{"label": append(labels, LabelNode+"="+nodeName)}
+		// The gateway keeps a snapshot's copies under its ID.
+		if id := r.URL.Query().Get("id"); id != "" {
+			q.Set("id", id)
+		}
+		r.URL.RawQuery = q.Encode()
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		daemon.ServeHTTP(w, r)
 	})
