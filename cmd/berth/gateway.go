@@ -39,6 +39,7 @@ type gatewayOptions struct {
 	onNodeLost    string
 	claims        string
 	e2bNetwork    string
+	snapCopies    int
 }
 
 func (g *gatewayOptions) bind(f *pflag.FlagSet) {
@@ -56,6 +57,7 @@ func (g *gatewayOptions) bind(f *pflag.FlagSet) {
 	f.DurationVar(&g.lifecycle.NodeLostAfter, "node-lost-after", 40*time.Second, "with --kubernetes: a Berth node whose lease has not changed for this long is lost: its sandboxes are reported lost or made again (--on-node-lost)")
 	f.StringVar(&g.claims, "sandbox-claims", gateway.ClaimsAuto, "with --kubernetes: auto makes a sandbox through an agent-sandbox SandboxClaim where those CRDs are installed and a SandboxWarmPool in --namespace is labelled berth.dev/template=<template>; off always makes its pod directly")
 	f.StringVar(&g.onNodeLost, "on-node-lost", "fail", "with --kubernetes: what happens to a sandbox whose node is lost when its create names no on_node_lost: fail (reported lost) or recreate (made again, same ID, on another node)")
+	f.IntVar(&g.snapCopies, "snapshot-copies", 1, "with --kubernetes: how many Berth nodes hold each snapshot; above 1, the leader copies each to more Ready nodes, so a sandbox can be made from it, and one made from it made again, when its node is lost")
 	f.StringVar(&g.e2bNetwork, "e2b-default-network", "open", "with --kubernetes: what E2B's allow_internet_access: true (the SDKs' default) gives a sandbox: open (egress to the internet) or none (no egress; as the daemon's e2b_default_network)")
 	f.StringVar(&g.lifecycle.Identity, "leader-id", "", "with --kubernetes: this replica's name in the leader election (default hostname_pid); the leader clears ended sandboxes and acts on lost nodes")
 }
@@ -131,7 +133,7 @@ func runGateway(cmd *cobra.Command, o *serveOptions, g *gatewayOptions) error {
 	}
 	gw, err := gateway.New(gateway.Config{
 		Kube: kube, Dynamic: dyn, Claims: g.claims, Namespace: g.namespace, NodeTransport: tr, Keys: keys,
-		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout, OnNodeLost: g.onNodeLost,
+		DefaultTemplate: o.flags.DefaultTemplate, CreateTimeout: g.createTimeout, OnNodeLost: g.onNodeLost, SnapshotCopies: g.snapCopies,
 		Domain: o.flags.E2BDomain, E2BNoInternet: g.e2bNetwork == "none",
 		Version: buildVersion(), Logger: log,
 	})

@@ -43,7 +43,7 @@ func TestGatewayLifecycle(t *testing.T) {
 	ns := gateway.DefaultNamespace
 	keys, cert := gatewaySetup(t, cp, nil)
 	flags := func(id string) []string {
-		return []string{"--keep-ended", "0", "--node-lost-after", nodeLostAfter, "--leader-id", id}
+		return []string{"--keep-ended", "0", "--node-lost-after", nodeLostAfter, "--leader-id", id, "--snapshot-copies", "2"}
 	}
 	gws, stops := map[string]*client.Client{}, map[string]func(){}
 	for _, id := range []string{"gateway-a", "gateway-b"} {
@@ -165,9 +165,34 @@ func TestGatewayLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create (recreate): %v", err)
 	}
+	// A snapshot of a sandbox on berth-a, with a file in it: the leader
+	// copies it to berth-b (--snapshot-copies 2) under its ID. A sandbox
+	// made from it (on berth-a, berth-b still closed) is to be made
+	// again from the copy when berth-a is lost.
+	var out bytes.Buffer
+	if code, err := gw.Sandbox(remade.ID).Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "echo kept > /kept"}, Stdout: &out}); err != nil || code != 0 {
+		t.Fatalf("write a file = %d, %v", code, err)
+	}
+	snap, err := gw.Snapshot(ctx, remade.ID, "kept")
+	if err != nil {
+		t.Fatalf("snapshot: %v", err)
+	}
+	fromSnap, err := gw.Create(ctx, client.CreateRequest{Snapshot: snap.ID, OnNodeLost: client.OnNodeLostRecreate, Timeout: "20m"})
+	if err != nil {
+		t.Fatalf("create from the snapshot: %v", err)
+	}
+	harness.WaitFor(t, 2*time.Minute, "the leader to copy the snapshot to berth-b", func() bool {
+		for _, id := range []string{snap.ID} {
+			if s, err := c.nodes["berth-b"].Local.GetSnapshot(ctx, id); err != nil || s.ID != id || s.Labels[node.LabelNode] != "berth-b" {
+				return false
+			}
+		}
+		rec, err := cp.Client.CoreV1().ConfigMaps(ns).Get(ctx, "berth-snapshot-"+snap.ID, metav1.GetOptions{})
+		return err == nil && rec.Data["copies"] == `["berth-b"]`
+	})
 	setUnschedulable(t, cp, "berth-b", false)
 	old := map[string]*corev1.Pod{}
-	for _, id := range []string{failing.ID, remade.ID} {
+	for _, id := range []string{failing.ID, remade.ID, fromSnap.ID} {
 		p, err := pods.Get(ctx, id, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -205,12 +230,34 @@ func TestGatewayLifecycle(t *testing.T) {
 		got, err := gw.Get(ctx, remade.ID)
 		return err == nil && got.State == client.StateReady
 	})
-	var out bytes.Buffer
+	out.Reset()
 	if code, err := gw.Sandbox(remade.ID).Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", `echo "$WHO" again`}, Stdout: &out}); err != nil || code != 0 || out.String() != "remade again\n" {
 		t.Errorf("exec in the recreated sandbox = %d, %v, %q", code, err, out.String())
 	}
 	if _, err := gw.Sandbox(failing.ID).Exec(ctx, client.ExecRequest{Cmd: "true"}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
 		t.Errorf("exec in a lost sandbox = %v, want failed precondition", err)
+	}
+	// The sandbox from the snapshot runs again on berth-b, from its copy;
+	// so does a new one made from it while berth-a is lost.
+	waitPod(t, cp, ns, fromSnap.ID, "Running again on berth-b", func(p *corev1.Pod) bool {
+		return p.UID != old[fromSnap.ID].UID && p.Spec.NodeName == "berth-b" && p.Status.Phase == corev1.PodRunning
+	})
+	harness.WaitFor(t, 30*time.Second, "the gateway to read the sandbox from the snapshot ready", func() bool {
+		got, err := gw.Get(ctx, fromSnap.ID)
+		return err == nil && got.State == client.StateReady
+	})
+	fromCopy, err := gw.Create(ctx, client.CreateRequest{Snapshot: snap.ID, Timeout: "20m"})
+	if err != nil {
+		t.Fatalf("create from the snapshot with berth-a lost: %v", err)
+	}
+	for _, id := range []string{fromSnap.ID, fromCopy.ID} {
+		out.Reset()
+		if code, err := gw.Sandbox(id).Exec(ctx, client.ExecRequest{Cmd: "cat", Args: []string{"/kept"}, Stdout: &out}); err != nil || code != 0 || out.String() != "kept\n" {
+			t.Errorf("%s from the snapshot's copy: cat /kept = %d, %v, %q", id, code, err, out.String())
+		}
+		if p, err := pods.Get(ctx, id, metav1.GetOptions{}); err != nil || p.Spec.NodeName != "berth-b" {
+			t.Errorf("%s from the snapshot's copy runs on %v (%v), want berth-b", id, p.Spec.NodeName, err)
+		}
 	}
 
 	// berth-a comes back with its data dir: the taint goes, the lost
@@ -248,6 +295,21 @@ func TestGatewayLifecycle(t *testing.T) {
 	newSb := podSandboxes(t, c.nodes["berth-b"], string(again.UID))
 	if len(newSb) != 1 {
 		t.Fatalf("recreated pod: sandboxes on berth-b %v", ids(newSb))
+	}
+	for _, id := range []string{fromSnap.ID, fromCopy.ID} {
+		if err := gw.Kill(ctx, id); err != nil {
+			t.Errorf("delete %s: %v", id, err)
+		}
+		waitPodGone(t, cp, ns, id)
+	}
+	// The snapshot's delete removes it from both nodes, and its record.
+	harness.WaitFor(t, time.Minute, "the snapshot's delete, once its sandboxes are gone", func() bool {
+		return gw.RemoveSnapshot(ctx, snap.ID) == nil
+	})
+	for name, d := range c.nodes {
+		if _, err := d.Local.GetSnapshot(ctx, snap.ID); !errors.Is(err, errdefs.ErrNotFound) {
+			t.Errorf("snapshot %s on %s after its delete: %v", snap.ID, name, err)
+		}
 	}
 	for _, id := range []string{failing.ID, remade.ID} {
 		if err := gw.Kill(ctx, id); err != nil {

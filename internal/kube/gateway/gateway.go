@@ -83,6 +83,11 @@ type Config struct {
 	// OnNodeLost is a create's on_node_lost when it names none:
 	// apitypes.OnNodeLostFail (the default) or OnNodeLostRecreate.
 	OnNodeLost string
+	// SnapshotCopies is how many nodes hold each snapshot (1, the
+	// default: only the node that took it); the leader copies a
+	// snapshot to more Ready nodes until that many have it
+	// (snapcopies.go).
+	SnapshotCopies int
 	// Dynamic reaches agent-sandbox's SandboxClaims and SandboxWarmPools
 	// (claims.go); Claims is ClaimsAuto (the default: through a claim
 	// where the CRDs are installed and a pool is labelled for the
@@ -147,6 +152,12 @@ func New(cfg Config) (*Gateway, error) {
 	}
 	if cfg.CreateTimeout == 0 {
 		cfg.CreateTimeout = 5 * time.Minute
+	}
+	if cfg.SnapshotCopies == 0 {
+		cfg.SnapshotCopies = 1
+	}
+	if cfg.SnapshotCopies < 1 || cfg.SnapshotCopies > maxSnapshotCopies {
+		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "snapshot-copies", Message: fmt.Sprintf("snapshot-copies %d: want 1 to %d", cfg.SnapshotCopies, maxSnapshotCopies)}
 	}
 	switch cfg.OnNodeLost {
 	case "":

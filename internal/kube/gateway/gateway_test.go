@@ -137,6 +137,10 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 				Labels: map[string]string{node.LabelNode: "berth-a"}, CreatedAt: time.Now()})
 			return
 		}
+		if strings.HasPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/snapshots/") && strings.HasSuffix(r.URL.Path, "/export") && r.Method == "GET" {
+			_, _ = io.WriteString(w, "archive")
+			return
+		}
 		if r.URL.Path == node.DataPlanePrefix+"/v1/snapshots/import" && r.Method == "POST" {
 			// The daemon's import, labelled the node's.
 			if string(body) != "archive" {

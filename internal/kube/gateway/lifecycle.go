@@ -11,6 +11,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	ktypes "k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -171,6 +172,13 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	remakesInformer := remakes.Informer()
 	rf.Start(ctx.Done())
 	defer rf.Shutdown()
+	// Every snapshot's record, for their copies (snapcopies.go).
+	sf := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSnapshot }))
+	snaps := sf.Core().V1().ConfigMaps()
+	snapsInformer := snaps.Informer()
+	sf.Start(ctx.Done())
+	defer sf.Shutdown()
 	// The cluster's template record (templatesync.go), one object.
 	tf := informers.NewSharedInformerFactoryWithOptions(g.cfg.Kube, 0, informers.WithNamespace(g.cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "metadata.name=" + TemplatesConfigMap }))
@@ -178,11 +186,12 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 	tplsInformer := tpls.Informer()
 	tf.Start(ctx.Done())
 	defer tf.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced, tplsInformer.HasSynced, remakesInformer.HasSynced) {
-		return fmt.Errorf("node leases, fork snapshots, template record or remake records cache did not fill: %w", errdefs.ErrUnavailable)
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced, forksInformer.HasSynced, tplsInformer.HasSynced, remakesInformer.HasSynced, snapsInformer.HasSynced) {
+		return fmt.Errorf("node leases, fork snapshots, template record, remake records or snapshot records cache did not fill: %w", errdefs.ErrUnavailable)
 	}
-	tsync := newTemplateSync()
+	tsync, ssync := newSyncWork(g.now), newSyncWork(g.now)
 	defer tsync.wg.Wait()
+	defer ssync.wg.Wait()
 	l := newLifecycle(g.cfg.Kube, g.cfg.Namespace, g.pods, g.nodes, li.Lister().Leases(nodeLeaseNamespace), cfg, g.cfg.OnNodeLost, g.log)
 	l.claims = g.claims
 	l.remakes = remakes.Lister().ConfigMaps(g.cfg.Namespace)
@@ -193,7 +202,10 @@ func (g *Gateway) lead(ctx context.Context, cfg LifecycleConfig) error {
 		l.sweep(ctx, g.now())
 		g.sweepForks(ctx, forks.Lister().ConfigMaps(g.cfg.Namespace), tried, g.now())
 		cm, _ := tpls.Lister().ConfigMaps(g.cfg.Namespace).Get(TemplatesConfigMap)
-		g.syncTemplates(ctx, tsync, cm, g.now())
+		g.syncTemplates(ctx, tsync, cm)
+		if recs, err := snaps.Lister().ConfigMaps(g.cfg.Namespace).List(labels.Everything()); err == nil {
+			g.copySnapshots(ctx, ssync, recs)
+		}
 		select {
 		case <-ctx.Done():
 			return nil

@@ -145,11 +145,17 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 	if policy == "" {
 		policy = l.policy
 	}
-	// A sandbox made from a snapshot cannot be made again elsewhere:
-	// the snapshot stayed on the lost node (snapshots.go). It is lost.
-	if policy == apitypes.OnNodeLostRecreate && pod.Annotations[node.AnnotationSnapshot] == "" {
-		l.recreate(ctx, pod)
-		return
+	// A sandbox made from a snapshot is made again only where another
+	// node holds a copy of it (snapcopies.go); otherwise the snapshot
+	// was the lost node's only, and the sandbox is lost.
+	if policy == apitypes.OnNodeLostRecreate {
+		if id := pod.Annotations[node.AnnotationSnapshot]; id == "" {
+			l.recreate(ctx, pod, nil)
+			return
+		} else if held := l.otherHolders(ctx, id, pod.Spec.NodeName); len(held) > 0 {
+			l.recreate(ctx, pod, held)
+			return
+		}
 	}
 	if pod.Annotations[node.AnnotationLost] != "" {
 		return
@@ -172,12 +178,33 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 
 // recreate deletes the pod of a lost node at once and makes it again
 // under the same name without its node, for the scheduler to place on
-// another. The new pod is a new sandbox (nothing of the old one's files
-// or processes survives), with the old one's ID, template, limits,
+// another (one of on, for a sandbox from a snapshot). The new pod is a
+// new sandbox (nothing of the old one's files or processes survives but
+// its snapshot's), with the old one's ID, template, limits,
 // environment, labels, owner and deadline. The pod to make is recorded
 // first (remakeRecord): a leader that stops between the delete and the
 // create leaves it to the next one, which makes it (sweepRemakes).
-func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod) {
+// otherHolders are the Ready nodes other than lost that hold a copy of
+// snapshot id.
+func (l *lifecycle) otherHolders(ctx context.Context, id, lost string) []string {
+	cm, err := l.kube.CoreV1().ConfigMaps(l.ns).Get(ctx, snapshotRecordName(id), metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	rec, err := recordOf(cm)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, h := range rec.holders() {
+		if n, err := l.nodes.Get(h); err == nil && h != lost && nodeReady(n) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod, on []string) {
 	if claimed(pod) {
 		// agent-sandbox makes a Sandbox's pod again as soon as it is
 		// gone, from the same pod template.
@@ -189,6 +216,11 @@ func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod) {
 		return
 	}
 	fresh := remade(pod)
+	if on != nil {
+		// From a snapshot: on a node that holds a copy of it.
+		delete(fresh.Spec.NodeSelector, hostnameLabel)
+		fresh.Spec.Affinity = onNodes(on)
+	}
 	if err := l.writeRemake(ctx, fresh, pod.UID); err != nil {
 		l.log.Warn("sandbox_recreate_failed", "sandbox_id", pod.Name, "err", err)
 		return

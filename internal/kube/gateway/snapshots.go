@@ -51,6 +51,9 @@ const (
 	recordSnapshot       = "snapshot"
 	recordSettings       = "settings"
 	recordResources      = "resources"
+	// recordCopies lists (JSON) the nodes that hold a copy of the
+	// snapshot, under its ID, besides its node (snapcopies.go).
+	recordCopies = "copies"
 )
 
 // hostnameLabel is the node label a pod from a snapshot selects its
@@ -75,7 +78,12 @@ type snapshotRecord struct {
 	settings map[string]string
 	limits   corev1.ResourceList
 	owner    string
+	// copies are the other nodes that hold it (snapcopies.go).
+	copies []string
 }
+
+// holders are the nodes that hold the snapshot, its node first.
+func (rec snapshotRecord) holders() []string { return append([]string{rec.node}, rec.copies...) }
 
 func snapshotRecordName(id string) string { return snapshotRecordPrefix + id }
 
@@ -93,6 +101,11 @@ func recordOf(cm *corev1.ConfigMap) (snapshotRecord, error) {
 			return rec, fmt.Errorf("snapshot record %s: resources: %v: %w", cm.Name, err, errdefs.ErrUnavailable)
 		}
 	}
+	if s := cm.Data[recordCopies]; s != "" {
+		if err := json.Unmarshal([]byte(s), &rec.copies); err != nil {
+			return rec, fmt.Errorf("snapshot record %s: copies: %v: %w", cm.Name, err, errdefs.ErrUnavailable)
+		}
+	}
 	return rec, nil
 }
 
@@ -108,9 +121,14 @@ func (rec snapshotRecord) configMap(ns string) *corev1.ConfigMap {
 	if rec.snap.Fork {
 		labels[LabelSnapshotFork] = "true"
 	}
+	data := map[string]string{recordSnapshot: string(snap), recordSettings: string(settings), recordResources: string(limits)}
+	if len(rec.copies) > 0 {
+		copies, _ := json.Marshal(rec.copies)
+		data[recordCopies] = string(copies)
+	}
 	return &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: snapshotRecordName(rec.snap.ID), Namespace: ns, Labels: labels},
-		Data:       map[string]string{recordSnapshot: string(snap), recordSettings: string(settings), recordResources: string(limits)},
+		Data:       data,
 	}
 }
 
@@ -433,10 +451,18 @@ func (g *Gateway) deleteSnapshot(w http.ResponseWriter, r *http.Request, p auth.
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// removeSnapshot deletes the snapshot from each node that holds it (one
+// gone holds nothing), then its record. A node that refuses keeps the
+// record: a delete asked again tries again.
 func (g *Gateway) removeSnapshot(ctx context.Context, rec snapshotRecord) error {
 	id := rec.snap.ID
-	if _, err := g.nodes.Get(rec.node); err == nil {
-		t, err := g.nodeAt(rec.node)
+	for _, on := range rec.holders() {
+		if _, err := g.nodes.Get(on); apierrors.IsNotFound(err) {
+			continue
+		} else if err != nil {
+			return err
+		}
+		t, err := g.nodeAt(on)
 		if err != nil {
 			return err
 		}
@@ -444,14 +470,12 @@ func (g *Gateway) removeSnapshot(ctx context.Context, rec snapshotRecord) error 
 		if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			return err
 		}
-	} else if !apierrors.IsNotFound(err) {
-		return err
 	}
 	err := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace).Delete(ctx, snapshotRecordName(id), metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return kubeErr("remove the record of snapshot "+id, err)
 	}
-	g.log.Info("snapshot_removed", "snapshot_id", id, "node", rec.node)
+	g.log.Info("snapshot_removed", "snapshot_id", id, "nodes", rec.holders())
 	return nil
 }
 
@@ -472,7 +496,8 @@ func (g *Gateway) podOfSnapshot(rec snapshotRecord, in createRequest, p auth.Pri
 	if in.Template != "" && in.Template != rec.snap.Template {
 		return nil, fieldErr("template", errdefs.ErrInvalidArgument, "template %q: snapshot %s is of template %q; leave template unset", in.Template, rec.snap.ID, rec.snap.Template)
 	}
-	if err := g.snapshotHolderReady(rec); err != nil {
+	held, err := g.snapshotHolderReady(rec)
+	if err != nil {
 		return nil, err
 	}
 	in.Template = rec.snap.Template
@@ -504,24 +529,45 @@ func (g *Gateway) podOfSnapshot(rec snapshotRecord, in createRequest, p auth.Pri
 	if in.CPU == nil && in.Memory == "" && len(rec.limits) > 0 {
 		c.Resources.Limits, c.Resources.Requests = rec.limits.DeepCopy(), rec.limits.DeepCopy()
 	}
-	pod.Spec.NodeSelector[hostnameLabel] = rec.node
+	pod.Spec.Affinity = onNodes(held)
 	return pod, nil
 }
 
-// snapshotHolderReady refuses a create from a snapshot whose node is gone
-// or not Ready: the pod could not be placed.
-func (g *Gateway) snapshotHolderReady(rec snapshotRecord) error {
-	n, err := g.nodes.Get(rec.node)
-	if apierrors.IsNotFound(err) {
-		return fieldErr("snapshot", errdefs.ErrFailedPrecondition, "snapshot %s: its node %s is gone, and the snapshot with it", rec.snap.ID, rec.node)
+// onNodes is the affinity of a pod that may run on the named nodes only.
+func onNodes(names []string) *corev1.Affinity {
+	return &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{
+		RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
+			MatchExpressions: []corev1.NodeSelectorRequirement{{Key: hostnameLabel, Operator: corev1.NodeSelectorOpIn, Values: slices.Clone(names)}},
+		}}},
+	}}
+}
+
+// snapshotHolderReady returns the Ready nodes that hold the snapshot, and
+// refuses a create from one none of whose nodes is Ready (or left): the
+// pod could not be placed.
+func (g *Gateway) snapshotHolderReady(rec snapshotRecord) ([]string, error) {
+	var ready, notReady []string
+	for _, on := range rec.holders() {
+		n, err := g.nodes.Get(on)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if nodeReady(n) {
+			ready = append(ready, on)
+		} else {
+			notReady = append(notReady, on)
+		}
 	}
-	if err != nil {
-		return err
+	switch {
+	case len(ready) > 0:
+		return ready, nil
+	case len(notReady) > 0:
+		return nil, fieldErr("snapshot", errdefs.ErrUnavailable, "snapshot %s: no node that holds it is Ready (%s)", rec.snap.ID, strings.Join(notReady, ", "))
 	}
-	if !nodeReady(n) {
-		return fieldErr("snapshot", errdefs.ErrUnavailable, "snapshot %s: its node %s is not Ready", rec.snap.ID, rec.node)
-	}
-	return nil
+	return nil, fieldErr("snapshot", errdefs.ErrFailedPrecondition, "snapshot %s: the nodes that held it (%s) are gone, and the snapshot with them", rec.snap.ID, strings.Join(rec.holders(), ", "))
 }
 
 // forkSandbox is POST /v1/sandboxes/{id}/fork ({"count":n}, default 1, at

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"slices"
 	"testing"
@@ -104,10 +105,10 @@ func TestSnapshots(t *testing.T) {
 		t.Fatal(err)
 	}
 	src, _ := e.kube.CoreV1().Pods(ns).Get(t.Context(), sb.ID, metav1.GetOptions{})
-	if pod.Annotations[node.AnnotationSnapshot] != snap.ID || pod.Spec.NodeSelector[hostnameLabel] != "berth-a" ||
+	if pod.Annotations[node.AnnotationSnapshot] != snap.ID || !slices.Equal(podNodes(pod), []string{"berth-a"}) ||
 		pod.Annotations[node.AnnotationNetwork] != src.Annotations[node.AnnotationNetwork] ||
 		pod.Annotations[node.AnnotationEnv] != `{"A":"1","B":"2"}` {
-		t.Errorf("pod from the snapshot: annotations %v, node selector %v", pod.Annotations, pod.Spec.NodeSelector)
+		t.Errorf("pod from the snapshot: annotations %v, nodes %v", pod.Annotations, podNodes(pod))
 	}
 	if m := pod.Spec.Containers[0].Resources.Limits[corev1.ResourceMemory]; m.Value() != 256<<20 {
 		t.Errorf("pod from the snapshot has memory %v, want the source's 256M", m.String())
@@ -163,8 +164,8 @@ func TestSnapshots(t *testing.T) {
 	var fromImp types.Sandbox
 	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"snapshot":"`+imp.ID+`"}`, &fromImp); code != 201 {
 		t.Errorf("create from the import = %d %+v", code, eb)
-	} else if p, _ := e.kube.CoreV1().Pods(ns).Get(t.Context(), fromImp.ID, metav1.GetOptions{}); p.Spec.NodeSelector[hostnameLabel] != "berth-a" {
-		t.Errorf("pod from the import selects %v", p.Spec.NodeSelector)
+	} else if p, _ := e.kube.CoreV1().Pods(ns).Get(t.Context(), fromImp.ID, metav1.GetOptions{}); !slices.Equal(podNodes(p), []string{"berth-a"}) {
+		t.Errorf("pod from the import runs on %v", podNodes(p))
 	}
 
 	// A snapshot whose node is gone went with it: its record goes, and
@@ -314,5 +315,132 @@ func TestSweepForks(t *testing.T) {
 	e.g.sweepForks(ctx, forks.Lister().ConfigMaps(ns), tried, time.Now().Add(2*forkAbandoned))
 	if got := left(); !slices.Equal(got, []string{"snapb"}) {
 		t.Errorf("after a sweep past the abandon time: %v, want snapb", got)
+	}
+}
+
+// podNodes are the nodes a pod's affinity lets it run on (nil: any).
+func podNodes(p *corev1.Pod) []string {
+	if p == nil || p.Spec.Affinity == nil || p.Spec.Affinity.NodeAffinity == nil || p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	var out []string
+	for _, term := range p.Spec.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		for _, e := range term.MatchExpressions {
+			if e.Key == hostnameLabel && e.Operator == corev1.NodeSelectorOpIn {
+				out = append(out, e.Values...)
+			}
+		}
+	}
+	return out
+}
+
+// TestSnapshotCopies: with SnapshotCopies 2 the leader's sweep copies a
+// snapshot held by one Ready node to another under its ID (its export
+// into the other's import) and records the copy; a create from it may
+// run on either; a fork's snapshot is not copied. A holder whose Node is
+// deleted leaves the record, a copy taking the snapshot's node's place.
+func TestSnapshotCopies(t *testing.T) {
+	e := startGateway(t, true)
+	e.g.cfg.SnapshotCopies = 2
+	ctx := t.Context()
+	a, err := e.kube.CoreV1().Nodes().Get(ctx, "berth-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := a.DeepCopy()
+	b.Name, b.ResourceVersion = "berth-b", ""
+	if _, err := e.kube.CoreV1().Nodes().Create(ctx, b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	awaitNode(t, e.g, "berth-b", true)
+	cms := e.kube.CoreV1().ConfigMaps(ns)
+	for _, rec := range []snapshotRecord{
+		{snap: types.Snapshot{ID: "sbcopy", Template: "minimal"}, node: "berth-a", owner: "alice", settings: map[string]string{}},
+		{snap: types.Snapshot{ID: "sbfork", Template: "minimal", Fork: true}, node: "berth-a", owner: "alice", settings: map[string]string{}},
+	} {
+		if _, err := cms.Create(ctx, rec.configMap(ns), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep := func() {
+		t.Helper()
+		list, err := cms.List(ctx, metav1.ListOptions{LabelSelector: LabelSnapshot})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var recs []*corev1.ConfigMap
+		for i := range list.Items {
+			recs = append(recs, &list.Items[i])
+		}
+		s := newSyncWork(e.g.now)
+		e.g.copySnapshots(ctx, s, recs)
+		s.wg.Wait()
+	}
+	record := func(id string) snapshotRecord {
+		t.Helper()
+		cm, err := cms.Get(ctx, snapshotRecordName(id), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := recordOf(cm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cm.Labels[LabelSnapshotNode] != rec.node {
+			t.Errorf("record %s: node label %q, node %q", id, cm.Labels[LabelSnapshotNode], rec.node)
+		}
+		return rec
+	}
+	sweep()
+	if rec := record("sbcopy"); !slices.Equal(rec.holders(), []string{"berth-a", "berth-b"}) {
+		t.Errorf("after a sweep sbcopy is held by %v, want berth-a and its copy on berth-b", rec.holders())
+	}
+	if rec := record("sbfork"); !slices.Equal(rec.holders(), []string{"berth-a"}) {
+		t.Errorf("a fork's snapshot is held by %v, want berth-a only", rec.holders())
+	}
+	sweep() // as many copies as asked for: nothing more to do
+	if rec := record("sbcopy"); len(rec.holders()) != 2 {
+		t.Errorf("after a second sweep sbcopy is held by %v", rec.holders())
+	}
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"snapshot":"sbcopy"}`, &sb); code != 201 {
+		t.Fatalf("create from sbcopy = %d %+v", code, eb)
+	}
+	if p, err := e.kube.CoreV1().Pods(ns).Get(ctx, sb.ID, metav1.GetOptions{}); err != nil || !slices.Equal(podNodes(p), []string{"berth-a", "berth-b"}) {
+		t.Errorf("pod from sbcopy may run on %v (%v), want both holders", podNodes(p), err)
+	}
+
+	// berth-a's Node is deleted: berth-b's copy is the snapshot's node.
+	if err := e.kube.CoreV1().Nodes().Delete(ctx, "berth-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	awaitNode(t, e.g, "berth-a", false)
+	sweep()
+	if rec := record("sbcopy"); !slices.Equal(rec.holders(), []string{"berth-b"}) {
+		t.Errorf("with berth-a gone sbcopy is held by %v, want berth-b", rec.holders())
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"snapshot":"sbfork"}`, nil); code != 409 || eb.Field != "snapshot" {
+		t.Errorf("create from a snapshot whose only node is gone = %d %+v, want 409 on snapshot", code, eb)
+	}
+}
+
+// awaitNode waits until the gateway's node cache has node name (present)
+// or has not.
+func awaitNode(t *testing.T, g *Gateway, name string, present bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	for {
+		g.mu.Lock()
+		moved := g.nodesMoved
+		g.mu.Unlock()
+		if _, err := g.nodes.Get(name); (err == nil) == present {
+			return
+		}
+		select {
+		case <-moved:
+		case <-ctx.Done():
+			t.Fatalf("the gateway's node cache: %s present %v not seen", name, present)
+		}
 	}
 }

@@ -278,26 +278,64 @@ const templateSyncSettle = 10 * time.Second
 // streams a whole template through the gateway.
 const templateSyncConcurrency = 2
 
-// templateSync is the leader's state of the sync, for its term.
-type templateSync struct {
+// syncWork is the leader's background work for its term (the template
+// sync, the snapshot copies): a piece of work per key, at most one in
+// flight, waiting out a failure before it is tried again.
+type syncWork struct {
 	mu sync.Mutex
-	// busy holds "template/node" for each copy or removal in flight;
-	// retry when one that failed may be tried again.
+	// busy holds each key in flight; retry when one may be started
+	// again.
 	busy  map[string]bool
 	retry map[string]time.Time
 	sem   chan struct{}
 	wg    sync.WaitGroup
+	now   func() time.Time
 }
 
-func newTemplateSync() *templateSync {
-	return &templateSync{busy: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, templateSyncConcurrency)}
+func newSyncWork(now func() time.Time) *syncWork {
+	return &syncWork{busy: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, templateSyncConcurrency), now: now}
+}
+
+// start runs fn for key in the background unless work for key is in
+// flight or waiting, at most templateSyncConcurrency of those limited at
+// once. A failure (reported to failed) is tried again after
+// templateSyncRetry; a success is not started again before
+// templateSyncSettle, while the caches catch up with it.
+func (s *syncWork) start(key string, limited bool, fn func() error, failed func(error)) {
+	s.mu.Lock()
+	skip := s.busy[key] || s.now().Before(s.retry[key])
+	if !skip {
+		s.busy[key] = true
+	}
+	s.mu.Unlock()
+	if skip {
+		return
+	}
+	s.wg.Go(func() {
+		if limited {
+			s.sem <- struct{}{}
+		}
+		err := fn()
+		if limited {
+			<-s.sem
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.busy, key)
+		if err != nil {
+			s.retry[key] = s.now().Add(templateSyncRetry)
+			failed(err)
+			return
+		}
+		s.retry[key] = s.now().Add(templateSyncSettle)
+	})
 }
 
 // syncTemplates starts what brings the Ready nodes to the recorded
 // templates (cm, nil when there is none): a copy to each node that lacks
 // a present one, a removal from each that has a deleted one. Work in
 // flight or waiting out a failure is not started again.
-func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1.ConfigMap, now time.Time) {
+func (g *Gateway) syncTemplates(ctx context.Context, s *syncWork, cm *corev1.ConfigMap) {
 	states := templateStates(cm)
 	if len(states) == 0 {
 		return
@@ -327,37 +365,13 @@ func (g *Gateway) syncTemplates(ctx context.Context, s *templateSync, cm *corev1
 			if (has != st.Deleted && !replace) || (!st.Deleted && len(from) == 0) {
 				continue // as recorded, or present nowhere to copy from
 			}
-			key := name + "/" + n.Name
-			s.mu.Lock()
-			skip := s.busy[key] || now.Before(s.retry[key])
-			if !skip {
-				s.busy[key] = true
-			}
-			s.mu.Unlock()
-			if skip {
-				continue
-			}
-			s.wg.Go(func() {
-				var err error
+			s.start(name+"/"+n.Name, !st.Deleted, func() error {
 				if st.Deleted {
-					err = g.syncRemove(ctx, name, n.Name)
-				} else {
-					s.sem <- struct{}{}
-					err = g.syncCopy(ctx, name, from, n.Name, replace)
-					<-s.sem
+					return g.syncRemove(ctx, name, n.Name)
 				}
-				s.mu.Lock()
-				defer s.mu.Unlock()
-				delete(s.busy, key)
-				if err != nil {
-					s.retry[key] = g.now().Add(templateSyncRetry)
-					g.log.Warn("template_sync_failed", "template", name, "node", n.Name, "deleted", st.Deleted, "err", err)
-					return
-				}
-				// The node's annotation catches up at once (its data
-				// plane refreshes it after a change); until it has,
-				// the same work is not started again.
-				s.retry[key] = g.now().Add(templateSyncSettle)
+				return g.syncCopy(ctx, name, from, n.Name, replace)
+			}, func(err error) {
+				g.log.Warn("template_sync_failed", "template", name, "node", n.Name, "deleted", st.Deleted, "err", err)
 			})
 		}
 	}
