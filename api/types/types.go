@@ -323,7 +323,10 @@ type Template struct {
 	Description string    `json:"description,omitempty"`
 	Built       bool      `json:"built"`
 	BuiltAt     time.Time `json:"built_at,omitzero"`
-	SizeBytes   int64     `json:"size_bytes"`
+	// BuildID names this build of it: new at each build, the same on
+	// every copy of one build (an export's import).
+	BuildID   string `json:"build_id,omitempty"`
+	SizeBytes int64  `json:"size_bytes"`
 	// Isolation is the level its sandboxes get when their request names
 	// none (empty: the daemon's default).
 	Isolation string `json:"isolation,omitempty"`

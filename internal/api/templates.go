@@ -19,7 +19,7 @@ import (
 
 func templateToJSON(t template.Template) types.Template {
 	return types.Template{
-		Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: utc(t.BuiltAt), SizeBytes: t.SizeBytes,
+		Name: t.Name, Description: t.Description, Built: t.Built, BuiltAt: utc(t.BuiltAt), BuildID: t.BuildID, SizeBytes: t.SizeBytes,
 		Source: t.Source, Layers: len(t.Layers), SharedLayers: t.SharedLayers,
 		Isolation: t.Isolation,
 		Env:       t.Defaults.Env, Workdir: t.Defaults.Workdir, User: t.Defaults.User, Command: t.Defaults.Command,

@@ -40,6 +40,7 @@ type archiveRecord struct {
 	Name        string        `json:"name"`
 	Description string        `json:"description,omitempty"`
 	BuiltAt     time.Time     `json:"built_at"`
+	BuildID     string        `json:"build_id,omitempty"`
 	SourceHash  string        `json:"source_hash,omitempty"`
 	Isolation   string        `json:"isolation,omitempty"`
 	Image       string        `json:"image,omitempty"`
@@ -64,6 +65,9 @@ func (r archiveRecord) check() error {
 		if len(v) > maxArchiveText || strings.ContainsRune(v, 0) {
 			return bad("%s is over %d bytes or holds a NUL", field, maxArchiveText)
 		}
+	}
+	if r.BuildID != "" && !ValidBuildID(r.BuildID) {
+		return bad("build_id %q: want 32 lowercase hex digits", r.BuildID)
 	}
 	if r.Isolation != "" && !slices.Contains(core.Isolations(), r.Isolation) {
 		return bad("isolation %q: want one of %s or none", r.Isolation, strings.Join(core.Isolations(), ", "))
@@ -114,7 +118,7 @@ func (s *Store) Export(ctx context.Context, name string, w io.Writer) error {
 			name, len(m.Layers), len(m.Shared), snaparchive.MaxLayers, errdefs.ErrFailedPrecondition)
 	}
 	rec, err := json.Marshal(archiveRecord{
-		Name: m.Name, Description: m.Description, BuiltAt: m.BuiltAt, SourceHash: m.SourceHash, Isolation: m.Isolation,
+		Name: m.Name, Description: m.Description, BuiltAt: m.BuiltAt, BuildID: m.BuildID, SourceHash: m.SourceHash, Isolation: m.Isolation,
 		Image: m.Image, ImageRef: m.ImageRef, Dockerfile: m.Dockerfile, Defaults: m.Defaults, Start: m.Start,
 	})
 	if err != nil {
@@ -251,12 +255,16 @@ func (s *Store) importArchive(ctx context.Context, r io.Reader, name string, rep
 	}
 	m := manifest{
 		Version: manifestVersion, Name: name, Description: rec.Description, Shared: ids,
-		BuiltAt: rec.BuiltAt.UTC().Truncate(time.Second), SizeBytes: size, SourceHash: rec.SourceHash,
+		BuiltAt: rec.BuiltAt.UTC().Truncate(time.Second), BuildID: rec.BuildID, SizeBytes: size, SourceHash: rec.SourceHash,
 		UIDBase: s.cfg.UIDBase, Isolation: rec.Isolation, Image: rec.Image, ImageRef: rec.ImageRef,
 		Defaults: rec.Defaults, Start: rec.Start, Dockerfile: rec.Dockerfile,
 	}
 	if m.BuiltAt.IsZero() {
 		m.BuiltAt = time.Now().UTC().Truncate(time.Second)
+	}
+	if m.BuildID == "" {
+		// An archive from before build IDs: a build of its own here.
+		m.BuildID = NewBuildID()
 	}
 	if !existed {
 		if err := os.Mkdir(s.dir(name), 0o755); err != nil {

@@ -58,8 +58,12 @@ func TestExportImport(t *testing.T) {
 	}
 	if !got.Built || got.Name != "one" || got.Source != one.Source || got.Isolation != "gvisor" || len(got.Layers) != 2 ||
 		got.Defaults.User != "app" || got.Defaults.Ready == nil || got.Defaults.Ready.File != "/srv/x" || len(got.Defaults.Start) != 1 ||
-		!got.BuiltAt.Equal(one.BuiltAt) || got.SizeBytes != one.SizeBytes {
+		!got.BuiltAt.Equal(one.BuiltAt) || got.SizeBytes != one.SizeBytes || !ValidBuildID(one.BuildID) || got.BuildID != one.BuildID {
 		t.Errorf("imported = %+v\nsource   = %+v", got, one)
+	}
+	// A build of its own is another build.
+	if rebuilt, err := src.BuildImage(ctx, "one", "one", StartOptions{FromImage: true, Ready: ready}, nil); err != nil || rebuilt.BuildID == one.BuildID || !ValidBuildID(rebuilt.BuildID) {
+		t.Errorf("rebuild of one: build ID %q (%v), the first's %q", rebuilt.BuildID, err, one.BuildID)
 	}
 	notes := lstat(t, filepath.Join(got.Layers[0], "home/app/notes"))
 	if notes.Uid != otherBase+1001 || notes.Gid != otherBase+1001 || notes.Mode&0o7777 != 0o600 {

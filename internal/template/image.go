@@ -244,6 +244,7 @@ func (s *Store) BuildImage(ctx context.Context, name, ref string, opts StartOpti
 		Description: "from image " + img.Name,
 		Shared:      chains,
 		BuiltAt:     time.Now().UTC().Truncate(time.Second),
+		BuildID:     NewBuildID(),
 		SizeBytes:   size,
 		SourceHash:  img.Digest,
 		UIDBase:     s.cfg.UIDBase,

@@ -20,6 +20,26 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
+// NewBuildID is a new build's ID: 16 random bytes, in hex.
+func NewBuildID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ValidBuildID reports whether id is a build ID as NewBuildID makes them.
+func ValidBuildID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	for _, c := range id {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // manifestVersion is bumped when the manifest's meaning changes.
 const manifestVersion = 1
 
@@ -31,9 +51,12 @@ type manifest struct {
 	Description string    `json:"description,omitempty"`
 	Layers      []string  `json:"layers"` // layer ids under layers/, lowest first
 	BuiltAt     time.Time `json:"built_at"`
-	SizeBytes   int64     `json:"size_bytes"`
-	SourceHash  string    `json:"source_hash"`
-	UIDBase     uint32    `json:"uid_base"`
+	// BuildID names this build of the template: new at each build, kept
+	// by an export and its import (so copies of one build share it).
+	BuildID    string `json:"build_id,omitempty"`
+	SizeBytes  int64  `json:"size_bytes"`
+	SourceHash string `json:"source_hash"`
+	UIDBase    uint32 `json:"uid_base"`
 	// Isolation is the level sandboxes of the template run at when their
 	// request names none ("" = the daemon's default). It is the
 	// operator's setting (SetIsolation) and survives rebuilds.
@@ -175,6 +198,7 @@ func (s *Store) inspect(name string) (Template, error) {
 	t.Isolation = m.Isolation
 	t.Defaults = m.Defaults
 	t.BuiltAt = m.BuiltAt
+	t.BuildID = m.BuildID
 	t.SizeBytes = m.SizeBytes
 	t.Layers = layers
 	return t, nil
@@ -243,6 +267,7 @@ func (s *Store) buildLocked(ctx context.Context, name string, log io.Writer) (Te
 		Description: r.description,
 		Layers:      []string{id},
 		BuiltAt:     time.Now().UTC().Truncate(time.Second),
+		BuildID:     NewBuildID(),
 		SizeBytes:   size,
 		SourceHash:  hash,
 		UIDBase:     s.cfg.UIDBase,

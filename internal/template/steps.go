@@ -257,7 +257,7 @@ func (s *Store) PutBuilt(ctx context.Context, r BuildRecord) (Template, error) {
 	}
 	m := manifest{
 		Version: manifestVersion, Name: r.Name, Description: r.Description, Shared: r.Layers,
-		BuiltAt: time.Now().UTC().Truncate(time.Second), SizeBytes: size, SourceHash: r.Source,
+		BuiltAt: time.Now().UTC().Truncate(time.Second), BuildID: NewBuildID(), SizeBytes: size, SourceHash: r.Source,
 		UIDBase: s.cfg.UIDBase, Dockerfile: r.Source, Defaults: r.Defaults,
 	}
 	if old, err := readManifest(s.manifestPath(r.Name)); err == nil {

@@ -79,7 +79,9 @@ type Template struct {
 	Description string
 	Built       bool
 	BuiltAt     time.Time
-	SizeBytes   int64
+	// BuildID names the build (see manifest.BuildID).
+	BuildID   string
+	SizeBytes int64
 	// Isolation is the isolation level sandboxes of this template get
 	// when their request names none ("" = the daemon's default).
 	Isolation string

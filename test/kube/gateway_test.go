@@ -946,7 +946,7 @@ func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hel
 		return ok
 	})
 	got, _ := hasTemplate(b, name)
-	if got.Source != want.Source || got.SizeBytes != want.SizeBytes || !got.BuiltAt.Equal(want.BuiltAt) || got.Layers != want.Layers {
+	if got.Source != want.Source || got.SizeBytes != want.SizeBytes || !got.BuiltAt.Equal(want.BuiltAt) || got.Layers != want.Layers || got.BuildID == "" || got.BuildID != want.BuildID {
 		t.Errorf("copied template = %+v\nsource's        = %+v", got, want)
 	}
 	if out := helloIn(b, name); out != hello {
@@ -973,7 +973,7 @@ func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hel
 		t.Fatalf("rebuild through the gateway: %v\n%s", err, rebuildLog.String())
 	}
 	rebuilt, ok := hasTemplate(a, name)
-	if !ok || !rebuilt.BuiltAt.After(want.BuiltAt) {
+	if !ok || !rebuilt.BuiltAt.After(want.BuiltAt) || rebuilt.BuildID == want.BuildID {
 		t.Fatalf("berth-a after the rebuild: %+v (%v), want a build after %s", rebuilt, ok, want.BuiltAt)
 	}
 	if _, err := b.Local.ImportTemplate(ctx, bytes.NewReader(old.Bytes()), name); errdefs.Code(err) != errdefs.CodeAlreadyExists {
@@ -984,7 +984,7 @@ func syncedTemplates(t *testing.T, c *cluster, gw, ops *client.Client, name, hel
 	}
 	harness.WaitFor(t, 3*time.Minute, "the leader to bring berth-b to the rebuild of "+name, func() bool {
 		got, ok := hasTemplate(b, name)
-		return ok && got.BuiltAt.Equal(rebuilt.BuiltAt)
+		return ok && got.BuildID == rebuilt.BuildID
 	})
 	if out := helloIn(b, name); out != hello {
 		t.Errorf("/hello.txt on berth-b after the sync = %q, want the rebuild's %q", out, hello)

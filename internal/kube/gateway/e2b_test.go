@@ -699,35 +699,67 @@ func TestE2BTemplateBuild(t *testing.T) {
 		}
 		return st.Status
 	}
-	if st := status(); st != "building" {
-		t.Errorf("status while berth-a lacks app = %q, want building", st)
+	// A second Ready node, which lacks app.
+	a, err := e.kube.CoreV1().Nodes().Get(t.Context(), "berth-a", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := a.DeepCopy()
+	b.Name, b.ResourceVersion, b.Annotations = "berth-b", "", map[string]string{node.AnnotationTemplates: "minimal"}
+	if _, err := e.kube.CoreV1().Nodes().Create(t.Context(), b, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	awaitNode(t, e.g, "berth-b", true)
+	annotate := func(name, templates, ids string) {
+		t.Helper()
+		n, err := e.kube.CoreV1().Nodes().Get(t.Context(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.Annotations[node.AnnotationTemplates], n.Annotations[node.AnnotationTemplateBuildIDs] = templates, ids
+		if _, err := e.kube.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		awaitNodeWith(t, e.g, name, true, func(n *corev1.Node) bool {
+			return n.Annotations[node.AnnotationTemplates] == templates && n.Annotations[node.AnnotationTemplateBuildIDs] == ids
+		})
 	}
 	cms := e.kube.CoreV1().ConfigMaps(ns)
+	// Ready on its node, whose annotation does not list it yet: building,
+	// nothing recorded.
+	if st := status(); st != "building" {
+		t.Errorf("status while berth-a does not list app = %q, want building", st)
+	}
+	if _, err := cms.Get(t.Context(), TemplatesConfigMap, metav1.GetOptions{}); err == nil {
+		t.Errorf("app recorded before its node listed it")
+	}
+	// Listed on berth-a: recorded as the cluster's, as berth-a's build,
+	// with its tags; building while berth-b lacks it, or has another
+	// build of it.
+	buildA, buildOld := strings.Repeat("a1", 16), strings.Repeat("0f", 16)
+	annotate("berth-a", "minimal,app", "app="+buildA)
+	if st := status(); st != "building" {
+		t.Errorf("status while berth-b lacks app = %q, want building", st)
+	}
 	cm, err := cms.Get(t.Context(), TemplatesConfigMap, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := templateStates(cm)["app"]
-	if rec.Deleted || rec.Built.IsZero() || !rec.Built.Before(time.Now().Add(-50*time.Minute)) {
-		t.Errorf("app's record = %+v, want built when the build was asked for", rec)
+	if rec.Deleted || rec.Built.IsZero() || !rec.Built.Before(time.Now().Add(-50*time.Minute)) || !slices.Equal(rec.BuildIDs, []string{buildA}) {
+		t.Errorf("app's record = %+v, want built when the build was asked for, as berth-a's build", rec)
 	}
 	tags, err := e.g.e2bTags(t.Context(), "app")
 	if err != nil || len(tags) != 2 || tags["default"].Template != "app" || tags["v1"].BuildID != "b1" {
 		t.Errorf("app's tags = %v (%v)", tags, err)
 	}
-	n, err := e.kube.CoreV1().Nodes().Get(t.Context(), "berth-a", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
+	annotate("berth-b", "minimal,app", "app="+buildOld)
+	if st := status(); st != "building" {
+		t.Errorf("status while berth-b has an older build of app = %q, want building", st)
 	}
-	n.Annotations[node.AnnotationTemplates] += ",app"
-	if _, err := e.kube.CoreV1().Nodes().Update(t.Context(), n, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.g.awaitNodeTemplates(t.Context(), "app", []string{"berth-a"}, true); err != nil {
-		t.Fatal(err)
-	}
+	annotate("berth-b", "minimal,app", "app="+buildA)
 	if st := status(); st != "ready" {
-		t.Errorf("status once every node has app = %q, want ready", st)
+		t.Errorf("status once every node has app's build = %q, want ready", st)
 	}
 
 	// Tags: fromTemplate, exists, list, remove, create.

@@ -353,7 +353,7 @@ func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.
 			e2bwire.WriteErr(w, fmt.Errorf("node %s: build status names no template: %w", t.node, errdefs.ErrUnavailable))
 			return
 		}
-		everywhere, err := g.e2bBuilt(r.Context(), name, build, st.Template, st.Tags, st.Requested)
+		everywhere, err := g.e2bBuilt(r.Context(), t.node, name, build, st.Template, st.Tags, st.Requested)
 		if err != nil {
 			e2bwire.WriteErr(w, err)
 			return
@@ -365,12 +365,23 @@ func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.
 	e2bwire.WriteJSON(w, http.StatusOK, body)
 }
 
-// e2bBuilt makes a finished build the cluster's: its template recorded
-// (built when the build was asked for, so a node's older build of it is
-// replaced) and its tags pointed at it. It reports whether every Ready
-// node has the template as that build made it.
-func (g *Gateway) e2bBuilt(ctx context.Context, name, build, target string, tags []string, requested time.Time) (bool, error) {
+// e2bBuilt makes a finished build, on node builder, the cluster's: its
+// template recorded (as the build its node reports, and built when the
+// build was asked for, so a node's other build of it is replaced) and its
+// tags pointed at it. It reports whether every Ready node has the
+// template as that build made it.
+func (g *Gateway) e2bBuilt(ctx context.Context, builder, name, build, target string, tags []string, requested time.Time) (bool, error) {
 	built := requested.UTC().Truncate(time.Second)
+	n, err := g.nodes.Get(builder)
+	if err != nil || !nodeHasTemplate(n, target) {
+		// Its node's annotation has not caught up yet (the poll asked
+		// it to): the next poll records it.
+		return false, nil
+	}
+	var ids []string
+	if id, ok := node.TemplateBuildID(n, target); ok {
+		ids = []string{id}
+	}
 	cm, err := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace).Get(ctx, TemplatesConfigMap, metav1.GetOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return false, fmt.Errorf("read %s: %v: %w", TemplatesConfigMap, err, errdefs.ErrUnavailable)
@@ -379,8 +390,8 @@ func (g *Gateway) e2bBuilt(ctx context.Context, name, build, target string, tags
 		cm = nil
 	}
 	st, ok := templateStates(cm)[target]
-	if !ok || st.Deleted || st.Built.Before(built) {
-		st = templateState{How: "e2b build " + build, Built: built}
+	if !ok || st.Deleted || st.Built.Before(built) || !slices.Equal(st.BuildIDs, ids) {
+		st = templateState{How: "e2b build " + build, Built: built, BuildIDs: ids}
 		g.recordTemplate(ctx, target, st)
 	}
 	err = g.updateE2BTags(ctx, name, func(entries map[string]e2bwire.TagEntry) bool {
@@ -612,6 +623,7 @@ func (g *Gateway) copyTemplateOnNodes(ctx context.Context, src, dst string) erro
 		mu    sync.Mutex
 		errs  []string
 		done  []string
+		ids   []string
 		built time.Time
 		wg    sync.WaitGroup
 	)
@@ -621,6 +633,10 @@ func (g *Gateway) copyTemplateOnNodes(ctx context.Context, src, dst string) erro
 		}
 		if at, ok := node.TemplateBuiltAt(n, src); ok && (built.IsZero() || at.Before(built)) {
 			built = at
+		}
+		// Each copy keeps its source's build.
+		if id, ok := node.TemplateBuildID(n, src); ok && !slices.Contains(ids, id) {
+			ids = append(ids, id)
 		}
 		wg.Go(func() {
 			err := g.copyTemplateOn(ctx, n.Name, src, dst)
@@ -638,7 +654,8 @@ func (g *Gateway) copyTemplateOnNodes(ctx context.Context, src, dst string) erro
 		return fmt.Errorf("template %s: no Ready Berth node has it: %w", src, errdefs.ErrNotFound)
 	}
 	if len(done) > 0 {
-		g.recordTemplate(ctx, dst, templateState{How: "e2b tag of " + src, Built: built})
+		slices.Sort(ids)
+		g.recordTemplate(ctx, dst, templateState{How: "e2b tag of " + src, Built: built, BuildIDs: ids})
 		// A create right after finds it.
 		if err := g.awaitNodeTemplates(ctx, dst, done, true); err != nil {
 			errs = append(errs, err.Error())

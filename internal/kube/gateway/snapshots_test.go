@@ -428,13 +428,21 @@ func TestSnapshotCopies(t *testing.T) {
 // or has not.
 func awaitNode(t *testing.T, g *Gateway, name string, present bool) {
 	t.Helper()
+	awaitNodeWith(t, g, name, present, func(*corev1.Node) bool { return true })
+}
+
+// awaitNodeWith waits until the gateway's node cache has node name with
+// cond holding (present), or has not it (!present).
+func awaitNodeWith(t *testing.T, g *Gateway, name string, present bool, cond func(*corev1.Node) bool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	for {
 		g.mu.Lock()
 		moved := g.nodesMoved
 		g.mu.Unlock()
-		if _, err := g.nodes.Get(name); (err == nil) == present {
+		n, err := g.nodes.Get(name)
+		if (err == nil && cond(n)) == present {
 			return
 		}
 		select {

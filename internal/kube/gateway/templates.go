@@ -339,7 +339,14 @@ func (g *Gateway) buildOnNodes(w http.ResponseWriter, r *http.Request, name, pat
 	}
 	wg.Wait()
 	if how != "" && slices.ContainsFunc(builds, func(b *nodeOutcome) bool { return b.err == nil }) {
-		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{How: how, Built: began})
+		var ids []string
+		for _, b := range builds {
+			if b.err == nil && b.built != nil && b.built.BuildID != "" {
+				ids = append(ids, b.built.BuildID)
+			}
+		}
+		slices.Sort(ids)
+		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{How: how, Built: began, BuildIDs: ids})
 	}
 	for _, b := range builds {
 		if b.err != nil {

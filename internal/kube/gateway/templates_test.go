@@ -4,9 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-sandbox/berth/api/types"
@@ -258,5 +261,44 @@ func TestRegistries(t *testing.T) {
 	keyed := startGateway(t, true)
 	if code, eb := keyed.call(t, "GET", "/v1/registries", keyAlice, "", nil); code != 403 {
 		t.Errorf("list by a plain key = %d %+v, want permission_denied", code, eb)
+	}
+}
+
+// TestTemplateStale: a node's build of a recorded template is stale when
+// it is none of the record's builds; where the node or the record names
+// no build, when it is older than the record's build start; a node that
+// says neither is current.
+func TestTemplateStale(t *testing.T) {
+	at := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	cur, old := strings.Repeat("c", 32), strings.Repeat("0", 32)
+	nodeWith := func(builtAt time.Time, id string) *corev1.Node {
+		ann := map[string]string{}
+		if !builtAt.IsZero() {
+			ann[node.AnnotationTemplateBuilds] = "py=" + strconv.FormatInt(builtAt.Unix(), 10)
+		}
+		if id != "" {
+			ann[node.AnnotationTemplateBuildIDs] = "other=" + old + ",py=" + id
+		}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: ann}}
+	}
+	byID := templateState{Built: at, BuildIDs: []string{cur, strings.Repeat("d", 32)}}
+	byTime := templateState{Built: at}
+	for _, c := range []struct {
+		what  string
+		st    templateState
+		n     *corev1.Node
+		stale bool
+	}{
+		{"the recorded build, built before the record says (clocks apart)", byID, nodeWith(at.Add(-time.Hour), cur), false},
+		{"another build, built after the record says (clocks apart)", byID, nodeWith(at.Add(time.Hour), old), true},
+		{"no build named: by the clock, older", byID, nodeWith(at.Add(-time.Second), ""), true},
+		{"no build named: by the clock, not older", byID, nodeWith(at, ""), false},
+		{"a record naming no build: by the clock", byTime, nodeWith(at.Add(-time.Second), cur), true},
+		{"a node that says nothing", byID, nodeWith(time.Time{}, ""), false},
+		{"a record with neither", templateState{}, nodeWith(at.Add(-time.Hour), old), false},
+	} {
+		if got := c.st.stale(c.n, "py"); got != c.stale {
+			t.Errorf("%s: stale = %v, want %v", c.what, got, c.stale)
+		}
 	}
 }

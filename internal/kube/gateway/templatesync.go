@@ -60,12 +60,21 @@ type templateState struct {
 	// Built is when the last build of it through the gateway began: a
 	// node's build from before then is an older one.
 	Built time.Time `json:"built,omitzero"`
+	// BuildIDs are the builds of it the cluster counts as current (each
+	// node's of a build on every node; one build's, copied): a node that
+	// has another build has an older one. Where they are known they
+	// decide, not the clocks.
+	BuildIDs []string `json:"build_ids,omitempty"`
 }
 
 // stale reports whether node n's build of template name is older than
-// the recorded build st (a node that does not say when it built counts
-// as current).
+// the recorded build st: not one of its BuildIDs, or (a node or a
+// record that names no build) from before Built. A node that says
+// neither counts as current.
 func (st templateState) stale(n *corev1.Node, name string) bool {
+	if id, ok := node.TemplateBuildID(n, name); ok && len(st.BuildIDs) > 0 {
+		return !slices.Contains(st.BuildIDs, id)
+	}
 	if st.Built.IsZero() {
 		return false
 	}
@@ -123,6 +132,19 @@ func (g *Gateway) updateConfigMap(ctx context.Context, name string, change func(
 		_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
 		return err
 	})
+}
+
+// buildIDs are the build IDs of the templates got[i] of the nodes whose
+// outcome res[i] is a success.
+func buildIDs(got []apitypes.Template, res []*nodeOutcome) []string {
+	var ids []string
+	for i, o := range res {
+		if o.err == nil && got[i].BuildID != "" {
+			ids = append(ids, got[i].BuildID)
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 // templateStates reads TemplatesConfigMap's entries (none when it does
@@ -254,7 +276,7 @@ func (g *Gateway) importTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		return
 	}
 	merged := mergeTemplates(answers).Templates[0]
-	g.recordTemplate(ctx, merged.Name, templateState{How: "import"})
+	g.recordTemplate(ctx, merged.Name, templateState{How: "import", BuildIDs: buildIDs(got, res)})
 	g.log.Info("template_imported", "template", merged.Name, "nodes", merged.Nodes)
 	if err := g.awaitNodeTemplates(ctx, merged.Name, merged.Nodes, true); err != nil {
 		g.log.Warn("template_imported_unreported", "template", merged.Name, "err", err)

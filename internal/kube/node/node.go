@@ -316,17 +316,24 @@ const AnnotationTemplates = "berth.dev/templates"
 // missed a rebuild by it (an older build than the cluster's).
 const AnnotationTemplateBuilds = "berth.dev/template-builds"
 
+// AnnotationTemplateBuildIDs is the node's annotation naming the build of
+// each built template of its daemon: `name=<build ID>`, sorted by name
+// and comma-separated. Copies of one build (an export's imports) share
+// it, so the gateway's leader tells a node that missed a rebuild by it,
+// with no clocks compared.
+const AnnotationTemplateBuildIDs = "berth.dev/template-build-ids"
+
 // daemonTemplates is what the node reports of its daemon's templates.
 type daemonTemplates struct {
 	// names and builds are the AnnotationTemplates and
 	// AnnotationTemplateBuilds values; warm how many sandboxes the warm
 	// pools are to hold.
-	names, builds string
-	warm          int64
+	names, builds, ids string
+	warm               int64
 }
 
 func (t daemonTemplates) annotations() map[string]string {
-	return map[string]string{AnnotationTemplates: t.names, AnnotationTemplateBuilds: t.builds}
+	return map[string]string{AnnotationTemplates: t.names, AnnotationTemplateBuilds: t.builds, AnnotationTemplateBuildIDs: t.ids}
 }
 
 // templates reads the daemon's templates.
@@ -337,11 +344,14 @@ func (s *nodeStatus) templates(ctx context.Context) (daemonTemplates, error) {
 	}
 	var out daemonTemplates
 	names := make([]string, 0, len(tpls))
-	var builds []string
+	var builds, ids []string
 	for _, t := range tpls {
 		names = append(names, t.Name)
 		if t.Built && !t.BuiltAt.IsZero() {
 			builds = append(builds, t.Name+"="+strconv.FormatInt(t.BuiltAt.Unix(), 10))
+		}
+		if t.Built && t.BuildID != "" {
+			ids = append(ids, t.Name+"="+t.BuildID)
 		}
 		for _, p := range []*client.WarmPool{t.Warm, t.WarmSudo} {
 			if p != nil {
@@ -353,6 +363,8 @@ func (s *nodeStatus) templates(ctx context.Context) (daemonTemplates, error) {
 	slices.Sort(builds)
 	out.names = strings.Join(slices.Compact(names), ",")
 	out.builds = strings.Join(slices.Compact(builds), ",")
+	slices.Sort(ids)
+	out.ids = strings.Join(slices.Compact(ids), ",")
 	return out, nil
 }
 
@@ -371,6 +383,18 @@ func TemplateBuiltAt(n *corev1.Node, name string) (at time.Time, ok bool) {
 		return time.Unix(secs, 0).UTC(), true
 	}
 	return time.Time{}, false
+}
+
+// TemplateBuildID reads which build of template name node n's daemon
+// has, from its AnnotationTemplateBuildIDs; ok is false when it does not
+// say.
+func TemplateBuildID(n *corev1.Node, name string) (id string, ok bool) {
+	for _, e := range strings.Split(n.Annotations[AnnotationTemplateBuildIDs], ",") {
+		if k, v, found := strings.Cut(e, "="); found && k == name && v != "" {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // withWarm is alloc with the pods the daemon's warm pools hold taken

@@ -196,3 +196,43 @@ func TestNodeAllocatable(t *testing.T) {
 		}
 	})
 }
+
+// templatesDaemon is a healthy daemon with templates.
+type templatesDaemon struct {
+	healthyDaemon
+	tpls []client.Template
+}
+
+func (d templatesDaemon) Templates(context.Context) ([]client.Template, error) { return d.tpls, nil }
+
+// TestNodeTemplateAnnotations: the node reports its daemon's templates,
+// when each built one was built and which build it has; the gateway reads
+// them back.
+func TestNodeTemplateAnnotations(t *testing.T) {
+	at := time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
+	d := templatesDaemon{tpls: []client.Template{
+		{Name: "py", Built: true, BuiltAt: at, BuildID: "0123456789abcdef0123456789abcdef"},
+		{Name: "base"},
+		{Name: "old", Built: true, BuiltAt: at.Add(-time.Hour)},
+	}}
+	s := &nodeStatus{sb: d}
+	got, err := s.templates(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Annotations: got.annotations()}}
+	if n.Annotations[AnnotationTemplates] != "base,old,py" {
+		t.Errorf("templates annotation %q", n.Annotations[AnnotationTemplates])
+	}
+	if id, ok := TemplateBuildID(n, "py"); !ok || id != "0123456789abcdef0123456789abcdef" {
+		t.Errorf("py's build = %q, %v", id, ok)
+	}
+	for _, name := range []string{"old", "base", "nope"} {
+		if id, ok := TemplateBuildID(n, name); ok {
+			t.Errorf("%s's build = %q, want none said", name, id)
+		}
+	}
+	if when, ok := TemplateBuiltAt(n, "old"); !ok || !when.Equal(at.Add(-time.Hour)) {
+		t.Errorf("old built at %v, %v", when, ok)
+	}
+}
