@@ -76,7 +76,7 @@ func main() {
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
 	snapshotIso := flag.String("snapshot-isolation", "runc", "isolation level of the snapshotted sandbox (gvisor: memory snapshots where runsc can; the sandbox also holds -snapshot-mib MiB in memory)")
 	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
-	only := flag.String("rows", "tti,exec,warm,burst,e2b", "which of the latency rows to measure")
+	only := flag.String("rows", "tti,exec,warm,burst,tunnel,e2b", "which of the latency rows to measure")
 	pprofDir := flag.String("pprof", "", "write the daemon's CPU profile (and, with BERTH_PROFILE_CONTENTION=1, mutex and block profiles) during the burst here")
 	flag.Parse()
 	rowSet = map[string]bool{}
@@ -204,6 +204,13 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{fmt.Sprintf("burst: %d concurrent creates, minimal (%.1f creates/s)", burst, rate), lat},
 			row{fmt.Sprintf("floor: %d concurrent raw `runc run`s of its rootfs (%.1f runs/s)", burst, rawRate), raw})
 	}
+	if rowSet["tunnel"] {
+		rs, err := measureTunnels(ctx, d, execN)
+		if err != nil {
+			return err
+		}
+		rows = append(rows, rs...)
+	}
 	if e2b && rowSet["e2b"] {
 		rs, err := measureE2B(ctx, d, n)
 		if err != nil {
@@ -250,8 +257,12 @@ func startDaemon(tb *runner, args ...string) (*harness.Daemon, func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	built = bin
 	return harness.StartDaemon(tb, bin, args...), cleanup, nil
 }
+
+// built is what startDaemon built (the tunnel rows' echo server too).
+var built harness.Binaries
 
 func measureTTI(ctx context.Context, d *harness.Daemon, tpl string, n int, iso string) ([]time.Duration, error) {
 	var out []time.Duration
@@ -401,6 +412,10 @@ func measureFork(n int) ([]time.Duration, error) {
 func pct(s []time.Duration, p int) time.Duration { return harness.Quantile(s, p) }
 
 func fmtDur(d time.Duration) string {
+	if d < time.Millisecond {
+		// Round trips on the host: a tenth of a millisecond says too little.
+		return fmt.Sprintf("%d µs", d.Microseconds())
+	}
 	return fmt.Sprintf("%.1f ms", float64(d.Microseconds())/1000)
 }
 
