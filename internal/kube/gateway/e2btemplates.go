@@ -671,16 +671,9 @@ func (g *Gateway) copyTemplateOnNodes(ctx context.Context, src, dst string) erro
 
 // copyTemplateOn makes template dst a copy of src on node on.
 func (g *Gateway) copyTemplateOn(ctx context.Context, on, src, dst string) error {
-	t, err := g.nodeAt(on)
-	if err != nil {
-		return err
-	}
-	resp, err := g.nodeOpen(ctx, t, http.MethodGet, "/v1/templates/"+src+"/export", nil)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	return g.nodeCall(ctx, t, http.MethodPost, "/v1/templates/import?"+url.Values{"name": {dst}, "replace": {"true"}}.Encode(), resp.Body, nil)
+	_, err := g.streamCopy(ctx, []string{on}, "/v1/templates/"+src+"/export", on,
+		"/v1/templates/import?"+url.Values{"name": {dst}, "replace": {"true"}}.Encode(), nil)
+	return err
 }
 
 // e2bRemoveTags is DELETE /templates/tags {name, tags}. The templates stay.

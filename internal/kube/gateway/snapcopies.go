@@ -103,36 +103,13 @@ func (g *Gateway) copySnapshots(ctx context.Context, s *syncWork, cms []*corev1.
 // deleted meanwhile is deleted again.
 func (g *Gateway) copySnapshot(ctx context.Context, rec snapshotRecord, from []string, to string) error {
 	id := rec.snap.ID
-	dst, err := g.nodeAt(to)
-	if err != nil {
+	var snap apitypes.Snapshot
+	f, err := g.streamCopy(ctx, from, "/v1/snapshots/"+id+"/export", to, "/v1/snapshots/import?"+url.Values{"id": {id}}.Encode(), &snap)
+	// Already there: an earlier copy whose record failed.
+	if err != nil && errdefs.Code(err) != errdefs.CodeAlreadyExists {
 		return err
 	}
-	var errs []error
-	copied := false
-	for _, f := range from {
-		src, err := g.nodeAt(f)
-		var resp *http.Response
-		if err == nil {
-			resp, err = g.nodeOpen(ctx, src, http.MethodGet, "/v1/snapshots/"+id+"/export", nil)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("export from %s: %w", f, err))
-			continue
-		}
-		var snap apitypes.Snapshot
-		err = g.nodeCall(ctx, dst, http.MethodPost, "/v1/snapshots/import?"+url.Values{"id": {id}}.Encode(), resp.Body, &snap)
-		resp.Body.Close()
-		// Already there: an earlier copy whose record failed.
-		if err != nil && errdefs.Code(err) != errdefs.CodeAlreadyExists {
-			return fmt.Errorf("import on %s from %s: %w", to, f, err)
-		}
-		g.log.Info("snapshot_copied", "snapshot_id", id, "from", f, "to", to, "size_bytes", snap.SizeBytes)
-		copied = true
-		break
-	}
-	if !copied {
-		return fmt.Errorf("no node exported it: %w", errors.Join(errs...))
-	}
+	g.log.Info("snapshot_copied", "snapshot_id", id, "from", f, "to", to, "size_bytes", snap.SizeBytes)
 	err = g.updateSnapshotRecord(ctx, id, func(rec *snapshotRecord) bool {
 		if slices.Contains(rec.holders(), to) {
 			return false
@@ -142,7 +119,11 @@ func (g *Gateway) copySnapshot(ctx context.Context, rec snapshotRecord, from []s
 	})
 	if apierrors.IsNotFound(err) {
 		// Deleted while it was copied: so is the copy.
-		if derr := g.nodeCall(ctx, dst, http.MethodDelete, "/v1/snapshots/"+id, nil, nil); derr != nil && !errors.Is(derr, errdefs.ErrNotFound) {
+		dst, derr := g.nodeAt(to)
+		if derr == nil {
+			derr = g.nodeCall(ctx, dst, http.MethodDelete, "/v1/snapshots/"+id, nil, nil)
+		}
+		if derr != nil && !errors.Is(derr, errdefs.ErrNotFound) {
 			return fmt.Errorf("remove the copy of deleted snapshot %s on %s: %w", id, to, derr)
 		}
 		return nil

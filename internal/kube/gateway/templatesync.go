@@ -404,38 +404,51 @@ func (g *Gateway) syncTemplates(ctx context.Context, s *syncWork, cm *corev1.Con
 // to's own (older) build when replace is set. A node that has it by now
 // (the annotation was behind) counts as done.
 func (g *Gateway) syncCopy(ctx context.Context, name string, from []string, to string, replace bool) error {
+	var t apitypes.Template
+	path := "/v1/templates/import"
+	if replace {
+		path += "?replace=true"
+	}
+	f, err := g.streamCopy(ctx, from, "/v1/templates/"+name+"/export", to, path, &t)
+	switch {
+	case errdefs.Code(err) == errdefs.CodeAlreadyExists:
+		return nil
+	case err != nil:
+		return err
+	}
+	g.log.Info("template_synced", "template", name, "from", f, "to", to, "replaced", replace, "size_bytes", t.SizeBytes)
+	return nil
+}
+
+// streamCopy streams the export at exportPath of the first of nodes from
+// that gives it into the import at importPath on node to, decoding the
+// import's answer into out, and returns the node it copied from. An
+// export refused hands over to the next node; an import refused is the
+// error (with its class).
+func (g *Gateway) streamCopy(ctx context.Context, from []string, exportPath, to, importPath string, out any) (string, error) {
 	dst, err := g.nodeAt(to)
 	if err != nil {
-		return err
+		return "", err
 	}
 	var errs []string
 	for _, f := range from {
 		src, err := g.nodeAt(f)
 		var resp *http.Response
 		if err == nil {
-			resp, err = g.nodeOpen(ctx, src, http.MethodGet, "/v1/templates/"+name+"/export", nil)
+			resp, err = g.nodeOpen(ctx, src, http.MethodGet, exportPath, nil)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("export from %s: %v", f, err))
 			continue
 		}
-		var t apitypes.Template
-		path := "/v1/templates/import"
-		if replace {
-			path += "?replace=true"
-		}
-		err = g.nodeCall(ctx, dst, http.MethodPost, path, resp.Body, &t)
+		err = g.nodeCall(ctx, dst, http.MethodPost, importPath, resp.Body, out)
 		resp.Body.Close()
-		switch {
-		case errdefs.Code(err) == errdefs.CodeAlreadyExists:
-			return nil
-		case err != nil:
-			return fmt.Errorf("import on %s from %s: %w", to, f, err)
+		if err != nil {
+			return f, fmt.Errorf("import on %s from %s: %w", to, f, err)
 		}
-		g.log.Info("template_synced", "template", name, "from", f, "to", to, "replaced", replace, "size_bytes", t.SizeBytes)
-		return nil
+		return f, nil
 	}
-	return fmt.Errorf("no node exported it: %s: %w", strings.Join(errs, "; "), errdefs.ErrUnavailable)
+	return "", fmt.Errorf("no node exported it: %s: %w", strings.Join(errs, "; "), errdefs.ErrUnavailable)
 }
 
 // syncRemove removes template name, recorded as deleted, from node on;
