@@ -32,7 +32,11 @@ type Snapshot struct {
 	// its template's layers).
 	SizeBytes int64 `json:"size_bytes"`
 	// Fork marks a snapshot a fork made; it goes with its last copy.
-	Fork      bool      `json:"fork,omitempty"`
+	Fork bool `json:"fork,omitempty"`
+	// Nodes, on a Kubernetes gateway, are the Berth nodes that hold it,
+	// the one it was taken on first (its copies' after: the gateway's
+	// --snapshot-copies).
+	Nodes     []string  `json:"nodes,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 }
 

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -72,14 +74,24 @@ func newSnapshotLsCmd(a *app) *cobra.Command {
 				return printJSON(a.out, list)
 			}
 			tw := tabwriter.NewWriter(a.out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tNAME\tSOURCE\tKIND\tTEMPLATE\tSIZE\tCREATED")
+			// A Kubernetes gateway names the nodes that hold each.
+			onNodes := slices.ContainsFunc(list, func(s client.Snapshot) bool { return len(s.Nodes) > 0 })
+			head := "ID\tNAME\tSOURCE\tKIND\tTEMPLATE\tSIZE\tCREATED"
+			if onNodes {
+				head += "\tNODES"
+			}
+			fmt.Fprintln(tw, head)
 			for _, s := range list {
 				name := s.Name
 				if name == "" {
 					name = "-"
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, name, s.Source, s.Kind, s.Template,
+				line := fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s", s.ID, name, s.Source, s.Kind, s.Template,
 					humanBytes(s.SizeBytes), s.CreatedAt.Local().Format(time.DateTime))
+				if onNodes {
+					line += "\t" + strings.Join(s.Nodes, ",")
+				}
+				fmt.Fprintln(tw, line)
 			}
 			return tw.Flush()
 		},

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -190,6 +191,9 @@ func TestGatewayLifecycle(t *testing.T) {
 		rec, err := cp.Client.CoreV1().ConfigMaps(ns).Get(ctx, "berth-snapshot-"+snap.ID, metav1.GetOptions{})
 		return err == nil && rec.Data["copies"] == `["berth-b"]`
 	})
+	if got, err := gw.GetSnapshot(ctx, snap.ID); err != nil || !slices.Equal(got.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Errorf("snapshot through the gateway = %+v, %v: want it held by berth-a and berth-b", got, err)
+	}
 	setUnschedulable(t, cp, "berth-b", false)
 	old := map[string]*corev1.Pod{}
 	for _, id := range []string{failing.ID, remade.ID, fromSnap.ID} {

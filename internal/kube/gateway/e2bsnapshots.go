@@ -61,7 +61,7 @@ func (g *Gateway) e2bListSnapshots(w http.ResponseWriter, r *http.Request, p aut
 	})
 	page := make([]apitypes.Snapshot, 0, len(recs))
 	for _, rec := range recs {
-		page = append(page, rec.snap)
+		page = append(page, rec.api())
 	}
 	e2bwire.WriteSnapshotPage(w, page, after, limit)
 }

@@ -85,6 +85,13 @@ type snapshotRecord struct {
 // holders are the nodes that hold the snapshot, its node first.
 func (rec snapshotRecord) holders() []string { return append([]string{rec.node}, rec.copies...) }
 
+// api is the snapshot as the API shows it: with the nodes that hold it.
+func (rec snapshotRecord) api() apitypes.Snapshot {
+	s := rec.snap
+	s.Nodes = rec.holders()
+	return s
+}
+
 func snapshotRecordName(id string) string { return snapshotRecordPrefix + id }
 
 // recordOf reads a snapshot's record from its ConfigMap.
@@ -270,7 +277,7 @@ func (g *Gateway) createSnapshot(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, rec.snap)
+	writeJSON(w, http.StatusCreated, rec.api())
 }
 
 // snapshotRecords is every snapshot the caller may see, oldest first.
@@ -309,7 +316,7 @@ func (g *Gateway) listSnapshots(w http.ResponseWriter, r *http.Request, p auth.P
 	}
 	out := apitypes.SnapshotList{Snapshots: make([]apitypes.Snapshot, 0, len(recs))}
 	for _, rec := range recs {
-		out.Snapshots = append(out.Snapshots, rec.snap)
+		out.Snapshots = append(out.Snapshots, rec.api())
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -320,7 +327,7 @@ func (g *Gateway) getSnapshot(w http.ResponseWriter, r *http.Request, p auth.Pri
 		writeError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, rec.snap)
+	writeJSON(w, http.StatusOK, rec.api())
 }
 
 // exportSnapshot is GET /v1/snapshots/{id}/export: the snapshot as its
@@ -392,7 +399,7 @@ func (g *Gateway) importSnapshot(w http.ResponseWriter, r *http.Request, p auth.
 		return
 	}
 	g.log.Info("snapshot_imported", "snapshot_id", snap.ID, "node", name, "kind", snap.Kind)
-	writeJSON(w, http.StatusCreated, snap)
+	writeJSON(w, http.StatusCreated, rec.api())
 }
 
 // importNode is the node an import goes to: want if it names a Ready
@@ -598,7 +605,7 @@ func (g *Gateway) forkSandbox(w http.ResponseWriter, r *http.Request, p auth.Pri
 		writeError(w, fmt.Errorf("fork of %s: %w", id, err))
 		return
 	}
-	out := apitypes.ForkResult{Snapshot: rec.snap, Sandboxes: make([]apitypes.Sandbox, 0, len(made))}
+	out := apitypes.ForkResult{Snapshot: rec.api(), Sandboxes: make([]apitypes.Sandbox, 0, len(made))}
 	for _, pod := range made {
 		out.Sandboxes = append(out.Sandboxes, toSandbox(pod))
 	}

@@ -398,6 +398,10 @@ func TestSnapshotCopies(t *testing.T) {
 	if rec := record("sbfork"); !slices.Equal(rec.holders(), []string{"berth-a"}) {
 		t.Errorf("a fork's snapshot is held by %v, want berth-a only", rec.holders())
 	}
+	var got types.Snapshot
+	if code, eb := e.call(t, "GET", "/v1/snapshots/sbcopy", keyAlice, "", &got); code != 200 || !slices.Equal(got.Nodes, []string{"berth-a", "berth-b"}) {
+		t.Errorf("get sbcopy = %d %+v: nodes %v, want both", code, eb, got.Nodes)
+	}
 	sweep() // as many copies as asked for: nothing more to do
 	if rec := record("sbcopy"); len(rec.holders()) != 2 {
 		t.Errorf("after a second sweep sbcopy is held by %v", rec.holders())
