@@ -192,12 +192,8 @@ func (e e2bTemplates) BuildPlan(ctx context.Context, req dockerfile.Request, log
 	return dockerfile.Build(ctx, e.store, e.runner, req, log)
 }
 
-func (e e2bTemplates) Built(ctx context.Context, name string) (bool, error) {
-	t, err := e.store.Get(ctx, name)
-	if err != nil {
-		return false, err
-	}
-	return t.Built, nil
+func (e e2bTemplates) Template(ctx context.Context, name string) (template.Template, error) {
+	return e.store.Get(ctx, name)
 }
 
 // Copy makes dst a template of src's layers (shared, so nothing is

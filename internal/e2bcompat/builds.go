@@ -335,6 +335,13 @@ func (t *templateAPI) status(w http.ResponseWriter, r *http.Request) {
 		e2bwire.BuildTemplateField: job.Target, e2bwire.BuildTagsField: job.Tags,
 		e2bwire.BuildRequestedField: job.CreatedAt, e2bwire.BuildUpdatedField: job.UpdatedAt,
 	}
+	if job.Status == statusReady {
+		// The build the template is now (the gateway waits for its
+		// node to report this one, not the one before it).
+		if tpl, err := t.b.Template(r.Context(), job.Target); err == nil && tpl.Built {
+			body[e2bwire.BuildIDField] = tpl.BuildID
+		}
+	}
 	if job.Status == statusError {
 		tail, err := t.store.BuildLogTail(r.Context(), id, reasonLines)
 		if err != nil {

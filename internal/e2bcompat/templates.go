@@ -42,8 +42,8 @@ import (
 type TemplateBuilder interface {
 	// BuildPlan runs a build of req.Plan with the daemon's builder.
 	BuildPlan(ctx context.Context, req dockerfile.Request, log io.Writer) (template.Template, error)
-	// Built reports whether template name is built.
-	Built(ctx context.Context, name string) (bool, error)
+	// Template is the daemon's template name (ErrNotFound: none).
+	Template(ctx context.Context, name string) (template.Template, error)
 	// Copy makes template dst with src's layers and defaults.
 	Copy(ctx context.Context, src, dst string) error
 }
@@ -354,12 +354,12 @@ func (t *templateAPI) alias(w http.ResponseWriter, r *http.Request, alias string
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", alias))
 		return
 	}
-	built, err := t.b.Built(r.Context(), target)
+	tpl, err := t.b.Template(r.Context(), target)
 	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		writeErr(w, err)
 		return
 	}
-	if !built {
+	if !tpl.Built {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("template %q not found", alias))
 		return
 	}

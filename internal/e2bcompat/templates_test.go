@@ -23,6 +23,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/dockerfile"
+	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/sandbox"
 	"github.com/berth-sandbox/berth/internal/store"
 	"github.com/berth-sandbox/berth/internal/template"
@@ -82,14 +83,21 @@ func (f *fakeBuilder) BuildPlan(_ context.Context, req dockerfile.Request, log i
 	return template.Template{Name: req.Name, Built: true}, nil
 }
 
-func (f *fakeBuilder) Built(_ context.Context, name string) (bool, error) {
+func (f *fakeBuilder) Template(_ context.Context, name string) (template.Template, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := template.ValidName(name); err != nil {
-		return false, err
+		return template.Template{}, err
 	}
-	return f.built[name], nil
+	t := template.Template{Name: name, Built: f.built[name]}
+	if t.Built {
+		t.BuildID = fakeBuildID(name)
+	}
+	return t, nil
 }
+
+// fakeBuildID is the build ID fakeBuilder gives template name.
+func fakeBuildID(name string) string { return fmt.Sprintf("%032x", len(name)) }
 
 func (f *fakeBuilder) Copy(_ context.Context, src, dst string) error {
 	f.mu.Lock()
@@ -240,8 +248,8 @@ func TestTemplateBuildFlow(t *testing.T) {
 		}
 		synctest.Wait()
 		code, body = call(t, srv, "GET", "/templates/app/builds/"+buildID+"/status", admin, nil)
-		if code != 200 || body["status"] != "ready" {
-			t.Fatalf("status = %d %v", code, body)
+		if code != 200 || body["status"] != "ready" || body[e2bwire.BuildIDField] != fakeBuildID(fmt.Sprint(body[e2bwire.BuildTemplateField])) {
+			t.Fatalf("status = %d %v, want ready with the template's build ID", code, body)
 		}
 		if logs := fmt.Sprint(body["logs"]); logs != "[step one partial line]" {
 			t.Errorf("logs = %s", logs)

@@ -59,4 +59,7 @@ const (
 	BuildTagsField      = "berthTags"
 	BuildRequestedField = "berthRequestedAt"
 	BuildUpdatedField   = "berthUpdatedAt"
+	// BuildIDField, on a ready build, is the build ID of the template
+	// it made (as the daemon has it now).
+	BuildIDField = "berthBuildID"
 )

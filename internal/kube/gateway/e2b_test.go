@@ -737,6 +737,15 @@ func TestE2BTemplateBuild(t *testing.T) {
 	// with its tags; building while berth-b lacks it, or has another
 	// build of it.
 	buildA, buildOld := strings.Repeat("a1", 16), strings.Repeat("0f", 16)
+	// berth-a still says its build before this one (its annotation
+	// behind the rebuild): not recorded yet.
+	annotate("berth-a", "minimal,app", "app="+buildOld)
+	if st := status(); st != "building" {
+		t.Errorf("status while berth-a reports its older build = %q, want building", st)
+	}
+	if _, err := cms.Get(t.Context(), TemplatesConfigMap, metav1.GetOptions{}); err == nil {
+		t.Errorf("app recorded while its node reported the build before")
+	}
 	annotate("berth-a", "minimal,app", "app="+buildA)
 	if st := status(); st != "building" {
 		t.Errorf("status while berth-b lacks app = %q, want building", st)

@@ -337,13 +337,13 @@ func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.
 		return
 	}
 	var st struct {
-		Status, Template   string
-		Tags               []string
-		Requested, Updated time.Time
+		Status, Template, BuildID string
+		Tags                      []string
+		Requested, Updated        time.Time
 	}
 	// The fields Berth's daemons add to E2B's (checked below).
 	for k, v := range map[string]any{"status": &st.Status, e2bwire.BuildTemplateField: &st.Template, e2bwire.BuildTagsField: &st.Tags,
-		e2bwire.BuildRequestedField: &st.Requested, e2bwire.BuildUpdatedField: &st.Updated} {
+		e2bwire.BuildRequestedField: &st.Requested, e2bwire.BuildUpdatedField: &st.Updated, e2bwire.BuildIDField: &st.BuildID} {
 		if raw, ok := body[k]; ok {
 			_ = json.Unmarshal(raw, v)
 		}
@@ -353,7 +353,7 @@ func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.
 			e2bwire.WriteErr(w, fmt.Errorf("node %s: build status names no template: %w", t.node, errdefs.ErrUnavailable))
 			return
 		}
-		everywhere, err := g.e2bBuilt(r.Context(), t.node, name, build, st.Template, st.Tags, st.Requested)
+		everywhere, err := g.e2bBuilt(r.Context(), t.node, name, build, st.Template, st.BuildID, st.Tags, st.Requested)
 		if err != nil {
 			e2bwire.WriteErr(w, err)
 			return
@@ -366,11 +366,11 @@ func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.
 }
 
 // e2bBuilt makes a finished build, on node builder, the cluster's: its
-// template recorded (as the build its node reports, and built when the
-// build was asked for, so a node's other build of it is replaced) and its
-// tags pointed at it. It reports whether every Ready node has the
-// template as that build made it.
-func (g *Gateway) e2bBuilt(ctx context.Context, builder, name, build, target string, tags []string, requested time.Time) (bool, error) {
+// template recorded (as build buildID of it, which the builder reports,
+// and built when the build was asked for, so a node's other build of it
+// is replaced) and its tags pointed at it. It reports whether every
+// Ready node has the template as that build made it.
+func (g *Gateway) e2bBuilt(ctx context.Context, builder, name, build, target, buildID string, tags []string, requested time.Time) (bool, error) {
 	built := requested.UTC().Truncate(time.Second)
 	n, err := g.nodes.Get(builder)
 	if err != nil || !nodeHasTemplate(n, target) {
@@ -380,6 +380,11 @@ func (g *Gateway) e2bBuilt(ctx context.Context, builder, name, build, target str
 	}
 	var ids []string
 	if id, ok := node.TemplateBuildID(n, target); ok {
+		if buildID != "" && id != buildID {
+			// Still the build before this one (a rebuild of the
+			// name): the next poll records it.
+			return false, nil
+		}
 		ids = []string{id}
 	}
 	cm, err := g.cfg.Kube.CoreV1().ConfigMaps(g.cfg.Namespace).Get(ctx, TemplatesConfigMap, metav1.GetOptions{})

@@ -233,7 +233,8 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			case r.Method == "GET" && rest == "/templates/app/builds/b1/status":
 				_ = json.NewEncoder(w).Encode(map[string]any{"templateID": "app", "buildID": "b1", "status": "ready", "logEntries": []any{}, "logs": []string{"built"},
 					e2bwire.BuildTemplateField: "app", e2bwire.BuildTagsField: []string{"default", "v1"},
-					e2bwire.BuildRequestedField: time.Now().Add(-time.Hour), e2bwire.BuildUpdatedField: time.Now()})
+					e2bwire.BuildRequestedField: time.Now().Add(-time.Hour), e2bwire.BuildUpdatedField: time.Now(),
+					e2bwire.BuildIDField: strings.Repeat("a1", 16)})
 			case strings.Contains(rest, "/builds/") && !strings.Contains(rest, "/b1"):
 				w.WriteHeader(http.StatusNotFound)
 				_, _ = io.WriteString(w, `{"code":404,"message":"build not found"}`)
