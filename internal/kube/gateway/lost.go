@@ -176,14 +176,6 @@ func (l *lifecycle) nodeLost(ctx context.Context, pod *corev1.Pod, why string) {
 	l.log.Warn("sandbox_lost", "sandbox_id", pod.Name, "node", pod.Spec.NodeName, "policy", policy)
 }
 
-// recreate deletes the pod of a lost node at once and makes it again
-// under the same name without its node, for the scheduler to place on
-// another (one of on, for a sandbox from a snapshot). The new pod is a
-// new sandbox (nothing of the old one's files or processes survives but
-// its snapshot's), with the old one's ID, template, limits,
-// environment, labels, owner and deadline. The pod to make is recorded
-// first (remakeRecord): a leader that stops between the delete and the
-// create leaves it to the next one, which makes it (sweepRemakes).
 // otherHolders are the Ready nodes other than lost that hold a copy of
 // snapshot id.
 func (l *lifecycle) otherHolders(ctx context.Context, id, lost string) []string {
@@ -204,6 +196,14 @@ func (l *lifecycle) otherHolders(ctx context.Context, id, lost string) []string 
 	return out
 }
 
+// recreate deletes the pod of a lost node at once and makes it again
+// under the same name without its node, for the scheduler to place on
+// another (one of on, for a sandbox from a snapshot). The new pod is a
+// new sandbox (nothing of the old one's files or processes survives but
+// its snapshot's), with the old one's ID, template, limits,
+// environment, labels, owner and deadline. The pod to make is recorded
+// first (remakeRecord): a leader that stops between the delete and the
+// create leaves it to the next one, which makes it (sweepRemakes).
 func (l *lifecycle) recreate(ctx context.Context, pod *corev1.Pod, on []string) {
 	if claimed(pod) {
 		// agent-sandbox makes a Sandbox's pod again as soon as it is
