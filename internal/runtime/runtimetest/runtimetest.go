@@ -218,6 +218,12 @@ func testIsolation(t *testing.T, h Harness) {
 	if inst.Exec == nil {
 		return
 	}
+	// The agent writes its marker once it runs, which under load may be
+	// after Create returned.
+	harness.WaitFor(t, 30*time.Second, "the agent's marker", func() bool {
+		out, err := inst.Exec(t.Context(), id, "/bin/cat", "/tmp/agent-started")
+		return err == nil && strings.Contains(string(out), "ok")
+	})
 	// One stream (exec 2>&1): stdout and stderr are separate pipes, and
 	// under load the shell's error lines could overtake the first lines.
 	out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", "exec 2>&1; hostname; id -u; cat /etc/hosts; cat /tmp/agent-started; "+
