@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -188,16 +189,24 @@ func TestNodeLost(t *testing.T) {
 	// The nodes' renew times are far from the leader's clock: only
 	// changes count.
 	skewed := time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+	readyB := berthNode("berth-b")
+	readyB.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}
 	w := newWorld(t, LifecycleConfig{KeepEnded: time.Hour, NodeLostAfter: 40 * time.Second},
-		berthNode("berth-a"), berthNode("berth-b"),
+		berthNode("berth-a"), readyB,
 		nodeLease("berth-a", skewed), nodeLease("berth-b", skewed),
 		testPod("fails", "u1", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostFail}),
 		testPod("default", "u2", "berth-a", corev1.PodRunning, nil),
 		testPod("remade", "u3", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate,
 			node.AnnotationDeadline: "2026-12-02T17:00:00Z", AnnotationRecreated: "1"}),
 		testPod("elsewhere", "u4", "berth-b", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate}),
-		testPod("fromsnap", "u5", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate, node.AnnotationSnapshot: "snap1"}))
+		testPod("fromsnap", "u5", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate, node.AnnotationSnapshot: "snap1"}),
+		testPod("fromcopy", "u6", "berth-a", corev1.PodRunning, map[string]string{AnnotationOnNodeLost: types.OnNodeLostRecreate, node.AnnotationSnapshot: "snap2"}))
 	ctx := t.Context()
+	// snap2 has a copy on berth-b (snapcopies.go); snap1 has none.
+	rec := snapshotRecord{snap: types.Snapshot{ID: "snap2", Template: "minimal"}, node: "berth-a", copies: []string{"berth-b"}, settings: map[string]string{}}
+	if _, err := w.kube.CoreV1().ConfigMaps(ns).Create(ctx, rec.configMap(ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	w.l.sweep(ctx, w.t0)
 	// berth-b renews every 10s; berth-a never again.
 	for i := 1; i <= 4; i++ {
@@ -223,8 +232,13 @@ func TestNodeLost(t *testing.T) {
 	if b, _ := w.kube.CoreV1().Nodes().Get(ctx, "berth-b", metav1.GetOptions{}); unreachable(b) {
 		t.Errorf("renewing node tainted: %+v", b.Spec.Taints)
 	}
-	// A sandbox from a snapshot is lost even under recreate: its
-	// snapshot stayed on the lost node.
+	// A sandbox from a snapshot with a copy on a Ready node is made
+	// again there; one from a snapshot the lost node alone held is lost
+	// even under recreate.
+	if c := w.pod(t, "fromcopy"); c == nil || c.UID == "u6" || c.Spec.NodeName != "" || !slices.Equal(podNodes(c), []string{"berth-b"}) ||
+		c.Annotations[node.AnnotationSnapshot] != "snap2" || c.Annotations[node.AnnotationLost] != "" {
+		t.Errorf("pod from a snapshot with a copy = %+v (nodes %v), want made again for berth-b", c, podNodes(c))
+	}
 	for _, name := range []string{"fails", "default", "fromsnap"} {
 		p := w.pod(t, name)
 		if p == nil || p.Annotations[node.AnnotationLost] == "" || p.Annotations[AnnotationLostNode] != "berth-a" {
