@@ -205,7 +205,7 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 			row{fmt.Sprintf("floor: %d concurrent raw `runc run`s of its rootfs (%.1f runs/s)", burst, rawRate), raw})
 	}
 	if rowSet["tunnel"] {
-		rs, err := measureTunnels(ctx, d, execN)
+		rs, err := measureTunnels(ctx, tb, d, execN)
 		if err != nil {
 			return err
 		}

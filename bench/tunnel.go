@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/berth-sandbox/berth/client"
@@ -26,15 +24,13 @@ const (
 	tunnelPayload = 64
 )
 
-func measureTunnels(ctx context.Context, d *harness.Daemon, n int) ([]row, error) {
+func measureTunnels(ctx context.Context, tb *runner, d *harness.Daemon, n int) ([]row, error) {
 	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal"})
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = d.Client.Kill(ctx, sb.ID) }()
-	if err := startEcho(ctx, sb); err != nil {
-		return nil, err
-	}
+	harness.StartEcho(tb, built, sb, tunnelUDPPort, tunnelTCPPort)
 	// get gives the sandbox's address (a create does not).
 	got, err := d.Client.Get(ctx, sb.ID)
 	if err != nil {
@@ -89,35 +85,6 @@ func measureTunnels(ctx context.Context, d *harness.Daemon, n int) ([]row, error
 		{fmt.Sprintf("UDP port tunnel round trip (a %d-byte datagram and its echo, `Sandbox.DialUDP`)", tunnelPayload), udp},
 		{"floor: the same round trip straight to the sandbox's address", udpFloor},
 	}, nil
-}
-
-// startEcho puts the echo server into sb and starts it, TCP and UDP, and
-// waits until the sandbox shows both listening.
-func startEcho(ctx context.Context, sb *client.Sandbox) error {
-	f, err := os.Open(built.UDPEcho)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	if err := sb.WriteFile(ctx, "/tmp/udpecho", f); err != nil {
-		return fmt.Errorf("put the echo server into %s: %w", sb.ID, err)
-	}
-	start := fmt.Sprintf("chmod 755 /tmp/udpecho && (/tmp/udpecho -listen :%d -tcp :%d </dev/null >/tmp/udpecho.log 2>&1 &)", tunnelUDPPort, tunnelTCPPort)
-	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", start}}); err != nil || code != 0 {
-		return fmt.Errorf("start the echo server: %d %v", code, err)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var out bytes.Buffer
-		_, err := sb.Exec(ctx, client.ExecRequest{Cmd: "netstat", Args: []string{"-ltun"}, Stdout: &out})
-		if err == nil && strings.Contains(out.String(), ":"+strconv.Itoa(tunnelUDPPort)+" ") && strings.Contains(out.String(), ":"+strconv.Itoa(tunnelTCPPort)+" ") {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the echo server in %s did not listen: %s", sb.ID, out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // roundTrips sends n+5 payloads on c, each read back as want(payload)

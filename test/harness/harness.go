@@ -751,6 +751,13 @@ func Each[T any](t TB, n int, items []T, fn func(T) error) {
 // waits until the sandbox shows it listening (busybox netstat).
 func StartUDPEcho(t TB, bin Binaries, sb *client.Sandbox, port int) {
 	t.Helper()
+	StartEcho(t, bin, sb, port, 0)
+}
+
+// StartEcho is StartUDPEcho with the server also echoing TCP on tcpPort
+// (none when 0).
+func StartEcho(t TB, bin Binaries, sb *client.Sandbox, udpPort, tcpPort int) {
+	t.Helper()
 	f, err := os.Open(bin.UDPEcho)
 	if err != nil {
 		t.Fatalf("udpecho: %v", err)
@@ -761,9 +768,20 @@ func StartUDPEcho(t TB, bin Binaries, sb *client.Sandbox, port int) {
 	if err := sb.WriteFile(ctx, "/tmp/udpecho", f); err != nil {
 		t.Fatalf("put udpecho into %s: %v", sb.ID, err)
 	}
-	MustRun(t, sb, fmt.Sprintf("chmod 755 /tmp/udpecho && (/tmp/udpecho -listen :%d </dev/null >/tmp/udpecho.log 2>&1 &)", port))
-	WaitFor(t, time.Minute, fmt.Sprintf("the UDP echo server in %s to listen on %d", sb.ID, port), func() bool {
+	args := fmt.Sprintf("-listen :%d", udpPort)
+	if tcpPort > 0 {
+		args += fmt.Sprintf(" -tcp :%d", tcpPort)
+	}
+	MustRun(t, sb, "chmod 755 /tmp/udpecho && (/tmp/udpecho "+args+" </dev/null >/tmp/udpecho.log 2>&1 &)")
+	WaitFor(t, time.Minute, fmt.Sprintf("the echo server in %s to listen on %d", sb.ID, udpPort), func() bool {
 		out, _, _ := Run(t, sb, "netstat -lun")
-		return strings.Contains(out, fmt.Sprintf(":%d ", port))
+		if !strings.Contains(out, fmt.Sprintf(":%d ", udpPort)) {
+			return false
+		}
+		if tcpPort == 0 {
+			return true
+		}
+		out, _, _ = Run(t, sb, "netstat -ltn")
+		return strings.Contains(out, fmt.Sprintf(":%d ", tcpPort))
 	})
 }

@@ -163,6 +163,28 @@ func (g *Gateway) e2bOnBuildNode(ctx context.Context, method, path, rawQuery str
 	return last, lastNode, nil
 }
 
+// e2bTemplateID is the path's templateID, a template name; ok is false
+// (and the refusal answered) when it is none.
+func e2bTemplateID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	name := r.PathValue("templateID")
+	if err := apitypes.ValidTemplateName(name); err != nil {
+		e2bwire.WriteErr(w, fmt.Errorf("templateID: %w", err))
+		return "", false
+	}
+	return name, true
+}
+
+// e2bBody reads a request's body (at most maxBody), to send on to a
+// node; ok is false (and the refusal answered) when it cannot.
+func e2bBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
+	if err != nil {
+		e2bwire.WriteError(w, http.StatusBadRequest, fmt.Sprintf("read request body: %v", err))
+		return nil, false
+	}
+	return body, true
+}
+
 // passOn answers with a node's answer as it is.
 func passOn(w http.ResponseWriter, resp *http.Response) {
 	defer resp.Body.Close()
@@ -179,9 +201,8 @@ func passOn(w http.ResponseWriter, resp *http.Response) {
 
 // e2bBuildRequest is POST /v3/templates: a build asked of the builder.
 func (g *Gateway) e2bBuildRequest(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
-	if err != nil {
-		e2bwire.WriteError(w, http.StatusBadRequest, fmt.Sprintf("read request body: %v", err))
+	body, ok := e2bBody(w, r)
+	if !ok {
 		return
 	}
 	nodes, err := g.e2bBuilders()
@@ -200,11 +221,11 @@ func (g *Gateway) e2bBuildRequest(w http.ResponseWriter, r *http.Request, _ auth
 // e2bUploadLink is GET /templates/{id}/files/{hash}: the builder's answer,
 // its link made the gateway's (naming the node, whose signature it is).
 func (g *Gateway) e2bUploadLink(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	name, hash := r.PathValue("templateID"), r.PathValue("hash")
-	if err := apitypes.ValidTemplateName(name); err != nil {
-		e2bwire.WriteErr(w, fmt.Errorf("templateID: %w", err))
+	name, ok := e2bTemplateID(w, r)
+	if !ok {
 		return
 	}
+	hash := r.PathValue("hash")
 	nodes, err := g.e2bBuilders()
 	if err != nil {
 		e2bwire.WriteErr(w, err)
@@ -275,14 +296,13 @@ func (g *Gateway) e2bUpload(w http.ResponseWriter, r *http.Request) {
 // the build's node. A fromTemplate that is one of the cluster's tags goes
 // as the template it names.
 func (g *Gateway) e2bBuildTrigger(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	name, build := r.PathValue("templateID"), r.PathValue("buildID")
-	if err := apitypes.ValidTemplateName(name); err != nil {
-		e2bwire.WriteErr(w, fmt.Errorf("templateID: %w", err))
+	name, ok := e2bTemplateID(w, r)
+	if !ok {
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, maxBody))
-	if err != nil {
-		e2bwire.WriteError(w, http.StatusBadRequest, fmt.Sprintf("read request body: %v", err))
+	build := r.PathValue("buildID")
+	body, ok := e2bBody(w, r)
+	if !ok {
 		return
 	}
 	var in map[string]json.RawMessage
@@ -312,11 +332,11 @@ func (g *Gateway) e2bBuildTrigger(w http.ResponseWriter, r *http.Request, _ auth
 // node's answer; a build it finished is recorded as the cluster's and
 // reported ready once every Ready node has it.
 func (g *Gateway) e2bBuildStatus(w http.ResponseWriter, r *http.Request, _ auth.Principal) {
-	name, build := r.PathValue("templateID"), r.PathValue("buildID")
-	if err := apitypes.ValidTemplateName(name); err != nil {
-		e2bwire.WriteErr(w, fmt.Errorf("templateID: %w", err))
+	name, ok := e2bTemplateID(w, r)
+	if !ok {
 		return
 	}
+	build := r.PathValue("buildID")
 	resp, t, err := g.e2bOnBuildNode(r.Context(), http.MethodGet, "/templates/"+name+"/builds/"+url.PathEscape(build)+"/status", r.URL.RawQuery, nil)
 	if err != nil {
 		e2bwire.WriteErr(w, err)

@@ -288,17 +288,18 @@ func (g *Gateway) importTemplate(w http.ResponseWriter, r *http.Request, p auth.
 	writeJSON(w, http.StatusCreated, merged)
 }
 
-// templateSyncRetry is how long the leader waits before it tries a
-// template's copy to, or removal from, a node again after a failure.
-const templateSyncRetry = 30 * time.Second
+// syncRetry is how long the leader waits before it tries a piece of its
+// background work (a template's copy or removal, a snapshot's copy) again
+// after a failure.
+const syncRetry = 30 * time.Second
 
-// templateSyncSettle is how long work that succeeded is not started
-// again, while the node's annotation catches up with it.
-const templateSyncSettle = 10 * time.Second
+// syncSettle is how long work that succeeded is not started
+// again, while the caches (a node's annotation, a record) catch up with it.
+const syncSettle = 10 * time.Second
 
-// templateSyncConcurrency bounds the copies in flight at once: each
-// streams a whole template through the gateway.
-const templateSyncConcurrency = 2
+// syncConcurrency bounds the copies in flight at once (per kind of
+// work): each streams a whole template or snapshot through the gateway.
+const syncConcurrency = 2
 
 // syncWork is the leader's background work for its term (the template
 // sync, the snapshot copies): a piece of work per key, at most one in
@@ -315,14 +316,14 @@ type syncWork struct {
 }
 
 func newSyncWork(now func() time.Time) *syncWork {
-	return &syncWork{busy: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, templateSyncConcurrency), now: now}
+	return &syncWork{busy: map[string]bool{}, retry: map[string]time.Time{}, sem: make(chan struct{}, syncConcurrency), now: now}
 }
 
 // start runs fn for key in the background unless work for key is in
-// flight or waiting, at most templateSyncConcurrency of those limited at
+// flight or waiting, at most syncConcurrency of those limited at
 // once. A failure (reported to failed) is tried again after
-// templateSyncRetry; a success is not started again before
-// templateSyncSettle, while the caches catch up with it.
+// syncRetry; a success is not started again before
+// syncSettle, while the caches catch up with it.
 func (s *syncWork) start(key string, limited bool, fn func() error, failed func(error)) {
 	s.mu.Lock()
 	skip := s.busy[key] || s.now().Before(s.retry[key])
@@ -345,11 +346,11 @@ func (s *syncWork) start(key string, limited bool, fn func() error, failed func(
 		defer s.mu.Unlock()
 		delete(s.busy, key)
 		if err != nil {
-			s.retry[key] = s.now().Add(templateSyncRetry)
+			s.retry[key] = s.now().Add(syncRetry)
 			failed(err)
 			return
 		}
-		s.retry[key] = s.now().Add(templateSyncSettle)
+		s.retry[key] = s.now().Add(syncSettle)
 	})
 }
 

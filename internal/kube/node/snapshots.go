@@ -62,7 +62,9 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	// built, given a default isolation or a warm pool, removed, and their
 	// unused layers pruned, exported and imported. Builds stream their log as the daemon writes
 	// it; a Dockerfile's context streams to the daemon as it comes.
-	toDaemon := func(w http.ResponseWriter, r *http.Request) {
+	// forward sends the request on to the daemon; refresh has the node
+	// report its templates again afterwards, whatever came of it.
+	forward := func(w http.ResponseWriter, r *http.Request, refresh bool) {
 		// The daemon's path is the route's own, its wildcards put in.
 		_, path, _ := strings.Cut(r.Pattern, " ")
 		path = strings.TrimPrefix(strings.TrimPrefix(path, DataPlanePrefix), E2BPrefix)
@@ -83,13 +85,13 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 		}
 		_ = http.NewResponseController(w).EnableFullDuplex()
 		daemon.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), dataPath{}, path)))
-		if r.Method != http.MethodGet || strings.HasSuffix(path, "/status") {
-			// Whatever came of it, the node's annotation says what the
-			// daemon has now, before the gateway answers the change (an
-			// E2B build's end is seen by a poll of its status).
+		if refresh {
 			templatesChanged()
 		}
 	}
+	// A change through them: the node's annotation says what the daemon
+	// has now before the gateway answers it.
+	toDaemon := func(w http.ResponseWriter, r *http.Request) { forward(w, r, r.Method != http.MethodGet) }
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/templates", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+"/v1/templates/{name}/build", toDaemon)
@@ -110,7 +112,11 @@ func handleSnapshots(mux *http.ServeMux, socket, nodeName string, p *Pods, templ
 	mux.HandleFunc("GET "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/files/{hash}", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/files/{hash}", toDaemon)
 	mux.HandleFunc("POST "+DataPlanePrefix+E2BPrefix+"/v2/templates/{templateID}/builds/{buildID}", toDaemon)
-	mux.HandleFunc("GET "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/builds/{buildID}/status", toDaemon)
+	// An E2B build's end is seen by a poll of its status: the node
+	// reports its templates again after each.
+	mux.HandleFunc("GET "+DataPlanePrefix+E2BPrefix+"/templates/{templateID}/builds/{buildID}/status", func(w http.ResponseWriter, r *http.Request) {
+		forward(w, r, true)
+	})
 	// Its registry logins, which image templates pull with.
 	mux.HandleFunc("GET "+DataPlanePrefix+"/v1/registries", toDaemon)
 	mux.HandleFunc("PUT "+DataPlanePrefix+"/v1/registries/{host}", toDaemon)
