@@ -6,6 +6,10 @@ package runtime
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"path"
+	"strings"
 	"time"
 )
 
@@ -70,6 +74,24 @@ type Spec struct {
 	// it; the agent arguments and mounts must be those the image's
 	// sandbox was created with.
 	RestoreImage string
+	// Mounts are host directories bound into the sandbox over its root
+	// filesystem (volumes), in order. Like Layers, each source is owned
+	// by the runtime's canonical uid range, and the sandbox sees it
+	// mapped onto its own: canonical uid base+N is the sandbox's uid N.
+	// A Start, Restore or RestoreImage of a sandbox must be given the
+	// same mounts it was created with.
+	Mounts []Mount
+}
+
+// Mount is one host directory bound into a sandbox.
+type Mount struct {
+	// Source is an absolute host directory.
+	Source string
+	// Destination is an absolute path in the sandbox; it is made if
+	// missing.
+	Destination string
+	// ReadOnly binds it read-only.
+	ReadOnly bool
 }
 
 // Status is a backend's view of a sandbox's boundary.
@@ -114,4 +136,34 @@ type Limits struct {
 	CPUMillis   int64
 	MemoryBytes int64
 	PidsLimit   int64
+}
+
+// reservedPaths are the sandbox paths a Mount may not cover: the kernel's
+// pseudo filesystems and where the agent lives.
+var reservedPaths = []string{"/proc", "/sys", "/dev", "/.berth"}
+
+// CheckMountDestination says why dst cannot be where a Mount appears in a
+// sandbox: it must be absolute and clean, not the root, and not on or
+// under /proc, /sys, /dev or /.berth (the agent's).
+func CheckMountDestination(dst string) error {
+	switch {
+	case dst == "":
+		return errors.New("empty path")
+	case !strings.HasPrefix(dst, "/"):
+		return fmt.Errorf("path %q is not absolute", dst)
+	case path.Clean(dst) != dst:
+		return fmt.Errorf("path %q is not clean (it would be %q)", dst, path.Clean(dst))
+	case dst == "/":
+		return errors.New("path / is the sandbox's root")
+	case len(dst) > 4096:
+		return fmt.Errorf("path is %d bytes, over 4096", len(dst))
+	case strings.ContainsRune(dst, 0):
+		return errors.New("path holds a NUL byte")
+	}
+	for _, r := range reservedPaths {
+		if dst == r || strings.HasPrefix(dst, r+"/") {
+			return fmt.Errorf("path %q is on %s, which the sandbox's runtime owns", dst, r)
+		}
+	}
+	return nil
 }

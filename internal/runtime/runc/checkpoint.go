@@ -195,13 +195,13 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	phases.mark("cleanup")
+	slot, ok := r.slots.lookup(r.dir(id))
+	if !ok {
+		return fmt.Errorf("restore sandbox %s: no uid range recorded: %w", id, errdefs.ErrNotFound)
+	}
 	// A sandbox Stop released after its checkpoint gets its root
 	// filesystem back first.
 	if !r.rootfsMounted(id) {
-		slot, ok := r.slots.lookup(r.dir(id))
-		if !ok {
-			return fmt.Errorf("restore sandbox %s: no uid range recorded: %w", id, errdefs.ErrNotFound)
-		}
 		if err := r.unmountRootfs(ctx, id); err != nil {
 			return fmt.Errorf("restore sandbox %s: %w", id, err)
 		}
@@ -221,8 +221,21 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err := r.writeConfig(id, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
+	// The volumes the checkpoint's config binds, attached again where
+	// it names them (the spec's mounts are the ones it was created with).
+	if err := r.checkMounts(spec); err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	detach, err := r.attachVolumes(spec, hostBase(slot))
+	if err != nil {
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
 	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs()...), "--image-path", dir)
-	if err := r.runscStart(ctx, spec, "restore", args...); err != nil {
+	err = r.runscStart(ctx, spec, "restore", args...)
+	if derr := detach(); err == nil {
+		err = derr
+	}
+	if err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	phases.mark("runsc_restore")

@@ -7,6 +7,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/berth-sandbox/berth/internal/diskimg"
 )
 
 // Destroy kills every process of the sandbox and removes all it left: the
@@ -24,17 +26,17 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	phases := phaseTimer{last: start}
 	slot, hasSlot := r.slots.lookup(r.dir(id))
 	errs := r.endProcesses(ctx, id, &phases)
-	if err := unmountAll(ctx, r.dir(id)); err != nil {
+	if err := diskimg.UnmountAll(ctx, r.dir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	phases.mark("unmount")
-	if err := detachLoops(r.image(id)); err != nil {
+	if err := diskimg.DetachLoops(r.image(id)); err != nil {
 		errs = append(errs, err)
 	} else if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
 		// As in Stop: a process still dying holds the disk until it is gone.
 		errs = append(errs, err)
 	}
-	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
+	if mps, err := diskimg.MountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
 		errs = append(errs, fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err))
 	} else if err := os.RemoveAll(r.dir(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, err)

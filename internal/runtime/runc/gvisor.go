@@ -93,6 +93,9 @@ type GVisor struct {
 	// descriptors), so the image directory may be removed once Restore
 	// returns. Debian's 20221219 has neither flag.
 	BackgroundRestore bool
+	// MountsGap, when set, says why this runsc cannot bind volumes
+	// (runtime.Spec.Mounts): a create with mounts is refused with it.
+	MountsGap string
 }
 
 // checkpointArgs are the `runsc checkpoint` flags besides the image path.
@@ -277,7 +280,15 @@ func diskTmp(sp *specs.Spec) {
 	if fi, err := os.Lstat(src); err != nil || !fi.IsDir() {
 		return
 	}
-	sp.Mounts = append(sp.Mounts, specs.Mount{Destination: "/tmp", Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
+	// Before any mount under /tmp (a volume there), which it would hide.
+	at := len(sp.Mounts)
+	for i, m := range sp.Mounts {
+		if strings.HasPrefix(filepath.Clean(m.Destination), "/tmp/") {
+			at = i
+			break
+		}
+	}
+	sp.Mounts = slices.Insert(sp.Mounts, at, specs.Mount{Destination: "/tmp", Type: "bind", Source: src, Options: []string{"rbind", "rw"}})
 }
 
 // agentErrnoCalls hands the seccomp profile's rules that answer an errno

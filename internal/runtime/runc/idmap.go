@@ -128,7 +128,7 @@ func mountIdmappedLayers(layers []string, dir string, userns *os.File) (_ []stri
 		if err := os.Mkdir(target, 0o700); err != nil {
 			return nil, err
 		}
-		if err := mountIdmapped(l, target, userns); err != nil {
+		if err := mountIdmapped(l, target, userns, true); err != nil {
 			return nil, err
 		}
 		out = append(out, target)
@@ -136,15 +136,20 @@ func mountIdmappedLayers(layers []string, dir string, userns *os.File) (_ []stri
 	return out, nil
 }
 
-func mountIdmapped(src, target string, userns *os.File) error {
+// mountIdmapped attaches at target a clone of the mount at src, mapped
+// through userns, nosuid and nodev, and read-only if readOnly.
+func mountIdmapped(src, target string, userns *os.File, readOnly bool) error {
 	fd, err := unix.OpenTree(unix.AT_FDCWD, src, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("open_tree %s: %w", src, err)
 	}
 	defer unix.Close(fd)
 	attr := unix.MountAttr{
-		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_RDONLY | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
+		Attr_set:  unix.MOUNT_ATTR_IDMAP | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOSUID,
 		Userns_fd: uint64(userns.Fd()),
+	}
+	if readOnly {
+		attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
 	}
 	if err := unix.MountSetattr(fd, "", unix.AT_EMPTY_PATH, &attr); err != nil {
 		return fmt.Errorf("idmap %s (needs Linux 5.12+ and a filesystem that supports idmapped mounts): %w", src, err)

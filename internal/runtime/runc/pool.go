@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+
+	"github.com/berth-sandbox/berth/internal/diskimg"
 )
 
 // diskPool keeps a few formatted disk images of each recently used size
@@ -95,7 +97,7 @@ func (p *diskPool) fill(size int64) {
 		var b [6]byte
 		rand.Read(b[:])
 		img := filepath.Join(p.dir, fmt.Sprintf("%d-%s.img", size, hex.EncodeToString(b[:])))
-		if err := makeImage(p.ctx, img, size, true); err != nil {
+		if err := diskimg.Make(p.ctx, img, size, diskimg.Format{Background: true}); err != nil {
 			os.Remove(img)
 			if p.ctx.Err() == nil {
 				p.log.Warn("disk_pool_fill", "size", size, "err", err)

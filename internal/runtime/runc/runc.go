@@ -28,6 +28,7 @@ import (
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/diskimg"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -265,9 +266,22 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 
 // run starts the agent of a sandbox whose root filesystem is mounted, as
 // host uid uid: Create's last step, and Start's.
-func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, phases *phaseTimer) error {
+func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, phases *phaseTimer) (err error) {
 	id := spec.ID
 	sp := r.ociSpec(spec, r.rootfs(id), uid)
+	detach, err := r.attachVolumes(spec, uid)
+	if err != nil {
+		return err
+	}
+	// Bound into the sandbox once it runs; the host's clones go either way.
+	defer func() {
+		if derr := detach(); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	if len(spec.Mounts) > 0 {
+		phases.mark("volumes")
+	}
 	if r.cfg.GVisor != nil {
 		return r.createGVisor(ctx, spec, sp, phases)
 	}
@@ -324,6 +338,9 @@ func (r *Runtime) validate(s runtime.Spec) error {
 	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
 		return bad("netns path %q is not absolute", s.NetNSPath)
 	}
+	if err := r.checkMounts(s); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
 	if s.RestoreImage != "" {
 		if !r.CopiesMemory() {
 			return fmt.Errorf("sandbox %s: start from a checkpoint image: %w", s.ID, errNoCopies)
@@ -369,7 +386,7 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 		}
 	}()
 	if r.pool == nil || !r.pool.take(s.DiskBytes, r.image(id)) {
-		if err := makeImage(ctx, r.image(id), s.DiskBytes, false); err != nil {
+		if err := diskimg.Make(ctx, r.image(id), s.DiskBytes, diskimg.Format{}); err != nil {
 			return err
 		}
 	}
@@ -380,7 +397,7 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 			return err
 		}
 	}
-	if err := mountImage(r.image(id), disk); err != nil {
+	if err := diskimg.Mount(r.image(id), disk); err != nil {
 		return err
 	}
 	phases.mark("mount_disk")
@@ -610,7 +627,7 @@ func (r *Runtime) Inspect(ctx context.Context, id string) (runtime.State, error)
 	if _, err := os.Stat(r.dir(id)); err == nil {
 		return runtime.State{ID: id, Status: runtime.StatusStopped}, nil
 	}
-	if mps, _ := mountsUnder(r.dir(id)); len(mps) > 0 {
+	if mps, _ := diskimg.MountsUnder(r.dir(id)); len(mps) > 0 {
 		return runtime.State{ID: id, Status: runtime.StatusStopped}, nil
 	}
 	return runtime.State{}, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
@@ -636,7 +653,7 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 			seen[e.Name()] = true
 		}
 	}
-	mps, err := mountsUnder(r.cfg.StateDir)
+	mps, err := diskimg.MountsUnder(r.cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("list sandboxes: %w", err)
 	}

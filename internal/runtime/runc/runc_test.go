@@ -91,6 +91,7 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 		},
 		HostUID:       r.HostUID,
 		HostPidIsInit: true,
+		UIDBase:       uidBase,
 	}
 }
 

@@ -288,7 +288,8 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 }
 
 // mounts returns the sandbox's mount list: the standard pseudo
-// filesystems, a size-capped /dev/shm, a read-only /sys and the agent.
+// filesystems, a size-capped /dev/shm, a read-only /sys, the agent and
+// then the sandbox's volumes.
 func (r *Runtime) mounts(s runtime.Spec) []specs.Mount {
 	ms := []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
@@ -318,7 +319,7 @@ func (r *Runtime) mounts(s runtime.Spec) []specs.Mount {
 		specs.Mount{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
 		specs.Mount{Destination: agentMount, Type: "bind", Source: s.AgentPath, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	)
-	return ms
+	return append(ms, r.volumeMounts(s)...)
 }
 
 // ptyMax is how many pseudo-terminals one sandbox may hold. PTYs come from

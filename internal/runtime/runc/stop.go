@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/diskimg"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -45,10 +46,10 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 // unmountRootfs unmounts everything under the sandbox's state dir and
 // frees its loop device, leaving the disk image.
 func (r *Runtime) unmountRootfs(ctx context.Context, id string) error {
-	if err := unmountAll(ctx, r.dir(id)); err != nil {
+	if err := diskimg.UnmountAll(ctx, r.dir(id)); err != nil {
 		return err
 	}
-	if err := detachLoops(r.image(id)); err != nil {
+	if err := diskimg.DetachLoops(r.image(id)); err != nil {
 		return err
 	}
 	// A process that was still dying when its mounts were detached (a
@@ -58,7 +59,7 @@ func (r *Runtime) unmountRootfs(ctx context.Context, id string) error {
 	if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
 		return fmt.Errorf("disk of sandbox %s: %w", id, err)
 	}
-	if mps, err := mountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
+	if mps, err := diskimg.MountsUnder(r.dir(id)); err != nil || len(mps) > 0 {
 		return fmt.Errorf("mounts left under %s: %v (%v)", r.dir(id), mps, err)
 	}
 	return nil
@@ -147,7 +148,7 @@ func (r *Runtime) readLayers(id string) ([]string, error) {
 
 // rootfsMounted reports whether the sandbox's overlay is mounted.
 func (r *Runtime) rootfsMounted(id string) bool {
-	mps, err := mountsUnder(r.rootfs(id))
+	mps, err := diskimg.MountsUnder(r.rootfs(id))
 	return err == nil && slices.Contains(mps, r.rootfs(id))
 }
 
@@ -173,7 +174,7 @@ func (r *Runtime) remountRootfs(id string, uid uint32) error {
 	if err := waitLoopsGone(r.image(id), loopsGoneLimit); err != nil {
 		return fmt.Errorf("disk of sandbox %s: %w", id, err)
 	}
-	if err := mountImage(r.image(id), disk); err != nil {
+	if err := diskimg.Mount(r.image(id), disk); err != nil {
 		return err
 	}
 	upper, work := filepath.Join(disk, "upper"), filepath.Join(disk, "work")
@@ -211,7 +212,7 @@ const loopsGoneLimit = 2 * time.Minute
 func waitLoopsGone(image string, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		devs := loopsBacking(image)
+		devs := diskimg.LoopsBacking(image)
 		if len(devs) == 0 {
 			return nil
 		}
@@ -220,7 +221,7 @@ func waitLoopsGone(image string, limit time.Duration) error {
 		}
 		// Poll: the kernel unbinds the device when its last user goes
 		// (detaching again covers a device left without autoclear).
-		_ = detachLoops(image)
+		_ = diskimg.DetachLoops(image)
 		time.Sleep(50 * time.Millisecond)
 	}
 }

@@ -131,6 +131,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			// removed.
 			BackgroundRestore: false,
 			RestoreCopies:     copies,
+			MountsGap:         mountsGap(version),
 		},
 		Logger: cfg.Logger,
 	})
@@ -289,6 +290,18 @@ func hasSystrap(version string) bool {
 // `runsc resume` of a paused sandbox before its delete.
 func deletePanicsWhenPaused(version string) bool {
 	return !hasSystrap(version)
+}
+
+// mountsGap says why runsc version cannot bind volumes, "" when it can:
+// Debian's 2022 build dies at start on any bind mount of a host directory
+// besides the root's ("error reading mounts file"). Which release fixed
+// it is not known; as for deletePanicsWhenPaused, releases with systrap
+// stand in for the fixed ones, and an unknown version is taken as old.
+func mountsGap(version string) string {
+	if hasSystrap(version) {
+		return ""
+	}
+	return "runsc " + version + " cannot bind a host directory into a sandbox (releases from mid-2023 can)"
 }
 
 // probePlatform picks kvm if /dev/kvm exists and a trial sandbox on it

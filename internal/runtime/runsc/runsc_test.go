@@ -127,6 +127,8 @@ func (h *harness) New(t *testing.T) runtimetest.Instance {
 		// the sentry by berth-agent for the processes it starts
 		// (docs/security.md, gVisor section), which this suite's are not.
 		Checkpoints:  true,
+		UIDBase:      uidBase,
+		MountsGap:    r.MountsGap(),
 		PidsLimitGap: "gVisor: the sandbox's pids limit is held inside the sentry by berth-agent (--pids-max) for the processes it starts; this suite's come from runsc exec, and the host cgroup counts sentry threads and ptrace stubs",
 		SetuidGap:    setuidGap(r),
 	}

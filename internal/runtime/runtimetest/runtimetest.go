@@ -81,6 +81,13 @@ type Instance struct {
 	// Checkpoints says the backend can checkpoint and restore; one that
 	// cannot must refuse with ErrNotImplemented.
 	Checkpoints bool
+	// MountsGap, when set, says why the backend cannot bind
+	// runtime.Spec.Mounts; the suite then expects them refused with
+	// ErrNotImplemented.
+	MountsGap string
+	// UIDBase is the first host uid of the backend's canonical range, the
+	// one layers and mount sources are owned by (runtime.Spec.Mounts).
+	UIDBase uint32
 }
 
 // Harness builds backends and specs for the suite.
@@ -121,6 +128,7 @@ func Run(t *testing.T, h Harness) {
 		{"StopStart", testStopStart},
 		{"CheckpointStopRestore", testCheckpointStopRestore},
 		{"CheckpointLiveCopy", testCheckpointLiveCopy},
+		{"Mounts", testMounts},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })

@@ -1,4 +1,4 @@
-package runc
+package diskimg
 
 import (
 	"os"
@@ -9,9 +9,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// mountsUnder finds mounts whose paths the kernel escapes in mountinfo (a
+// MountsUnder finds mounts whose paths the kernel escapes in mountinfo (a
 // space), leaves out a sibling that only shares the prefix, and lists the
-// deepest first so that unmountAll can take them down in order.
+// deepest first so that UnmountAll can take them down in order.
 func TestMountsUnder(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to mount")
@@ -39,17 +39,17 @@ func TestMountsUnder(t *testing.T) {
 	}
 	mount(inner)
 	mount(sibling)
-	got, err := mountsUnder(dir)
+	got, err := MountsUnder(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if want := []string{inner, outer}; !slices.Equal(got, want) {
-		t.Errorf("mountsUnder(%s) = %q, want %q", dir, got, want)
+		t.Errorf("MountsUnder(%s) = %q, want %q", dir, got, want)
 	}
-	if err := unmountAll(t.Context(), dir); err != nil {
-		t.Fatalf("unmountAll: %v", err)
+	if err := UnmountAll(t.Context(), dir); err != nil {
+		t.Fatalf("UnmountAll: %v", err)
 	}
-	if got, _ := mountsUnder(dir); len(got) != 0 {
-		t.Errorf("after unmountAll: %q still mounted", got)
+	if got, _ := MountsUnder(dir); len(got) != 0 {
+		t.Errorf("after UnmountAll: %q still mounted", got)
 	}
 }
