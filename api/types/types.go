@@ -159,6 +159,10 @@ type CreateRequest struct {
 	// template, isolation, limits, env, labels, user, network policy and
 	// allow_sudo the request leaves unset).
 	Snapshot string `json:"snapshot,omitempty"`
+	// Volumes are bound into the sandbox, each at a path of its own (at
+	// most 16); a sandbox from a snapshot that names none binds the
+	// snapshot's.
+	Volumes []VolumeMount `json:"volumes,omitempty"`
 	// OnNodeLost is what a Kubernetes gateway (berth serve --kubernetes)
 	// does once the node running the sandbox is lost: OnNodeLostFail or
 	// OnNodeLostRecreate; empty takes the gateway's default. A daemon
@@ -245,8 +249,11 @@ type Sandbox struct {
 	AutoResume bool   `json:"auto_resume,omitempty"`
 	IdlePause  string `json:"idle_pause,omitempty"`
 	// AllowSudo is as created.
-	AllowSudo bool   `json:"allow_sudo,omitempty"`
-	Usage     *Usage `json:"usage,omitempty"`
+	AllowSudo bool `json:"allow_sudo,omitempty"`
+	// Volumes are the volumes bound into it (Volume is the volume's ID,
+	// Name its name).
+	Volumes []VolumeMount `json:"volumes,omitempty"`
+	Usage   *Usage        `json:"usage,omitempty"`
 	// Network is where a live sandbox sits on the host's network (get and
 	// inspect only).
 	Network *SandboxNetwork `json:"network,omitempty"`

@@ -149,6 +149,7 @@ func newRootCmd(a *app) *cobra.Command {
 		newPauseCmd(a),
 		newResumeCmd(a),
 		newSnapshotCmd(a),
+		newVolumeCmd(a),
 		newForkCmd(a),
 		newTemplateCmd(a),
 		newRegistryCmd(a),

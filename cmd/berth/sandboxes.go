@@ -30,12 +30,12 @@ func checkSize(flag, v string) error {
 
 func newCreateCmd(a *app) *cobra.Command {
 	var (
-		req         client.CreateRequest
-		env, labels []string
-		asJSON      bool
-		sudo        bool
-		pf          policyFlags
-		ws          workspaceFlags
+		req                  client.CreateRequest
+		env, labels, volumes []string
+		asJSON               bool
+		sudo                 bool
+		pf                   policyFlags
+		ws                   workspaceFlags
 	)
 	cmd := &cobra.Command{
 		Use:   "create",
@@ -104,6 +104,9 @@ func newCreateCmd(a *app) *cobra.Command {
 			if req.Labels, err = parseKV("label", labels); err != nil {
 				return err
 			}
+			if req.Volumes, err = parseVolumeFlags(volumes); err != nil {
+				return err
+			}
 			if req.Network, err = pf.build(f, func() ([]byte, error) { return io.ReadAll(a.in) }); err != nil {
 				return err
 			}
@@ -140,6 +143,7 @@ func newCreateCmd(a *app) *cobra.Command {
 	f.StringVar(&req.IdlePause, "idle-pause", "", "pause the sandbox once it has had no request, no open stream and under 1% CPU this long")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable K=V (repeatable)")
 	f.StringArrayVarP(&labels, "label", "l", nil, "label k=v (repeatable)")
+	f.StringArrayVarP(&volumes, "volume", "v", nil, "bind a volume (berth volume): VOLUME:/path, or VOLUME:/path:ro read-only (repeatable)")
 	f.BoolVar(&asJSON, "json", false, "print the sandbox as JSON")
 	pf.register(f)
 	ws.register(f)

@@ -28,6 +28,7 @@ func (s *Server) routeTable() []route {
 	workspaces := func(c Config) bool { return c.Workspaces != nil }
 	registries := func(c Config) bool { return c.Registries != nil }
 	dockerfiles := func(c Config) bool { return c.Dockerfiles != nil }
+	volumes := func(c Config) bool { return c.Volumes != nil }
 	return []route{
 		{"GET", "/v1/health", s.health, nil},
 		{"GET", "/v1/openapi.json", s.openapi, nil},
@@ -85,6 +86,10 @@ func (s *Server) routeTable() []route {
 		{"DELETE", "/v1/snapshots/{id}", s.deleteSnapshot, snapshots},
 		{"GET", "/v1/snapshots/{id}/export", s.exportSnapshot, snapshots},
 		{"POST", "/v1/snapshots/import", s.importSnapshot, snapshots},
+		{"POST", "/v1/volumes", s.createVolume, volumes},
+		{"GET", "/v1/volumes", s.listVolumes, volumes},
+		{"GET", "/v1/volumes/{id}", s.getVolume, volumes},
+		{"DELETE", "/v1/volumes/{id}", s.deleteVolume, volumes},
 	}
 }
 

@@ -53,6 +53,9 @@ func toJSON(s sandbox.Sandbox) types.Sandbox {
 	}
 	out.Pause, out.OnTimeout, out.AutoResume = s.Pause, s.OnTimeout, s.AutoResume
 	out.AllowSudo = s.AllowSudo
+	for _, v := range s.Volumes {
+		out.Volumes = append(out.Volumes, types.VolumeMount{Volume: v.Volume, Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	if s.IdlePause > 0 {
 		out.IdlePause = s.IdlePause.String()
 	}
@@ -98,6 +101,9 @@ func parseCreate(in createRequest) (sandbox.CreateRequest, error) {
 	}
 	out.OnTimeout, out.AutoResume = in.OnTimeout, in.AutoResume
 	out.AllowSudo, out.User = in.AllowSudo, in.User
+	for _, v := range in.Volumes {
+		out.Volumes = append(out.Volumes, sandbox.VolumeRequest{Volume: v.Volume, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	if in.IdlePause != "" {
 		var err error
 		if out.IdlePause, err = units.ParseDuration(in.IdlePause); err != nil {

@@ -66,6 +66,8 @@ type Config struct {
 	Manager Manager
 	// Snapshots, when set, serves snapshots and fork (snapshots.go).
 	Snapshots Snapshots
+	// Volumes, when set, serves volumes (volumes.go).
+	Volumes   Volumes
 	Templates Templates
 	// Transport carries proxied requests to agents.
 	Transport http.RoundTripper

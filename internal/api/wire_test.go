@@ -159,6 +159,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"TemplateCreateRequest": types.TemplateCreateRequest{}, "TemplatePruneResult": types.TemplatePruneResult{},
 		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
 		"Snapshot": types.Snapshot{}, "SnapshotList": types.SnapshotList{}, "SnapshotRequest": types.SnapshotRequest{},
+		"Volume": types.Volume{}, "VolumeList": types.VolumeList{}, "VolumeRequest": types.VolumeRequest{}, "VolumeMount": types.VolumeMount{},
 		"ForkRequest": types.ForkRequest{}, "ForkResult": types.ForkResult{},
 		"ReadyCheck": types.ReadyCheck{}, "RegistryLoginRequest": types.RegistryLoginRequest{}, "RegistryLogin": types.RegistryLogin{},
 		"WarmPool": types.WarmPool{}, "MetricSample": types.MetricSample{},

@@ -59,6 +59,8 @@ type Sandbox struct {
 	// AllowSudo lets set-user-ID programs (sudo) raise a process to the
 	// sandbox's root, inside its user namespace: no_new_privs is off.
 	AllowSudo bool
+	// Volumes are the volumes bound into the sandbox, in order.
+	Volumes []VolumeMount
 }
 
 // Isolation levels: each is one runtime backend the daemon may offer.

@@ -53,6 +53,10 @@ type Snapshot struct {
 	// with that agent, memory and all, and the daemon hands it the new
 	// sandbox's own token with it. Never shown by the API.
 	AgentToken string `json:",omitempty"`
+	// Volumes are the source's volumes: a sandbox made from the
+	// snapshot that names none binds them, and one from a memory
+	// snapshot binds exactly them (its processes had them open).
+	Volumes []VolumeMount `json:",omitempty"`
 	// Fork marks a snapshot made by a fork: it is removed once no
 	// sandbox or snapshot uses it.
 	Fork      bool

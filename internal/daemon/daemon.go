@@ -42,6 +42,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/template"
 	"github.com/berth-sandbox/berth/internal/units"
 	"github.com/berth-sandbox/berth/internal/usage"
+	"github.com/berth-sandbox/berth/internal/volume"
 	"github.com/berth-sandbox/berth/internal/worklog"
 	"github.com/berth-sandbox/berth/proto/envd"
 )
@@ -74,6 +75,11 @@ type Config struct {
 	UIDCount         uint32 `json:"uid_count" yaml:"uid_count"`
 	Mirror           string `json:"debian_mirror" yaml:"debian_mirror"`
 	DefaultTemplate  string `json:"default_template" yaml:"default_template"`
+	// VolumeBytes is a new volume's size when its request gives none
+	// (default 10 GiB); MaxVolumeBytes bounds what one may ask (default
+	// 1 TiB). Volumes are sparse: a volume takes the host disk it holds.
+	VolumeBytes    int64 `json:"volume_bytes" yaml:"volume_bytes"`
+	MaxVolumeBytes int64 `json:"max_volume_bytes" yaml:"max_volume_bytes"`
 	// Egress (internal/egress): the DNS servers the sandboxes'
 	// resolvers and the egress proxy ask (default: the host's
 	// /etc/resolv.conf); address ranges treated as public although
@@ -356,6 +362,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	// After the Manager closes (deferred later, so run earlier): the last
 	// samples are written.
 	defer func() { mcancel(); <-mdone }()
+	vdisks, err := volume.New(filepath.Join(cfg.DataDir, "volumes"), cfg.UIDBase, log.With("component", "volumes"))
+	if err != nil {
+		return err
+	}
 	mgr, err := sandbox.New(sandbox.Config{
 		AgentPath:        agentPath,
 		DefaultTemplate:  cfg.DefaultTemplate,
@@ -368,8 +378,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		SnapshotDir:      filepath.Join(cfg.DataDir, "snapshots"),
 		WarmPool:         warmPools,
 		Ceiling:          ceiling,
+		VolumeBytes:      cfg.VolumeBytes,
+		MaxVolumeBytes:   cfg.MaxVolumeBytes,
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: usage.Tee{meter, history}, Starter: starter{link}})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: usage.Tee{meter, history}, Starter: starter{link}, Volumes: vdisks})
 	if err != nil {
 		return err
 	}
@@ -401,14 +413,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
 	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg), records: recs}}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, History: history, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Volumes: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, History: history, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
 		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
-		History: history, Records: hostRecords(mgr, wl), Native: srv.Handler(), Logger: log.With("component", "e2b"),
+		History: history, Records: hostRecords(mgr, wl), Native: srv.Handler(), Volumes: e2bVolumes{mgr, cfg.UIDBase}, Logger: log.With("component", "e2b"),
 	})
 	bctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()

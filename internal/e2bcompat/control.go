@@ -48,6 +48,13 @@ func (s *Server) routes() {
 	if s.tpl != nil {
 		s.templateRoutes()
 	}
+	if s.cfg.Volumes != nil {
+		s.volumeRoutes()
+	} else {
+		for _, pattern := range []string{"/volumes", "/volumes/", "/volumecontent/"} {
+			m.HandleFunc(pattern, notImplemented("this daemon keeps no volumes"))
+		}
+	}
 	for pattern, missing := range unimplemented {
 		m.HandleFunc(pattern, notImplemented(missing))
 	}
@@ -71,8 +78,6 @@ var unimplemented = map[string]string{
 	"/v2/templates/": templatesMissing,
 	"/v3/templates":  templatesMissing,
 	"/v3/templates/": templatesMissing,
-	"/volumes":       "volumes are not supported yet",
-	"/volumes/":      "volumes are not supported yet",
 }
 
 // notImplemented answers E2B's 501 naming what is missing.
@@ -240,6 +245,7 @@ func (s *Server) create(w http.ResponseWriter, r *http.Request) {
 		// lifecycle {onTimeout: "pause", autoResume: true} (pause.go)
 		OnTimeout:  onTimeoutOf(in),
 		AutoResume: in.AutoResume != nil && in.AutoResume.Enabled,
+		Volumes:    volumeRequests(in.VolumeMounts),
 	})
 	if err != nil {
 		writeErr(w, err)
@@ -272,8 +278,27 @@ func listed(sb sandbox.Sandbox) e2bwire.ListedBody {
 		TemplateID: sb.Template, SandboxID: sb.ID, ClientID: e2bwire.ClientID,
 		StartedAt: sb.CreatedAt.UTC().Format(time.RFC3339Nano), EndAt: sb.Deadline.UTC().Format(time.RFC3339Nano),
 		CPUCount: cpus, MemoryMB: sb.MemoryBytes >> 20, DiskSizeMB: sb.DiskBytes >> 20,
-		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
+		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: volumeMounts(sb.Volumes),
 	}
+}
+
+// volumeRequests are E2B's volumeMounts as the Manager's requests: each
+// names a volume of the caller's by name.
+func volumeRequests(in []e2bwire.VolumeMount) []sandbox.VolumeRequest {
+	var out []sandbox.VolumeRequest
+	for _, v := range in {
+		out = append(out, sandbox.VolumeRequest{Volume: v.Name, Path: v.Path})
+	}
+	return out
+}
+
+// volumeMounts are a sandbox's volumes as E2B lists them (never null).
+func volumeMounts(vs []core.VolumeMount) []e2bwire.VolumeMount {
+	out := make([]e2bwire.VolumeMount, 0, len(vs))
+	for _, v := range vs {
+		out = append(out, e2bwire.VolumeMount{Name: v.Name, Path: v.Path})
+	}
+	return out
 }
 
 // listFilter is what both list calls select and sort by: the Manager

@@ -83,7 +83,10 @@ type Config struct {
 	// BuildContext bounds the builds the template API runs in the
 	// background (the daemon's lifetime).
 	BuildContext context.Context
-	Logger       *slog.Logger
+	// Volumes, when set, serves E2B's volumes (volumes.go); without it
+	// they answer 501.
+	Volumes Volumes
+	Logger  *slog.Logger
 }
 
 // Server is the daemon's root handler.

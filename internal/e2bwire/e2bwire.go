@@ -142,19 +142,23 @@ type CreateBody struct {
 	} `json:"autoResume"`
 	MCP          json.RawMessage `json:"mcp"`
 	IAM          json.RawMessage `json:"iam"`
-	VolumeMounts json.RawMessage `json:"volumeMounts"`
+	VolumeMounts []VolumeMount   `json:"volumeMounts"`
+}
+
+// VolumeMount is E2B's SandboxVolumeMount: volume Name bound at Path.
+type VolumeMount struct {
+	Name string `json:"name"`
+	Path string `json:"path"`
 }
 
 // Unsupported names the first field of b that asks for something Berth
-// does not do yet.
+// does not do.
 func (b CreateBody) Unsupported() string {
 	switch {
 	case Present(b.MCP):
 		return "mcp (the MCP gateway) is not supported by Berth"
 	case Present(b.IAM):
 		return "iam tokens are not supported by Berth"
-	case Present(b.VolumeMounts) && string(b.VolumeMounts) != "[]":
-		return "volumeMounts are not supported by Berth yet"
 	}
 	return ""
 }
@@ -192,7 +196,7 @@ type ListedBody struct {
 	Metadata     map[string]string `json:"metadata"`
 	State        string            `json:"state"`
 	EnvdVersion  string            `json:"envdVersion"`
-	VolumeMounts []struct{}        `json:"volumeMounts"`
+	VolumeMounts []VolumeMount     `json:"volumeMounts"`
 }
 
 // DetailBody is E2B's SandboxDetail.

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -81,6 +82,18 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 			return Sandbox{}, err
 		}
 	}
+	// Held until the record is live, so no delete of a volume it binds
+	// slips in between (volumes.go).
+	volsHeld := func() {}
+	if len(req.Volumes) > 0 {
+		m.vols.mu.RLock()
+		volsHeld = sync.OnceFunc(m.vols.mu.RUnlock)
+		defer volsHeld()
+	}
+	vols, err := m.resolveVolumes(ctx, req)
+	if err != nil {
+		return Sandbox{}, err
+	}
 	// The pool refills only while no create runs (pool.go).
 	m.pool.createStarted()
 	defer m.pool.createDone()
@@ -93,6 +106,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	now := time.Now().UTC()
 	rec := m.newRecord(req, tpl.Name, iso, now)
+	rec.Volumes = vols
 	rec.Deadline = now.Add(req.Timeout)
 	rec.OnTimeout, rec.AutoResume, rec.IdlePause = req.OnTimeout, req.AutoResume, req.IdlePause
 	// The sandbox must not die with the request that asked for it; a
@@ -110,6 +124,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	}
 	m.live[rec.ID] = e
 	m.mu.Unlock()
+	volsHeld()
 	how := "template " + tpl.Name + ", isolation " + iso
 	if restore != nil {
 		how += ", from the memory of snapshot " + restore.snapshot
@@ -206,6 +221,12 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	}
 	// Pushed first, so unwound last: a Create that fails half-way may
 	// leave a container behind, and Destroy takes whatever is there.
+	mounts, release, err := m.mountVolumes(ctx, e.rec)
+	if err != nil {
+		return &FieldError{Field: "volumes", Err: err}
+	}
+	defer release() // bound into the sandbox by then
+	spec.Mounts = mounts
 	rt := m.runtimeOf(e.rec)
 	c.undo.push("runtime", func(ctx context.Context) error { return rt.Destroy(ctx, id) })
 	if err := rt.Create(ctx, spec); err != nil {

@@ -88,7 +88,11 @@ type Config struct {
 	// Ceiling is the operator's egress ceiling: a policy naming anything
 	// outside it is refused when set (nil: no ceiling beyond the guard).
 	Ceiling *policy.CompiledCeiling
-	Logger  *slog.Logger
+	// VolumeBytes is a new volume's size when its request gives none;
+	// MaxVolumeBytes bounds what one may ask (volumes.go; defaults
+	// DefaultVolumeBytes and MaxVolumeBytes).
+	VolumeBytes, MaxVolumeBytes int64
+	Logger                      *slog.Logger
 }
 
 // Deps are the subsystems the Manager drives.
@@ -114,6 +118,9 @@ type Deps struct {
 	// Usage, when set, is given every monitor sample of a running
 	// sandbox and a last one at its teardown, to meter what it used.
 	Usage UsageSink
+	// Volumes, when set (with a store that keeps volume records), keeps
+	// volumes' disks (volumes.go).
+	Volumes VolumeDisks
 }
 
 // DaemonUsage is work the daemon does for a sandbox outside its cgroup
@@ -173,6 +180,7 @@ type Manager struct {
 	hub *hub
 
 	snaps snapState
+	vols  volumeState
 	// pool is the warm pools (pool.go).
 	pool *pool
 }
@@ -196,6 +204,15 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxVolumeBytes == 0 {
+		cfg.MaxVolumeBytes = MaxVolumeBytes
+	}
+	if cfg.VolumeBytes == 0 {
+		cfg.VolumeBytes = min(DefaultVolumeBytes, cfg.MaxVolumeBytes)
+	}
+	if cfg.VolumeBytes < MinVolumeBytes || cfg.VolumeBytes > cfg.MaxVolumeBytes {
+		return nil, fmt.Errorf("sandbox manager: volume size %d is out of range [%d, %d]: %w", cfg.VolumeBytes, MinVolumeBytes, cfg.MaxVolumeBytes, errdefs.ErrInvalidArgument)
 	}
 	if cfg.DefaultTemplate == "" {
 		cfg.DefaultTemplate = "base"
@@ -235,6 +252,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	m.reconcileSnapshots(ctx)
+	m.sweepVolumeDisks(ctx)
 	if !m.track() {
 		return errors.New("sandbox manager is closed")
 	}
@@ -302,6 +320,10 @@ type CreateRequest struct {
 	// sandbox's user namespace (runtime.Spec.AllowSetuid). nil is off, or
 	// the snapshot's when Snapshot is set (fromSnapshot fills it).
 	AllowSudo *bool
+
+	// Volumes are bound into the sandbox (volumes.go); a sandbox from a
+	// snapshot that names none binds the snapshot's.
+	Volumes []VolumeRequest
 
 	// Snapshot, when set, makes the sandbox from that snapshot
 	// (snapshot.go): its layers, and whatever the request leaves unset.

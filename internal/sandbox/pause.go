@@ -451,6 +451,12 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 			return nil
 		},
 	}
+	mounts, release, err := m.mountVolumes(ctx, e.rec)
+	if err != nil {
+		return err
+	}
+	defer release() // bound into the sandbox by then
+	spec.Mounts = mounts
 	switch e.rec.Pause {
 	case core.PauseMemory:
 		cp, ok := rt.(Checkpointer)

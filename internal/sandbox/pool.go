@@ -478,7 +478,7 @@ func (m *Manager) drainPools() {
 // given either, nor taken away; claim looks in the pool made with the
 // request's.)
 func (m *Manager) claimable(req CreateRequest, p policy.Policy) bool {
-	if req.Layers != nil || req.Setup != nil {
+	if req.Layers != nil || req.Setup != nil || len(req.Volumes) > 0 {
 		return false
 	}
 	// Without egress services a policy other than none fails the create

@@ -180,7 +180,7 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 		Template: e.rec.Template, Isolation: e.rec.Isolation, Owner: e.rec.Owner,
 		CPUMillis: e.rec.CPUMillis, MemoryBytes: e.rec.MemoryBytes, DiskBytes: e.rec.DiskBytes, PidsLimit: e.rec.PidsLimit,
 		Env: maps.Clone(e.rec.Env), Labels: maps.Clone(e.rec.Labels), User: e.rec.User,
-		AllowSudo: e.rec.AllowSudo, BaseLayers: layers, Fork: fork,
+		AllowSudo: e.rec.AllowSudo, BaseLayers: layers, Fork: fork, Volumes: slices.Clone(e.rec.Volumes),
 	}
 	if memory {
 		rec.Kind, rec.AgentToken = core.SnapshotMemory, e.rec.Token
@@ -444,6 +444,9 @@ func (m *Manager) fromSnapshot(ctx context.Context, req *CreateRequest) (func(),
 		if restore, err = m.memoryStartOf(s, req); err != nil {
 			return nil, nil, err
 		}
+	}
+	if err := snapshotVolumes(s, req); err != nil {
+		return nil, nil, err
 	}
 	req.Template, req.Layers = s.Template, layers
 	if req.Isolation == "" {

@@ -38,6 +38,7 @@ var sandboxColumns = []struct{ name, decl string }{
 	{"isolation", `TEXT NOT NULL DEFAULT 'runc'`},
 	{"runtime_version", `TEXT NOT NULL DEFAULT ''`},
 	{"allow_sudo", `INTEGER NOT NULL DEFAULT 0`},
+	{"volumes", `TEXT NOT NULL DEFAULT '[]'`},
 }
 
 // apiKeyColumns are the columns added to api_keys after its first schema

@@ -100,6 +100,10 @@ func Open(ctx context.Context, path string) (*DB, error) {
 		db.Close()
 		return nil, fmt.Errorf("migrate store %s: %w", path, err)
 	}
+	if _, err := db.ExecContext(ctx, volumeSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate store %s: %w", path, err)
+	}
 	// Readers: WAL (set above, persistent in the file) lets them read
 	// the last commit while the writer writes; query_only keeps them
 	// readers.
@@ -155,6 +159,14 @@ func decodeMap(s string) (map[string]string, error) {
 	return m, nil
 }
 
+func encodeVolumes(v []core.VolumeMount) string {
+	if len(v) == 0 {
+		return "[]"
+	}
+	b, _ := json.Marshal(v) // strings and a bool always marshal
+	return string(b)
+}
+
 // PutSandbox inserts or replaces a sandbox record.
 func (d *DB) PutSandbox(ctx context.Context, s core.Sandbox) error {
 	_, err := d.PutSandboxEvents(ctx, s)
@@ -184,17 +196,17 @@ func (d *DB) PutSandboxEvents(ctx context.Context, s core.Sandbox, evs ...core.E
 func putSandbox(s core.Sandbox) stmt {
 	return stmt{`INSERT OR REPLACE INTO sandboxes
 		(id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
-		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo)
-		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, []any{
+		 pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo, volumes)
+		VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`, []any{
 		s.ID, s.State, s.Template, s.CPUMillis, s.MemoryBytes, s.DiskBytes, s.PidsLimit,
 		encodeMap(s.Env), encodeMap(s.Labels), s.Token,
 		unixNano(s.CreatedAt), unixNano(s.Deadline), unixNano(s.EndedAt), s.Reason,
 		s.Owner, encodeMap(s.Metadata), s.User, isolationOrRunc(s.Isolation), s.RuntimeVersion,
-		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause), s.AllowSudo}}
+		s.Pause, int64(s.Remaining), s.OnTimeout, s.AutoResume, int64(s.IdlePause), s.AllowSudo, encodeVolumes(s.Volumes)}}
 }
 
 const sandboxCols = `id, state, template, cpu_millis, memory_bytes, disk_bytes, pids_limit, env, labels, token, created_at, deadline, ended_at, reason, owner, metadata, agent_user, isolation, runtime_version,
-	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo`
+	pause_kind, pause_remaining, on_timeout, auto_resume, idle_pause, allow_sudo, volumes`
 
 // isolationOrRunc stores an unset isolation as runc, what a record that
 // names none has always meant.
@@ -209,14 +221,19 @@ type scanner interface{ Scan(...any) error }
 
 func scanSandbox(r scanner) (core.Sandbox, error) {
 	var s core.Sandbox
-	var env, labels, metadata string
+	var env, labels, metadata, volumes string
 	var created, deadline, ended, remaining, idle int64
 	if err := r.Scan(&s.ID, &s.State, &s.Template, &s.CPUMillis, &s.MemoryBytes, &s.DiskBytes, &s.PidsLimit,
 		&env, &labels, &s.Token, &created, &deadline, &ended, &s.Reason, &s.Owner, &metadata, &s.User, &s.Isolation, &s.RuntimeVersion,
-		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle, &s.AllowSudo); err != nil {
+		&s.Pause, &remaining, &s.OnTimeout, &s.AutoResume, &idle, &s.AllowSudo, &volumes); err != nil {
 		return s, err
 	}
 	var err error
+	if volumes != "" && volumes != "[]" {
+		if err := json.Unmarshal([]byte(volumes), &s.Volumes); err != nil {
+			return s, fmt.Errorf("sandbox %s volumes: %w", s.ID, err)
+		}
+	}
 	if s.Env, err = decodeMap(env); err != nil {
 		return s, fmt.Errorf("sandbox %s env: %w", s.ID, err)
 	}

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict'
 import { execFile } from 'node:child_process'
 import { readFile } from 'node:fs/promises'
 import { promisify } from 'node:util'
-import { Sandbox, AuthenticationError, SandboxNotFoundError, NotFoundError, Volume } from 'e2b'
+import { Sandbox, AuthenticationError, SandboxNotFoundError, NotFoundError, Secret } from 'e2b'
 import { newSandbox, api, waitFor, domain } from './helpers.mjs'
 
 test('Sandbox.create with timeoutMs, envs and metadata; getInfo reports them', async () => {
@@ -312,7 +312,7 @@ test('E2B routes Berth does not serve answer 501 naming what is missing, never 4
   for (const [method, path] of [
     ['GET', '/templates'],
     ['DELETE', '/templates/team/base:v1'],
-    ['GET', '/volumes'],
+    ['GET', '/secrets'],
   ]) {
     const r = await api(method, path, { body: method === 'POST' ? {} : undefined })
     assert.equal(r.status, 501, `${method} ${path}: ${JSON.stringify(r.body)}`)
@@ -320,7 +320,7 @@ test('E2B routes Berth does not serve answer 501 naming what is missing, never 4
     assert.match(r.body.message, /not implemented by Berth: ./)
   }
   // Through the SDK: an error that says so, not "not found".
-  await assert.rejects(Volume.list(), (err) => {
+  await assert.rejects(Secret.list().nextItems(), (err) => {
     assert.ok(!(err instanceof SandboxNotFoundError) && !(err instanceof NotFoundError), `got ${err.name}: ${err.message}`)
     assert.match(err.message, /not implemented by Berth/)
     return true

@@ -215,7 +215,7 @@ func getWithKey(t *testing.T, url, key string) (int, string) {
 // the sandbox's own lifecycle; the rest (listing, keys, network policy,
 // snapshots, the 1,600-command stress file) is the same daemon code on
 // both levels.
-const e2bGVisorSubset = `^(run: |background|sendStdin|commands\.connect|a background command|write |list with depth|watchDir|pty: |on gVisor, pause|Sandbox\.create with|kill and isRunning)`
+const e2bGVisorSubset = `^(run: |background|sendStdin|commands\.connect|a background command|write |list with depth|watchDir|pty: |on gVisor, pause|Sandbox\.create with|kill and isRunning|volume: files)`
 
 // TestE2BGVisorTemplate: an E2B create that names only a template whose
 // default level is gvisor runs under gVisor (the E2B API has no isolation

@@ -270,10 +270,14 @@ var e2bNotServed = map[string]string{
 	"/teams/":         "Berth has no teams: each API key sees its own sandboxes",
 	"/secrets":        "secrets are not managed through the E2B API",
 	"/secrets/":       "secrets are not managed through the E2B API",
-	"/volumes":        "volumes are not supported yet",
-	"/volumes/":       "volumes are not supported yet",
+	"/volumes":        gatewayVolumes,
+	"/volumes/":       gatewayVolumes,
+	"/volumecontent/": gatewayVolumes,
 	"/sandboxes/{id}": "only GET and DELETE are served on a sandbox",
 }
+
+// gatewayVolumes says why the gateway answers 501 for E2B's volumes.
+const gatewayVolumes = "volumes are not served by the Kubernetes gateway yet: a volume lives on one Berth daemon, whose own E2B API serves them"
 
 // e2bAuthed identifies the caller as authed does, answering in E2B's
 // error shape.
@@ -351,7 +355,11 @@ func (g *Gateway) e2bCreate(w http.ResponseWriter, r *http.Request, p auth.Princ
 		e2bFieldErr(w, http.StatusBadRequest, "templateID", "is required")
 		return
 	}
-	for _, msg := range []string{in.Unsupported(), in.CheckSecure()} {
+	volumes := ""
+	if len(in.VolumeMounts) > 0 {
+		volumes = "volumeMounts: " + gatewayVolumes
+	}
+	for _, msg := range []string{in.Unsupported(), in.CheckSecure(), volumes} {
 		if msg != "" {
 			e2bwire.WriteError(w, http.StatusBadRequest, msg)
 			return
@@ -497,7 +505,7 @@ func e2bListed(pod *corev1.Pod) e2bwire.ListedBody {
 		// E2B counts whole vCPUs; unset limits are the node's defaults,
 		// which the gateway does not know (0).
 		CPUCount: int64(math.Ceil(sb.CPU)), MemoryMB: sb.MemoryBytes >> 20,
-		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []struct{}{},
+		Metadata: md, State: e2bState(sb.State), EnvdVersion: envd.Version, VolumeMounts: []e2bwire.VolumeMount{},
 	}
 }
 

@@ -249,6 +249,7 @@ func TestE2BCreateRefused(t *testing.T) {
 		{`{"templateID":"minimal","secure":false}`, 400, "secure"},
 		{`{"templateID":"minimal","network":{"denyOut":["not-an-ip"]}}`, 400, "network.denyOut"},
 		{`{"templateID":"minimal","metadata":{"":"x"}}`, 400, "metadata"},
+		{`{"templateID":"minimal","volumeMounts":[{"name":"v","path":"/data"}]}`, 400, "volumeMounts"},
 	} {
 		code, data, _ := e.e2bCall(t, "POST", "/sandboxes", keyAlice, tc.body, nil)
 		if code != tc.status {

@@ -1,0 +1,113 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+
+	"github.com/berth-sandbox/berth/api/types"
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/core"
+	"github.com/berth-sandbox/berth/internal/units"
+)
+
+// Volumes is what the API needs for volumes (the Manager's volumes.go).
+type Volumes interface {
+	CreateVolume(ctx context.Context, owner, name string, size int64) (core.Volume, error)
+	LookupVolume(ctx context.Context, owner, ref string) (core.Volume, error)
+	ListVolumes(ctx context.Context) ([]core.Volume, error)
+	VolumeUsers(ctx context.Context, id string) ([]string, error)
+	DeleteVolume(ctx context.Context, id string) error
+}
+
+func volumeToJSON(v core.Volume) types.Volume {
+	return types.Volume{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, CreatedAt: utc(v.CreatedAt)}
+}
+
+// volumeFor returns the volume ref names (an ID, or a name of the
+// caller's) if the caller may see it; one it may not is not found.
+func (s *Server) volumeFor(r *http.Request, ref string) (core.Volume, error) {
+	p := principal(r)
+	if ref == "" || len(ref) > 128 {
+		return core.Volume{}, badField("volume", fmt.Errorf("volume %q: want an ID or a name: %w", ref, errdefs.ErrInvalidArgument))
+	}
+	v, err := s.cfg.Volumes.LookupVolume(r.Context(), p.Owner(), ref)
+	if err == nil && !p.Sees(v.Owner) {
+		err = fmt.Errorf("volume %q: %w", ref, errdefs.ErrNotFound)
+	}
+	if err != nil {
+		return core.Volume{}, badField("volume", err)
+	}
+	return v, nil
+}
+
+func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
+	var in types.VolumeRequest
+	if err := decodeJSON(r, &in); err != nil {
+		writeError(w, err)
+		return
+	}
+	var size int64
+	if in.Size != "" {
+		var err error
+		if size, err = units.ParseSize(in.Size); err != nil {
+			writeError(w, badField("size", fmt.Errorf("size: %w", err)))
+			return
+		}
+		if size == 0 {
+			writeError(w, badField("size", fmt.Errorf("size %q: want a positive size: %w", in.Size, errdefs.ErrInvalidArgument)))
+			return
+		}
+	}
+	v, err := s.cfg.Volumes.CreateVolume(r.Context(), principal(r).Owner(), in.Name, size)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, volumeToJSON(v))
+}
+
+func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
+	all, err := s.cfg.Volumes.ListVolumes(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	p := principal(r)
+	out := types.VolumeList{Volumes: make([]types.Volume, 0, len(all))}
+	for _, v := range all {
+		if p.Sees(v.Owner) {
+			out.Volumes = append(out.Volumes, volumeToJSON(v))
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.volumeFor(r, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	users, err := s.cfg.Volumes.VolumeUsers(r.Context(), v.ID)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := volumeToJSON(v)
+	out.Sandboxes = users
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
+	v, err := s.volumeFor(r, r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if err := s.cfg.Volumes.DeleteVolume(r.Context(), v.ID); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}

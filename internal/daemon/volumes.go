@@ -1,0 +1,29 @@
+package daemon
+
+import (
+	"context"
+
+	"github.com/berth-sandbox/berth/internal/sandbox"
+	"github.com/berth-sandbox/berth/internal/volume"
+)
+
+// e2bVolumes serves E2B's volume API from the Manager's volumes, opening
+// a volume's files (mounted on the host for the request) in the
+// canonical uid range.
+type e2bVolumes struct {
+	*sandbox.Manager
+	uidBase uint32
+}
+
+func (v e2bVolumes) VolumeFiles(ctx context.Context, id string) (*volume.Files, func(), error) {
+	root, release, err := v.MountVolume(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := volume.OpenFiles(root, v.uidBase)
+	if err != nil {
+		release()
+		return nil, nil, err
+	}
+	return f, func() { f.Close(); release() }, nil
+}

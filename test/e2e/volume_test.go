@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"errors"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/berth-sandbox/berth/client"
+	"github.com/berth-sandbox/berth/errdefs"
+)
+
+// TestVolumes: a volume's files outlive the sandboxes that bind it and are
+// shared live between those that bind it at once, under runc and gVisor,
+// read-write or read-only; the sandbox's uids own what it writes; a full
+// volume is ENOSPC inside it; a pause and resume (files or memory), a
+// snapshot and a SIGKILL of the daemon keep it bound; it cannot be deleted
+// while a sandbox binds it; bad requests name their field; and nothing of
+// it stays mounted once no sandbox binds it.
+func TestVolumes(t *testing.T) {
+	d := StartDaemon(t)
+	ctx := t.Context()
+	c := d.Client
+	out, _, code := d.CLI(t, nil, "volume", "create", "work", "--size", "64M")
+	if code != 0 {
+		t.Fatalf("berth volume create exited %d: %s", code, out)
+	}
+	volID := strings.TrimSpace(out)
+	v, err := c.GetVolume(ctx, "work")
+	if err != nil || v.ID != volID || v.SizeBytes != 64<<20 || len(v.Sandboxes) != 0 {
+		t.Fatalf("GetVolume(work) = %+v, %v; want %s of 64 MiB bound nowhere", v, err, volID)
+	}
+
+	a := d.Create(t, client.CreateRequest{Volumes: []client.VolumeMount{{Volume: "work", Path: "/work"}}, Timeout: "30m"})
+	if len(a.Volumes) != 1 || a.Volumes[0].Volume != volID || a.Volumes[0].Name != "work" || a.Volumes[0].Path != "/work" {
+		t.Errorf("the sandbox's volumes = %+v", a.Volumes)
+	}
+	MustRun(t, a, "echo from-a > /work/a && mkdir -p /work/dir && echo deep > /work/dir/f")
+	if got := MustRun(t, a, "stat -c %u /work/a; id -u"); len(strings.Fields(got)) != 2 || strings.Fields(got)[0] != strings.Fields(got)[1] {
+		t.Errorf("the file's owner and the writer's uid in the sandbox = %q, want the same", got)
+	}
+	// A second sandbox, read-only, at once: it sees a's files and a's
+	// later writes, and cannot write.
+	isos := []string{client.IsolationRunc}
+	if _, err := exec.LookPath("runsc"); err == nil {
+		isos = append(isos, client.IsolationGVisor)
+	}
+	t.Logf("readers at %v", isos)
+	var readers []*client.Sandbox
+	for _, iso := range isos {
+		r := d.Create(t, client.CreateRequest{Isolation: iso, Volumes: []client.VolumeMount{{Volume: volID, Path: "/mnt/shared", ReadOnly: true}}, Timeout: "30m"})
+		if got := MustRun(t, r, "cat /mnt/shared/a /mnt/shared/dir/f"); got != "from-a\ndeep\n" {
+			t.Errorf("%s reader: the volume's files = %q", iso, got)
+		}
+		if o, e, code := Run(t, r, "echo no > /mnt/shared/b"); code == 0 || !strings.Contains(o+e, "Read-only") {
+			t.Errorf("%s reader: a write on a read-only bind = %d %q %q, want refused read-only", iso, code, o, e)
+		}
+		readers = append(readers, r)
+	}
+	MustRun(t, a, "echo later > /work/later")
+	for i, r := range readers {
+		if got := MustRun(t, r, "cat /mnt/shared/later"); got != "later\n" {
+			t.Errorf("%s reader: a's write after it started = %q", isos[i], got)
+		}
+	}
+	// The cap: a full volume is ENOSPC in it, and the sandbox's own disk
+	// is untouched by it.
+	if o, e, code := Run(t, a, "dd if=/dev/zero of=/work/big bs=1M count=100"); code == 0 || !strings.Contains(o+e, "No space left") {
+		t.Errorf("writing 100 MiB into a 64 MiB volume = %d %q %q, want no space left", code, o, e)
+	}
+	MustRun(t, a, "rm /work/big && echo fine > /tmp/own-disk")
+
+	// Bound: the delete is refused, naming a sandbox; CLI too.
+	if err := c.RemoveVolume(ctx, "work"); !errors.Is(err, errdefs.ErrFailedPrecondition) || !strings.Contains(err.Error(), a.ID) {
+		t.Errorf("RemoveVolume while bound = %v, want failed_precondition naming %s", err, a.ID)
+	}
+	if _, e, code := d.CLI(t, nil, "volume", "rm", "work"); code == 0 || !strings.Contains(e, "failed_precondition") {
+		t.Errorf("berth volume rm while bound exited %d: %s", code, e)
+	}
+	if v, err := c.GetVolume(ctx, volID); err != nil || len(v.Sandboxes) != 1+len(readers) {
+		t.Errorf("GetVolume's sandboxes = %+v, %v; want a and the readers", v, err)
+	}
+
+	// Bad requests name their field and make nothing.
+	for _, c2 := range []struct {
+		vols  []client.VolumeMount
+		field string
+	}{
+		{[]client.VolumeMount{{Volume: "nope", Path: "/x"}}, "volumes[0].volume"},
+		{[]client.VolumeMount{{Volume: "work", Path: "/proc/x"}}, "volumes[0].path"},
+		{[]client.VolumeMount{{Volume: "work", Path: "relative"}}, "volumes[0].path"},
+	} {
+		_, err := c.Create(ctx, client.CreateRequest{Volumes: c2.vols})
+		var apiErr *errdefs.Error
+		if !errors.As(err, &apiErr) || apiErr.Field != c2.field {
+			t.Errorf("Create with %+v = %v, want an error on %s", c2.vols, err, c2.field)
+		}
+	}
+	if _, e, code := d.CLI(t, nil, "create", "--volume", "work"); code == 0 || !strings.Contains(e, "--volume") {
+		t.Errorf("berth create --volume work exited %d: %s", code, e)
+	}
+	if _, err := c.CreateVolume(ctx, "work", ""); !errors.Is(err, errdefs.ErrAlreadyExists) {
+		t.Errorf("a second volume named work = %v, want already_exists", err)
+	}
+	if _, err := c.CreateVolume(ctx, "tiny", "1M"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		t.Errorf("a 1 MiB volume = %v, want invalid_argument", err)
+	}
+
+	// Paused and resumed, with its files or its memory: bound again.
+	for _, sb := range append([]*client.Sandbox{a}, readers...) {
+		if _, err := c.Pause(ctx, sb.ID); err != nil {
+			t.Fatalf("pause %s: %v", sb.ID, err)
+		}
+		if _, err := c.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatalf("resume %s: %v\n%s", sb.ID, err, d.Logs())
+		}
+	}
+	MustRun(t, a, "echo after-resume > /work/resumed")
+	for i, r := range readers {
+		if got := MustRun(t, r, "cat /mnt/shared/resumed"); got != "after-resume\n" {
+			t.Errorf("%s reader after its resume: %q", isos[i], got)
+		}
+	}
+	// A snapshot's sandbox binds the same volume.
+	snap, err := c.Snapshot(ctx, a.ID, "with-volume")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := d.Create(t, client.CreateRequest{Snapshot: snap.ID})
+	if len(b.Volumes) != 1 || b.Volumes[0].Volume != volID || b.Volumes[0].Path != "/work" {
+		t.Errorf("the snapshot's sandbox binds %+v, want the volume at /work", b.Volumes)
+	}
+	if got := MustRun(t, b, "cat /work/resumed /tmp/own-disk"); got != "after-resume\nfine\n" {
+		t.Errorf("the snapshot's sandbox reads %q", got)
+	}
+
+	// The daemon killed and started again: the sandboxes keep their binds,
+	// and the host keeps none of its own.
+	d.Kill9()
+	d.Start()
+	MustRun(t, a, "echo after-restart > /work/restarted")
+	if got := MustRun(t, b, "cat /work/restarted"); got != "after-restart\n" {
+		t.Errorf("after the daemon's restart: %q", got)
+	}
+	for _, sb := range append([]*client.Sandbox{a, b}, readers...) {
+		if err := c.Kill(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.RemoveSnapshot(ctx, snap.ID); err != nil {
+		t.Fatal(err)
+	}
+	AssertNoLeaks(t, d)
+
+	// Unbound, its files are all there for the next sandbox.
+	n := d.Create(t, client.CreateRequest{Volumes: []client.VolumeMount{{Volume: "work", Path: "/home/user/w"}}})
+	if got := MustRun(t, n, "cat /home/user/w/a /home/user/w/restarted"); got != "from-a\nafter-restart\n" {
+		t.Errorf("a later sandbox reads %q", got)
+	}
+	if err := c.Kill(ctx, n.ID); err != nil {
+		t.Fatal(err)
+	}
+	if out, e, code := d.CLI(t, nil, "volume", "rm", "work"); code != 0 {
+		t.Fatalf("berth volume rm once unbound exited %d: %s %s", code, out, e)
+	}
+	if _, err := c.GetVolume(ctx, volID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("GetVolume after rm = %v, want not_found", err)
+	}
+	if list, err := c.Volumes(ctx); err != nil || len(list) != 0 {
+		t.Errorf("Volumes after rm = %+v, %v", list, err)
+	}
+	AssertNoLeaks(t, d)
+}
