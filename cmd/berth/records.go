@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -84,10 +85,18 @@ func newKillCmd(a *app) *cobra.Command {
 }
 
 func newRmCmd(a *app) *cobra.Command {
+	return newRemoveEachCmd(a, "rm ID [ID…]", "Remove stopped or failed sandboxes' records and logs now (the daemon does after its retention)",
+		"at least one sandbox ID", (*client.Client).Remove)
+}
+
+// newRemoveEachCmd is a command that removes each thing its arguments
+// name with remove, printing each one removed and reporting every
+// failure (the last as its error).
+func newRemoveEachCmd(a *app, use, short, what string, remove func(*client.Client, context.Context, string) error) *cobra.Command {
 	return &cobra.Command{
-		Use:   "rm ID [ID…]",
-		Short: "Remove stopped or failed sandboxes' records and logs now (the daemon does after its retention)",
-		Args:  minArgs(1, "at least one sandbox ID"),
+		Use:   use,
+		Short: short,
+		Args:  minArgs(1, what),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.client()
 			if err != nil {
@@ -95,7 +104,7 @@ func newRmCmd(a *app) *cobra.Command {
 			}
 			var errs []error
 			for _, id := range args {
-				if err := c.Remove(cmd.Context(), id); err != nil {
+				if err := remove(c, cmd.Context(), id); err != nil {
 					errs = append(errs, fmt.Errorf("rm %s: %w", id, err))
 					continue
 				}

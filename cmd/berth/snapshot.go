@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -101,26 +100,8 @@ func newSnapshotLsCmd(a *app) *cobra.Command {
 }
 
 func newSnapshotRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "rm SNAPSHOT...",
-		Short: "Remove snapshots (refused while a sandbox or another snapshot sits on one)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, id := range args {
-				if err := c.RemoveSnapshot(cmd.Context(), id); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(a.out, id)
-			}
-			return errors.Join(errs...)
-		},
-	}
+	return newRemoveEachCmd(a, "rm SNAPSHOT...", "Remove snapshots (refused while a sandbox or another snapshot sits on one)",
+		"at least one snapshot ID", (*client.Client).RemoveSnapshot)
 }
 
 func newSnapshotExportCmd(a *app) *cobra.Command {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"strings"
 	"text/tabwriter"
@@ -117,26 +116,8 @@ func newVolumeInspectCmd(a *app) *cobra.Command {
 }
 
 func newVolumeRmCmd(a *app) *cobra.Command {
-	return &cobra.Command{
-		Use:   "rm VOLUME...",
-		Short: "Delete volumes and their files (refused while a sandbox that binds one exists)",
-		Args:  cobra.MinimumNArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.client()
-			if err != nil {
-				return err
-			}
-			var errs []error
-			for _, ref := range args {
-				if err := c.RemoveVolume(cmd.Context(), ref); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				fmt.Fprintln(a.out, ref)
-			}
-			return errors.Join(errs...)
-		},
-	}
+	return newRemoveEachCmd(a, "rm VOLUME...", "Delete volumes and their files (refused while a sandbox that binds one exists)",
+		"at least one volume ID or name", (*client.Client).RemoveVolume)
 }
 
 // parseVolumeFlags reads --volume NAME:/path[:ro] flags.
