@@ -17,6 +17,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
+	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/snaparchive"
 )
 
@@ -99,6 +100,9 @@ func (m *Manager) ExportSnapshot(ctx context.Context, id string, w io.Writer) er
 	}
 	if s.Kind == core.SnapshotMemory {
 		meta.AgentToken = s.AgentToken
+	}
+	for _, v := range s.Volumes {
+		meta.Volumes = append(meta.Volumes, snaparchive.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
 	}
 	return snaparchive.Write(w, meta, files[:len(own)], memory)
 }
@@ -209,6 +213,10 @@ func (m *Manager) ImportSnapshot(ctx context.Context, r io.Reader, owner string,
 		Env: meta.Env, Labels: merged(meta.Labels, labels), User: meta.User, AllowSudo: meta.AllowSudo, Policy: string(meta.Policy),
 		BaseLayers: base, SizeBytes: size, CreatedAt: time.Now().UTC(),
 	}
+	for _, v := range meta.Volumes {
+		// By name only: the importing key's volume of that name.
+		rec.Volumes = append(rec.Volumes, core.VolumeMount{Name: v.Name, Path: v.Path, ReadOnly: v.ReadOnly})
+	}
 	if err := m.checkImported(rec); err != nil {
 		return core.Snapshot{}, err
 	}
@@ -249,6 +257,17 @@ func (m *Manager) checkImported(rec core.Snapshot) error {
 	}
 	if rec.Isolation != "" && rec.Isolation != core.IsolationRunc && rec.Isolation != core.IsolationGVisor {
 		return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: isolation %q: %w", rec.Isolation, errdefs.ErrInvalidArgument)}
+	}
+	if len(rec.Volumes) > MaxVolumeMounts {
+		return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: %d volumes, at most %d: %w", len(rec.Volumes), MaxVolumeMounts, errdefs.ErrInvalidArgument)}
+	}
+	for _, v := range rec.Volumes {
+		if !volumeName.MatchString(v.Name) {
+			return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: volume name %q: %w", v.Name, errdefs.ErrInvalidArgument)}
+		}
+		if err := runtime.CheckMountDestination(v.Path); err != nil {
+			return &FieldError{Field: "file", Err: fmt.Errorf("import snapshot: volume %s: %w: %w", v.Name, err, errdefs.ErrInvalidArgument)}
+		}
 	}
 	return nil
 }

@@ -264,7 +264,11 @@ func (m *Manager) resolveVolumes(ctx context.Context, req CreateRequest) ([]core
 func snapshotVolumes(s core.Snapshot, req *CreateRequest) error {
 	if len(req.Volumes) == 0 {
 		for _, v := range s.Volumes {
-			req.Volumes = append(req.Volumes, VolumeRequest{Volume: v.Volume, Path: v.Path, ReadOnly: v.ReadOnly})
+			ref := v.Volume
+			if ref == "" {
+				ref = v.Name // an imported snapshot's: by name on this daemon
+			}
+			req.Volumes = append(req.Volumes, VolumeRequest{Volume: ref, Path: v.Path, ReadOnly: v.ReadOnly})
 		}
 		return nil
 	}

@@ -287,3 +287,17 @@ func TestSnapshotVolumes(t *testing.T) {
 		}
 	}
 }
+
+// TestImportedSnapshotVolumes: an imported snapshot names its volumes by
+// name only (an ID is its daemon's): a create from it binds this
+// daemon's volumes of those names.
+func TestImportedSnapshotVolumes(t *testing.T) {
+	req := CreateRequest{}
+	imported := core.Snapshot{ID: "s2", Kind: core.SnapshotMemory, Volumes: []core.VolumeMount{{Name: "cache", Path: "/c", ReadOnly: true}}}
+	if err := snapshotVolumes(imported, &req); err != nil {
+		t.Fatal(err)
+	}
+	if want := []VolumeRequest{{Volume: "cache", Path: "/c", ReadOnly: true}}; !slices.Equal(req.Volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", req.Volumes, want)
+	}
+}

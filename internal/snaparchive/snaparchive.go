@@ -66,8 +66,19 @@ type Meta struct {
 	// AgentToken is, for a memory snapshot, the access token its image's
 	// agent holds (the image holds it anyway); the importing daemon
 	// hands each sandbox made from it a token of its own.
-	AgentToken string    `json:"agent_token,omitempty"`
-	CreatedAt  time.Time `json:"created_at"`
+	AgentToken string `json:"agent_token,omitempty"`
+	// Volumes are the volumes the source bound, by name (a volume's ID
+	// is its daemon's): a sandbox made from the snapshot on the
+	// importing daemon binds that daemon's volumes of those names.
+	Volumes   []VolumeMount `json:"volumes,omitempty"`
+	CreatedAt time.Time     `json:"created_at"`
+}
+
+// VolumeMount is one volume a snapshot's source bound.
+type VolumeMount struct {
+	Name     string `json:"name"`
+	Path     string `json:"path"`
+	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
 // Layer is one layer's entry in the manifest.

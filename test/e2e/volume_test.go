@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"errors"
 	"os/exec"
 	"strings"
@@ -121,6 +122,23 @@ func TestVolumes(t *testing.T) {
 			t.Errorf("%s reader after its resume: %q", isos[i], got)
 		}
 	}
+	// A fork (under gVisor: a copy of the running memory) binds it too.
+	for i, r := range readers {
+		fork, err := c.Fork(ctx, r.ID, 1)
+		if err != nil {
+			t.Fatalf("fork of the %s reader: %v\n%s", isos[i], err, d.Logs())
+		}
+		cp := fork.Sandboxes[0]
+		if len(cp.Volumes) != 1 || cp.Volumes[0].Volume != volID || !cp.Volumes[0].ReadOnly {
+			t.Errorf("the %s fork binds %+v", isos[i], cp.Volumes)
+		}
+		if got := MustRun(t, cp, "cat /mnt/shared/resumed"); got != "after-resume\n" {
+			t.Errorf("the %s fork reads %q", isos[i], got)
+		}
+		if err := c.Kill(ctx, cp.ID); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A snapshot's sandbox binds the same volume.
 	snap, err := c.Snapshot(ctx, a.ID, "with-volume")
 	if err != nil {
@@ -132,6 +150,29 @@ func TestVolumes(t *testing.T) {
 	}
 	if got := MustRun(t, b, "cat /work/resumed /tmp/own-disk"); got != "after-resume\nfine\n" {
 		t.Errorf("the snapshot's sandbox reads %q", got)
+	}
+	// Exported and imported, it names the volume by name: a sandbox from
+	// the import binds this daemon's volume called work.
+	var archive bytes.Buffer
+	if err := c.ExportSnapshot(ctx, snap.ID, &archive); err != nil {
+		t.Fatal(err)
+	}
+	imported, err := c.ImportSnapshot(ctx, &archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromImport := d.Create(t, client.CreateRequest{Snapshot: imported.ID})
+	if len(fromImport.Volumes) != 1 || fromImport.Volumes[0].Volume != volID {
+		t.Errorf("the imported snapshot's sandbox binds %+v, want work (%s)", fromImport.Volumes, volID)
+	}
+	if got := MustRun(t, fromImport, "cat /work/resumed"); got != "after-resume\n" {
+		t.Errorf("the imported snapshot's sandbox reads %q", got)
+	}
+	if err := c.Kill(ctx, fromImport.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveSnapshot(ctx, imported.ID); err != nil {
+		t.Fatal(err)
 	}
 
 	// The daemon killed and started again: the sandboxes keep their binds,
