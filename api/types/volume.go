@@ -11,8 +11,10 @@ type Volume struct {
 	// SizeBytes is its capacity; a full volume is ENOSPC inside it.
 	SizeBytes int64     `json:"size_bytes"`
 	CreatedAt time.Time `json:"created_at"`
-	// Sandboxes are those that bind it now (get only).
+	// Sandboxes are those that bind it now, and UsedBytes what its files
+	// take (get only).
 	Sandboxes []string `json:"sandboxes,omitempty"`
+	UsedBytes int64    `json:"used_bytes,omitempty"`
 }
 
 // VolumeRequest is the body of POST /v1/volumes. Size is a size string

@@ -17,6 +17,7 @@ type Volumes interface {
 	LookupVolume(ctx context.Context, owner, ref string) (core.Volume, error)
 	ListVolumes(ctx context.Context) ([]core.Volume, error)
 	VolumeUsers(ctx context.Context, id string) ([]string, error)
+	VolumeUsed(ctx context.Context, id string) (int64, error)
 	DeleteVolume(ctx context.Context, id string) error
 }
 
@@ -94,8 +95,13 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
+	used, err := s.cfg.Volumes.VolumeUsed(r.Context(), v.ID)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
 	out := volumeToJSON(v)
-	out.Sandboxes = users
+	out.Sandboxes, out.UsedBytes = users, used
 	writeJSON(w, http.StatusOK, out)
 }
 

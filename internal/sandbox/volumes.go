@@ -38,6 +38,8 @@ type VolumeDisks interface {
 	Remove(ctx context.Context, id string) error
 	// IDs lists the volumes with a disk.
 	IDs() ([]string, error)
+	// Used reports how many bytes its files take.
+	Used(ctx context.Context, id string) (int64, error)
 }
 
 // VolumeRequest binds a volume into a new sandbox (CreateRequest.Volumes).
@@ -153,6 +155,15 @@ func (m *Manager) MountVolume(ctx context.Context, id string) (root string, rele
 		return "", nil, err
 	}
 	return disks.Mount(ctx, id)
+}
+
+// VolumeUsed reports how many bytes volume id's files take.
+func (m *Manager) VolumeUsed(ctx context.Context, id string) (int64, error) {
+	_, disks, err := m.volumes()
+	if err != nil {
+		return 0, err
+	}
+	return disks.Used(ctx, id)
 }
 
 // ListVolumes returns every volume, oldest first.

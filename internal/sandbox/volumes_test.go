@@ -109,6 +109,8 @@ func (d *fakeDisks) Remove(_ context.Context, id string) error {
 	return nil
 }
 
+func (d *fakeDisks) Used(context.Context, string) (int64, error) { return 4096, nil }
+
 func (d *fakeDisks) IDs() ([]string, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

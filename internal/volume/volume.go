@@ -24,6 +24,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/diskimg"
 )
@@ -160,6 +162,21 @@ func (d *Disks) release(id string, k *disk) {
 	if err := diskimg.UnmountOne(context.Background(), d.mnt(id)); err != nil {
 		d.log.Warn("volume_unmount", "volume_id", id, "err", err)
 	}
+}
+
+// Used reports how many bytes volume id's files take (its filesystem's
+// used blocks, its own bookkeeping included).
+func (d *Disks) Used(ctx context.Context, id string) (int64, error) {
+	root, release, err := d.Mount(ctx, id)
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	var st unix.Statfs_t
+	if err := unix.Statfs(root, &st); err != nil {
+		return 0, fmt.Errorf("volume %s: %w", id, err)
+	}
+	return int64(st.Blocks-st.Bfree) * st.Bsize, nil
 }
 
 // InUse reports whether volume id's filesystem is mounted anywhere: on

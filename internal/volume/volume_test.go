@@ -86,6 +86,16 @@ func TestDisks(t *testing.T) {
 		t.Errorf("writing 32 MiB into a 16 MiB volume = %v, want ENOSPC", err)
 	}
 	os.Remove(filepath.Join(root, "big"))
+	empty, err := d.Used(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "mib"), bytes.Repeat([]byte("x"), 1<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if used, err := d.Used(ctx, id); err != nil || used-empty < 1<<20 {
+		t.Errorf("Used after writing 1 MiB = %d (empty %d), %v; want at least 1 MiB more", used, empty, err)
+	}
 	// A sandbox's bind: here a bind elsewhere on the host.
 	bind := filepath.Join(t.TempDir(), "bind")
 	if err := os.Mkdir(bind, 0o700); err != nil {

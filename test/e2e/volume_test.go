@@ -78,8 +78,8 @@ func TestVolumes(t *testing.T) {
 	if _, e, code := d.CLI(t, nil, "volume", "rm", "work"); code == 0 || !strings.Contains(e, "failed_precondition") {
 		t.Errorf("berth volume rm while bound exited %d: %s", code, e)
 	}
-	if v, err := c.GetVolume(ctx, volID); err != nil || len(v.Sandboxes) != 1+len(readers) {
-		t.Errorf("GetVolume's sandboxes = %+v, %v; want a and the readers", v, err)
+	if v, err := c.GetVolume(ctx, volID); err != nil || len(v.Sandboxes) != 1+len(readers) || v.UsedBytes <= 0 {
+		t.Errorf("GetVolume = %+v, %v; want a and the readers binding it, and some bytes used", v, err)
 	}
 
 	// Bad requests name their field and make nothing.
