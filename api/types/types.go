@@ -461,6 +461,8 @@ type Quota struct {
 	MaxCPU       float64 `json:"max_cpu,omitempty"`
 	MaxMemory    string  `json:"max_memory,omitempty"`
 	MaxTimeout   string  `json:"max_timeout,omitempty"`
+	// MaxVolumeSize bounds the sizes of the key's volumes together.
+	MaxVolumeSize string `json:"max_volume_size,omitempty"`
 }
 
 // CreateAPIKeyRequest names a new API key.
@@ -473,10 +475,11 @@ type CreateAPIKeyRequest struct {
 // UpdateAPIKeyRequest changes a key's quota: the fields it carries replace
 // the current ones, the others stay; 0 (or "0") removes a bound.
 type UpdateAPIKeyRequest struct {
-	MaxSandboxes *int64   `json:"max_sandboxes,omitempty"`
-	MaxCPU       *float64 `json:"max_cpu,omitempty"`
-	MaxMemory    *string  `json:"max_memory,omitempty"`
-	MaxTimeout   *string  `json:"max_timeout,omitempty"`
+	MaxSandboxes  *int64   `json:"max_sandboxes,omitempty"`
+	MaxCPU        *float64 `json:"max_cpu,omitempty"`
+	MaxMemory     *string  `json:"max_memory,omitempty"`
+	MaxTimeout    *string  `json:"max_timeout,omitempty"`
+	MaxVolumeSize *string  `json:"max_volume_size,omitempty"`
 }
 
 // APIKeyList is the answer to GET /v1/apikeys.

@@ -18,6 +18,7 @@ type quotaFlags struct {
 	maxCPU       float64
 	maxMemory    string
 	maxTimeout   string
+	maxVolumes   string
 }
 
 func (q *quotaFlags) add(cmd *cobra.Command) {
@@ -26,6 +27,7 @@ func (q *quotaFlags) add(cmd *cobra.Command) {
 	f.Float64Var(&q.maxCPU, "max-cpu", 0, "most CPU cores its live sandboxes may ask for together (0: unbounded)")
 	f.StringVar(&q.maxMemory, "max-memory", "", "most memory its live sandboxes may ask for together, e.g. 8G (0: unbounded)")
 	f.StringVar(&q.maxTimeout, "max-timeout", "", "longest lifetime one of its sandboxes may ask for, e.g. 2h (0: unbounded)")
+	f.StringVar(&q.maxVolumes, "max-volume-size", "", "most its volumes may hold together (their sizes), e.g. 100G (0: unbounded)")
 }
 
 // update is the request that sets the flags the user gave.
@@ -43,6 +45,9 @@ func (q *quotaFlags) update(cmd *cobra.Command) client.UpdateAPIKeyRequest {
 	}
 	if f.Changed("max-timeout") {
 		u.MaxTimeout = &q.maxTimeout
+	}
+	if f.Changed("max-volume-size") {
+		u.MaxVolumeSize = &q.maxVolumes
 	}
 	return u
 }
@@ -65,6 +70,9 @@ func quotaString(q *client.Quota) string {
 	if q.MaxTimeout != "" {
 		parts = append(parts, "timeout="+q.MaxTimeout)
 	}
+	if q.MaxVolumeSize != "" {
+		parts = append(parts, "volumes="+q.MaxVolumeSize)
+	}
 	return strings.Join(parts, ",")
 }
 
@@ -82,7 +90,7 @@ func newAPIKeyCmd(a *app) *cobra.Command {
 		cq    quotaFlags
 	)
 	create := &cobra.Command{
-		Use:   "create [--name NAME] [--admin] [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D]",
+		Use:   "create [--name NAME] [--admin] [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D] [--max-volume-size S]",
 		Short: "Create an API key and print it (it is shown only once)",
 		Long: `Create an API key and print it (it is shown only once). A key sees and
 touches only the sandboxes it creates, on both APIs; an --admin key sees
@@ -97,7 +105,7 @@ once; a create past one fails with resource_exhausted.`,
 			req := client.CreateAPIKeyRequest{Name: name, Admin: admin}
 			u := cq.update(cmd)
 			if u != (client.UpdateAPIKeyRequest{}) {
-				req.Quota = &client.Quota{MaxSandboxes: cq.maxSandboxes, MaxCPU: cq.maxCPU, MaxMemory: cq.maxMemory, MaxTimeout: cq.maxTimeout}
+				req.Quota = &client.Quota{MaxSandboxes: cq.maxSandboxes, MaxCPU: cq.maxCPU, MaxMemory: cq.maxMemory, MaxTimeout: cq.maxTimeout, MaxVolumeSize: cq.maxVolumes}
 			}
 			k, err := c.CreateAPIKeyWith(cmd.Context(), req)
 			if err != nil {
@@ -114,7 +122,7 @@ once; a create past one fails with resource_exhausted.`,
 	cq.add(create)
 	var uq quotaFlags
 	update := &cobra.Command{
-		Use:   "update ID [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D]",
+		Use:   "update ID [--max-sandboxes K] [--max-cpu C] [--max-memory M] [--max-timeout D] [--max-volume-size S]",
 		Short: "Change a key's quota (0 removes a bound; flags not given stay)",
 		Args:  exactArgs(1, "an API key ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -124,7 +132,7 @@ once; a create past one fails with resource_exhausted.`,
 			}
 			u := uq.update(cmd)
 			if u == (client.UpdateAPIKeyRequest{}) {
-				return invalidf("give at least one of --max-sandboxes, --max-cpu, --max-memory, --max-timeout")
+				return invalidf("give at least one of --max-sandboxes, --max-cpu, --max-memory, --max-timeout, --max-volume-size")
 			}
 			k, err := c.UpdateAPIKey(cmd.Context(), args[0], u)
 			if err != nil {

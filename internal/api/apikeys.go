@@ -33,13 +33,16 @@ func apiKeyToJSON(k core.APIKey) types.APIKey {
 		if q.MaxTimeout > 0 {
 			out.Quota.MaxTimeout = q.MaxTimeout.String()
 		}
+		if q.MaxVolumeBytes > 0 {
+			out.Quota.MaxVolumeSize = units.FormatSize(q.MaxVolumeBytes)
+		}
 	}
 	return out
 }
 
 // quotaFromWire applies the wire fields that are set onto q, naming a bad
 // field.
-func quotaFromWire(q core.Quota, maxSandboxes *int64, maxCPU *float64, maxMemory, maxTimeout *string) (core.Quota, error) {
+func quotaFromWire(q core.Quota, maxSandboxes *int64, maxCPU *float64, maxMemory, maxTimeout, maxVolumeSize *string) (core.Quota, error) {
 	if maxSandboxes != nil {
 		if *maxSandboxes < 0 {
 			return q, badField("max_sandboxes", fmt.Errorf("max_sandboxes %d is negative: %w", *maxSandboxes, errdefs.ErrInvalidArgument))
@@ -59,6 +62,13 @@ func quotaFromWire(q core.Quota, maxSandboxes *int64, maxCPU *float64, maxMemory
 		}
 		q.MaxMemoryBytes = n
 	}
+	if maxVolumeSize != nil {
+		n, err := units.ParseSize(*maxVolumeSize)
+		if err != nil {
+			return q, badField("max_volume_size", fmt.Errorf("max_volume_size: %w", err))
+		}
+		q.MaxVolumeBytes = n
+	}
 	if maxTimeout != nil {
 		d, err := units.ParseDuration(*maxTimeout)
 		if err != nil {
@@ -77,15 +87,18 @@ func (s *Server) createAPIKey(w http.ResponseWriter, r *http.Request) {
 	}
 	var quota core.Quota
 	if q := in.Quota; q != nil {
-		var mem, timeout *string
+		var mem, timeout, vols *string
 		if q.MaxMemory != "" {
 			mem = &q.MaxMemory
 		}
 		if q.MaxTimeout != "" {
 			timeout = &q.MaxTimeout
 		}
+		if q.MaxVolumeSize != "" {
+			vols = &q.MaxVolumeSize
+		}
 		var err error
-		if quota, err = quotaFromWire(core.Quota{}, &q.MaxSandboxes, &q.MaxCPU, mem, timeout); err != nil {
+		if quota, err = quotaFromWire(core.Quota{}, &q.MaxSandboxes, &q.MaxCPU, mem, timeout, vols); err != nil {
 			writeError(w, err)
 			return
 		}
@@ -122,7 +135,7 @@ func (s *Server) updateAPIKey(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fmt.Errorf("api key %s (or it is revoked): %w", id, errdefs.ErrNotFound))
 		return
 	}
-	q, err := quotaFromWire(cur.Quota, in.MaxSandboxes, in.MaxCPU, in.MaxMemory, in.MaxTimeout)
+	q, err := quotaFromWire(cur.Quota, in.MaxSandboxes, in.MaxCPU, in.MaxMemory, in.MaxTimeout, in.MaxVolumeSize)
 	if err != nil {
 		writeError(w, err)
 		return

@@ -13,7 +13,7 @@ import (
 
 // Volumes is what the API needs for volumes (the Manager's volumes.go).
 type Volumes interface {
-	CreateVolume(ctx context.Context, owner, name string, size int64) (core.Volume, error)
+	CreateVolume(ctx context.Context, owner, name string, size, maxBytes int64) (core.Volume, error)
 	LookupVolume(ctx context.Context, owner, ref string) (core.Volume, error)
 	ListVolumes(ctx context.Context) ([]core.Volume, error)
 	VolumeUsers(ctx context.Context, id string) ([]string, error)
@@ -60,7 +60,8 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	v, err := s.cfg.Volumes.CreateVolume(r.Context(), principal(r).Owner(), in.Name, size)
+	p := principal(r)
+	v, err := s.cfg.Volumes.CreateVolume(r.Context(), p.Owner(), in.Name, size, p.Key.Quota.MaxVolumeBytes)
 	if err != nil {
 		writeError(w, err)
 		return

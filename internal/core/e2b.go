@@ -32,6 +32,8 @@ type Quota struct {
 	MaxMemoryBytes int64
 	// MaxTimeout bounds each sandbox's lifetime.
 	MaxTimeout time.Duration
+	// MaxVolumeBytes bounds the sizes of the key's volumes together.
+	MaxVolumeBytes int64
 }
 
 // E2BSandbox holds what only the E2B-compatible API knows about a sandbox.

@@ -27,7 +27,7 @@ import (
 
 // Volumes is what E2B's volume API needs.
 type Volumes interface {
-	CreateVolume(ctx context.Context, owner, name string, size int64) (core.Volume, error)
+	CreateVolume(ctx context.Context, owner, name string, size, maxBytes int64) (core.Volume, error)
 	LookupVolume(ctx context.Context, owner, ref string) (core.Volume, error)
 	ListVolumes(ctx context.Context) ([]core.Volume, error)
 	DeleteVolume(ctx context.Context, id string) error
@@ -79,7 +79,7 @@ func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
 		writeErr(w, err)
 		return
 	}
-	v, err := s.cfg.Volumes.CreateVolume(r.Context(), keyOf(r).ID, in.Name, 0)
+	v, err := s.cfg.Volumes.CreateVolume(r.Context(), keyOf(r).ID, in.Name, 0, keyOf(r).Quota.MaxVolumeBytes)
 	if err != nil {
 		writeErr(w, err)
 		return

@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/units"
 )
 
 // Volumes are named, size-capped filesystems that outlive sandboxes: a
@@ -89,8 +90,9 @@ func newVolumeID() string {
 }
 
 // CreateVolume makes a volume called name of size bytes (0: the default)
-// for owner.
-func (m *Manager) CreateVolume(ctx context.Context, owner, name string, size int64) (core.Volume, error) {
+// for owner, whose volumes may hold maxBytes together (0: unbounded; the
+// key's quota).
+func (m *Manager) CreateVolume(ctx context.Context, owner, name string, size, maxBytes int64) (core.Volume, error) {
 	vs, disks, err := m.volumes()
 	if err != nil {
 		return core.Volume{}, err
@@ -110,6 +112,24 @@ func (m *Manager) CreateVolume(ctx context.Context, owner, name string, size int
 		return core.Volume{}, &FieldError{Field: "name", Err: fmt.Errorf("volume %q exists: %w", name, errdefs.ErrAlreadyExists)}
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return core.Volume{}, err
+	}
+	if maxBytes > 0 {
+		all, err := vs.ListVolumes(ctx)
+		if err != nil {
+			return core.Volume{}, err
+		}
+		var held int64
+		n := 0
+		for _, v := range all {
+			if v.Owner == owner {
+				held += v.SizeBytes
+				n++
+			}
+		}
+		if held+size > maxBytes {
+			return core.Volume{}, &FieldError{Field: "size", Err: fmt.Errorf("size: a volume of %s would take this key's volumes to %s, over its max_volume_size %s (%d volumes hold %s): %w",
+				units.FormatSize(size), units.FormatSize(held+size), units.FormatSize(maxBytes), n, units.FormatSize(held), errdefs.ErrResourceExhausted)}
+		}
 	}
 	v := core.Volume{ID: newVolumeID(), Name: name, Owner: owner, SizeBytes: size, CreatedAt: time.Now().UTC(), Token: newToken()}
 	if err := disks.Make(ctx, v.ID, size); err != nil {

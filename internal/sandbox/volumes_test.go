@@ -149,7 +149,7 @@ func TestVolumes(t *testing.T) {
 		d.Runtime, d.Store, d.Volumes = rt, st, disks
 	})
 	m, ctx := f.m, t.Context()
-	v, err := m.CreateVolume(ctx, "key1", "cache", 0)
+	v, err := m.CreateVolume(ctx, "key1", "cache", 0, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,7 +175,7 @@ func TestVolumes(t *testing.T) {
 		{"small", 1 << 20, "size_bytes", errdefs.ErrInvalidArgument},
 		{"huge", 2 << 40, "size_bytes", errdefs.ErrInvalidArgument},
 	} {
-		_, err := m.CreateVolume(ctx, "key1", c.name, c.size)
+		_, err := m.CreateVolume(ctx, "key1", c.name, c.size, 0)
 		if !errors.Is(err, c.code) || fieldOf(err) != c.field {
 			t.Errorf("CreateVolume(%q, %d) = %v (field %q), want %v on %s", c.name, c.size, err, fieldOf(err), c.code, c.field)
 		}
@@ -183,8 +183,15 @@ func TestVolumes(t *testing.T) {
 	if len(disks.disks) != 1 {
 		t.Errorf("refused creates made disks: %v", disks.disks)
 	}
+	// The key's quota bounds its volumes' sizes together.
+	if _, err := m.CreateVolume(ctx, "key1", "more", 1<<30, DefaultVolumeBytes+(1<<29)); !errors.Is(err, errdefs.ErrResourceExhausted) || fieldOf(err) != "size" {
+		t.Errorf("a volume past the key's max = %v (field %q), want resource_exhausted on size", err, fieldOf(err))
+	}
+	if _, err := m.CreateVolume(ctx, "key1", "fits", 1<<29, DefaultVolumeBytes+(1<<29)); err != nil {
+		t.Errorf("a volume within the key's max = %v", err)
+	}
 	// The same name for another key is another volume.
-	v2, err := m.CreateVolume(ctx, "key2", "cache", 32<<20)
+	v2, err := m.CreateVolume(ctx, "key2", "cache", 32<<20, 0)
 	if err != nil || v2.ID == v.ID {
 		t.Fatalf("another key's cache = %+v, %v", v2, err)
 	}

@@ -48,6 +48,7 @@ var apiKeyColumns = []struct{ name, decl string }{
 	{"max_sandboxes", `INTEGER NOT NULL DEFAULT 0`},
 	{"max_cpu_millis", `INTEGER NOT NULL DEFAULT 0`},
 	{"max_memory_bytes", `INTEGER NOT NULL DEFAULT 0`},
+	{"max_volume_bytes", `INTEGER NOT NULL DEFAULT 0`},
 	{"max_timeout_ns", `INTEGER NOT NULL DEFAULT 0`},
 }
 
@@ -138,16 +139,16 @@ func migrate(ctx context.Context, db *sql.DB) error {
 
 // PutAPIKey stores a new API key.
 func (d *DB) PutAPIKey(ctx context.Context, k core.APIKey) error {
-	_, err := d.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?)`,
+	_, err := d.exec(ctx, `INSERT INTO api_keys (`+apiKeyCols+`) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)`,
 		k.ID, k.Name, k.Hash, k.Mask, unixNano(k.CreatedAt), unixNano(k.RevokedAt), boolInt(k.Admin),
-		k.Quota.MaxSandboxes, k.Quota.MaxCPUMillis, k.Quota.MaxMemoryBytes, int64(k.Quota.MaxTimeout))
+		k.Quota.MaxSandboxes, k.Quota.MaxCPUMillis, k.Quota.MaxMemoryBytes, int64(k.Quota.MaxTimeout), k.Quota.MaxVolumeBytes)
 	if err != nil {
 		return fmt.Errorf("put api key %s: %w", k.ID, err)
 	}
 	return nil
 }
 
-const apiKeyCols = `id, name, hash, mask, created_at, revoked_at, admin, max_sandboxes, max_cpu_millis, max_memory_bytes, max_timeout_ns`
+const apiKeyCols = `id, name, hash, mask, created_at, revoked_at, admin, max_sandboxes, max_cpu_millis, max_memory_bytes, max_timeout_ns, max_volume_bytes`
 
 func boolInt(b bool) int {
 	if b {
@@ -160,7 +161,7 @@ func scanAPIKey(r scanner) (core.APIKey, error) {
 	var k core.APIKey
 	var created, revoked, admin, maxTimeout int64
 	err := r.Scan(&k.ID, &k.Name, &k.Hash, &k.Mask, &created, &revoked, &admin,
-		&k.Quota.MaxSandboxes, &k.Quota.MaxCPUMillis, &k.Quota.MaxMemoryBytes, &maxTimeout)
+		&k.Quota.MaxSandboxes, &k.Quota.MaxCPUMillis, &k.Quota.MaxMemoryBytes, &maxTimeout, &k.Quota.MaxVolumeBytes)
 	k.CreatedAt, k.RevokedAt = fromNano(created), fromNano(revoked)
 	k.Admin, k.Quota.MaxTimeout = admin != 0, time.Duration(maxTimeout)
 	return k, err
@@ -181,8 +182,8 @@ func (d *DB) GetAPIKey(ctx context.Context, id string) (core.APIKey, error) {
 
 // SetAPIKeyQuota replaces an active key's quota.
 func (d *DB) SetAPIKeyQuota(ctx context.Context, id string, q core.Quota) error {
-	res, err := d.exec(ctx, `UPDATE api_keys SET max_sandboxes = ?, max_cpu_millis = ?, max_memory_bytes = ?, max_timeout_ns = ? WHERE id = ? AND revoked_at = 0`,
-		q.MaxSandboxes, q.MaxCPUMillis, q.MaxMemoryBytes, int64(q.MaxTimeout), id)
+	res, err := d.exec(ctx, `UPDATE api_keys SET max_sandboxes = ?, max_cpu_millis = ?, max_memory_bytes = ?, max_timeout_ns = ?, max_volume_bytes = ? WHERE id = ? AND revoked_at = 0`,
+		q.MaxSandboxes, q.MaxCPUMillis, q.MaxMemoryBytes, int64(q.MaxTimeout), q.MaxVolumeBytes, id)
 	if err != nil {
 		return fmt.Errorf("update api key %s: %w", id, err)
 	}

@@ -107,6 +107,32 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("a 1 MiB volume = %v, want invalid_argument", err)
 	}
 
+	// A key's volumes: bounded by its quota, unseen by others, and others'
+	// unseen and unbindable by it.
+	_, keyed := newKey(t, d, client.CreateAPIKeyRequest{Name: "volumes", Quota: &client.Quota{MaxVolumeSize: "100M"}})
+	if _, err := keyed.CreateVolume(ctx, "mine", "64M"); err != nil {
+		t.Fatal(err)
+	}
+	var apiErr *errdefs.Error
+	if _, err := keyed.CreateVolume(ctx, "more", "64M"); !errors.Is(err, errdefs.ErrResourceExhausted) || !errors.As(err, &apiErr) || apiErr.Field != "size" {
+		t.Errorf("a volume past the key's max_volume_size = %v, want resource_exhausted on size", err)
+	}
+	if _, err := keyed.GetVolume(ctx, "work"); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's GetVolume(work) = %v, want not_found", err)
+	}
+	if _, err := keyed.GetVolume(ctx, volID); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key's GetVolume(%s) = %v, want not_found", volID, err)
+	}
+	if list, err := keyed.Volumes(ctx); err != nil || len(list) != 1 || list[0].Name != "mine" {
+		t.Errorf("the key's Volumes = %+v, %v; want only its own", list, err)
+	}
+	if _, err := keyed.Create(ctx, client.CreateRequest{Volumes: []client.VolumeMount{{Volume: volID, Path: "/x"}}}); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("another key binding %s = %v, want not_found", volID, err)
+	}
+	if err := keyed.RemoveVolume(ctx, "mine"); err != nil {
+		t.Fatal(err)
+	}
+
 	// Paused and resumed, with its files or its memory: bound again.
 	for _, sb := range append([]*client.Sandbox{a}, readers...) {
 		if _, err := c.Pause(ctx, sb.ID); err != nil {
