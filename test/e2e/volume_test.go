@@ -37,6 +37,11 @@ func TestVolumes(t *testing.T) {
 		t.Errorf("the sandbox's volumes = %+v", a.Volumes)
 	}
 	MustRun(t, a, "echo from-a > /work/a && mkdir -p /work/dir && echo deep > /work/dir/f")
+	// nosuid and nodev: a set-user-ID file one sandbox leaves there raises
+	// nobody in another.
+	if got := MustRun(t, a, "grep ' /work ' /proc/mounts"); !strings.Contains(got, "nosuid") || !strings.Contains(got, "nodev") {
+		t.Errorf("the volume's bind: %q, want nosuid and nodev", got)
+	}
 	if got := MustRun(t, a, "stat -c %u /work/a; id -u"); len(strings.Fields(got)) != 2 || strings.Fields(got)[0] != strings.Fields(got)[1] {
 		t.Errorf("the file's owner and the writer's uid in the sandbox = %q, want the same", got)
 	}
