@@ -3,12 +3,16 @@ package e2e
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestVolumes: a volume's files outlive the sandboxes that bind it and are
@@ -240,6 +244,58 @@ func TestVolumes(t *testing.T) {
 	}
 	if list, err := c.Volumes(ctx); err != nil || len(list) != 0 {
 		t.Errorf("Volumes after rm = %+v, %v", list, err)
+	}
+	AssertNoLeaks(t, d)
+}
+
+// TestVolumesConcurrent: sandboxes made and destroyed at once, all binding
+// one volume, each write their own file and see every other's; once they
+// are gone the volume is mounted nowhere and can be deleted, and nothing
+// is left.
+func TestVolumesConcurrent(t *testing.T) {
+	d := StartDaemon(t)
+	ctx := t.Context()
+	c := d.Client
+	v, err := c.CreateVolume(ctx, "shared", "64M")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 12
+	sbs := make([]*client.Sandbox, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			sbs[i], errs[i] = c.Create(ctx, client.CreateRequest{Template: "minimal", Volumes: []client.VolumeMount{{Volume: v.ID, Path: "/shared"}}})
+			if errs[i] == nil {
+				var code int
+				script := "echo " + strconv.Itoa(i) + " > /shared/" + strconv.Itoa(i)
+				if _, _, code, errs[i] = harness.Exec(sbs[i], script); errs[i] == nil && code != 0 {
+					errs[i] = fmt.Errorf("%q exited %d", script, code)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("sandbox %d: %v\n%s", i, err, d.Logs())
+		}
+	}
+	for i, sb := range sbs {
+		if got := MustRun(t, sb, "ls /shared | wc -l"); strings.TrimSpace(got) != strconv.Itoa(n) {
+			t.Errorf("sandbox %d sees %s files, want %d", i, strings.TrimSpace(got), n)
+		}
+	}
+	for i := range n {
+		wg.Go(func() { errs[i] = c.Kill(ctx, sbs[i].ID) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.RemoveVolume(ctx, v.ID); err != nil {
+		t.Fatalf("RemoveVolume once every sandbox is gone: %v", err)
 	}
 	AssertNoLeaks(t, d)
 }

@@ -444,14 +444,22 @@ func (d *Daemon) Create(t TB, req client.CreateRequest) *client.Sandbox {
 // exit code.
 func Run(t TB, sb *client.Sandbox, script string) (string, string, int) {
 	t.Helper()
-	var o, e bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", script}, Stdout: &o, Stderr: &e})
+	o, e, code, err := Exec(sb, script)
 	if err != nil {
 		t.Fatalf("exec %q: %v", script, err)
 	}
-	return o.String(), e.String(), code
+	return o, e, code
+}
+
+// Exec runs script under /bin/sh in sb, bounded at 60 s, and returns its
+// output and exit code; err is the call's failure (for goroutines, which
+// may not end the test).
+func Exec(sb *client.Sandbox, script string) (stdout, stderr string, code int, err error) {
+	var o, e bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	code, err = sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", script}, Stdout: &o, Stderr: &e})
+	return o.String(), e.String(), code, err
 }
 
 // MustRun is Run that fails the test on a non-zero exit.
