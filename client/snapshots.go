@@ -165,11 +165,17 @@ func (c *Client) ImportSnapshotWith(ctx context.Context, r io.Reader, opts Impor
 // answer into out. The server's errors come back as they are; what names
 // the call in the client's own.
 func (c *Client) upload(ctx context.Context, what, path string, q url.Values, r io.Reader, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.endpoint(path, q), r)
+	return c.send(ctx, what, http.MethodPost, path, "application/x-tar", q, r, out)
+}
+
+// send sends r as a body of type contentType and decodes the JSON answer
+// into out, as upload does.
+func (c *Client) send(ctx context.Context, what, method, path, contentType string, q url.Values, r io.Reader, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, c.endpoint(path, q), r)
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	req.Header.Set("Content-Type", "application/x-tar")
+	req.Header.Set("Content-Type", contentType)
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.hc.Do(req)
 	if err != nil {

@@ -40,3 +40,24 @@ type VolumeMount struct {
 	Path     string `json:"path"`
 	ReadOnly bool   `json:"read_only,omitempty"`
 }
+
+// VolumeEntry is one file in a volume (GET /v1/volumes/{id}/list, and the
+// answers of its writes). Owners are the sandboxes' uids and gids.
+type VolumeEntry struct {
+	Name string `json:"name"`
+	// Type is "file", "directory", "symlink" or "unknown".
+	Type string `json:"type"`
+	// Path is its path in the volume, from its root ("/a/b").
+	Path   string    `json:"path"`
+	Size   int64     `json:"size"`
+	Mode   uint32    `json:"mode"`
+	UID    uint32    `json:"uid"`
+	GID    uint32    `json:"gid"`
+	Mtime  time.Time `json:"mtime"`
+	Target string    `json:"target,omitempty"`
+}
+
+// VolumeListing is the answer of GET /v1/volumes/{id}/list.
+type VolumeListing struct {
+	Entries []VolumeEntry `json:"entries"`
+}

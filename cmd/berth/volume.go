@@ -23,7 +23,7 @@ func newVolumeCmd(a *app) *cobra.Command {
 		Args: exactArgs(0, "a subcommand"),
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newVolumeCreateCmd(a), newVolumeLsCmd(a), newVolumeInspectCmd(a), newVolumeRmCmd(a))
+	cmd.AddCommand(newVolumeCreateCmd(a), newVolumeLsCmd(a), newVolumeInspectCmd(a), newVolumeRmCmd(a), newVolumeCpCmd(a))
 	return cmd
 }
 

@@ -90,6 +90,11 @@ func (s *Server) routeTable() []route {
 		{"GET", "/v1/volumes", s.listVolumes, volumes},
 		{"GET", "/v1/volumes/{id}", s.getVolume, volumes},
 		{"DELETE", "/v1/volumes/{id}", s.deleteVolume, volumes},
+		{"GET", "/v1/volumes/{id}/list", s.volumeFiles(s.listVolume), volumes},
+		{"GET", "/v1/volumes/{id}/files", s.volumeFiles(s.readVolumeFile), volumes},
+		{"PUT", "/v1/volumes/{id}/files", s.volumeFiles(s.writeVolumeFile), volumes},
+		{"DELETE", "/v1/volumes/{id}/files", s.volumeFiles(s.removeVolumePath), volumes},
+		{"POST", "/v1/volumes/{id}/dirs", s.volumeFiles(s.makeVolumeDir), volumes},
 	}
 }
 

@@ -2,13 +2,17 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"strconv"
 
 	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/units"
+	"github.com/berth-sandbox/berth/internal/volume"
 )
 
 // Volumes is what the API needs for volumes (the Manager's volumes.go).
@@ -19,6 +23,9 @@ type Volumes interface {
 	VolumeUsers(ctx context.Context, id string) ([]string, error)
 	VolumeUsed(ctx context.Context, id string) (int64, error)
 	DeleteVolume(ctx context.Context, id string) error
+	// VolumeFiles opens volume id's files (mounting it on the host) until
+	// done is called.
+	VolumeFiles(ctx context.Context, id string) (files *volume.Files, done func(), err error)
 }
 
 func volumeToJSON(v core.Volume) types.Volume {
@@ -114,6 +121,128 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := s.cfg.Volumes.DeleteVolume(r.Context(), v.ID); err != nil {
 		writeError(w, err)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+func entryToJSON(e volume.Entry) types.VolumeEntry {
+	return types.VolumeEntry{Name: e.Name, Type: e.Type, Path: e.Path, Size: e.Size, Mode: e.Mode, UID: e.UID, GID: e.GID, Mtime: e.Mtime, Target: e.Target}
+}
+
+// volumeFiles resolves {id} to a volume the caller sees and opens its
+// files for next, with the request's path (required).
+func (s *Server) volumeFiles(next func(http.ResponseWriter, *http.Request, *volume.Files, string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		v, err := s.volumeFor(r, r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		p := r.URL.Query().Get("path")
+		if p == "" {
+			writeError(w, badField("path", fmt.Errorf("path is required: %w", errdefs.ErrInvalidArgument)))
+			return
+		}
+		files, done, err := s.cfg.Volumes.VolumeFiles(r.Context(), v.ID)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		defer done()
+		next(w, r, files, p)
+	}
+}
+
+// pathErr names the path field on a file error that is about the request.
+func pathErr(err error) error {
+	if errors.Is(err, errdefs.ErrInvalidArgument) || errors.Is(err, errdefs.ErrNotFound) {
+		return badField("path", err)
+	}
+	return err
+}
+
+func (s *Server) listVolume(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
+	depth := 1
+	if v := r.URL.Query().Get("depth"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, badField("depth", fmt.Errorf("depth %q: want a number of levels, at least 1: %w", v, errdefs.ErrInvalidArgument)))
+			return
+		}
+		depth = n
+	}
+	list, err := f.List(p, depth)
+	if err != nil {
+		writeError(w, pathErr(err))
+		return
+	}
+	out := types.VolumeListing{Entries: make([]types.VolumeEntry, 0, len(list))}
+	for _, e := range list {
+		out.Entries = append(out.Entries, entryToJSON(e))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
+	file, e, err := f.ReadFile(p)
+	if err != nil {
+		writeError(w, pathErr(err))
+		return
+	}
+	defer file.Close()
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
+	w.Header().Set("X-Berth-Mode", strconv.FormatUint(uint64(e.Mode), 8))
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.Copy(w, file) // a client that went away ends the copy
+}
+
+// modeParam reads the optional octal mode query parameter.
+func modeParam(r *http.Request) (*uint32, error) {
+	v := r.URL.Query().Get("mode")
+	if v == "" {
+		return nil, nil
+	}
+	n, err := strconv.ParseUint(v, 8, 32)
+	if err != nil || n > 0o7777 {
+		return nil, badField("mode", fmt.Errorf("mode %q: want octal permissions such as 0644: %w", v, errdefs.ErrInvalidArgument))
+	}
+	m := uint32(n)
+	return &m, nil
+}
+
+func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
+	mode, err := modeParam(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	e, err := f.WriteFile(p, r.Body, volume.Attrs{Mode: mode}, true)
+	if err != nil {
+		writeError(w, pathErr(err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, entryToJSON(e))
+}
+
+func (s *Server) makeVolumeDir(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
+	mode, err := modeParam(r)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	e, err := f.MakeDir(p, volume.Attrs{Mode: mode}, true)
+	if err != nil {
+		writeError(w, pathErr(err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, entryToJSON(e))
+}
+
+func (s *Server) removeVolumePath(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
+	if err := f.Remove(p); err != nil {
+		writeError(w, pathErr(err))
 		return
 	}
 	w.WriteHeader(http.StatusNoContent)

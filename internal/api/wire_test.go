@@ -160,6 +160,7 @@ func TestOpenAPISchemas(t *testing.T) {
 		"Quota": types.Quota{}, "UsageRecord": types.UsageRecord{},
 		"Snapshot": types.Snapshot{}, "SnapshotList": types.SnapshotList{}, "SnapshotRequest": types.SnapshotRequest{},
 		"Volume": types.Volume{}, "VolumeList": types.VolumeList{}, "VolumeRequest": types.VolumeRequest{}, "VolumeMount": types.VolumeMount{},
+		"VolumeEntry": types.VolumeEntry{}, "VolumeListing": types.VolumeListing{},
 		"ForkRequest": types.ForkRequest{}, "ForkResult": types.ForkResult{},
 		"ReadyCheck": types.ReadyCheck{}, "RegistryLoginRequest": types.RegistryLoginRequest{}, "RegistryLogin": types.RegistryLogin{},
 		"WarmPool": types.WarmPool{}, "MetricSample": types.MetricSample{},

@@ -413,14 +413,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	prom.SetSources(metricSources(mgr, meter, keys))
 	imgr := instrumented{Manager: mgr, m: prom}
 	docker := dockerBuilder{store: tpl, runner: &buildRunner{mgr: mgr, link: link, stateDir: filepath.Join(cfg.DataDir, "sandboxes"), network: buildNetwork(cfg), records: recs}}
-	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Volumes: mgr, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, History: history, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
+	vols := volumeService{mgr, cfg.UIDBase}
+	srv := api.New(api.Config{Manager: imgr, Snapshots: mgr, Volumes: vols, Isolation: lv.wire, Metrics: prom.Handler(), Records: recs, Usage: meter, History: history, Templates: tpl, Registries: puller, Dockerfiles: docker, Transport: agentTransport, Dial: link.Dial, APIKeys: keys, RequireAuth: cfg.RequireAuth, Worklog: wl, Review: rev, Workspaces: ws, Warm: mgr, Version: cfg.Version, Logger: log.With("component", "api")})
 	// The root handler routes E2B sandbox traffic and the E2B control plane,
 	// and hands /v1 to the native API: one listener serves all three.
 	root := e2bcompat.New(e2bcompat.Config{
 		Manager: imgr, Store: db, Keys: keys, Transport: agentTransport, Domain: cfg.E2BDomain,
 		DefaultNetwork: cfg.E2BDefaultNetwork, NoSudo: cfg.E2BNoSudo,
 		Templates: e2bTemplates{docker}, TemplateDir: filepath.Join(cfg.DataDir, "e2b-templates"), Builds: db, BuildContext: ctx,
-		History: history, Records: hostRecords(mgr, wl), Native: srv.Handler(), Volumes: e2bVolumes{mgr, cfg.UIDBase}, Logger: log.With("component", "e2b"),
+		History: history, Records: hostRecords(mgr, wl), Native: srv.Handler(), Volumes: vols, Logger: log.With("component", "e2b"),
 	})
 	bctx, stopBackground := context.WithCancel(ctx)
 	defer stopBackground()

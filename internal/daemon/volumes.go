@@ -7,15 +7,15 @@ import (
 	"github.com/berth-sandbox/berth/internal/volume"
 )
 
-// e2bVolumes serves E2B's volume API from the Manager's volumes, opening
-// a volume's files (mounted on the host for the request) in the
-// canonical uid range.
-type e2bVolumes struct {
+// volumeService serves the native and E2B volume APIs from the Manager's
+// volumes, opening a volume's files (mounted on the host for the request)
+// in the canonical uid range.
+type volumeService struct {
 	*sandbox.Manager
 	uidBase uint32
 }
 
-func (v e2bVolumes) VolumeFiles(ctx context.Context, id string) (*volume.Files, func(), error) {
+func (v volumeService) VolumeFiles(ctx context.Context, id string) (*volume.Files, func(), error) {
 	root, release, err := v.MountVolume(ctx, id)
 	if err != nil {
 		return nil, nil, err

@@ -171,7 +171,8 @@ func (f *Files) Stat(p string) (Entry, error) {
 const MaxListed = 10000
 
 // List lists directory p, and below it to depth levels (1: its entries
-// only), depth first in name order.
+// only), depth first in name order; p naming anything else lists its own
+// entry alone (as ls does).
 func (f *Files) List(p string, depth int) ([]Entry, error) {
 	name, err := CleanPath(p)
 	if err != nil {
@@ -185,7 +186,7 @@ func (f *Files) List(p string, depth int) ([]Entry, error) {
 		return nil, err
 	}
 	if e.Type != "directory" {
-		return nil, fmt.Errorf("list %s: not a directory: %w", e.Path, errdefs.ErrInvalidArgument)
+		return []Entry{e}, nil
 	}
 	var out []Entry
 	var walk func(dir string, level int) error

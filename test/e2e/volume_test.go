@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,6 +117,48 @@ func TestVolumes(t *testing.T) {
 	}
 	if _, err := c.CreateVolume(ctx, "tiny", "1M"); !errors.Is(err, errdefs.ErrInvalidArgument) {
 		t.Errorf("a 1 MiB volume = %v, want invalid_argument", err)
+	}
+
+	// Files in and out without a sandbox: berth volume cp both ways (a
+	// tree, a file), and the native file calls; a path never leaves the
+	// volume.
+	local := t.TempDir()
+	writeTree(t, filepath.Join(local, "tree"), map[string]string{"top.txt": "top", "sub/deep.txt": "deep"})
+	if err := os.Chmod(filepath.Join(local, "tree", "sub", "deep.txt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, e, code := d.CLI(t, nil, "volume", "cp", filepath.Join(local, "tree"), "work:/from-host"); code != 0 {
+		t.Fatalf("berth volume cp up exited %d: %s", code, e)
+	}
+	if got := MustRun(t, a, "cat /work/from-host/top.txt /work/from-host/sub/deep.txt; stat -c %a /work/from-host/sub/deep.txt"); got != "topdeep600\n" {
+		t.Errorf("the uploaded tree in the sandbox: %q", got)
+	}
+	if _, e, code := d.CLI(t, nil, "volume", "cp", "work:/dir", filepath.Join(local, "down")); code != 0 {
+		t.Fatalf("berth volume cp down exited %d: %s", code, e)
+	}
+	assertTree(t, filepath.Join(local, "down"), map[string]string{"f": "deep\n"})
+	if _, e, code := d.CLI(t, nil, "volume", "cp", "work:/a", filepath.Join(local, "single")); code != 0 {
+		t.Fatalf("berth volume cp of a file exited %d: %s", code, e)
+	}
+	assertTree(t, local, map[string]string{"single": "from-a\n"})
+	if _, e, code := d.CLI(t, nil, "volume", "cp", "work:/a", "work:/b"); code == 0 || !strings.Contains(e, "exactly one") {
+		t.Errorf("berth volume cp between two volumes exited %d: %s", code, e)
+	}
+	var readBack bytes.Buffer
+	if err := c.ReadVolumeFile(ctx, "work", "/from-host/top.txt", &readBack); err != nil || readBack.String() != "top" {
+		t.Errorf("ReadVolumeFile = %q, %v", readBack.String(), err)
+	}
+	for _, p := range []string{"/../../etc/passwd", "/nope"} {
+		var apiErr *errdefs.Error
+		if err := c.ReadVolumeFile(ctx, "work", p, io.Discard); !errors.As(err, &apiErr) || apiErr.Field != "path" {
+			t.Errorf("ReadVolumeFile(%s) = %v, want an error on path", p, err)
+		}
+	}
+	if err := c.RemoveVolumePath(ctx, "work", "/from-host"); err != nil {
+		t.Fatal(err)
+	}
+	if o, _, code := Run(t, a, "ls /work/from-host"); code == 0 {
+		t.Errorf("the removed tree is still in the sandbox: %q", o)
 	}
 
 	// A key's volumes: bounded by its quota, unseen by others, and others'
