@@ -219,14 +219,14 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	if c.restore != nil {
 		spec.RestoreImage = c.restore.image
 	}
-	// Pushed first, so unwound last: a Create that fails half-way may
-	// leave a container behind, and Destroy takes whatever is there.
 	mounts, release, err := m.mountVolumes(ctx, e.rec)
 	if err != nil {
 		return &FieldError{Field: "volumes", Err: err}
 	}
 	defer release() // bound into the sandbox by then
 	spec.Mounts = mounts
+	// Pushed first, so unwound last: a Create that fails half-way may
+	// leave a container behind, and Destroy takes whatever is there.
 	rt := m.runtimeOf(e.rec)
 	c.undo.push("runtime", func(ctx context.Context) error { return rt.Destroy(ctx, id) })
 	if err := rt.Create(ctx, spec); err != nil {
