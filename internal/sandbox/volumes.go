@@ -149,19 +149,27 @@ func (m *Manager) CreateVolume(ctx context.Context, owner, name string, size, ma
 }
 
 // LookupVolume returns the volume ref names: its ID, or the name of one of
-// owner's. Whether the caller may see it is the caller's to decide (its
-// Owner).
+// owner's (owner's own come first: a name of owner's that is another's
+// ID names owner's). Whether the caller may see it is the caller's to
+// decide (its Owner).
 func (m *Manager) LookupVolume(ctx context.Context, owner, ref string) (core.Volume, error) {
 	vs, _, err := m.volumes()
 	if err != nil {
 		return core.Volume{}, err
 	}
-	if v, err := vs.GetVolume(ctx, ref); err == nil {
-		return v, nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
+	byID, err := vs.GetVolume(ctx, ref)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 		return core.Volume{}, err
 	}
-	return vs.VolumeByName(ctx, owner, ref)
+	found := err == nil
+	if found && byID.Owner == owner {
+		return byID, nil
+	}
+	v, err := vs.VolumeByName(ctx, owner, ref)
+	if errors.Is(err, errdefs.ErrNotFound) && found {
+		return byID, nil
+	}
+	return v, err
 }
 
 // MountVolume mounts volume id on the host for file operations from

@@ -195,6 +195,17 @@ func TestVolumes(t *testing.T) {
 	if err != nil || v2.ID == v.ID {
 		t.Fatalf("another key's cache = %+v, %v", v2, err)
 	}
+	// A name of a key's own that is another key's volume ID names its own.
+	v3, err := m.CreateVolume(ctx, "key2", v.ID, 32<<20, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := m.LookupVolume(ctx, "key2", v.ID); err != nil || got.ID != v3.ID {
+		t.Errorf("LookupVolume(key2, %s) = %+v, %v; want key2's own %s", v.ID, got, err, v3.ID)
+	}
+	if got, err := m.LookupVolume(ctx, "key1", v.ID); err != nil || got.ID != v.ID {
+		t.Errorf("LookupVolume(key1, %s) = %+v, %v; want it", v.ID, got, err)
+	}
 
 	sb, err := m.Create(ctx, CreateRequest{Owner: "key1", Volumes: []VolumeRequest{{Volume: "cache", Path: "/data"}, {Volume: v.ID, Path: "/ro", ReadOnly: true}}})
 	if err != nil {
@@ -225,7 +236,7 @@ func TestVolumes(t *testing.T) {
 		field string
 		code  error
 	}{
-		{CreateRequest{Owner: "key2", Volumes: []VolumeRequest{{Volume: v.ID, Path: "/data"}}}, "volumes[0].volume", errdefs.ErrNotFound},
+		{CreateRequest{Owner: "key3", Volumes: []VolumeRequest{{Volume: v.ID, Path: "/data"}}}, "volumes[0].volume", errdefs.ErrNotFound},
 		{CreateRequest{Owner: "key1", Volumes: []VolumeRequest{{Volume: "nope", Path: "/data"}}}, "volumes[0].volume", errdefs.ErrNotFound},
 		{CreateRequest{Owner: "key1", Volumes: []VolumeRequest{{Volume: "cache", Path: "/proc/x"}}}, "volumes[0].path", errdefs.ErrInvalidArgument},
 		{CreateRequest{Owner: "key1", Volumes: []VolumeRequest{{Volume: "cache", Path: "data"}}}, "volumes[0].path", errdefs.ErrInvalidArgument},
