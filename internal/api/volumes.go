@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 
@@ -185,17 +184,14 @@ func (s *Server) listVolume(w http.ResponseWriter, r *http.Request, f *volume.Fi
 }
 
 func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
-	file, e, err := f.ReadFile(p)
+	file, fi, err := f.ReadFile(p)
 	if err != nil {
 		writeError(w, pathErr(err))
 		return
 	}
 	defer file.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
-	w.Header().Set("X-Berth-Mode", strconv.FormatUint(uint64(e.Mode), 8))
-	w.WriteHeader(http.StatusOK)
-	_, _ = io.Copy(w, file) // a client that went away ends the copy
+	w.Header().Set("X-Berth-Mode", strconv.FormatUint(uint64(fi.Mode().Perm()), 8))
+	volume.Serve(w, file, fi.Size())
 }
 
 // modeParam reads the optional octal mode query parameter.

@@ -295,16 +295,13 @@ func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, f *volum
 		writeFileErr(w, err)
 		return
 	}
-	file, e, err := f.ReadFile(p)
+	file, fi, err := f.ReadFile(p)
 	if err != nil {
 		writeFileErr(w, err)
 		return
 	}
 	defer file.Close()
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(e.Size, 10))
-	w.WriteHeader(http.StatusOK)
-	_, _ = io.Copy(w, file) // a client that went away ends the copy
+	volume.Serve(w, file, fi.Size())
 }
 
 func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request, f *volume.Files) {

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/http"
 	"os"
 	"path"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -214,7 +216,7 @@ func (f *Files) List(p string, depth int) ([]Entry, error) {
 				return err
 			}
 			if len(out) == MaxListed {
-				return fmt.Errorf("list %s: over %d entries: list a deeper directory or less deep: %w", wirePath(name), MaxListed, errdefs.ErrResourceExhausted)
+				return fmt.Errorf("list %s: over %d entries: list a deeper directory or less deep: %w", wirePath(name), MaxListed, errdefs.ErrInvalidArgument)
 			}
 			out = append(out, e)
 			if e.Type == "directory" && level < depth {
@@ -356,27 +358,24 @@ func (f *Files) MakeDir(p string, a Attrs, force bool) (Entry, error) {
 	return f.entry(name)
 }
 
-// ReadFile opens file p for reading.
-func (f *Files) ReadFile(p string) (*os.File, Entry, error) {
+// ReadFile opens file p for reading (a symlink in the volume is
+// followed, inside it) and returns what it is as opened: serve fi.Size()
+// bytes of it, whatever a writer in a sandbox does to it meanwhile.
+func (f *Files) ReadFile(p string) (file *os.File, fi fs.FileInfo, err error) {
 	name, err := CleanPath(p)
 	if err != nil {
-		return nil, Entry{}, err
+		return nil, nil, err
 	}
-	file, err := f.root.Open(name)
+	file, err = f.root.Open(name)
 	if err != nil {
-		return nil, Entry{}, mapErr("read", wirePath(name), err)
+		return nil, nil, mapErr("read", wirePath(name), err)
 	}
-	fi, err := file.Stat()
+	fi, err = file.Stat()
 	if err != nil || !fi.Mode().IsRegular() {
 		file.Close()
-		return nil, Entry{}, fmt.Errorf("read %s: not a file: %w", wirePath(name), errdefs.ErrInvalidArgument)
+		return nil, nil, fmt.Errorf("read %s: not a file: %w", wirePath(name), errdefs.ErrInvalidArgument)
 	}
-	e, err := f.entry(name)
-	if err != nil {
-		file.Close()
-		return nil, Entry{}, err
-	}
-	return file, e, nil
+	return file, fi, nil
 }
 
 // WriteFile writes r to file p, replacing what it held; with force its
@@ -460,4 +459,15 @@ func (f *Files) Remove(p string) error {
 		return mapErr("remove", wirePath(name), err)
 	}
 	return mapErr("remove", wirePath(name), f.root.RemoveAll(name))
+}
+
+// Serve answers an HTTP request with size bytes of file: exactly what
+// Content-Length says, though a sandbox may grow or cut the file
+// meanwhile (a file cut short ends the answer early, which the client
+// sees as a short body).
+func Serve(w http.ResponseWriter, file io.Reader, size int64) {
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	w.WriteHeader(http.StatusOK)
+	_, _ = io.CopyN(w, file, size) // a client that went away ends the copy
 }

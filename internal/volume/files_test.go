@@ -63,14 +63,27 @@ func TestFiles(t *testing.T) {
 	if _, err := f.WriteFile("/x/y.txt", strings.NewReader("no"), Attrs{}, false); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("write under a missing parent without force = %v, want not found", err)
 	}
-	rd, e, err := f.ReadFile("/a/b/c.txt")
+	rd, fi, err := f.ReadFile("/a/b/c.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(rd)
 	rd.Close()
-	if string(b) != "hello" || e.Size != 5 {
-		t.Errorf("read %q (%+v)", b, e)
+	if string(b) != "hello" || fi.Size() != 5 {
+		t.Errorf("read %q (size %d)", b, fi.Size())
+	}
+	// Through a symlink inside the volume: the target's size, not the
+	// link's.
+	if err := os.Symlink("b/c.txt", filepath.Join(root, "a", "link")); err != nil {
+		t.Fatal(err)
+	}
+	if rd, fi, err := f.ReadFile("/a/link"); err != nil || fi.Size() != 5 {
+		t.Errorf("ReadFile through an inner symlink = %v, %v", fi, err)
+	} else {
+		rd.Close()
+	}
+	if err := os.Remove(filepath.Join(root, "a", "link")); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := f.MakeDir("/a", Attrs{}, false); !errors.Is(err, errdefs.ErrAlreadyExists) {
 		t.Errorf("mkdir of an existing dir = %v, want already exists", err)
