@@ -183,7 +183,13 @@ func hostMounts(d *harness.Daemon) map[string]bool {
 			strings.HasSuffix(mp, "/rootfs") || strings.HasSuffix(mp, "/disk") ||
 			// runc's short-lived read-only clone of its own binary,
 			// mounted in its state dir while it starts a container.
-			strings.HasPrefix(filepath.Base(mp), "runc.") {
+			strings.HasPrefix(filepath.Base(mp), "runc.") ||
+			// A volume's host mount (<data-dir>/volumes/<id>/mnt, while
+			// a sandbox is made with it or its files are served) and a
+			// runtime's idmapped clone of it (<state dir>/<id>/vol/<n>,
+			// while the sandbox binds it), of any daemon or runtime
+			// test on the host.
+			strings.Contains(mp, "/volumes/vol") || filepath.Base(filepath.Dir(mp)) == "vol" {
 			continue
 		}
 		out[mp] = true
