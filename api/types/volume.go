@@ -41,20 +41,24 @@ type VolumeMount struct {
 	ReadOnly bool   `json:"read_only,omitempty"`
 }
 
-// VolumeEntry is one file in a volume (GET /v1/volumes/{id}/list, and the
-// answers of its writes). Owners are the sandboxes' uids and gids.
+// VolumeEntry is one file in a volume (GET /v1/volumes/{id}/list, the
+// answers of its writes, and E2B's VolumeEntryStat, whose fields these
+// are). Owners are the sandboxes' uids and gids.
 type VolumeEntry struct {
 	Name string `json:"name"`
 	// Type is "file", "directory", "symlink" or "unknown".
 	Type string `json:"type"`
 	// Path is its path in the volume, from its root ("/a/b").
-	Path   string    `json:"path"`
-	Size   int64     `json:"size"`
-	Mode   uint32    `json:"mode"`
-	UID    uint32    `json:"uid"`
-	GID    uint32    `json:"gid"`
-	Mtime  time.Time `json:"mtime"`
-	Target string    `json:"target,omitempty"`
+	Path  string    `json:"path"`
+	Size  int64     `json:"size"`
+	Mode  uint32    `json:"mode"`
+	UID   uint32    `json:"uid"`
+	GID   uint32    `json:"gid"`
+	Atime time.Time `json:"atime"`
+	Mtime time.Time `json:"mtime"`
+	Ctime time.Time `json:"ctime"`
+	// Target is a symlink's target, as written.
+	Target string `json:"target,omitempty"`
 }
 
 // VolumeListing is the answer of GET /v1/volumes/{id}/list.

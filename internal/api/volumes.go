@@ -125,10 +125,6 @@ func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-func entryToJSON(e volume.Entry) types.VolumeEntry {
-	return types.VolumeEntry{Name: e.Name, Type: e.Type, Path: e.Path, Size: e.Size, Mode: e.Mode, UID: e.UID, GID: e.GID, Mtime: e.Mtime, Target: e.Target}
-}
-
 // volumeFiles resolves {id} to a volume the caller sees and opens its
 // files for next, with the request's path (required).
 func (s *Server) volumeFiles(next func(http.ResponseWriter, *http.Request, *volume.Files, string)) http.HandlerFunc {
@@ -176,11 +172,10 @@ func (s *Server) listVolume(w http.ResponseWriter, r *http.Request, f *volume.Fi
 		writeError(w, pathErr(err))
 		return
 	}
-	out := types.VolumeListing{Entries: make([]types.VolumeEntry, 0, len(list))}
-	for _, e := range list {
-		out.Entries = append(out.Entries, entryToJSON(e))
+	if list == nil {
+		list = []types.VolumeEntry{}
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, types.VolumeListing{Entries: list})
 }
 
 func (s *Server) readVolumeFile(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
@@ -219,7 +214,7 @@ func (s *Server) writeVolumeFile(w http.ResponseWriter, r *http.Request, f *volu
 		writeError(w, pathErr(err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, entryToJSON(e))
+	writeJSON(w, http.StatusCreated, e)
 }
 
 func (s *Server) makeVolumeDir(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {
@@ -233,7 +228,7 @@ func (s *Server) makeVolumeDir(w http.ResponseWriter, r *http.Request, f *volume
 		writeError(w, pathErr(err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, entryToJSON(e))
+	writeJSON(w, http.StatusCreated, e)
 }
 
 func (s *Server) removeVolumePath(w http.ResponseWriter, r *http.Request, f *volume.Files, p string) {

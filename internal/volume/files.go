@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
@@ -43,23 +44,8 @@ func (f *Files) Close() error { return f.root.Close() }
 // 65536 ids).
 const MaxID = 65535
 
-// Entry is one file as E2B's volume API shows it.
-type Entry struct {
-	Name string `json:"name"`
-	// Type is "file", "directory", "symlink" or "unknown".
-	Type string `json:"type"`
-	// Path is its path in the volume, from its root ("/a/b").
-	Path  string    `json:"path"`
-	Size  int64     `json:"size"`
-	Mode  uint32    `json:"mode"`
-	UID   uint32    `json:"uid"`
-	GID   uint32    `json:"gid"`
-	Atime time.Time `json:"atime"`
-	Mtime time.Time `json:"mtime"`
-	Ctime time.Time `json:"ctime"`
-	// Target is a symlink's target, as written.
-	Target string `json:"target,omitempty"`
-}
+// Entry is one file as both volume APIs show it.
+type Entry = types.VolumeEntry
 
 // CleanPath turns a path in the volume ("/a/b", "a/b", "/") into the
 // relative name os.Root takes ("a/b", "."), refusing one that is empty,
