@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,6 +32,10 @@ func runPause(tb *runner, n, mib int, isos []string) error {
 		return err
 	}
 	defer cleanup()
+	memholdBin = filepath.Join(built.Dir, "memhold")
+	if err := harness.GoBuild(memholdBin, "./test/harness/memhold", true); err != nil {
+		return err
+	}
 	for _, iso := range isos {
 		if err := pauseRows(tb, d, n, mib, iso); err != nil {
 			return fmt.Errorf("isolation %s: %w", iso, err)
@@ -38,12 +44,27 @@ func runPause(tb *runner, n, mib int, isos []string) error {
 	return nil
 }
 
+// memholdBin is the static memory holder (test/harness/memhold) runPause
+// puts into its sandboxes.
+var memholdBin string
+
 // pauseRows prints runPause's table for one isolation level.
 func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	ctx := context.Background()
 	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
 	if err != nil {
 		return err
+	}
+	holder, err := os.Open(memholdBin)
+	if err != nil {
+		return err
+	}
+	defer holder.Close()
+	if err := sb.WriteFile(ctx, "/tmp/memhold", holder); err != nil {
+		return fmt.Errorf("put memhold into %s: %w", sb.ID, err)
+	}
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "chmod", Args: []string{"755", "/tmp/memhold"}}); err != nil || code != 0 {
+		return fmt.Errorf("chmod memhold: %d %v", code, err)
 	}
 	var pauses, resumes, creates, saves, loads []time.Duration
 	var held, freed []int64
@@ -53,12 +74,12 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	needHolder := true
 	for i := range n {
 		if needHolder {
-			// A process holding mib MiB, touched (awk builds the string),
-			// which says when it has: its build passes through more
-			// memory than it keeps, so the cgroup's count alone could
-			// be read mid-way (and the pause would then seem to free
-			// less).
-			hold := fmt.Sprintf("rm -f /tmp/.held; awk 'BEGIN{s=sprintf(\"%%%ds\",\"\"); print \"held\" > \"/tmp/.held\"; close(\"/tmp/.held\"); system(\"sleep 100000\")}' >/dev/null 2>&1 &", mib<<20)
+			// A process holding mib MiB of pseudo-random bytes, every
+			// page touched and none compressible or zero, which says
+			// when it has: its build passes through the memory, so the
+			// cgroup's count alone could be read mid-way (and the
+			// pause would then seem to free less).
+			hold := fmt.Sprintf("rm -f /tmp/.held; (/tmp/memhold -mib %d -ready /tmp/.held </dev/null >/tmp/memhold.log 2>&1 &)", mib)
 			var out bytes.Buffer
 			if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", hold}, Stdout: &out, Stderr: &out}); err != nil || code != 0 {
 				return fmt.Errorf("start the memory holder: %d %v %s", code, err, out.String())

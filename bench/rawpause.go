@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -34,12 +35,19 @@ func measureRawPause(ctx context.Context, platform string, mib, n int) (*rawPaus
 	if err := busyboxRootfs(rootfs, 1_000_000); err != nil {
 		return nil, err
 	}
+	b, err := os.ReadFile(memholdBin)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "bin", "memhold"), b, 0o755); err != nil {
+		return nil, err
+	}
 	spec := rawSpec(rootfs)
 	spec.Linux.Namespaces = slicesDeleteNet(spec.Linux.Namespaces)
-	// The same holder as the daemon's rows (an awk string of mib MiB),
-	// which says when it is built by a file in /dev (a tmpfs).
-	spec.Process.Args = []string{"/bin/busybox", "awk", fmt.Sprintf(`BEGIN{s=sprintf("%%%ds",""); print "held" > "/dev/held"; close("/dev/held"); system("sleep 100000")}`, mib<<20)}
-	b, err := json.Marshal(spec)
+	// The same holder as the daemon's rows (memhold), which says when
+	// its memory is held by a file in /dev (a tmpfs).
+	spec.Process.Args = []string{"/bin/memhold", "-mib", strconv.Itoa(mib), "-ready", "/dev/held"}
+	b, err = json.Marshal(spec)
 	if err != nil {
 		return nil, err
 	}

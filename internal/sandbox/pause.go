@@ -79,12 +79,50 @@ func (m *Manager) checkpointDir(id string) string { return filepath.Join(m.cfg.C
 // partialDir is where a checkpoint is written before it is complete.
 func (m *Manager) partialDir(id string) string { return m.checkpointDir(id) + ".partial" }
 
+// spentDir is where a resumed sandbox's checkpoint waits to be removed
+// (discardCheckpoint).
+func (m *Manager) spentDir(id string) string { return m.checkpointDir(id) + ".spent" }
+
 // removeCheckpoint deletes a sandbox's checkpoint, complete or not.
 func (m *Manager) removeCheckpoint(id string) error {
 	if m.cfg.CheckpointDir == "" {
 		return nil
 	}
-	return errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id)))
+	return errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id)), os.RemoveAll(m.spentDir(id)))
+}
+
+// discardCheckpoint deletes a resumed sandbox's checkpoint without making
+// the resume wait for it: unlinking its pages, hundreds of MiB in the page
+// cache, takes tens of milliseconds (60–90 ms for 290 MiB here). The
+// checkpoint is renamed out of the way at once, so a next pause finds no
+// old one, and removed in the background; whatever a daemon stop leaves
+// of it is an orphan its next start removes (removeOrphanCheckpoints),
+// and a destroy removes it too (removeCheckpoint).
+func (m *Manager) discardCheckpoint(id string) error {
+	if m.cfg.CheckpointDir == "" {
+		return nil
+	}
+	if err := os.RemoveAll(m.partialDir(id)); err != nil {
+		return err
+	}
+	spent := m.spentDir(id)
+	if err := os.Rename(m.checkpointDir(id), spent); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		// The last one's removal still running, say: here and now.
+		return m.removeCheckpoint(id)
+	}
+	if !m.track() {
+		return os.RemoveAll(spent)
+	}
+	go func() {
+		defer m.wg.Done()
+		if err := os.RemoveAll(spent); err != nil {
+			m.log.Warn("remove_checkpoint", "sandbox_id", id, "err", err)
+		}
+	}()
+	return nil
 }
 
 // hasCheckpoint reports whether a complete checkpoint of id exists.
@@ -239,7 +277,8 @@ func (m *Manager) pauseAtDeadline(e *entry) bool {
 // temporary name and renamed once complete.
 func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, e *entry) error {
 	id := e.id
-	if err := m.removeCheckpoint(id); err != nil {
+	// A spent one is left to its removal (discardCheckpoint).
+	if err := errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id))); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
@@ -593,7 +632,7 @@ func (m *Manager) finishResume(ctx context.Context, e *entry, d time.Duration, w
 	// runtime still loading memory from it (gVisor's background restore)
 	// reads from the files it holds open: removing the names is safe, and
 	// the disk space comes back when it closes them.
-	if err := m.removeCheckpoint(e.id); err != nil {
+	if err := m.discardCheckpoint(e.id); err != nil {
 		m.log.Warn("remove_checkpoint", "sandbox_id", e.id, "err", err)
 	}
 	m.event(ctx, e.id, EventResumed, fmt.Sprintf("%s (%s); deadline %s", why, kind, e.rec.Deadline.Format(time.RFC3339)))

@@ -170,6 +170,8 @@ func (m *Manager) removeOrphanCheckpoints(owned map[string]bool) {
 		if owned[id] {
 			continue
 		}
+		// A resumed sandbox's spent checkpoint goes whoever owns it.
+		id = strings.TrimSuffix(id, ".spent")
 		m.log.Warn("remove_orphan", "sandbox_id", id, "layer", "checkpoint")
 		if err := os.RemoveAll(filepath.Join(m.cfg.CheckpointDir, d.Name())); err != nil {
 			m.log.Error("remove_orphan", "sandbox_id", id, "err", err)

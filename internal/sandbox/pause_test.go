@@ -244,6 +244,11 @@ func TestPauseMemory(t *testing.T) {
 		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("checkpoint kept after resume: %v", err)
 		}
+		// Its removal runs behind the resume (discardCheckpoint).
+		synctest.Wait()
+		if ents, err := os.ReadDir(f.cfg.CheckpointDir); err != nil || len(ents) != 0 {
+			t.Errorf("checkpoint dir after resume: %v, %v; want empty", ents, err)
+		}
 		if _, _, err := f.m.Agent(ctx, sb.ID); err != nil {
 			t.Errorf("Agent after resume = %v", err)
 		}
@@ -462,6 +467,10 @@ func TestAdoptPauseStates(t *testing.T) {
 			setState(t, f, id, StateResuming, core.PauseMemory)
 			writeCheckpoint(t, f, id)
 		}, StateReady, ""},
+		// Resumed, its spent checkpoint's removal cut short.
+		{"resumed, spent checkpoint left", func(t *testing.T, f *pauseFixture, id string) {
+			writeCheckpoint(t, f, id+".spent")
+		}, StateReady, ""},
 		{"paused", func(t *testing.T, f *pauseFixture, id string) {
 			setState(t, f, id, StatePaused, core.PauseFilesystem)
 			f.rt.running[id] = runtime.StatusStopped
@@ -486,8 +495,10 @@ func TestAdoptPauseStates(t *testing.T) {
 				if err != nil || State(got.State) != c.wantState || got.Pause != c.wantPause {
 					t.Fatalf("after restart: %+v, %v; want %s %q", got.Sandbox, err, c.wantState, c.wantPause)
 				}
-				if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+".partial")); !errors.Is(err, os.ErrNotExist) {
-					t.Errorf("partial checkpoint left: %v", err)
+				for _, left := range []string{".partial", ".spent"} {
+					if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+left)); !errors.Is(err, os.ErrNotExist) {
+						t.Errorf("%s checkpoint left: %v", left, err)
+					}
 				}
 				_, ckErr := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID))
 				switch State(got.State) {

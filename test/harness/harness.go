@@ -42,19 +42,7 @@ func Build() (Binaries, func(), error) {
 	}
 	cleanup := func() { os.RemoveAll(dir) }
 	b := Binaries{Dir: dir, Berth: filepath.Join(dir, "berth"), Agent: filepath.Join(dir, "berth-agent"), UDPEcho: filepath.Join(dir, "udpecho")}
-	root := repoRoot()
-	build := func(out, pkg string, static bool) error {
-		cmd := exec.Command("go", "build", "-o", out, pkg)
-		cmd.Dir = root
-		cmd.Env = os.Environ()
-		if static {
-			cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
-		}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
-		}
-		return nil
-	}
+	build := GoBuild
 	if err := build(b.Berth, "./cmd/berth", false); err != nil {
 		cleanup()
 		return Binaries{}, nil, err
@@ -68,6 +56,21 @@ func Build() (Binaries, func(), error) {
 		return Binaries{}, nil, err
 	}
 	return b, cleanup, nil
+}
+
+// GoBuild builds the repository's package pkg (a path like "./cmd/berth")
+// into out; static builds it without cgo, for use inside sandboxes.
+func GoBuild(out, pkg string, static bool) error {
+	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd.Dir = repoRoot()
+	cmd.Env = os.Environ()
+	if static {
+		cmd.Env = append(cmd.Env, "CGO_ENABLED=0")
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return nil
 }
 
 // Main is a test package's TestMain: it builds the binaries into *bin,

@@ -347,7 +347,7 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	}
 	phases.mark("config")
 	if spec.RestoreImage != "" {
-		if err := r.runscStart(ctx, spec, "restore", "--detach", "--image-path", spec.RestoreImage); err != nil {
+		if err := r.runscRestore(ctx, spec, sp, "--detach", "--image-path", spec.RestoreImage); err != nil {
 			return err
 		}
 		phases.mark("runsc_restore")

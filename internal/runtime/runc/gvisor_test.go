@@ -252,3 +252,32 @@ func nprocOf(sp *specs.Spec) []uint64 {
 	}
 	return out
 }
+
+func TestRestoreCPU(t *testing.T) {
+	period := uint64(100000)
+	cpu := func(quota int64) *specs.LinuxCPU { return &specs.LinuxCPU{Period: ptr(period), Quota: ptr(quota)} }
+	for _, c := range []struct {
+		in   *specs.LinuxCPU
+		want int64 // 0: nothing lifted
+	}{
+		{nil, 0},
+		{&specs.LinuxCPU{}, 0},
+		{cpu(-1), 0},
+		{cpu(10000), 200000},  // 0.1 core: as many as the sentry's 2 CPUs
+		{cpu(100000), 200000}, // 1 core
+		{cpu(150000), 200000}, // 1.5
+		{cpu(200000), 0},      // 2: already
+		{cpu(250000), 300000}, // 2.5: rounded up, as runsc counts CPUs
+		{cpu(800000), 0},      // 8
+	} {
+		got := restoreCPU(c.in)
+		switch {
+		case c.want == 0 && got != nil:
+			t.Errorf("restoreCPU(%+v) = %d, want nothing lifted", c.in, *got.Quota)
+		case c.want != 0 && (got == nil || *got.Quota != c.want || *got.Period != period):
+			t.Errorf("restoreCPU(%+v) = %+v, want quota %d", c.in, got, c.want)
+		case c.want != 0 && *c.in.Quota == *got.Quota:
+			t.Errorf("restoreCPU changed its input")
+		}
+	}
+}

@@ -143,6 +143,9 @@ func New(cfg Config) (*Runtime, error) {
 	// Claims of a daemon killed between claiming a slot and making (or
 	// after removing) the sandbox's state dir.
 	sl.releaseOrphans(r.dir)
+	if cfg.GVisor != nil {
+		r.settleRestoreLimits()
+	}
 	if cfg.DiskPoolDir != "" {
 		if cfg.DiskPoolDepth <= 0 {
 			cfg.DiskPoolDepth = 2

@@ -40,36 +40,14 @@ func (r *Runtime) Update(_ context.Context, id string, l runtime.Limits) (nproc 
 }
 
 func (r *Runtime) update(id string, l runtime.Limits) (uint64, error) {
-	dir := func(controller string) string {
-		if r.cg.v2 {
-			return filepath.Join(r.cg.unified, r.cgroupsPath(id))
-		}
-		return filepath.Join(r.cg.controllers[controller], r.cgroupsPath(id))
-	}
-	write := func(controller, file string, val int64) error {
-		s := strconv.FormatInt(val, 10)
-		if file == "cpu.max" {
-			s += " " + strconv.Itoa(cpuPeriod)
-		}
-		if err := os.WriteFile(filepath.Join(dir(controller), file), []byte(s), 0); err != nil {
-			return fmt.Errorf("update limits of %s: %w", id, err)
-		}
-		return nil
-	}
+	write := r.cgroupWriter(id)
 	if l.MemoryBytes > 0 {
 		if err := r.updateMemory(write, l.MemoryBytes); err != nil {
 			return 0, err
 		}
 	}
 	if l.CPUMillis > 0 {
-		quota := l.CPUMillis * cpuPeriod / 1000
-		if r.cg.v2 {
-			if err := write("cpu", "cpu.max", quota); err != nil {
-				return 0, err
-			}
-		} else if err := write("cpu", "cpu.cfs_period_us", cpuPeriod); err != nil {
-			return 0, err
-		} else if err := write("cpu", "cpu.cfs_quota_us", quota); err != nil {
+		if err := r.setCPUQuota(write, l.CPUMillis*cpuPeriod/1000); err != nil {
 			return 0, err
 		}
 	}
@@ -83,6 +61,36 @@ func (r *Runtime) update(id string, l runtime.Limits) (uint64, error) {
 	// CAP_SYS_RESOURCE (another user's process) and a `runc state` for
 	// its pid.
 	return r.nprocLimit(l.PidsLimit), nil
+}
+
+// cgroupWriter returns a function that writes val into file of sandbox
+// id's cgroup in controller's hierarchy (the unified one on v2).
+func (r *Runtime) cgroupWriter(id string) func(controller, file string, val int64) error {
+	return func(controller, file string, val int64) error {
+		dir := filepath.Join(r.cg.controllers[controller], r.cgroupsPath(id))
+		if r.cg.v2 {
+			dir = filepath.Join(r.cg.unified, r.cgroupsPath(id))
+		}
+		s := strconv.FormatInt(val, 10)
+		if file == "cpu.max" {
+			s += " " + strconv.Itoa(cpuPeriod)
+		}
+		if err := os.WriteFile(filepath.Join(dir, file), []byte(s), 0); err != nil {
+			return fmt.Errorf("update limits of %s: %w", id, err)
+		}
+		return nil
+	}
+}
+
+// setCPUQuota sets the CPU bandwidth limit: quota µs every cpuPeriod.
+func (r *Runtime) setCPUQuota(write func(controller, file string, val int64) error, quota int64) error {
+	if r.cg.v2 {
+		return write("cpu", "cpu.max", quota)
+	}
+	if err := write("cpu", "cpu.cfs_period_us", cpuPeriod); err != nil {
+		return err
+	}
+	return write("cpu", "cpu.cfs_quota_us", quota)
 }
 
 // updateMemory sets the memory limit with no swap. On v1 the memory+swap

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
 )
 
@@ -163,4 +164,90 @@ func procUID(t *testing.T, pid int) int {
 	}
 	t.Fatalf("no Uid in status of %d", pid)
 	return -1
+}
+
+// TestRestoreCPUQuota: a restore runs under a lifted CPU quota (the
+// runtime's restoreCPU) and the sandbox has its own again once Restore
+// returns; a daemon killed before it was set again (the cgroup still
+// lifted, the runtime's mark still there) gets it set again by the next
+// runtime over the same state.
+func TestRestoreCPUQuota(t *testing.T) {
+	h := newHarness(t)
+	inst := h.New(t)
+	cp, ok := inst.Backend.(runtimetest.Checkpointer)
+	if !ok || !inst.Checkpoints {
+		t.Skip("runsc cannot checkpoint")
+	}
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	want := strconv.FormatInt(spec.CPUMillis*100, 10) // µs per 100 ms period
+	if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
+		t.Fatalf("quota after Create = %s, want %s", got, want)
+	}
+	dir := filepath.Join(t.TempDir(), "image")
+	if err := cp.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Restore(ctx, spec, dir); err != nil {
+		t.Fatal(err)
+	}
+	if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
+		t.Errorf("quota after Restore = %s, want the sandbox's %s", got, want)
+	}
+	mark := filepath.Join(inst.Footprint.StateDir, id, "restore-limits")
+	if _, err := os.Stat(mark); !os.IsNotExist(err) {
+		t.Errorf("restore mark after Restore: %v", err)
+	}
+	// What a daemon killed mid-restore leaves.
+	setCPUQuota(t, inst.Footprint.CgroupParent, id, "200000")
+	if err := os.WriteFile(mark, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	inst.Reopen(t)
+	if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
+		t.Errorf("quota after a restart = %s, want the sandbox's %s", got, want)
+	}
+	if _, err := os.Stat(mark); !os.IsNotExist(err) {
+		t.Errorf("restore mark after a restart: %v", err)
+	}
+	if st, err := inst.Backend.Inspect(ctx, id); err != nil || st.Status != runtime.StatusRunning {
+		t.Errorf("Inspect = %+v, %v; want running", st, err)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
+}
+
+// cpuQuota is sandbox id's CPU quota in µs per period, from its cgroup
+// (v1's cpu.cfs_quota_us, or the first field of v2's cpu.max).
+func cpuQuota(t *testing.T, parent, id string) string {
+	t.Helper()
+	b, err := os.ReadFile(cpuQuotaFile(parent, id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(b))[0]
+}
+
+func setCPUQuota(t *testing.T, parent, id, quota string) {
+	t.Helper()
+	if strings.HasSuffix(cpuQuotaFile(parent, id), "cpu.max") {
+		quota += " 100000"
+	}
+	if err := os.WriteFile(cpuQuotaFile(parent, id), []byte(quota), 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func cpuQuotaFile(parent, id string) string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return filepath.Join("/sys/fs/cgroup", parent, id, "cpu.max")
+	}
+	return filepath.Join("/sys/fs/cgroup/cpu", parent, id, "cpu.cfs_quota_us")
 }
