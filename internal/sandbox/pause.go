@@ -457,6 +457,11 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 	if err != nil {
 		return fmt.Errorf("template %s: %w", e.rec.Template, err)
 	}
+	p, err := m.keptPolicy(e)
+	if err != nil {
+		return fmt.Errorf("network policy: %w", err)
+	}
+	var prep *egressPrep
 	// As provision makes it; a runtime that keeps the sandbox's disk uses
 	// the layers the sandbox was created with.
 	spec := runtime.Spec{
@@ -487,6 +492,17 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 				return fmt.Errorf("network: %w", err)
 			}
 			e.att = att
+			// The egress services need the attachment, not the
+			// agent: they come up while the runtime brings the
+			// sandbox back, as at create.
+			u.push("egress", func(context.Context) error {
+				_, _ = prep.wait() // never stopped under its feet; its error was the resume's
+				if m.deps.Egress != nil {
+					m.deps.Egress.Stop(id)
+				}
+				return nil
+			})
+			prep = m.prepareEgressAsync(ctx, e, p)
 			return nil
 		},
 	}
@@ -516,21 +532,7 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 			return fmt.Errorf("start: %w", err)
 		}
 	}
-	p, err := m.keptPolicy(e)
-	if err != nil {
-		return fmt.Errorf("network policy: %w", err)
-	}
-	// The egress services need the attachment, not the agent: they come
-	// up while the agent answers again, as at create.
 	started := time.Now()
-	prep := m.prepareEgressAsync(ctx, e, p)
-	u.push("egress", func(context.Context) error {
-		_, _ = prep.wait() // never stopped under its feet; its error was the resume's
-		if m.deps.Egress != nil {
-			m.deps.Egress.Stop(id)
-		}
-		return nil
-	})
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	cancel()
