@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/e2bwire"
 	"github.com/berth-sandbox/berth/internal/kube/node"
@@ -805,5 +806,39 @@ func TestE2BTemplateBuild(t *testing.T) {
 	code, data, _ = e.e2bCall(t, "POST", "/sandboxes", "", `{"templateID":"app:stable","timeout":30}`, nil)
 	if code != 201 || json.Unmarshal(data, &sb) != nil || sb.TemplateID != "app" {
 		t.Fatalf("create from app:stable = %d %s", code, data)
+	}
+}
+
+// TestGetReadsTheAPIServer: a sandbox's get (E2B's getInfo, the native
+// GET) answers with its pod as the API server has it, not as this
+// replica's cache last heard: a resume through another replica (its node
+// said so a moment ago) shows at once. The cache here is made to trail on
+// purpose: it says paused, the API server says running.
+func TestGetReadsTheAPIServer(t *testing.T) {
+	e := startGateway(t, true)
+	sb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	cached, err := e.g.podByID(sb.SandboxID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := cached.DeepCopy()
+	stale.Status.Conditions = append(stale.Status.Conditions, corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionTrue, Reason: node.PausePaused, Message: "pause applied: memory"})
+	if err := e.g.podIndex.Update(stale); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := e.g.podByID(sb.SandboxID); state(got) != types.StatePaused {
+		t.Fatalf("the cache says %s, want it made to trail (paused)", state(got))
+	}
+	var info struct{ State string }
+	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+sb.SandboxID, keyAlice, "", nil); code != 200 || json.Unmarshal(data, &info) != nil || info.State != "running" {
+		t.Errorf("E2B getInfo = %d %s, want running", code, data)
+	}
+	var native types.Sandbox
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.SandboxID, keyAlice, "", &native); code != 200 || native.State != types.StateReady {
+		t.Errorf("GET /v1/sandboxes = %d %+v %+v, want ready", code, eb, native)
+	}
+	// Another key still does not see it, fresh or not.
+	if code, _, _ := e.e2bCall(t, "GET", "/sandboxes/"+sb.SandboxID, keyBob, "", nil); code != 404 {
+		t.Errorf("another key's getInfo = %d, want 404", code)
 	}
 }

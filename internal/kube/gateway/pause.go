@@ -136,12 +136,8 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	if state(pod) == apitypes.StateReady && pod.Annotations[node.AnnotationPaused] == "" {
 		// This replica's cache may trail a pause its node's daemon made
 		// on its own (at the deadline, or idle): the API server says.
-		fresh, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err != nil {
+		if pod, err = g.fresh(ctx, pod); err != nil {
 			return nil, err
-		}
-		if fresh.UID == pod.UID {
-			pod = fresh
 		}
 	}
 	switch st := state(pod); st {
@@ -380,4 +376,30 @@ func (g *Gateway) e2bResumeAndAnswer(w http.ResponseWriter, r *http.Request, p a
 		return
 	}
 	e2bwire.WriteJSON(w, http.StatusCreated, g.e2bBody(got, token))
+}
+
+// fresh is pod as the API server has it now. This replica's cache trails
+// what a node or another replica wrote by as long as its watch takes: a
+// read that must show a change just made elsewhere (a connect through
+// one replica, then getInfo through another) asks the API server. A pod
+// of the same name but another UID is not this sandbox's: pod stays.
+func (g *Gateway) fresh(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	got, err := g.cfg.Kube.CoreV1().Pods(pod.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if got.UID != pod.UID {
+		return pod, nil
+	}
+	return got, nil
+}
+
+// freshOrCached is fresh for a read: the cached pod when the API server
+// cannot answer (it is gone meanwhile, or unreachable), as a read served
+// from the cache alone would have been.
+func (g *Gateway) freshOrCached(ctx context.Context, pod *corev1.Pod) *corev1.Pod {
+	if got, err := g.fresh(ctx, pod); err == nil {
+		return got
+	}
+	return pod
 }

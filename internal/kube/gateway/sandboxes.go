@@ -109,6 +109,8 @@ func (g *Gateway) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
+	// Its state as of now, not as this replica's cache last heard.
+	pod = g.freshOrCached(r.Context(), pod)
 	out := toSandbox(pod)
 	g.withUsage(r.Context(), pod, &out)
 	writeJSON(w, http.StatusOK, out)
