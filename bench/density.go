@@ -43,6 +43,12 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 	if err := d.Client.Kill(ctx, warm.ID); err != nil {
 		return err
 	}
+	// The host's CPU while nothing runs but the daemon (its monitor
+	// included), the floor of the idle row below.
+	idleBefore, err := busyCores(idleWindow)
+	if err != nil {
+		return err
+	}
 	availBefore, err := memAvailable()
 	if err != nil {
 		return err
@@ -95,6 +101,12 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 			notAnswering = append(notAnswering, fmt.Sprintf("%s: exit %d, err %v, stdout %q", sb.ID, code, err, out.String()))
 		}
 	}
+	// Nothing asked of them: what the daemon spends watching them (its
+	// monitor samples each once a second) and what they spend idling.
+	idleAfter, err := busyCores(idleWindow)
+	if err != nil {
+		return err
+	}
 	availAfter, err := memAvailable()
 	if err != nil {
 		return err
@@ -125,6 +137,10 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 	fmt.Printf("| create latency p50 / p99 (under %d-way concurrency) | %s / %s |\n", batch, fmtDur(pct(times, 50)), fmtDur(pct(times, 99)))
 	fmt.Printf("| host memory per sandbox: sandbox cgroups + daemon RSS growth | %s (cgroups %.0f MiB, daemon RSS +%.0f MiB) |\n", per(cg+rssAfter-rssBefore), mib(cg), mib(rssAfter-rssBefore))
 	fmt.Printf("| host memory per sandbox: MemAvailable drop | %s (%.0f MiB) |\n", per(availBefore-availAfter), mib(availBefore-availAfter))
+	fmt.Printf("| host CPU over %s with the %d sandboxes idle (floor: the same window before them) | %.1f %% of a core (floor %.1f %%) |\n", idleWindow, held, 100*idleAfter, 100*idleBefore)
+	if held > 0 {
+		fmt.Printf("| host CPU per idle sandbox (over the floor) | %.2f %% of a core |\n", 100*(idleAfter-idleBefore)/float64(held))
+	}
 	t0 := time.Now()
 	for _, sb := range sbs {
 		if err := d.Client.Kill(ctx, sb.ID); err != nil {
@@ -139,6 +155,56 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 }
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.
+// idleWindow is how long the density run watches the host's CPU with
+// nothing asked of the daemon.
+const idleWindow = 10 * time.Second
+
+// busyCores is how many cores the host kept busy on average over window
+// (from /proc/stat: all but idle and iowait time).
+func busyCores(window time.Duration) (float64, error) {
+	read := func() (busy, total float64, err error) {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return 0, 0, err
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		f := strings.Fields(line)
+		if len(f) < 9 || f[0] != "cpu" {
+			return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+		}
+		// user nice system idle iowait irq softirq steal (guest time is
+		// in user and nice already).
+		for i, v := range f[1:9] {
+			n, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+			}
+			total += n
+			if i != 3 && i != 4 { // idle, iowait
+				busy += n
+			}
+		}
+		return busy, total, nil
+	}
+	b0, t0, err := read()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	time.Sleep(window)
+	b1, t1, err := read()
+	if err != nil {
+		return 0, err
+	}
+	// Jiffies: USER_HZ per second per core; total over the window is
+	// cores × seconds × USER_HZ.
+	cores := (t1 - t0) / (time.Since(start).Seconds() * userHZ)
+	return (b1 - b0) / (t1 - t0) * cores, nil
+}
+
+// userHZ is the unit of /proc/stat (USER_HZ, 100 on Linux).
+const userHZ = 100
+
 func memAvailable() (int64, error) {
 	info, err := meminfo.Read()
 	if err == nil && info.Available == 0 {

@@ -90,3 +90,49 @@ func TestRuncInit(t *testing.T) {
 	r.cfg.GVisor = &GVisor{}
 	check("gVisor", 0, false)
 }
+
+// runcStateFromFile answers as `runc state` would from runc's state file,
+// /proc and the freezer: running, created while the exec fifo is there,
+// paused while the cgroup is frozen, stopped once the init is gone, a
+// zombie or another process; a missing file is left to runc.
+func TestRuncStateFromFile(t *testing.T) {
+	fz := t.TempDir()
+	r := &Runtime{cfg: Config{RuncRoot: t.TempDir(), CgroupParent: "berth-x"}, proc: t.TempDir(),
+		cg: cgroupLayout{controllers: map[string]string{"freezer": fz}}}
+	const id = "rtstate1"
+	write := func(path, body string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	check := func(name, want string, wantPid int, wantSettled bool) {
+		t.Helper()
+		st, settled := r.runcStateFromFile(id)
+		if settled != wantSettled || st.Status != want || st.Pid != wantPid || (settled && st.ID != id) {
+			t.Errorf("%s: %+v, settled %v; want %q pid %d, settled %v", name, st, settled, want, wantPid, wantSettled)
+		}
+	}
+	check("no state file", "", 0, false)
+	write(filepath.Join(r.cfg.RuncRoot, id, "state.json"), `{"id":"rtstate1","init_process_pid":4242,"init_process_start":7345702}`)
+	check("init gone", "stopped", 0, true)
+	const stat = "4242 (berth-agent) S 1 4242 4242 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 7345702 1000 10 184467\n"
+	write(filepath.Join(r.proc, "4242", "stat"), stat)
+	check("init running", "running", 4242, true)
+	write(filepath.Join(r.cfg.RuncRoot, id, "exec.fifo"), "")
+	check("not started", "created", 4242, true)
+	if err := os.Remove(filepath.Join(r.cfg.RuncRoot, id, "exec.fifo")); err != nil {
+		t.Fatal(err)
+	}
+	write(filepath.Join(fz, "berth-x", id, "freezer.state"), "FROZEN\n")
+	check("frozen", "paused", 4242, true)
+	write(filepath.Join(fz, "berth-x", id, "freezer.state"), "THAWED\n")
+	check("thawed", "running", 4242, true)
+	write(filepath.Join(r.proc, "4242", "stat"), strings.Replace(stat, ") S ", ") Z ", 1))
+	check("init a zombie", "stopped", 0, true)
+	write(filepath.Join(r.proc, "4242", "stat"), strings.Replace(stat, "7345702", "7345999", 1))
+	check("another process with its number", "stopped", 0, true)
+}

@@ -580,6 +580,9 @@ func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, 
 	if r.cfg.GVisor != nil {
 		return r.runscState(ctx, id, r.askState)
 	}
+	if st, settled := r.runcStateFromFile(id); settled {
+		return st, true, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, stateTimeout)
 	defer cancel()
 	return r.askState(ctx, id)
