@@ -1,11 +1,13 @@
 package runc
 
 import (
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -280,4 +282,40 @@ func TestRestoreCPU(t *testing.T) {
 			t.Errorf("restoreCPU changed its input")
 		}
 	}
+}
+
+// TestSentryStatsKept: a sentry's answer to `runsc events --stats` serves
+// the samples that follow for a while (one runsc start per sandbox per
+// sentryStatsTTL, not per sample), and is asked again once that is over.
+func TestSentryStatsKept(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "runsc")
+	calls := filepath.Join(dir, "calls")
+	script := "#!/bin/sh\necho x >> " + calls + "\n" +
+		`echo '{"type":"stats","id":"sb1","data":{"memory":{"usage":{"usage":12345}},"pids":{"current":7}}}'` + "\n"
+	if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := &Runtime{cfg: Config{Binary: bin, RuncRoot: dir, StateDir: filepath.Join(dir, "state")}, log: slog.New(slog.DiscardHandler)}
+	asked := func() int {
+		b, _ := os.ReadFile(calls)
+		return strings.Count(string(b), "x")
+	}
+	sample := func(want int) {
+		t.Helper()
+		s := runtime.Stats{MemoryBytes: 1, PidsCurrent: 1, PidsRefused: 3}
+		r.sentryStats(t.Context(), "sb1", &s)
+		if s.MemoryBytes != 12345 || s.PidsCurrent != 7 || s.PidsRefused != 0 {
+			t.Errorf("stats = %+v, want the sentry's memory 12345 and 7 tasks", s)
+		}
+		if got := asked(); got != want {
+			t.Errorf("runsc asked %d times, want %d", got, want)
+		}
+	}
+	sample(1)
+	sample(1) // kept
+	r.sentryStatsTTL = time.Nanosecond
+	sample(2) // over: asked again
+	r.sentryStatsTTL = 0
+	sample(2)
 }

@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -84,6 +85,11 @@ type Runtime struct {
 	slots                *slots
 	idmaps               idmapNS
 	proc                 string // where /proc is; "" is /proc (a seam for tests)
+	// sentrySamples holds each gVisor sandbox's last sentryStats answer
+	// (sentrySample by sandbox ID), for sentryStatsTTL (sentryStatsTTL
+	// below when set: a seam for tests).
+	sentrySamples  sync.Map
+	sentryStatsTTL time.Duration
 }
 
 // New checks the configuration and the host and returns a Runtime.
