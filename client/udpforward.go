@@ -63,7 +63,16 @@ func (s *Sandbox) ForwardUDP(ctx context.Context, pc net.PacketConn, port int, i
 			continue
 		}
 		p.seen()
-		_, _ = p.conn.Write(buf[:n])
+		if _, err := p.conn.Write(buf[:n]); err != nil && ctx.Err() == nil {
+			// Its tunnel closed under it (the idle sweep took it just
+			// before this datagram, or the daemon ended it): the
+			// datagram goes through another.
+			f.drop(addr.String(), p)
+			if p = f.peer(ctx, addr, &wg); p != nil {
+				p.seen()
+				_, _ = p.conn.Write(buf[:n])
+			}
+		}
 	}
 }
 
@@ -158,14 +167,18 @@ func (f *udpForward) sweep(ctx context.Context) {
 		}
 		f.mu.Lock()
 		var idle []*udpPeer
-		for _, p := range f.peers {
+		for key, p := range f.peers {
 			if p.idleFor() >= f.idle {
+				// Forgotten before it is closed: the peer's next
+				// datagram opens another tunnel rather than finding
+				// this one closing.
+				delete(f.peers, key)
 				idle = append(idle, p)
 			}
 		}
 		f.mu.Unlock()
 		for _, p := range idle {
-			p.conn.Close() // its reader drops it
+			p.conn.Close() // its reader ends
 		}
 	}
 }
