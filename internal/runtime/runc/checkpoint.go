@@ -266,7 +266,13 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs
 	if lifted == nil {
 		return r.runscStart(ctx, spec, "restore", args...)
 	}
-	if err := os.WriteFile(r.restoreMark(id), nil, 0o600); err != nil {
+	// The mark holds the sandbox's own limits: until they are back, the
+	// config on disk is the lifted one.
+	b, err := json.Marshal(own)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(r.restoreMark(id), b, 0o600); err != nil {
 		return err
 	}
 	sp.Linux.Resources = lifted
@@ -347,12 +353,13 @@ func restoreCPU(cpu *specs.LinuxCPU) *specs.LinuxCPU {
 }
 
 // restoreMark is the file that says sandbox id's limits are lifted for a
-// restore (restoreResources).
+// restore (restoreResources); it holds the sandbox's own (the
+// LinuxResources of its config, as JSON).
 func (r *Runtime) restoreMark(id string) string { return filepath.Join(r.dir(id), "restore-limits") }
 
 // settleRestoreLimits sets again the limits of every sandbox a daemon
-// killed mid-restore left lifted (restoreResources): from its config,
-// which holds its own. A sandbox no longer running has no cgroup to set.
+// killed mid-restore left lifted (restoreResources), from its mark: in its
+// config, which may hold the lifted ones, and in its cgroup, if it runs.
 func (r *Runtime) settleRestoreLimits() {
 	ents, err := os.ReadDir(r.cfg.StateDir)
 	if err != nil {
@@ -375,20 +382,33 @@ func (r *Runtime) settleRestoreLimits() {
 }
 
 func (r *Runtime) settleLimits(id string) error {
-	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	b, err := os.ReadFile(r.restoreMark(id))
+	if err != nil {
+		return err
+	}
+	var own *specs.LinuxResources
+	if err := json.Unmarshal(b, &own); err != nil || own == nil {
+		return fmt.Errorf("restore mark %s: %q", r.restoreMark(id), b)
+	}
+	path := filepath.Join(r.dir(id), "config.json")
+	cfg, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
 	var sp specs.Spec
-	if err := json.Unmarshal(b, &sp); err != nil {
+	if err := json.Unmarshal(cfg, &sp); err != nil {
 		return err
 	}
 	if sp.Linux == nil {
-		return nil
+		return fmt.Errorf("config %s has no linux section", path)
 	}
-	err = r.setLimits(id, sp.Linux.Resources)
+	sp.Linux.Resources = own
+	if err := r.writeConfig(id, &sp); err != nil {
+		return err
+	}
+	err = r.setLimits(id, own)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil
+		return nil // not running: no cgroup to set
 	}
 	return err
 }

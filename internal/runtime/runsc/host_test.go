@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
@@ -168,9 +169,9 @@ func procUID(t *testing.T, pid int) int {
 
 // TestRestoreCPUQuota: a restore runs under a lifted CPU quota (the
 // runtime's restoreCPU) and the sandbox has its own again once Restore
-// returns; a daemon killed before it was set again (the cgroup still
-// lifted, the runtime's mark still there) gets it set again by the next
-// runtime over the same state.
+// returns; a daemon killed before it was set again (the cgroup and the
+// config still lifted, the runtime's mark still there) gets both set
+// again by the next runtime over the same state.
 func TestRestoreCPUQuota(t *testing.T) {
 	h := newHarness(t)
 	inst := h.New(t)
@@ -203,14 +204,38 @@ func TestRestoreCPUQuota(t *testing.T) {
 	if _, err := os.Stat(mark); !os.IsNotExist(err) {
 		t.Errorf("restore mark after Restore: %v", err)
 	}
-	// What a daemon killed mid-restore leaves.
-	setCPUQuota(t, inst.Footprint.CgroupParent, id, "200000")
-	if err := os.WriteFile(mark, nil, 0o600); err != nil {
+	// What a daemon killed mid-restore leaves: the lifted quota in the
+	// cgroup and in the config, and the mark holding the sandbox's own
+	// limits.
+	cfgPath := filepath.Join(inst.Footprint.StateDir, id, "config.json")
+	var sp specs.Spec
+	b, err := os.ReadFile(cfgPath)
+	if err != nil || json.Unmarshal(b, &sp) != nil || sp.Linux == nil || sp.Linux.Resources == nil || sp.Linux.Resources.CPU == nil {
+		t.Fatalf("config %s: %v %s", cfgPath, err, b)
+	}
+	own, err := json.Marshal(sp.Linux.Resources)
+	if err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(mark, own, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	lifted := int64(200000)
+	sp.Linux.Resources.CPU.Quota = &lifted
+	if b, err = json.Marshal(&sp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	setCPUQuota(t, inst.Footprint.CgroupParent, id, "200000")
 	inst.Reopen(t)
 	if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
 		t.Errorf("quota after a restart = %s, want the sandbox's %s", got, want)
+	}
+	sp = specs.Spec{}
+	if b, err = os.ReadFile(cfgPath); err != nil || json.Unmarshal(b, &sp) != nil || sp.Linux.Resources.CPU.Quota == nil || strconv.FormatInt(*sp.Linux.Resources.CPU.Quota, 10) != want {
+		t.Errorf("config after a restart: %v %s; want the sandbox's quota %s", err, b, want)
 	}
 	if _, err := os.Stat(mark); !os.IsNotExist(err) {
 		t.Errorf("restore mark after a restart: %v", err)
