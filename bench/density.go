@@ -159,47 +159,45 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 // nothing asked of the daemon.
 const idleWindow = 10 * time.Second
 
-// busyCores is how many cores the host kept busy on average over window
-// (from /proc/stat: all but idle and iowait time).
+// busyCores is how many cores the host kept busy on average over window:
+// the busy time /proc/stat counts (all but idle and iowait, in USER_HZ
+// ticks) over the window's length.
 func busyCores(window time.Duration) (float64, error) {
-	read := func() (busy, total float64, err error) {
+	busy := func() (float64, error) {
 		b, err := os.ReadFile("/proc/stat")
 		if err != nil {
-			return 0, 0, err
+			return 0, err
 		}
 		line, _, _ := strings.Cut(string(b), "\n")
 		f := strings.Fields(line)
 		if len(f) < 9 || f[0] != "cpu" {
-			return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+			return 0, fmt.Errorf("/proc/stat: %q", line)
 		}
 		// user nice system idle iowait irq softirq steal (guest time is
 		// in user and nice already).
+		var n float64
 		for i, v := range f[1:9] {
-			n, err := strconv.ParseFloat(v, 64)
+			x, err := strconv.ParseFloat(v, 64)
 			if err != nil {
-				return 0, 0, fmt.Errorf("/proc/stat: %q", line)
+				return 0, fmt.Errorf("/proc/stat: %q", line)
 			}
-			total += n
 			if i != 3 && i != 4 { // idle, iowait
-				busy += n
+				n += x
 			}
 		}
-		return busy, total, nil
+		return n, nil
 	}
-	b0, t0, err := read()
+	b0, err := busy()
 	if err != nil {
 		return 0, err
 	}
 	start := time.Now()
 	time.Sleep(window)
-	b1, t1, err := read()
+	b1, err := busy()
 	if err != nil {
 		return 0, err
 	}
-	// Jiffies: USER_HZ per second per core; total over the window is
-	// cores × seconds × USER_HZ.
-	cores := (t1 - t0) / (time.Since(start).Seconds() * userHZ)
-	return (b1 - b0) / (t1 - t0) * cores, nil
+	return (b1 - b0) / (time.Since(start).Seconds() * userHZ), nil
 }
 
 // userHZ is the unit of /proc/stat (USER_HZ, 100 on Linux).

@@ -42,16 +42,15 @@ func Build() (Binaries, func(), error) {
 	}
 	cleanup := func() { os.RemoveAll(dir) }
 	b := Binaries{Dir: dir, Berth: filepath.Join(dir, "berth"), Agent: filepath.Join(dir, "berth-agent"), UDPEcho: filepath.Join(dir, "udpecho")}
-	build := GoBuild
-	if err := build(b.Berth, "./cmd/berth", false); err != nil {
+	if err := GoBuild(b.Berth, "./cmd/berth", false); err != nil {
 		cleanup()
 		return Binaries{}, nil, err
 	}
-	if err := build(b.Agent, "./cmd/berth-agent", true); err != nil {
+	if err := GoBuild(b.Agent, "./cmd/berth-agent", true); err != nil {
 		cleanup()
 		return Binaries{}, nil, err
 	}
-	if err := build(b.UDPEcho, "./test/harness/udpecho", true); err != nil {
+	if err := GoBuild(b.UDPEcho, "./test/harness/udpecho", true); err != nil {
 		cleanup()
 		return Binaries{}, nil, err
 	}

@@ -286,7 +286,8 @@ func TestRestoreCPU(t *testing.T) {
 
 // TestSentryStatsKept: a sentry's answer to `runsc events --stats` serves
 // the samples that follow for a while (one runsc start per sandbox per
-// sentryStatsTTL, not per sample), and is asked again once that is over.
+// defaultSentryStatsTTL, not per sample), and is asked again once that is
+// over.
 func TestSentryStatsKept(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "runsc")

@@ -86,8 +86,8 @@ type Runtime struct {
 	idmaps               idmapNS
 	proc                 string // where /proc is; "" is /proc (a seam for tests)
 	// sentrySamples holds each gVisor sandbox's last sentryStats answer
-	// (sentrySample by sandbox ID), for sentryStatsTTL (sentryStatsTTL
-	// below when set: a seam for tests).
+	// (sentrySample by sandbox ID), for defaultSentryStatsTTL (or
+	// sentryStatsTTL when set: a seam for tests).
 	sentrySamples  sync.Map
 	sentryStatsTTL time.Duration
 }

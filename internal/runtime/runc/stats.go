@@ -58,7 +58,7 @@ func (r *Runtime) Stats(ctx context.Context, id string) (runtime.Stats, error) {
 // Asking the sentry is a `runsc events --stats`, a process start of tens
 // of milliseconds of CPU, and the monitor samples every sandbox once a
 // second: 1.2 % of a core per idle sandbox (README). So an answer serves
-// for sentryStatsTTL; the cgroup's own figures (CPU, OOM kills, the
+// for defaultSentryStatsTTL; the cgroup's own figures (CPU, OOM kills, the
 // limit) are read fresh every time.
 func (r *Runtime) sentryStats(ctx context.Context, id string, s *runtime.Stats) {
 	if v, ok := r.sentrySamples.Load(id); ok {
@@ -80,14 +80,15 @@ func (r *Runtime) sentryStats(ctx context.Context, id string, s *runtime.Stats) 
 	c.apply(s)
 }
 
-// sentryStatsTTL is how long a sentry's answer to sentryStats serves.
-const sentryStatsTTL = 5 * time.Second
+// defaultSentryStatsTTL is how long a sentry's answer to sentryStats
+// serves.
+const defaultSentryStatsTTL = 5 * time.Second
 
 func (r *Runtime) sentryTTL() time.Duration {
 	if r.sentryStatsTTL != 0 {
 		return r.sentryStatsTTL
 	}
-	return sentryStatsTTL
+	return defaultSentryStatsTTL
 }
 
 // sentrySample is a sentry's answer to sentryStats, kept for a while.
