@@ -70,7 +70,7 @@ func (p *Pods) startSidecar(ctx context.Context, ps *podState, c containerPlan, 
 	id := ps.sandboxID
 	var err error
 	switch {
-	case pid == 0 && p.neverStarted(ctx, id, c.name):
+	case pid == 0 && !p.ranHere(ctx, ps, c.name):
 		pid, err = p.startContainer(ctx, ps, c, 0)
 	case pid == 0 && !pausedAt.IsZero():
 		pid, err = p.restartPaused(ctx, ps, c, pausedAt)
@@ -225,8 +225,16 @@ func (p *Pods) runInit(ctx context.Context, ps *podState, c containerPlan, pid u
 	// ended: a run ended before this node took the pod (its restart
 	// policy applies to code without a run of its own).
 	ended, code := false, 0
-	if pid == 0 && !p.neverStarted(ctx, id, c.name) {
+	if pid == 0 && p.ranHere(ctx, ps, c.name) {
+		// What this node knows of it, if anything, unless its files
+		// say more (a node that restarted knows nothing).
 		cs := &containerState{}
+		p.mu.Lock()
+		if known := ps.containers[c.name]; known != nil {
+			*cs = *known
+		}
+		p.mu.Unlock()
+		cs.running = false
 		p.recoverRuns(ctx, id, c.name, cs)
 		var at time.Time
 		var err error

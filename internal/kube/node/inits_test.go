@@ -107,8 +107,18 @@ func TestSidecars(t *testing.T) {
 // init container runs does not fail the pod: it is Pending and paused,
 // and once resumed (its deadline moved) the init container runs again as
 // its next restart, though the pod's policy is Never, and the containers
-// start after it.
+// start after it. Also when the pause came so soon after the init
+// container's start that its wrapper left no file yet (the node reported
+// it running all the same).
 func TestPauseDuringInits(t *testing.T) {
+	for _, early := range []bool{false, true} {
+		t.Run(map[bool]string{false: "running", true: "before its first file"}[early], func(t *testing.T) {
+			testPauseDuringInits(t, early)
+		})
+	}
+}
+
+func testPauseDuringInits(t *testing.T, early bool) {
 	synctest.Test(t, func(t *testing.T) {
 		pod := testPod()
 		pod.Spec.RestartPolicy = corev1.RestartPolicyNever
@@ -131,6 +141,7 @@ func TestPauseDuringInits(t *testing.T) {
 			}
 		}
 		f := newTagRunner()
+		f.noFiles = early
 		p, ps := startTagged(t, f, pod, validate)
 		synctest.Wait()
 		if got := f.started(); !slices.Equal(got, []string{"setup"}) {
@@ -140,6 +151,7 @@ func TestPauseDuringInits(t *testing.T) {
 		// The daemon pauses it at its deadline: setup's process ends
 		// without an exit code.
 		f.pause()
+		f.noFiles = false
 		synctest.Wait()
 		p.pausedByDaemon(t.Context(), ps, "sb", client.Event{Type: client.EventPaused, Time: time.Now(), Message: "paused at its deadline (filesystem)"})
 		synctest.Wait()
@@ -219,6 +231,9 @@ type tagRunner struct {
 	// paused: a filesystem pause ended every process without an exit
 	// code.
 	paused bool
+	// noFiles: a started process's wrapper has written no file yet (its
+	// run record).
+	noFiles bool
 }
 
 // pause is the daemon's filesystem pause: every process ends, none
@@ -285,7 +300,9 @@ func (f *tagRunner) Start(_ context.Context, _ string, req client.ExecRequest) (
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.order = append(f.order, name)
-	f.files[runPath(name)] = string(crilog.Run{Restart: restart, Started: time.Now()}.Append(nil))
+	if !f.noFiles {
+		f.files[runPath(name)] = string(crilog.Run{Restart: restart, Started: time.Now()}.Append(nil))
+	}
 	delete(f.files, exitPath(name))
 	f.pid++
 	f.procs[f.pid] = make(chan struct{})

@@ -424,7 +424,7 @@ func (p *Pods) restartPaused(ctx context.Context, ps *podState, c containerPlan,
 	} else if !errors.Is(err, errdefs.ErrNotFound) {
 		return 0, fmt.Errorf("container %s: exit code: %w", c.name, err)
 	}
-	if p.neverStarted(ctx, ps.sandboxID, c.name) {
+	if !p.ranHere(ctx, ps, c.name) {
 		pid, err := p.startContainer(ctx, ps, c, 0)
 		if err != nil {
 			return 0, fmt.Errorf("start container %s: %w", c.name, err)

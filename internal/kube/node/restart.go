@@ -249,6 +249,19 @@ func (p *Pods) recoverRuns(ctx context.Context, id, name string, cs *containerSt
 	cs.last = &containerRun{exitCode: code, startedAt: prev.Started, finishedAt: at}
 }
 
+// ranHere says whether container name of the pod has run in its sandbox:
+// this node started a run of it, or a run left a trace there
+// (neverStarted). The node's own record counts first: a pause right
+// after a start can end the run's wrapper before it wrote any file, and
+// that run was reported running all the same.
+func (p *Pods) ranHere(ctx context.Context, ps *podState, name string) bool {
+	p.mu.Lock()
+	cs := ps.containers[name]
+	started := cs != nil && !cs.startedAt.IsZero()
+	p.mu.Unlock()
+	return started || !p.neverStarted(ctx, ps.sandboxID, name)
+}
+
 // neverStarted says whether a container without a process left no trace
 // of a run in its sandbox: no log, no run record, no exit code.
 func (p *Pods) neverStarted(ctx context.Context, id, name string) bool {
