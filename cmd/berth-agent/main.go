@@ -146,10 +146,6 @@ func run() error {
 	return srv.Serve(ctx, l)
 }
 
-// tokenFDEnv names the descriptor the agent passes its token through
-// to itself across the exec in dropTokenFromEnviron.
-const tokenFDEnv = "BERTH_AGENT_CRED_FD"
-
 // dropTokenFromEnviron re-executes the agent without the token in its
 // environment when it has one there, handing the token over through a
 // pipe. /proc/1/environ shows the environment block the process was
@@ -173,9 +169,9 @@ func dropTokenFromEnviron() error {
 		return fmt.Errorf("write the token: %w", err)
 	}
 	unix.Close(p[1])
-	env := []string{tokenFDEnv + "=" + strconv.Itoa(p[0])}
+	env := []string{agent.TokenFDEnv + "=" + strconv.Itoa(p[0])}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, agent.TokenEnv+"=") && !strings.HasPrefix(kv, tokenFDEnv+"=") {
+		if !strings.HasPrefix(kv, agent.TokenEnv+"=") && !strings.HasPrefix(kv, agent.TokenFDEnv+"=") {
 			env = append(env, kv)
 		}
 	}
@@ -193,8 +189,8 @@ func dropTokenFromEnviron() error {
 // dropTokenFromEnviron, or takes it from the environment where that was
 // not needed, and removes both from the environment children inherit.
 func takeToken() (string, error) {
-	fdStr, ok := os.LookupEnv(tokenFDEnv)
-	_ = os.Unsetenv(tokenFDEnv)
+	fdStr, ok := os.LookupEnv(agent.TokenFDEnv)
+	_ = os.Unsetenv(agent.TokenFDEnv)
 	if !ok {
 		token := os.Getenv(agent.TokenEnv)
 		_ = os.Unsetenv(agent.TokenEnv)
@@ -202,7 +198,7 @@ func takeToken() (string, error) {
 	}
 	fd, err := strconv.Atoi(fdStr)
 	if err != nil {
-		return "", fmt.Errorf("%s=%q: %w", tokenFDEnv, fdStr, err)
+		return "", fmt.Errorf("%s=%q: %w", agent.TokenFDEnv, fdStr, err)
 	}
 	f := os.NewFile(uintptr(fd), "token")
 	defer f.Close()

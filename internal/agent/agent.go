@@ -27,8 +27,12 @@ import (
 )
 
 // TokenEnv is the environment variable the agent reads its access token
-// from; the agent removes it from its environment so children never see it.
-const TokenEnv = "BERTH_AGENT_TOKEN"
+// from (envd.TokenEnv); the agent removes it from its environment so
+// children never see it.
+const TokenEnv = envd.TokenEnv
+
+// TokenFDEnv names the token's pipe in its place (envd.TokenFDEnv).
+const TokenFDEnv = envd.TokenFDEnv
 
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 

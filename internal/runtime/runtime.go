@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -40,6 +41,10 @@ type Spec struct {
 	AgentArgs []string
 	// AgentEnv is the agent's environment, KEY=VALUE.
 	AgentEnv []string
+	// AgentSecret, when its Name is set, is one more variable of the
+	// agent's environment that no other process of the sandbox may read
+	// back (Secret).
+	AgentSecret Secret
 	// AgentPids says the agent holds the sandbox's processes to PidsLimit
 	// itself, with the pids cgroup of the sandbox's own kernel (gVisor,
 	// whose host-side cgroup counts the sentry's threads; berth-agent
@@ -166,4 +171,31 @@ func CheckMountDestination(dst string) error {
 		}
 	}
 	return nil
+}
+
+// Secret is a variable of the agent's environment that no other process
+// of the sandbox may read back. /proc/1/environ shows the environment a
+// process started with, whatever it unsets later: a runtime that can
+// hands the value over through a pipe the agent inherits, and the agent's
+// environment then holds FDName=<the pipe's descriptor> instead of
+// Name=Value. Otherwise it is Name=Value there, and the agent drops it by
+// executing itself again without it.
+type Secret struct {
+	Name, Value string
+	// FDName is the variable that names the pipe's descriptor.
+	FDName string
+}
+
+// Env is the secret as the environment carries it: Name=Value, or
+// FDName=fd when it comes through descriptor fd (fd > 0); nil when it has
+// no name.
+func (s Secret) Env(fd int) []string {
+	switch {
+	case s.Name == "":
+		return nil
+	case fd > 0:
+		return []string{s.FDName + "=" + strconv.Itoa(fd)}
+	default:
+		return []string{s.Name + "=" + s.Value}
+	}
 }

@@ -184,6 +184,7 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		AgentPath:   m.cfg.AgentPath,
 		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
 		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
+		AgentSecret: agentSecret(e.rec),
 		AgentPids:   agentPids(e.rec),
 		AllowSetuid: e.rec.AllowSudo,
 		// The sandbox gets a network namespace of its own user namespace

@@ -511,7 +511,8 @@ func (e *FieldError) Error() string { return e.Err.Error() }
 func (e *FieldError) Unwrap() error { return e.Err }
 
 // agentEnv is the environment of the agent, which becomes the base
-// environment of every process it starts (less the token it removes).
+// environment of every process it starts; its token comes apart
+// (agentSecret).
 func agentEnv(rec core.Sandbox) []string {
 	env := []string{
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -523,7 +524,13 @@ func agentEnv(rec core.Sandbox) []string {
 	for k, v := range rec.Env {
 		env = append(env, k+"="+v)
 	}
-	return append(env, "BERTH_AGENT_TOKEN="+rec.Token)
+	return env
+}
+
+// agentSecret is the agent's token, handed over where no other process of
+// the sandbox can read it back.
+func agentSecret(rec core.Sandbox) runtime.Secret {
+	return runtime.Secret{Name: envd.TokenEnv, Value: rec.Token, FDName: envd.TokenFDEnv}
 }
 
 func agentAddr(att Attachment) string {

@@ -475,6 +475,7 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		AgentPath:   m.cfg.AgentPath,
 		AgentArgs:   agentArgs(e.rec),
 		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		AgentSecret: agentSecret(e.rec),
 		AgentPids:   agentPids(e.rec),
 		AllowSetuid: e.rec.AllowSudo,
 		BeforeStart: func(bctx context.Context, pid int) error {

@@ -23,3 +23,13 @@ const Version = "0.6.13"
 // rules whose errno matters (ENOSYS, which callers fall back on) travel
 // this way instead. The agent removes it from its environment.
 const ErrnoCallsEnv = "BERTH_ERRNO_CALLS"
+
+// TokenEnv names the environment variable that carries the agent's access
+// token where the runtime cannot hand it over through a pipe; the agent
+// then executes itself again without it (/proc/1/environ would show it).
+const TokenEnv = "BERTH_AGENT_TOKEN"
+
+// TokenFDEnv, in place of TokenEnv, names the descriptor of a pipe the
+// agent reads its token from and closes: one the runtime handed it, or
+// the agent's own across that re-exec.
+const TokenFDEnv = "BERTH_AGENT_CRED_FD"

@@ -515,9 +515,19 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 		return err
 	}
 	defer logf.Close()
+	secret, err := secretPipe(spec.AgentSecret)
+	if err != nil {
+		return err
+	}
+	var extra []string
+	if secret != nil {
+		defer secret.Close()
+		extra = []string{"--preserve-fds", "1"}
+	}
 	if spec.BeforeStart == nil {
-		cmd := r.command(ctx, id, "run", "--detach", "--no-new-keyring", "--bundle", r.dir(id), id)
+		cmd := r.command(ctx, id, append(append([]string{"run", "--detach", "--no-new-keyring"}, extra...), "--bundle", r.dir(id), id)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
+		withSecret(cmd, secret)
 		if err := runIn(netns, rl, cmd); err != nil {
 			return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
 		}
@@ -526,8 +536,9 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	}
 	// The pid file saves a `runc state` round trip (~20 ms).
 	pidFile := filepath.Join(r.dir(id), "init.pid")
-	cmd := r.command(ctx, id, "create", "--no-new-keyring", "--bundle", r.dir(id), "--pid-file", pidFile, id)
+	cmd := r.command(ctx, id, append(append([]string{"create", "--no-new-keyring"}, extra...), "--bundle", r.dir(id), "--pid-file", pidFile, id)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	withSecret(cmd, secret)
 	if err := runIn(netns, rl, cmd); err != nil {
 		return fmt.Errorf("runc create: %w%s", err, r.logTail(id))
 	}
@@ -549,6 +560,51 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	}
 	phases.mark("start")
 	return nil
+}
+
+// secretFD is the descriptor the agent finds its secret's pipe on
+// (runtime.Secret): runc hands a container the descriptors from 3 on that
+// it was started with (--preserve-fds). 0 under gVisor, whose runsc has
+// no such hand-over here: the secret goes into the environment.
+func (r *Runtime) secretFD() int {
+	if r.cfg.GVisor != nil {
+		return 0
+	}
+	return 3
+}
+
+// secretPipe is the read end of a pipe that holds s's value, for runc to
+// hand the agent (withSecret); nil when s has no name. The value is
+// written and the write end closed before it returns: a pipe holds at
+// least a page, and a secret is a few dozen bytes.
+func secretPipe(s runtime.Secret) (*os.File, error) {
+	if s.Name == "" {
+		return nil, nil
+	}
+	if len(s.Value) > 4096 {
+		return nil, fmt.Errorf("agent secret %s: %d bytes, more than a pipe is sure to hold", s.Name, len(s.Value))
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("agent secret %s: %w", s.Name, err)
+	}
+	_, err = wr.WriteString(s.Value)
+	if cerr := wr.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rd.Close()
+		return nil, fmt.Errorf("agent secret %s: %w", s.Name, err)
+	}
+	return rd, nil
+}
+
+// withSecret makes secret's pipe descriptor 3 of cmd (runc, which hands
+// it to the container with --preserve-fds 1).
+func withSecret(cmd *exec.Cmd, secret *os.File) {
+	if secret != nil {
+		cmd.ExtraFiles = []*os.File{secret}
+	}
 }
 
 // logTail returns the last lines of the sandbox's runc log (and, under

@@ -211,7 +211,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 			Terminal: false,
 			User:     specs.User{UID: 0, GID: 0},
 			Args:     append([]string{agentMount}, s.AgentArgs...),
-			Env:      append([]string(nil), s.AgentEnv...),
+			Env:      append(append([]string(nil), s.AgentEnv...), s.AgentSecret.Env(r.secretFD())...),
 			Cwd:      "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,

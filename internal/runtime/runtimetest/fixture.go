@@ -18,6 +18,8 @@ import (
 //	fill PATH    write zeros to PATH until an error; print "ENOSPC" on a full disk
 //	probe        try syscalls the sandbox must refuse; print name=errno lines
 //	count PATH   count in memory, writing "token n checksum" to PATH
+//	secret PATH  write the secret (TEST_SECRET, or read from the pipe
+//	             TEST_SECRET_FD names) to PATH and sleep
 const agentSource = `package main
 
 import (
@@ -25,8 +27,10 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"io"
 	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 	"time"
 )
@@ -77,9 +81,36 @@ func main() {
 		raise()
 	case "raised":
 		raised(os.Args[2])
+	case "secret":
+		secret(os.Args[2])
 	default:
 		fmt.Println("unknown mode", os.Args[1])
 		os.Exit(2)
+	}
+}
+
+// secret writes the secret the runtime handed it to path, "" when it
+// got none, and sleeps.
+func secret(path string) {
+	v := os.Getenv("TEST_SECRET")
+	if s := os.Getenv("TEST_SECRET_FD"); s != "" {
+		fd, err := strconv.Atoi(s)
+		if err != nil {
+			fmt.Println("secret fd:", err)
+			os.Exit(1)
+		}
+		f := os.NewFile(uintptr(fd), "secret")
+		b, err := io.ReadAll(f)
+		if err != nil {
+			fmt.Println("read the secret:", err)
+			os.Exit(1)
+		}
+		f.Close()
+		v = string(b)
+	}
+	_ = os.WriteFile(path, []byte(v+"\n"), 0o644)
+	for {
+		time.Sleep(time.Hour)
 	}
 }
 

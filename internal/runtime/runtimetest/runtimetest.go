@@ -108,6 +108,7 @@ func Run(t *testing.T, h Harness) {
 		fn   func(t *testing.T, h Harness)
 	}{
 		{"Lifecycle", testLifecycle},
+		{"AgentSecret", testAgentSecret},
 		{"Isolation", testIsolation},
 		{"Seccomp", testSeccomp},
 		{"SetuidContained", testSetuidContained},
@@ -198,6 +199,49 @@ func testLifecycle(t *testing.T, h Harness) {
 	}
 	if _, err := b.Stats(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Stats after Destroy = %v, want ErrNotFound", err)
+	}
+}
+
+// testAgentSecret: the agent gets its secret (runtime.Spec.AgentSecret)
+// intact, and the environment its process started with, which the host
+// shows in /proc/<pid>/environ, does not hold it where the runtime hands
+// it over through a pipe (runc; the environment runsc's sandbox process
+// started with is the host-side one, never the sandbox's).
+func testAgentSecret(t *testing.T, h Harness) {
+	inst := h.New(t)
+	ctx := t.Context()
+	id := NewID()
+	spec := h.Spec(t, id)
+	value := "s3cret-" + id
+	spec.AgentArgs = []string{"secret", "/secret"}
+	spec.AgentSecret = runtime.Secret{Name: "TEST_SECRET", Value: value, FDName: "TEST_SECRET_FD"}
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatalf("Create = %v", err)
+	}
+	t.Cleanup(func() {
+		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
+			t.Errorf("Destroy = %v", err)
+		}
+	})
+	var got string
+	harness.WaitFor(t, 30*time.Second, "the agent to write its secret", func() bool {
+		out, err := inst.Exec(ctx, id, "/bin/cat", "/secret")
+		got = string(out)
+		return err == nil && strings.HasSuffix(got, "\n")
+	})
+	if got != value+"\n" {
+		t.Errorf("the agent got secret %q, want %q", got, value)
+	}
+	st, err := inst.Backend.Inspect(ctx, id)
+	if err != nil || st.Pid <= 0 {
+		t.Fatalf("Inspect = %+v, %v", st, err)
+	}
+	env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", st.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(env), value) {
+		t.Errorf("the secret is in the environment the sandbox's process %d started with", st.Pid)
 	}
 }
 
