@@ -425,6 +425,9 @@ func (m *Manager) validate(req *CreateRequest) error {
 		if !validEnvKey(k) {
 			return &FieldError{Field: "env", Err: fmt.Errorf("env: invalid variable name %q: %w", k, errdefs.ErrInvalidArgument)}
 		}
+		if k == envd.TokenEnv || k == envd.TokenFDEnv {
+			return &FieldError{Field: "env", Err: fmt.Errorf("env: variable %q is reserved: the agent's token travels in it: %w", k, errdefs.ErrInvalidArgument)}
+		}
 	}
 	for k, v := range req.Labels {
 		if !validLabel(k) || len(v) > 256 {

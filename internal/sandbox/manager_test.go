@@ -275,6 +275,8 @@ func TestValidation(t *testing.T) {
 		{CreateRequest{Limits: Limits{CPUMillis: 9000}}, "cpu"},
 		{CreateRequest{Timeout: 48 * time.Hour}, "timeout"},
 		{CreateRequest{Env: map[string]string{"1BAD": "x"}}, "env"},
+		{CreateRequest{Env: map[string]string{"BERTH_AGENT_TOKEN": "chosen"}}, "env"},
+		{CreateRequest{Env: map[string]string{"BERTH_AGENT_CRED_FD": "0"}}, "env"},
 		{CreateRequest{Labels: map[string]string{"bad label": "x"}}, "labels"},
 	} {
 		_, err := f.m.Create(t.Context(), tc.req)

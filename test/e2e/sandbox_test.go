@@ -128,6 +128,8 @@ func TestBadInput(t *testing.T) {
 		{client.CreateRequest{Timeout: "soon"}, "timeout"},
 		{client.CreateRequest{Memory: "1K"}, "memory"},
 		{client.CreateRequest{Env: map[string]string{"BAD=KEY": "x"}}, "env"},
+		{client.CreateRequest{Env: map[string]string{"BERTH_AGENT_TOKEN": "chosen"}}, "env"},
+		{client.CreateRequest{Env: map[string]string{"BERTH_AGENT_CRED_FD": "0"}}, "env"},
 	}
 	for _, tt := range tests {
 		if tt.req.Template == "" {

@@ -211,8 +211,10 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 			Terminal: false,
 			User:     specs.User{UID: 0, GID: 0},
 			Args:     append([]string{agentMount}, s.AgentArgs...),
-			Env:      append(append([]string(nil), s.AgentEnv...), s.AgentSecret.Env(r.secretFD())...),
-			Cwd:      "/",
+			// The secret first: the first of two variables of one name is
+			// the one a program reads.
+			Env: append(s.AgentSecret.Env(r.secretFD()), s.AgentEnv...),
+			Cwd: "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,
 				Effective: caps,
