@@ -155,7 +155,7 @@ func run() error {
 // After the exec the block holds no token on either. The pid stays the
 // same (PID 1 of the sandbox).
 func dropTokenFromEnviron() error {
-	token, ok := os.LookupEnv(agent.TokenEnv)
+	token, ok := os.LookupEnv(envd.TokenEnv)
 	if !ok {
 		return nil
 	}
@@ -169,9 +169,9 @@ func dropTokenFromEnviron() error {
 		return fmt.Errorf("write the token: %w", err)
 	}
 	unix.Close(p[1])
-	env := []string{agent.TokenFDEnv + "=" + strconv.Itoa(p[0])}
+	env := []string{envd.TokenFDEnv + "=" + strconv.Itoa(p[0])}
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, agent.TokenEnv+"=") && !strings.HasPrefix(kv, agent.TokenFDEnv+"=") {
+		if !strings.HasPrefix(kv, envd.TokenEnv+"=") && !strings.HasPrefix(kv, envd.TokenFDEnv+"=") {
 			env = append(env, kv)
 		}
 	}
@@ -189,16 +189,16 @@ func dropTokenFromEnviron() error {
 // dropTokenFromEnviron, or takes it from the environment where that was
 // not needed, and removes both from the environment children inherit.
 func takeToken() (string, error) {
-	fdStr, ok := os.LookupEnv(agent.TokenFDEnv)
-	_ = os.Unsetenv(agent.TokenFDEnv)
+	fdStr, ok := os.LookupEnv(envd.TokenFDEnv)
+	_ = os.Unsetenv(envd.TokenFDEnv)
 	if !ok {
-		token := os.Getenv(agent.TokenEnv)
-		_ = os.Unsetenv(agent.TokenEnv)
+		token := os.Getenv(envd.TokenEnv)
+		_ = os.Unsetenv(envd.TokenEnv)
 		return token, nil
 	}
 	fd, err := strconv.Atoi(fdStr)
 	if err != nil {
-		return "", fmt.Errorf("%s=%q: %w", agent.TokenFDEnv, fdStr, err)
+		return "", fmt.Errorf("%s=%q: %w", envd.TokenFDEnv, fdStr, err)
 	}
 	f := os.NewFile(uintptr(fd), "token")
 	defer f.Close()

@@ -26,14 +26,6 @@ import (
 	"github.com/berth-sandbox/berth/proto/process/processconnect"
 )
 
-// TokenEnv is the environment variable the agent reads its access token
-// from (envd.TokenEnv); the agent removes it from its environment so
-// children never see it.
-const TokenEnv = envd.TokenEnv
-
-// TokenFDEnv names the token's pipe in its place (envd.TokenFDEnv).
-const TokenFDEnv = envd.TokenFDEnv
-
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Config holds everything the agent needs; main fills it from flags.

@@ -127,14 +127,7 @@ func startCounter(t *testing.T, h Harness, inst Instance) (string, runtime.Spec,
 	// init and its descendants (every process of a Berth sandbox, as the
 	// agent is the init) are restored.
 	spec.AgentArgs = []string{"count", "/count"}
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatalf("Create = %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
-			t.Errorf("Destroy = %v", err)
-		}
-	})
+	create(t, inst, spec)
 	var before counter
 	harness.WaitFor(t, 30*time.Second, "the counter to count", func() bool {
 		before = readCounter(ctx, inst, id)

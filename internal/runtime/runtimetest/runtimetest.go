@@ -148,17 +148,23 @@ func start(t *testing.T, h Harness, inst Instance) (string, runtime.Spec) {
 	t.Helper()
 	id := NewID()
 	spec := h.Spec(t, id)
+	create(t, inst, spec)
+	return id, spec
+}
+
+// create creates sandbox spec on inst, destroyed when the test ends.
+func create(t *testing.T, inst Instance, spec runtime.Spec) {
+	t.Helper()
 	t0 := time.Now()
 	if err := inst.Backend.Create(t.Context(), spec); err != nil {
-		t.Fatalf("Create(%s) = %v", id, err)
+		t.Fatalf("Create(%s) = %v", spec.ID, err)
 	}
 	t.Logf("Create took %v", time.Since(t0))
 	t.Cleanup(func() {
-		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
-			t.Errorf("cleanup Destroy(%s) = %v", id, err)
+		if err := inst.Backend.Destroy(context.Background(), spec.ID); err != nil {
+			t.Errorf("cleanup Destroy(%s) = %v", spec.ID, err)
 		}
 	})
-	return id, spec
 }
 
 func testLifecycle(t *testing.T, h Harness) {
@@ -215,14 +221,7 @@ func testAgentSecret(t *testing.T, h Harness) {
 	value := "s3cret-" + id
 	spec.AgentArgs = []string{"secret", "/secret"}
 	spec.AgentSecret = runtime.Secret{Name: "TEST_SECRET", Value: value, FDName: "TEST_SECRET_FD"}
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatalf("Create = %v", err)
-	}
-	t.Cleanup(func() {
-		if err := inst.Backend.Destroy(context.Background(), id); err != nil {
-			t.Errorf("Destroy = %v", err)
-		}
-	})
+	create(t, inst, spec)
 	var got string
 	harness.WaitFor(t, 30*time.Second, "the agent to write its secret", func() bool {
 		out, err := inst.Exec(ctx, id, "/bin/cat", "/secret")
