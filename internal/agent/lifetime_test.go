@@ -285,3 +285,30 @@ func waitGone(t *testing.T, pid int) {
 		return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'Z'
 	})
 }
+
+// TestPumpLimitBeforeContext: the limit a Start stream's Connect deadline
+// set can kill the process before the context's own timer has run (each
+// runs on a goroutine of its own); the stream still ends with
+// deadline_exceeded, while another stream on the process (Connect) gets
+// the end event.
+func TestPumpLimitBeforeContext(t *testing.T) {
+	for _, own := range []bool{true, false} {
+		p := &proc{endedCh: make(chan struct{}), timedOut: true}
+		end := &pb.ProcessEvent{Event: &pb.ProcessEvent_End{End: &pb.ProcessEvent_EndEvent{Status: "signal: killed"}}}
+		p.finish(end)
+		var sent []*pb.ProcessEvent
+		err := pump(t.Context(), p, make(chan *pb.ProcessEvent), time.Hour, own, func(ev *pb.ProcessEvent) error {
+			sent = append(sent, ev)
+			return nil
+		})
+		if own {
+			if code := connect.CodeOf(err); code != connect.CodeDeadlineExceeded || len(sent) != 0 {
+				t.Errorf("own deadline: err %v (code %v), sent %v; want deadline_exceeded and nothing sent", err, code, sent)
+			}
+			continue
+		}
+		if err != nil || len(sent) != 1 || sent[0] != end {
+			t.Errorf("another stream: err %v, sent %v; want the end event", err, sent)
+		}
+	}
+}

@@ -515,6 +515,13 @@ func (p *proc) expire() {
 	_ = p.signal(unix.SIGKILL)
 }
 
+// expired says the process was killed at its time limit.
+func (p *proc) expired() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.timedOut
+}
+
 // endEvent renders st, reporting a kill at a timeout_ms limit as exit code
 // 124. A process that ended on its own just before the limit's kill landed
 // keeps its own status.

@@ -96,7 +96,9 @@ func (ps *processService) Start(ctx context.Context, req *connect.Request[pb.Sta
 	s.log.Info("process_start", "pid", p.pid, "cmd", cfg.GetCmd(), "user", u.Name, "dir", dir)
 	err = stream.Send(&pb.StartResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}})
 	if err == nil {
-		err = pump(ctx, p, ch, s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+		// Without timeout_ms the limit is this stream's own deadline.
+		ownDeadline := spec.limit > 0 && !spec.limitCode
+		err = pump(ctx, p, ch, s.keepaliveInterval(req.Header()), ownDeadline, func(ev *pb.ProcessEvent) error {
 			return stream.Send(&pb.StartResponse{Event: ev})
 		})
 	}
@@ -139,7 +141,7 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 	if err := stream.Send(&pb.ConnectResponse{Event: &pb.ProcessEvent{Event: &pb.ProcessEvent_Start{Start: &pb.ProcessEvent_StartEvent{Pid: uint32(p.pid)}}}}); err != nil {
 		return err
 	}
-	return pump(ctx, p, ch, ps.s.keepaliveInterval(req.Header()), func(ev *pb.ProcessEvent) error {
+	return pump(ctx, p, ch, ps.s.keepaliveInterval(req.Header()), false, func(ev *pb.ProcessEvent) error {
 		return stream.Send(&pb.ConnectResponse{Event: ev})
 	})
 }
@@ -148,8 +150,11 @@ func (ps *processService) Connect(ctx context.Context, req *connect.Request[pb.C
 // When the request's context ends first, the stream ends with an error
 // saying why (deadline_exceeded for a passed Connect-Timeout-Ms), never
 // cleanly: a clean end without the end event reads to the client as a
-// process that vanished without a result.
-func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time.Duration, send func(*pb.ProcessEvent) error) error {
+// process that vanished without a result. ownDeadline says the
+// process's time limit is this stream's Connect deadline: a kill at that
+// limit then ends the stream as the deadline does, whichever of the two
+// timers (the limit's, the context's) ran first.
+func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time.Duration, ownDeadline bool, send func(*pb.ProcessEvent) error) error {
 	tick := time.NewTicker(keepalive)
 	defer tick.Stop()
 	keep := &pb.ProcessEvent{Event: &pb.ProcessEvent_Keepalive{Keepalive: &pb.ProcessEvent_KeepAlive{}}}
@@ -171,6 +176,11 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 				// process limit it set starts later), so it is the answer.
 				return streamEnded(ctx)
 			}
+			if ownDeadline && p.expired() {
+				// The limit's timer ran before the context's (each
+				// runs on a goroutine of its own): the same deadline.
+				return errDeadlinePassed()
+			}
 			for {
 				select {
 				case ev := <-ch:
@@ -191,9 +201,13 @@ func pump(ctx context.Context, p *proc, ch chan *pb.ProcessEvent, keepalive time
 // ended before the process did.
 func streamEnded(ctx context.Context) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline (Connect-Timeout-Ms) passed before the process ended"))
+		return errDeadlinePassed()
 	}
 	return connect.NewError(connect.CodeCanceled, ctx.Err())
+}
+
+func errDeadlinePassed() error {
+	return connect.NewError(connect.CodeDeadlineExceeded, errors.New("the request's deadline (Connect-Timeout-Ms) passed before the process ended"))
 }
 
 // processEnv builds a process's environment: PATH, HOME, USER, LOGNAME,

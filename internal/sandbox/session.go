@@ -169,6 +169,12 @@ func EndCause(ctx context.Context) error {
 // whose connection to the agent broke asks, so its caller hears why
 // rather than a bare broken connection. It returns once the check is
 // done or ctx ends.
+//
+// A killed init closes its sockets before the runtime sees it gone: the
+// init of a PID namespace first kills and reaps every other process in
+// it, and only then becomes a zombie. A check in between finds it
+// running, so where the runtime reports the init's exit (InitWatcher) the
+// check waits up to cutInitGrace for it and checks again.
 func (m *Manager) CheckRunning(ctx context.Context, id string) {
 	e, ok := m.lookup(id)
 	if !ok {
@@ -184,9 +190,38 @@ func (m *Manager) CheckRunning(ctx context.Context, id string) {
 		// Not ctx: a check that found the sandbox dead finishes its
 		// teardown whoever stopped waiting.
 		m.check(m.life, e)
+		m.awaitCutInit(e)
 	}()
 	select {
 	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+// cutInitGrace bounds how long CheckRunning waits for the init of a
+// sandbox whose agent connection broke to finish exiting.
+const cutInitGrace = 3 * time.Second
+
+// awaitCutInit waits, up to cutInitGrace, for the init of ready sandbox e
+// to exit, and then checks it again; it returns at once if the check
+// before ended the sandbox or the runtime cannot report the exit.
+func (m *Manager) awaitCutInit(e *entry) {
+	if st := e.cur.Load(); st.closed || st.state != StateReady {
+		return
+	}
+	w, ok := m.runtimeOf(e.cur.Load().rec).(InitWatcher)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(m.life, cutInitGrace)
+	defer cancel()
+	done, err := w.InitExited(ctx, e.id)
+	if err != nil {
+		return
+	}
+	select {
+	case <-done:
+		m.check(m.life, e)
 	case <-ctx.Done():
 	}
 }

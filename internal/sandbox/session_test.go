@@ -186,6 +186,43 @@ func TestCheckRunning(t *testing.T) {
 	}
 }
 
+// dyingRuntime is a fakeRuntime whose sandboxes' init is still exiting
+// when asked: still running to Inspect, and done once watched (the init
+// of a PID namespace reaps the namespace's other processes before it is
+// seen gone, its sockets already closed).
+type dyingRuntime struct{ *fakeRuntime }
+
+func (d dyingRuntime) InitExited(_ context.Context, id string) (<-chan struct{}, error) {
+	d.mu.Lock()
+	d.running[id] = runtime.StatusStopped
+	d.mu.Unlock()
+	done := make(chan struct{})
+	close(done)
+	return done, nil
+}
+
+func (dyingRuntime) AgentLogTail(string) string { return "" }
+
+// TestCheckRunningAwaitsDyingInit: a proxy whose agent connection broke
+// while the sandbox's init was still exiting hears the init's end, not a
+// bare broken connection.
+func TestCheckRunningAwaitsDyingInit(t *testing.T) {
+	f := newLifeFixture(t, func(d *Deps) { d.Runtime = dyingRuntime{d.Runtime.(*fakeRuntime)} })
+	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, _, release, err := f.m.AgentSession(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	f.m.CheckRunning(ctx, sb.ID)
+	if cause := EndCause(ctx); cause == nil || !strings.Contains(cause.Error(), "init exited") {
+		t.Errorf("after CheckRunning on a dying sandbox: cause %v, want init exited", cause)
+	}
+}
+
 // TestPauseEndsCallsFirst: a pause ends the calls bound to the sandbox
 // and waits for them to let go (their connections are endpoints gVisor
 // will not checkpoint) before it checkpoints; a call's end says paused.
