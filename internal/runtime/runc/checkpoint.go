@@ -264,7 +264,7 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs
 	own := sp.Linux.Resources
 	lifted := restoreResources(own)
 	if lifted == nil {
-		return r.runscStart(ctx, spec, "restore", args...)
+		return r.runscStart(ctx, spec, "restore", nil, args...)
 	}
 	// The mark holds the sandbox's own limits: until they are back, the
 	// config on disk is the lifted one.
@@ -279,7 +279,7 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs
 	err = r.writeConfig(id, sp)
 	sp.Linux.Resources = own
 	if err == nil {
-		err = r.runscStart(ctx, spec, "restore", args...)
+		err = r.runscStart(ctx, spec, "restore", nil, args...)
 	}
 	// Its own config back whatever the restore did: a failed one leaves
 	// it for the next.

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -93,6 +94,13 @@ type GVisor struct {
 	// descriptors), so the image directory may be removed once Restore
 	// returns. Debian's 20221219 has neither flag.
 	BackgroundRestore bool
+	// PassFD says this runsc's `run` has --pass-fd (host descriptor M
+	// becomes the sandbox's first process's descriptor N; releases from
+	// 2023 on, Debian's 20221219 has not): the agent's secret then comes
+	// through a pipe as under runc (runtime.Secret), and the agent starts
+	// once instead of executing itself again to drop it from its
+	// environment.
+	PassFD bool
 	// MountsGap, when set, says why this runsc cannot bind volumes
 	// (runtime.Spec.Mounts): a create with mounts is refused with it.
 	MountsGap string
@@ -353,7 +361,20 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 		phases.mark("runsc_restore")
 		return nil
 	}
-	if err := r.runscStart(ctx, spec, "run", "--detach"); err != nil {
+	args := []string{"--detach"}
+	var secret *os.File
+	if r.secretFD() > 0 {
+		if secret, err = secretPipe(spec.AgentSecret); err != nil {
+			return err
+		}
+		if secret != nil {
+			defer secret.Close()
+			// The pipe is runsc's descriptor 3 (withSecret) and the
+			// agent's secretFD.
+			args = append(args, "--pass-fd", "3:"+strconv.Itoa(r.secretFD()))
+		}
+	}
+	if err := r.runscStart(ctx, spec, "run", secret, args...); err != nil {
 		return err
 	}
 	phases.mark("runsc_run")
@@ -410,8 +431,9 @@ func (r *Runtime) checkPrefixFree(id string) error {
 }
 
 // runscStart runs `runsc <verb> <args...> --bundle <dir> <id>` with the
-// agent's output going to AgentLog.
-func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string, args ...string) error {
+// agent's output going to AgentLog, and secret, when not nil, as runsc's
+// descriptor 3.
+func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string, secret *os.File, args ...string) error {
 	id := spec.ID
 	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
 	if err != nil {
@@ -434,6 +456,7 @@ func (r *Runtime) runscStart(ctx context.Context, spec runtime.Spec, verb string
 	argv = append(argv, "--bundle", r.dir(id), id)
 	cmd := r.command(ctx, id, argv...)
 	cmd.Stdout, cmd.Stderr = logf, logf
+	withSecret(cmd, secret)
 	if r.cfg.GVisor.HideNetSysctl {
 		if err := netSysctlShim(cmd, filepath.Join(r.dir(id), "shim")); err != nil {
 			return err

@@ -564,10 +564,11 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 
 // secretFD is the descriptor the agent finds its secret's pipe on
 // (runtime.Secret): runc hands a container the descriptors from 3 on that
-// it was started with (--preserve-fds). 0 under gVisor, whose runsc has
-// no such hand-over here: the secret goes into the environment.
+// it was started with (--preserve-fds), and a runsc with --pass-fd is
+// told to hand its descriptor 3 over as 3. 0 under an older runsc, which
+// has no such hand-over: the secret goes into the environment.
 func (r *Runtime) secretFD() int {
-	if r.cfg.GVisor != nil {
+	if g := r.cfg.GVisor; g != nil && !g.PassFD {
 		return 0
 	}
 	return 3
@@ -600,7 +601,7 @@ func secretPipe(s runtime.Secret) (*os.File, error) {
 }
 
 // withSecret makes secret's pipe descriptor 3 of cmd (runc, which hands
-// it to the container with --preserve-fds 1).
+// it to the container with --preserve-fds 1; runsc, with --pass-fd 3:3).
 func withSecret(cmd *exec.Cmd, secret *os.File) {
 	if secret != nil {
 		cmd.ExtraFiles = []*os.File{secret}

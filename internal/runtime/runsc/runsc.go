@@ -108,6 +108,10 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
 	}
+	runHelp, err := commandHelp(ctx, bin, "run")
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
+	}
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -132,13 +136,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			BackgroundRestore: false,
 			RestoreCopies:     copies,
 			MountsGap:         mountsGap(version),
+			PassFD:            hasFlag(runHelp, "pass-fd"),
 		},
 		Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background, "agent_secret_by_fd", hasFlag(runHelp, "pass-fd"))
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
@@ -185,26 +190,28 @@ func runscFlags(ctx context.Context, bin string) ([]byte, error) {
 // version: builds from source carry no release date of a flag's arrival.
 // Debian's 20221219 has neither.
 func hasBackgroundRestore(ctx context.Context, bin string) (bool, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	help := func(cmd string) ([]byte, error) {
-		// runsc prints the usage on stdout or stderr, depending on the
-		// release: both are read.
-		out, err := exec.CommandContext(ctx, bin, "help", cmd).CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("%s help %s: %w", bin, cmd, err)
-		}
-		return out, nil
-	}
-	cp, err := help("checkpoint")
+	cp, err := commandHelp(ctx, bin, "checkpoint")
 	if err != nil {
 		return false, err
 	}
-	rs, err := help("restore")
+	rs, err := commandHelp(ctx, bin, "restore")
 	if err != nil {
 		return false, err
 	}
 	return backgroundRestoreIn(cp, rs), nil
+}
+
+// commandHelp is `runsc help <cmd>` of the runsc at bin, which lists the
+// command's flags. runsc prints it on stdout or stderr, depending on the
+// release: both are read.
+func commandHelp(ctx context.Context, bin, cmd string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "help", cmd).CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s help %s: %w", bin, cmd, err)
+	}
+	return out, nil
 }
 
 // backgroundRestoreIn reads hasBackgroundRestore's answer from the output

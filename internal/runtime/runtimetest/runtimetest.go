@@ -211,8 +211,9 @@ func testLifecycle(t *testing.T, h Harness) {
 // testAgentSecret: the agent gets its secret (runtime.Spec.AgentSecret)
 // intact, and the environment its process started with, which the host
 // shows in /proc/<pid>/environ, does not hold it where the runtime hands
-// it over through a pipe (runc; the environment runsc's sandbox process
-// started with is the host-side one, never the sandbox's).
+// it over through a pipe (runc, a runsc with --pass-fd; the environment
+// runsc's sandbox process started with is the host-side one, never the
+// sandbox's), nor does the sandbox's own /proc/1/environ then.
 func testAgentSecret(t *testing.T, h Harness) {
 	inst := h.New(t)
 	ctx := t.Context()
@@ -242,6 +243,17 @@ func testAgentSecret(t *testing.T, h Harness) {
 	if strings.Contains(string(env), value) {
 		t.Errorf("the secret is in the environment the sandbox's process %d started with", st.Pid)
 	}
+	// Inside, where the sandbox's kernel serves /proc/1/environ (gVisor's
+	// sentry, to every process of the agent's uid): a runtime that hands
+	// the secret over by descriptor leaves it out there too.
+	inside, err := inst.Exec(ctx, id, "/bin/cat", "/proc/1/environ")
+	if err != nil {
+		t.Fatalf("read /proc/1/environ inside: %v", err)
+	}
+	if strings.Contains(string(inside), "TEST_SECRET_FD=") && strings.Contains(string(inside), value) {
+		t.Errorf("the secret came by descriptor and is in the sandbox's /proc/1/environ too")
+	}
+	t.Logf("handed over by descriptor: %v", strings.Contains(string(inside), "TEST_SECRET_FD="))
 }
 
 // assertGone checks that id is gone from the backend and the host.
