@@ -11,7 +11,8 @@ import (
 // create_phases (the Manager: record, provision, agent_ready,
 // policy_apply, finish), "sandbox created" (the runc runtime inside
 // provision: uid slot, disk, idmapped layers, overlay, user namespace,
-// runc create, before_start, start) and attach_phases (hostnet inside
+// runc create, then start_and_before_start: the agent starting while the
+// BeforeStart hook wires the network) and attach_phases (hostnet inside
 // before_start: netns, sysctls, address reservation, veth, sandbox side,
 // nftables).
 var createPhases = []phaseMsg{

@@ -52,11 +52,13 @@ type Spec struct {
 	// hierarchy and drops it before it serves. runc ignores it: its host
 	// cgroup counts the sandbox's own tasks.
 	AgentPids bool
-	// BeforeStart, when set, runs once the sandbox's namespaces exist and
-	// before its agent starts, with the host pid of the sandbox's init.
-	// The Manager uses it to wire the sandbox's own network namespace
+	// BeforeStart, when set, runs once the sandbox's namespaces exist,
+	// with the host pid of the sandbox's init, and Create returns after
+	// it. The Manager uses it to wire the sandbox's own network namespace
 	// (owned by the sandbox's user namespace, so a fresh sysfs can be
-	// mounted in it). An error aborts and undoes the create. Under gVisor
+	// mounted in it). An error aborts and undoes the create. Under runc
+	// it runs while the agent starts (the agent needs no network to
+	// start, and runs nothing else until the daemon asks). Under gVisor
 	// the pid is a process holding the new network namespace the sandbox
 	// will join (gVisor reads its interfaces when it starts, so they must
 	// be wired first); only its /proc/<pid>/ns/net is meaningful.

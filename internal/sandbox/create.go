@@ -189,8 +189,9 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 		AllowSetuid: e.rec.AllowSudo,
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
-		// before the agent starts. The hook runs within Runtime.Create,
-		// before it returns, so it pushes onto the same undo stack.
+		// while the agent starts (runc) or before (gVisor). The hook
+		// runs within Runtime.Create, which returns after it, so it
+		// pushes onto the same undo stack.
 		BeforeStart: func(bctx context.Context, pid int) error {
 			c.undo.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
 			att, err := m.deps.Network.AttachTo(bctx, id, "/proc/"+strconv.Itoa(pid)+"/ns/net")

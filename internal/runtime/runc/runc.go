@@ -260,13 +260,20 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	}
 	uid := hostBase(slot)
 	phases.mark("uid_slot")
+	var pending *pendingUserNS
+	if r.cfg.GVisor == nil {
+		// Two process starts (newUserNS), made while the root
+		// filesystem is prepared.
+		pending = startUserNS(ctx, r.idMappings(uid))
+		defer pending.release()
+	}
 	if err := r.prepareRootfs(ctx, spec, uid, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	if err := r.writeLayers(id, spec.Layers); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
-	if err := r.run(ctx, spec, uid, &phases); err != nil {
+	if err := r.run(ctx, spec, uid, pending, &phases); err != nil {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	r.log.Debug("sandbox created", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
@@ -274,8 +281,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 }
 
 // run starts the agent of a sandbox whose root filesystem is mounted, as
-// host uid uid: Create's last step, and Start's.
-func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, phases *phaseTimer) (err error) {
+// host uid uid: Create's last step, and Start's. pending, when not nil,
+// is the sandbox's user namespace, made meanwhile (runc only).
+func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, pending *pendingUserNS, phases *phaseTimer) (err error) {
 	id := spec.ID
 	sp := r.ociSpec(spec, r.rootfs(id), uid)
 	detach, err := r.attachVolumes(spec, uid)
@@ -294,7 +302,12 @@ func (r *Runtime) run(ctx context.Context, spec runtime.Spec, uid uint32, phases
 	if r.cfg.GVisor != nil {
 		return r.createGVisor(ctx, spec, sp, phases)
 	}
-	ns, err := newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
+	var ns *userNS
+	if pending != nil {
+		ns, err = pending.take()
+	} else {
+		ns, err = newUserNS(ctx, sp.Linux.UIDMappings, sp.Linux.GIDMappings)
+	}
 	if err != nil {
 		return err
 	}
@@ -503,8 +516,8 @@ func (r *Runtime) writeConfig(id string, sp *specs.Spec) error {
 }
 
 // runcRun starts the container detached. Without a BeforeStart hook it is
-// one `runc run --detach`; with one it is `runc create`, the hook, then
-// `runc start`. The agent's stdout and stderr go to AgentLog; runc's own
+// one `runc run --detach`; with one it is `runc create`, then the hook
+// while the container's process starts (see start). The agent's stdout and stderr go to AgentLog; runc's own
 // errors go to runc.log, whose tail is returned. runc runs inside the
 // sandbox's network namespace netns, if it joins one, and under the
 // sandbox's rlimits rl (see inheritNetNS and takeRlimits).
@@ -551,14 +564,24 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	if err != nil || pid <= 0 {
 		return fmt.Errorf("init pid file holds %q", b)
 	}
-	if err := spec.BeforeStart(ctx, pid); err != nil {
-		return fmt.Errorf("before start: %w", err)
+	// The agent starts while the hook wires the sandbox's network: the
+	// agent needs no network to start (it listens on every address, and
+	// the daemon reaches it only through what the hook wires), its Go
+	// start is the longer of the two, and no process but the agent runs
+	// in the sandbox before the daemon asks for one.
+	hooked := make(chan error, 1)
+	go func() { hooked <- spec.BeforeStart(ctx, pid) }()
+	serr := r.start(ctx, id, pid)
+	herr := <-hooked
+	phases.mark("start_and_before_start")
+	if serr != nil {
+		// An init that died takes its namespaces along: the hook's
+		// error, if any, follows from this one.
+		return serr
 	}
-	phases.mark("before_start")
-	if err := r.start(ctx, id, pid); err != nil {
-		return err
+	if herr != nil {
+		return fmt.Errorf("before start: %w", herr)
 	}
-	phases.mark("start")
 	return nil
 }
 

@@ -231,8 +231,8 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 		Hostname: s.Hostname,
 		Mounts:   r.mounts(s),
 		Linux: &specs.Linux{
-			UIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uid, Size: r.cfg.UIDCount}},
-			GIDMappings: []specs.LinuxIDMapping{{ContainerID: 0, HostID: uid, Size: r.cfg.UIDCount}},
+			UIDMappings: r.idMappings(uid),
+			GIDMappings: r.idMappings(uid),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},

@@ -110,7 +110,7 @@ func (r *Runtime) Start(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	phases.mark("mount")
-	if err := r.run(ctx, spec, uid, &phases); err != nil {
+	if err := r.run(ctx, spec, uid, nil, &phases); err != nil {
 		return fmt.Errorf("start sandbox %s: %w", id, err)
 	}
 	r.log.Debug("sandbox started", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)

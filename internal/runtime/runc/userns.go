@@ -127,6 +127,48 @@ func newUserNS(ctx context.Context, uids, gids []specs.LinuxIDMapping) (*userNS,
 	return ns, nil
 }
 
+// idMappings maps the sandbox's ids from 0 onto its host range from uid
+// (its uids and its gids alike).
+func (r *Runtime) idMappings(uid uint32) []specs.LinuxIDMapping {
+	return []specs.LinuxIDMapping{{ContainerID: 0, HostID: uid, Size: r.cfg.UIDCount}}
+}
+
+// pendingUserNS is a sandbox's user namespace being made (newUserNS)
+// while its create does other work.
+type pendingUserNS struct {
+	done  chan struct{}
+	ns    *userNS
+	err   error
+	taken bool
+}
+
+// startUserNS starts making a user namespace with the mappings m (for
+// uids and gids).
+func startUserNS(ctx context.Context, m []specs.LinuxIDMapping) *pendingUserNS {
+	p := &pendingUserNS{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.ns, p.err = newUserNS(ctx, m, m)
+	}()
+	return p
+}
+
+// take waits for the namespace; the caller then owns it (close).
+func (p *pendingUserNS) take() (*userNS, error) {
+	<-p.done
+	p.taken = true
+	return p.ns, p.err
+}
+
+// release waits for the namespace and closes it unless it was taken: a
+// create that failed before it needed it leaves no holder behind.
+func (p *pendingUserNS) release() {
+	<-p.done
+	if !p.taken && p.ns != nil {
+		p.ns.close()
+	}
+}
+
 // close ends the holder. The namespace lives on as long as a sandbox
 // process is in it.
 func (ns *userNS) close() {

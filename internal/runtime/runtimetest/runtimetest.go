@@ -116,6 +116,7 @@ func Run(t *testing.T, h Harness) {
 		{"BadLayerLeavesNothing", testBadLayer},
 		{"FailingStartLeavesNothing", testFailingStart},
 		{"FailingExecLeavesNothing", testFailingExec},
+		{"FailingHookLeavesNothing", testFailingHook},
 		{"JoinNetNS", testJoinNetNS},
 		{"Recover", testRecover},
 		{"DestroyKillsEscapedProcesses", testEscaped},
@@ -474,6 +475,25 @@ func testFailingExec(t *testing.T, h Harness) {
 		t.Fatal("Create with a non-executable agent succeeded")
 	}
 	t.Logf("Create error: %v", err)
+	assertGone(t, inst, id)
+}
+
+// testFailingHook: a BeforeStart hook that fails fails the create with
+// its error and leaves nothing, whether or not the runtime started the
+// agent meanwhile (runc starts it while the hook runs).
+func testFailingHook(t *testing.T, h Harness) {
+	inst := h.New(t)
+	id := NewID()
+	spec := h.Spec(t, id)
+	spec.BeforeStart = func(context.Context, int) error { return errors.New("wiring refused") }
+	err := inst.Backend.Create(t.Context(), spec)
+	if err == nil {
+		_ = inst.Backend.Destroy(context.Background(), id)
+		t.Fatal("Create with a failing BeforeStart hook succeeded")
+	}
+	if !strings.Contains(err.Error(), "wiring refused") {
+		t.Errorf("Create error = %v, want the hook's", err)
+	}
 	assertGone(t, inst, id)
 }
 
