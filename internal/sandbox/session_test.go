@@ -159,11 +159,10 @@ func TestAgentSessionContext(t *testing.T) {
 	}
 }
 
-// TestCheckRunning: a proxy whose agent connection broke asks at once; a
-// sandbox whose init is gone is then ended with the reason, and the
-// request's context says so without waiting for a monitor round.
-func TestCheckRunning(t *testing.T) {
-	f := newLifeFixture(t, nil)
+// sessionOnNew creates a sandbox on f and returns it with the context of
+// an agent session on it, released when the test ends.
+func sessionOnNew(t *testing.T, f *lifeFixture) (Sandbox, context.Context) {
+	t.Helper()
 	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +171,16 @@ func TestCheckRunning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
+	t.Cleanup(release)
+	return sb, ctx
+}
+
+// TestCheckRunning: a proxy whose agent connection broke asks at once; a
+// sandbox whose init is gone is then ended with the reason, and the
+// request's context says so without waiting for a monitor round.
+func TestCheckRunning(t *testing.T) {
+	f := newLifeFixture(t, nil)
+	sb, ctx := sessionOnNew(t, f)
 	f.m.CheckRunning(ctx, sb.ID)
 	if ctx.Err() != nil {
 		t.Fatalf("a running sandbox's request ended after CheckRunning: %v", context.Cause(ctx))
@@ -208,15 +216,7 @@ func (dyingRuntime) AgentLogTail(string) string { return "" }
 // bare broken connection.
 func TestCheckRunningAwaitsDyingInit(t *testing.T) {
 	f := newLifeFixture(t, func(d *Deps) { d.Runtime = dyingRuntime{d.Runtime.(*fakeRuntime)} })
-	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, _, release, err := f.m.AgentSession(t.Context(), sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release()
+	sb, ctx := sessionOnNew(t, f)
 	f.m.CheckRunning(ctx, sb.ID)
 	if cause := EndCause(ctx); cause == nil || !strings.Contains(cause.Error(), "init exited") {
 		t.Errorf("after CheckRunning on a dying sandbox: cause %v, want init exited", cause)
