@@ -517,10 +517,11 @@ func (r *Runtime) writeConfig(id string, sp *specs.Spec) error {
 
 // runcRun starts the container detached. Without a BeforeStart hook it is
 // one `runc run --detach`; with one it is `runc create`, then the hook
-// while the container's process starts (see start). The agent's stdout and stderr go to AgentLog; runc's own
-// errors go to runc.log, whose tail is returned. runc runs inside the
-// sandbox's network namespace netns, if it joins one, and under the
-// sandbox's rlimits rl (see inheritNetNS and takeRlimits).
+// while the container's process starts (see start). The agent's stdout
+// and stderr go to AgentLog; runc's own errors go to runc.log, whose tail
+// is returned. runc runs inside the sandbox's network namespace netns, if
+// it joins one, and under the sandbox's rlimits rl (see inheritNetNS and
+// takeRlimits).
 func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, rl []specs.POSIXRlimit, phases *phaseTimer) error {
 	id := spec.ID
 	logf, err := os.OpenFile(r.AgentLog(id), os.O_WRONLY|os.O_CREATE|os.O_APPEND|unix.O_CLOEXEC, 0o600)
