@@ -175,6 +175,12 @@ func CheckMountDestination(dst string) error {
 	return nil
 }
 
+// ErrInitExited says a sandbox's init (under runc, its agent) exited
+// before the sandbox was up: an agent that died while starting. A
+// runtime that sees it during Create wraps it, with the agent's last
+// words where it has them.
+var ErrInitExited = errors.New("sandbox init exited before its agent answered")
+
 // Secret is a variable of the agent's environment that no other process
 // of the sandbox may read back. /proc/1/environ shows the environment a
 // process started with, whatever it unsets later: a runtime that can

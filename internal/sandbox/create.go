@@ -248,7 +248,7 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	ca, eerr := c.egress.wait()
 	if err != nil && exited.Load() {
 		rt := m.runtimeOf(c.e.rec)
-		why := "sandbox init exited before its agent answered"
+		why := runtime.ErrInitExited.Error()
 		if w, ok := rt.(InitWatcher); ok {
 			if tail := w.AgentLogTail(c.e.id); tail != "" {
 				why += "; the agent's last words: " + tail

@@ -581,9 +581,40 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 		return serr
 	}
 	if herr != nil {
+		// An agent that exits at once (a broken one) takes its
+		// namespaces along while the hook wires them: its exit is the
+		// failure to report, with its last words.
+		if r.initExitsWithin(ctx, id, initExitGrace) {
+			words := ""
+			if tail := r.AgentLogTail(id); tail != "" {
+				words = "; the agent's last words: " + tail
+			}
+			return fmt.Errorf("%w%s: %w", runtime.ErrInitExited, words, errdefs.ErrUnavailable)
+		}
 		return fmt.Errorf("before start: %w", herr)
 	}
 	return nil
+}
+
+// initExitGrace bounds how long a create whose BeforeStart hook failed
+// waits to see whether the sandbox's init is exiting.
+const initExitGrace = 2 * time.Second
+
+// initExitsWithin reports whether sandbox id's init has exited, or does
+// within grace (InitExited).
+func (r *Runtime) initExitsWithin(ctx context.Context, id string, grace time.Duration) bool {
+	ctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	done, err := r.InitExited(ctx, id)
+	if err != nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // secretFD is the descriptor the agent finds its secret's pipe on

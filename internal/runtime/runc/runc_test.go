@@ -2,6 +2,8 @@ package runc_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -10,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
@@ -120,6 +124,42 @@ func removeCgroupParent(parent string) {
 
 func TestConformance(t *testing.T) {
 	runtimetest.Run(t, newHarness(t))
+}
+
+// TestHookFailsAfterAgentExit: under runc the agent starts while the
+// BeforeStart hook runs; an agent that exits at once takes its namespaces
+// along and the hook fails on that. The create then reports the agent's
+// exit with its last words (runtime.ErrInitExited), not the hook's
+// failure, and leaves nothing.
+func TestHookFailsAfterAgentExit(t *testing.T) {
+	h := newHarness(t)
+	inst := h.New(t)
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	spec.AgentArgs = []string{"exit"}
+	spec.BeforeStart = func(ctx context.Context, pid int) error {
+		// Fail only once the init has exited, as a hook whose network
+		// namespace went away does.
+		fd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if n, err := unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}, 60_000); err != nil || n == 0 {
+			return fmt.Errorf("init %d did not exit within a minute (%v)", pid, err)
+		}
+		return errors.New("network namespace gone")
+	}
+	err := inst.Backend.Create(t.Context(), spec)
+	if err == nil {
+		_ = inst.Backend.Destroy(context.Background(), id)
+		t.Fatal("Create with an agent that exits succeeded")
+	}
+	t.Logf("Create error: %v", err)
+	if !errors.Is(err, runtime.ErrInitExited) || !strings.Contains(err.Error(), "giving up at once") {
+		t.Errorf("Create error = %v, want the agent's exit with its last words", err)
+	}
+	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
 }
 
 // TestCreateTiming logs how long Create and its phases take, the number

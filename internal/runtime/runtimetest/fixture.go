@@ -83,6 +83,10 @@ func main() {
 		raised(os.Args[2])
 	case "secret":
 		secret(os.Args[2])
+	case "exit":
+		// An agent that dies while starting, saying why.
+		fmt.Fprintln(os.Stderr, "fixture agent: giving up at once")
+		os.Exit(3)
 	default:
 		fmt.Println("unknown mode", os.Args[1])
 		os.Exit(2)
