@@ -169,7 +169,18 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 		}
 		return p.Status.InitContainerStatuses[0]
 	}
+	// gate's run is recorded once its shell wrote its line: a container
+	// reported running may not have run its first command yet, and a
+	// pause before it would end a run that left no line.
+	recorded := func(runs string) {
+		t.Helper()
+		harness.WaitFor(t, time.Minute, "gate's line in /work/runs", func() bool {
+			out, _, code := execPodIn(t, cp, "default", "init-paused", "gate", "cat", "/work/runs")
+			return code == 0 && out == runs
+		})
+	}
 	waitPod(t, cp, "default", "init-paused", "gate running", func(p *corev1.Pod) bool { return gate(p).State.Running != nil })
+	recorded("run\n")
 	// Paused by the annotation, then resumed by its removal: gate runs
 	// again.
 	annotate := func(v string) {
@@ -195,6 +206,7 @@ func testPauseDuringInit(t *testing.T, c *cluster) {
 		st, _ := node.Paused(p)
 		return st == "" && gate(p).State.Running != nil && gate(p).RestartCount == 1
 	})
+	recorded("run\nrun\n")
 	deadline := func(d time.Duration) {
 		t.Helper()
 		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, node.AnnotationDeadline, time.Now().Add(d).UTC().Format(time.RFC3339))

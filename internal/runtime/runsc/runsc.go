@@ -112,6 +112,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
 	}
+	passFD := hasFlag(runHelp, "pass-fd")
 	r, err := runc.New(runc.Config{
 		Binary:        bin,
 		StateDir:      cfg.StateDir,
@@ -136,14 +137,14 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			BackgroundRestore: false,
 			RestoreCopies:     copies,
 			MountsGap:         mountsGap(version),
-			PassFD:            hasFlag(runHelp, "pass-fd"),
+			PassFD:            passFD,
 		},
 		Logger: cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background, "agent_secret_by_fd", hasFlag(runHelp, "pass-fd"))
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background, "agent_secret_by_fd", passFD)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
