@@ -20,6 +20,16 @@ import (
 	"github.com/berth-sandbox/berth/internal/sandbox"
 )
 
+// The runc runtime (both levels) has the optional abilities the Manager
+// looks for by assertion; a change that lost one would otherwise only
+// slow creates down or blur their errors.
+var (
+	_ sandbox.InitWatcher   = (*runc.Runtime)(nil)
+	_ sandbox.RootWriter    = (*runc.Runtime)(nil)
+	_ sandbox.CrashReporter = (*runc.Runtime)(nil)
+	_ sandbox.MemoryCopier  = (*runc.Runtime)(nil)
+)
+
 // levels are the isolation levels this daemon runs: one runtime per level
 // it offers, and for each level it knows but cannot offer, why.
 type levels struct {

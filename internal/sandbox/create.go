@@ -34,6 +34,9 @@ type creation struct {
 	// restore is set when the sandbox starts from a memory snapshot's
 	// image rather than booting its agent.
 	restore *memoryStart
+	// egressInstalled is set once the BeforeStart hook wrote the egress
+	// CA and resolver into the sandbox's root from the host.
+	egressInstalled bool
 	// recorded, provisioned, agentUp and answered are when the first
 	// store write, provision, the agent's first answer and awaitReady
 	// (with the egress install) ended (the debug log's create phases).
@@ -173,6 +176,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 func (m *Manager) provision(ctx context.Context, c *creation) error {
 	e := c.e
 	id := e.id
+	rt := m.runtimeOf(e.rec)
 	spec := runtime.Spec{
 		ID:          id,
 		Layers:      c.tpl.Layers,
@@ -207,6 +211,12 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 				if err := m.adoptSourceCA(id, c.restore.image); err != nil {
 					return fmt.Errorf("network policy: %w", err)
 				}
+			} else {
+				// A sandbox from a memory image has its source's files
+				// in its page cache: its settings go through its agent.
+				if c.egressInstalled, err = m.installEgressFromHost(rt, e); err != nil {
+					return fmt.Errorf("network policy: %w", err)
+				}
 			}
 			// The egress services need the attachment, not the agent:
 			// they come up while the agent starts, under the create's
@@ -229,7 +239,6 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	spec.Mounts = mounts
 	// Pushed first, so unwound last: a Create that fails half-way may
 	// leave a container behind, and Destroy takes whatever is there.
-	rt := m.runtimeOf(e.rec)
 	c.undo.push("runtime", func(ctx context.Context) error { return rt.Destroy(ctx, id) })
 	if err := rt.Create(ctx, spec); err != nil {
 		return fmt.Errorf("runtime: %w", err)
@@ -269,6 +278,9 @@ func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 		if err := m.reidentify(ctx, c); err != nil {
 			return err
 		}
+	}
+	if c.egressInstalled {
+		return nil
 	}
 	if err := m.installEgress(ctx, c.e, ca); err != nil {
 		return fmt.Errorf("network policy: %w", err)

@@ -50,6 +50,22 @@ type CrashReporter interface {
 	CrashReport(id string) string
 }
 
+// RootWriter is the optional ability to read and write files of a
+// sandbox's root filesystem from the host while it is made, resolved
+// inside that root (a symlink never leads out of it) and owned by the
+// sandbox's root user. A fresh create writes the egress CA and resolver
+// this way from its BeforeStart hook, when nothing but the agent runs in
+// the sandbox and nobody has asked the agent anything yet, instead of
+// through the agent once it answers.
+type RootWriter interface {
+	// ReadRootFile reads at most max bytes of the regular file at path
+	// (errdefs.ErrNotFound: there is none).
+	ReadRootFile(id, path string, max int64) ([]byte, error)
+	// WriteRootFile replaces the file at path with data, making missing
+	// parent directories.
+	WriteRootFile(id, path string, data []byte) error
+}
+
 // InitWatcher is the optional ability to report the end of a sandbox's
 // init as it happens, and what its agent last logged: a create whose
 // agent dies while starting fails then, naming why, instead of at the

@@ -163,6 +163,34 @@ func (m *Manager) prepareEgress(ctx context.Context, e *entry, p policy.Policy) 
 	return ca, nil
 }
 
+// egressFile is one file of a sandbox's egress settings.
+type egressFile struct {
+	path string
+	body []byte
+}
+
+// egressFiles are sandbox e's resolver settings and CA files; read reads
+// a file of the sandbox (its system CA bundle, which the sandbox's own
+// bundle extends with ca).
+func (m *Manager) egressFiles(e *entry, ca []byte, read func(path string, max int64) ([]byte, error)) []egressFile {
+	// Without a system bundle (a template without ca-certificates) the
+	// bundle is the sandbox's CA alone.
+	bundle, err := read(systemBundlePath, maxSystemBundle)
+	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "err", err)
+		bundle = nil
+	}
+	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
+		bundle = append(bundle, '\n')
+	}
+	return []egressFile{
+		{resolvConfPath, m.deps.Egress.ResolvConf(e.att.HostIP)},
+		{egressCAPath, ca},
+		{egressDebianCAPath, ca},
+		{egressBundlePath, append(bundle, ca...)},
+	}
+}
+
 // installEgress writes the resolver settings and the CA into the sandbox
 // through its agent.
 func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error {
@@ -170,24 +198,9 @@ func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error 
 		return nil
 	}
 	addr, token := agentAddr(e.att), e.rec.Token
-	// Without a system bundle (a template without ca-certificates) the
-	// bundle is the sandbox's CA alone.
-	bundle, err := m.deps.Files.ReadFile(ctx, addr, token, systemBundlePath, maxSystemBundle)
-	if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-		m.log.Warn("system_ca_bundle_unreadable", "sandbox_id", e.rec.ID, "err", err)
-	}
-	if len(bundle) > 0 && !bytes.HasSuffix(bundle, []byte("\n")) {
-		bundle = append(bundle, '\n')
-	}
-	files := []struct {
-		path string
-		body []byte
-	}{
-		{resolvConfPath, m.deps.Egress.ResolvConf(e.att.HostIP)},
-		{egressCAPath, ca},
-		{egressDebianCAPath, ca},
-		{egressBundlePath, append(bundle, ca...)},
-	}
+	files := m.egressFiles(e, ca, func(path string, max int64) ([]byte, error) {
+		return m.deps.Files.ReadFile(ctx, addr, token, path, max)
+	})
 	// Independent files: written at once, one round trip to the agent
 	// instead of four in a row.
 	g, gctx := errgroup.WithContext(ctx)
@@ -200,6 +213,32 @@ func (m *Manager) installEgress(ctx context.Context, e *entry, ca []byte) error 
 		})
 	}
 	return g.Wait()
+}
+
+// installEgressFromHost writes sandbox e's resolver settings and a fresh
+// CA into its root filesystem from the host (RootWriter), as a create's
+// BeforeStart hook does once the network is attached: the agent, starting
+// meanwhile, then answers a sandbox that has them, and the create saves
+// the agent round trips of installEgress. It reports whether it did (the
+// daemon has egress services and the runtime can).
+func (m *Manager) installEgressFromHost(rt Runtime, e *entry) (bool, error) {
+	rw, ok := rt.(RootWriter)
+	if m.deps.Egress == nil || !ok {
+		return false, nil
+	}
+	ca, err := m.deps.Egress.Prepare(e.rec.ID)
+	if err != nil {
+		return false, err
+	}
+	files := m.egressFiles(e, ca, func(path string, max int64) ([]byte, error) {
+		return rw.ReadRootFile(e.id, path, max)
+	})
+	for _, f := range files {
+		if err := rw.WriteRootFile(e.id, f.path, f.body); err != nil {
+			return false, fmt.Errorf("install egress settings: %w", err)
+		}
+	}
+	return true, nil
 }
 
 // removeEgress drops the sandbox's egress services and state (CA key).

@@ -1,14 +1,18 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 
 	"github.com/berth-sandbox/berth/errdefs"
 )
@@ -97,4 +101,60 @@ func TestInstallEgress(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "disk full") {
 		t.Errorf("installEgress with a failing write = %v, want the write's error", err)
 	}
+}
+
+// rootRuntime is a fakeRuntime that also reaches its sandboxes' root
+// filesystems from the host (RootWriter), one map of files for all.
+type rootRuntime struct {
+	*fakeRuntime
+	files    *fakeFiles
+	failPath string
+}
+
+func (r *rootRuntime) ReadRootFile(id, path string, max int64) ([]byte, error) {
+	return r.files.ReadFile(context.Background(), "", "", path, max)
+}
+
+func (r *rootRuntime) WriteRootFile(id, path string, data []byte) error {
+	if path == r.failPath {
+		return errors.New("read-only file system")
+	}
+	return r.files.WriteFile(context.Background(), "", "", path, bytes.NewReader(data))
+}
+
+// A create on a runtime that reaches the sandbox's root from the host
+// (RootWriter) writes the egress settings there, the system bundle
+// extended, and asks the agent for none of them; a failing write fails
+// the create and leaves nothing.
+func TestCreateInstallsEgressFromHost(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		root := &fakeFiles{files: map[string]string{systemBundlePath: "ROOTS\n"}}
+		f := newLifeFixture(t, func(d *Deps) {
+			d.Runtime = &rootRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), files: root}
+		})
+		if _, err := f.m.Create(t.Context(), CreateRequest{}); err != nil {
+			t.Fatal(err)
+		}
+		for path, want := range map[string]string{egressCAPath: "ca", egressDebianCAPath: "ca", egressBundlePath: "ROOTS\nca"} {
+			if got := root.files[path]; got != want {
+				t.Errorf("%s in the root = %q, want %q", path, got, want)
+			}
+		}
+		if got := root.files[resolvConfPath]; !strings.HasPrefix(got, "nameserver ") {
+			t.Errorf("resolv.conf in the root = %q", got)
+		}
+		if len(f.fs.files) != 0 {
+			t.Errorf("the agent was asked for files: %v", slices.Collect(maps.Keys(f.fs.files)))
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		f := newLifeFixture(t, func(d *Deps) {
+			d.Runtime = &rootRuntime{fakeRuntime: d.Runtime.(*fakeRuntime), files: &fakeFiles{files: map[string]string{}}, failPath: egressBundlePath}
+		})
+		_, err := f.m.Create(t.Context(), CreateRequest{})
+		if err == nil || !strings.Contains(err.Error(), "read-only file system") {
+			t.Errorf("Create with a failing root write = %v, want its error", err)
+		}
+		f.assertNothingLeft(t)
+	})
 }

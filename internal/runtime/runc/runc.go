@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -471,12 +470,8 @@ func (r *Runtime) writeIdentity(rootfs, hostname string, uid int) error {
 	}
 	defer root.Close()
 	rfd := int(root.Fd())
-	if err := unix.Mkdirat(rfd, "etc", 0o755); err == nil {
-		if err := unix.Fchownat(rfd, "etc", uid, uid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("chown /etc: %w", err)
-		}
-	} else if !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("mkdir /etc: %w", err)
+	if err := mkdirAllInRoot(rfd, "etc", uid); err != nil {
+		return err
 	}
 	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", hostname)
 	files := []struct{ name, body string }{
@@ -484,24 +479,8 @@ func (r *Runtime) writeIdentity(rootfs, hostname string, uid int) error {
 		{"etc/hosts", hosts},
 	}
 	for _, f := range files {
-		fd, err := unix.Openat2(rfd, f.name, &unix.OpenHow{
-			Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC | unix.O_CLOEXEC | unix.O_NOFOLLOW,
-			Mode:    0o644,
-			Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS,
-		})
-		if err != nil {
-			return fmt.Errorf("write /%s: %w", f.name, err)
-		}
-		file := os.NewFile(uintptr(fd), f.name)
-		_, err = io.WriteString(file, f.body)
-		if err == nil {
-			err = file.Chown(uid, uid)
-		}
-		if cerr := file.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
-			return fmt.Errorf("write /%s: %w", f.name, err)
+		if err := writeInRoot(rfd, f.name, []byte(f.body), uid, unix.O_NOFOLLOW); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -131,6 +131,7 @@ func Run(t *testing.T, h Harness) {
 		{"CheckpointStopRestore", testCheckpointStopRestore},
 		{"CheckpointLiveCopy", testCheckpointLiveCopy},
 		{"Mounts", testMounts},
+		{"RootFiles", testRootFiles},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) { c.fn(t, h) })
