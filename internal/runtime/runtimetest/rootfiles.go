@@ -61,7 +61,9 @@ func testRootFiles(t *testing.T, h Harness) {
 	spec := h.Spec(t, id)
 	spec.Layers = append(spec.Layers, layer)
 	var hookErrs []string
-	fail := func(format string, err error) { hookErrs = append(hookErrs, strings.ReplaceAll(format, "%v", errString(err))) }
+	fail := func(format string, err error) {
+		hookErrs = append(hookErrs, strings.ReplaceAll(format, "%v", errString(err)))
+	}
 	spec.BeforeStart = func(context.Context, int) error {
 		if err := rw.WriteRootFile(id, "/etc/berth/new/file", []byte("from the host\n")); err != nil {
 			fail("write a new file: %v", err)
