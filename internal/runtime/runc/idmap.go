@@ -3,6 +3,7 @@ package runc
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -67,32 +68,56 @@ func usernsFD(inner, outer, count uint32) (*os.File, error) {
 // namespace, which its processes live in and which holds keyrings and
 // per-namespace counters, is made fresh for every sandbox: newUserNS.)
 type idmapNS struct {
-	mu  sync.Mutex
-	fds map[uint32]*os.File // by outer (host) uid
+	mu       sync.Mutex
+	fds      map[uint32]*os.File      // by outer (host) uid
+	inflight map[uint32]chan struct{} // namespaces being made, by outer uid
+	closed   bool
 }
 
 // get returns the namespace mapping inner.. onto outer.. (count ids);
 // inner and count are the runtime's, the same for every uid, so outer
-// alone keys it. The caller must not close it.
+// alone keys it. The caller must not close it. A namespace being made
+// (prefetch) is waited for, not made twice.
 func (c *idmapNS) get(inner, outer, count uint32) (*os.File, error) {
-	c.mu.Lock()
-	f, ok := c.fds[outer]
-	c.mu.Unlock()
-	if ok {
-		return f, nil
+	for {
+		c.mu.Lock()
+		if c.closed {
+			c.mu.Unlock()
+			return nil, errors.New("user namespace for idmap: runtime closed")
+		}
+		if f, ok := c.fds[outer]; ok {
+			c.mu.Unlock()
+			return f, nil
+		}
+		wait, busy := c.inflight[outer]
+		if !busy {
+			if c.inflight == nil {
+				c.inflight = map[uint32]chan struct{}{}
+			}
+			done := make(chan struct{})
+			c.inflight[outer] = done
+			c.mu.Unlock()
+			return c.make(inner, outer, count, done)
+		}
+		c.mu.Unlock()
+		<-wait
 	}
-	// Made outside the lock: creates on other slots do not wait for
-	// this fork. Two creates never share a slot, but should two ever
-	// race here, the second namespace is dropped.
+}
+
+// make forks for the namespace (outside the lock: creates on other slots
+// do not wait for it) and keeps it.
+func (c *idmapNS) make(inner, outer, count uint32, done chan struct{}) (*os.File, error) {
 	f, err := usernsFD(inner, outer, count)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.inflight, outer)
+	close(done)
 	if err != nil {
 		return nil, err
 	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if kept, ok := c.fds[outer]; ok {
+	if c.closed {
 		f.Close()
-		return kept, nil
+		return nil, errors.New("user namespace for idmap: runtime closed")
 	}
 	if c.fds == nil {
 		c.fds = map[uint32]*os.File{}
@@ -101,7 +126,27 @@ func (c *idmapNS) get(inner, outer, count uint32) (*os.File, error) {
 	return f, nil
 }
 
-// close drops every namespace kept.
+// prefetch makes the namespace for outer in the background unless it is
+// kept or being made: the create that takes that uid slot next then skips
+// the fork (a copy of the daemon's address space, ~10 ms of a create
+// otherwise).
+func (c *idmapNS) prefetch(inner, outer, count uint32, log *slog.Logger) {
+	c.mu.Lock()
+	_, kept := c.fds[outer]
+	_, busy := c.inflight[outer]
+	closed := c.closed
+	c.mu.Unlock()
+	if kept || busy || closed {
+		return
+	}
+	go func() {
+		if _, err := c.get(inner, outer, count); err != nil {
+			log.Debug("idmap_prefetch", "outer_uid", outer, "err", err)
+		}
+	}()
+}
+
+// close drops every namespace kept; namespaces made later are dropped too.
 func (c *idmapNS) close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -109,6 +154,7 @@ func (c *idmapNS) close() {
 		f.Close()
 	}
 	c.fds = nil
+	c.closed = true
 }
 
 // mountIdmappedLayers attaches an idmapped, read-only view of each layer

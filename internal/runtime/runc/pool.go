@@ -18,6 +18,13 @@ import (
 // are plain files in one directory on the same filesystem as the sandboxes'
 // state, handed over with a rename; the directory is emptied at start, so
 // a crash leaves at most a few spare images that the next start removes.
+//
+// Each spare image is also bound to a loop device already, which the pool
+// holds open: binding one waits for the block layer to quiesce the device
+// (an RCU grace period, several milliseconds on a busy host), which the
+// create then skips. The devices are set to clear themselves at their last
+// close, so one the pool holds goes away with the pool, or with the
+// daemon's process, whatever ends it.
 type diskPool struct {
 	dir   string
 	depth int
@@ -28,8 +35,15 @@ type diskPool struct {
 	wg     sync.WaitGroup
 
 	mu      sync.Mutex
-	ready   map[int64][]string
+	ready   map[int64][]spareDisk
 	filling map[int64]bool
+}
+
+// spareDisk is a formatted image in the pool and the loop device bound to
+// it (nil if binding failed: the create then binds one).
+type spareDisk struct {
+	img string
+	dev *os.File
 }
 
 func newDiskPool(dir string, depth int, log *slog.Logger) (*diskPool, error) {
@@ -41,28 +55,40 @@ func newDiskPool(dir string, depth int, log *slog.Logger) (*diskPool, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &diskPool{dir: dir, depth: depth, log: log, ctx: ctx, cancel: cancel,
-		ready: map[int64][]string{}, filling: map[int64]bool{}}, nil
+		ready: map[int64][]spareDisk{}, filling: map[int64]bool{}}, nil
 }
 
-// take moves a ready image of size to dst and reports whether it did.
-// The caller refills the pool (warm) once it is done with its create.
-func (p *diskPool) take(size int64, dst string) bool {
+// take moves a ready image of size to dst and reports whether it did,
+// with the loop device bound to it if there is one, which the caller then
+// owns (mounts or closes). The caller refills the pool (warm) once it is
+// done with its create.
+func (p *diskPool) take(size int64, dst string) (*os.File, bool) {
 	p.mu.Lock()
-	var img string
-	if imgs := p.ready[size]; len(imgs) > 0 {
-		img = imgs[len(imgs)-1]
-		p.ready[size] = imgs[:len(imgs)-1]
+	var d spareDisk
+	if ds := p.ready[size]; len(ds) > 0 {
+		d = ds[len(ds)-1]
+		p.ready[size] = ds[:len(ds)-1]
 	}
 	p.mu.Unlock()
-	if img == "" {
-		return false
+	if d.img == "" {
+		return nil, false
 	}
-	if err := os.Rename(img, dst); err != nil {
-		p.log.Warn("disk_pool_take", "image", img, "err", err)
-		os.Remove(img)
-		return false
+	// The device follows the file: it is bound to the open file, not
+	// to its name.
+	if err := os.Rename(d.img, dst); err != nil {
+		p.log.Warn("disk_pool_take", "image", d.img, "err", err)
+		d.release()
+		return nil, false
 	}
-	return true
+	return d.dev, true
+}
+
+// release closes a spare's device (which clears it) and removes its image.
+func (d spareDisk) release() {
+	if d.dev != nil {
+		d.dev.Close()
+	}
+	os.Remove(d.img)
 }
 
 // warm fills the pool for size in the background, unless a fill for that
@@ -104,15 +130,36 @@ func (p *diskPool) fill(size int64) {
 			}
 			return
 		}
+		d := spareDisk{img: img}
+		dev, err := diskimg.AttachLoop(img)
+		if err != nil {
+			p.log.Warn("disk_pool_attach", "image", img, "err", err)
+		} else {
+			d.dev = dev
+		}
 		p.mu.Lock()
-		p.ready[size] = append(p.ready[size], img)
+		if p.ctx.Err() != nil {
+			p.mu.Unlock()
+			d.release()
+			return
+		}
+		p.ready[size] = append(p.ready[size], d)
 		p.mu.Unlock()
 	}
 }
 
-// close stops filling, waits for fills in flight and removes spare images.
+// close stops filling, waits for fills in flight and removes spare images
+// and their devices.
 func (p *diskPool) close() {
 	p.cancel()
 	p.wg.Wait()
+	p.mu.Lock()
+	for _, ds := range p.ready {
+		for _, d := range ds {
+			d.release()
+		}
+	}
+	p.ready = map[int64][]spareDisk{}
+	p.mu.Unlock()
 	os.RemoveAll(p.dir)
 }

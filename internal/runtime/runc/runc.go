@@ -163,10 +163,25 @@ func New(cfg Config) (*Runtime, error) {
 }
 
 // Warm prepares spare disk images of size in the background, so the next
-// creates of that size skip mkfs.
+// creates of that size skip mkfs, and the idmap namespaces of the uid
+// slots the next creates will take (prefetchIdmaps).
 func (r *Runtime) Warm(size int64) {
 	if r.pool != nil {
 		r.pool.warm(size)
+	}
+	r.prefetchIdmaps()
+}
+
+// idmapPrefetchDepth is how many uid slots ahead of the next claim have
+// their idmap namespace made in advance.
+const idmapPrefetchDepth = 2
+
+// prefetchIdmaps makes, in the background, the idmap namespaces of the
+// next uid slots a create will claim (runc and gVisor alike map the
+// template layers through one).
+func (r *Runtime) prefetchIdmaps() {
+	for _, k := range r.slots.upcoming(idmapPrefetchDepth) {
+		r.idmaps.prefetch(r.cfg.UIDBase, hostBase(k), r.cfg.UIDCount, r.log)
 	}
 }
 
@@ -406,7 +421,19 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 			<-nsc
 		}
 	}()
-	if r.pool == nil || !r.pool.take(s.DiskBytes, r.image(id)) {
+	// A pooled image comes bound to its loop device already; the create
+	// owns it from here on, until the mount (or a failure) closes it.
+	var dev *os.File
+	took := false
+	if r.pool != nil {
+		dev, took = r.pool.take(s.DiskBytes, r.image(id))
+	}
+	defer func() {
+		if dev != nil {
+			dev.Close()
+		}
+	}()
+	if !took {
 		if err := diskimg.Make(ctx, r.image(id), s.DiskBytes, diskimg.Format{}); err != nil {
 			return err
 		}
@@ -418,7 +445,15 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 			return err
 		}
 	}
-	if err := diskimg.Mount(r.image(id), disk); err != nil {
+	var err error
+	if dev == nil {
+		err = diskimg.Mount(r.image(id), disk)
+	} else {
+		pooled := dev
+		dev = nil // MountLoop closes it
+		err = diskimg.MountLoop(pooled, disk)
+	}
+	if err != nil {
 		return err
 	}
 	phases.mark("mount_disk")

@@ -116,6 +116,21 @@ func (s *slots) claim(id, sandboxDir string) (uint32, error) {
 	return 0, fmt.Errorf("no free uid slot: %w", errdefs.ErrResourceExhausted)
 }
 
+// upcoming returns up to n slots that claim would hand out next, as the
+// claims stand now (a create in between may take one first).
+func (s *slots) upcoming(n int) []uint32 {
+	span := s.max - s.min + 1
+	start := s.next.Load()
+	var out []uint32
+	for i := uint32(0); i < span && len(out) < n; i++ {
+		k := s.min + (start-s.min+i)%span
+		if _, err := os.Lstat(s.claimPath(k)); errors.Is(err, fs.ErrNotExist) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // lookup returns the slot recorded in a sandbox's state dir.
 func (s *slots) lookup(sandboxDir string) (uint32, bool) {
 	b, err := os.ReadFile(filepath.Join(sandboxDir, slotFile))

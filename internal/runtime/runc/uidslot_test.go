@@ -131,3 +131,35 @@ func TestSlotsBounds(t *testing.T) {
 		t.Errorf("claim with no slot free = %v, want ErrResourceExhausted", err)
 	}
 }
+
+// TestSlotsUpcoming: upcoming names the slots claim hands out next, in
+// that order, skipping slots another runtime claimed.
+func TestSlotsUpcoming(t *testing.T) {
+	claims := t.TempDir()
+	a, err := newSlots(claims, t.TempDir(), 1000000, 65536)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := newSlots(claims, t.TempDir(), 1000000, 65536)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := a.upcoming(3)
+	if len(next) != 3 {
+		t.Fatalf("upcoming(3) = %v", next)
+	}
+	// Another daemon takes the first of them.
+	if k, err := b.claim("other", t.TempDir()); err != nil || k != next[0] {
+		t.Fatalf("other claim = %d, %v; want %d", k, err, next[0])
+	}
+	want := a.upcoming(2)
+	if want[0] != next[1] || want[1] != next[2] {
+		t.Errorf("upcoming after another's claim = %v, want %v", want, next[1:])
+	}
+	for _, w := range want {
+		k, err := a.claim("mine", t.TempDir())
+		if err != nil || k != w {
+			t.Errorf("claim = %d, %v; want %d as upcoming said", k, err, w)
+		}
+	}
+}

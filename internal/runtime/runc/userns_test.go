@@ -1,8 +1,11 @@
 package runc
 
 import (
+	"log/slog"
+	"os"
 	"os/exec"
 	"reflect"
+	"sync"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -65,4 +68,49 @@ func TestJoinSpec(t *testing.T) {
 
 func goldenSpec(netns string) runtime.Spec {
 	return runtime.Spec{ID: "sb", Layers: []string{"/l"}, DiskBytes: 1 << 30, AgentPath: "/agent", NetNSPath: netns}
+}
+
+// TestIdmapPrefetch: a prefetched namespace is the one every later get
+// of its uid returns, concurrent gets while it is made wait for it rather
+// than make another, and a closed cache hands out none.
+func TestIdmapPrefetch(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (user namespaces mapping other uids)")
+	}
+	var c idmapNS
+	const inner, outer, count = 1000000, 50 * slotSize, 65536
+	c.prefetch(inner, outer, count, slog.New(slog.DiscardHandler))
+	var wg sync.WaitGroup
+	got := make([]*os.File, 4)
+	for i := range got {
+		wg.Go(func() {
+			f, err := c.get(inner, outer, count)
+			if err != nil {
+				t.Error(err)
+			}
+			got[i] = f
+		})
+	}
+	wg.Wait()
+	for _, f := range got[1:] {
+		if f != got[0] {
+			t.Fatalf("gets of one uid returned different namespaces: %v", got)
+		}
+	}
+	c.mu.Lock()
+	n, busy := len(c.fds), len(c.inflight)
+	c.mu.Unlock()
+	if n != 1 || busy != 0 {
+		t.Errorf("kept %d namespaces with %d being made, want 1 and 0", n, busy)
+	}
+	c.close()
+	if _, err := c.get(inner, outer+slotSize, count); err == nil {
+		t.Error("get after close made a namespace")
+	}
+	c.prefetch(inner, outer+slotSize, count, slog.New(slog.DiscardHandler))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.inflight) != 0 || len(c.fds) != 0 {
+		t.Errorf("prefetch after close: %d being made, %d kept", len(c.inflight), len(c.fds))
+	}
 }
