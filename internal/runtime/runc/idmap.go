@@ -1,16 +1,17 @@
 package runc
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
+	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,30 +30,20 @@ import (
 
 // usernsFD returns an open user namespace whose uid and gid maps send
 // inner..inner+count-1 to outer..outer+count-1: the mapping an idmapped
-// mount applies to on-disk ids. The namespace is made by a throwaway child
-// that is stopped (ptrace) at its first instruction after exec, never runs
-// and is killed once its namespace is open. A multithreaded Go process can
-// neither unshare a user namespace nor safely fork without exec.
+// mount applies to on-disk ids. It is held by unshare(1) and cat(1) until
+// it is open (holdUserNS), owned by host root: no process ever runs in it.
+// (A Go child made with CLONE_NEWUSER would be a full fork of the daemon,
+// whose page-table copy stalls every thread of the daemon meanwhile.)
 func usernsFD(inner, outer, count uint32) (*os.File, error) {
-	m := []syscall.SysProcIDMap{{ContainerID: int(inner), HostID: int(outer), Size: int(count)}}
-	cmd := exec.Command("/proc/self/exe")
-	cmd.Args = []string{"berth-userns"}
-	cmd.Env = []string{}
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:  syscall.CLONE_NEWUSER,
-		UidMappings: m,
-		GidMappings: m,
-		Ptrace:      true,
-		Pdeathsig:   syscall.SIGKILL,
+	m := []specs.LinuxIDMapping{{ContainerID: inner, HostID: outer, Size: count}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ns, err := holdUserNS(ctx, nil, m, m)
+	if err != nil {
+		return nil, fmt.Errorf("idmap: %w", err)
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("user namespace for idmap: %w", err)
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	f, err := os.Open("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/ns/user")
+	defer ns.close()
+	f, err := os.Open(ns.path)
 	if err != nil {
 		return nil, fmt.Errorf("user namespace for idmap: %w", err)
 	}

@@ -164,7 +164,8 @@ func New(cfg Config) (*Runtime, error) {
 
 // Warm prepares spare disk images of size in the background, so the next
 // creates of that size skip mkfs, and the idmap namespaces of the uid
-// slots the next creates will take (prefetchIdmaps).
+// slots the next creates will take (prefetchIdmaps): the daemon calls it
+// at start.
 func (r *Runtime) Warm(size int64) {
 	if r.pool != nil {
 		r.pool.warm(size)
@@ -256,7 +257,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 	// The image this create took from the pool is replaced once the
 	// create is over, not beside it: mkfs would compete with runc and the
 	// agent for the CPU while the caller waits.
-	defer r.Warm(spec.DiskBytes)
+	if r.pool != nil {
+		defer r.pool.warm(spec.DiskBytes)
+	}
 	defer func() {
 		if err == nil {
 			return
@@ -273,6 +276,10 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	uid := hostBase(slot)
+	// The next creates' idmap namespaces are made now, while this one
+	// waits on runc (the daemon's fork then stalls nothing it needs),
+	// rather than once it returns, when the daemon waits for the agent.
+	r.prefetchIdmaps()
 	phases.mark("uid_slot")
 	var pending *pendingUserNS
 	if r.cfg.GVisor == nil {

@@ -68,6 +68,14 @@ func newUserNS(ctx context.Context, uids, gids []specs.LinuxIDMapping) (*userNS,
 	if !ok {
 		return nil, errors.New("user namespace: no gid mapping for container root")
 	}
+	return holdUserNS(ctx, &syscall.Credential{Uid: owner, Gid: group, Groups: []uint32{}}, uids, gids)
+}
+
+// holdUserNS makes a user namespace with the given mappings, held by
+// unshare(1) running cat(1) (see newUserNS) as cred, or as the daemon's
+// own uid when cred is nil. Both are started the way Go starts any
+// program (vfork and exec): the daemon's address space is never copied.
+func holdUserNS(ctx context.Context, cred *syscall.Credential, uids, gids []specs.LinuxIDMapping) (*userNS, error) {
 	unshare, err := exec.LookPath("unshare")
 	if err != nil {
 		return nil, fmt.Errorf("user namespace: %w", err)
@@ -77,9 +85,7 @@ func newUserNS(ctx context.Context, uids, gids []specs.LinuxIDMapping) (*userNS,
 		return nil, fmt.Errorf("user namespace: %w", err)
 	}
 	cmd := exec.Command(unshare, "--user", "--", cat)
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: owner, Gid: group, Groups: []uint32{}},
-	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
 	cmd.Dir = "/"
 	cmd.Env = []string{}
 	stdin, err := cmd.StdinPipe()
