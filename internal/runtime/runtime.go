@@ -181,6 +181,25 @@ func CheckMountDestination(dst string) error {
 // words where it has them.
 var ErrInitExited = errors.New("sandbox init exited before its agent answered")
 
+// ExitsWithin reports whether a sandbox's init has exited, or exits
+// within grace: watch returns a channel closed at its exit (a runtime's
+// InitExited for that sandbox). A watch that fails, or ctx ending first,
+// reports false.
+func ExitsWithin(ctx context.Context, grace time.Duration, watch func(context.Context) (<-chan struct{}, error)) bool {
+	ctx, cancel := context.WithTimeout(ctx, grace)
+	defer cancel()
+	done, err := watch(ctx)
+	if err != nil {
+		return false
+	}
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // Secret is a variable of the agent's environment that no other process
 // of the sandbox may read back. /proc/1/environ shows the environment a
 // process started with, whatever it unsets later: a runtime that can

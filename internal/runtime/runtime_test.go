@@ -1,9 +1,13 @@
 package runtime
 
 import (
+	"context"
+	"errors"
 	"path"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 )
 
 func TestCheckMountDestination(t *testing.T) {
@@ -36,6 +40,35 @@ func FuzzCheckMountDestination(f *testing.F) {
 			if dst == r || strings.HasPrefix(dst, r+"/") {
 				t.Fatalf("accepted %q, on %s", dst, r)
 			}
+		}
+	})
+}
+
+// ExitsWithin: an exit seen (before or during the grace) is true; a grace
+// that runs out, a watch that fails or a context that ends is false.
+func TestExitsWithin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		closed := make(chan struct{})
+		close(closed)
+		if !ExitsWithin(t.Context(), time.Second, func(context.Context) (<-chan struct{}, error) { return closed, nil }) {
+			t.Error("an exit already seen: false")
+		}
+		later := make(chan struct{})
+		go func() { time.Sleep(500 * time.Millisecond); close(later) }()
+		if !ExitsWithin(t.Context(), time.Second, func(context.Context) (<-chan struct{}, error) { return later, nil }) {
+			t.Error("an exit within the grace: false")
+		}
+		never := make(chan struct{})
+		if ExitsWithin(t.Context(), time.Second, func(context.Context) (<-chan struct{}, error) { return never, nil }) {
+			t.Error("no exit: true")
+		}
+		if ExitsWithin(t.Context(), time.Second, func(context.Context) (<-chan struct{}, error) { return nil, errors.New("no pidfd") }) {
+			t.Error("a failed watch: true")
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if ExitsWithin(ctx, time.Second, func(context.Context) (<-chan struct{}, error) { return never, nil }) {
+			t.Error("an ended context: true")
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
 // A ready sandbox's requests end with it.
@@ -213,15 +214,7 @@ func (m *Manager) awaitCutInit(e *entry) {
 	if !ok {
 		return
 	}
-	ctx, cancel := context.WithTimeout(m.life, cutInitGrace)
-	defer cancel()
-	done, err := w.InitExited(ctx, e.id)
-	if err != nil {
-		return
-	}
-	select {
-	case <-done:
+	if runtime.ExitsWithin(m.life, cutInitGrace, func(ctx context.Context) (<-chan struct{}, error) { return w.InitExited(ctx, e.id) }) {
 		m.check(m.life, e)
-	case <-ctx.Done():
 	}
 }

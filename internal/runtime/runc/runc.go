@@ -624,18 +624,7 @@ const initExitGrace = 2 * time.Second
 // initExitsWithin reports whether sandbox id's init has exited, or does
 // within grace (InitExited).
 func (r *Runtime) initExitsWithin(ctx context.Context, id string, grace time.Duration) bool {
-	ctx, cancel := context.WithTimeout(ctx, grace)
-	defer cancel()
-	done, err := r.InitExited(ctx, id)
-	if err != nil {
-		return false
-	}
-	select {
-	case <-done:
-		return true
-	case <-ctx.Done():
-		return false
-	}
+	return runtime.ExitsWithin(ctx, grace, func(ctx context.Context) (<-chan struct{}, error) { return r.InitExited(ctx, id) })
 }
 
 // secretFD is the descriptor the agent finds its secret's pipe on
