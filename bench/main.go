@@ -141,24 +141,29 @@ func run(tb *runner, n, execN, burst int, templates []string, e2b bool, iso stri
 		if !rowSet["tti"] {
 			continue
 		}
+		// Each Berth create alternates with one raw run of the floor, so
+		// a machine whose speed drifts during the run (this VM's does,
+		// by a third from one minute to the next) moves both alike.
+		floor, rawRun := "runc", measureRawRunc
+		if iso == client.IsolationGVisor {
+			floor, rawRun = "runsc", measureRawRunsc
+		}
 		logStart := len(d.Logs())
-		tti, err := measureTTI(ctx, d, name, n, iso)
-		if err != nil {
-			return err
+		var tti, raw []time.Duration
+		for range n {
+			one, err := measureTTI(ctx, d, name, 1, iso)
+			if err != nil {
+				return err
+			}
+			tti = append(tti, one...)
+			if one, err = rawRun(ctx, d, name, 1); err != nil {
+				return err
+			}
+			raw = append(raw, one...)
 		}
 		for _, r := range phaseRows(d.Logs()[logStart:], createPhases) {
 			r.name = name + ", " + r.name
 			phases = append(phases, r)
-		}
-		floor, raw := "runc", []time.Duration(nil)
-		if iso == client.IsolationGVisor {
-			floor = "runsc"
-			raw, err = measureRawRunsc(ctx, d, name, n)
-		} else {
-			raw, err = measureRawRunc(ctx, d, name, n)
-		}
-		if err != nil {
-			return err
 		}
 		rows = append(rows,
 			row{"TTI, template " + name + ", isolation " + iso + " (create → first byte of `echo ok`)", tti},
