@@ -50,6 +50,8 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	if len(errs) == 0 {
 		if err := r.slots.release(id, slot, hasSlot); err != nil {
 			errs = append(errs, err)
+		} else if hasSlot {
+			r.idmaps.drop(hostBase(slot))
 		}
 	}
 	r.log.Debug("sandbox destroyed", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)

@@ -51,11 +51,11 @@ func usernsFD(inner, outer, count uint32) (*os.File, error) {
 }
 
 // idmapNS keeps, per sandbox root uid, the user namespace usernsFD made
-// for it, so each create does not fork the daemon again (a full fork of
-// its address space and an exec: about an eighth of the daemon's own CPU
-// per create in a profile of a 50-create burst). The namespace only describes a mapping: no
-// process ever runs in it, so it holds no state one sandbox could leave
-// for the next one on the same uid slot. (The sandbox's own user
+// for it while the slot is in use (drop), so a restart or a volume of the
+// sandbox does not make it again, and makes the next slots' ahead of the
+// creates that will claim them (prefetch). The namespace only describes
+// a mapping: no process ever runs in it, so it holds no state one sandbox
+// could leave for the next one on the same uid slot. (The sandbox's own user
 // namespace, which its processes live in and which holds keyrings and
 // per-namespace counters, is made fresh for every sandbox: newUserNS.)
 type idmapNS struct {
@@ -135,6 +135,19 @@ func (c *idmapNS) prefetch(inner, outer, count uint32, log *slog.Logger) {
 			log.Debug("idmap_prefetch", "outer_uid", outer, "err", err)
 		}
 	}()
+}
+
+// drop closes the namespace kept for outer, once the uid slot it maps to
+// is free again: slots are handed out in rotation, so a released one is
+// the last to come back, and keeping every namespace a long-lived daemon
+// ever made would hold one descriptor per slot it ever used.
+func (c *idmapNS) drop(outer uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f, ok := c.fds[outer]; ok {
+		f.Close()
+		delete(c.fds, outer)
+	}
 }
 
 // close drops every namespace kept; namespaces made later are dropped too.

@@ -20,9 +20,8 @@ import (
 // a crash leaves at most a few spare images that the next start removes.
 //
 // Each spare image is also bound to a loop device already, which the pool
-// holds open: binding one waits for the block layer to quiesce the device
-// (an RCU grace period, several milliseconds on a busy host), which the
-// create then skips. The devices are set to clear themselves at their last
+// holds open: binding one took 5–6 ms of a create in the daemon on the
+// test host (0.25 ms alone on a quiet one), which the create then skips. The devices are set to clear themselves at their last
 // close, so one the pool holds goes away with the pool, or with the
 // daemon's process, whatever ends it.
 type diskPool struct {

@@ -276,9 +276,9 @@ func (r *Runtime) Create(ctx context.Context, spec runtime.Spec) (err error) {
 		return fmt.Errorf("create sandbox %s: %w", id, err)
 	}
 	uid := hostBase(slot)
-	// The next creates' idmap namespaces are made now, while this one
-	// waits on runc (the daemon's fork then stalls nothing it needs),
-	// rather than once it returns, when the daemon waits for the agent.
+	// The next creates' idmap namespaces (two short process starts
+	// each) are made now, while this one mostly waits on runc, rather
+	// than on the next create's path.
 	r.prefetchIdmaps()
 	phases.mark("uid_slot")
 	var pending *pendingUserNS

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
@@ -102,6 +103,16 @@ func TestIdmapPrefetch(t *testing.T) {
 	c.mu.Unlock()
 	if n != 1 || busy != 0 {
 		t.Errorf("kept %d namespaces with %d being made, want 1 and 0", n, busy)
+	}
+	// A freed slot's namespace is closed and forgotten; a later get
+	// makes a new one.
+	c.drop(outer)
+	if err := unix.Fstat(int(got[0].Fd()), new(unix.Stat_t)); err == nil {
+		t.Error("a dropped namespace's descriptor is still open")
+	}
+	again, err := c.get(inner, outer, count)
+	if err != nil || again == nil {
+		t.Fatalf("get after drop = %v, %v", again, err)
 	}
 	c.close()
 	if _, err := c.get(inner, outer+slotSize, count); err == nil {
