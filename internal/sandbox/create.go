@@ -212,8 +212,10 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 					return fmt.Errorf("network policy: %w", err)
 				}
 			} else {
-				// A sandbox from a memory image has its source's files
-				// in its page cache: its settings go through its agent.
+				// A fresh sandbox gets its egress files from the host
+				// here; one from a memory image (above) has its
+				// source's in its page cache and gets them through its
+				// agent once it answers (awaitReady).
 				if c.egressInstalled, err = m.installEgressFromHost(rt, e); err != nil {
 					return fmt.Errorf("network policy: %w", err)
 				}
