@@ -160,15 +160,16 @@ func Mount(image, target string) error {
 	if err != nil {
 		return err
 	}
+	// Closing dev after the mount drops our reference; autoclear then
+	// ties the device's life to the mount. If the mount fails, closing it
+	// detaches the device at once.
+	defer dev.Close()
 	return MountLoop(dev, target)
 }
 
-// MountLoop mounts the image bound to dev (AttachLoop's device) at target
-// and closes dev. Closing it drops the caller's reference; autoclear then
-// ties the device's life to the mount. If the mount fails, closing it
-// detaches the device at once.
+// MountLoop mounts the image bound to dev (AttachLoop's device) at target.
+// The caller closes dev afterwards, as Mount does.
 func MountLoop(dev *os.File, target string) error {
-	defer dev.Close()
 	if err := unix.Mount(dev.Name(), target, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", dev.Name(), target, err)
 	}

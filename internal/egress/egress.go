@@ -142,6 +142,16 @@ func (e *Egress) dir(id string) string { return filepath.Join(e.cfg.StateDir, id
 // Prepare makes the sandbox's state dir and CA (kept if present) and
 // returns the CA certificate (PEM) the sandbox must trust.
 func (e *Egress) Prepare(id string) ([]byte, error) {
+	ca, err := e.prepare(id)
+	if err != nil {
+		return nil, err
+	}
+	return ca.pem, nil
+}
+
+// prepare is Prepare, returning the CA itself (for Start, which signs
+// with it).
+func (e *Egress) prepare(id string) (*sandboxCA, error) {
 	if err := validID(id); err != nil {
 		return nil, err
 	}
@@ -152,7 +162,7 @@ func (e *Egress) Prepare(id string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %s CA: %w", id, err)
 	}
-	return ca.pem, nil
+	return ca, nil
 }
 
 // ResolvConf is the sandbox's /etc/resolv.conf: its resolver is on
@@ -168,10 +178,7 @@ func (e *Egress) Start(ctx context.Context, id string, hostIP netip.Addr, p poli
 	if err != nil {
 		return err
 	}
-	if _, err := e.Prepare(id); err != nil {
-		return err
-	}
-	ca, err := loadOrCreateCA(e.dir(id), id)
+	ca, err := e.prepare(id)
 	if err != nil {
 		return err
 	}

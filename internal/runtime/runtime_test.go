@@ -54,6 +54,8 @@ func TestExitsWithin(t *testing.T) {
 			t.Error("an exit already seen: false")
 		}
 		later := make(chan struct{})
+		// Inside the synctest bubble the clock is virtual: this sleep
+		// is the exit arriving half-way through the grace, not a wait.
 		go func() { time.Sleep(500 * time.Millisecond); close(later) }()
 		if !ExitsWithin(t.Context(), time.Second, func(context.Context) (<-chan struct{}, error) { return later, nil }) {
 			t.Error("an exit within the grace: false")

@@ -95,8 +95,8 @@ func (c *idmapNS) get(inner, outer, count uint32) (*os.File, error) {
 	}
 }
 
-// make forks for the namespace (outside the lock: creates on other slots
-// do not wait for it) and keeps it.
+// make makes the namespace (outside the lock: creates on other slots do
+// not wait for it) and keeps it.
 func (c *idmapNS) make(inner, outer, count uint32, done chan struct{}) (*os.File, error) {
 	f, err := usernsFD(inner, outer, count)
 	c.mu.Lock()
@@ -119,8 +119,7 @@ func (c *idmapNS) make(inner, outer, count uint32, done chan struct{}) (*os.File
 
 // prefetch makes the namespace for outer in the background unless it is
 // kept or being made: the create that takes that uid slot next then skips
-// the fork (a copy of the daemon's address space, ~10 ms of a create
-// otherwise).
+// making it (two process starts, usernsFD).
 func (c *idmapNS) prefetch(inner, outer, count uint32, log *slog.Logger) {
 	c.mu.Lock()
 	_, kept := c.fds[outer]

@@ -50,7 +50,9 @@ func TestDiskPool(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	if err := diskimg.MountLoop(dev, mnt); err != nil {
+	err = diskimg.MountLoop(dev, mnt)
+	dev.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	if err := diskimg.UnmountOne(t.Context(), mnt); err != nil {

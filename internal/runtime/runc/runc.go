@@ -431,18 +431,17 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 			<-nsc
 		}
 	}()
-	// A pooled image comes bound to its loop device already; the create
-	// owns it from here on, until the mount (or a failure) closes it.
+	// A pooled image comes bound to its loop device already; closing it
+	// once mounted leaves the device to the mount, and closing it after
+	// a failure clears it.
 	var dev *os.File
 	took := false
 	if r.pool != nil {
 		dev, took = r.pool.take(s.DiskBytes, r.image(id))
 	}
-	defer func() {
-		if dev != nil {
-			dev.Close()
-		}
-	}()
+	if dev != nil {
+		defer dev.Close()
+	}
 	if !took {
 		if err := diskimg.Make(ctx, r.image(id), s.DiskBytes, diskimg.Format{}); err != nil {
 			return err
@@ -456,12 +455,10 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 		}
 	}
 	var err error
-	if dev == nil {
-		err = diskimg.Mount(r.image(id), disk)
+	if dev != nil {
+		err = diskimg.MountLoop(dev, disk)
 	} else {
-		pooled := dev
-		dev = nil // MountLoop closes it
-		err = diskimg.MountLoop(pooled, disk)
+		err = diskimg.Mount(r.image(id), disk)
 	}
 	if err != nil {
 		return err
