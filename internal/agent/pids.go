@@ -42,13 +42,45 @@ type PidsCgroup struct {
 	// hierarchy's root, where the agent itself stays (unlimited).
 	workTasks, rootTasks *os.File
 	current, procs       *os.File
+	// started wakes the killer after a fork (nextPidsCheck).
+	started chan struct{}
 }
 
-// pidsCheckInterval is how often the agent reads the cgroup's task count.
 // The sentry's cgroupfs has no notification (no pids.events, no inotify
-// on its files), so it is polled; one read costs a few microseconds of
-// the sentry's time.
+// on its files), so the killer reads the task count; a read is cheap, but
+// each wake-up of the agent is not: a timer firing under gVisor wakes
+// the sentry's threads and the platform's stub, about 2 ms of host CPU.
+// Reading every 50 ms kept an idle sandbox at 4 % of a core (measured
+// with the daemon's runsc, systrap). So the
+// killer reads often only while the count moves (a bomb's count never
+// holds still) or stands near the limit, backs off while it holds still,
+// and stops while the workload cgroup is empty, until the agent starts a
+// process: nothing else can put a task there (nextPidsCheck).
+
+// pidsCheckInterval is how often the killer reads the count while it
+// moves.
 const pidsCheckInterval = 50 * time.Millisecond
+
+// pidsSteadyInterval bounds the back-off while the count holds still:
+// a bomb started by a process that was already running is seen moving
+// at most this long after it started.
+const pidsSteadyInterval = time.Second
+
+// nextPidsCheck says how long the killer waits before it reads the count
+// again, having read n (last: the read before, -1 for none) after
+// waiting prev: not at all until a start (ok false) while the workload
+// cgroup is empty; pidsCheckInterval while the count moves or stands at
+// half the limit or more; otherwise twice prev, up to pidsSteadyInterval.
+func nextPidsCheck(prev time.Duration, n, last, limit int64) (wait time.Duration, ok bool) {
+	switch {
+	case n == 0:
+		return 0, false
+	case n != last || 2*n >= limit:
+		return pidsCheckInterval, true
+	default:
+		return min(max(2*prev, pidsCheckInterval), pidsSteadyInterval), true
+	}
+}
 
 // drainLimit bounds the wait for killed processes to leave the count.
 // Starts wait for the drain (it holds the fork lock), so it is generous:
@@ -80,7 +112,7 @@ func SetupPidsCgroup(dir string, max int64) (*PidsCgroup, error) {
 	if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.FormatInt(max, 10)), 0); err != nil {
 		return nil, fmt.Errorf("pids cgroup: pids.max: %w", err)
 	}
-	c := &PidsCgroup{max: max}
+	c := &PidsCgroup{max: max, started: make(chan struct{}, 1)}
 	for _, f := range []struct {
 		dst  **os.File
 		path string
@@ -128,6 +160,10 @@ func (c *PidsCgroup) fork(start func() error) error {
 		// A thread left in the workload cgroup would count against the
 		// sandbox and fork its limit away: the agent cannot go on.
 		panic(fmt.Sprintf("pids cgroup: leave: %v", berr))
+	}
+	select {
+	case c.started <- struct{}{}:
+	default: // a wake-up is pending already
 	}
 	return err
 }
@@ -178,7 +214,9 @@ type pidsKiller struct {
 	// pid1: the agent is PID 1 of the sandbox (killRound).
 	pid1 bool
 	stop chan struct{}
-	wg   sync.WaitGroup
+	// onCount, when set (tests only), sees every count read.
+	onCount func(n int64)
+	wg      sync.WaitGroup
 }
 
 func startPidsKiller(cg *PidsCgroup, procs *procTable) *pidsKiller {
@@ -195,21 +233,37 @@ func (k *pidsKiller) close() {
 
 func (k *pidsKiller) run() {
 	defer k.wg.Done()
-	tick := time.NewTicker(pidsCheckInterval)
-	defer tick.Stop()
+	wait, last := pidsCheckInterval, int64(-1)
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
 	for {
 		select {
 		case <-k.stop:
 			return
-		case <-tick.C:
+		case <-k.cg.started:
+		case <-timer.C:
 		}
 		n, err := k.cg.count()
-		if err != nil {
-			k.procs.logger.Warn("pids_count_failed", "err", err)
-			continue
+		if k.onCount != nil {
+			k.onCount(n)
 		}
-		if n >= k.cg.max {
+		ok := true
+		switch {
+		case err != nil:
+			k.procs.logger.Warn("pids_count_failed", "err", err)
+			wait, last = pidsCheckInterval, -1
+		case n >= k.cg.max:
 			k.killAll(n)
+			// Read again soon: what the round left decides the pace.
+			wait, last = pidsCheckInterval, -1
+		default:
+			wait, ok = nextPidsCheck(wait, n, last, k.cg.max)
+			last = n
+		}
+		if ok {
+			timer.Reset(wait)
+		} else {
+			timer.Stop()
 		}
 	}
 }

@@ -275,7 +275,10 @@ func gvisorForkBomb(t *testing.T, l *lab, sb *client.Sandbox) {
 	// Attached, so the daemon sees the end event and records it.
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "f() { f | f & }; f; sleep 1000"}})
+	// The bomb starts after a pause: the agent reads the count seldom
+	// while it holds still (internal/agent nextPidsCheck), and must still
+	// see it move.
+	code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "sleep 3; f() { f | f & }; f; sleep 1000"}})
 	peak, _ := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.peak"))
 	hostMax, _ := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.max"))
 	t.Logf("host tasks of the bombed sandbox: peak %d, host limit %d, sandbox limit %d", peak, hostMax, got.PIDsLimit)
