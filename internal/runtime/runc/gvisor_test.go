@@ -302,9 +302,10 @@ func TestSentryStatsKept(t *testing.T) {
 		b, _ := os.ReadFile(calls)
 		return strings.Count(string(b), "x")
 	}
+	cpu := time.Second // the cgroup's CPU usage
 	sample := func(want int) {
 		t.Helper()
-		s := runtime.Stats{MemoryBytes: 1, PidsCurrent: 1, PidsRefused: 3}
+		s := runtime.Stats{CPUUsage: cpu, MemoryBytes: 1, PidsCurrent: 1, PidsRefused: 3}
 		r.sentryStats(t.Context(), "sb1", &s)
 		if s.MemoryBytes != 12345 || s.PidsCurrent != 7 || s.PidsRefused != 0 {
 			t.Errorf("stats = %+v, want the sentry's memory 12345 and 7 tasks", s)
@@ -316,7 +317,31 @@ func TestSentryStatsKept(t *testing.T) {
 	sample(1)
 	sample(1) // kept
 	r.sentryStatsTTL = time.Nanosecond
-	sample(2) // over: asked again
+	sample(1) // over, but the sandbox has been idle since: kept
+	cpu += time.Second
+	sample(2) // over and busy meanwhile: asked again
 	r.sentryStatsTTL = 0
 	sample(2)
+}
+
+func TestSentrySampleServes(t *testing.T) {
+	at := time.Unix(1000, 0)
+	c := sentrySample{at: at, cpu: time.Second}
+	ttl := 5 * time.Second
+	for _, tc := range []struct {
+		name string
+		age  time.Duration
+		cpu  time.Duration
+		want bool
+	}{
+		{"young, busy", time.Second, 10 * time.Second, true},
+		{"old, idle", 20 * time.Second, time.Second + sentryIdleCPU, true},
+		{"old, half a percent of a core", 20 * time.Second, time.Second + sentryIdleCPU + 100*time.Millisecond, true},
+		{"old, busier", 20 * time.Second, time.Second + sentryIdleCPU + 101*time.Millisecond, false},
+		{"idle but too old", sentryIdleTTL, time.Second, false},
+	} {
+		if got := c.serves(at.Add(tc.age), tc.cpu, ttl); got != tc.want {
+			t.Errorf("%s: serves(age %v, cpu %v) = %v, want %v", tc.name, tc.age, tc.cpu, got, tc.want)
+		}
+	}
 }
