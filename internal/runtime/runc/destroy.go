@@ -25,6 +25,7 @@ func (r *Runtime) Destroy(ctx context.Context, id string) error {
 	start := time.Now()
 	phases := phaseTimer{last: start}
 	r.sentrySamples.Delete(id)
+	r.runscAnswers.Delete(id)
 	slot, hasSlot := r.slots.lookup(r.dir(id))
 	errs := r.endProcesses(ctx, id, &phases)
 	if err := diskimg.UnmountAll(ctx, r.dir(id)); err != nil {

@@ -89,6 +89,9 @@ type Runtime struct {
 	// sentryStatsTTL when set: a seam for tests).
 	sentrySamples  sync.Map
 	sentryStatsTTL time.Duration
+	// runscAnswers holds each gVisor sandbox's last `runsc state` answer
+	// about a live sentry (runscAnswer by sandbox ID; runscState).
+	runscAnswers sync.Map
 }
 
 // New checks the configuration and the host and returns a Runtime.
@@ -702,11 +705,17 @@ const stateTimeout = 30 * time.Second
 // when the runtime has no record of it. Under gVisor it reads runsc's
 // state file first (runscState) and may fail with errUnresponsive.
 func (r *Runtime) state(ctx context.Context, id string) (st runcState, ok bool, err error) {
+	return r.stateKept(ctx, id, 0)
+}
+
+// stateKept is state, which under gVisor may answer from a `runsc state`
+// up to keep old (runscState).
+func (r *Runtime) stateKept(ctx context.Context, id string, keep time.Duration) (st runcState, ok bool, err error) {
 	if !r.hasState(id) {
 		return st, false, nil
 	}
 	if r.cfg.GVisor != nil {
-		return r.runscState(ctx, id, r.askState)
+		return r.runscState(ctx, id, r.askState, keep)
 	}
 	if st, settled := r.runcStateFromFile(id); settled {
 		return st, true, nil
@@ -731,12 +740,14 @@ func (r *Runtime) askState(ctx context.Context, id string) (st runcState, ok boo
 	return st, true, nil
 }
 
-// Inspect reports the sandbox's status and its init's host pid.
+// Inspect reports the sandbox's status and its init's host pid. The
+// monitor inspects every sandbox once a second: under gVisor, a live
+// sandbox's status may come from a `runsc state` up to runscAnswerTTL old.
 func (r *Runtime) Inspect(ctx context.Context, id string) (runtime.State, error) {
 	if err := checkID(id); err != nil {
 		return runtime.State{}, err
 	}
-	st, ok, err := r.state(ctx, id)
+	st, ok, err := r.stateKept(ctx, id, runscAnswerTTL)
 	if err != nil {
 		return runtime.State{}, fmt.Errorf("inspect sandbox %s: %w", id, err)
 	}

@@ -177,10 +177,34 @@ func runscVerdict(status string, alive, frozen bool) (verdict string, ask bool) 
 // askFunc runs `runsc state` (Runtime.runcState); a seam for tests.
 type askFunc func(ctx context.Context, id string) (runcState, bool, error)
 
+// runscAnswerTTL is how long Inspect takes runsc's last answer about a
+// live sandbox instead of asking again (runscState's keep). A `runsc
+// state` is a runsc process, tens of milliseconds of CPU: asked by the
+// monitor every second, it was most of what an idle gVisor sandbox cost
+// the host (6 % of a core each, measured here; README). What a kept
+// answer could miss is little: a sandbox's end shows without runsc, as
+// its sentry exits with its init (gone, a zombie or frozen: stopped),
+// and a new runsc status or sentry makes it ask again. Only a sentry
+// that stopped answering stays unseen for that long; the lifecycle
+// paths, which act on that (errUnresponsive), always ask.
+const runscAnswerTTL = 30 * time.Second
+
+// runscAnswer is an answer of `runsc state` about a sandbox whose sentry
+// was alive, kept (Runtime.runscAnswers) with what the state file and
+// /proc said when it was asked.
+type runscAnswer struct {
+	at     time.Time
+	sentry int    // the sentry's pid
+	file   string // the state file's status
+	st     runcState
+}
+
 // runscState is state for a gVisor sandbox: from the state file and /proc
-// where they settle it, else from ask, bounded by askTimeout. A sentry
-// that does not answer in time gets errUnresponsive.
-func (r *Runtime) runscState(ctx context.Context, id string, ask askFunc) (runcState, bool, error) {
+// where they settle it, else from ask, bounded by askTimeout, or from an
+// answer of ask's kept for up to keep (0: ask again) while the state file
+// and the sentry are the same. A sentry that does not answer in time gets
+// errUnresponsive.
+func (r *Runtime) runscState(ctx context.Context, id string, ask askFunc, keep time.Duration) (runcState, bool, error) {
 	rec, ok, err := r.readRunscRecord(id)
 	if err != nil {
 		// A state file that will not parse (torn twice, or a format
@@ -199,7 +223,18 @@ func (r *Runtime) runscState(ctx context.Context, id string, ask askFunc) (runcS
 		r.log.Info("sandbox_frozen_by_cut_kill", "sandbox_id", id, "sentry_pid", pid)
 	}
 	if mustAsk {
-		return r.askBounded(ctx, id, ask)
+		if v, ok := r.runscAnswers.Load(id); ok && keep > 0 {
+			if a := v.(runscAnswer); a.sentry == pid && a.file == rec.Status && time.Since(a.at) < keep {
+				return a.st, true, nil
+			}
+		}
+		st, ok, err := r.askBounded(ctx, id, ask)
+		if err == nil && ok && st.Status != "stopped" {
+			r.runscAnswers.Store(id, runscAnswer{at: time.Now(), sentry: pid, file: rec.Status, st: st})
+		} else {
+			r.runscAnswers.Delete(id)
+		}
+		return st, ok, err
 	}
 	st := runcState{ID: id, Status: verdict}
 	if verdict != "stopped" {

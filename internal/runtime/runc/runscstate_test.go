@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 )
@@ -167,7 +168,7 @@ func TestRunscState(t *testing.T) {
 				asked = true
 				return askRunning(ctx, id)
 			}
-			st, ok, err := h.r.runscState(t.Context(), fakeID, ask)
+			st, ok, err := h.r.runscState(t.Context(), fakeID, ask, 0)
 			if err != nil {
 				t.Fatalf("runscState = %v", err)
 			}
@@ -179,6 +180,57 @@ func TestRunscState(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRunscStateKept: with keep (Inspect), a live sandbox's `runsc state`
+// answer serves while the state file and the sentry stay the same and the
+// answer is younger than keep; a sandbox whose sentry went is stopped at
+// once, whatever was kept; without keep, runsc is always asked.
+func TestRunscStateKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := newFakeHost(t)
+		h.record(t, `{"status":"running","sandbox":{"pid":42}}`)
+		h.process(t, 42, 'S', sentryCmdline)
+		asked := 0
+		answer := runcState{ID: fakeID, Pid: 42, Status: "running"}
+		ask := func(context.Context, string) (runcState, bool, error) {
+			asked++
+			return answer, true, nil
+		}
+		check := func(keep time.Duration, wantStatus string, wantAsked int) {
+			t.Helper()
+			st, ok, err := h.r.runscState(t.Context(), fakeID, ask, keep)
+			if err != nil || !ok || st.Status != wantStatus {
+				t.Errorf("runscState = %+v, %v, %v; want %s", st, ok, err, wantStatus)
+			}
+			if asked != wantAsked {
+				t.Errorf("runsc asked %d times, want %d", asked, wantAsked)
+			}
+		}
+		check(runscAnswerTTL, "running", 1)
+		check(runscAnswerTTL, "running", 1) // kept
+		check(0, "running", 2)              // the lifecycle paths ask
+		time.Sleep(runscAnswerTTL)
+		check(runscAnswerTTL, "running", 3) // too old
+		// Another runsc status (started after created): asked again.
+		h.record(t, `{"status":"created","sandbox":{"pid":42}}`)
+		check(runscAnswerTTL, "running", 4)
+		// Another sentry (a restore): asked again.
+		h.record(t, `{"status":"running","sandbox":{"pid":43}}`)
+		h.process(t, 43, 'S', sentryCmdline)
+		check(runscAnswerTTL, "running", 5)
+		check(runscAnswerTTL, "running", 5)
+		// The sentry exited: stopped, without runsc, kept answer or not.
+		h.process(t, 43, 'Z', "")
+		check(runscAnswerTTL, "stopped", 5)
+		// An answer that the sandbox stopped is not kept.
+		h.process(t, 43, 'S', sentryCmdline)
+		answer.Status = "stopped"
+		check(runscAnswerTTL, "running", 5) // still the kept one: same file, same sentry
+		time.Sleep(runscAnswerTTL)
+		check(runscAnswerTTL, "stopped", 6)
+		check(runscAnswerTTL, "stopped", 7)
+	})
 }
 
 // TestRunscStateUnresponsive: a running sandbox whose sentry lives but
@@ -193,13 +245,13 @@ func TestRunscStateUnresponsive(t *testing.T) {
 		h := newFakeHost(t)
 		h.record(t, `{"status":"running","sandbox":{"pid":42}}`)
 		h.process(t, 42, 'S', sentryCmdline)
-		_, ok, err := h.r.runscState(t.Context(), fakeID, hang)
+		_, ok, err := h.r.runscState(t.Context(), fakeID, hang, 0)
 		if !errors.Is(err, errUnresponsive) || !errors.Is(err, errdefs.ErrUnavailable) || ok {
 			t.Errorf("runscState on a hung runsc = ok %v, %v; want errUnresponsive (ErrUnavailable)", ok, err)
 		}
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		if _, _, err := h.r.runscState(ctx, fakeID, hang); err == nil || errors.Is(err, errUnresponsive) {
+		if _, _, err := h.r.runscState(ctx, fakeID, hang, 0); err == nil || errors.Is(err, errUnresponsive) {
 			t.Errorf("runscState with a cancelled context = %v, want the ask's own error", err)
 		}
 	})
