@@ -156,8 +156,8 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 
 // memAvailable reads MemAvailable from /proc/meminfo, in bytes.
 // idleWindow is how long the density run watches the host's CPU with
-// nothing asked of the daemon.
-const idleWindow = 10 * time.Second
+// nothing asked of the daemon (-density-idle).
+var idleWindow = 10 * time.Second
 
 // busyCores is how many cores the host kept busy on average over window:
 // the busy time /proc/stat counts (all but idle and iowait, in USER_HZ

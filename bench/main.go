@@ -67,6 +67,7 @@ func main() {
 	e2b := flag.Bool("e2b", true, "also measure the E2B SDK flow (needs node and `npm ci` in test/e2b)")
 	density := flag.Int("density", 0, "instead of the latency rows, hold this many idle minimal sandboxes and report memory per sandbox")
 	batch := flag.Int("density-batch", 25, "sandboxes created concurrently in the density run")
+	flag.DurationVar(&idleWindow, "density-idle", idleWindow, "how long the density run watches the host's CPU, before the sandboxes and with them idle")
 	isolation := flag.String("isolation", "runc", "isolation level of the daemon-level and density rows (runc or gvisor; the floor is then raw `runsc run`)")
 	runtimes := flag.Bool("runtimes", false, "instead, runtime-level rows for runc and gVisor side by side (bench/gvisor.go)")
 	pause := flag.Int("pause", 0, "instead, this many pause/resume rounds of a sandbox holding -pause-mib MiB (bench/pause.go)")
