@@ -48,14 +48,14 @@ type PidsCgroup struct {
 
 // The sentry's cgroupfs has no notification (no pids.events, no inotify
 // on its files), so the killer reads the task count; a read is cheap, but
-// each wake-up of the agent is not: a timer firing under gVisor wakes
-// the sentry's threads and the platform's stub, about 2 ms of host CPU.
+// each wake-up of the agent is not: a timer firing under gVisor wakes the
+// sentry's threads and the platform's stub, about 2 ms of host CPU.
 // Reading every 50 ms kept an idle sandbox at 4 % of a core (measured
-// with the daemon's runsc, systrap). So the
-// killer reads often only while the count moves (a bomb's count never
-// holds still) or stands near the limit, backs off while it holds still,
-// and stops while the workload cgroup is empty, until the agent starts a
-// process: nothing else can put a task there (nextPidsCheck).
+// with the daemon's runsc, systrap). So the killer reads often only while
+// the count moves (a bomb's count never holds still) or stands near the
+// limit, backs off while it holds still, and stops while the workload
+// cgroup is empty, until the agent starts a process: nothing else can put
+// a task there (nextPidsCheck).
 
 // pidsCheckInterval is how often the killer reads the count while it
 // moves.
