@@ -154,7 +154,6 @@ func runDensity(tb *runner, n, batch int, iso string) error {
 	return nil
 }
 
-// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
 // idleWindow is how long the density run watches the host's CPU with
 // nothing asked of the daemon (-density-idle).
 var idleWindow = 10 * time.Second
@@ -203,6 +202,7 @@ func busyCores(window time.Duration) (float64, error) {
 // userHZ is the unit of /proc/stat (USER_HZ, 100 on Linux).
 const userHZ = 100
 
+// memAvailable reads MemAvailable from /proc/meminfo, in bytes.
 func memAvailable() (int64, error) {
 	info, err := meminfo.Read()
 	if err == nil && info.Available == 0 {

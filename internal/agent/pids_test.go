@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -35,8 +36,10 @@ func TestNextPidsCheck(t *testing.T) {
 // TestPidsKillerPace: the killer does not wake while the workload cgroup
 // is empty, wakes at once when a process starts, backs off while the
 // count holds still and reads often again while it moves or stands near
-// the limit. Virtual time (synctest); the count is a plain file standing
-// in for pids.current.
+// the limit. The count is a plain file standing in for pids.current.
+// Every sleep below runs on the synctest bubble's virtual clock: it is
+// the time the killer's timers see pass, not a wait (each is followed
+// by synctest.Wait, the event that the killer is idle again).
 func TestPidsKillerPace(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "pids.current")
@@ -51,7 +54,7 @@ func TestPidsKillerPace(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cur.Close()
-		cg := &PidsCgroup{max: 10, current: cur, started: make(chan struct{}, 1)}
+		cg := &PidsCgroup{max: 100, current: cur, started: make(chan struct{}, 1)}
 		var reads atomic.Int64
 		k := &pidsKiller{cg: cg, procs: &procTable{logger: slog.New(slog.DiscardHandler)}, stop: make(chan struct{})}
 		k.onCount = func(int64) { reads.Add(1) }
@@ -76,7 +79,7 @@ func TestPidsKillerPace(t *testing.T) {
 		if n := reads.Load(); n != 2 {
 			t.Errorf("after a start: %d reads in all, want 2", n)
 		}
-		// Holding still at 3 of 10: 50, 100, 200, 400, 800 ms, then
+		// Holding still at 3 of 100: 50, 100, 200, 400, 800 ms, then
 		// every second: 5 + 8 reads in 10 s; at a fixed 50 ms it was 200.
 		if n := readsOver(10 * time.Second); n < 11 || n > 16 {
 			t.Errorf("count holding still: %d reads in 10 s, want about 13", n)
@@ -87,15 +90,15 @@ func TestPidsKillerPace(t *testing.T) {
 		time.Sleep(pidsCheckInterval / 2)
 		before := reads.Load()
 		for i := range 40 {
-			set(map[bool]string{true: "4", false: "3"}[i%2 == 0])
+			set(strconv.Itoa(4 + i)) // up to 43: under half the limit
 			time.Sleep(pidsCheckInterval)
 		}
 		synctest.Wait()
 		if n := reads.Load() - before; n < 20 || n > 41 {
 			t.Errorf("count moving: %d reads in 2 s, want 20 to 41", n)
 		}
-		// Near the limit (5 of 10), still: every 50 ms.
-		set("5")
+		// Near the limit (50 of 100), still: every 50 ms.
+		set("50")
 		time.Sleep(pidsSteadyInterval) // the change is seen within this
 		synctest.Wait()
 		if n := readsOver(time.Second); n < 19 || n > 21 {

@@ -20,10 +20,10 @@ import (
 // a crash leaves at most a few spare images that the next start removes.
 //
 // Each spare image is also bound to a loop device already, which the pool
-// holds open: binding one took 5–6 ms of a create in the daemon on the
-// test host (0.25 ms alone on a quiet one), which the create then skips. The devices are set to clear themselves at their last
-// close, so one the pool holds goes away with the pool, or with the
-// daemon's process, whatever ends it.
+// holds open, so a create skips binding one (0.25 ms on a quiet host,
+// more beside other work). The devices are set to clear themselves at
+// their last close, so one the pool holds goes away with the pool, or
+// with the daemon's process, whatever ends it.
 type diskPool struct {
 	dir   string
 	depth int

@@ -185,7 +185,9 @@ func TestRunscState(t *testing.T) {
 // TestRunscStateKept: with keep (Inspect), a live sandbox's `runsc state`
 // answer serves while the state file and the sentry stay the same and the
 // answer is younger than keep; a sandbox whose sentry went is stopped at
-// once, whatever was kept; without keep, runsc is always asked.
+// once, whatever was kept; without keep, runsc is always asked. The
+// sleeps run on the synctest bubble's virtual clock: they age the kept
+// answer, nothing waits.
 func TestRunscStateKept(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := newFakeHost(t)
