@@ -146,12 +146,16 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	if len(saves) > 0 {
 		// runsc's own floor, by hand on the daemon's platform.
 		platform := daemonPlatform(d.Logs())
-		raw, err := measureRawPause(ctx, platform, mib, n)
+		raw, err := measureRawPause(ctx, platform, mib, n, daemonDirect(d.Logs()))
 		if err != nil {
 			return fmt.Errorf("raw runsc floor: %w", err)
 		}
 		fmt.Printf("| floor: raw `runsc checkpoint` of a busybox sandbox holding %d MiB (%s, no daemon, network or limits) | %d | %s | %s |\n", mib, platform, n, fmtDur(pct(raw.checkpoints, 50)), fmtDur(pct(raw.checkpoints, 99)))
 		fmt.Printf("| floor: raw `runsc restore` of it | %d | %s | %s |\n", n, fmtDur(pct(raw.restores, 50)), fmtDur(pct(raw.restores, 99)))
+		if len(raw.directRestores) > 0 {
+			fmt.Printf("| floor: raw `runsc checkpoint --direct` (pages written with O_DIRECT, as the daemon does) | %d | %s | %s |\n", n, fmtDur(pct(raw.directCheckpoints, 50)), fmtDur(pct(raw.directCheckpoints, 99)))
+			fmt.Printf("| floor: raw `runsc restore --direct` of it | %d | %s | %s |\n", n, fmtDur(pct(raw.directRestores, 50)), fmtDur(pct(raw.directRestores, 99)))
+		}
 	}
 	// The phases behind the rows, for a look at where the time went.
 	for line := range strings.SplitSeq(d.Logs(), "\n") {

@@ -16,13 +16,17 @@ import (
 // and `runsc restore` run by hand, without the daemon, of a busybox
 // sandbox whose process holds mib MiB, n rounds. No network (the floor is
 // the sandbox, not its network), no cgroup limits, no idmapped layers.
+// Each round is taken through the page cache and, where the daemon uses
+// it, with --direct (the image's pages with O_DIRECT), one after the
+// other.
 type rawPause struct {
-	checkpoints, restores []time.Duration
+	checkpoints, restores             []time.Duration
+	directCheckpoints, directRestores []time.Duration
 }
 
 // measureRawPause takes the rawPause rows on platform (the daemon's choice,
-// so both sides run alike).
-func measureRawPause(ctx context.Context, platform string, mib, n int) (*rawPause, error) {
+// so both sides run alike), the --direct ones too if direct.
+func measureRawPause(ctx context.Context, platform string, mib, n int, direct bool) (*rawPause, error) {
 	dir, err := os.MkdirTemp("", "berth-bench-rawpause-")
 	if err != nil {
 		return nil, err
@@ -86,29 +90,37 @@ func measureRawPause(ctx context.Context, platform string, mib, n int) (*rawPaus
 		time.Sleep(50 * time.Millisecond)
 	}
 	out := &rawPause{}
-	for i := range n {
-		img := filepath.Join(dir, fmt.Sprintf("image-%d", i))
+	round := func(img string, flags []string, checkpoints, restores *[]time.Duration) error {
 		t0 := time.Now()
-		if err := runsc("checkpoint", "--image-path", img, id); err != nil {
-			return nil, err
+		if err := runsc(append(append([]string{"checkpoint"}, flags...), "--image-path", img, id)...); err != nil {
+			return err
 		}
-		out.checkpoints = append(out.checkpoints, time.Since(t0))
+		*checkpoints = append(*checkpoints, time.Since(t0))
 		// The checkpointed container is gone from runsc's view once
 		// deleted; the restore makes it again from the bundle.
 		if err := runsc("delete", "--force", id); err != nil {
-			return nil, err
+			return err
 		}
 		t0 = time.Now()
-		if err := runsc("restore", "--detach", "--bundle", dir, "--image-path", img, id); err != nil {
-			return nil, err
+		if err := runsc(append(append([]string{"restore", "--detach"}, flags...), "--bundle", dir, "--image-path", img, id)...); err != nil {
+			return err
 		}
-		out.restores = append(out.restores, time.Since(t0))
+		*restores = append(*restores, time.Since(t0))
 		// The holder came back with its memory: the file it wrote is
 		// still in its /dev.
 		if err := runsc("exec", id, "/bin/cat", "/dev/held"); err != nil {
-			return nil, fmt.Errorf("after restore: %w", err)
+			return fmt.Errorf("after restore: %w", err)
 		}
-		if err := os.RemoveAll(img); err != nil {
+		return os.RemoveAll(img)
+	}
+	for i := range n {
+		if err := round(filepath.Join(dir, fmt.Sprintf("image-%d", i)), nil, &out.checkpoints, &out.restores); err != nil {
+			return nil, err
+		}
+		if !direct {
+			continue
+		}
+		if err := round(filepath.Join(dir, fmt.Sprintf("image-direct-%d", i)), []string{"--direct"}, &out.directCheckpoints, &out.directRestores); err != nil {
 			return nil, err
 		}
 	}
@@ -118,12 +130,25 @@ func measureRawPause(ctx context.Context, platform string, mib, n int) (*rawPaus
 // daemonPlatform is the gVisor platform the daemon chose, from its log
 // line "gvisor runtime … platform=P" ("" when it logged none).
 func daemonPlatform(logs string) string {
+	return gvisorRuntimeField(logs, "platform")
+}
+
+// daemonDirect says the daemon checkpoints and restores with --direct where
+// the image's file system takes it (its log line "gvisor runtime …
+// direct_image_io=true").
+func daemonDirect(logs string) bool {
+	return gvisorRuntimeField(logs, "direct_image_io") == "true"
+}
+
+// gvisorRuntimeField is the value of key in the daemon's "gvisor runtime"
+// log line ("" when it logged none).
+func gvisorRuntimeField(logs, key string) string {
 	for line := range strings.SplitSeq(logs, "\n") {
 		if !strings.Contains(line, `msg="gvisor runtime"`) {
 			continue
 		}
 		for f := range strings.FieldsSeq(line) {
-			if v, ok := strings.CutPrefix(f, "platform="); ok {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
 				return v
 			}
 		}

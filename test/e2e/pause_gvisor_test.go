@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/client"
 	"github.com/berth-sandbox/berth/errdefs"
@@ -75,6 +78,58 @@ func dirSize(dir string) int64 {
 	return n
 }
 
+// takesDirectIO reports whether files made in dir can be opened with
+// O_DIRECT.
+func takesDirectIO(t *testing.T, dir string) bool {
+	t.Helper()
+	p := filepath.Join(dir, "direct-probe")
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|unix.O_DIRECT, 0o600)
+	if err != nil {
+		t.Logf("%s takes no O_DIRECT: %v", dir, err)
+		return false
+	}
+	f.Close()
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
+// pageCacheBytes sums what of the files under dir is in the host's page
+// cache (mincore of each file mapped).
+func pageCacheBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	page := int64(os.Getpagesize())
+	var n int64
+	err := filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err != nil || !fi.Mode().IsRegular() || fi.Size() == 0 {
+			return err
+		}
+		f, err := os.Open(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		m, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ, unix.MAP_SHARED)
+		if err != nil {
+			return err
+		}
+		defer unix.Munmap(m)
+		vec := make([]byte, (fi.Size()+page-1)/page)
+		if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+			return errno
+		}
+		for _, v := range vec {
+			n += int64(v & 1)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("page cache of %s: %v", dir, err)
+	}
+	return n * page
+}
+
 // TestPauseResumeMemoryGVisor: pausing a gVisor sandbox keeps every
 // process and its memory (inspect says "pause": "memory"): a process
 // counting in memory counts on after resume from where it was, its 48 MiB
@@ -125,6 +180,17 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	t.Logf("memory cgroup held %d MiB running; paused: no cgroup, checkpoint %d MiB on disk", charged>>20, cp>>20)
 	if cp < 48<<20 {
 		t.Errorf("checkpoint holds %d bytes, less than the 48 MiB in memory", cp)
+	}
+	// And on disk, not in the host's page cache: the sentry wrote its
+	// pages with O_DIRECT (runsc checkpoint --direct) where the data dir
+	// takes it, so the pause gave the memory back rather than moving it
+	// into dirty cache pages.
+	if takesDirectIO(t, d.DataDir) {
+		cached := pageCacheBytes(t, filepath.Join(d.DataDir, "checkpoints", sb.ID))
+		t.Logf("of the checkpoint, %d KiB in the page cache", cached>>10)
+		if cached > cp/4 {
+			t.Errorf("%d of the checkpoint's %d bytes are in the host's page cache: its pages were not written with O_DIRECT", cached, cp)
+		}
 	}
 
 	r, err := d.Client.Resume(ctx, sb.ID, 0)

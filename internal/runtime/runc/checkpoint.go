@@ -47,7 +47,8 @@ func (r *Runtime) CheckpointLive(ctx context.Context, id, dir string) error {
 		return err
 	}
 	start := time.Now()
-	cmd := r.command(ctx, id, "checkpoint", "--leave-running", "--image-path", dir, id)
+	args := append(append([]string{"checkpoint", "--leave-running"}, r.cfg.GVisor.checkpointArgs(dir)...), "--image-path", dir, id)
+	cmd := r.command(ctx, id, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	if err := runPinned(cmd, ""); err != nil {
@@ -95,7 +96,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id, dir string) error {
 	// restarted daemon never races a checkpoint it did not start (the
 	// sentry may still finish a save already under way; the restart
 	// stops the sandbox then, see sandbox.adoptPause).
-	args := append(append([]string{"checkpoint"}, r.cfg.GVisor.checkpointArgs()...), "--image-path", dir, id)
+	args := append(append([]string{"checkpoint"}, r.cfg.GVisor.checkpointArgs(dir)...), "--image-path", dir, id)
 	cmd := r.command(ctx, id, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -241,7 +242,7 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs()...), "--image-path", dir)
+	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs(dir)...), "--image-path", dir)
 	err = r.runscRestore(ctx, spec, &sp, args...)
 	if derr := detach(); err == nil {
 		err = derr

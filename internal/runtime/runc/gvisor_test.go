@@ -1,6 +1,8 @@
 package runc
 
 import (
+	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/proto/envd"
@@ -220,23 +223,81 @@ func TestAgentErrnoCalls(t *testing.T) {
 	}
 }
 
-// TestCheckpointRestoreArgs: background restore adds its flags and
-// nothing else, so a runsc without it (Debian's) gets the bare commands
-// it always got.
+// TestCheckpointRestoreArgs: background restore and direct image I/O add
+// their flags and nothing else, so a runsc without them (Debian's) gets
+// the bare commands it always got; --direct only where the image's
+// directory takes O_DIRECT.
 func TestCheckpointRestoreArgs(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "pages.img"), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	direct := directWrites(dir)
+	t.Logf("%s takes O_DIRECT: %v", dir, direct)
+	if directReads(dir) != direct {
+		t.Errorf("directReads(%s) = %v, directWrites %v", dir, !direct, direct)
+	}
+	if _, err := os.Stat(filepath.Join(dir, directProbe)); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("probe file left behind: %v", err)
+	}
+	ifDirect := func(args ...string) []string {
+		if direct {
+			return append(args, "--direct")
+		}
+		return args
+	}
 	cases := []struct {
 		g                 GVisor
 		checkpoint, restr []string
 	}{
 		{GVisor{}, nil, nil},
 		{GVisor{BackgroundRestore: true}, []string{"--compression=none"}, []string{"--background"}},
+		{GVisor{DirectImageIO: true}, ifDirect(), ifDirect()},
+		{GVisor{BackgroundRestore: true, DirectImageIO: true}, ifDirect("--compression=none"), ifDirect("--background")},
 	}
 	for _, c := range cases {
-		if got := c.g.checkpointArgs(); !slices.Equal(got, c.checkpoint) {
+		if got := c.g.checkpointArgs(dir); !slices.Equal(got, c.checkpoint) {
 			t.Errorf("%+v.checkpointArgs() = %q, want %q", c.g, got, c.checkpoint)
 		}
-		if got := c.g.restoreArgs(); !slices.Equal(got, c.restr) {
+		if got := c.g.restoreArgs(dir); !slices.Equal(got, c.restr) {
 			t.Errorf("%+v.restoreArgs() = %q, want %q", c.g, got, c.restr)
+		}
+	}
+	// No image to read, or no directory at all: no --direct, and runsc
+	// says what is wrong with the image.
+	g := GVisor{DirectImageIO: true}
+	if got := g.restoreArgs(t.TempDir()); len(got) != 0 {
+		t.Errorf("restoreArgs(empty dir) = %q, want none", got)
+	}
+	missing := filepath.Join(dir, "missing")
+	if got := g.checkpointArgs(missing); len(got) != 0 {
+		t.Errorf("checkpointArgs(missing dir) = %q, want none", got)
+	}
+	if got := g.restoreArgs(missing); len(got) != 0 {
+		t.Errorf("restoreArgs(missing dir) = %q, want none", got)
+	}
+}
+
+// TestDirectIOProbesAgree: on the test's file system and on tmpfs (which
+// takes O_DIRECT from Linux 6.6 on), the probes say what an O_DIRECT
+// open of a new file there says.
+func TestDirectIOProbesAgree(t *testing.T) {
+	for _, dir := range []string{t.TempDir(), "/dev/shm"} {
+		probe, err := os.MkdirTemp(dir, "direct-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer os.RemoveAll(probe)
+		f, err := os.OpenFile(filepath.Join(probe, "x"), os.O_CREATE|os.O_WRONLY|unix.O_DIRECT, 0o600)
+		want := err == nil
+		if err == nil {
+			f.Close()
+		}
+		if got := directWrites(probe); got != want {
+			t.Errorf("directWrites(%s) = %v, an O_DIRECT open says %v (%v)", probe, got, want, err)
+		}
+		if got := directReads(probe); got != want {
+			t.Errorf("directReads(%s) = %v, an O_DIRECT open says %v", probe, got, want)
 		}
 	}
 }

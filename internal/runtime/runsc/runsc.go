@@ -104,7 +104,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	}
 	setuid := hasFlag(flags, "allow-suid")
 	copies := hasFlag(flags, "restore-spec-validation")
-	background, err := hasBackgroundRestore(ctx, bin)
+	image, err := imageFlags(ctx, bin)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %w", err, errdefs.ErrUnavailable)
 	}
@@ -135,6 +135,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			// would lose the sandbox with its checkpoint already
 			// removed.
 			BackgroundRestore: false,
+			DirectImageIO:     image.direct,
 			RestoreCopies:     copies,
 			MountsGap:         mountsGap(version),
 			PassFD:            passFD,
@@ -144,7 +145,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", background, "agent_secret_by_fd", passFD)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", image.background, "direct_image_io", image.direct, "agent_secret_by_fd", passFD)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 
@@ -181,25 +182,34 @@ func runscFlags(ctx context.Context, bin string) ([]byte, error) {
 	return out, nil
 }
 
-// hasBackgroundRestore reports whether the runsc at bin has `restore
-// --background` (the sentry loads the memory pages while the sandbox
-// runs) and `checkpoint --compression`, whose "none" writes the
-// uncompressed image a background load needs (a release with the flag but
-// another default would compress it, and the background load would then
-// silently load everything first). It asks the binary (`runsc help
-// checkpoint`, `runsc help restore`) rather than guessing from its
-// version: builds from source carry no release date of a flag's arrival.
-// Debian's 20221219 has neither.
-func hasBackgroundRestore(ctx context.Context, bin string) (bool, error) {
+// imageIO is what the runsc at hand can do with a checkpoint image's
+// files, asked of the binary (`runsc help checkpoint`, `runsc help
+// restore`) rather than guessed from its version: builds from source
+// carry no release date of a flag's arrival. Debian's 20221219 has none
+// of it.
+type imageIO struct {
+	// background: `restore --background` (the sentry loads the memory
+	// pages while the sandbox runs) and `checkpoint --compression`, whose
+	// "none" writes the uncompressed image a background load needs (a
+	// release with the flag but another default would compress it, and
+	// the background load would then silently load everything first).
+	background bool
+	// direct: --direct on both commands (the sentry writes and reads the
+	// pages file with O_DIRECT).
+	direct bool
+}
+
+// imageFlags asks the runsc at bin for its imageIO.
+func imageFlags(ctx context.Context, bin string) (imageIO, error) {
 	cp, err := commandHelp(ctx, bin, "checkpoint")
 	if err != nil {
-		return false, err
+		return imageIO{}, err
 	}
 	rs, err := commandHelp(ctx, bin, "restore")
 	if err != nil {
-		return false, err
+		return imageIO{}, err
 	}
-	return backgroundRestoreIn(cp, rs), nil
+	return imageIOIn(cp, rs), nil
 }
 
 // commandHelp is `runsc help <cmd>` of the runsc at bin, which lists the
@@ -215,10 +225,13 @@ func commandHelp(ctx context.Context, bin, cmd string) ([]byte, error) {
 	return out, nil
 }
 
-// backgroundRestoreIn reads hasBackgroundRestore's answer from the output
-// of `runsc help checkpoint` and `runsc help restore`.
-func backgroundRestoreIn(checkpointHelp, restoreHelp []byte) bool {
-	return hasFlag(restoreHelp, "background") && hasFlag(checkpointHelp, "compression")
+// imageIOIn reads imageFlags' answer from the output of `runsc help
+// checkpoint` and `runsc help restore`.
+func imageIOIn(checkpointHelp, restoreHelp []byte) imageIO {
+	return imageIO{
+		background: hasFlag(restoreHelp, "background") && hasFlag(checkpointHelp, "compression"),
+		direct:     hasFlag(restoreHelp, "direct") && hasFlag(checkpointHelp, "direct"),
+	}
 }
 
 // hasFlag reports whether `runsc flags` or `runsc help <command>` output

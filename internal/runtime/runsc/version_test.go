@@ -100,52 +100,56 @@ var (
 	debianRestoreHelp     = []byte("restore [flags] <container id> - restore saved state of container.\n  -bundle string\n    \tpath to the root of the bundle directory, defaults to the current directory\n  -detach\n    \tdetach from the container's process\n  -image-path string\n    \tdirectory path to saved container image\n")
 )
 
-func TestBackgroundRestoreIn(t *testing.T) {
+func TestImageIOIn(t *testing.T) {
 	// A restore --background without a checkpoint --compression could
-	// not be sure to get an uncompressed image.
+	// not be sure to get an uncompressed image; --direct is used only
+	// where both commands have it.
 	noCompression := []byte("  -exclude-committed-zero-pages\n    \texclude committed zero-filled pages from checkpoint\n")
+	restoreOnlyDirect := []byte("  -direct\n    \tuse O_DIRECT for reading checkpoint pages file\n")
 	cases := []struct {
 		name       string
 		checkpoint []byte
 		restore    []byte
-		want       bool
+		want       imageIO
 	}{
-		{"current", currentCheckpointHelp, currentRestoreHelp, true},
-		{"debian", debianCheckpointHelp, debianRestoreHelp, false},
-		{"background without compression", noCompression, currentRestoreHelp, false},
-		{"compression without background", currentCheckpointHelp, debianRestoreHelp, false},
-		{"empty", nil, nil, false},
+		{"current", currentCheckpointHelp, currentRestoreHelp, imageIO{background: true, direct: true}},
+		{"debian", debianCheckpointHelp, debianRestoreHelp, imageIO{}},
+		{"background without compression", noCompression, currentRestoreHelp, imageIO{}},
+		{"compression without background", currentCheckpointHelp, debianRestoreHelp, imageIO{}},
+		{"direct on restore only", debianCheckpointHelp, restoreOnlyDirect, imageIO{}},
+		{"empty", nil, nil, imageIO{}},
 	}
 	for _, c := range cases {
-		if got := backgroundRestoreIn(c.checkpoint, c.restore); got != c.want {
-			t.Errorf("%s: backgroundRestoreIn = %v, want %v", c.name, got, c.want)
+		if got := imageIOIn(c.checkpoint, c.restore); got != c.want {
+			t.Errorf("%s: imageIOIn = %+v, want %+v", c.name, got, c.want)
 		}
 	}
 }
 
-// TestHasBackgroundRestore asks the runsc builds on this host: Debian's
-// has no background restore, so it keeps the commands it always got.
-func TestHasBackgroundRestore(t *testing.T) {
+// TestImageFlags asks the runsc builds on this host: Debian's has
+// neither background restore nor direct image I/O, so it keeps the
+// commands it always got.
+func TestImageFlags(t *testing.T) {
 	const debian = "/usr/bin/runsc"
 	if _, err := os.Stat(debian); err != nil {
 		t.Skip("Debian's runsc not installed")
 	}
-	got, err := hasBackgroundRestore(t.Context(), debian)
-	if err != nil || got {
-		t.Errorf("hasBackgroundRestore(%s) = %v, %v; want false, nil", debian, got, err)
+	got, err := imageFlags(t.Context(), debian)
+	if err != nil || got != (imageIO{}) {
+		t.Errorf("imageFlags(%s) = %+v, %v; want none, nil", debian, got, err)
 	}
 	if bin, err := exec.LookPath("runsc"); err == nil && bin != debian {
-		got, err := hasBackgroundRestore(t.Context(), bin)
+		got, err := imageFlags(t.Context(), bin)
 		if err != nil {
-			t.Fatalf("hasBackgroundRestore(%s) = %v", bin, err)
+			t.Fatalf("imageFlags(%s) = %v", bin, err)
 		}
-		t.Logf("%s: background restore %v", bin, got)
+		t.Logf("%s: %+v", bin, got)
 	}
 }
 
-func TestHasBackgroundRestoreMissingBinary(t *testing.T) {
-	if _, err := hasBackgroundRestore(t.Context(), "/nonexistent/runsc"); err == nil {
-		t.Error("hasBackgroundRestore(/nonexistent/runsc) = nil error, want one")
+func TestImageFlagsMissingBinary(t *testing.T) {
+	if _, err := imageFlags(t.Context(), "/nonexistent/runsc"); err == nil {
+		t.Error("imageFlags(/nonexistent/runsc) = nil error, want one")
 	}
 }
 
