@@ -171,7 +171,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 
 // pauseLogMsgs are the daemon's debug lines with the phases of a pause and a
 // resume (the runtime's and the Manager's), printed after each table.
-var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=pause_phases", "msg=resume_phases"}
+var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=checkpoint_phases", "msg=pause_phases", "msg=resume_phases"}
 
 // waitHeld waits until the memory holder in sb says it holds its memory
 // (a bench, not a test: it asks every 50 ms, for up to a minute).
