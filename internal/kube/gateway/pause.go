@@ -110,6 +110,11 @@ func (g *Gateway) pause(ctx context.Context, p auth.Principal, id string) (*core
 	if !errors.As(err, &refused) {
 		if err == nil {
 			g.log.Info("sandbox_paused", "sandbox_id", id, "pause", value)
+		} else {
+			// The pause stays asked for on the pod; the caller hears why
+			// this request could not see it done (an E2B client only as
+			// a 409, which its SDK reads as "already paused").
+			g.log.Warn("sandbox_pause_wait_failed", "sandbox_id", id, "pause", value, "err", err)
 		}
 		return got, err
 	}

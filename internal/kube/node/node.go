@@ -151,6 +151,12 @@ func Run(ctx context.Context, cfg Config, sb Sandboxes) error {
 	},
 		nodeutil.WithClient(cfg.Kube),
 		nodeutil.AttachProviderRoutes(mux),
+		// A pod's status is written alone, never its metadata with it
+		// (statusOnlyPods).
+		nodeutil.WithPodControllerConfigOverrides(func(pc *vknode.PodControllerConfig) error {
+			pc.PodClient = statusOnlyPods{pc.PodClient}
+			return nil
+		}),
 		func(nc *nodeutil.NodeConfig) error {
 			nc.NodeSpec = spec
 			nc.HTTPListenAddr = cfg.Listen
