@@ -182,10 +182,10 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Errorf("checkpoint holds %d bytes, less than the 48 MiB in memory", cp)
 	}
 	// And on disk, not in the host's page cache: the sentry wrote its
-	// pages with O_DIRECT (runsc checkpoint --direct) where the data dir
-	// takes it, so the pause gave the memory back rather than moving it
-	// into dirty cache pages.
-	if takesDirectIO(t, d.DataDir) {
+	// pages with O_DIRECT (runsc checkpoint --direct) where its runsc
+	// has the flag and the data dir takes it, so the pause gave the
+	// memory back rather than moving it into dirty cache pages.
+	if strings.Contains(d.Logs(), "direct_image_io=true") && takesDirectIO(t, d.DataDir) {
 		cached := pageCacheBytes(t, filepath.Join(d.DataDir, "checkpoints", sb.ID))
 		t.Logf("of the checkpoint, %d KiB in the page cache", cached>>10)
 		if cached > cp/4 {

@@ -100,10 +100,11 @@ type GVisor struct {
 	// (checkpointArgs, restoreArgs). Through the page cache, a restore
 	// copies every page from the cache into the sentry's memory, one
 	// page fault per 4 KiB page, and a checkpoint leaves the image's
-	// pages dirty in the cache, charged to no one the pause freed;
-	// direct, the disk reads into the sentry's memory itself and a
-	// paused sandbox's memory is on disk, not in the host's RAM. Measured
-	// on a 256 MiB sandbox (README, "Pause and resume").
+	// pages dirty in the cache, where they hold the host's memory the
+	// pause meant to free until they are written back; direct, the disk
+	// reads into the sentry's memory itself and a paused sandbox's
+	// memory is on disk, not in the host's RAM. Measured in the README
+	// (Performance, "Checkpoint images with O_DIRECT").
 	DirectImageIO bool
 	// PassFD says this runsc's `run` has --pass-fd (host descriptor M
 	// becomes the sandbox's first process's descriptor N; releases from
