@@ -212,6 +212,9 @@ func TestRunscStateKept(t *testing.T) {
 		check(runscAnswerTTL, "running", 1)
 		check(runscAnswerTTL, "running", 1) // kept
 		check(0, "running", 2)              // the lifecycle paths ask
+		// Virtual time (synctest): moves the bubble's clock past the
+		// kept answer's age limit; the runtime has no event to wait on,
+		// the answer only grows old.
 		time.Sleep(runscAnswerTTL)
 		check(runscAnswerTTL, "running", 3) // too old
 		// Another runsc status (started after created): asked again.
@@ -229,7 +232,7 @@ func TestRunscStateKept(t *testing.T) {
 		h.process(t, 43, 'S', sentryCmdline)
 		answer.Status = "stopped"
 		check(runscAnswerTTL, "running", 5) // still the kept one: same file, same sentry
-		time.Sleep(runscAnswerTTL)
+		time.Sleep(runscAnswerTTL)          // virtual time, as above: ages the kept answer
 		check(runscAnswerTTL, "stopped", 6)
 		check(runscAnswerTTL, "stopped", 7)
 	})
