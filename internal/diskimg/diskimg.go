@@ -154,8 +154,21 @@ func openLoop(n int) (*os.File, error) {
 	return os.OpenFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
 }
 
-// Mount attaches image to a loop device and mounts it at target.
-func Mount(image, target string) error {
+// Scratch is the mount data (ext4 options) of a file system whose
+// contents need not outlive a host crash as they stood: a sandbox's
+// writable layer, lost with its sandbox when the host goes down while it
+// runs, and flushed by its owner before a pause counts on it
+// (runtime/runc SyncDisk). Without write barriers, an fsync in the sandbox
+// reaches the host's page cache rather than its disk (0.2 ms against 1 ms
+// each on this project's VM), and unmounting it (a pause's stop, a
+// destroy) does not wait for the host disk to flush its cache, which
+// after a checkpoint written with O_DIRECT holds the whole image (22
+// against 293 ms after 256 MiB). "" keeps the defaults (volumes).
+const Scratch = "nobarrier"
+
+// Mount attaches image to a loop device and mounts it at target with
+// ext4 mount data (Scratch, or "" for the defaults).
+func Mount(image, target, data string) error {
 	dev, err := AttachLoop(image)
 	if err != nil {
 		return err
@@ -164,13 +177,14 @@ func Mount(image, target string) error {
 	// ties the device's life to the mount. If the mount fails, closing it
 	// detaches the device at once.
 	defer dev.Close()
-	return MountLoop(dev, target)
+	return MountLoop(dev, target, data)
 }
 
-// MountLoop mounts the image bound to dev (AttachLoop's device) at target.
-// The caller closes dev afterwards, as Mount does.
-func MountLoop(dev *os.File, target string) error {
-	if err := unix.Mount(dev.Name(), target, "ext4", unix.MS_NOSUID|unix.MS_NODEV, ""); err != nil {
+// MountLoop mounts the image bound to dev (AttachLoop's device) at target,
+// with ext4 mount data as Mount. The caller closes dev afterwards, as
+// Mount does.
+func MountLoop(dev *os.File, target, data string) error {
+	if err := unix.Mount(dev.Name(), target, "ext4", unix.MS_NOSUID|unix.MS_NODEV, data); err != nil {
 		return fmt.Errorf("mount %s on %s: %w", dev.Name(), target, err)
 	}
 	return nil
@@ -186,7 +200,7 @@ func MountShared(image, target string) error {
 	for range 8 {
 		devs := LoopsBacking(image)
 		if len(devs) == 0 {
-			return Mount(image, target)
+			return Mount(image, target, "")
 		}
 		// Open first: an open device is not cleared under us, so
 		// the mount below finds it bound unless it was already gone.

@@ -66,6 +66,13 @@ type Config struct {
 	// CheckpointDir holds the checkpoints of sandboxes paused with their
 	// memory (pause.go); without it a pause keeps files only.
 	CheckpointDir string
+	// BootID is the host's current boot ID (default: the kernel's),
+	// recorded in each checkpoint so one whose background flush a host
+	// restart cut short is refused (pausesync.go).
+	BootID func() (string, error)
+	// CheckpointFlushDelay is how long after a memory pause its
+	// checkpoint's flush begins (default 2 s; pausesync.go).
+	CheckpointFlushDelay time.Duration
 	// SnapshotDir holds snapshots' files (snapshot.go); without it, or
 	// without a store that keeps snapshot records, there are none.
 	SnapshotDir string
@@ -201,6 +208,12 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		if n < 0 || n > MaxWarm {
 			return nil, fmt.Errorf("sandbox manager: warm_pool %s (allow_sudo %v): %d is out of range [0, %d]: %w", name.Template, name.AllowSudo, n, MaxWarm, errdefs.ErrInvalidArgument)
 		}
+	}
+	if cfg.BootID == nil {
+		cfg.BootID = hostBootID
+	}
+	if cfg.CheckpointFlushDelay <= 0 {
+		cfg.CheckpointFlushDelay = 2 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

@@ -103,8 +103,18 @@ func (m *Manager) adoptPause(ctx context.Context, e *entry, fail func(string) bo
 			return fail("paused sandbox not kept after a daemon restart: " + err.Error()), true
 		}
 	}
-	if e.rec.Pause == core.PauseMemory && !m.hasCheckpoint(id) {
-		return fail("paused sandbox's checkpoint is missing after a daemon restart"), true
+	if e.rec.Pause == core.PauseMemory {
+		if !m.hasCheckpoint(id) {
+			return fail("paused sandbox's checkpoint is missing after a daemon restart"), true
+		}
+		if why := m.untrustedCheckpoint(id); why != "" {
+			return fail(why), true
+		}
+		if !m.checkpointSynced(id) {
+			// The daemon stopped before the flush ended (or before it
+			// began, in a pause it finished above).
+			m.syncCheckpointAsync(rt, id)
+		}
 	}
 	m.publishAdopted(ctx, e)
 	return true, true

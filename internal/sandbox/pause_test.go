@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -73,6 +74,8 @@ type cpRuntime struct {
 	restores      int
 	// onCheckpoint, when set, is called as Checkpoint begins.
 	onCheckpoint func()
+	// diskSyncs counts SyncDisk calls per sandbox (under stopRuntime.mu).
+	diskSyncs map[string]int
 }
 
 func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
@@ -94,6 +97,24 @@ func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
 	return r.Stop(ctx, id)
 }
 
+// SyncDisk records the flush of a stopped sandbox's writable layer
+// (DiskSyncer).
+func (r *cpRuntime) SyncDisk(ctx context.Context, id string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.diskSyncs == nil {
+		r.diskSyncs = map[string]int{}
+	}
+	r.diskSyncs[id]++
+	return nil
+}
+
+func (r *cpRuntime) diskSynced(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.diskSyncs[id]
+}
+
 func (r *cpRuntime) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return errdefs.ErrNotFound
@@ -107,11 +128,17 @@ type pauseFixture struct {
 	*lifeFixture
 	deps Deps
 	cfg  Config
+	// bootID is the host's boot ID as the Manager sees it (Config.BootID);
+	// a test changes it to play a host restart.
+	bootID string
 }
+
+// testBootID is the boot a pauseFixture starts in.
+const testBootID = "0b3c2a51-boot-one"
 
 func newPauseFixture(t *testing.T, rt Runtime) *pauseFixture {
 	t.Helper()
-	f := &pauseFixture{lifeFixture: &lifeFixture{
+	f := &pauseFixture{bootID: testBootID, lifeFixture: &lifeFixture{
 		rt:  fakeOf(rt),
 		net: &fakeNet{ids: map[string]bool{}},
 		st:  newMemStore(),
@@ -126,6 +153,7 @@ func newPauseFixture(t *testing.T, rt Runtime) *pauseFixture {
 		CheckpointDir: filepath.Join(t.TempDir(), "checkpoints"),
 		Logger:        slog.New(slog.DiscardHandler),
 	}
+	f.cfg.BootID = func() (string, error) { return f.bootID, nil }
 	f.start(t)
 	return f
 }
@@ -212,6 +240,21 @@ func TestPauseMemory(t *testing.T) {
 		}
 		if _, err := os.Stat(filepath.Join(f.cfg.CheckpointDir, sb.ID+".partial")); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("partial checkpoint left: %v", err)
+		}
+		// The flush follows the pause after a moment: then the
+		// checkpoint is marked and the writable layer was synced once.
+		synctest.Wait()
+		if f.m.checkpointSynced(sb.ID) {
+			t.Error("checkpoint flushed at once, not after Config.CheckpointFlushDelay")
+		}
+		// synctest bubble: the sleep moves the fake clock, no real wait.
+		time.Sleep(f.m.cfg.CheckpointFlushDelay)
+		synctest.Wait()
+		if b, err := os.ReadFile(filepath.Join(f.cfg.CheckpointDir, sb.ID, bootIDFile)); err != nil || string(b) != testBootID+"\n" {
+			t.Errorf("boot id in the checkpoint: %q, %v; want %q", b, err, testBootID)
+		}
+		if !f.m.checkpointSynced(sb.ID) || rt.diskSynced(sb.ID) != 1 {
+			t.Errorf("after the flush: synced %v, writable layer synced %d times; want marked, once", f.m.checkpointSynced(sb.ID), rt.diskSynced(sb.ID))
 		}
 		if f.status(sb.ID) != runtime.StatusStopped || f.attached(sb.ID) || !f.egressKept(sb.ID) {
 			t.Errorf("paused: runtime %s, attached %v, egress kept %v; want stopped, detached, kept", f.status(sb.ID), f.attached(sb.ID), f.egressKept(sb.ID))
@@ -812,4 +855,151 @@ func TestPauseQuiescesBeforeCheckpoint(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCheckpointFlushAndHostRestart: a memory pause returns before its
+// checkpoint is flushed, and a daemon start decides from the flush's mark
+// and the boot the checkpoint was made in whether to keep it: a flushed
+// one, or one from this boot (the page cache still has it), is kept and
+// resumes; an unflushed one from an earlier boot (the host went down
+// before the flush ended) is refused, the sandbox failed with the reason
+// and nothing left; one from a daemon before the flush (no boot recorded)
+// is kept as that daemon synced it. A kept unflushed one is flushed again.
+func TestCheckpointFlushAndHostRestart(t *testing.T) {
+	cases := []struct {
+		name string
+		// after changes the paused sandbox's checkpoint and the boot
+		// before the daemon starts again.
+		after    func(t *testing.T, f *pauseFixture, dir string)
+		wantKept bool
+	}{
+		{"flushed, host restarted", func(t *testing.T, f *pauseFixture, dir string) {
+			f.bootID = "boot-two"
+		}, true},
+		{"flush cut short, daemon restarted", func(t *testing.T, f *pauseFixture, dir string) {
+			removeFile(t, filepath.Join(dir, syncedFile))
+		}, true},
+		{"flush cut short, host restarted", func(t *testing.T, f *pauseFixture, dir string) {
+			removeFile(t, filepath.Join(dir, syncedFile))
+			f.bootID = "boot-two"
+		}, false},
+		// The boot ID's bytes lost with the crash read as another boot.
+		{"flush cut short, boot id lost", func(t *testing.T, f *pauseFixture, dir string) {
+			removeFile(t, filepath.Join(dir, syncedFile))
+			if err := os.WriteFile(filepath.Join(dir, bootIDFile), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"made by an older daemon", func(t *testing.T, f *pauseFixture, dir string) {
+			removeFile(t, filepath.Join(dir, syncedFile))
+			removeFile(t, filepath.Join(dir, bootIDFile))
+			f.bootID = "boot-two"
+		}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				rt := newCPRuntime()
+				f := newPauseFixture(t, rt)
+				ctx := t.Context()
+				sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+					t.Fatal(err)
+				}
+				// synctest bubble: the sleep moves the fake clock.
+				time.Sleep(f.m.cfg.CheckpointFlushDelay)
+				synctest.Wait()
+				if !f.m.checkpointSynced(sb.ID) {
+					t.Fatal("checkpoint not marked synced after the flush")
+				}
+				f.m.Close()
+				dir := filepath.Join(f.cfg.CheckpointDir, sb.ID)
+				c.after(t, f, dir)
+				f.restart(t)
+				// synctest bubble: the sleep moves the fake clock.
+				time.Sleep(f.m.cfg.CheckpointFlushDelay)
+				synctest.Wait()
+				got, err := f.m.Get(ctx, sb.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !c.wantKept {
+					if State(got.State) != StateFailed || !strings.Contains(got.Reason, "checkpoint") {
+						t.Fatalf("after restart: %s %q; want failed, the checkpoint named", got.State, got.Reason)
+					}
+					if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+						t.Errorf("refused checkpoint left: %v", err)
+					}
+					f.assertNothingLeft(t)
+					return
+				}
+				if State(got.State) != StatePaused || got.Pause != core.PauseMemory {
+					t.Fatalf("after restart: %s %s %q; want paused with memory", got.State, got.Pause, got.Reason)
+				}
+				// A kept one is flushed again if it was not (the older
+				// daemon's too: it is not known how it was synced).
+				if !f.m.checkpointSynced(sb.ID) {
+					t.Error("kept checkpoint not flushed after the restart")
+				}
+				if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+					t.Fatalf("Resume = %v", err)
+				}
+				if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
+					t.Fatal(err)
+				}
+				f.assertNothingLeft(t)
+			})
+		})
+	}
+}
+
+func removeFile(t *testing.T, path string) {
+	t.Helper()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckpointFlushFollowsItsCheckpoint: a checkpoint resumed from
+// before its flush began is not flushed, and the flush of one checkpoint
+// never marks the next one made at the same path (pause, resume, pause
+// within the flush's delay): only the second is flushed, once, and marked.
+func TestCheckpointFlushFollowsItsCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newCPRuntime()
+		f := newPauseFixture(t, rt)
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		// synctest bubble: the sleeps move the fake clock, no real wait.
+		time.Sleep(f.m.cfg.CheckpointFlushDelay / 2)
+		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(f.m.cfg.CheckpointFlushDelay / 2)
+		synctest.Wait()
+		if f.m.checkpointSynced(sb.ID) || rt.diskSynced(sb.ID) != 0 {
+			t.Fatalf("the first checkpoint's flush acted on the second: marked %v, writable layer synced %d times", f.m.checkpointSynced(sb.ID), rt.diskSynced(sb.ID))
+		}
+		time.Sleep(f.m.cfg.CheckpointFlushDelay / 2)
+		synctest.Wait()
+		if !f.m.checkpointSynced(sb.ID) || rt.diskSynced(sb.ID) != 1 {
+			t.Fatalf("second checkpoint: marked %v, writable layer synced %d times; want marked, once", f.m.checkpointSynced(sb.ID), rt.diskSynced(sb.ID))
+		}
+		if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
+			t.Fatal(err)
+		}
+		f.assertNothingLeft(t)
+	})
 }

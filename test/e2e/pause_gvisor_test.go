@@ -193,6 +193,19 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		}
 	}
 
+	// The flush that lets the checkpoint outlive a host restart follows
+	// the pause: the checkpoint names this boot, and is marked flushed
+	// once its image, its rename and the writable layer are on the disk.
+	ckDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
+	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if made, err := os.ReadFile(filepath.Join(ckDir, ".berth-boot-id")); err != nil || string(made) != string(boot) {
+		t.Errorf("checkpoint's boot id = %q, %v; want this boot's, %q", made, err, boot)
+	}
+	waitFileAppears(t, filepath.Join(ckDir, ".berth-synced"))
+
 	r, err := d.Client.Resume(ctx, sb.ID, 0)
 	if err != nil || r.State != client.StateReady || r.Pause != "" {
 		t.Fatalf("resume: %+v, %v\n%s", r, err, d.Logs())
@@ -217,4 +230,21 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	AssertNoLeaks(t, d)
+}
+
+// waitFileAppears waits for path to exist: the daemon makes it in the
+// background, and says nothing else when it has. Bounded generously.
+func waitFileAppears(t *testing.T, path string) {
+	t.Helper()
+	limit := time.Now().Add(2 * time.Minute)
+	for {
+		_, err := os.Lstat(path)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, os.ErrNotExist) || time.Now().After(limit) {
+			t.Fatalf("%s did not appear: %v", path, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }

@@ -50,7 +50,7 @@ func TestDiskPool(t *testing.T) {
 	if err := os.Mkdir(mnt, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	err = diskimg.MountLoop(dev, mnt)
+	err = diskimg.MountLoop(dev, mnt, diskimg.Scratch)
 	dev.Close()
 	if err != nil {
 		t.Fatal(err)

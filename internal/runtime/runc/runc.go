@@ -457,11 +457,12 @@ func (r *Runtime) prepareRootfs(ctx context.Context, s runtime.Spec, uid uint32,
 			return err
 		}
 	}
+	// Scratch: see diskimg.Scratch, and SyncDisk for a pause.
 	var err error
 	if dev != nil {
-		err = diskimg.MountLoop(dev, disk)
+		err = diskimg.MountLoop(dev, disk, diskimg.Scratch)
 	} else {
-		err = diskimg.Mount(r.image(id), disk)
+		err = diskimg.Mount(r.image(id), disk, diskimg.Scratch)
 	}
 	if err != nil {
 		return err
