@@ -899,16 +899,8 @@ func TestCheckpointFlushAndHostRestart(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				rt := newCPRuntime()
-				f := newPauseFixture(t, rt)
+				f, sb := newPausedSandbox(t)
 				ctx := t.Context()
-				sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := f.m.Pause(ctx, sb.ID); err != nil {
-					t.Fatal(err)
-				}
 				// synctest bubble: the sleep moves the fake clock.
 				time.Sleep(f.m.cfg.CheckpointFlushDelay)
 				synctest.Wait()
@@ -956,6 +948,21 @@ func TestCheckpointFlushAndHostRestart(t *testing.T) {
 	}
 }
 
+// newPausedSandbox is a pauseFixture over a cpRuntime with one sandbox,
+// paused with its memory.
+func newPausedSandbox(t *testing.T) (*pauseFixture, Sandbox) {
+	t.Helper()
+	f := newPauseFixture(t, newCPRuntime())
+	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.m.Pause(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	return f, sb
+}
+
 func removeFile(t *testing.T, path string) {
 	t.Helper()
 	if err := os.Remove(path); err != nil {
@@ -969,16 +976,9 @@ func removeFile(t *testing.T, path string) {
 // within the flush's delay): only the second is flushed, once, and marked.
 func TestCheckpointFlushFollowsItsCheckpoint(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		rt := newCPRuntime()
-		f := newPauseFixture(t, rt)
+		f, sb := newPausedSandbox(t)
+		rt := f.deps.Runtime.(*cpRuntime)
 		ctx := t.Context()
-		sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
-			t.Fatal(err)
-		}
 		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
 			t.Fatal(err)
 		}
