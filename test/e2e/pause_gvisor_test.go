@@ -248,3 +248,40 @@ func waitFileAppears(t *testing.T, path string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestPauseCheckpointFromEarlierBoot: a memory checkpoint is trusted
+// after a daemon restart (the page cache outlives the daemon) but not
+// after a host restart that cut its background flush short: the daemon
+// start that finds one refuses it, the sandbox failed with a reason that
+// says so, and nothing of it is left. The host restart is played by what
+// it leaves: the checkpoint's boot ID another boot's, its flush mark
+// absent.
+func TestPauseCheckpointFromEarlierBoot(t *testing.T) {
+	requireIsolation(t, client.IsolationGVisor)
+	d := StartDaemon(t)
+	ctx := t.Context()
+	sb := d.Create(t, client.CreateRequest{Isolation: client.IsolationGVisor, Timeout: "30m"})
+	if p, err := d.Client.Pause(ctx, sb.ID); err != nil || p.Pause != client.PauseMemory {
+		t.Fatalf("pause: %+v, %v", p, err)
+	}
+	ck := filepath.Join(d.DataDir, "checkpoints", sb.ID)
+	d.Stop()
+	if err := os.Remove(filepath.Join(ck, ".berth-synced")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(ck, ".berth-boot-id"), []byte("00000000-0000-4000-8000-000000000000\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d.Start()
+	got, err := d.Client.Get(ctx, sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.State != client.StateFailed || !strings.Contains(got.Reason, "host restarted before the paused sandbox's checkpoint reached the disk") {
+		t.Fatalf("after the restart: %s %q; want failed, saying the checkpoint was not flushed", got.State, got.Reason)
+	}
+	if _, err := d.Client.Resume(ctx, sb.ID, 0); err == nil {
+		t.Error("a sandbox whose checkpoint was refused resumed")
+	}
+	harness.AssertNoLeaks(t, d)
+}
