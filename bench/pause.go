@@ -116,9 +116,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 			// The flush that lets the checkpoint outlive a host
 			// restart follows the pause a moment later; a sandbox
 			// parked for longer than that resumes after it, as here.
-			if err := waitFlushed(d, sb.ID); err != nil {
-				return err
-			}
+			d.WaitCheckpointFlushed(tb, sb.ID)
 			flushes = append(flushes, runscPhase(d.Logs(), sb.ID, "checkpoint_synced", "elapsed", len(flushes)))
 		}
 		t0 = time.Now()
@@ -182,22 +180,6 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 // pauseLogMsgs are the daemon's debug lines with the phases of a pause and a
 // resume (the runtime's and the Manager's), printed after each table.
 var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=checkpoint_phases", "msg=pause_phases", "msg=checkpoint_synced", "msg=resume_phases"}
-
-// waitFlushed waits for the daemon to mark sandbox id's checkpoint flushed
-// (sandbox/pausesync.go): a file appearing in it, which a bench polls for.
-func waitFlushed(d *harness.Daemon, id string) error {
-	mark := filepath.Join(d.DataDir, "checkpoints", id, ".berth-synced")
-	deadline := time.Now().Add(2 * time.Minute)
-	for {
-		if _, err := os.Lstat(mark); err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("checkpoint of %s not flushed after 2 minutes (no %s)", id, mark)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // waitHeld waits until the memory holder in sb says it holds its memory
 // (a bench, not a test: it asks every 50 ms, for up to a minute).

@@ -190,6 +190,9 @@ type Manager struct {
 	vols  volumeState
 	// pool is the warm pools (pool.go).
 	pool *pool
+	// bootID is Config.BootID, asked once: a boot's ID does not change
+	// under a running daemon (pausesync.go).
+	bootID func() (string, error)
 }
 
 // New builds a Manager. Call Start to reconcile and begin monitoring.
@@ -210,7 +213,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		}
 	}
 	if cfg.BootID == nil {
-		cfg.BootID = hostBootID
+		cfg.BootID = runtime.HostBootID
 	}
 	if cfg.CheckpointFlushDelay <= 0 {
 		cfg.CheckpointFlushDelay = 2 * time.Second
@@ -256,6 +259,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		rts:    rts,
 		hub:    newHub(),
 		pool:   newPool(cfg.WarmPool),
+		bootID: sync.OnceValues(cfg.BootID),
 	}, nil
 }
 

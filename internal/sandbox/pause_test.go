@@ -247,7 +247,9 @@ func TestPauseMemory(t *testing.T) {
 		if f.m.checkpointSynced(sb.ID) {
 			t.Error("checkpoint flushed at once, not after Config.CheckpointFlushDelay")
 		}
-		// synctest bubble: the sleep moves the fake clock, no real wait.
+		// Virtual time (synctest): the flush starts when its delay's
+		// timer fires; the sleep moves the bubble's clock there, and
+		// synctest.Wait is the event that the flush has run.
 		time.Sleep(f.m.cfg.CheckpointFlushDelay)
 		synctest.Wait()
 		if b, err := os.ReadFile(filepath.Join(f.cfg.CheckpointDir, sb.ID, bootIDFile)); err != nil || string(b) != testBootID+"\n" {
@@ -901,7 +903,8 @@ func TestCheckpointFlushAndHostRestart(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f, sb := newPausedSandbox(t)
 				ctx := t.Context()
-				// synctest bubble: the sleep moves the fake clock.
+				// Virtual time (synctest): to the flush's timer, then
+				// synctest.Wait for the flush to have run.
 				time.Sleep(f.m.cfg.CheckpointFlushDelay)
 				synctest.Wait()
 				if !f.m.checkpointSynced(sb.ID) {
@@ -911,7 +914,7 @@ func TestCheckpointFlushAndHostRestart(t *testing.T) {
 				dir := filepath.Join(f.cfg.CheckpointDir, sb.ID)
 				c.after(t, f, dir)
 				f.restart(t)
-				// synctest bubble: the sleep moves the fake clock.
+				// Virtual time, as above: the flush a start queues.
 				time.Sleep(f.m.cfg.CheckpointFlushDelay)
 				synctest.Wait()
 				got, err := f.m.Get(ctx, sb.ID)
@@ -982,7 +985,9 @@ func TestCheckpointFlushFollowsItsCheckpoint(t *testing.T) {
 		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
 			t.Fatal(err)
 		}
-		// synctest bubble: the sleeps move the fake clock, no real wait.
+		// Virtual time (synctest) throughout: each sleep moves the
+		// bubble's clock to a point between or past the two flushes'
+		// timers; synctest.Wait is the event that what fired has run.
 		time.Sleep(f.m.cfg.CheckpointFlushDelay / 2)
 		if _, err := f.m.Pause(ctx, sb.ID); err != nil {
 			t.Fatal(err)

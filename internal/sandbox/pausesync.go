@@ -47,18 +47,9 @@ type DiskSyncer interface {
 	SyncDisk(ctx context.Context, id string) error
 }
 
-// hostBootID is the kernel's ID of the current boot.
-func hostBootID() (string, error) {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		return "", err
-	}
-	return strings.TrimSpace(string(b)), nil
-}
-
 // stampBoot records the current boot in checkpoint directory dir.
 func (m *Manager) stampBoot(dir string) error {
-	id, err := m.cfg.BootID()
+	id, err := m.bootID()
 	if err != nil {
 		return fmt.Errorf("boot id: %w", err)
 	}
@@ -69,11 +60,10 @@ func (m *Manager) stampBoot(dir string) error {
 // restored ("" when it may be): it was made in an earlier boot of the host
 // and its flush never completed.
 func (m *Manager) untrustedCheckpoint(id string) string {
-	dir := m.checkpointDir(id)
-	if _, err := os.Lstat(filepath.Join(dir, syncedFile)); err == nil {
+	if m.checkpointSynced(id) {
 		return ""
 	}
-	b, err := os.ReadFile(filepath.Join(dir, bootIDFile))
+	b, err := os.ReadFile(filepath.Join(m.checkpointDir(id), bootIDFile))
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		// Made by a daemon from before the background flush, which
@@ -82,7 +72,7 @@ func (m *Manager) untrustedCheckpoint(id string) string {
 	case err != nil:
 		return "paused sandbox's checkpoint cannot be checked: " + err.Error()
 	}
-	now, err := m.cfg.BootID()
+	now, err := m.bootID()
 	if err != nil {
 		return "paused sandbox's checkpoint cannot be checked: boot id: " + err.Error()
 	}

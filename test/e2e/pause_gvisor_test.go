@@ -196,15 +196,14 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	// The flush that lets the checkpoint outlive a host restart follows
 	// the pause: the checkpoint names this boot, and is marked flushed
 	// once its image, its rename and the writable layer are on the disk.
-	ckDir := filepath.Join(d.DataDir, "checkpoints", sb.ID)
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if made, err := os.ReadFile(filepath.Join(ckDir, ".berth-boot-id")); err != nil || string(made) != string(boot) {
+	if made, err := os.ReadFile(filepath.Join(d.CheckpointDir(sb.ID), ".berth-boot-id")); err != nil || string(made) != string(boot) {
 		t.Errorf("checkpoint's boot id = %q, %v; want this boot's, %q", made, err, boot)
 	}
-	waitFileAppears(t, filepath.Join(ckDir, ".berth-synced"))
+	d.WaitCheckpointFlushed(t, sb.ID)
 
 	r, err := d.Client.Resume(ctx, sb.ID, 0)
 	if err != nil || r.State != client.StateReady || r.Pause != "" {
@@ -232,23 +231,6 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	AssertNoLeaks(t, d)
 }
 
-// waitFileAppears waits for path to exist: the daemon makes it in the
-// background, and says nothing else when it has. Bounded generously.
-func waitFileAppears(t *testing.T, path string) {
-	t.Helper()
-	limit := time.Now().Add(2 * time.Minute)
-	for {
-		_, err := os.Lstat(path)
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, os.ErrNotExist) || time.Now().After(limit) {
-			t.Fatalf("%s did not appear: %v", path, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestPauseCheckpointFromEarlierBoot: a memory checkpoint is trusted
 // after a daemon restart (the page cache outlives the daemon) but not
 // after a host restart that cut its background flush short: the daemon
@@ -264,7 +246,7 @@ func TestPauseCheckpointFromEarlierBoot(t *testing.T) {
 	if p, err := d.Client.Pause(ctx, sb.ID); err != nil || p.Pause != client.PauseMemory {
 		t.Fatalf("pause: %+v, %v", p, err)
 	}
-	ck := filepath.Join(d.DataDir, "checkpoints", sb.ID)
+	ck := d.CheckpointDir(sb.ID)
 	d.Stop()
 	if err := os.Remove(filepath.Join(ck, ".berth-synced")); err != nil && !errors.Is(err, os.ErrNotExist) {
 		t.Fatal(err)

@@ -474,6 +474,24 @@ func MustRun(t TB, sb *client.Sandbox, script string) string {
 	return o
 }
 
+// CheckpointDir is where the daemon keeps sandbox id's checkpoint while it
+// is paused with its memory.
+func (d *Daemon) CheckpointDir(id string) string {
+	return filepath.Join(d.DataDir, "checkpoints", id)
+}
+
+// WaitCheckpointFlushed waits for the daemon to mark paused sandbox id's
+// checkpoint flushed to the disk (internal/sandbox/pausesync.go), which it
+// does in the background and says by a file appearing in it.
+func (d *Daemon) WaitCheckpointFlushed(t TB, id string) {
+	t.Helper()
+	mark := filepath.Join(d.CheckpointDir(id), ".berth-synced")
+	WaitFor(t, 2*time.Minute, "checkpoint of "+id+" flushed ("+mark+")", func() bool {
+		_, err := os.Lstat(mark)
+		return err == nil
+	})
+}
+
 // WaitFor polls cond until it holds or the timeout passes.
 func WaitFor(t TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()

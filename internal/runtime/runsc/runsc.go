@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 )
 
@@ -372,11 +373,11 @@ func platformKey(bin, version string) string {
 
 // bootID is this boot of the host's ID; "" if unknown.
 func bootID() string {
-	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	id, err := runtime.HostBootID()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(b))
+	return id
 }
 
 // cachedPlatform reads the platform (and why kvm was not it) the trial
