@@ -89,28 +89,27 @@ func run() error {
 		if pids, err = agent.SetupPidsCgroup("/dev", *pidsMax); err != nil {
 			return err
 		}
-		// The runtime let mount and umount2 through the sandbox's
-		// seccomp profile for this; they are denied again from here on,
-		// for the agent and everything it starts.
-		if err := agent.DenyMounts(); err != nil {
-			return err
-		}
 	}
-	// Calls the runtime's seccomp could not fail with their own errno
-	// (gVisor: clone3 must say ENOSYS, or glibc starts no thread).
-	if spec, ok := os.LookupEnv(envd.ErrnoCallsEnv); ok {
+	// One filter for the agent and everything it starts (agent.Deny):
+	// with a pids cgroup, the mount calls the runtime let through the
+	// sandbox's seccomp profile for the agent's one mount are denied
+	// again from here on; and the calls the runtime's seccomp could not
+	// fail with their own errno (gVisor: clone3 must say ENOSYS, or glibc
+	// starts no thread) fail with it.
+	spec, ok := os.LookupEnv(envd.ErrnoCallsEnv)
+	if ok {
 		if err := os.Unsetenv(envd.ErrnoCallsEnv); err != nil {
 			return err
 		}
-		switch err := agent.DenyCalls(spec); {
-		case errors.Is(err, unix.EACCES):
-			// Neither no_new_privs nor CAP_SYS_ADMIN (a set-user-ID
-			// sandbox without a pids limit): the calls keep the
-			// runtime's EPERM.
-			logger.Warn("deny_calls_unavailable", "calls", spec, "err", err)
-		case err != nil:
-			return err
-		}
+	}
+	switch err := agent.Deny(pids != nil, spec); {
+	case errors.Is(err, unix.EACCES) && pids == nil:
+		// Neither no_new_privs nor CAP_SYS_ADMIN (a set-user-ID
+		// sandbox without a pids limit): the calls keep the
+		// runtime's EPERM.
+		logger.Warn("deny_calls_unavailable", "calls", spec, "err", err)
+	case err != nil:
+		return err
 	}
 	// Whatever granted it, no process of the sandbox keeps CAP_SYS_ADMIN
 	// past this point.

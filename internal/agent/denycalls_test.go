@@ -4,11 +4,32 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
+
+// seccompFilters is the number of seccomp filters on this process, from
+// /proc/self/status (Linux 5.9 and later; -1 if not shown).
+func seccompFilters(t *testing.T) int {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Seccomp_filters:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return -1
+}
 
 func TestParseDeniedCalls(t *testing.T) {
 	got, err := parseDeniedCalls("clone3:38,no_such_call:38,,io_setup:1")
@@ -45,15 +66,19 @@ func FuzzParseDeniedCalls(f *testing.F) {
 
 // TestDenyCallsFilter installs the filter in a child process (a filter
 // cannot be removed) and checks the child's calls: clone3 answers the
-// errno asked for, ENOSYS, so glibc would fall back to clone; calls not
-// named stay allowed.
+// errno asked for, ENOSYS, so glibc would fall back to clone; the mount
+// calls answer EPERM; calls not named stay allowed; and it is one filter
+// (each filter costs gVisor's sentry a seccomp cache rebuild per task).
 func TestDenyCallsFilter(t *testing.T) {
 	if os.Getenv("BERTH_TEST_DENY_CHILD") == "1" {
 		if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
 			t.Fatal(err)
 		}
-		if err := DenyCalls("clone3:38,io_setup:38"); err != nil {
+		if err := Deny(true, "clone3:38,io_setup:38"); err != nil {
 			t.Fatal(err)
+		}
+		if n := seccompFilters(t); n != 1 && n != -1 {
+			t.Fatalf("%d seccomp filters installed, want 1", n)
 		}
 		// clone3 with a bad size: EINVAL from the kernel, ENOSYS when
 		// the filter answers first.
@@ -62,6 +87,13 @@ func TestDenyCallsFilter(t *testing.T) {
 		}
 		if _, _, e := unix.RawSyscall(unix.SYS_IO_SETUP, 0, 0, 0); !errors.Is(e, unix.ENOSYS) {
 			t.Fatalf("io_setup = %v, want ENOSYS", e)
+		}
+		// umount2 of a path that does not exist: ENOENT (root) or
+		// EPERM (not) from the kernel; the filter answers EPERM first.
+		// The run as root (CI) tells them apart.
+		p, _ := unix.BytePtrFromString("/berth-no-such-mount")
+		if _, _, e := unix.RawSyscall(unix.SYS_UMOUNT2, uintptr(unsafe.Pointer(p)), 0, 0); !errors.Is(e, unix.EPERM) {
+			t.Fatalf("umount2 = %v, want EPERM", e)
 		}
 		if _, _, e := unix.RawSyscall(unix.SYS_GETPID, 0, 0, 0); e != 0 {
 			t.Fatalf("getpid = %v, want allowed", e)

@@ -401,38 +401,45 @@ var mountCalls = []uint32{
 	unix.SYS_OPEN_TREE, unix.SYS_MOVE_MOUNT, unix.SYS_MOUNT_SETATTR,
 }
 
-// DenyMounts installs, on every thread of the agent, a seccomp filter
-// that fails mountCalls with EPERM (and every call of a foreign
-// architecture's ABI). The kernel wants no_new_privs or CAP_SYS_ADMIN
-// for it: the agent has no_new_privs unless its sandbox lets set-user-ID
-// programs raise (allow_sudo, on a runsc with --allow-suid), and holds the
-// sentry's CAP_SYS_ADMIN until DropSysAdmin, which must run after this.
-func DenyMounts() error {
-	calls := make([]deniedCall, len(mountCalls))
-	for i, nr := range mountCalls {
-		calls[i] = deniedCall{nr: nr, errno: uint32(unix.EPERM)}
-	}
-	if err := installDenyFilter(calls); err != nil {
-		return fmt.Errorf("deny mounts: %w", err)
-	}
-	return nil
-}
-
-// DenyCalls installs, on every thread of the agent, a seccomp filter that
-// fails each call spec names with its errno, for the agent and every
-// process it starts (inherited, never removable). spec is
-// envd.ErrnoCallsEnv's value, "clone3:38,io_setup:38": the runtime's
-// seccomp rules whose errno its own seccomp cannot return (gVisor's
-// answers EPERM to every one; ENOSYS is what callers fall back on). A name
-// this architecture has no such call for is skipped: nothing can make the
-// call there. The same kernel conditions as DenyMounts apply.
-func DenyCalls(spec string) error {
+// Deny installs, on every thread of the agent, one seccomp filter for
+// itself and every process it starts (inherited, never removable): with
+// mounts, mountCalls fail with EPERM; each call spec names fails with its
+// errno. spec is envd.ErrnoCallsEnv's value, "clone3:38,io_setup:38": the
+// runtime's seccomp rules whose errno its own seccomp cannot return
+// (gVisor's answers EPERM to every one; ENOSYS is what callers fall back
+// on). A name this architecture has no such call for is skipped: nothing
+// can make the call there. With neither, nothing is installed.
+//
+// One filter, not one per purpose: gVisor's sentry rebuilds each task's
+// seccomp cache by running every filter the task has for every call
+// number, for each thread when a filter is installed on all of them, at
+// each clone, and for every task at each restore (about 1 ms per filter
+// and task on a 2-CPU host, README), so every filter more is paid by each
+// process and thread the sandbox starts and by each resume.
+//
+// The kernel wants no_new_privs or CAP_SYS_ADMIN: the agent has
+// no_new_privs unless its sandbox lets set-user-ID programs raise
+// (allow_sudo, on a runsc with --allow-suid), and holds the sentry's
+// CAP_SYS_ADMIN until DropSysAdmin, which must run after this. Without
+// either the error wraps EACCES.
+func Deny(mounts bool, spec string) error {
 	calls, err := parseDeniedCalls(spec)
-	if err != nil || len(calls) == 0 {
+	if err != nil {
 		return err
 	}
+	// A call in both lists answers spec's errno, as when the calls'
+	// filter was installed after the mounts' (the later filter's answer
+	// wins between two errnos): a filter returns on its first match.
+	if mounts {
+		for _, nr := range mountCalls {
+			calls = append(calls, deniedCall{nr: nr, errno: uint32(unix.EPERM)})
+		}
+	}
+	if len(calls) == 0 {
+		return nil
+	}
 	if err := installDenyFilter(calls); err != nil {
-		return fmt.Errorf("deny calls %q: %w", spec, err)
+		return fmt.Errorf("deny calls (mounts %v, %q): %w", mounts, spec, err)
 	}
 	return nil
 }
@@ -442,7 +449,7 @@ type deniedCall struct {
 	nr, errno uint32
 }
 
-// parseDeniedCalls reads DenyCalls' spec.
+// parseDeniedCalls reads Deny's spec.
 func parseDeniedCalls(spec string) ([]deniedCall, error) {
 	var out []deniedCall
 	for _, item := range strings.Split(spec, ",") {

@@ -2,7 +2,7 @@ package agent
 
 import "golang.org/x/sys/unix"
 
-// syscallNumbers are the calls DenyCalls knows by name on this
+// syscallNumbers are the calls Deny knows by name on this
 // architecture: those the runtime's seccomp profile answers with an errno
 // other than EPERM (internal/runtime/runc/seccomp.go).
 var syscallNumbers = map[string]uint32{

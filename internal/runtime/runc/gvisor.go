@@ -305,13 +305,13 @@ func gvisorSpec(sp *specs.Spec, spec runtime.Spec, netns string, setuid bool) {
 		c.Permitted = withCap(c.Permitted, "CAP_SYS_ADMIN")
 		// The sentry applies the profile to the agent too: its mount and
 		// detach must pass. The agent denies the same calls to itself
-		// and to every process it starts right after (agent.DenyMounts).
+		// and to every process it starts right after (agent.Deny).
 		sp.Linux.Seccomp = allowAgentMount(sp.Linux.Seccomp)
 	}
 	// no_new_privs unless set-user-ID programs are to raise: a runsc
 	// without --allow-suid never raises them (Spec.AllowSetuid has no
 	// effect there), so its sandboxes all keep it. Without it the agent
-	// still installs its own filter (agent.DenyMounts) while it holds
+	// still installs its own filter (agent.Deny) while it holds
 	// the sentry's CAP_SYS_ADMIN, which the kernel then requires instead.
 	sp.Process.NoNewPrivileges = !setuid
 	// Host paths: meaningless inside the sentry, which shows none of them.
@@ -372,7 +372,7 @@ func diskTmp(sp *specs.Spec) {
 // calls) leave the profile, and the agent installs them with their own
 // errno through the sentry's seccomp, which returns what a filter says,
 // for itself and everything it starts (envd.ErrnoCallsEnv,
-// agent.DenyCalls). Only at create, as diskTmp: runsc checks that a
+// agent.Deny). Only at create, as diskTmp: runsc checks that a
 // restore's seccomp matches the checkpoint's.
 func agentErrnoCalls(sp *specs.Spec) {
 	if sp.Linux == nil || sp.Linux.Seccomp == nil || sp.Process == nil {
