@@ -360,18 +360,3 @@ func ipv4ToUint(a netip.Addr) uint32 {
 func uintToIPv4(v uint32) netip.Addr {
 	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
-
-// flushConntrack forgets tracked flows of a sandbox address, best effort:
-// without conntrack loaded there is nothing to forget.
-func (n *Network) flushConntrack(ip netip.Addr) {
-	var src, dst netlink.ConntrackFilter
-	if err := src.AddIP(netlink.ConntrackOrigSrcIP, net.IP(ip.AsSlice())); err != nil {
-		return
-	}
-	if err := dst.AddIP(netlink.ConntrackOrigDstIP, net.IP(ip.AsSlice())); err != nil {
-		return
-	}
-	if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, unix.AF_INET, &src, &dst); err != nil {
-		n.log.Debug("conntrack_flush_failed", "sandbox_ip", ip, "err", err)
-	}
-}
