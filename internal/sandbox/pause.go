@@ -237,19 +237,28 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 		return back(fmt.Errorf("its runtime cannot checkpoint it and has no filesystem pause: %w", errdefs.ErrNotImplemented))
 	}
 	checkpointed := time.Now()
+	// The network and egress services go while the runtime stops: neither
+	// needs the other (a filesystem pause's processes may see their
+	// network go just before they end), and the two are each tens of
+	// milliseconds of kernel work (a link's deletion, a mount's).
+	released := make(chan error, 1)
+	go func() { released <- m.release(ctx, id) }()
+	var stopErr error
 	if canStop {
-		if err := stopper.Stop(ctx, id); err != nil {
-			return m.failLive(ctx, e, "pause failed: stop: "+err.Error())
-		}
+		stopErr = stopper.Stop(ctx, id)
+	}
+	stopped := time.Now()
+	relErr := <-released
+	if stopErr != nil {
+		return m.failLive(ctx, e, "pause failed: stop: "+stopErr.Error())
+	}
+	if relErr != nil {
+		return m.failLive(ctx, e, "pause failed: "+relErr.Error())
 	}
 	if kind == "" {
 		kind = core.PauseFilesystem
 	}
-	stopped := time.Now()
-	if err := m.release(ctx, id); err != nil {
-		return m.failLive(ctx, e, "pause failed: "+err.Error())
-	}
-	m.log.Debug("pause_phases", "sandbox_id", id, "checkpoint", checkpointed.Sub(start), "stop", stopped.Sub(checkpointed), "release", time.Since(stopped))
+	m.log.Debug("pause_phases", "sandbox_id", id, "checkpoint", checkpointed.Sub(start), "stop", stopped.Sub(checkpointed), "released", time.Since(checkpointed))
 	if err := m.finishPause(ctx, e, kind, why+" ("+kind+")"+note, start); err != nil {
 		return err
 	}
