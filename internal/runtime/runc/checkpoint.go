@@ -202,33 +202,31 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if !ok {
 		return fmt.Errorf("restore sandbox %s: no uid range recorded: %w", id, errdefs.ErrNotFound)
 	}
-	// A sandbox Stop released after its checkpoint gets its root
-	// filesystem back first. What a Stop cut short left mounted goes
-	// first; a loop device still on the image is remountRootfs's to wait
-	// for (each look at the host's loop devices costs milliseconds, and
-	// a resume after a whole Stop needs none of the unmount's).
-	mps, err := diskimg.MountsUnder(r.dir(id))
-	if err != nil {
+	// The network comes up (spec.BeforeStart included) while the root
+	// filesystem is mounted again: neither needs the other, and each is
+	// several milliseconds of kernel work. A failure of one leaves the
+	// other's result to what undoes a failed restore (done here, the
+	// caller's hook's own undo for what BeforeStart made).
+	type netnsResult struct {
+		path string
+		done func()
+		err  error
+	}
+	nsc := make(chan netnsResult, 1)
+	go func() {
+		path, done, err := sandboxNetNS(ctx, spec)
+		nsc <- netnsResult{path, done, err}
+	}()
+	mountErr := r.rootfsBack(ctx, id, hostBase(slot))
+	ns := <-nsc
+	if ns.err == nil {
+		defer ns.done()
+	}
+	if err := errors.Join(mountErr, ns.err); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	if !slices.Contains(mps, r.rootfs(id)) {
-		if len(mps) > 0 {
-			if err := r.unmountRootfs(ctx, id); err != nil {
-				return fmt.Errorf("restore sandbox %s: %w", id, err)
-			}
-		}
-		if err := r.remountRootfs(id, hostBase(slot)); err != nil {
-			_ = r.unmountRootfs(ctx, id) // err says why; the sandbox stays stopped
-			return fmt.Errorf("restore sandbox %s: %w", id, err)
-		}
-		phases.mark("mount")
-	}
-	netns, done, err := sandboxNetNS(ctx, spec)
-	if err != nil {
-		return fmt.Errorf("restore sandbox %s: %w", id, err)
-	}
-	defer done()
-	phases.mark("network")
+	netns := ns.path
+	phases.mark("rootfs_network")
 	gvisorSpec(&sp, spec, netns, r.raisesSetuid(spec))
 	if err := r.writeConfig(id, &sp); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
@@ -252,6 +250,33 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	}
 	phases.mark("runsc_restore")
 	r.log.Debug("sandbox restored", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+	return nil
+}
+
+// rootfsBack mounts the root filesystem of sandbox id, which a Stop
+// released after its checkpoint, again; hostBase is its uid range's
+// start. What a Stop cut short left mounted goes first; a loop device
+// still on the image is remountRootfs's to wait for (each look at the
+// host's loop devices costs milliseconds, and a resume after a whole Stop
+// needs none of the unmount's). One still mounted is kept. On an error
+// nothing of it stays mounted.
+func (r *Runtime) rootfsBack(ctx context.Context, id string, hostBase uint32) error {
+	mps, err := diskimg.MountsUnder(r.dir(id))
+	if err != nil {
+		return err
+	}
+	if slices.Contains(mps, r.rootfs(id)) {
+		return nil
+	}
+	if len(mps) > 0 {
+		if err := r.unmountRootfs(ctx, id); err != nil {
+			return err
+		}
+	}
+	if err := r.remountRootfs(id, hostBase); err != nil {
+		_ = r.unmountRootfs(ctx, id) // err says why; the sandbox stays stopped
+		return err
+	}
 	return nil
 }
 
