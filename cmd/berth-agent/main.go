@@ -96,11 +96,9 @@ func run() error {
 	// again from here on; and the calls the runtime's seccomp could not
 	// fail with their own errno (gVisor: clone3 must say ENOSYS, or glibc
 	// starts no thread) fail with it.
-	spec, ok := os.LookupEnv(envd.ErrnoCallsEnv)
-	if ok {
-		if err := os.Unsetenv(envd.ErrnoCallsEnv); err != nil {
-			return err
-		}
+	spec := os.Getenv(envd.ErrnoCallsEnv)
+	if err := os.Unsetenv(envd.ErrnoCallsEnv); err != nil {
+		return err
 	}
 	switch err := agent.Deny(pids != nil, spec); {
 	case errors.Is(err, unix.EACCES) && pids == nil:

@@ -35,8 +35,7 @@ func (n *Network) flushConntrack(ip netip.Addr) {
 	if !ip.Is4() {
 		return
 	}
-	err := errors.Join(kernelFlushConntrack(ip, ctaFilterIPSrc), kernelFlushConntrack(ip, ctaFilterIPDst))
-	if err == nil {
+	if kernelFlushConntrack(ip) == nil {
 		return
 	}
 	if err := scanFlushConntrack(ip); err != nil {
@@ -45,9 +44,16 @@ func (n *Network) flushConntrack(ip netip.Addr) {
 }
 
 // kernelFlushConntrack asks the kernel to delete the IPv4 flows whose
-// original direction has ip as the source (ctaFilterIPSrc) or the
-// destination (ctaFilterIPDst).
-func kernelFlushConntrack(ip netip.Addr, which uint32) error {
+// original direction has ip as the source or the destination: one
+// filtered flush each.
+func kernelFlushConntrack(ip netip.Addr) error {
+	return errors.Join(kernelFlushConntrackBy(ip, ctaFilterIPSrc), kernelFlushConntrackBy(ip, ctaFilterIPDst))
+}
+
+// kernelFlushConntrackBy is one of kernelFlushConntrack's flushes: the
+// flows with ip as their original source (ctaFilterIPSrc) or destination
+// (ctaFilterIPDst).
+func kernelFlushConntrackBy(ip netip.Addr, which uint32) error {
 	req := nl.NewNetlinkRequest(int(netlink.ConntrackTable)<<8|nl.IPCTNL_MSG_CT_DELETE, unix.NLM_F_ACK)
 	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_INET, Version: nl.NFNETLINK_V0})
 	addr := ip.As4()

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/diskimg"
@@ -207,25 +208,23 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	// several milliseconds of kernel work. A failure of one leaves the
 	// other's result to what undoes a failed restore (done here, the
 	// caller's hook's own undo for what BeforeStart made).
-	type netnsResult struct {
-		path string
-		done func()
-		err  error
-	}
-	nsc := make(chan netnsResult, 1)
-	go func() {
-		path, done, err := sandboxNetNS(ctx, spec)
-		nsc <- netnsResult{path, done, err}
-	}()
+	var (
+		netns string
+		done  func()
+		ns    errgroup.Group
+	)
+	ns.Go(func() (err error) {
+		netns, done, err = sandboxNetNS(ctx, spec)
+		return err
+	})
 	mountErr := r.rootfsBack(ctx, id, hostBase(slot))
-	ns := <-nsc
-	if ns.err == nil {
-		defer ns.done()
+	nsErr := ns.Wait()
+	if done != nil {
+		defer done()
 	}
-	if err := errors.Join(mountErr, ns.err); err != nil {
+	if err := errors.Join(mountErr, nsErr); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	netns := ns.path
 	phases.mark("rootfs_network")
 	gvisorSpec(&sp, spec, netns, r.raisesSetuid(spec))
 	if err := r.writeConfig(id, &sp); err != nil {
