@@ -211,6 +211,9 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 			_ = os.RemoveAll(partial) // the error returned says why
 		}
 	}()
+	if memory {
+		m.accountMemory(ctx, e)
+	}
 	start := time.Now()
 	if err := fr.Pause(ctx, id); err != nil {
 		return core.Snapshot{}, fmt.Errorf("snapshot sandbox %s: freeze: %w", id, err)
