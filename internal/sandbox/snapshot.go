@@ -496,3 +496,29 @@ func merged(base, over map[string]string) map[string]string {
 	maps.Copy(out, over)
 	return out
 }
+
+// accountMemory has the sandbox kernel of gVisor sandbox e take stock of
+// the memory its processes committed, right before a save of its memory
+// that leaves it running (a snapshot, a fork; a pause's quiesce has the
+// agent do the same, see the agent's quiesce.go): reading its
+// /proc/meminfo, through the agent, makes the sentry look up which pages
+// of its memory file are there (mincore, 2–4 ms for 272 MiB here). A page
+// it has not taken stock of, the save reads instead, one at a time, to
+// skip the zero ones; so a sandbox's first save, all of whose pages its
+// processes touched since it started, took 0.4–0.6 s for 272 MiB against
+// 0.2–0.3 s for one whose pages the sentry knew (README, pause section).
+// Best effort: a failure costs that time and nothing else.
+func (m *Manager) accountMemory(ctx context.Context, e *entry) {
+	if m.deps.Files == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, accountMemoryWait)
+	defer cancel()
+	if _, err := m.deps.Files.ReadFile(ctx, agentAddr(e.att), e.rec.Token, "/proc/meminfo", 64<<10); err != nil {
+		m.log.Debug("account_memory", "sandbox_id", e.id, "err", err)
+	}
+}
+
+// accountMemoryWait bounds accountMemory: past it, the save finds the
+// pages itself, as it did before.
+const accountMemoryWait = 2 * time.Second
