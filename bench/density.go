@@ -211,6 +211,15 @@ func memAvailable() (int64, error) {
 	return info.Available, err
 }
 
+// processMemory reads AnonPages + Shmem from /proc/meminfo, in bytes: the
+// memory the host's processes hold. What a pause gives back shows there
+// at once; MemAvailable would miss it for seconds on Linux 6.x, whose
+// per-CPU lists keep freed pages out of MemFree (meminfo.Info).
+func processMemory() (int64, error) {
+	info, err := meminfo.Read()
+	return info.Anon + info.Shmem, err
+}
+
 // rss is a process's resident set size in bytes (0 if unknown).
 func rss(pid int) int64 {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))

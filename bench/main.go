@@ -76,6 +76,9 @@ func main() {
 	templateBuild := flag.Int("template-build", 0, "instead, this many rounds of a Dockerfile build through the daemon next to `buildah bud` (bench/templatebuild.go)")
 	snapshotMiB := flag.Int("snapshot-mib", 64, "file data the snapshotted sandbox wrote")
 	snapshotIso := flag.String("snapshot-isolation", "runc", "isolation level of the snapshotted sandbox (gvisor: memory snapshots where runsc can; the sandbox also holds -snapshot-mib MiB in memory)")
+	park := flag.Int("park", 0, "instead, a fleet of this many sandboxes, each holding -park-mib MiB, paused and resumed all at once and one at a time (bench/park.go)")
+	parkMiB := flag.Int("park-mib", 64, "memory each parked sandbox's process holds")
+	parkIso := flag.String("park-isolation", "gvisor", "isolation level of the parked fleet")
 	pauseIsolations := flag.String("pause-isolations", "runc,gvisor", "isolation levels of the pause rows, one table each in the same run")
 	only := flag.String("rows", "tti,exec,warm,burst,tunnel,e2b", "which of the latency rows to measure")
 	pprofDir := flag.String("pprof", "", "write the daemon's CPU profile (and, with BERTH_PROFILE_CONTENTION=1, mutex and block profiles) during the burst here")
@@ -95,6 +98,12 @@ func main() {
 	}
 	if *snapshot > 0 {
 		if err := runSnapshot(tb, *snapshot, *snapshotMiB, *snapshotIso); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		return
+	}
+	if *park > 0 {
+		if err := runPark(tb, *park, *parkMiB, *parkIso); err != nil {
 			tb.Fatalf("%v", err)
 		}
 		return

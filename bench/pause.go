@@ -21,9 +21,9 @@ import (
 // the agent answers again), the kind of pause the daemon made (runc: a
 // filesystem pause; gVisor: memory where runsc can checkpoint the
 // sandbox), and the sandbox's memory (its cgroup's) before the pause and
-// host MemAvailable gained by it. The floor is a fresh create of the same
-// template and level (create → agent answers), which a filesystem resume
-// resembles.
+// the host memory given back by it (the drop in the host's AnonPages +
+// Shmem). The floor is a fresh create of the same template and level
+// (create → agent answers), which a filesystem resume resembles.
 func runPause(tb *runner, n, mib int, isos []string) error {
 	// Debug logging: the runtime's phase timings say how much of a
 	// gVisor pause and resume runsc itself took (runscPhase).
@@ -32,8 +32,7 @@ func runPause(tb *runner, n, mib int, isos []string) error {
 		return err
 	}
 	defer cleanup()
-	memholdBin = filepath.Join(built.Dir, "memhold")
-	if err := harness.GoBuild(memholdBin, "./test/harness/memhold", true); err != nil {
+	if err := buildMemhold(); err != nil {
 		return err
 	}
 	for _, iso := range isos {
@@ -55,16 +54,8 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	if err != nil {
 		return err
 	}
-	holder, err := os.Open(memholdBin)
-	if err != nil {
+	if err := putMemhold(ctx, sb); err != nil {
 		return err
-	}
-	defer holder.Close()
-	if err := sb.WriteFile(ctx, "/tmp/memhold", holder); err != nil {
-		return fmt.Errorf("put memhold into %s: %w", sb.ID, err)
-	}
-	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "chmod", Args: []string{"755", "/tmp/memhold"}}); err != nil || code != 0 {
-		return fmt.Errorf("chmod memhold: %d %v", code, err)
 	}
 	var pauses, resumes, creates, saves, loads, flushes []time.Duration
 	var held, freed []int64
@@ -75,17 +66,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	needHolder := true
 	for i := range n {
 		if needHolder {
-			// A process holding mib MiB of pseudo-random bytes, every
-			// page touched and none compressible or zero, which says
-			// when it has: its build passes through the memory, so the
-			// cgroup's count alone could be read mid-way (and the
-			// pause would then seem to free less).
-			hold := fmt.Sprintf("rm -f /tmp/.held; (/tmp/memhold -mib %d -ready /tmp/.held </dev/null >/tmp/memhold.log 2>&1 &)", mib)
-			var out bytes.Buffer
-			if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", hold}, Stdout: &out, Stderr: &out}); err != nil || code != 0 {
-				return fmt.Errorf("start the memory holder: %d %v %s", code, err, out.String())
-			}
-			if err := waitHeld(ctx, sb); err != nil {
+			if err := startMemhold(ctx, sb, mib); err != nil {
 				return err
 			}
 		}
@@ -93,7 +74,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		// cgroup as the sentry touches its pages again, not at once.
 		mem := d.CgroupMemory(sb.ID)
 		held = append(held, mem)
-		before, err := memAvailable()
+		before, err := processMemory()
 		if err != nil {
 			return err
 		}
@@ -109,11 +90,11 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 			firstSaved = firstSaved || i == 0
 		}
 		needHolder = p.Pause != client.PauseMemory
-		after, err := memAvailable()
+		after, err := processMemory()
 		if err != nil {
 			return err
 		}
-		freed = append(freed, after-before)
+		freed = append(freed, before-after)
 		if p.Pause == client.PauseMemory {
 			// The flush that lets the checkpoint outlive a host
 			// restart follows the pause a moment later; a sandbox
@@ -142,7 +123,7 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		if p.Pause == client.PauseMemory {
 			inside = fmt.Sprintf(" (runsc checkpoint %s, restore %s)", saves[len(saves)-1], loads[len(loads)-1])
 		}
-		tb.Logf("%s pause round %d: pause %s (%s), resume %s%s, held %d MiB, MemAvailable +%d MiB", iso, i, pauses[i], p.Pause, resumes[i], inside, mem>>20, freed[i]>>20)
+		tb.Logf("%s pause round %d: pause %s (%s), resume %s%s, held %d MiB, host process memory -%d MiB", iso, i, pauses[i], p.Pause, resumes[i], inside, mem>>20, freed[i]>>20)
 	}
 	fmt.Printf("\n| pause and resume, isolation %s (pauses made: %v; process holding %d MiB) | n | p50 | p99 |\n|---|---|---|---|\n", iso, kinds, mib)
 	fmt.Printf("| pause (request → paused, CPU and memory released) | %d | %s | %s |\n", n, fmtDur(pct(pauses, 50)), fmtDur(pct(pauses, 99)))
@@ -182,13 +163,49 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	}
 	fmt.Printf("\n| memory | p50 |\n|---|---|\n")
 	fmt.Printf("| sandbox cgroup memory before the pause | %d MiB |\n", median(held)>>20)
-	fmt.Printf("| host MemAvailable gained by the pause | %d MiB |\n", median(freed)>>20)
+	fmt.Printf("| host memory given back by the pause (drop in AnonPages + Shmem) | %d MiB |\n", median(freed)>>20)
 	return d.Client.Kill(ctx, sb.ID)
 }
 
 // pauseLogMsgs are the daemon's debug lines with the phases of a pause and a
 // resume (the runtime's and the Manager's), printed after each table.
 var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=checkpoint_phases", "msg=pause_phases", "msg=checkpoint_synced", "msg=resume_phases"}
+
+// putMemhold copies memholdBin into sb as /tmp/memhold.
+func putMemhold(ctx context.Context, sb *client.Sandbox) error {
+	holder, err := os.Open(memholdBin)
+	if err != nil {
+		return err
+	}
+	defer holder.Close()
+	if err := sb.WriteFile(ctx, "/tmp/memhold", holder); err != nil {
+		return fmt.Errorf("put memhold into %s: %w", sb.ID, err)
+	}
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "chmod", Args: []string{"755", "/tmp/memhold"}}); err != nil || code != 0 {
+		return fmt.Errorf("chmod memhold in %s: %d %v", sb.ID, code, err)
+	}
+	return nil
+}
+
+// startMemhold starts, in sb, a process holding mib MiB of pseudo-random
+// bytes, every page touched and none compressible or zero, and waits
+// until it says it holds them: its build passes through the memory, so
+// the cgroup's count alone could be read mid-way (and a pause would then
+// seem to free less).
+func startMemhold(ctx context.Context, sb *client.Sandbox, mib int) error {
+	hold := fmt.Sprintf("rm -f /tmp/.held; (/tmp/memhold -mib %d -ready /tmp/.held </dev/null >/tmp/memhold.log 2>&1 &)", mib)
+	var out bytes.Buffer
+	if code, err := sb.Exec(ctx, client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", hold}, Stdout: &out, Stderr: &out}); err != nil || code != 0 {
+		return fmt.Errorf("start the memory holder in %s: %d %v %s", sb.ID, code, err, out.String())
+	}
+	return waitHeld(ctx, sb)
+}
+
+// buildMemhold builds test/harness/memhold into memholdBin.
+func buildMemhold() error {
+	memholdBin = filepath.Join(built.Dir, "memhold")
+	return harness.GoBuild(memholdBin, "./test/harness/memhold", true)
+}
 
 // waitHeld waits until the memory holder in sb says it holds its memory
 // (a bench, not a test: it asks every 50 ms, for up to a minute).

@@ -19,6 +19,12 @@ type Info struct {
 	Total int64
 	// Available is MemAvailable; 0 when the kernel does not report it.
 	Available int64
+	// Anon and Shmem are AnonPages and Shmem: the memory processes hold
+	// (their own pages, and shared memory such as a gVisor sentry's
+	// memory file). Unlike MemAvailable, they drop as soon as a process
+	// lets go, while the pages it freed may sit on the kernel's per-CPU
+	// lists, outside MemFree, for seconds.
+	Anon, Shmem int64
 }
 
 // Read parses /proc/meminfo.
@@ -54,6 +60,10 @@ func Parse(r io.Reader) (Info, error) {
 			dst, seen = &info.Total, true
 		case name == "MemAvailable":
 			dst = &info.Available
+		case name == "AnonPages":
+			dst = &info.Anon
+		case name == "Shmem":
+			dst = &info.Shmem
 		default:
 			continue
 		}

@@ -13,6 +13,8 @@ func TestParse(t *testing.T) {
 		wantErr bool
 	}{
 		{in: "MemTotal:       24576000 kB\nMemFree:  100 kB\nMemAvailable:   12288000 kB\n", want: Info{Total: 24576000 << 10, Available: 12288000 << 10}},
+		{in: "MemTotal: 4096 kB\nAnonPages:  1024 kB\nMapped: 7 kB\nShmem: 512 kB\n", want: Info{Total: 4096 << 10, Anon: 1024 << 10, Shmem: 512 << 10}},
+		{in: "MemTotal: 4096 kB\nShmem: many kB\n", wantErr: true},
 		// gVisor and old kernels: no MemAvailable.
 		{in: "MemTotal: 2048 kB\nMemFree: 1024 kB\n", want: Info{Total: 2048 << 10}},
 		{in: "MemTotal: 2048\n", want: Info{Total: 2048 << 10}},
@@ -47,7 +49,7 @@ func FuzzParse(f *testing.F) {
 	f.Add("MemTotal:\n")
 	f.Fuzz(func(t *testing.T, s string) {
 		info, err := Parse(strings.NewReader(s))
-		if err == nil && (info.Total < 0 || info.Available < 0) {
+		if err == nil && (info.Total < 0 || info.Available < 0 || info.Anon < 0 || info.Shmem < 0) {
 			t.Errorf("Parse(%q) = %+v: negative", s, info)
 		}
 	})
