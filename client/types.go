@@ -64,6 +64,7 @@ const (
 	EventSetupCached    = types.EventSetupCached
 	EventPaused         = types.EventPaused
 	EventResumed        = types.EventResumed
+	EventPauseFailed    = types.EventPauseFailed
 )
 
 // What a paused sandbox kept (Sandbox.Pause), and what a deadline does

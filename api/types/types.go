@@ -293,6 +293,10 @@ const (
 	// message says what the pause kept).
 	EventPaused  = "paused"
 	EventResumed = "resumed"
+	// EventPauseFailed: an idle pause could not be made (its message
+	// says why: no disk room for the memory image, say); the sandbox
+	// runs on, and is paused once idle again for as long.
+	EventPauseFailed = "pause_failed"
 	// EventNetworkPolicy is a policy change through the API.
 	EventNetworkPolicy = "network_policy"
 	// Workspace setup: started, one step done, all done, or skipped by
@@ -307,7 +311,7 @@ const (
 var EventTypes = []string{
 	EventCreated, EventReady, EventAdopted, EventOOM, EventTimeoutChanged, EventDeadline, EventDestroyed, EventFailed,
 	EventNetworkPolicy, EventSetupStarted, EventSetupStep, EventSetupDone, EventSetupCached,
-	EventPaused, EventResumed,
+	EventPaused, EventResumed, EventPauseFailed,
 }
 
 // Event is one entry of a sandbox's lifecycle log.

@@ -80,7 +80,13 @@ func (m *Manager) pauseIdle(e *entry) {
 		return
 	}
 	remaining := max(time.Until(e.rec.Deadline), 0)
-	if err := m.pause(m.life, e, remaining, "idle for "+idle.String()); err != nil && !e.closed {
+	if err := m.pause(m.life, e, remaining, "idle for "+idle.String(), false); err != nil && !e.closed {
 		m.log.Warn("idle_pause", "sandbox_id", e.id, "err", err)
+		if e.state() == StateReady {
+			// It runs on: tried again once idle for as long again,
+			// not at every sample.
+			e.act.touch()
+			m.event(m.life, e.id, EventPauseFailed, "idle for "+idle.String()+": "+err.Error())
+		}
 	}
 }

@@ -70,6 +70,10 @@ type Config struct {
 	// recorded in each checkpoint so one whose background flush a host
 	// restart cut short is refused (pausesync.go).
 	BootID func() (string, error)
+	// DiskFree reports the space still free in a directory's file system
+	// (default: statfs), against which a memory image's room is claimed
+	// (room.go).
+	DiskFree func(dir string) (int64, error)
 	// CheckpointFlushDelay is how long after a memory pause its
 	// checkpoint's flush begins (default 2 s; pausesync.go).
 	CheckpointFlushDelay time.Duration
@@ -188,6 +192,8 @@ type Manager struct {
 
 	snaps snapState
 	vols  volumeState
+	// images is the room claimed by memory images being written (room.go).
+	images imageState
 	// pool is the warm pools (pool.go).
 	pool *pool
 	// bootID is Config.BootID, asked once: a boot's ID does not change
@@ -214,6 +220,9 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 	}
 	if cfg.BootID == nil {
 		cfg.BootID = runtime.HostBootID
+	}
+	if cfg.DiskFree == nil {
+		cfg.DiskFree = diskFree
 	}
 	if cfg.CheckpointFlushDelay <= 0 {
 		cfg.CheckpointFlushDelay = 2 * time.Second

@@ -39,8 +39,9 @@ import (
 
 // Lifecycle events of pause and resume.
 const (
-	EventPaused  = "paused"
-	EventResumed = "resumed"
+	EventPaused      = "paused"
+	EventResumed     = "resumed"
+	EventPauseFailed = "pause_failed"
 )
 
 // Stopper is the optional ability to end a sandbox's processes keeping
@@ -158,7 +159,7 @@ func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
 		return Sandbox{Sandbox: e.rec}, nil
 	}
 	remaining := max(time.Until(e.rec.Deadline), 0)
-	if err := m.pause(ctx, e, remaining, "paused"); err != nil {
+	if err := m.pause(ctx, e, remaining, "paused", false); err != nil {
 		return Sandbox{Sandbox: e.rec}, err
 	}
 	return Sandbox{Sandbox: e.rec}, nil
@@ -167,8 +168,9 @@ func (m *Manager) Pause(ctx context.Context, id string) (Sandbox, error) {
 // pause moves a ready sandbox to paused; the caller holds its op lock.
 // remaining is what its deadline keeps. On an error the sandbox is ready
 // again (nothing was lost) or failed with the reason (it could not be
-// kept).
-func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, why string) error {
+// kept). keepDisk: where its memory image has no room on the disk
+// (room.go), pause it keeping its files only rather than not at all.
+func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, why string, keepDisk bool) error {
 	ctx = context.WithoutCancel(ctx)
 	id := e.id
 	rt := m.runtimeOf(e.rec)
@@ -177,6 +179,20 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	canCheckpoint = canCheckpoint && m.cfg.CheckpointDir != ""
 	if !canStop && !canCheckpoint {
 		return fmt.Errorf("pause sandbox %s: its runtime cannot stop or checkpoint a sandbox: %w", id, errdefs.ErrNotImplemented)
+	}
+	kind, note := "", ""
+	if canCheckpoint && savesMemory(rt) {
+		// Room for its memory first, before anything is touched.
+		release, err := m.claimImageRoom(ctx, e, m.cfg.CheckpointDir)
+		switch {
+		case err == nil:
+			defer release()
+		case errors.Is(err, errNoImageRoom) && keepDisk && canStop:
+			canCheckpoint, note = false, "; "+err.Error()
+			m.log.Warn("checkpoint_no_room", "sandbox_id", id, "err", err)
+		default:
+			return fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
 	}
 	start := time.Now()
 	e.stopTimer()
@@ -215,7 +231,6 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 		m.arm(e)
 		return fmt.Errorf("pause sandbox %s: %w", id, err)
 	}
-	kind, note := "", ""
 	if canCheckpoint {
 		err := m.checkpoint(ctx, cp, e)
 		switch {
@@ -280,7 +295,7 @@ func (m *Manager) pauseAtDeadline(e *entry) bool {
 		return true // destroyed or paused meanwhile
 	}
 	m.event(m.life, e.id, EventDeadline, "deadline reached: pausing")
-	err := m.pause(m.life, e, 0, "paused at its deadline")
+	err := m.pause(m.life, e, 0, "paused at its deadline", true)
 	if err != nil && !e.closed {
 		m.log.Warn("pause_at_deadline", "sandbox_id", e.id, "err", err)
 		return false

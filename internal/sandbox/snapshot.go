@@ -212,6 +212,11 @@ func (m *Manager) snapshot(ctx context.Context, id, name string, fork bool) (cor
 		}
 	}()
 	if memory {
+		release, err := m.claimImageRoom(ctx, e, m.cfg.SnapshotDir)
+		if err != nil {
+			return core.Snapshot{}, fmt.Errorf("snapshot sandbox %s: %w", id, err)
+		}
+		defer release()
 		m.accountMemory(ctx, e)
 	}
 	start := time.Now()

@@ -31,6 +31,10 @@ var errNoCheckpoint = fmt.Errorf("checkpoint/restore needs gVisor (runc has no w
 // sandbox's image into another.
 var errNoCopies = fmt.Errorf("copying a sandbox with its memory needs gVisor with a runsc that has --restore-spec-validation (releases from 2024 on): %w", errdefs.ErrNotImplemented)
 
+// SavesMemory reports whether Checkpoint saves the sandbox's memory (under
+// gVisor); runc's returns errdefs.ErrNotImplemented.
+func (r *Runtime) SavesMemory() bool { return r.cfg.GVisor != nil }
+
 // CopiesMemory reports whether a running sandbox's memory image can be
 // taken without stopping it (CheckpointLive) and started as another
 // sandbox (runtime.Spec.RestoreImage).
