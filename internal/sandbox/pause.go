@@ -183,6 +183,9 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	kind, note := "", ""
 	if canCheckpoint && savesMemory(rt) {
 		// Room for its memory first, before anything is touched.
+		if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
+			return fmt.Errorf("pause sandbox %s: %w", id, err)
+		}
 		release, err := m.claimImageRoom(ctx, e, m.cfg.CheckpointDir)
 		switch {
 		case err == nil:

@@ -120,6 +120,27 @@ func TestPauseNoImageRoom(t *testing.T) {
 	})
 }
 
+// TestPauseImageRoomOnTheDisk: the room is asked of the real disk
+// (statfs) where no checkpoint directory exists yet, as on a daemon's
+// first pause.
+func TestPauseImageRoomOnTheDisk(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &roomRuntime{cpRuntime: newCPRuntime(), mem: 200 << 20}
+		f := newPauseFixture(t, rt)
+		if _, err := os.Stat(f.cfg.CheckpointDir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("checkpoint dir before the first pause: %v; want none", err)
+		}
+		ctx := t.Context()
+		sb, err := f.m.Create(ctx, CreateRequest{Timeout: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p, err := f.m.Pause(ctx, sb.ID); err != nil || p.Pause != core.PauseMemory {
+			t.Fatalf("first pause = %+v, %v; want a memory pause", p.Sandbox, err)
+		}
+	})
+}
+
 // TestPauseImageRoomClaimed: the room of an image being written counts
 // against the next one until it is done: with room for one image, a
 // second pause while the first checkpoints is refused, and succeeds once
