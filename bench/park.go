@@ -9,7 +9,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/berth-sandbox/berth/client"
-	"github.com/berth-sandbox/berth/test/harness"
+	"github.com/berth-sandbox/berth/internal/template"
 )
 
 // runPark measures a fleet parked and woken at once, as a host that parks
@@ -121,7 +121,11 @@ func runPark(tb *runner, n, mib int, iso string) error {
 				// Parked for the night: the flush that follows a
 				// memory pause is done before the morning's resume.
 				d.WaitCheckpointFlushed(tb, sb.ID)
-				r.onDisk += harness.DirSize(d.CheckpointDir(sb.ID))
+				n, err := template.DirSize(d.CheckpointDir(sb.ID))
+				if err != nil {
+					return nil, err
+				}
+				r.onDisk += n
 			}
 		}
 		r.resumes, r.wakeAll, err = each(together, func(sb *client.Sandbox, _ int) error {

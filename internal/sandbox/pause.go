@@ -182,7 +182,8 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	}
 	kind, note := "", ""
 	if canCheckpoint && savesMemory(rt) {
-		// Room for its memory first, before anything is touched.
+		// Room for its memory first, before anything is touched (the
+		// directory made here is where checkpoint writes).
 		if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
 			return fmt.Errorf("pause sandbox %s: %w", id, err)
 		}
@@ -313,9 +314,6 @@ func (m *Manager) checkpoint(ctx context.Context, cp Checkpointer, e *entry) err
 	start := time.Now()
 	// A spent one is left to its removal (discardCheckpoint).
 	if err := errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id))); err != nil {
-		return err
-	}
-	if err := os.MkdirAll(m.cfg.CheckpointDir, 0o700); err != nil {
 		return err
 	}
 	// The daemon's connections into the sandbox (to its agent, or

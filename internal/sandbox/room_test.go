@@ -191,6 +191,8 @@ func TestDeadlinePauseNoImageRoom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// synctest's fake clock: the sleep moves it past the deadline at
+		// once, and synctest.Wait waits for the pause it sets off.
 		time.Sleep(time.Minute + time.Second)
 		synctest.Wait()
 		got, _ := f.m.Get(ctx, sb.ID)
@@ -216,6 +218,8 @@ func TestIdlePauseNoImageRoom(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// synctest's fake clock, as above: past one idle minute, then
+		// the monitor's refused pause is waited for.
 		time.Sleep(time.Minute + 30*time.Second)
 		synctest.Wait()
 		if got, _ := f.m.Get(ctx, sb.ID); State(got.State) != StateReady {
@@ -234,6 +238,7 @@ func TestIdlePauseNoImageRoom(t *testing.T) {
 			t.Fatalf("%d pause_failed events after one idle period, want 1", n)
 		}
 		disk.set(1 << 40)
+		// Another idle minute on the fake clock.
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		got, _ := f.m.Get(ctx, sb.ID)

@@ -66,6 +66,18 @@ func assertCounting(t *testing.T, sb *client.Sandbox, since int, when string) {
 	}
 }
 
+// dirSize sums the sizes of the files under dir.
+func dirSize(dir string) int64 {
+	var n int64
+	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
+		if err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n
+}
+
 // takesDirectIO reports whether files made in dir can be opened with
 // O_DIRECT.
 func takesDirectIO(t *testing.T, dir string) bool {
@@ -164,7 +176,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Errorf("the paused sandbox's cgroup is still there")
 	}
 	harness.AssertPausedClean(t, d, sb.ID)
-	cp := harness.DirSize(filepath.Join(d.DataDir, "checkpoints", sb.ID))
+	cp := dirSize(filepath.Join(d.DataDir, "checkpoints", sb.ID))
 	t.Logf("memory cgroup held %d MiB running; paused: no cgroup, checkpoint %d MiB on disk", charged>>20, cp>>20)
 	if cp < 48<<20 {
 		t.Errorf("checkpoint holds %d bytes, less than the 48 MiB in memory", cp)

@@ -480,19 +480,6 @@ func (d *Daemon) CheckpointDir(id string) string {
 	return filepath.Join(d.DataDir, "checkpoints", id)
 }
 
-// DirSize sums the sizes of the regular files under dir (0 when there is
-// no dir).
-func DirSize(dir string) int64 {
-	var n int64
-	_ = filepath.Walk(dir, func(_ string, fi os.FileInfo, err error) error {
-		if err == nil && fi.Mode().IsRegular() {
-			n += fi.Size()
-		}
-		return nil
-	})
-	return n
-}
-
 // WaitCheckpointFlushed waits for the daemon to mark paused sandbox id's
 // checkpoint flushed to the disk (internal/sandbox/pausesync.go), which it
 // does in the background and says by a file appearing in it.
