@@ -530,13 +530,14 @@ func (f *firewall) removeSandbox(chain string) error {
 			del = append(del, nftables.SetElement{Key: e.Key})
 		}
 	}
-	chains, err := f.sandboxChains()
+	// One GETCHAIN, not a dump of every inet chain on the host: exact,
+	// and its cost does not grow with other sandboxes. A remove once
+	// deleted its map element without error and left its chain behind
+	// (TestFirewallConcurrentRemoves in a full run), which only a
+	// listing that missed the chain explains.
+	hasChain, err := f.hasChain(chain)
 	if err != nil {
 		return err
-	}
-	hasChain := false
-	for _, name := range chains {
-		hasChain = hasChain || name == chain
 	}
 	if len(del) == 0 && !hasChain {
 		return nil
