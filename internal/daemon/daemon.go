@@ -381,7 +381,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		VolumeBytes:      cfg.VolumeBytes,
 		MaxVolumeBytes:   cfg.MaxVolumeBytes,
 		Logger:           log.With("component", "sandbox"),
-	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: usage.Tee{meter, history}, Starter: starter{link}, Volumes: vdisks})
+	}, sandbox.Deps{Runtimes: lv.runtimes, Network: managerNet{netw}, Templates: tpl, Store: db, Prober: link, Egress: egress, Audit: auditLog, Files: link, Meter: egressMeter{egress}, Usage: usage.Tee{meter, history}, Starter: starter{link}, Volumes: vdisks, Keys: db})
 	if err != nil {
 		return err
 	}

@@ -121,7 +121,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	e.op <- struct{}{} // free: nobody else has seen the entry yet
 	defer e.unlock()
 	m.mu.Lock()
-	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits); err != nil {
+	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits, ""); err != nil {
 		m.mu.Unlock()
 		return Sandbox{}, err
 	}

@@ -33,12 +33,16 @@ func newMemStore() *memStore { return &memStore{sbs: map[string]core.Sandbox{}} 
 
 func (s *memStore) PutSandbox(ctx context.Context, sb core.Sandbox) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.failPut != nil {
-		if err := s.failPut(sb); err != nil {
+	failPut := s.failPut
+	s.mu.Unlock()
+	// Outside the lock: a hook may wait on the test.
+	if failPut != nil {
+		if err := failPut(sb); err != nil {
 			return err
 		}
 	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.sbs[sb.ID] = sb
 	return nil
 }

@@ -132,6 +132,9 @@ type Deps struct {
 	// Volumes, when set (with a store that keeps volume records), keeps
 	// volumes' disks (volumes.go).
 	Volumes VolumeDisks
+	// Keys, when set, gives a sandbox owner's quota when it resumes
+	// (quota.go); without it a resume is not bounded.
+	Keys KeyQuotas
 }
 
 // DaemonUsage is work the daemon does for a sandbox outside its cgroup
@@ -181,8 +184,11 @@ type Manager struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu      sync.Mutex
-	live    map[string]*entry
+	mu   sync.Mutex
+	live map[string]*entry
+	// waking is the paused sandboxes whose resume the quota admitted,
+	// counted as running until their state says so (quota.go).
+	waking  map[string]struct{}
 	closing bool
 
 	// rts is the runtime of each isolation level the daemon offers.
@@ -265,6 +271,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		life:   life,
 		cancel: cancel,
 		live:   map[string]*entry{},
+		waking: map[string]struct{}{},
 		rts:    rts,
 		hub:    newHub(),
 		pool:   newPool(cfg.WarmPool),

@@ -456,6 +456,11 @@ func (m *Manager) resume(ctx context.Context, e *entry, timeout time.Duration, w
 	id := e.id
 	start := time.Now()
 	rt := m.runtimeOf(e.rec)
+	admitted, err := m.admitResume(ctx, e)
+	if err != nil {
+		return err
+	}
+	defer admitted()
 	if err := e.moveTo(StateResuming); err != nil {
 		return err
 	}

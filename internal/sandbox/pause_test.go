@@ -72,8 +72,9 @@ type cpRuntime struct {
 	checkpointErr error
 	lose          bool
 	restores      int
-	// onCheckpoint, when set, is called as Checkpoint begins.
-	onCheckpoint func()
+	// onCheckpoint and onRestore, when set, are called as Checkpoint
+	// and Restore begin.
+	onCheckpoint, onRestore func()
 	// diskSyncs counts SyncDisk calls per sandbox (under stopRuntime.mu).
 	diskSyncs map[string]int
 }
@@ -116,6 +117,9 @@ func (r *cpRuntime) diskSynced(id string) int {
 }
 
 func (r *cpRuntime) Restore(ctx context.Context, spec runtime.Spec, dir string) error {
+	if r.onRestore != nil {
+		r.onRestore()
+	}
 	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
 		return errdefs.ErrNotFound
 	}

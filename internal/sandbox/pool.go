@@ -562,7 +562,7 @@ func (m *Manager) claimOne(ctx context.Context, req CreateRequest, tpl template.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	m.mu.Lock()
-	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits); err != nil {
+	if err := m.admitLocked(rec.Owner, req.Quota, req.Limits, ""); err != nil {
 		m.mu.Unlock()
 		if d := m.pool.giveBack(key, w); d != nil {
 			m.discard(d)

@@ -1,11 +1,30 @@
 package sandbox
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/quota"
 )
+
+// A key's quota bounds what its running sandboxes hold. A paused one holds
+// no CPU, memory or process on the host (pause.go), so it does not count:
+// a key may park more sandboxes than it may run at once, as E2B's
+// concurrency limit counts running sandboxes only. Its resume is admitted
+// as a create is, against the owner's quota as the key store has it then,
+// and refused the same way (resource_exhausted, the sandbox stays paused).
+// A sandbox that is pausing still holds what it ran with and counts until
+// it is paused; one that is resuming counts from the admission on.
+
+// KeyQuotas is where the Manager reads a sandbox owner's quota when it
+// resumes: the store of API keys. A key it does not know bounds nothing.
+type KeyQuotas interface {
+	GetAPIKey(ctx context.Context, id string) (core.APIKey, error)
+}
 
 // checkQuotaTimeout refuses a lifetime above the owner's max-timeout before
 // anything is made.
@@ -16,21 +35,65 @@ func checkQuotaTimeout(q core.Quota, d time.Duration) error {
 	return nil
 }
 
-// admitLocked checks a new sandbox of owner against its quota, counting
-// every live sandbox of the same owner (those still being created too). It
-// runs under m.mu in the same critical section that adds the new entry, so
-// concurrent creates cannot both take the last slot.
-func (m *Manager) admitLocked(owner string, q core.Quota, l Limits) error {
+// admitLocked checks a new or resuming sandbox of owner asking for l
+// against its quota, counting every other running sandbox of the same
+// owner (those being created or resumed too, paused ones not); self, when
+// not empty, is the resuming sandbox, which is not counted twice. It runs
+// under m.mu in the same critical section that adds the new entry or marks
+// the resume (m.waking), so concurrent creates and resumes cannot both
+// take the last slot.
+func (m *Manager) admitLocked(owner string, q core.Quota, l Limits, self string) error {
 	if q == (core.Quota{}) {
 		return nil
 	}
 	var used quota.Usage
-	for _, e := range m.live {
+	for id, e := range m.live {
 		st := e.cur.Load()
-		if st == nil || st.rec.Owner != owner {
+		if id == self || st == nil || st.rec.Owner != owner {
+			continue
+		}
+		if _, waking := m.waking[id]; st.state == StatePaused && !waking {
 			continue
 		}
 		used.Add(st.rec.CPUMillis, st.rec.MemoryBytes)
 	}
 	return quota.Admit(q, used, l.CPUMillis, l.MemoryBytes)
+}
+
+// admitResume checks that paused sandbox e may run again within its
+// owner's quota and, if so, counts it as running until done is called
+// (once its published state is no longer paused, or it is paused again).
+func (m *Manager) admitResume(ctx context.Context, e *entry) (done func(), err error) {
+	q, err := m.ownerQuota(ctx, e.rec.Owner)
+	if err != nil {
+		return nil, fmt.Errorf("resume sandbox %s: %w", e.id, err)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err := m.admitLocked(e.rec.Owner, q, Limits{CPUMillis: e.rec.CPUMillis, MemoryBytes: e.rec.MemoryBytes}, e.id); err != nil {
+		return nil, fmt.Errorf("resume sandbox %s: key %s: %w", e.id, e.rec.Owner, err)
+	}
+	m.waking[e.id] = struct{}{}
+	return func() {
+		m.mu.Lock()
+		delete(m.waking, e.id)
+		m.mu.Unlock()
+	}, nil
+}
+
+// ownerQuota is the quota of the API key owner as the key store has it
+// now: none for the operator's sandboxes (owner ""), without a key store,
+// or for a key the store does not know.
+func (m *Manager) ownerQuota(ctx context.Context, owner string) (core.Quota, error) {
+	if owner == "" || m.deps.Keys == nil {
+		return core.Quota{}, nil
+	}
+	k, err := m.deps.Keys.GetAPIKey(ctx, owner)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		return core.Quota{}, nil
+	}
+	if err != nil {
+		return core.Quota{}, fmt.Errorf("quota of key %s: %w", owner, err)
+	}
+	return k.Quota, nil
 }
