@@ -412,11 +412,17 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 		c.Status, c.Reason = corev1.ConditionFalse, node.NetworkRefused
 		c.Message = "policy " + node.NetworkHash(v) + " refused: permission_denied: allow[0] \"refused.example\": beyond the operator's ceiling"
 	}
-	// The pause annotation too: a filesystem pause, as on runc.
+	// The pause annotation too: a filesystem pause, as on runc; refused
+	// as a daemon refuses a memory image its disk has no room for when
+	// the sandbox's labels (or E2B metadata) say so.
 	pc := corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionFalse, Reason: node.PauseRunning, Message: "running"}
 	if pv := pod.Annotations[node.AnnotationPaused]; pv != "" {
 		pc = corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionTrue, Reason: node.PausePaused,
 			Message: "pause " + node.NetworkHash(pv) + " applied: filesystem"}
+		if strings.Contains(pod.Annotations[AnnotationLabels]+pod.Annotations[AnnotationE2BMetadata], `"disk":"full"`) {
+			pc = corev1.PodCondition{Type: node.ConditionPaused, Status: corev1.ConditionFalse, Reason: node.PauseRefused,
+				Message: "pause " + node.NetworkHash(pv) + " refused: " + errdefs.CodeResourceExhausted + ": " + noRoomWords}
+		}
 	}
 	// The status alone, as a node writes it: a late event's copy of the
 	// pod must not put back annotations changed since.
@@ -432,6 +438,10 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 		t.Errorf("node: patch pod %s: %v", pod.Name, err)
 	}
 }
+
+// noRoomWords is how the fake node's daemon refuses a pause for want of
+// disk room (the words of sandbox.claimImageRoom).
+const noRoomWords = "pause sandbox x: no room on the disk for its memory image: it needs 320 MiB in /var/lib/berth/checkpoints, which has 100 MiB free (0 MiB claimed by images being written)"
 
 type env struct {
 	kube *fake.Clientset

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -118,6 +120,22 @@ func TestPauseResume(t *testing.T) {
 	}
 	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+cs.ID+"/resume", keyCarol, `{"timeout":"2h"}`, nil); code != 429 || eb.Code != errdefs.CodeResourceExhausted || eb.Field != "timeout" {
 		t.Errorf("resume past carol's max_timeout = %d %+v, want resource_exhausted on timeout", code, eb)
+	}
+
+	// A pause its node's daemon refuses for want of disk room is the
+	// daemon's 429 with its words; the sandbox runs on, unpaused.
+	var full types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, `{"labels":{"disk":"full"}}`, &full); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	if code, eb := e.call(t, "POST", "/v1/sandboxes/"+full.ID+"/pause", keyAlice, "", nil); code != 429 || eb.Code != errdefs.CodeResourceExhausted || !strings.Contains(eb.Message, noRoomWords) {
+		t.Errorf("pause its node has no room for = %d %+v, want 429 resource_exhausted with the daemon's words", code, eb)
+	}
+	if code, _ := e.call(t, "GET", "/v1/sandboxes/"+full.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
+		t.Errorf("after the refused pause: %d %+v, want ready", code, got)
+	}
+	if pod, _ := pods.Get(t.Context(), full.ID, metav1.GetOptions{}); pod.Annotations[node.AnnotationPaused] != "" {
+		t.Errorf("the refused pause is still asked for on the pod: %v", pod.Annotations)
 	}
 
 	// auto_resume: the next data-plane request resumes it and goes on.
@@ -257,6 +275,16 @@ func TestE2BPause(t *testing.T) {
 	}
 	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+sb.SandboxID+"/resume", keyAlice, "", nil); code != 409 {
 		t.Errorf("resume of a running sandbox = %d %s, want 409", code, data)
+	}
+	// A pause its node has no disk room for: E2B's 429 with the daemon's
+	// words, the sandbox running on.
+	full := e.e2bCreate(t, keyAlice, `{"templateID":"minimal","metadata":{"disk":"full"}}`)
+	if code, data, _ := e.e2bCall(t, "POST", "/sandboxes/"+full.SandboxID+"/pause", keyAlice, "", nil); code != 429 || !strings.Contains(string(data), "no room on the disk") {
+		t.Errorf("pause its node has no room for = %d %s, want 429 with the daemon's words", code, data)
+	}
+	running, _ := e.e2bList(t, "/v2/sandboxes?state=running", keyAlice)
+	if !slices.ContainsFunc(running, func(l e2bwire.ListedBody) bool { return l.SandboxID == full.SandboxID }) {
+		t.Errorf("after the refused pause, running: %+v, want it among them", running)
 	}
 }
 
