@@ -141,6 +141,13 @@ func TestLocalValidation(t *testing.T) {
 		{[]string{"ls", "--label", "x"}, "--label"},
 		{[]string{"create", "--nope"}, "unknown flag"},
 		{[]string{"kill"}, "sandbox ID"},
+		{[]string{"pause"}, "sandbox ID"},
+		{[]string{"resume"}, "sandbox ID"},
+		{[]string{"pause", "--all", "sb1"}, "--all"},
+		{[]string{"resume", "--all", "--label", "k=v"}, "--all"},
+		{[]string{"pause", "--label", "k"}, "--label"},
+		{[]string{"resume", "--parallel", "0", "sb1"}, "--parallel"},
+		{[]string{"resume", "--timeout", "soon", "sb1"}, "--timeout"},
 	}
 	for _, tt := range tests {
 		code, _, stderr := runBerth(t, url, tt.args...)

@@ -27,38 +27,19 @@ func reportAll(a *app, errs []error) error {
 }
 
 func newKillCmd(a *app) *cobra.Command {
-	var (
-		labels []string
-		all    bool
-	)
+	var bulk bulkFlags
 	cmd := &cobra.Command{
 		Use:   "kill [ID…] [--label k=v…] [--all]",
 		Short: "Destroy sandboxes (an already stopped one is not an error)",
 		Args:  cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			lm, err := parseKV("label", labels)
-			if err != nil {
-				return err
-			}
-			if len(args) == 0 && lm == nil && !all {
-				return invalidf("want sandbox IDs, --label k=v or --all")
-			}
-			if all && (len(args) > 0 || lm != nil) {
-				return invalidf("--all kills every live sandbox you can see: give no IDs or labels with it")
-			}
 			c, err := a.client()
 			if err != nil {
 				return err
 			}
-			ids := args
-			if lm != nil || all {
-				sbs, err := c.List(cmd.Context(), client.ListOptions{Labels: lm, State: liveStates})
-				if err != nil {
-					return err
-				}
-				for _, sb := range sbs {
-					ids = append(ids, sb.ID)
-				}
+			ids, err := bulk.ids(cmd.Context(), c, args, liveStates, "kills every live sandbox you can see")
+			if err != nil {
+				return err
 			}
 			// Kill every one asked for, then report failures.
 			var errs []error
@@ -79,8 +60,7 @@ func newKillCmd(a *app) *cobra.Command {
 			return reportAll(a, errs)
 		},
 	}
-	cmd.Flags().StringArrayVarP(&labels, "label", "l", nil, "kill the live sandboxes with label k=v (repeatable, all must match)")
-	cmd.Flags().BoolVar(&all, "all", false, "kill every live sandbox you can see")
+	bulk.add(cmd, "kill", "live")
 	return cmd
 }
 

@@ -145,3 +145,77 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 		t.Errorf("after the refused resume: %+v, %v; want paused", got, err)
 	}
 }
+
+// TestPauseResumeByLabel: the CLI parks a fleet by label and wakes it the
+// same way, several at a time: each sandbox once, only those selected,
+// each with its own files; a resume past the key's quota is reported
+// with the others done, and the exit code says so.
+func TestPauseResumeByLabel(t *testing.T) {
+	d := StartDaemon(t)
+	ctx := t.Context()
+	out, errOut, code := d.CLI(t, nil, "apikey", "create", "--name", "fleet", "--max-sandboxes", "4")
+	if code != 0 {
+		t.Fatalf("apikey create: %s", errOut)
+	}
+	key := strings.TrimSpace(out)
+	c, err := client.New(d.URL, client.WithAPIKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + key}
+	var fleet []string
+	for range 3 {
+		sb, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Labels: map[string]string{"fleet": "night"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		MustRun(t, sb, "echo "+sb.ID+" > /home/mine")
+		fleet = append(fleet, sb.ID)
+	}
+	other, err := c.Create(ctx, client.CreateRequest{Template: "minimal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, stderr, code := d.CLIEnv(t, nil, env, "pause", "--label", "fleet=night", "--parallel", "2")
+	if code != 0 || strings.Count(out, " paused (filesystem)") != 3 {
+		t.Fatalf("pause --label = %d, out %q, stderr %q; want three paused", code, out, stderr)
+	}
+	for _, id := range fleet {
+		if got, err := c.Get(ctx, id); err != nil || got.State != client.StatePaused {
+			t.Errorf("%s after pause --label: %+v, %v; want paused", id, got, err)
+		}
+	}
+	if got, err := c.Get(ctx, other.ID); err != nil || got.State != client.StateReady {
+		t.Errorf("the sandbox without the label: %+v, %v; want ready", got, err)
+	}
+	// Three places free: two more run, so one of the three cannot.
+	for range 2 {
+		if _, err := c.Create(ctx, client.CreateRequest{Template: "minimal"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--label", "fleet=night")
+	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-sandboxes 4 reached") != 2 {
+		t.Errorf("resume --label past the quota = %d, out %q, stderr %q; want non-zero, one resumed, two refusals naming the quota", code, out, stderr)
+	}
+	if err := c.Kill(ctx, other.ID); err != nil {
+		t.Fatal(err)
+	}
+	// The two left paused come back once there is room: one now, one
+	// refused; --all sees only paused ones.
+	out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--all")
+	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-sandboxes 4 reached") != 1 {
+		t.Errorf("resume --all with one place = %d, out %q, stderr %q", code, out, stderr)
+	}
+	if _, _, code := d.CLI(t, nil, "apikey", "update", keyID(t, d, "fleet"), "--max-sandboxes", "0"); code != 0 {
+		t.Fatal("apikey update failed")
+	}
+	if out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--all"); code != 0 || strings.Count(out, " resumed, expires at ") != 1 {
+		t.Errorf("resume --all unbounded = %d, out %q, stderr %q; want the last one", code, out, stderr)
+	}
+	for _, id := range fleet {
+		if got := strings.TrimSpace(MustRun(t, c.Sandbox(id), "cat /home/mine")); got != id {
+			t.Errorf("%s after the resumes has /home/mine %q", id, got)
+		}
+	}
+}
