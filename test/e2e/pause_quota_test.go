@@ -20,15 +20,8 @@ import (
 func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	d := StartDaemon(t)
 	ctx := t.Context()
-	out, errOut, code := d.CLI(t, nil, "apikey", "create", "--name", "parker", "--max-sandboxes", "2", "--max-memory", "512M")
-	if code != 0 {
-		t.Fatalf("apikey create: %s", errOut)
-	}
-	key := strings.TrimSpace(out)
-	c, err := client.New(d.URL, client.WithAPIKey(key))
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "parker", Quota: &client.Quota{MaxSandboxes: 2, MaxMemory: "512M"}})
+	key := k.Key
 	create := func(autoResume bool) (*client.Sandbox, error) {
 		return c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "128M", AutoResume: autoResume})
 	}
@@ -74,7 +67,7 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 			t.Errorf("%s past the quota: %v, want resource_exhausted naming max-sandboxes 2 and 2 in use", what, err)
 		}
 	}
-	_, err = c.Resume(ctx, parked[1].ID, 0)
+	_, err := c.Resume(ctx, parked[1].ID, 0)
 	wantRefusal("resume", err)
 	_, err = parked[0].Exec(ctx, client.ExecRequest{Cmd: "/bin/true"})
 	wantRefusal("auto-resuming exec", err)
@@ -114,7 +107,7 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	}
 	wantRefusal("the second resume", refused[0])
 	// A raised quota lets the other through, with its files.
-	if _, _, code := d.CLI(t, nil, "apikey", "update", keyID(t, d, "parker"), "--max-sandboxes", "3"); code != 0 {
+	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "3"); code != 0 {
 		t.Fatal("apikey update failed")
 	}
 	for _, sb := range parked {
@@ -134,7 +127,7 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	if _, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "256M"}); err != nil {
 		t.Fatalf("create of 256M with 256M running under max-memory 512M: %v", err)
 	}
-	if _, _, code := d.CLI(t, nil, "apikey", "update", keyID(t, d, "parker"), "--max-sandboxes", "10"); code != 0 {
+	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "10"); code != 0 {
 		t.Fatal("apikey update failed")
 	}
 	_, err = c.Resume(ctx, parked[0].ID, 0)
@@ -153,16 +146,8 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 func TestPauseResumeByLabel(t *testing.T) {
 	d := StartDaemon(t)
 	ctx := t.Context()
-	out, errOut, code := d.CLI(t, nil, "apikey", "create", "--name", "fleet", "--max-sandboxes", "4")
-	if code != 0 {
-		t.Fatalf("apikey create: %s", errOut)
-	}
-	key := strings.TrimSpace(out)
-	c, err := client.New(d.URL, client.WithAPIKey(key))
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + key}
+	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "fleet", Quota: &client.Quota{MaxSandboxes: 4}})
+	env := []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + k.Key}
 	var fleet []string
 	for range 3 {
 		sb, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Labels: map[string]string{"fleet": "night"}})
@@ -207,7 +192,7 @@ func TestPauseResumeByLabel(t *testing.T) {
 	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-sandboxes 4 reached") != 1 {
 		t.Errorf("resume --all with one place = %d, out %q, stderr %q", code, out, stderr)
 	}
-	if _, _, code := d.CLI(t, nil, "apikey", "update", keyID(t, d, "fleet"), "--max-sandboxes", "0"); code != 0 {
+	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "0"); code != 0 {
 		t.Fatal("apikey update failed")
 	}
 	if out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--all"); code != 0 || strings.Count(out, " resumed, expires at ") != 1 {
