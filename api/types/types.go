@@ -454,12 +454,13 @@ type APIKey struct {
 	Key string `json:"key,omitempty"`
 	// Admin keys see and manage every sandbox and key.
 	Admin bool `json:"admin,omitempty"`
-	// Quota bounds the key's running sandboxes.
+	// Quota bounds the key's sandboxes.
 	Quota *Quota `json:"quota,omitempty"`
 }
 
-// Quota bounds what one API key's running sandboxes hold at once (paused
-// ones are not counted; a resume is admitted as a create is). Unset
+// Quota bounds what one API key's sandboxes hold at once: MaxSandboxes
+// counts every live one, MaxCPU and MaxMemory the running ones (a paused
+// one is not counted; its resume is admitted as a create is). Unset
 // fields are unbounded. Sizes are like "4G", durations like "1h".
 type Quota struct {
 	MaxSandboxes int64   `json:"max_sandboxes,omitempty"`

@@ -23,9 +23,9 @@ type quotaFlags struct {
 
 func (q *quotaFlags) add(cmd *cobra.Command) {
 	f := cmd.Flags()
-	f.Int64Var(&q.maxSandboxes, "max-sandboxes", 0, "most sandboxes the key may run at once, paused ones not counted (0: unbounded)")
-	f.Float64Var(&q.maxCPU, "max-cpu", 0, "most CPU cores its running sandboxes may ask for together (0: unbounded)")
-	f.StringVar(&q.maxMemory, "max-memory", "", "most memory its running sandboxes may ask for together, e.g. 8G (0: unbounded)")
+	f.Int64Var(&q.maxSandboxes, "max-sandboxes", 0, "most live sandboxes the key may hold at once, paused ones included (0: unbounded)")
+	f.Float64Var(&q.maxCPU, "max-cpu", 0, "most CPU cores its running sandboxes may ask for together, paused ones not counted (0: unbounded)")
+	f.StringVar(&q.maxMemory, "max-memory", "", "most memory its running sandboxes may ask for together, paused ones not counted, e.g. 8G (0: unbounded)")
 	f.StringVar(&q.maxTimeout, "max-timeout", "", "longest lifetime one of its sandboxes may ask for, e.g. 2h (0: unbounded)")
 	f.StringVar(&q.maxVolumes, "max-volume-size", "", "most its volumes may hold together (their sizes), e.g. 100G (0: unbounded)")
 }

@@ -11,14 +11,17 @@ import (
 	"github.com/berth-sandbox/berth/internal/quota"
 )
 
-// A key's quota bounds what its running sandboxes hold. A paused one holds
-// no CPU, memory or process on the host (pause.go), so it does not count:
-// a key may park more sandboxes than it may run at once, as E2B's
-// concurrency limit counts running sandboxes only. Its resume is admitted
-// as a create is, against the owner's quota as the key store has it then,
-// and refused the same way (resource_exhausted, the sandbox stays paused).
-// A sandbox that is pausing still holds what it ran with and counts until
-// it is paused; one that is resuming counts from the admission on.
+// A key's quota bounds what its sandboxes hold. max-sandboxes counts every
+// live one, paused ones too: each holds a record, a writable layer on the
+// host's disk and a uid range, and a key whose parked sandboxes were not
+// counted could fill the disk by creating and pausing in turn. max-cpu and
+// max-memory count running ones only: a paused sandbox holds no CPU,
+// memory or process on the host (pause.go), so a key may park more than
+// it may run. A resume is admitted against those two as a create is,
+// with the owner's quota as the key store has it then, and refused the
+// same way (resource_exhausted, the sandbox stays paused). A sandbox that
+// is pausing still holds what it ran with and counts until it is paused;
+// one that is resuming counts from its admission on.
 
 // KeyQuotas is where the Manager reads a sandbox owner's quota when it
 // resumes: the store of API keys. A key it does not know bounds nothing.
@@ -36,13 +39,18 @@ func checkQuotaTimeout(q core.Quota, d time.Duration) error {
 }
 
 // admitLocked checks a new or resuming sandbox of owner asking for l
-// against its quota, counting every other running sandbox of the same
-// owner (those being created or resumed too, paused ones not); self, when
-// not empty, is the resuming sandbox, which is not counted twice. It runs
-// under m.mu in the same critical section that adds the new entry or marks
-// the resume (m.waking), so concurrent creates and resumes cannot both
-// take the last slot.
+// against its quota, counting every other live sandbox of the same owner
+// (those still being created too) and, for CPU and memory, only those
+// that run (m.waking: admitted resumes count as running); self, when not
+// empty, is the resuming sandbox, which holds its place among the live
+// ones already and is checked against the CPU and memory bounds only. It
+// runs under m.mu in the same critical section that adds the new entry or
+// marks the resume, so concurrent creates and resumes cannot both take
+// the last of a bound.
 func (m *Manager) admitLocked(owner string, q core.Quota, l Limits, self string) error {
+	if self != "" {
+		q.MaxSandboxes = 0
+	}
 	if q == (core.Quota{}) {
 		return nil
 	}
@@ -53,6 +61,7 @@ func (m *Manager) admitLocked(owner string, q core.Quota, l Limits, self string)
 			continue
 		}
 		if _, waking := m.waking[id]; st.state == StatePaused && !waking {
+			used.Sandboxes++
 			continue
 		}
 		used.Add(st.rec.CPUMillis, st.rec.MemoryBytes)

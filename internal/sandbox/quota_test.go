@@ -52,21 +52,23 @@ func newQuotaFixture(t *testing.T) (*pauseFixture, *cpRuntime, *fakeKeys) {
 }
 
 // TestQuotaLeavesPausedOut: a key's paused sandboxes do not count against
-// its quota, so creates fit beside them; a resume is admitted against the
-// quota the key store has then and refused (resource_exhausted, naming
-// the quota) without touching the runtime, the sandbox staying paused.
+// its CPU and memory bounds, so creates fit beside them, while they keep
+// their places under max-sandboxes; a resume is admitted against the CPU
+// and memory bounds the key store has then and refused
+// (resource_exhausted, naming the quota) without touching the runtime,
+// the sandbox staying paused.
 func TestQuotaLeavesPausedOut(t *testing.T) {
 	f, rt, keys := newQuotaFixture(t)
 	ctx := t.Context()
-	q := core.Quota{MaxSandboxes: 1, MaxMemoryBytes: 512 << 20}
+	q := core.Quota{MaxSandboxes: 3, MaxMemoryBytes: 256 << 20, MaxCPUMillis: 2000}
 	keys.set("k1", q)
-	req := CreateRequest{Owner: "k1", Quota: q, Limits: Limits{MemoryBytes: 256 << 20}}
+	req := CreateRequest{Owner: "k1", Quota: q, Limits: Limits{MemoryBytes: 256 << 20, CPUMillis: 1000}}
 	a, err := f.m.Create(ctx, req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.m.Create(ctx, req); !errors.Is(err, errdefs.ErrResourceExhausted) {
-		t.Fatalf("second create under max-sandboxes 1: %v, want resource_exhausted", err)
+	if _, err := f.m.Create(ctx, req); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory") {
+		t.Fatalf("second create of 256M under max-memory 256M: %v, want resource_exhausted naming max-memory", err)
 	}
 	if _, err := f.m.Pause(ctx, a.ID); err != nil {
 		t.Fatal(err)
@@ -77,38 +79,54 @@ func TestQuotaLeavesPausedOut(t *testing.T) {
 	}
 	restores := rt.restores
 	_, err = f.m.Resume(ctx, a.ID, 0)
-	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 1") || !strings.Contains(err.Error(), "k1") {
-		t.Fatalf("resume past the quota: %v, want resource_exhausted naming the key and max-sandboxes 1", err)
+	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory") || !strings.Contains(err.Error(), "k1") {
+		t.Fatalf("resume past the quota: %v, want resource_exhausted naming the key and max-memory", err)
 	}
 	if got, _ := f.m.Get(ctx, a.ID); State(got.State) != StatePaused || rt.restores != restores {
 		t.Fatalf("after the refused resume: %s, %d restores; want paused, none", got.State, rt.restores-restores)
 	}
-	// The key store's quota now, not the one at create: raised, the
-	// count fits and the memory does not (two of 256M under 384M).
-	keys.set("k1", core.Quota{MaxSandboxes: 2, MaxMemoryBytes: 384 << 20})
-	if _, err := f.m.Resume(ctx, a.ID, 0); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory") {
-		t.Fatalf("resume past max-memory: %v, want resource_exhausted naming max-memory", err)
-	}
-	keys.set("k1", core.Quota{MaxSandboxes: 2})
-	if _, err := f.m.Resume(ctx, a.ID, 0); err != nil {
-		t.Fatalf("resume within the raised quota: %v", err)
-	}
-	// Another owner's sandboxes, and an unknown key's, are not counted
-	// or bounded.
+	// Paused ones keep their places under max-sandboxes: with a and b
+	// paused, a third is made, a fourth is not.
 	if _, err := f.m.Pause(ctx, b.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.m.Create(ctx, CreateRequest{Owner: "k2", Quota: core.Quota{MaxSandboxes: 1}}); err != nil {
+	c, err := f.m.Create(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.m.Pause(ctx, c.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.m.Create(ctx, req); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 3") {
+		t.Fatalf("fourth create with three paused under max-sandboxes 3: %v, want resource_exhausted naming max-sandboxes", err)
+	}
+	// A resume is not a new place: at max-sandboxes it goes through.
+	if _, err := f.m.Resume(ctx, a.ID, 0); err != nil {
+		t.Fatalf("resume with every place taken by the key's own: %v", err)
+	}
+	// The key store's quota now, not the one at create: the CPU bound
+	// lowered, b's resume does not fit beside a; lifted, it does.
+	keys.set("k1", core.Quota{MaxCPUMillis: 1500})
+	if _, err := f.m.Resume(ctx, b.ID, 0); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-cpu") {
+		t.Fatalf("resume past max-cpu: %v, want resource_exhausted naming max-cpu", err)
+	}
+	keys.set("k1", core.Quota{})
+	if _, err := f.m.Resume(ctx, b.ID, 0); err != nil {
+		t.Fatalf("resume of an unbounded key: %v", err)
+	}
+	// Another owner's sandboxes are not counted; an unknown key bounds
+	// nothing.
+	keys.set("k1", core.Quota{MaxMemoryBytes: 512 << 20})
+	if _, err := f.m.Create(ctx, CreateRequest{Owner: "k2", Quota: core.Quota{MaxMemoryBytes: 256 << 20}, Limits: Limits{MemoryBytes: 256 << 20}}); err != nil {
 		t.Fatalf("another key's create: %v", err)
 	}
-	keys.set("k1", core.Quota{MaxSandboxes: 1})
-	if _, err := f.m.Resume(ctx, b.ID, 0); !errors.Is(err, errdefs.ErrResourceExhausted) {
-		t.Fatalf("resume of k1's second under max-sandboxes 1: %v", err)
+	if _, err := f.m.Resume(ctx, c.ID, 0); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		t.Fatalf("resume of k1's third with 512M running under max-memory 512M: %v", err)
 	}
 	keys.mu.Lock()
 	delete(keys.quotas, "k1")
 	keys.mu.Unlock()
-	if _, err := f.m.Resume(ctx, b.ID, 0); err != nil {
+	if _, err := f.m.Resume(ctx, c.ID, 0); err != nil {
 		t.Fatalf("resume of a key the store does not know: %v", err)
 	}
 }
@@ -138,19 +156,21 @@ func TestQuotaResumeStoreError(t *testing.T) {
 	}
 }
 
-// TestQuotaConcurrentResumes: a resume holds its place from its admission
-// on, while the runtime restores: a second resume, or a create, for the
-// last place is refused meanwhile, and gets it once the first is paused
+// TestQuotaConcurrentResumes: a resume holds its memory from its
+// admission on, while its record is written and while the runtime
+// restores: a second resume, or a create, for the last of the key's
+// memory is refused meanwhile, and gets it once the first is paused
 // again.
 func TestQuotaConcurrentResumes(t *testing.T) {
 	f, rt, keys := newQuotaFixture(t)
 	ctx := t.Context()
-	q := core.Quota{MaxSandboxes: 1}
+	q := core.Quota{MaxMemoryBytes: 256 << 20}
 	keys.set("k1", q)
+	req := CreateRequest{Owner: "k1", Quota: q, Limits: Limits{MemoryBytes: 256 << 20}}
 	var ids []string
 	for range 2 {
 		// One at a time: each is paused before the next is made.
-		sb, err := f.m.Create(ctx, CreateRequest{Owner: "k1", Quota: q})
+		sb, err := f.m.Create(ctx, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,7 +212,7 @@ func TestQuotaConcurrentResumes(t *testing.T) {
 		if _, err := f.m.Resume(ctx, ids[1], 0); !errors.Is(err, errdefs.ErrResourceExhausted) {
 			t.Errorf("held in the %s: second resume: %v, want resource_exhausted", hold, err)
 		}
-		if _, err := f.m.Create(ctx, CreateRequest{Owner: "k1", Quota: q}); !errors.Is(err, errdefs.ErrResourceExhausted) {
+		if _, err := f.m.Create(ctx, req); !errors.Is(err, errdefs.ErrResourceExhausted) {
 			t.Errorf("held in the %s: create: %v, want resource_exhausted", hold, err)
 		}
 		close(release)

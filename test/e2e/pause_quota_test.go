@@ -10,18 +10,19 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 )
 
-// TestQuotaCountsRunningSandboxes: a key's quota bounds what its running
-// sandboxes hold, so a key parks more sandboxes than it may run. Paused
-// ones free their place for creates; a resume is admitted as a create is
-// and refused the same way (resource_exhausted on the native API, the
-// CLI, an auto-resuming exec and E2B's connect), the sandbox staying
-// paused with its files; concurrent resumes never take more places than
-// there are; a raised quota or a killed sandbox lets the resume through.
+// TestQuotaCountsRunningSandboxes: a key's CPU and memory bounds count
+// its running sandboxes, so a key parks more than it may run; its
+// max-sandboxes counts parked ones too (each holds a disk and a uid range
+// on the host). Paused ones free their memory for creates; a resume is
+// admitted as a create is and refused the same way (resource_exhausted
+// on the native API, the CLI, an auto-resuming exec and E2B's connect),
+// the sandbox staying paused with its files; concurrent resumes never
+// take more than there is; a raised quota or a killed sandbox lets the
+// resume through.
 func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	d := StartDaemon(t)
 	ctx := t.Context()
-	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "parker", Quota: &client.Quota{MaxSandboxes: 2, MaxMemory: "512M"}})
-	key := k.Key
+	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "parker", Quota: &client.Quota{MaxSandboxes: 4, MaxMemory: "256M"}})
 	create := func(autoResume bool) (*client.Sandbox, error) {
 		return c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "128M", AutoResume: autoResume})
 	}
@@ -34,8 +35,8 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 		MustRun(t, sb, "echo "+sb.ID+" > /home/mine")
 		parked = append(parked, sb)
 	}
-	if _, err := create(false); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 2") {
-		t.Fatalf("third create while two run: %v, want resource_exhausted naming max-sandboxes 2", err)
+	if _, err := create(false); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory") {
+		t.Fatalf("third create of 128M while 256M run: %v, want resource_exhausted naming max-memory", err)
 	}
 	for _, sb := range parked {
 		if p, err := c.Pause(ctx, sb.ID); err != nil || p.State != client.StatePaused {
@@ -63,23 +64,23 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	// Every way of resuming is refused while two run, and changes nothing.
 	wantRefusal := func(what string, err error) {
 		t.Helper()
-		if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 2") || !strings.Contains(err.Error(), "2 sandboxes in use") {
-			t.Errorf("%s past the quota: %v, want resource_exhausted naming max-sandboxes 2 and 2 in use", what, err)
+		if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory 256M") || !strings.Contains(err.Error(), "256M in use") {
+			t.Errorf("%s past the quota: %v, want resource_exhausted naming max-memory 256M and 256M in use", what, err)
 		}
 	}
 	_, err := c.Resume(ctx, parked[1].ID, 0)
 	wantRefusal("resume", err)
 	_, err = parked[0].Exec(ctx, client.ExecRequest{Cmd: "/bin/true"})
 	wantRefusal("auto-resuming exec", err)
-	if _, stderr, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + key}, "resume", parked[1].ID); code == 0 || !strings.Contains(stderr, "max-sandboxes 2") || !strings.Contains(stderr, "resource_exhausted") {
-		t.Errorf("berth resume past the quota: exit %d, stderr %q; want non-zero naming max-sandboxes and resource_exhausted", code, stderr)
+	if _, stderr, code := d.CLIEnv(t, nil, []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + k.Key}, "resume", parked[1].ID); code == 0 || !strings.Contains(stderr, "max-memory") || !strings.Contains(stderr, "resource_exhausted") {
+		t.Errorf("berth resume past the quota: exit %d, stderr %q; want non-zero naming max-memory and resource_exhausted", code, stderr)
 	}
-	st, body := callAPI(t, "POST", d.URL+"/sandboxes/"+parked[1].ID+"/connect", `{"timeout":300}`, map[string]string{"X-API-Key": key, "Content-Type": "application/json"})
-	if st != 429 || !strings.Contains(body, "max-sandboxes") {
-		t.Errorf("E2B connect past the quota = %d %s, want 429 naming max-sandboxes", st, body)
+	st, body := callAPI(t, "POST", d.URL+"/sandboxes/"+parked[1].ID+"/connect", `{"timeout":300}`, map[string]string{"X-API-Key": k.Key, "Content-Type": "application/json"})
+	if st != 429 || !strings.Contains(body, "max-memory") {
+		t.Errorf("E2B connect past the quota = %d %s, want 429 naming max-memory", st, body)
 	}
 	assertPaused("after the refused resumes")
-	// A place freed: of two resumes at once, one gets it.
+	// Room for one freed: of two resumes at once, one gets it.
 	if err := c.Kill(ctx, running[0].ID); err != nil {
 		t.Fatal(err)
 	}
@@ -103,11 +104,22 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 	}
 	wg.Wait()
 	if len(resumed) != 1 || len(refused) != 1 {
-		t.Fatalf("two resumes for one free place: resumed %v, refused %v; want one each", resumed, refused)
+		t.Fatalf("two resumes for room for one: resumed %v, refused %v; want one each", resumed, refused)
 	}
 	wantRefusal("the second resume", refused[0])
-	// A raised quota lets the other through, with its files.
-	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "3"); code != 0 {
+	// max-sandboxes counts parked ones: with one of the three live
+	// paused and 128M running, one more is made and then none.
+	if _, err := c.Pause(ctx, running[1].ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(false); err != nil {
+		t.Fatalf("a fourth live sandbox under max-sandboxes 4: %v", err)
+	}
+	if _, err := create(false); !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-sandboxes 4") {
+		t.Errorf("a fifth, two of the four paused: %v, want resource_exhausted naming max-sandboxes 4", err)
+	}
+	// A raised quota lets the paused ones through, with their files.
+	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-memory", "1G"); code != 0 {
 		t.Fatal("apikey update failed")
 	}
 	for _, sb := range parked {
@@ -118,25 +130,6 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 			t.Errorf("%s after its resume has /home/mine %q, want its own ID", sb.ID, got)
 		}
 	}
-	// The memory bound counts running sandboxes alone too: with one of
-	// the three 128M ones paused again, a 256M create fits in 512M, and
-	// then the paused one's resume does not, whatever the count allows.
-	if _, err := c.Pause(ctx, parked[0].ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "256M"}); err != nil {
-		t.Fatalf("create of 256M with 256M running under max-memory 512M: %v", err)
-	}
-	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "10"); code != 0 {
-		t.Fatal("apikey update failed")
-	}
-	_, err = c.Resume(ctx, parked[0].ID, 0)
-	if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "max-memory") {
-		t.Errorf("resume of 128M with 512M running under max-memory 512M: %v, want resource_exhausted naming max-memory", err)
-	}
-	if got, err := c.Get(ctx, parked[0].ID); err != nil || got.State != client.StatePaused {
-		t.Errorf("after the refused resume: %+v, %v; want paused", got, err)
-	}
 }
 
 // TestPauseResumeByLabel: the CLI parks a fleet by label and wakes it the
@@ -146,18 +139,18 @@ func TestQuotaCountsRunningSandboxes(t *testing.T) {
 func TestPauseResumeByLabel(t *testing.T) {
 	d := StartDaemon(t)
 	ctx := t.Context()
-	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "fleet", Quota: &client.Quota{MaxSandboxes: 4}})
+	k, c := newKey(t, d, client.CreateAPIKeyRequest{Name: "fleet", Quota: &client.Quota{MaxMemory: "512M"}})
 	env := []string{"BERTH_URL=" + d.URL, "BERTH_API_KEY=" + k.Key}
 	var fleet []string
 	for range 3 {
-		sb, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Labels: map[string]string{"fleet": "night"}})
+		sb, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "128M", Labels: map[string]string{"fleet": "night"}})
 		if err != nil {
 			t.Fatal(err)
 		}
 		MustRun(t, sb, "echo "+sb.ID+" > /home/mine")
 		fleet = append(fleet, sb.ID)
 	}
-	other, err := c.Create(ctx, client.CreateRequest{Template: "minimal"})
+	other, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "128M"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,14 +166,14 @@ func TestPauseResumeByLabel(t *testing.T) {
 	if got, err := c.Get(ctx, other.ID); err != nil || got.State != client.StateReady {
 		t.Errorf("the sandbox without the label: %+v, %v; want ready", got, err)
 	}
-	// Three places free: two more run, so one of the three cannot.
+	// 384M free: two more of 128M run, so only one of the three fits.
 	for range 2 {
-		if _, err := c.Create(ctx, client.CreateRequest{Template: "minimal"}); err != nil {
+		if _, err := c.Create(ctx, client.CreateRequest{Template: "minimal", Memory: "128M"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--label", "fleet=night")
-	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-sandboxes 4 reached") != 2 {
+	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-memory 512M exceeded") != 2 {
 		t.Errorf("resume --label past the quota = %d, out %q, stderr %q; want non-zero, one resumed, two refusals naming the quota", code, out, stderr)
 	}
 	if err := c.Kill(ctx, other.ID); err != nil {
@@ -189,10 +182,10 @@ func TestPauseResumeByLabel(t *testing.T) {
 	// The two left paused come back once there is room: one now, one
 	// refused; --all sees only paused ones.
 	out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--all")
-	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-sandboxes 4 reached") != 1 {
+	if code == 0 || strings.Count(out, " resumed, expires at ") != 1 || strings.Count(stderr, "max-memory 512M exceeded") != 1 {
 		t.Errorf("resume --all with one place = %d, out %q, stderr %q", code, out, stderr)
 	}
-	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-sandboxes", "0"); code != 0 {
+	if _, _, code := d.CLI(t, nil, "apikey", "update", k.ID, "--max-memory", "0"); code != 0 {
 		t.Fatal("apikey update failed")
 	}
 	if out, stderr, code = d.CLIEnv(t, nil, env, "resume", "--all"); code != 0 || strings.Count(out, " resumed, expires at ") != 1 {
