@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/berth-sandbox/berth/client"
 )
@@ -71,36 +72,34 @@ func (b *bulkFlags) ids(ctx context.Context, c *client.Client, args []string, st
 	return out, nil
 }
 
-// each runs do for every id, up to b.parallel at once, and
-// returns the sandboxes done, in ids' order, and every failure, as
-// "<verb> ID: …". line, when set, prints a line for each sandbox done as
-// it is done.
+// each runs do for every id, up to b.parallel at once, and returns the
+// sandboxes done, in ids' order, and every failure, as "<verb> ID: …".
+// line, when set, prints a line for each sandbox done as it is done.
 func (b *bulkFlags) each(ids []string, verb string, do func(id string) (*client.Sandbox, error), line func(*client.Sandbox)) ([]*client.Sandbox, []error) {
 	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
+		g    errgroup.Group
+		mu   sync.Mutex // line's output
 		done = make([]*client.Sandbox, len(ids))
 		errs = make([]error, len(ids))
-		sem  = make(chan struct{}, max(b.parallel, 1))
 	)
+	g.SetLimit(b.parallel)
 	for i, id := range ids {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		g.Go(func() error {
 			sb, err := do(id)
-			mu.Lock()
-			defer mu.Unlock()
 			if err != nil {
 				errs[i] = fmt.Errorf("%s %s: %w", verb, id, err)
-				return
+				return nil
 			}
 			done[i] = sb
 			if line != nil {
+				mu.Lock()
 				line(sb)
+				mu.Unlock()
 			}
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait() // each failure is in errs
 	var (
 		sbs    []*client.Sandbox
 		failed []error
