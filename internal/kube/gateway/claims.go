@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/tools/cache"
 
+	apitypes "github.com/berth-sandbox/berth/api/types"
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/kube/node"
 )
@@ -339,6 +340,35 @@ func (g *Gateway) podByID(id string) (*corev1.Pod, error) {
 		return nil, apierrors.NewNotFound(corev1.Resource("pods"), id)
 	}
 	return best, nil
+}
+
+// requestPod is podByID for a caller's request, which must see what
+// another gateway replica did a moment ago even when this replica's watch
+// has not brought it yet (a client that creates through one replica and
+// reads or execs through the next, behind one load balancer): a sandbox
+// the cache does not have is read from the API server by its pod's name,
+// and one the cache shows creating is read again there (its node may have
+// reported it running already). One GET, on those paths only. A sandbox
+// of agent-sandbox's claims, whose pod is not named by its ID, is found
+// once this replica's cache has it.
+func (g *Gateway) requestPod(ctx context.Context, id string) (*corev1.Pod, error) {
+	pod, err := g.podByID(id)
+	switch {
+	case err == nil && state(pod) == apitypes.StateCreating:
+		return g.freshOrCached(ctx, pod), nil
+	case !apierrors.IsNotFound(err):
+		return pod, err
+	}
+	got, gerr := g.cfg.Kube.CoreV1().Pods(g.cfg.Namespace).Get(ctx, id, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(gerr):
+		return nil, err
+	case gerr != nil:
+		return nil, kubeErr("read sandbox "+id, gerr)
+	case sandboxID(got) != id:
+		return nil, err
+	}
+	return got, nil
 }
 
 // preferred reports whether a is the pod to answer for a sandbox rather

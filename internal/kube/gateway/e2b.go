@@ -156,7 +156,7 @@ func (g *Gateway) e2bTimeoutRoutes() {
 
 // e2bSetTimeout moves the caller's E2B sandbox's deadline to d from now.
 func (g *Gateway) e2bSetTimeout(w http.ResponseWriter, r *http.Request, p auth.Principal, d time.Duration) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}
@@ -309,11 +309,11 @@ func e2bState(st string) string {
 // e2bPod is the caller's live E2B sandbox id; anything else (another
 // key's, a native one, an ended one) is answered 404, as the daemon
 // does: a key learns nothing about what it does not own.
-func (g *Gateway) e2bPod(w http.ResponseWriter, p auth.Principal, id string) (*corev1.Pod, bool) {
+func (g *Gateway) e2bPod(ctx context.Context, w http.ResponseWriter, p auth.Principal, id string) (*corev1.Pod, bool) {
 	var pod *corev1.Pod
 	var err error
 	if apitypes.ValidSandboxID(id) == nil {
-		pod, err = g.podByID(id)
+		pod, err = g.requestPod(ctx, id)
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		e2bwire.WriteErr(w, err)
@@ -328,7 +328,7 @@ func (g *Gateway) e2bPod(w http.ResponseWriter, p auth.Principal, id string) (*c
 
 // e2bPodWith is e2bPod for a route with a JSON body, decoded into in.
 func (g *Gateway) e2bPodWith(w http.ResponseWriter, r *http.Request, p auth.Principal, in any) (*corev1.Pod, bool) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return nil, false
 	}
@@ -581,7 +581,7 @@ func (g *Gateway) e2bList(w http.ResponseWriter, r *http.Request, p auth.Princip
 // e2bGet answers E2B's getInfo. The envdAccessToken is not in it: the
 // gateway keeps only its hash (the create's answer had it).
 func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}
@@ -596,7 +596,7 @@ func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principa
 }
 
 func (g *Gateway) e2bKill(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}

@@ -675,6 +675,88 @@ func TestKeys(t *testing.T) {
 	}
 }
 
+// TestRequestsSeeAnotherReplica: a sandbox another replica made, or saw
+// run, a moment ago is served at once though this replica's cache has
+// not brought the change yet (a client creates through one replica and
+// reads through the next). The cache is made to trail on purpose: the
+// pod taken out of it, then put back as its node first reported it.
+func TestRequestsSeeAnotherReplica(t *testing.T) {
+	e := startGateway(t, true)
+	var sb types.Sandbox
+	if code, eb := e.call(t, "POST", "/v1/sandboxes", keyAlice, "", &sb); code != 201 {
+		t.Fatalf("create = %d %+v", code, eb)
+	}
+	e2bSb := e.e2bCreate(t, keyAlice, `{"templateID":"minimal"}`)
+	exec := func(id, key string) int {
+		t.Helper()
+		req, _ := http.NewRequestWithContext(t.Context(), "POST", e.url+"/v1/sandboxes/"+id+"/agent/process.Process/Start", strings.NewReader("payload"))
+		req.Header.Set("X-API-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == 200 && string(body) != "payload" {
+			t.Errorf("exec in %s: the node answered %q", id, body)
+		}
+		return resp.StatusCode
+	}
+	cached := map[string]*corev1.Pod{}
+	for _, id := range []string{sb.ID, e2bSb.SandboxID} {
+		pod, err := e.g.podByID(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cached[id] = pod
+		if err := e.g.podIndex.Delete(pod); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.g.podByID(id); !apierrors.IsNotFound(err) {
+			t.Fatalf("the cache still has %s: %v", id, err)
+		}
+	}
+	if code := exec(sb.ID, keyAlice); code != 200 {
+		t.Errorf("exec in a sandbox the cache has not seen = %d, want 200", code)
+	}
+	var got types.Sandbox
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
+		t.Errorf("GET a sandbox the cache has not seen = %d %+v %+v, want ready", code, eb, got)
+	}
+	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2bSb.SandboxID, keyAlice, "", nil); code != 200 {
+		t.Errorf("E2B getInfo of a sandbox the cache has not seen = %d %s", code, data)
+	}
+	// Read from the API server, the sandbox is still its owner's alone;
+	// an ID nobody made is still not found.
+	if code := exec(sb.ID, keyBob); code != 404 {
+		t.Errorf("another key's exec = %d, want 404", code)
+	}
+	if code, _, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2bSb.SandboxID, keyBob, "", nil); code != 404 {
+		t.Errorf("another key's E2B getInfo = %d, want 404", code)
+	}
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+strings.Repeat("a", len(sb.ID)), keyAlice, "", nil); code != 404 || eb.Code != errdefs.CodeNotFound {
+		t.Errorf("GET an ID nobody made = %d %+v, want not_found", code, eb)
+	}
+	// Back in the cache as its node first reported it: Pending, no
+	// sandbox on the node yet.
+	for id, pod := range cached {
+		stale := pod.DeepCopy()
+		stale.Status = corev1.PodStatus{Phase: corev1.PodPending}
+		if err := e.g.podIndex.Add(stale); err != nil {
+			t.Fatal(err)
+		}
+		if p, _ := e.g.podByID(id); state(p) != types.StateCreating {
+			t.Fatalf("the cache says %s is %s, want it made to trail (creating)", id, state(p))
+		}
+	}
+	if code := exec(sb.ID, keyAlice); code != 200 {
+		t.Errorf("exec in a sandbox the cache shows creating = %d, want 200", code)
+	}
+	if code := exec(e2bSb.SandboxID, keyAlice); code != 200 {
+		t.Errorf("exec in an E2B sandbox the cache shows creating = %d, want 200", code)
+	}
+}
+
 // TestDataPlane: the agent routes reach the sandbox's node over mutual
 // TLS with the node's sandbox ID; the caller's key stays at the gateway.
 func TestDataPlane(t *testing.T) {

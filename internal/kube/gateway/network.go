@@ -80,7 +80,7 @@ func (g *Gateway) putNetwork(w http.ResponseWriter, r *http.Request, p auth.Prin
 // extra ones (unless another writer changed it since), so the
 // annotations keep stating the policy the sandbox holds.
 func (g *Gateway) setNetwork(ctx context.Context, p auth.Principal, id, value string, extra map[string]string) error {
-	pod, err := g.sandboxPod(p, id)
+	pod, err := g.sandboxPod(ctx, p, id)
 	if err != nil {
 		return err
 	}

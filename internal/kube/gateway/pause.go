@@ -84,7 +84,7 @@ func (g *Gateway) resumeSandbox(w http.ResponseWriter, r *http.Request, p auth.P
 // pause pauses the caller's sandbox id and returns its pod once its node
 // paused it. A pause its node's daemon refused is taken back off the pod.
 func (g *Gateway) pause(ctx context.Context, p auth.Principal, id string) (*corev1.Pod, error) {
-	pod, err := g.sandboxPod(p, id)
+	pod, err := g.sandboxPod(ctx, p, id)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (g *Gateway) resume(ctx context.Context, p auth.Principal, id string, d tim
 	if err := quota.Timeout(p.Key.Quota, d); err != nil {
 		return nil, fieldErr("timeout", errdefs.ErrResourceExhausted, "%v", err)
 	}
-	pod, err := g.sandboxPod(p, id)
+	pod, err := g.sandboxPod(ctx, p, id)
 	if err != nil {
 		return nil, err
 	}
@@ -328,7 +328,7 @@ func pausedish(st string) bool {
 // e2bPause is E2B's POST /sandboxes/{id}/pause: 204 once paused, 409 when
 // it already was (the SDK's pause() then returns false).
 func (g *Gateway) e2bPause(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}

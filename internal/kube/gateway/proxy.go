@@ -157,7 +157,7 @@ func (g *Gateway) nodeProxy() *httputil.ReverseProxy {
 // as the rest of its API does (rename.go).
 func (g *Gateway) proxyReview(route string) func(http.ResponseWriter, *http.Request, auth.Principal) {
 	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-		pod, err := g.sandboxPod(p, r.PathValue("id"))
+		pod, err := g.sandboxPod(r.Context(), p, r.PathValue("id"))
 		if err != nil {
 			writeError(w, err)
 			return
@@ -184,7 +184,7 @@ func (g *Gateway) proxyAgent(w http.ResponseWriter, r *http.Request, p auth.Prin
 // proxyTo proxies a request to the caller's sandbox {id} to rest under
 // the sandbox on its node's data plane.
 func (g *Gateway) proxyTo(w http.ResponseWriter, r *http.Request, p auth.Principal, rest string, forward bool) {
-	pod, err := g.sandboxPod(p, r.PathValue("id"))
+	pod, err := g.sandboxPod(r.Context(), p, r.PathValue("id"))
 	if err == nil {
 		pod, err = g.awake(r.Context(), pod)
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -97,11 +98,11 @@ func (g *Gateway) authedAs(fail func(http.ResponseWriter, error), h func(http.Re
 // sandboxPod is the pod of the sandbox id as the caller may see it: a
 // sandbox of another key's is not found, exactly as one that does not
 // exist.
-func (g *Gateway) sandboxPod(p auth.Principal, id string) (*corev1.Pod, error) {
+func (g *Gateway) sandboxPod(ctx context.Context, p auth.Principal, id string) (*corev1.Pod, error) {
 	if err := types.ValidSandboxID(id); err != nil {
 		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
 	}
-	pod, err := g.podByID(id)
+	pod, err := g.requestPod(ctx, id)
 	if apierrors.IsNotFound(err) || err == nil && !p.Sees(ownerOf(pod)) {
 		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}

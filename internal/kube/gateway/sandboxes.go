@@ -104,7 +104,7 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 }
 
 func (g *Gateway) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, err := g.sandboxPod(p, r.PathValue("id"))
+	pod, err := g.sandboxPod(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
@@ -171,7 +171,7 @@ func (g *Gateway) listSandboxes(w http.ResponseWriter, r *http.Request, p auth.P
 }
 
 func (g *Gateway) deleteSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, err := g.sandboxPod(p, r.PathValue("id"))
+	pod, err := g.sandboxPod(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return

@@ -228,7 +228,7 @@ const snapshotTimeout = 10 * time.Minute
 // takeSnapshot has the node of the caller's sandbox id snapshot it and
 // records the snapshot. fork marks a fork's.
 func (g *Gateway) takeSnapshot(ctx context.Context, p auth.Principal, id, name string, fork bool) (snapshotRecord, *corev1.Pod, error) {
-	pod, err := g.sandboxPod(p, id)
+	pod, err := g.sandboxPod(ctx, p, id)
 	if err != nil {
 		return snapshotRecord{}, nil, err
 	}

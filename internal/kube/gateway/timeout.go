@@ -72,7 +72,7 @@ func (g *Gateway) setTimeout(ctx context.Context, p auth.Principal, id string, d
 	if err := quota.Timeout(p.Key.Quota, d); err != nil {
 		return nil, fieldErr("timeout", errdefs.ErrResourceExhausted, "%v", err)
 	}
-	pod, err := g.sandboxPod(p, id)
+	pod, err := g.sandboxPod(ctx, p, id)
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ func (g *Gateway) withUsage(ctx context.Context, pod *corev1.Pod, out *apitypes.
 // both optional), and a reading taken now when the range has no end. A
 // sandbox not yet on a node has none.
 func (g *Gateway) e2bMetrics(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}
@@ -168,7 +168,7 @@ func (g *Gateway) e2bManyMetrics(w http.ResponseWriter, r *http.Request, p auth.
 // E2B API answers them; none while it is not on a node yet.
 func (g *Gateway) e2bLogs(v2 bool) func(http.ResponseWriter, *http.Request, auth.Principal) {
 	return func(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-		pod, ok := g.e2bPod(w, p, r.PathValue("id"))
+		pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
 		if !ok {
 			return
 		}
