@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -139,6 +140,14 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 		fmt.Printf("| after the pause, in the background: the checkpoint and writable layer flushed to the disk | %d | %s | %s |\n", len(flushes), fmtDur(pct(flushes, 50)), fmtDur(pct(flushes, 99)))
 		fmt.Printf("| of the resume: `runsc restore` itself (the sentry loads its memory) | %d | %s | %s |\n", len(loads), fmtDur(pct(loads, 50)), fmtDur(pct(loads, 99)))
 	}
+	var ready *readyResumes
+	if len(saves) > 0 {
+		if ready, err = measureReadyResumes(tb, n, mib, iso); err != nil {
+			return fmt.Errorf("ready resumes: %w", err)
+		}
+		fmt.Printf("| resume of a ready sandbox (a second daemon, `--resume-ready 1`: the runtime sandbox made after the pause) | %d | %s | %s |\n", n, fmtDur(pct(ready.resumes, 50)), fmtDur(pct(ready.resumes, 99)))
+		fmt.Printf("| of it: `runsc restore` into the ready sandbox | %d | %s | %s |\n", n, fmtDur(pct(ready.loads, 50)), fmtDur(pct(ready.loads, 99)))
+	}
 	fmt.Printf("| floor: create of the same template (request → agent answers) | %d | %s | %s |\n", n, fmtDur(pct(creates, 50)), fmtDur(pct(creates, 99)))
 	if len(saves) > 0 {
 		// runsc's own floor, by hand on the daemon's platform.
@@ -164,7 +173,79 @@ func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	fmt.Printf("\n| memory | p50 |\n|---|---|\n")
 	fmt.Printf("| sandbox cgroup memory before the pause | %d MiB |\n", median(held)>>20)
 	fmt.Printf("| host memory given back by the pause (drop in AnonPages + Shmem) | %d MiB |\n", median(freed)>>20)
+	if ready != nil {
+		fmt.Printf("| a ready paused sandbox's cgroup (its waiting sentry) | %d MiB |\n", median(ready.held)>>20)
+	}
 	return d.Client.Kill(ctx, sb.ID)
+}
+
+// readyResumes are the rows of resumes into a ready sandbox
+// (--resume-ready): request → agent answers, runsc's restore in it, and
+// what the paused sandbox's cgroup held while it waited.
+type readyResumes struct {
+	resumes, loads []time.Duration
+	held           []int64
+}
+
+// measureReadyResumes pauses and resumes, n rounds, a sandbox like
+// pauseRows's on a second daemon with --resume-ready 1, each resume once
+// the daemon reports the sandbox ready to resume and its checkpoint
+// flushed.
+func measureReadyResumes(tb *runner, n, mib int, iso string) (*readyResumes, error) {
+	ctx := context.Background()
+	d := harness.StartDaemon(tb, built, "--debug", "--resume-ready", "1")
+	defer d.Stop()
+	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = d.Client.Kill(ctx, sb.ID) }()
+	if err := putMemhold(ctx, sb); err != nil {
+		return nil, err
+	}
+	if err := startMemhold(ctx, sb, mib); err != nil {
+		return nil, err
+	}
+	out := &readyResumes{}
+	for i := range n {
+		if _, err := d.Client.Pause(ctx, sb.ID); err != nil {
+			return nil, err
+		}
+		if err := waitEvents(ctx, d, sb.ID, client.EventResumeReady, i+1); err != nil {
+			return nil, err
+		}
+		d.WaitCheckpointFlushed(tb, sb.ID)
+		out.held = append(out.held, d.CgroupMemory(sb.ID))
+		t0 := time.Now()
+		if _, err := d.Client.Resume(ctx, sb.ID, 0); err != nil {
+			return nil, err
+		}
+		out.resumes = append(out.resumes, time.Since(t0))
+		out.loads = append(out.loads, runscPhase(d.Logs(), sb.ID, "sandbox restored", "runsc_restore_prepared", i))
+		tb.Logf("%s ready resume round %d: resume %s (runsc restore %s), paused cgroup %d MiB", iso, i, out.resumes[i], out.loads[i], out.held[i]>>20)
+	}
+	return out, nil
+}
+
+// waitEvents waits, up to 2 minutes, until sandbox id has recorded its
+// nth event of type typ.
+func waitEvents(ctx context.Context, d *harness.Daemon, id, typ string, nth int) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	seen := 0
+	errSeen := errors.New("seen")
+	err := d.Client.FollowEvents(ctx, id, func(e client.Event) error {
+		if e.Type == typ {
+			if seen++; seen >= nth {
+				return errSeen
+			}
+		}
+		return nil
+	})
+	if errors.Is(err, errSeen) {
+		return nil
+	}
+	return fmt.Errorf("sandbox %s: %d of %d %s events: %w", id, seen, nth, typ, err)
 }
 
 // pauseLogMsgs are the daemon's debug lines with the phases of a pause and a

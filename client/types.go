@@ -65,6 +65,7 @@ const (
 	EventPaused         = types.EventPaused
 	EventResumed        = types.EventResumed
 	EventPauseFailed    = types.EventPauseFailed
+	EventResumeReady    = types.EventResumeReady
 )
 
 // What a paused sandbox kept (Sandbox.Pause), and what a deadline does

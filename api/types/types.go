@@ -297,6 +297,10 @@ const (
 	// says why: no disk room for the memory image, say); the sandbox
 	// runs on, and is paused once idle again for as long.
 	EventPauseFailed = "pause_failed"
+	// EventResumeReady: a paused sandbox's resume is made ready (the
+	// daemon's resume_ready setting): its runtime sandbox waits for the
+	// memory image, and its resume is shorter.
+	EventResumeReady = "resume_ready"
 	// EventNetworkPolicy is a policy change through the API.
 	EventNetworkPolicy = "network_policy"
 	// Workspace setup: started, one step done, all done, or skipped by
@@ -311,7 +315,7 @@ const (
 var EventTypes = []string{
 	EventCreated, EventReady, EventAdopted, EventOOM, EventTimeoutChanged, EventDeadline, EventDestroyed, EventFailed,
 	EventNetworkPolicy, EventSetupStarted, EventSetupStep, EventSetupDone, EventSetupCached,
-	EventPaused, EventResumed, EventPauseFailed,
+	EventPaused, EventResumed, EventPauseFailed, EventResumeReady,
 }
 
 // Event is one entry of a sandbox's lifecycle log.

@@ -115,6 +115,9 @@ func (o *serveOptions) setup(cmd *cobra.Command, what string) (cfg daemon.Config
 	if cmd.Flags().Changed("insecure-no-auth") {
 		cfg.InsecureNoAuth = flags.InsecureNoAuth
 	}
+	if cmd.Flags().Changed("resume-ready") {
+		cfg.ResumeReady = flags.ResumeReady
+	}
 	if m := os.Getenv("BERTH_DEBIAN_MIRROR"); m != "" && cfg.Mirror == "" {
 		cfg.Mirror = m
 	}
@@ -171,6 +174,7 @@ func (o *serveOptions) bind(f *pflag.FlagSet) {
 	f.BoolVar(&flags.RequireAuth, "require-auth", false, "require an API key (Authorization: Bearer or X-API-Key) on every route but health; the root-only socket <data-dir>/berth.sock needs none")
 	f.BoolVar(&flags.InsecureNoAuth, "insecure-no-auth", false, "serve without keys even on a --listen beyond loopback (anyone who reaches it owns every sandbox)")
 	f.StringVar(&flags.Retention, "retention", "24h", "how long stopped and failed sandboxes' records and logs are kept")
+	f.IntVar(&flags.ResumeReady, "resume-ready", 0, "how many sandboxes paused with their memory (gVisor), the most recent, keep their resume made ready: tens of MiB each while paused, about 0.1 s off the resume (0: none)")
 	f.StringSliceVar(&flags.PreviewListen, "preview-listen", nil, "addresses serving preview hosts PORT-ID.<e2b-domain> over HTTP (default 127.0.0.1:80 and [::1]:80 where free; none: off)")
 	f.StringVar(&flags.LogFile, "log-file", "", "log to this file instead of stderr, rotated by size (log_max_mb, log_max_files; SIGHUP rotates)")
 	f.BoolVar(&o.debug, "debug", false, "debug logging")

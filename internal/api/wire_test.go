@@ -66,7 +66,7 @@ func TestWireConstants(t *testing.T) {
 		sandbox.EventCreated, sandbox.EventReady, sandbox.EventAdopted, sandbox.EventOOM, sandbox.EventTimeoutChanged,
 		sandbox.EventDeadline, sandbox.EventDestroyed, sandbox.EventFailed, sandbox.EventNetworkPolicy,
 		workspace.EventSetupStarted, workspace.EventSetupStep, workspace.EventSetupDone, workspace.EventSetupCached,
-		sandbox.EventPaused, sandbox.EventResumed, sandbox.EventPauseFailed,
+		sandbox.EventPaused, sandbox.EventResumed, sandbox.EventPauseFailed, sandbox.EventResumeReady,
 	}
 	if !slices.Equal(events, types.EventTypes) {
 		t.Errorf("sandbox events %v, wire %v", events, types.EventTypes)

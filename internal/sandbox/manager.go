@@ -99,6 +99,9 @@ type Config struct {
 	// Ceiling is the operator's egress ceiling: a policy naming anything
 	// outside it is refused when set (nil: no ceiling beyond the guard).
 	Ceiling *policy.CompiledCeiling
+	// ResumeReady is how many paused sandboxes at most have their resume
+	// made ready, the most recently paused (resumeready.go); 0: none.
+	ResumeReady int
 	// VolumeBytes is a new volume's size when its request gives none;
 	// MaxVolumeBytes bounds what one may ask (volumes.go; defaults
 	// DefaultVolumeBytes and MaxVolumeBytes).
@@ -200,6 +203,9 @@ type Manager struct {
 	vols  volumeState
 	// images is the room claimed by memory images being written (room.go).
 	images imageState
+	// ready is the paused sandboxes whose resume is made ready
+	// (resumeready.go).
+	ready readyState
 	// pool is the warm pools (pool.go).
 	pool *pool
 	// bootID is Config.BootID, asked once: a boot's ID does not change
@@ -272,6 +278,7 @@ func New(cfg Config, deps Deps) (*Manager, error) {
 		cancel: cancel,
 		live:   map[string]*entry{},
 		waking: map[string]struct{}{},
+		ready:  readyState{ids: map[string]uint64{}},
 		rts:    rts,
 		hub:    newHub(),
 		pool:   newPool(cfg.WarmPool),
@@ -580,6 +587,7 @@ func (m *Manager) teardown(ctx context.Context, e *entry) error {
 	defer cancel()
 	e.stopTimer()
 	m.meterFinal(ctx, e)
+	m.dropReady(e.id)
 	var errs []error
 	if err := m.runtimeOf(e.rec).Destroy(ctx, e.id); err != nil {
 		errs = append(errs, fmt.Errorf("runtime: %w", err))

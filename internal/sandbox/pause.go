@@ -14,6 +14,7 @@ import (
 	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/policy"
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/internal/template"
 )
 
 // Pause and resume.
@@ -283,6 +284,7 @@ func (m *Manager) pause(ctx context.Context, e *entry, remaining time.Duration, 
 	}
 	if kind == core.PauseMemory {
 		m.syncCheckpointAsync(rt, id)
+		m.readyResumeAsync(e)
 	}
 	return nil
 }
@@ -461,6 +463,8 @@ func (m *Manager) resume(ctx context.Context, e *entry, timeout time.Duration, w
 		return err
 	}
 	defer admitted()
+	// Its ready resume, if it has one, is the Restore's to use or clear.
+	m.dropReady(id)
 	if err := e.moveTo(StateResuming); err != nil {
 		return err
 	}
@@ -509,50 +513,34 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		return fmt.Errorf("network policy: %w", err)
 	}
 	var prep *egressPrep
-	// As provision makes it; a runtime that keeps the sandbox's disk uses
-	// the layers the sandbox was created with.
-	spec := runtime.Spec{
-		ID:          id,
-		Layers:      tpl.Layers,
-		DiskBytes:   e.rec.DiskBytes,
-		CPUMillis:   e.rec.CPUMillis,
-		MemoryBytes: e.rec.MemoryBytes,
-		PidsLimit:   e.rec.PidsLimit,
-		Hostname:    "berth-" + id[:12],
-		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   agentArgs(e.rec),
-		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
-		AgentSecret: agentSecret(e.rec),
-		AgentPids:   agentPids(e.rec),
-		AllowSetuid: e.rec.AllowSudo,
-		BeforeStart: func(bctx context.Context, pid int) error {
-			u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
-			nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"
-			var att Attachment
-			var err error
-			if ra, ok := m.deps.Network.(reattacher); ok && e.lastIP.IsValid() {
-				// The same address again, if nobody took it meanwhile.
-				att, err = ra.AttachToAt(bctx, id, nsPath, e.lastIP)
-			} else {
-				att, err = m.deps.Network.AttachTo(bctx, id, nsPath)
+	spec := m.resumeSpec(e, tpl)
+	spec.BeforeStart = func(bctx context.Context, pid int) error {
+		u.push("network", func(ctx context.Context) error { return m.deps.Network.Detach(ctx, id) })
+		nsPath := "/proc/" + strconv.Itoa(pid) + "/ns/net"
+		var att Attachment
+		var err error
+		if ra, ok := m.deps.Network.(reattacher); ok && e.lastIP.IsValid() {
+			// The same address again, if nobody took it meanwhile.
+			att, err = ra.AttachToAt(bctx, id, nsPath, e.lastIP)
+		} else {
+			att, err = m.deps.Network.AttachTo(bctx, id, nsPath)
+		}
+		if err != nil {
+			return fmt.Errorf("network: %w", err)
+		}
+		e.att = att
+		// The egress services need the attachment, not the
+		// agent: they come up while the runtime brings the
+		// sandbox back, as at create.
+		u.push("egress", func(context.Context) error {
+			_, _ = prep.wait() // never stopped under its feet; its error was the resume's
+			if m.deps.Egress != nil {
+				m.deps.Egress.Stop(id)
 			}
-			if err != nil {
-				return fmt.Errorf("network: %w", err)
-			}
-			e.att = att
-			// The egress services need the attachment, not the
-			// agent: they come up while the runtime brings the
-			// sandbox back, as at create.
-			u.push("egress", func(context.Context) error {
-				_, _ = prep.wait() // never stopped under its feet; its error was the resume's
-				if m.deps.Egress != nil {
-					m.deps.Egress.Stop(id)
-				}
-				return nil
-			})
-			prep = m.prepareEgressAsync(ctx, e, p)
 			return nil
-		},
+		})
+		prep = m.prepareEgressAsync(ctx, e, p)
+		return nil
 	}
 	mounts, release, err := m.mountVolumes(ctx, e.rec)
 	if err != nil {
@@ -601,6 +589,28 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 		}
 	}
 	return nil
+}
+
+// resumeSpec is the runtime spec paused sandbox e comes back with, as
+// provision made it (a runtime that keeps the sandbox's disk uses the
+// layers the sandbox was created with, tpl's), without its network hook
+// and volumes.
+func (m *Manager) resumeSpec(e *entry, tpl template.Template) runtime.Spec {
+	return runtime.Spec{
+		ID:          e.id,
+		Layers:      tpl.Layers,
+		DiskBytes:   e.rec.DiskBytes,
+		CPUMillis:   e.rec.CPUMillis,
+		MemoryBytes: e.rec.MemoryBytes,
+		PidsLimit:   e.rec.PidsLimit,
+		Hostname:    "berth-" + e.id[:12],
+		AgentPath:   m.cfg.AgentPath,
+		AgentArgs:   agentArgs(e.rec),
+		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
+		AgentSecret: agentSecret(e.rec),
+		AgentPids:   agentPids(e.rec),
+		AllowSetuid: e.rec.AllowSudo,
+	}
 }
 
 // keptPolicy is the egress policy a paused sandbox kept (none if it kept

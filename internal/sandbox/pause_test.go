@@ -166,6 +166,8 @@ func fakeOf(rt Runtime) *fakeRuntime {
 	switch r := rt.(type) {
 	case *cpRuntime:
 		return r.fakeRuntime
+	case *readyRuntime:
+		return r.fakeRuntime
 	case *roomRuntime:
 		return r.fakeRuntime
 	case *stopRuntime:

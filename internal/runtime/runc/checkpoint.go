@@ -26,6 +26,10 @@ import (
 // failure.
 var errNoCheckpoint = fmt.Errorf("checkpoint/restore needs gVisor (runc has no working CRIU on this host): %w", errdefs.ErrNotImplemented)
 
+// errNoPreparedRestore is why a restore cannot be prepared: this runsc
+// does not restore into a container made beforehand.
+var errNoPreparedRestore = fmt.Errorf("cannot restore into a sandbox made beforehand (releases from 2024 on can): %w", errdefs.ErrNotImplemented)
+
 // errNoCopies is why a sandbox cannot be copied with its memory: runc
 // cannot checkpoint at all, and an old runsc cannot restore one
 // sandbox's image into another.
@@ -166,40 +170,19 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
 		return fmt.Errorf("restore sandbox %s: netns path %q is not absolute: %w", id, spec.NetNSPath, errdefs.ErrInvalidArgument)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
-		return fmt.Errorf("restore sandbox %s: no checkpoint in %s: %w", id, dir, errdefs.ErrNotFound)
-	}
-	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	sp, err := r.checkpointedConfig(id, dir)
 	if err != nil {
-		return fmt.Errorf("restore sandbox %s: %w", id, errdefs.ErrNotFound)
-	}
-	var sp specs.Spec
-	if err := json.Unmarshal(b, &sp); err != nil {
-		return fmt.Errorf("restore sandbox %s: config: %w", id, err)
-	}
-	// Never on top of a running sandbox. The state file settles this
-	// without runsc for a checkpointed one (its sentry is gone); one
-	// whose sentry lives but does not answer is stopped like the rest.
-	if st, ok, err := r.state(ctx, id); err != nil && !errors.Is(err, errUnresponsive) {
-		return fmt.Errorf("restore sandbox %s: %w", id, err)
-	} else if err == nil && ok && st.Status != "stopped" {
-		return fmt.Errorf("restore sandbox %s: it is %s: %w", id, st.Status, errdefs.ErrFailedPrecondition)
-	}
-	// What is left of the checkpointed sandbox: runsc's record and the
-	// cgroup it ran in. Killed first, then runsc's record goes (without
-	// runsc, once the sentry is gone).
-	gofer := r.goferPid(id)
-	if err := r.killCgroup(ctx, id); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	if err := r.deleteRecord(ctx, id); err != nil {
-		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	if done, err := r.restorePrepared(ctx, spec, dir); done {
+		if err != nil {
+			return fmt.Errorf("restore sandbox %s: %w", id, err)
+		}
+		phases.mark("runsc_restore_prepared")
+		r.log.Debug("sandbox restored", append([]any{"sandbox_id", id, "total", time.Since(start)}, phases.attrs...)...)
+		return nil
 	}
-	killGofer(gofer)
-	if err := r.removeState(id); err != nil {
-		return fmt.Errorf("restore sandbox %s: %w", id, err)
-	}
-	if err := r.removeCgroups(id); err != nil {
+	if err := r.clearCheckpointed(ctx, id); err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
 	phases.mark("cleanup")
@@ -256,6 +239,186 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	return nil
 }
 
+// checkpointedConfig is the config sandbox id was created with, whose
+// checkpoint is in dir.
+func (r *Runtime) checkpointedConfig(id, dir string) (specs.Spec, error) {
+	var sp specs.Spec
+	if _, err := os.Stat(filepath.Join(dir, "checkpoint.img")); err != nil {
+		return sp, fmt.Errorf("no checkpoint in %s: %w", dir, errdefs.ErrNotFound)
+	}
+	b, err := os.ReadFile(filepath.Join(r.dir(id), "config.json"))
+	if err != nil {
+		return sp, fmt.Errorf("config: %w", errdefs.ErrNotFound)
+	}
+	if err := json.Unmarshal(b, &sp); err != nil {
+		return sp, fmt.Errorf("config: %w", err)
+	}
+	return sp, nil
+}
+
+// clearCheckpointed removes what is left of checkpointed sandbox id before
+// a gVisor sandbox is made for it again: runsc's record and the cgroup it
+// ran in, and a sandbox PrepareRestore made that is not used.
+func (r *Runtime) clearCheckpointed(ctx context.Context, id string) error {
+	// Never on top of a running sandbox. The state file settles this
+	// without runsc for a checkpointed one (its sentry is gone); one
+	// whose sentry lives but does not answer is stopped like the rest,
+	// and so is one only created (by PrepareRestore).
+	if st, ok, err := r.state(ctx, id); err != nil && !errors.Is(err, errUnresponsive) {
+		return err
+	} else if err == nil && ok && st.Status != "stopped" && st.Status != "created" {
+		return fmt.Errorf("it is %s: %w", st.Status, errdefs.ErrFailedPrecondition)
+	}
+	// Killed first, then runsc's record goes (without runsc, once the
+	// sentry is gone).
+	_ = os.Remove(r.preparedMark(id))
+	gofer := r.goferPid(id)
+	if err := r.killCgroup(ctx, id); err != nil {
+		return err
+	}
+	if err := r.deleteRecord(ctx, id); err != nil {
+		return err
+	}
+	killGofer(gofer)
+	if err := r.removeState(id); err != nil {
+		return err
+	}
+	return r.removeCgroups(id)
+}
+
+// preparedMark is the file that says sandbox id has a gVisor sandbox made
+// for its next restore (PrepareRestore); it holds the checkpoint's
+// directory.
+func (r *Runtime) preparedMark(id string) string { return filepath.Join(r.dir(id), "restore-prepared") }
+
+// PrepareRestore makes, ahead of its Restore from dir, the gVisor sandbox
+// that checkpointed sandbox spec.ID will be restored into: its root
+// filesystem mounted, a network namespace of its own (empty: the network
+// is attached by spec.BeforeStart at the Restore, before runsc hands the
+// namespace's links to the sentry), and `runsc create` run, which starts
+// its gofer and its sentry, waiting. A Restore then skips all that (about
+// a third of a 256 MiB resume). While it waits the sandbox holds the
+// sentry's and gofer's memory (tens of MiB, in its cgroup), a mount and a
+// loop device; Stop (or a Restore) releases them. Not for a sandbox with
+// volumes (spec.Mounts), which are bound at the Restore. On an error
+// nothing of it is left.
+func (r *Runtime) PrepareRestore(ctx context.Context, spec runtime.Spec, dir string) (err error) {
+	id := spec.ID
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if r.cfg.GVisor == nil {
+		return fmt.Errorf("prepare restore of sandbox %s: %w", id, errNoCheckpoint)
+	}
+	if !r.cfg.GVisor.PrepareRestore {
+		return fmt.Errorf("prepare restore of sandbox %s: runsc %w", id, errNoPreparedRestore)
+	}
+	if len(spec.Mounts) > 0 {
+		return fmt.Errorf("prepare restore of sandbox %s: it has volumes, bound at the restore: %w", id, errdefs.ErrNotImplemented)
+	}
+	start := time.Now()
+	sp, err := r.checkpointedConfig(id, dir)
+	if err != nil {
+		return fmt.Errorf("prepare restore of sandbox %s: %w", id, err)
+	}
+	if err := r.clearCheckpointed(ctx, id); err != nil {
+		return fmt.Errorf("prepare restore of sandbox %s: %w", id, err)
+	}
+	slot, ok := r.slots.lookup(r.dir(id))
+	if !ok {
+		return fmt.Errorf("prepare restore of sandbox %s: no uid range recorded: %w", id, errdefs.ErrNotFound)
+	}
+	defer func() {
+		if err != nil {
+			// Back to what a Stop leaves: nothing running or mounted.
+			if serr := r.Stop(context.WithoutCancel(ctx), id); serr != nil {
+				err = errors.Join(err, serr)
+			}
+			err = fmt.Errorf("prepare restore of sandbox %s: %w", id, err)
+		}
+	}()
+	if err := r.rootfsBack(ctx, id, hostBase(slot)); err != nil {
+		return err
+	}
+	h, err := newNetHolder(ctx, "")
+	if err != nil {
+		return err
+	}
+	defer h.close()
+	if err := checkNotHostNetNS(h.path()); err != nil {
+		return err
+	}
+	gvisorSpec(&sp, spec, h.path(), r.raisesSetuid(spec))
+	// Created under the limits a restore lifts (its cgroup is made now);
+	// the restore sets its own again.
+	own := sp.Linux.Resources
+	if lifted := restoreResources(own); lifted != nil {
+		if err := r.markLifted(id, own); err != nil {
+			return err
+		}
+		sp.Linux.Resources = lifted
+	}
+	err = r.writeConfig(id, &sp)
+	sp.Linux.Resources = own
+	if err != nil {
+		return err
+	}
+	err = r.runscStart(ctx, spec, "create", nil)
+	if werr := r.writeConfig(id, &sp); err == nil {
+		err = werr
+	}
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(r.preparedMark(id), []byte(dir), 0o600); err != nil {
+		return err
+	}
+	r.log.Debug("sandbox restore prepared", "sandbox_id", id, "total", time.Since(start))
+	return nil
+}
+
+// restorePrepared restores sandbox spec.ID from dir into the sandbox
+// PrepareRestore made for it, if there is one, still waiting: done says
+// it was used (err is then the restore's). The mark is used once: a
+// sandbox that is not there as it was left is cleared by the Restore that
+// follows, which makes one afresh.
+func (r *Runtime) restorePrepared(ctx context.Context, spec runtime.Spec, dir string) (done bool, err error) {
+	id := spec.ID
+	b, err := os.ReadFile(r.preparedMark(id))
+	if err != nil || len(spec.Mounts) > 0 {
+		return false, nil
+	}
+	if err := os.Remove(r.preparedMark(id)); err != nil {
+		return false, nil
+	}
+	if string(b) != dir {
+		return false, nil
+	}
+	st, ok, err := r.state(ctx, id)
+	if err != nil || !ok || st.Status != "created" || st.Pid <= 0 {
+		r.log.Warn("prepared_restore_not_used", "sandbox_id", id, "status", st.Status, "err", err)
+		return false, nil
+	}
+	if spec.BeforeStart != nil {
+		// The sentry's namespace is the one it was created in; runsc
+		// reads its links at the restore.
+		if err := spec.BeforeStart(ctx, st.Pid); err != nil {
+			return true, fmt.Errorf("before start: %w", err)
+		}
+	}
+	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs(dir)...), "--image-path", dir)
+	if err := r.runscStart(ctx, spec, "restore", nil, args...); err != nil {
+		return true, err
+	}
+	if _, err := os.Stat(r.restoreMark(id)); err == nil {
+		if err := r.settleLimits(id); err != nil {
+			return true, err
+		}
+		return true, os.Remove(r.restoreMark(id))
+	}
+	return true, nil
+}
+
 // rootfsBack mounts the root filesystem of sandbox id, which a Stop
 // released after its checkpoint, again; hostBase is its uid range's
 // start. What a Stop cut short left mounted goes first; a loop device
@@ -297,11 +460,7 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs
 	}
 	// The mark holds the sandbox's own limits: until they are back, the
 	// config on disk is the lifted one.
-	b, err := json.Marshal(own)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(r.restoreMark(id), b, 0o600); err != nil {
+	if err := r.markLifted(id, own); err != nil {
 		return err
 	}
 	sp.Linux.Resources = lifted
@@ -322,6 +481,16 @@ func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs
 		return err
 	}
 	return os.Remove(r.restoreMark(id))
+}
+
+// markLifted writes sandbox id's restore mark, which holds its own limits
+// own while a restore's are lifted.
+func (r *Runtime) markLifted(id string, own *specs.LinuxResources) error {
+	b, err := json.Marshal(own)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(r.restoreMark(id), b, 0o600)
 }
 
 // restoreResources are the limits a gVisor sandbox with limits res

@@ -113,6 +113,11 @@ type GVisor struct {
 	// once instead of executing itself again to drop it from its
 	// environment.
 	PassFD bool
+	// PrepareRestore says this runsc's `restore` restores into a
+	// container `runsc create` made beforehand (PrepareRestore), as
+	// releases with `restore --background` (2024 on) do; Debian's
+	// 20221219 refuses ("container already exists").
+	PrepareRestore bool
 	// MountsGap, when set, says why this runsc cannot bind volumes
 	// (runtime.Spec.Mounts): a create with mounts is refused with it.
 	MountsGap string

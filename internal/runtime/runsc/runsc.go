@@ -137,6 +137,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			// removed.
 			BackgroundRestore: false,
 			DirectImageIO:     image.direct,
+			PrepareRestore:    image.background,
 			RestoreCopies:     copies,
 			MountsGap:         mountsGap(version),
 			PassFD:            passFD,

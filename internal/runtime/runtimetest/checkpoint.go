@@ -111,6 +111,107 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 	assertGone(t, inst, id)
 }
 
+// RestorePreparer is the optional ability to make, ahead of a restore,
+// the sandbox a checkpointed one is restored into (gVisor's `runsc
+// create`), so the restore itself is shorter.
+type RestorePreparer interface {
+	PrepareRestore(ctx context.Context, spec runtime.Spec, dir string) error
+}
+
+// testPrepareRestore: a checkpointed and stopped sandbox prepared for its
+// restore holds more than a stopped one (the prepared sandbox's processes
+// and root filesystem), and a Stop then leaves only what a stop leaves. A
+// Restore into a prepared sandbox brings the counter back with its memory
+// in the network namespace the restore's BeforeStart hook was given (not
+// the host's), which the prepared sandbox waited in.
+func testPrepareRestore(t *testing.T, h Harness) {
+	inst := h.New(t)
+	pr, ok := inst.Backend.(RestorePreparer)
+	stopper, canStop := inst.Backend.(Stopper)
+	cp, canCheckpoint := inst.Backend.(Checkpointer)
+	if !ok || !canStop || !canCheckpoint || !inst.Checkpoints || inst.Exec == nil {
+		t.Skip("backend cannot prepare a restore")
+	}
+	ctx := t.Context()
+	id, spec, before := startCounter(t, h, inst)
+	dir := filepath.Join(t.TempDir(), "image")
+	if err := cp.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatalf("Checkpoint = %v", err)
+	}
+	if err := stopper.Stop(ctx, id); err != nil {
+		t.Fatalf("Stop after Checkpoint = %v", err)
+	}
+	spec.NetNSPath = ""
+	if err := pr.PrepareRestore(ctx, spec, dir); errors.Is(err, errdefs.ErrNotImplemented) {
+		// This one cannot: the stopped sandbox is left as it was, and
+		// restores as without.
+		for _, l := range StoppedSandboxLeaks(inst.Footprint, id) {
+			t.Errorf("after a refused PrepareRestore the stopped sandbox holds %s", l)
+		}
+		if err := cp.Restore(ctx, spec, dir); err != nil {
+			t.Fatalf("Restore after a refused PrepareRestore = %v", err)
+		}
+		checkCountsOn(t, inst, id, netnsOf(t, inst, id), before)
+		return
+	} else if err != nil {
+		t.Fatalf("PrepareRestore = %v", err)
+	}
+	if len(StoppedSandboxLeaks(inst.Footprint, id)) == 0 {
+		t.Errorf("a prepared sandbox holds no more than a stopped one")
+	}
+	if err := stopper.Stop(ctx, id); err != nil {
+		t.Fatalf("Stop of a prepared sandbox = %v", err)
+	}
+	for _, l := range StoppedSandboxLeaks(inst.Footprint, id) {
+		t.Errorf("a prepared sandbox, stopped, holds %s", l)
+	}
+	if err := pr.PrepareRestore(ctx, spec, dir); err != nil {
+		t.Fatalf("PrepareRestore after a Stop = %v", err)
+	}
+	var host, hooked unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &host); err != nil {
+		t.Fatal(err)
+	}
+	hookedPid := 0
+	spec.BeforeStart = func(_ context.Context, pid int) error {
+		hookedPid = pid
+		return unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &hooked)
+	}
+	if err := cp.Restore(ctx, spec, dir); err != nil {
+		t.Fatalf("Restore into the prepared sandbox = %v", err)
+	}
+	if hookedPid == 0 || hooked.Ino == host.Ino {
+		t.Fatalf("BeforeStart got pid %d, netns %d (the host's %d)", hookedPid, hooked.Ino, host.Ino)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		t.Fatal(err)
+	}
+	st, err := inst.Backend.Inspect(ctx, id)
+	if err != nil || st.Pid <= 0 {
+		t.Fatalf("Inspect after Restore = %+v, %v", st, err)
+	}
+	var now unix.Stat_t
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/net", st.Pid), &now); err != nil || now.Ino != hooked.Ino || now.Dev != hooked.Dev {
+		t.Errorf("restored sandbox runs in netns %d (%v), the hook was given %d", now.Ino, err, hooked.Ino)
+	}
+	after := checkCountsOn(t, inst, id, netnsOf(t, inst, id), before)
+	t.Logf("counter before %+v, after %+v", before, after)
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy = %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+// netnsOf is the network namespace path of running sandbox id's init.
+func netnsOf(t *testing.T, inst Instance, id string) string {
+	t.Helper()
+	st, err := inst.Backend.Inspect(t.Context(), id)
+	if err != nil || st.Pid <= 0 {
+		t.Fatalf("Inspect %s = %+v, %v", id, st, err)
+	}
+	return fmt.Sprintf("/proc/%d/ns/net", st.Pid)
+}
+
 // startCounter creates a sandbox whose init counts in memory (the test
 // agent's count mode), in a network namespace of the test's, and waits
 // until it counts. It is destroyed when the test ends (Destroy is

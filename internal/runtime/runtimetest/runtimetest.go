@@ -129,6 +129,7 @@ func Run(t *testing.T, h Harness) {
 		{"CheckpointRestore", testCheckpointRestore},
 		{"StopStart", testStopStart},
 		{"CheckpointStopRestore", testCheckpointStopRestore},
+		{"PrepareRestore", testPrepareRestore},
 		{"CheckpointLiveCopy", testCheckpointLiveCopy},
 		{"Mounts", testMounts},
 		{"RootFiles", testRootFiles},
