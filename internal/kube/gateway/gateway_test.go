@@ -265,6 +265,9 @@ func fakeNode(t *testing.T, ca *testCA) *httptest.Server {
 			return
 		}
 		if name, ok := strings.CutPrefix(r.URL.Path, node.DataPlanePrefix+"/v1/templates/"); ok && r.Method == "DELETE" {
+			if seen := onTemplateDelete.Load(); seen != nil {
+				(*seen)(name)
+			}
 			switch name {
 			case "inuse":
 				w.WriteHeader(http.StatusConflict)
@@ -442,6 +445,10 @@ func applyNetwork(t *testing.T, kube *fake.Clientset, pod *corev1.Pod) {
 // noRoomWords is how the fake node's daemon refuses a pause for want of
 // disk room (the words of sandbox.claimImageRoom).
 const noRoomWords = "pause sandbox x: no room on the disk for its memory image: it needs 320 MiB in /var/lib/berth/checkpoints, which has 100 MiB free (0 MiB claimed by images being written)"
+
+// onTemplateDelete, when set, is called by the fake node as it is asked
+// to delete a template, before it answers.
+var onTemplateDelete atomic.Pointer[func(name string)]
 
 type env struct {
 	kube *fake.Clientset

@@ -514,14 +514,19 @@ func (g *Gateway) deleteTemplate(w http.ResponseWriter, r *http.Request, p auth.
 		writeError(w, err)
 		return
 	}
+	// The cluster's record says deleted before any node removes it: the
+	// leader then removes it from the nodes that refuse once they can, and
+	// from nodes that were not Ready, and copies it nowhere. Recorded
+	// after, a node that had just removed it looked to the leader like
+	// one that missed a copy, and got it back from a node that refused.
+	// If no node removes it, the record is put back as it was.
+	rctx := context.WithoutCancel(r.Context())
+	undo := g.recordDeleting(rctx, name)
 	dels := g.eachNode(nodes, func(_ int, t nodeTarget) (*http.Response, error) {
 		return nil, g.nodeCall(r.Context(), t, http.MethodDelete, "/v1/templates/"+name, nil, nil)
 	})
-	// Once a node removed it, the cluster's record says deleted: the
-	// leader removes it from the nodes that refused once they can, and
-	// from nodes that were not Ready, and copies it nowhere.
-	if slices.ContainsFunc(dels, func(d *nodeOutcome) bool { return d.err == nil }) {
-		g.recordTemplate(context.WithoutCancel(r.Context()), name, templateState{Deleted: true})
+	if !slices.ContainsFunc(dels, func(d *nodeOutcome) bool { return d.err == nil }) {
+		undo()
 	}
 	if err := removedFromNodes(fmt.Sprintf("template %q", name), "name", dels); err != nil {
 		writeError(w, err)

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -178,17 +179,41 @@ func TestTemplateChanges(t *testing.T) {
 	}
 
 	report("base,df,minimal")
+	// The record says deleted before a node is asked to remove it: the
+	// leader must never take a node that has just removed it for one
+	// that missed a copy.
+	var mu sync.Mutex
+	deletedFirst := map[string]bool{}
+	seen := func(name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		deletedFirst[name] = record()[name].Deleted
+	}
+	onTemplateDelete.Store(&seen)
+	t.Cleanup(func() { onTemplateDelete.Store(nil) })
 	if code, eb := e.call(t, "DELETE", "/v1/templates/py", "", "", nil); code != 204 {
 		t.Errorf("delete = %d %+v", code, eb)
 	}
 	if rec := record(); !rec["py"].Deleted || rec["df"].How != "dockerfile" {
 		t.Errorf("record after the delete = %+v, want py deleted, df from a Dockerfile", rec)
 	}
+	// A delete no node carries out leaves the record as it was: none
+	// for a template nobody has, the recorded one for one in use.
 	if code, eb := e.call(t, "DELETE", "/v1/templates/nope", "", "", nil); code != 404 || eb.Field != "name" {
 		t.Errorf("delete of a template no node has = %d %+v, want not_found", code, eb)
 	}
 	if code, eb := e.call(t, "DELETE", "/v1/templates/inuse", "", "", nil); code != 409 || eb.Code != errdefs.CodeFailedPrecondition || !strings.Contains(eb.Message, "berth-a") {
 		t.Errorf("delete of a template in use = %d %+v, want failed_precondition naming the node", code, eb)
+	}
+	mu.Lock()
+	if !deletedFirst["py"] || !deletedFirst["nope"] || !deletedFirst["inuse"] {
+		t.Errorf("recorded deleted as the node was asked: %v, want every one", deletedFirst)
+	}
+	mu.Unlock()
+	rec := record()
+	_, nope := rec["nope"]
+	if _, inuse := rec["inuse"]; nope || inuse || !rec["py"].Deleted {
+		t.Errorf("record after deletes no node carried out = %+v, want no nope or inuse, py deleted", rec)
 	}
 }
 

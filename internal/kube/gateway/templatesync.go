@@ -99,6 +99,44 @@ func (g *Gateway) recordTemplate(ctx context.Context, name string, st templateSt
 	}
 }
 
+// recordDeleting records template name as deleted ahead of its removal
+// from the nodes, and returns what puts its entry back as it was (none:
+// removed) if no node removes it; a failure either way is logged.
+func (g *Gateway) recordDeleting(ctx context.Context, name string) (undo func()) {
+	b, err := json.Marshal(templateState{Deleted: true, At: g.now().UTC().Truncate(time.Second)})
+	if err != nil {
+		return func() {}
+	}
+	deleted := string(b)
+	var prev string
+	var had bool
+	err = g.updateConfigMap(ctx, TemplatesConfigMap, func(data map[string]string) bool {
+		prev, had = data[name]
+		data[name] = deleted
+		return true
+	})
+	if err != nil {
+		g.log.Warn("template_record_failed", "template", name, "deleted", true, "err", err)
+		return func() {}
+	}
+	return func() {
+		err := g.updateConfigMap(ctx, TemplatesConfigMap, func(data map[string]string) bool {
+			if data[name] != deleted {
+				return false // changed since: a later change stands
+			}
+			if had {
+				data[name] = prev
+			} else {
+				delete(data, name)
+			}
+			return true
+		})
+		if err != nil {
+			g.log.Warn("template_record_failed", "template", name, "deleted", false, "err", err)
+		}
+	}
+}
+
 // updateConfigMap has change edit the data of ConfigMap name of the
 // gateway's namespace, made if it does not exist, again on a conflict;
 // change reports whether it changed anything (nothing is written if not).

@@ -220,3 +220,49 @@ func TestInflightWait(t *testing.T) {
 		}
 	})
 }
+
+// TestPauseFreezeAgain: a freeze runc gave up on ("unable to freeze", as
+// on a host whose cores are all busy) is tried again, up to
+// freezeAttempts times in all; another failure is not.
+func TestPauseFreezeAgain(t *testing.T) {
+	cases := []struct {
+		name      string
+		fails     int    // pauses that fail before one succeeds
+		msg       string // what a failing pause says
+		wantErr   bool
+		wantCalls int
+	}{
+		{"frozen at the third try", 2, "unable to freeze", false, 3},
+		{"never frozen", 100, "unable to freeze", true, freezeAttempts},
+		{"another failure", 100, "container not running", true, 1},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			id := "sb1"
+			if err := os.Mkdir(filepath.Join(dir, id), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			bin := filepath.Join(dir, "fake-runc")
+			calls := filepath.Join(dir, "calls")
+			script := "#!/bin/sh\n" +
+				"case \"$3\" in\n" +
+				"state) echo '{\"id\":\"sb1\",\"pid\":1,\"status\":\"running\"}' ;;\n" +
+				"pause) echo x >> " + calls + "\n" +
+				"  if [ $(wc -l < " + calls + ") -le " + strconv.Itoa(c.fails) + " ]; then echo 'level=error msg=\"" + c.msg + "\"' >&2; exit 1; fi ;;\n" +
+				"esac\n"
+			if err := os.WriteFile(bin, []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			r := &Runtime{cfg: Config{Binary: bin, RuncRoot: dir}, log: slog.New(slog.DiscardHandler)}
+			err := r.Pause(t.Context(), id)
+			if (err != nil) != c.wantErr {
+				t.Errorf("Pause = %v, want error %v", err, c.wantErr)
+			}
+			b, _ := os.ReadFile(calls)
+			if n := strings.Count(string(b), "x"); n != c.wantCalls {
+				t.Errorf("runc pause ran %d times, want %d", n, c.wantCalls)
+			}
+		})
+	}
+}

@@ -819,10 +819,30 @@ func (r *Runtime) List(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// Pause freezes every process of the sandbox.
+// Pause freezes every process of the sandbox. runc gives up on a freezer
+// that has not frozen after its own retries ("unable to freeze"), which
+// a host whose cores are all busy makes likely: the sandbox's tasks are
+// not scheduled in time to stop in the freezer. runc thaws the cgroup
+// when it gives up, so the freeze is tried again, freezeAttempts times
+// in all, a little longer apart each time.
 func (r *Runtime) Pause(ctx context.Context, id string) error {
-	return r.simple(ctx, id, "pause")
+	var err error
+	for attempt := 1; ; attempt++ {
+		err = r.simple(ctx, id, "pause")
+		if err == nil || !strings.Contains(err.Error(), "unable to freeze") || attempt == freezeAttempts {
+			return err
+		}
+		r.log.Debug("freeze_again", "sandbox_id", id, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Duration(attempt) * 20 * time.Millisecond):
+		}
+	}
 }
+
+// freezeAttempts bounds Pause's tries of runc's freeze.
+const freezeAttempts = 5
 
 // Resume thaws a paused sandbox.
 func (r *Runtime) Resume(ctx context.Context, id string) error {
