@@ -51,11 +51,8 @@ var memholdBin string
 // pauseRows prints runPause's table for one isolation level.
 func pauseRows(tb *runner, d *harness.Daemon, n, mib int, iso string) error {
 	ctx := context.Background()
-	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
+	sb, err := holderSandbox(ctx, d, mib, iso)
 	if err != nil {
-		return err
-	}
-	if err := putMemhold(ctx, sb); err != nil {
 		return err
 	}
 	var pauses, resumes, creates, saves, loads, flushes []time.Duration
@@ -195,14 +192,11 @@ func measureReadyResumes(tb *runner, n, mib int, iso string) (*readyResumes, err
 	ctx := context.Background()
 	d := harness.StartDaemon(tb, built, "--debug", "--resume-ready", "1")
 	defer d.Stop()
-	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
+	sb, err := holderSandbox(ctx, d, mib, iso)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = d.Client.Kill(ctx, sb.ID) }()
-	if err := putMemhold(ctx, sb); err != nil {
-		return nil, err
-	}
 	if err := startMemhold(ctx, sb, mib); err != nil {
 		return nil, err
 	}
@@ -251,6 +245,21 @@ func waitEvents(ctx context.Context, d *harness.Daemon, id, typ string, nth int)
 // pauseLogMsgs are the daemon's debug lines with the phases of a pause and a
 // resume (the runtime's and the Manager's), printed after each table.
 var pauseLogMsgs = []string{`msg="sandbox checkpointed"`, `msg="sandbox restored"`, "msg=checkpoint_phases", "msg=pause_phases", "msg=checkpoint_synced", "msg=resume_phases"}
+
+// holderSandbox creates the sandbox the pause rows measure (template
+// minimal at level iso, memory limit mib + 256 MiB) with memholdBin in
+// it, not yet started.
+func holderSandbox(ctx context.Context, d *harness.Daemon, mib int, iso string) (*client.Sandbox, error) {
+	sb, err := d.Client.Create(ctx, client.CreateRequest{Template: "minimal", Memory: strconv.Itoa(mib+256) + "M", Timeout: "2h", Isolation: iso})
+	if err != nil {
+		return nil, err
+	}
+	if err := putMemhold(ctx, sb); err != nil {
+		_ = d.Client.Kill(ctx, sb.ID)
+		return nil, err
+	}
+	return sb, nil
+}
 
 // putMemhold copies memholdBin into sb as /tmp/memhold.
 func putMemhold(ctx context.Context, sb *client.Sandbox) error {

@@ -349,25 +349,12 @@ func (r *Runtime) PrepareRestore(ctx context.Context, spec runtime.Spec, dir str
 		return err
 	}
 	gvisorSpec(&sp, spec, h.path(), r.raisesSetuid(spec))
-	// Created under the limits a restore lifts (its cgroup is made now);
-	// the restore sets its own again.
-	own := sp.Linux.Resources
-	if lifted := restoreResources(own); lifted != nil {
-		if err := r.markLifted(id, own); err != nil {
-			return err
-		}
-		sp.Linux.Resources = lifted
-	}
-	err = r.writeConfig(id, &sp)
-	sp.Linux.Resources = own
-	if err != nil {
+	if err := r.writeConfig(id, &sp); err != nil {
 		return err
 	}
-	err = r.runscStart(ctx, spec, "create", nil)
-	if werr := r.writeConfig(id, &sp); err == nil {
-		err = werr
-	}
-	if err != nil {
+	// Created under the limits a restore lifts (its cgroup is made now);
+	// restorePrepared sets its own again, from the mark.
+	if _, err := r.runLifted(ctx, spec, &sp, "create"); err != nil {
 		return err
 	}
 	if err := os.WriteFile(r.preparedMark(id), []byte(dir), 0o600); err != nil {
@@ -448,39 +435,45 @@ func (r *Runtime) rootfsBack(ctx context.Context, id string, hostBase uint32) er
 
 // runscRestore runs `runsc restore` with args for sandbox spec, whose
 // config sp (its own limits) is written, under the limits
-// restoreResources lifts, and sets its own again once runsc returns. A
-// mark says they are lifted until then, for a daemon killed in between
-// (settleRestoreLimits).
-func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs.Spec, args ...string) (err error) {
-	id := spec.ID
-	own := sp.Linux.Resources
-	lifted := restoreResources(own)
-	if lifted == nil {
-		return r.runscStart(ctx, spec, "restore", nil, args...)
-	}
-	// The mark holds the sandbox's own limits: until they are back, the
-	// config on disk is the lifted one.
-	if err := r.markLifted(id, own); err != nil {
+// restoreResources lifts (runLifted), and sets its own again once runsc
+// returns.
+func (r *Runtime) runscRestore(ctx context.Context, spec runtime.Spec, sp *specs.Spec, args ...string) error {
+	lifted, err := r.runLifted(ctx, spec, sp, "restore", args...)
+	if err != nil || !lifted {
 		return err
 	}
-	sp.Linux.Resources = lifted
-	err = r.writeConfig(id, sp)
+	if err := r.setLimits(spec.ID, sp.Linux.Resources); err != nil {
+		return err
+	}
+	return os.Remove(r.restoreMark(spec.ID))
+}
+
+// runLifted runs `runsc verb args` for sandbox spec, whose config sp (its
+// own limits) is written, under the limits restoreResources lifts, if
+// any (lifted says so): the config on disk is the lifted one while runsc
+// runs, and its own again after, whatever runsc did. The cgroup runsc
+// made keeps the lifted limits; the caller sets its own again (setLimits)
+// and removes the mark, which holds them until then for a daemon killed
+// in between (settleRestoreLimits).
+func (r *Runtime) runLifted(ctx context.Context, spec runtime.Spec, sp *specs.Spec, verb string, args ...string) (lifted bool, err error) {
+	own := sp.Linux.Resources
+	up := restoreResources(own)
+	if up == nil {
+		return false, r.runscStart(ctx, spec, verb, nil, args...)
+	}
+	if err := r.markLifted(spec.ID, own); err != nil {
+		return true, err
+	}
+	sp.Linux.Resources = up
+	err = r.writeConfig(spec.ID, sp)
 	sp.Linux.Resources = own
 	if err == nil {
-		err = r.runscStart(ctx, spec, "restore", nil, args...)
+		err = r.runscStart(ctx, spec, verb, nil, args...)
 	}
-	// Its own config back whatever the restore did: a failed one leaves
-	// it for the next.
-	if werr := r.writeConfig(id, sp); werr != nil {
-		return errors.Join(err, werr)
+	if werr := r.writeConfig(spec.ID, sp); werr != nil {
+		return true, errors.Join(err, werr)
 	}
-	if err != nil {
-		return err
-	}
-	if err := r.setLimits(id, own); err != nil {
-		return err
-	}
-	return os.Remove(r.restoreMark(id))
+	return true, err
 }
 
 // markLifted writes sandbox id's restore mark, which holds its own limits

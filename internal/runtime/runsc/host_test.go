@@ -3,6 +3,7 @@ package runsc_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
+	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
 )
@@ -242,6 +244,35 @@ func TestRestoreCPUQuota(t *testing.T) {
 	}
 	if st, err := inst.Backend.Inspect(ctx, id); err != nil || st.Status != runtime.StatusRunning {
 		t.Errorf("Inspect = %+v, %v; want running", st, err)
+	}
+	// A restore made ready ahead: its sentry waits under the lifted
+	// quota, and the restore into it sets the sandbox's own again.
+	pr, ok := inst.Backend.(runtimetest.RestorePreparer)
+	st, ok2 := inst.Backend.(runtimetest.Stopper)
+	if ok && ok2 {
+		dir := filepath.Join(t.TempDir(), "image")
+		if err := cp.Checkpoint(ctx, id, dir); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Stop(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if err := pr.PrepareRestore(ctx, spec, dir); err == nil {
+			if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != "200000" {
+				t.Errorf("quota of the waiting sentry = %s, want the restore's 200000", got)
+			}
+			if err := cp.Restore(ctx, spec, dir); err != nil {
+				t.Fatal(err)
+			}
+			if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
+				t.Errorf("quota after a restore made ready = %s, want the sandbox's %s", got, want)
+			}
+			if _, err := os.Stat(mark); !os.IsNotExist(err) {
+				t.Errorf("restore mark after a restore made ready: %v", err)
+			}
+		} else if !errors.Is(err, errdefs.ErrNotImplemented) {
+			t.Fatal(err)
+		}
 	}
 	if err := inst.Backend.Destroy(ctx, id); err != nil {
 		t.Fatal(err)
