@@ -34,6 +34,9 @@ type creation struct {
 	// restore is set when the sandbox starts from a memory snapshot's
 	// image rather than booting its agent.
 	restore *memoryStart
+	// load is the memory load of a sandbox started from an image, where
+	// it goes on after the runtime's create returned (nil otherwise).
+	load *pageLoad
 	// egressInstalled is set once the BeforeStart hook wrote the egress
 	// CA and resolver into the sandbox's root from the host.
 	egressInstalled bool
@@ -167,6 +170,7 @@ func (m *Manager) Create(ctx context.Context, req CreateRequest) (Sandbox, error
 	if err := m.finish(cctx, c); err != nil {
 		return m.abandon(cctx, c, err)
 	}
+	m.guardPageLoad(e, c.load, "create")
 	return Sandbox{Sandbox: e.rec}, nil
 }
 
@@ -245,6 +249,9 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	if err := rt.Create(ctx, spec); err != nil {
 		return fmt.Errorf("runtime: %w", err)
 	}
+	if c.restore != nil {
+		c.load = m.watchPageLoad(rt, id)
+	}
 	return nil
 }
 
@@ -253,10 +260,14 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 func (m *Manager) awaitReady(ctx context.Context, c *creation) error {
 	rctx, rcancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
 	exited := m.watchInit(rctx, rcancel, c.e)
+	c.load.cancelOnFailure(rctx, rcancel)
 	err := m.deps.Prober.WaitReady(rctx, agentAddr(c.e.att))
 	rcancel()
 	c.agentUp = time.Now()
 	ca, eerr := c.egress.wait()
+	if lerr := c.load.loadFailure(); lerr != nil {
+		return lerr
+	}
 	if err != nil && exited.Load() {
 		rt := m.runtimeOf(c.e.rec)
 		why := runtime.ErrInitExited.Error()

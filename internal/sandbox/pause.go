@@ -474,7 +474,8 @@ func (m *Manager) resume(ctx context.Context, e *entry, timeout time.Duration, w
 	}
 	e.publish()
 	var undoErr error
-	if err := m.bringBack(ctx, e, rt, &undoErr); err != nil {
+	load, err := m.bringBack(ctx, e, rt, &undoErr)
+	if err != nil {
 		err = fmt.Errorf("resume sandbox %s: %w", id, err)
 		if undoErr != nil {
 			return errors.Join(err, m.failLive(ctx, e, "resume failed and could not be undone: "+err.Error()+"; undo: "+undoErr.Error()))
@@ -489,13 +490,17 @@ func (m *Manager) resume(ctx context.Context, e *entry, timeout time.Duration, w
 		d = m.cfg.DefaultTimeout
 	}
 	m.finishResume(ctx, e, d, why, start)
+	m.guardPageLoad(e, load, "resume")
 	return nil
 }
 
 // bringBack starts a paused sandbox's runtime, network and egress
 // services and waits for its agent; on an error it has undone its part,
-// and says in *undoErr if that failed.
-func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *error) (err error) {
+// and says in *undoErr if that failed. load is the sandbox's memory load
+// where it goes on after the restore (nil otherwise): one that fails
+// before the agent answers fails the resume, which leaves the sandbox
+// paused with its checkpoint.
+func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *error) (load *pageLoad, err error) {
 	id := e.id
 	var u undo
 	defer func() {
@@ -506,11 +511,11 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 	}()
 	tpl, err := m.deps.Templates.Get(ctx, e.rec.Template)
 	if err != nil {
-		return fmt.Errorf("template %s: %w", e.rec.Template, err)
+		return nil, fmt.Errorf("template %s: %w", e.rec.Template, err)
 	}
 	p, err := m.keptPolicy(e)
 	if err != nil {
-		return fmt.Errorf("network policy: %w", err)
+		return nil, fmt.Errorf("network policy: %w", err)
 	}
 	var prep *egressPrep
 	spec := m.resumeSpec(e, tpl)
@@ -544,7 +549,7 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 	}
 	mounts, release, err := m.mountVolumes(ctx, e.rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer release() // bound into the sandbox by then
 	spec.Mounts = mounts
@@ -552,43 +557,48 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 	case core.PauseMemory:
 		cp, ok := rt.(Checkpointer)
 		if !ok || !m.hasCheckpoint(id) {
-			return fmt.Errorf("no checkpoint to restore: %w", errdefs.ErrFailedPrecondition)
+			return nil, fmt.Errorf("no checkpoint to restore: %w", errdefs.ErrFailedPrecondition)
 		}
 		u.push("runtime", func(ctx context.Context) error { return m.stopRuntime(ctx, rt, id) })
 		if err := cp.Restore(ctx, spec, m.checkpointDir(id)); err != nil {
-			return fmt.Errorf("restore: %w", err)
+			return nil, fmt.Errorf("restore: %w", err)
 		}
+		load = m.watchPageLoad(rt, id)
 	default:
 		st, ok := rt.(Stopper)
 		if !ok {
-			return fmt.Errorf("runtime cannot start a stopped sandbox: %w", errdefs.ErrNotImplemented)
+			return nil, fmt.Errorf("runtime cannot start a stopped sandbox: %w", errdefs.ErrNotImplemented)
 		}
 		u.push("runtime", func(ctx context.Context) error { return st.Stop(ctx, id) })
 		if err := st.Start(ctx, spec); err != nil {
-			return fmt.Errorf("start: %w", err)
+			return nil, fmt.Errorf("start: %w", err)
 		}
 	}
 	started := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, m.cfg.ReadyTimeout)
+	load.cancelOnFailure(rctx, cancel)
 	err = m.deps.Prober.WaitReady(rctx, agentAddr(e.att))
 	cancel()
 	ready := time.Now()
 	ca, eerr := prep.wait()
+	if lerr := load.loadFailure(); lerr != nil {
+		return nil, lerr
+	}
 	if err != nil {
-		return fmt.Errorf("agent did not become ready: %w", err)
+		return nil, fmt.Errorf("agent did not become ready: %w", err)
 	}
 	if eerr != nil {
-		return fmt.Errorf("network policy: %w", eerr)
+		return nil, fmt.Errorf("network policy: %w", eerr)
 	}
 	defer func() {
 		m.log.Debug("resume_phases", "sandbox_id", id, "ready", ready.Sub(started), "egress", time.Since(ready))
 	}()
 	if m.newGateway(e) {
 		if err := m.installEgress(ctx, e, ca); err != nil {
-			return fmt.Errorf("network policy: %w", err)
+			return nil, fmt.Errorf("network policy: %w", err)
 		}
 	}
-	return nil
+	return load, nil
 }
 
 // resumeSpec is the runtime spec paused sandbox e comes back with, as

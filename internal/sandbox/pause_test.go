@@ -168,6 +168,8 @@ func fakeOf(rt Runtime) *fakeRuntime {
 		return r.fakeRuntime
 	case *readyRuntime:
 		return r.fakeRuntime
+	case *loadRuntime:
+		return r.fakeRuntime
 	case *roomRuntime:
 		return r.fakeRuntime
 	case *stopRuntime:

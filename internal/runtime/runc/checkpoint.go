@@ -239,6 +239,34 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	return nil
 }
 
+// WaitRestored waits until sandbox id, restored or started from a memory
+// image, has all its memory back. With GVisor.BackgroundRestore a restore
+// returns once the sentry's kernel state is loaded and the sandbox runs
+// while the sentry reads the rest of its pages in; this waits for that
+// (`runsc wait --restore`). A load that fails ends with the sentry killing
+// every process of the sandbox, and the error here says why. Without a
+// background restore there is nothing to wait for: nil at once. An error
+// may also mean runsc could not ask (the sandbox stopped meanwhile, ctx
+// ended); asked again, a load that failed fails again.
+func (r *Runtime) WaitRestored(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if r.cfg.GVisor == nil || !r.cfg.GVisor.BackgroundRestore {
+		return nil
+	}
+	cmd := r.command(ctx, id, "wait", "--restore", id)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := runPinned(cmd, ""); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("runsc wait --restore: %w: %s", err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
 // checkpointedConfig is the config sandbox id was created with, whose
 // checkpoint is in dir.
 func (r *Runtime) checkpointedConfig(id, dir string) (specs.Spec, error) {

@@ -129,13 +129,11 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 			HideNetSysctl:      probesRmemDefault(version),
 			AllowSUID:          setuid,
 			ResumeBeforeDelete: deletePanicsWhenPaused(version),
-			// Probed but not used: a background restore measured no
-			// faster, with and without precompiled seccomp filters
-			// (README, "Where a gVisor resume's time goes"), while a
-			// page load that failed after the resume was reported
-			// would lose the sandbox with its checkpoint already
-			// removed.
-			BackgroundRestore: false,
+			// A resume returns once the kernel state is in, the
+			// pages follow (README, "Background restores"); a load
+			// that fails after that ends the sandbox with the reason
+			// (sandbox.PageLoader, WaitRestored).
+			BackgroundRestore: image.background,
 			DirectImageIO:     image.direct,
 			PrepareRestore:    image.background,
 			RestoreCopies:     copies,
@@ -147,7 +145,7 @@ func New(ctx context.Context, cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w", err)
 	}
-	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore_available", image.background, "direct_image_io", image.direct, "agent_secret_by_fd", passFD)
+	cfg.Logger.Info("gvisor runtime", "binary", bin, "version", version, "platform", platform, "setuid", setuid, "memory_copies", copies, "background_restore", image.background, "direct_image_io", image.direct, "agent_secret_by_fd", passFD)
 	return &Runtime{Runtime: r, bin: bin, version: version, platform: platform, setuid: setuid}, nil
 }
 

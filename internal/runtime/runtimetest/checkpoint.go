@@ -105,6 +105,101 @@ func checkpointRestore(t *testing.T, h Harness, stop bool) {
 	}
 	after := checkCountsOn(t, inst, id, restored.NetNSPath, before)
 	t.Logf("counter before %+v, after %+v", before, after)
+	checkLoaded(t, inst, id)
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatalf("Destroy = %v", err)
+	}
+	assertGone(t, inst, id)
+}
+
+// PageLoader is the optional ability of a backend whose Restore returns
+// before the sandbox's memory is all back to wait for the rest (gVisor's
+// background restore): nil once every page is in, an error if the load
+// failed (the sandbox's processes are then killed).
+type PageLoader interface {
+	WaitRestored(ctx context.Context, id string) error
+}
+
+// checkLoaded checks that restored sandbox id's memory load, where it
+// goes on after Restore, ends well.
+func checkLoaded(t *testing.T, inst Instance, id string) {
+	t.Helper()
+	if pl, ok := inst.Backend.(PageLoader); ok {
+		if err := pl.WaitRestored(t.Context(), id); err != nil {
+			t.Errorf("WaitRestored after a good restore = %v", err)
+		}
+	}
+}
+
+// testCutShortImage: a checkpoint whose biggest file (a memory image's
+// pages) lost its second half is never restored as if whole. Either
+// Restore fails, leaving the sandbox stopped, or (a backend that loads
+// pages after Restore returns) the load fails: WaitRestored says so and
+// the sandbox's processes are killed. Destroy then leaves nothing.
+func testCutShortImage(t *testing.T, h Harness) {
+	inst := h.New(t)
+	cp, ok := inst.Backend.(Checkpointer)
+	stopper, canStop := inst.Backend.(Stopper)
+	if !ok || !canStop || !inst.Checkpoints || inst.Exec == nil {
+		t.Skip("backend cannot checkpoint")
+	}
+	ctx := t.Context()
+	id, spec, _ := startCounter(t, h, inst)
+	dir := filepath.Join(t.TempDir(), "image")
+	if err := cp.Checkpoint(ctx, id, dir); err != nil {
+		t.Fatalf("Checkpoint = %v", err)
+	}
+	if err := stopper.Stop(ctx, id); err != nil {
+		t.Fatalf("Stop after Checkpoint = %v", err)
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var biggest string
+	var size int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() && fi.Size() > size {
+			biggest, size = e.Name(), fi.Size()
+		}
+	}
+	if biggest == "" {
+		t.Fatalf("no file in the checkpoint %s", dir)
+	}
+	if err := os.Truncate(filepath.Join(dir, biggest), size/2); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cut %s from %d to %d bytes", biggest, size, size/2)
+	spec.NetNSPath = testNetNS(t, id+"c")
+	if err := cp.Restore(ctx, spec, dir); err != nil {
+		t.Logf("Restore = %v", err)
+		if st, err := inst.Backend.Inspect(ctx, id); err == nil && st.Status == runtime.StatusRunning {
+			t.Errorf("after a failed Restore the sandbox is running")
+		}
+	} else {
+		pl, ok := inst.Backend.(PageLoader)
+		if !ok {
+			t.Fatalf("Restore from a cut image succeeded, and the backend has no WaitRestored to say the load failed")
+		}
+		err := pl.WaitRestored(ctx, id)
+		t.Logf("WaitRestored = %v", err)
+		if err == nil {
+			t.Fatalf("WaitRestored after a restore from a cut image = nil; want the load's failure")
+		}
+		// The runtime kills the sandbox's processes once its load has
+		// failed: Inspect reports it, bounded by a generous limit.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			st, err := inst.Backend.Inspect(ctx, id)
+			if err != nil || st.Status != runtime.StatusRunning {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("sandbox still running 30s after its memory load failed")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	if err := inst.Backend.Destroy(ctx, id); err != nil {
 		t.Fatalf("Destroy = %v", err)
 	}
@@ -196,6 +291,7 @@ func testPrepareRestore(t *testing.T, h Harness) {
 	}
 	after := checkCountsOn(t, inst, id, netnsOf(t, inst, id), before)
 	t.Logf("counter before %+v, after %+v", before, after)
+	checkLoaded(t, inst, id)
 	if err := inst.Backend.Destroy(ctx, id); err != nil {
 		t.Fatalf("Destroy = %v", err)
 	}

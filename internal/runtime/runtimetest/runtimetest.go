@@ -130,6 +130,7 @@ func Run(t *testing.T, h Harness) {
 		{"StopStart", testStopStart},
 		{"CheckpointStopRestore", testCheckpointStopRestore},
 		{"PrepareRestore", testPrepareRestore},
+		{"CutShortImage", testCutShortImage},
 		{"CheckpointLiveCopy", testCheckpointLiveCopy},
 		{"Mounts", testMounts},
 		{"RootFiles", testRootFiles},

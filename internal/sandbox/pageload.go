@@ -1,0 +1,132 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/berth-sandbox/berth/errdefs"
+	"github.com/berth-sandbox/berth/internal/runtime"
+)
+
+// PageLoader is the optional ability of a runtime whose restore returns
+// before a sandbox's memory is all back (gVisor's background restore: the
+// sandbox runs while its pages are read in, and a page touched before it
+// is in waits for it) to say when the load has ended and how.
+// WaitRestored returns nil once every page is in (at once where restores
+// load everything before they return); a load that fails ends with the
+// runtime killing the sandbox's processes, and the error says why. An
+// error may also mean the runtime could not tell (the sandbox stopped
+// meanwhile); asked again, a load that failed fails again.
+type PageLoader interface {
+	WaitRestored(ctx context.Context, id string) error
+}
+
+// pageLoad is the memory load of a sandbox restored (a resume) or started
+// (from a snapshot's or a fork's image) from a memory image, which goes
+// on after the runtime's restore returned. err is set before done closes.
+type pageLoad struct {
+	done chan struct{}
+	err  error
+}
+
+// watchPageLoad follows the memory load of sandbox id, just restored or
+// started from an image in rt. nil when rt cannot say (every load ended
+// with its restore) or the Manager is closing.
+func (m *Manager) watchPageLoad(rt Runtime, id string) *pageLoad {
+	pl, ok := rt.(PageLoader)
+	if !ok || !m.track() {
+		return nil
+	}
+	l := &pageLoad{done: make(chan struct{})}
+	go func() {
+		defer m.wg.Done()
+		l.err = pl.WaitRestored(m.life, id)
+		close(l.done)
+	}()
+	return l
+}
+
+// failed is the load's error if it has ended with one, nil while it goes
+// on or once it has succeeded.
+func (l *pageLoad) failed() error {
+	if l == nil {
+		return nil
+	}
+	select {
+	case <-l.done:
+		return l.err
+	default:
+		return nil
+	}
+}
+
+// cancelOnFailure calls cancel if the load fails before ctx ends: a wait
+// for the sandbox's agent then ends at once instead of at its timeout
+// (the runtime kills the sandbox's processes when its load fails).
+func (l *pageLoad) cancelOnFailure(ctx context.Context, cancel context.CancelFunc) {
+	if l == nil {
+		return
+	}
+	go func() {
+		select {
+		case <-l.done:
+			if l.err != nil {
+				cancel()
+			}
+		case <-ctx.Done():
+		}
+	}()
+}
+
+// loadFailure wraps the load's error, if it has failed, for a create or
+// resume that waited for the sandbox's agent meanwhile; nil otherwise.
+func (l *pageLoad) loadFailure() error {
+	if err := l.failed(); err != nil {
+		return fmt.Errorf("memory image load failed: %w", err)
+	}
+	return nil
+}
+
+// guardPageLoad ends sandbox e, which has just become ready (after what,
+// a create or a resume) while its memory load l went on, if that load
+// fails: the runtime has killed its processes, and the sandbox is
+// destroyed with the load's error as its reason rather than found dead
+// later with none. It acts only while e is still in the ready period it
+// has now (a pause or destroy meanwhile ends the guard's business), and
+// only on a failure the runtime reports twice or on a sandbox no longer
+// running: an error that only says the runtime could not be asked leaves
+// a running sandbox alone.
+func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
+	if l == nil || !m.track() {
+		return
+	}
+	run := e.cur.Load().run
+	rt := m.runtimeOf(e.cur.Load().rec)
+	go func() {
+		defer m.wg.Done()
+		select {
+		case <-m.life.Done():
+			return
+		case <-l.done:
+		}
+		if l.err == nil || errors.Is(l.err, context.Canceled) {
+			return
+		}
+		ctx := m.life
+		still := func() bool {
+			if st := e.cur.Load(); st.closed || st.run != run || e.state() != StateReady {
+				return false
+			}
+			if st, err := rt.Inspect(ctx, e.id); err == nil && st.Status != runtime.StatusRunning {
+				return true
+			}
+			pl, ok := rt.(PageLoader)
+			return ok && pl.WaitRestored(ctx, e.id) != nil && ctx.Err() == nil
+		}
+		reason := fmt.Sprintf("memory image load failed after the %s: %v", after, l.err)
+		if err := m.destroyIf(ctx, e, reason, still); err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrNotFound) {
+			m.log.Warn("destroy_after_load_failure", "sandbox_id", e.id, "err", err)
+		}
+	}()
+}
