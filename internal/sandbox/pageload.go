@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
@@ -88,6 +89,10 @@ func (l *pageLoad) loadFailure() error {
 	return nil
 }
 
+// confirmLoadTimeout bounds guardPageLoad's second question to the
+// runtime, asked under the sandbox's operation lock.
+const confirmLoadTimeout = time.Minute
+
 // guardPageLoad ends sandbox e, which has just become ready (after what,
 // a create or a resume) while its memory load l went on, if that load
 // fails: the runtime has killed its processes, and the sandbox is
@@ -121,8 +126,16 @@ func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
 			if st, err := rt.Inspect(ctx, e.id); err == nil && st.Status != runtime.StatusRunning {
 				return true
 			}
+			// Asked again: a load that failed says so at once, one still
+			// going on answers when it ends (bounded: an answer that
+			// does not come confirms nothing).
 			pl, ok := rt.(PageLoader)
-			return ok && pl.WaitRestored(ctx, e.id) != nil && ctx.Err() == nil
+			if !ok {
+				return false
+			}
+			wctx, cancel := context.WithTimeout(ctx, confirmLoadTimeout)
+			defer cancel()
+			return pl.WaitRestored(wctx, e.id) != nil && wctx.Err() == nil
 		}
 		reason := fmt.Sprintf("memory image load failed after the %s: %v", after, l.err)
 		if err := m.destroyIf(ctx, e, reason, still); err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrNotFound) {

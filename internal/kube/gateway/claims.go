@@ -352,23 +352,34 @@ func (g *Gateway) podByID(id string) (*corev1.Pod, error) {
 // of agent-sandbox's claims, whose pod is not named by its ID, is found
 // once this replica's cache has it.
 func (g *Gateway) requestPod(ctx context.Context, id string) (*corev1.Pod, error) {
-	pod, err := g.podByID(id)
+	pod, _, err := g.requestPodFresh(ctx, id)
+	return pod, err
+}
+
+// requestPodFresh is requestPod, and says whether the pod it returns was
+// read from the API server just now (fresh), so a caller that wants the
+// sandbox's state as of now need not read it again.
+func (g *Gateway) requestPodFresh(ctx context.Context, id string) (pod *corev1.Pod, fresh bool, err error) {
+	pod, err = g.podByID(id)
 	switch {
 	case err == nil && state(pod) == apitypes.StateCreating:
-		return g.freshOrCached(ctx, pod), nil
+		if got, ferr := g.fresh(ctx, pod); ferr == nil && got != pod {
+			return got, true, nil
+		}
+		return pod, false, nil
 	case !apierrors.IsNotFound(err):
-		return pod, err
+		return pod, false, err
 	}
 	got, gerr := g.cfg.Kube.CoreV1().Pods(g.cfg.Namespace).Get(ctx, id, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(gerr):
-		return nil, err
+		return nil, false, err
 	case gerr != nil:
-		return nil, kubeErr("read sandbox "+id, gerr)
+		return nil, false, kubeErr("read sandbox "+id, gerr)
 	case sandboxID(got) != id:
-		return nil, err
+		return nil, false, err
 	}
-	return got, nil
+	return got, true, nil
 }
 
 // preferred reports whether a is the pod to answer for a sandbox rather

@@ -310,20 +310,26 @@ func e2bState(st string) string {
 // key's, a native one, an ended one) is answered 404, as the daemon
 // does: a key learns nothing about what it does not own.
 func (g *Gateway) e2bPod(ctx context.Context, w http.ResponseWriter, p auth.Principal, id string) (*corev1.Pod, bool) {
-	var pod *corev1.Pod
+	pod, _, ok := g.e2bPodFresh(ctx, w, p, id)
+	return pod, ok
+}
+
+// e2bPodFresh is e2bPod, and says whether the pod was read from the API
+// server just now (requestPodFresh).
+func (g *Gateway) e2bPodFresh(ctx context.Context, w http.ResponseWriter, p auth.Principal, id string) (pod *corev1.Pod, fresh, ok bool) {
 	var err error
 	if apitypes.ValidSandboxID(id) == nil {
-		pod, err = g.requestPod(ctx, id)
+		pod, fresh, err = g.requestPodFresh(ctx, id)
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		e2bwire.WriteErr(w, err)
-		return nil, false
+		return nil, false, false
 	}
 	if pod == nil || !p.Sees(ownerOf(pod)) || !isE2B(pod) || !e2bLive(pod) {
 		e2bwire.WriteError(w, http.StatusNotFound, fmt.Sprintf("sandbox %q not found", id))
-		return nil, false
+		return nil, false, false
 	}
-	return pod, true
+	return pod, fresh, true
 }
 
 // e2bPodWith is e2bPod for a route with a JSON body, decoded into in.
@@ -581,12 +587,15 @@ func (g *Gateway) e2bList(w http.ResponseWriter, r *http.Request, p auth.Princip
 // e2bGet answers E2B's getInfo. The envdAccessToken is not in it: the
 // gateway keeps only its hash (the create's answer had it).
 func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, ok := g.e2bPod(r.Context(), w, p, r.PathValue("id"))
+	pod, fresh, ok := g.e2bPodFresh(r.Context(), w, p, r.PathValue("id"))
 	if !ok {
 		return
 	}
-	// Its state as of now, not as this replica's cache last heard.
-	pod = g.freshOrCached(r.Context(), pod)
+	// Its state as of now, not as this replica's cache last heard (one
+	// GET: none more when the pod was just read).
+	if !fresh {
+		pod = g.freshOrCached(r.Context(), pod)
+	}
 	network, internet := e2bwire.StoredNetwork(pod.Annotations[AnnotationE2BNetwork])
 	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.DetailBody{
 		ListedBody: e2bListed(pod), Domain: g.domain(),

@@ -726,12 +726,31 @@ func TestRequestsSeeAnotherReplica(t *testing.T) {
 	if code := exec(sb.ID, keyAlice); code != 200 {
 		t.Errorf("exec in a sandbox the cache has not seen = %d, want 200", code)
 	}
+	// A read asks the API server once, not again for the state it has
+	// just read.
+	podGets := func() int {
+		n := 0
+		for _, a := range e.kube.Actions() {
+			if a.GetVerb() == "get" && a.GetResource().Resource == "pods" {
+				n++
+			}
+		}
+		e.kube.ClearActions()
+		return n
+	}
+	podGets()
 	var got types.Sandbox
 	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
 		t.Errorf("GET a sandbox the cache has not seen = %d %+v %+v, want ready", code, eb, got)
 	}
+	if n := podGets(); n != 1 {
+		t.Errorf("GET a sandbox the cache has not seen read its pod %d times, want 1", n)
+	}
 	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2bSb.SandboxID, keyAlice, "", nil); code != 200 {
 		t.Errorf("E2B getInfo of a sandbox the cache has not seen = %d %s", code, data)
+	}
+	if n := podGets(); n != 1 {
+		t.Errorf("E2B getInfo of a sandbox the cache has not seen read its pod %d times, want 1", n)
 	}
 	// Read from the API server, the sandbox is still its owner's alone;
 	// an ID nobody made is still not found.
@@ -761,6 +780,16 @@ func TestRequestsSeeAnotherReplica(t *testing.T) {
 	}
 	if code := exec(e2bSb.SandboxID, keyAlice); code != 200 {
 		t.Errorf("exec in an E2B sandbox the cache shows creating = %d, want 200", code)
+	}
+	podGets()
+	if code, eb := e.call(t, "GET", "/v1/sandboxes/"+sb.ID, keyAlice, "", &got); code != 200 || got.State != types.StateReady {
+		t.Errorf("GET a sandbox the cache shows creating = %d %+v %+v, want ready", code, eb, got)
+	}
+	if code, data, _ := e.e2bCall(t, "GET", "/sandboxes/"+e2bSb.SandboxID, keyAlice, "", nil); code != 200 {
+		t.Errorf("E2B getInfo of a sandbox the cache shows creating = %d %s", code, data)
+	}
+	if n := podGets(); n != 2 {
+		t.Errorf("two reads of sandboxes the cache shows creating read their pods %d times, want 2", n)
 	}
 }
 

@@ -99,17 +99,24 @@ func (g *Gateway) authedAs(fail func(http.ResponseWriter, error), h func(http.Re
 // sandbox of another key's is not found, exactly as one that does not
 // exist.
 func (g *Gateway) sandboxPod(ctx context.Context, p auth.Principal, id string) (*corev1.Pod, error) {
+	pod, _, err := g.sandboxPodFresh(ctx, p, id)
+	return pod, err
+}
+
+// sandboxPodFresh is sandboxPod, and says whether the pod was read from
+// the API server just now (requestPodFresh).
+func (g *Gateway) sandboxPodFresh(ctx context.Context, p auth.Principal, id string) (*corev1.Pod, bool, error) {
 	if err := types.ValidSandboxID(id); err != nil {
-		return nil, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
+		return nil, false, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
 	}
-	pod, err := g.requestPod(ctx, id)
+	pod, fresh, err := g.requestPodFresh(ctx, id)
 	if apierrors.IsNotFound(err) || err == nil && !p.Sees(ownerOf(pod)) {
-		return nil, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
+		return nil, false, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return pod, nil
+	return pod, fresh, nil
 }
 
 // writeError maps an error to its status and the API's JSON body

@@ -104,13 +104,16 @@ func toSandbox(pod *corev1.Pod) apitypes.Sandbox {
 }
 
 func (g *Gateway) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Principal) {
-	pod, err := g.sandboxPod(r.Context(), p, r.PathValue("id"))
+	pod, fresh, err := g.sandboxPodFresh(r.Context(), p, r.PathValue("id"))
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	// Its state as of now, not as this replica's cache last heard.
-	pod = g.freshOrCached(r.Context(), pod)
+	// Its state as of now, not as this replica's cache last heard (one
+	// GET: none more when the pod was just read).
+	if !fresh {
+		pod = g.freshOrCached(r.Context(), pod)
+	}
 	out := toSandbox(pod)
 	g.withUsage(r.Context(), pod, &out)
 	writeJSON(w, http.StatusOK, out)
