@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -306,4 +307,73 @@ func cpuQuotaFile(parent, id string) string {
 		return filepath.Join("/sys/fs/cgroup", parent, id, "cpu.max")
 	}
 	return filepath.Join("/sys/fs/cgroup/cpu", parent, id, "cpu.cfs_quota_us")
+}
+
+// TestPrepareRestoreFails: a restore made ready whose `runsc create`
+// fails after the runtime has mounted the sandbox's root filesystem again
+// (a runsc that refuses create, standing in for one that fails there)
+// leaves the checkpointed, stopped sandbox as it was: nothing mounted, no
+// process, cgroup or runsc state. A Restore then brings it back from the
+// same image, and a Destroy leaves nothing.
+func TestPrepareRestoreFails(t *testing.T) {
+	h := newHarness(t)
+	real, err := exec.LookPath("runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	refuse := filepath.Join(dir, "refuse-create")
+	wrapper := filepath.Join(dir, "runsc")
+	script := fmt.Sprintf("#!/bin/sh\nfor a in \"$@\"; do\n  if [ \"$a\" = create ] && [ -e %q ]; then echo 'create refused by the test' >&2; exit 1; fi\ndone\nexec %q \"$@\"\n", refuse, real)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h.binary = wrapper
+	inst := h.New(t)
+	pr, ok := inst.Backend.(runtimetest.RestorePreparer)
+	cp, ok2 := inst.Backend.(runtimetest.Checkpointer)
+	st, ok3 := inst.Backend.(runtimetest.Stopper)
+	if !ok || !ok2 || !ok3 || !inst.Checkpoints {
+		t.Skip("runsc cannot checkpoint")
+	}
+	ctx := t.Context()
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	if err := inst.Backend.Create(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	image := filepath.Join(t.TempDir(), "image")
+	if err := cp.Checkpoint(ctx, id, image); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Stop(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(refuse, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = pr.PrepareRestore(ctx, spec, image)
+	if errors.Is(err, errdefs.ErrNotImplemented) {
+		t.Skip("this runsc cannot restore into a created sandbox")
+	}
+	if err == nil || !strings.Contains(err.Error(), "runsc create") {
+		t.Fatalf("PrepareRestore with create refused = %v; want runsc's refusal", err)
+	}
+	for _, l := range runtimetest.StoppedSandboxLeaks(inst.Footprint, id) {
+		t.Errorf("after a failed PrepareRestore the stopped sandbox holds %s", l)
+	}
+	if err := os.Remove(refuse); err != nil {
+		t.Fatal(err)
+	}
+	if err := cp.Restore(ctx, spec, image); err != nil {
+		t.Fatalf("Restore after a failed PrepareRestore = %v", err)
+	}
+	if s, err := inst.Backend.Inspect(ctx, id); err != nil || s.Status != runtime.StatusRunning {
+		t.Errorf("Inspect after Restore = %+v, %v; want running", s, err)
+	}
+	if err := inst.Backend.Destroy(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
 }

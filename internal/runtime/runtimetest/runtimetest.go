@@ -186,7 +186,7 @@ func testLifecycle(t *testing.T, h Harness) {
 	}
 	// The agent may still be starting; poll until it has used some CPU.
 	var s runtime.Stats
-	harness.WaitFor(t, 5*time.Second, "non-zero stats", func() bool {
+	harness.WaitFor(t, 60*time.Second, "non-zero stats", func() bool {
 		s, err = b.Stats(ctx, id)
 		return err == nil && s.CPUUsage > 0 && s.MemoryBytes > 0 && s.PidsCurrent > 0
 	})
@@ -583,9 +583,16 @@ func testEscaped(t *testing.T, h Harness) {
 	}
 	// At least the agent and the two sleeps (a backend may count threads,
 	// which only adds).
-	harness.WaitFor(t, 5*time.Second, "escaped processes running", func() bool {
-		s, err := inst.Backend.Stats(t.Context(), id)
-		return err == nil && s.PidsCurrent >= 3
+	var last runtime.Stats
+	var lastErr error
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last stats: %+v, %v", last, lastErr)
+		}
+	})
+	harness.WaitFor(t, 60*time.Second, "escaped processes running", func() bool {
+		last, lastErr = inst.Backend.Stats(t.Context(), id)
+		return lastErr == nil && last.PidsCurrent >= 3
 	})
 	if err := inst.Backend.Destroy(t.Context(), id); err != nil {
 		t.Fatal(err)
@@ -659,7 +666,7 @@ func testMemoryLimit(t *testing.T, h Harness) {
 		t.Fatalf("memory hog exited cleanly: %s", out)
 	}
 	var s runtime.Stats
-	harness.WaitFor(t, 5*time.Second, "an OOM kill in stats", func() bool {
+	harness.WaitFor(t, 60*time.Second, "an OOM kill in stats", func() bool {
 		s, err = inst.Backend.Stats(t.Context(), id)
 		return err == nil && s.OOMKills > 0
 	})
