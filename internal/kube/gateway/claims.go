@@ -350,16 +350,10 @@ func (g *Gateway) podByID(id string) (*corev1.Pod, error) {
 // and one the cache shows creating is read again there (its node may have
 // reported it running already). One GET, on those paths only. A sandbox
 // of agent-sandbox's claims, whose pod is not named by its ID, is found
-// once this replica's cache has it.
-func (g *Gateway) requestPod(ctx context.Context, id string) (*corev1.Pod, error) {
-	pod, _, err := g.requestPodFresh(ctx, id)
-	return pod, err
-}
-
-// requestPodFresh is requestPod, and says whether the pod it returns was
-// read from the API server just now (fresh), so a caller that wants the
-// sandbox's state as of now need not read it again.
-func (g *Gateway) requestPodFresh(ctx context.Context, id string) (pod *corev1.Pod, fresh bool, err error) {
+// once this replica's cache has it. fresh says the pod was read from the
+// API server just now, so a caller that wants the sandbox's state as of
+// now need not read it again.
+func (g *Gateway) requestPod(ctx context.Context, id string) (pod *corev1.Pod, fresh bool, err error) {
 	pod, err = g.podByID(id)
 	switch {
 	case err == nil && state(pod) == apitypes.StateCreating:

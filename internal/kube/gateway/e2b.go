@@ -315,11 +315,11 @@ func (g *Gateway) e2bPod(ctx context.Context, w http.ResponseWriter, p auth.Prin
 }
 
 // e2bPodFresh is e2bPod, and says whether the pod was read from the API
-// server just now (requestPodFresh).
+// server just now (requestPod).
 func (g *Gateway) e2bPodFresh(ctx context.Context, w http.ResponseWriter, p auth.Principal, id string) (pod *corev1.Pod, fresh, ok bool) {
 	var err error
 	if apitypes.ValidSandboxID(id) == nil {
-		pod, fresh, err = g.requestPodFresh(ctx, id)
+		pod, fresh, err = g.requestPod(ctx, id)
 	}
 	if err != nil && !apierrors.IsNotFound(err) {
 		e2bwire.WriteErr(w, err)

@@ -104,12 +104,12 @@ func (g *Gateway) sandboxPod(ctx context.Context, p auth.Principal, id string) (
 }
 
 // sandboxPodFresh is sandboxPod, and says whether the pod was read from
-// the API server just now (requestPodFresh).
+// the API server just now (requestPod).
 func (g *Gateway) sandboxPodFresh(ctx context.Context, p auth.Principal, id string) (*corev1.Pod, bool, error) {
 	if err := types.ValidSandboxID(id); err != nil {
 		return nil, false, &errdefs.Error{Code: errdefs.CodeInvalidArgument, Field: "id", Message: err.Error()}
 	}
-	pod, fresh, err := g.requestPodFresh(ctx, id)
+	pod, fresh, err := g.requestPod(ctx, id)
 	if apierrors.IsNotFound(err) || err == nil && !p.Sees(ownerOf(pod)) {
 		return nil, false, fmt.Errorf("sandbox %s: %w", id, errdefs.ErrNotFound)
 	}
