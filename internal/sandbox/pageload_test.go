@@ -82,11 +82,8 @@ func TestPageLoadFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := newLoadRuntime()
 		f := newPauseFixture(t, rt)
-		f.m.Close()
 		prober := &gateProber{}
-		f.deps.Runtime, f.deps.Prober = rt, prober
-		f.cfg.ReadyTimeout = time.Hour
-		f.start(t)
+		f.restartWith(t, func() { f.deps.Prober, f.cfg.ReadyTimeout = prober, time.Hour })
 		ctx := t.Context()
 		create := func() string {
 			t.Helper()

@@ -195,7 +195,15 @@ func (f *pauseFixture) start(t *testing.T) {
 // as they are), a new one reconciles.
 func (f *pauseFixture) restart(t *testing.T) {
 	t.Helper()
+	f.restartWith(t, func() {})
+}
+
+// restartWith is restart with the config or dependencies change sets
+// (f.cfg, f.deps) in between.
+func (f *pauseFixture) restartWith(t *testing.T, change func()) {
+	t.Helper()
 	f.m.Close()
+	change()
 	f.start(t)
 }
 

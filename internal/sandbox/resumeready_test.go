@@ -103,10 +103,7 @@ func TestResumeReady(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := newReadyRuntime()
 		f := newPauseFixture(t, rt)
-		f.m.Close()
-		f.cfg.ResumeReady = 2
-		f.deps.Runtime = rt
-		f.start(t)
+		f.restartWith(t, func() { f.cfg.ResumeReady = 2 })
 		ctx := t.Context()
 		var ids []string
 		for range 3 {

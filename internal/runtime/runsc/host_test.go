@@ -183,12 +183,7 @@ func TestRestoreCPUQuota(t *testing.T) {
 		t.Skip("runsc cannot checkpoint")
 	}
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	spec := h.Spec(t, id)
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	id, spec := created(t, h, inst)
 	want := strconv.FormatInt(spec.CPUMillis*100, 10) // µs per 100 ms period
 	if got := cpuQuota(t, inst.Footprint.CgroupParent, id); got != want {
 		t.Fatalf("quota after Create = %s, want %s", got, want)
@@ -337,12 +332,7 @@ func TestPrepareRestoreFails(t *testing.T) {
 		t.Skip("runsc cannot checkpoint")
 	}
 	ctx := t.Context()
-	id := runtimetest.NewID()
-	spec := h.Spec(t, id)
-	if err := inst.Backend.Create(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	id, spec := created(t, h, inst)
 	image := filepath.Join(t.TempDir(), "image")
 	if err := cp.Checkpoint(ctx, id, image); err != nil {
 		t.Fatal(err)
@@ -376,4 +366,17 @@ func TestPrepareRestoreFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
+}
+
+// created makes a sandbox of h's spec in inst, destroyed when the test
+// ends whatever it left.
+func created(t *testing.T, h *harness, inst runtimetest.Instance) (string, runtime.Spec) {
+	t.Helper()
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	if err := inst.Backend.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { inst.Backend.Destroy(context.Background(), id) })
+	return id, spec
 }
