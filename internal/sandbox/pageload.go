@@ -48,20 +48,6 @@ func (m *Manager) watchPageLoad(rt Runtime, id string) *pageLoad {
 	return l
 }
 
-// failed is the load's error if it has ended with one, nil while it goes
-// on or once it has succeeded.
-func (l *pageLoad) failed() error {
-	if l == nil {
-		return nil
-	}
-	select {
-	case <-l.done:
-		return l.err
-	default:
-		return nil
-	}
-}
-
 // cancelOnFailure calls cancel if the load fails before ctx ends: a wait
 // for the sandbox's agent then ends at once instead of at its timeout
 // (the runtime kills the sandbox's processes when its load fails).
@@ -80,11 +66,19 @@ func (l *pageLoad) cancelOnFailure(ctx context.Context, cancel context.CancelFun
 	}()
 }
 
-// loadFailure wraps the load's error, if it has failed, for a create or
-// resume that waited for the sandbox's agent meanwhile; nil otherwise.
+// loadFailure is the load's error, wrapped for a create or resume that
+// waited for the sandbox's agent meanwhile, if the load has ended with
+// one; nil while it goes on or once it has succeeded.
 func (l *pageLoad) loadFailure() error {
-	if err := l.failed(); err != nil {
-		return fmt.Errorf("memory image load failed: %w", err)
+	if l == nil {
+		return nil
+	}
+	select {
+	case <-l.done:
+		if l.err != nil {
+			return fmt.Errorf("memory image load failed: %w", l.err)
+		}
+	default:
 	}
 	return nil
 }

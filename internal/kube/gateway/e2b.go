@@ -591,11 +591,7 @@ func (g *Gateway) e2bGet(w http.ResponseWriter, r *http.Request, p auth.Principa
 	if !ok {
 		return
 	}
-	// Its state as of now, not as this replica's cache last heard (one
-	// GET: none more when the pod was just read).
-	if !fresh {
-		pod = g.freshOrCached(r.Context(), pod)
-	}
+	pod = g.current(r.Context(), pod, fresh)
 	network, internet := e2bwire.StoredNetwork(pod.Annotations[AnnotationE2BNetwork])
 	e2bwire.WriteJSON(w, http.StatusOK, e2bwire.DetailBody{
 		ListedBody: e2bListed(pod), Domain: g.domain(),

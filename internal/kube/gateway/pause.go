@@ -408,3 +408,13 @@ func (g *Gateway) freshOrCached(ctx context.Context, pod *corev1.Pod) *corev1.Po
 	}
 	return pod
 }
+
+// current is a sandbox's pod as of now for a read, not as this replica's
+// cache last heard: pod itself when it was just read from the API server
+// (fresh, requestPod), freshOrCached otherwise. One GET either way.
+func (g *Gateway) current(ctx context.Context, pod *corev1.Pod, fresh bool) *corev1.Pod {
+	if fresh {
+		return pod
+	}
+	return g.freshOrCached(ctx, pod)
+}

@@ -109,11 +109,7 @@ func (g *Gateway) getSandbox(w http.ResponseWriter, r *http.Request, p auth.Prin
 		writeError(w, err)
 		return
 	}
-	// Its state as of now, not as this replica's cache last heard (one
-	// GET: none more when the pod was just read).
-	if !fresh {
-		pod = g.freshOrCached(r.Context(), pod)
-	}
+	pod = g.current(r.Context(), pod, fresh)
 	out := toSandbox(pod)
 	g.withUsage(r.Context(), pod, &out)
 	writeJSON(w, http.StatusOK, out)
