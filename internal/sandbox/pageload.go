@@ -137,3 +137,12 @@ func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
 		}
 	}()
 }
+
+// guardAdoptedLoad follows, as guardPageLoad, the memory load of ready
+// sandbox e, which a restarted daemon has just adopted from runtime rt: a
+// restore or a create from an image may have been loading its pages when
+// the daemon stopped, and no one else would say why it died if that load
+// failed. The runtime answers at once for a sandbox with nothing loading.
+func (m *Manager) guardAdoptedLoad(e *entry, rt Runtime) {
+	m.guardPageLoad(e, m.watchPageLoad(rt, e.id), "daemon restart")
+}

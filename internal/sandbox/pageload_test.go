@@ -49,9 +49,9 @@ func (r *loadRuntime) WaitRestored(ctx context.Context, id string) error {
 }
 
 // loading makes the next restore of id load until the test sends on the
-// returned channel.
+// returned channel (buffered: a send never waits for a watcher).
 func (r *loadRuntime) loading(id string) chan error {
-	ch := make(chan error)
+	ch := make(chan error, 1)
 	r.lmu.Lock()
 	defer r.lmu.Unlock()
 	r.loads[id] = ch
@@ -177,6 +177,56 @@ func TestPageLoadFailure(t *testing.T) {
 		synctest.Wait()
 		if sb := state(d); State(sb.State) != StateStopped || !strings.Contains(sb.Reason, loadErr.Error()) {
 			t.Errorf("after a confirmed load failure: %s, reason %q; want stopped with the load's error", sb.State, sb.Reason)
+		}
+	})
+}
+
+// TestAdoptedPageLoad: a daemon restarted while a resumed sandbox's
+// memory was still loading follows the load of the sandbox it adopts: a
+// failure then stops it with the load's error as its reason, not as a
+// sandbox found dead with none. A sandbox with nothing loading is
+// adopted and stays ready.
+func TestAdoptedPageLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newLoadRuntime()
+		f := newPauseFixture(t, rt)
+		ctx := t.Context()
+		var ids []string
+		for range 2 {
+			sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.m.Pause(ctx, sb.ID); err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, sb.ID)
+		}
+		loading, loaded := ids[0], ids[1]
+		rt.loading(loading)
+		for _, id := range ids {
+			if _, err := f.m.Resume(ctx, id, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The daemon stops mid-load; the load goes on in the runtime
+		// and fails after the restart.
+		load := rt.loading(loading)
+		f.restart(t)
+		f.rt.mu.Lock()
+		f.rt.running[loading] = runtime.StatusStopped
+		f.rt.mu.Unlock()
+		load <- errors.New("pages file: unexpected EOF")
+		synctest.Wait()
+		sb, err := f.m.Get(ctx, loading)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if State(sb.State) != StateStopped || !strings.Contains(sb.Reason, "memory image load failed after the daemon restart: pages file: unexpected EOF") {
+			t.Errorf("adopted sandbox whose load failed: %s, reason %q; want stopped with the load's error", sb.State, sb.Reason)
+		}
+		if sb, err := f.m.Get(ctx, loaded); err != nil || State(sb.State) != StateReady {
+			t.Errorf("adopted sandbox with nothing loading: %+v, %v; want ready", sb.State, err)
 		}
 	})
 }

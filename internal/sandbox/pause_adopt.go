@@ -76,6 +76,7 @@ func (m *Manager) adoptPause(ctx context.Context, e *entry, fail func(string) bo
 			err := m.completeResume(ctx, e)
 			if err == nil {
 				m.publishAdopted(ctx, e)
+				m.guardAdoptedLoad(e, rt)
 				return true, true
 			}
 			m.log.Warn("resume_not_completed_at_restart", "sandbox_id", id, "err", err)

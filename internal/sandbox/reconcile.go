@@ -187,6 +187,7 @@ func (m *Manager) adopt(ctx context.Context, rec core.Sandbox) bool {
 	m.arm(e)
 	m.event(ctx, rec.ID, EventAdopted, "re-adopted after a daemon restart")
 	m.log.Info("sandbox_adopted", "sandbox_id", rec.ID)
+	m.guardAdoptedLoad(e, rt)
 	return true
 }
 

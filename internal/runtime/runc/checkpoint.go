@@ -226,8 +226,12 @@ func (r *Runtime) Restore(ctx context.Context, spec runtime.Spec, dir string) er
 	if err != nil {
 		return fmt.Errorf("restore sandbox %s: %w", id, err)
 	}
-	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs(dir)...), "--image-path", dir)
-	err = r.runscRestore(ctx, spec, &sp, args...)
+	flags, err := r.restoreFlags(id, dir)
+	if err != nil {
+		_ = detach()
+		return fmt.Errorf("restore sandbox %s: %w", id, err)
+	}
+	err = r.runscRestore(ctx, spec, &sp, append(flags, "--image-path", dir)...)
 	if derr := detach(); err == nil {
 		err = derr
 	}
@@ -255,6 +259,12 @@ func (r *Runtime) WaitRestored(ctx context.Context, id string) error {
 	if r.cfg.GVisor == nil || !r.cfg.GVisor.BackgroundRestore {
 		return nil
 	}
+	// A sandbox that was not restored in the background since it last
+	// started (or whose load was seen to end well) has nothing loading,
+	// and runsc would refuse the question ("not being restored").
+	if _, err := os.Stat(r.loadingMark(id)); err != nil {
+		return nil
+	}
 	cmd := r.command(ctx, id, "wait", "--restore", id)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -264,7 +274,30 @@ func (r *Runtime) WaitRestored(ctx context.Context, id string) error {
 		}
 		return fmt.Errorf("runsc wait --restore: %w: %s", err, strings.TrimSpace(stderr.String()))
 	}
+	if err := os.Remove(r.loadingMark(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.log.Warn("loading_mark_not_removed", "sandbox_id", id, "err", err)
+	}
 	return nil
+}
+
+// loadingMark is the file that says sandbox id was restored in the
+// background (GVisor.BackgroundRestore) since it last started: its
+// memory may still be loading. It outlives the daemon, so a restarted
+// one asks about the load of a sandbox it adopts, and only of those;
+// Stop, and a WaitRestored that saw the load end well, remove it.
+func (r *Runtime) loadingMark(id string) string { return filepath.Join(r.dir(id), "restore-loading") }
+
+// restoreFlags are `runsc restore`'s flags for sandbox id's restore from
+// the image in dir, but the image's path; a restore in the background
+// writes id's loading mark first.
+func (r *Runtime) restoreFlags(id, dir string) ([]string, error) {
+	flags := append([]string{"--detach"}, r.cfg.GVisor.restoreArgs(dir)...)
+	if r.cfg.GVisor.BackgroundRestore {
+		if err := os.WriteFile(r.loadingMark(id), nil, 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return flags, nil
 }
 
 // checkpointedConfig is the config sandbox id was created with, whose
@@ -421,8 +454,11 @@ func (r *Runtime) restorePrepared(ctx context.Context, spec runtime.Spec, dir st
 			return true, fmt.Errorf("before start: %w", err)
 		}
 	}
-	args := append(append([]string{"--detach"}, r.cfg.GVisor.restoreArgs(dir)...), "--image-path", dir)
-	if err := r.runscStart(ctx, spec, "restore", nil, args...); err != nil {
+	flags, err := r.restoreFlags(id, dir)
+	if err != nil {
+		return true, err
+	}
+	if err := r.runscStart(ctx, spec, "restore", nil, append(flags, "--image-path", dir)...); err != nil {
 		return true, err
 	}
 	if _, err := os.Stat(r.restoreMark(id)); err == nil {

@@ -423,7 +423,11 @@ func (r *Runtime) createGVisor(ctx context.Context, spec runtime.Spec, sp *specs
 	}
 	phases.mark("config")
 	if spec.RestoreImage != "" {
-		if err := r.runscRestore(ctx, spec, sp, "--detach", "--image-path", spec.RestoreImage); err != nil {
+		flags, err := r.restoreFlags(id, spec.RestoreImage)
+		if err != nil {
+			return err
+		}
+		if err := r.runscRestore(ctx, spec, sp, append(flags, "--image-path", spec.RestoreImage)...); err != nil {
 			return err
 		}
 		phases.mark("runsc_restore")

@@ -34,9 +34,12 @@ func (r *Runtime) Stop(ctx context.Context, id string) error {
 	start := time.Now()
 	phases := phaseTimer{last: start}
 	errs := r.endProcesses(ctx, id, &phases)
-	// A sandbox made for a restore (PrepareRestore) is gone with them.
-	if err := os.Remove(r.preparedMark(id)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		errs = append(errs, err)
+	// A sandbox made for a restore (PrepareRestore) is gone with them,
+	// and so is a memory load still going on.
+	for _, mark := range []string{r.preparedMark(id), r.loadingMark(id)} {
+		if err := os.Remove(mark); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	if err := r.unmountRootfs(ctx, id); err != nil {
 		errs = append(errs, err)
