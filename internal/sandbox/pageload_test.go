@@ -10,6 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/berth-sandbox/berth/internal/core"
 	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
@@ -182,17 +183,17 @@ func TestPageLoadFailure(t *testing.T) {
 }
 
 // TestAdoptedPageLoad: a daemon restarted while a resumed sandbox's
-// memory was still loading follows the load of the sandbox it adopts: a
-// failure then stops it with the load's error as its reason, not as a
-// sandbox found dead with none. A sandbox with nothing loading is
-// adopted and stays ready.
+// memory was still loading follows the load of the sandbox it adopts
+// (ready, or its resume finished at the start): a failure then stops it
+// with the load's error as its reason, not as a sandbox found dead with
+// none. A sandbox with nothing loading is adopted and stays ready.
 func TestAdoptedPageLoad(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := newLoadRuntime()
 		f := newPauseFixture(t, rt)
 		ctx := t.Context()
 		var ids []string
-		for range 2 {
+		for range 3 {
 			sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
 			if err != nil {
 				t.Fatal(err)
@@ -202,28 +203,39 @@ func TestAdoptedPageLoad(t *testing.T) {
 			}
 			ids = append(ids, sb.ID)
 		}
-		loading, loaded := ids[0], ids[1]
+		loading, loaded, resuming := ids[0], ids[1], ids[2]
 		rt.loading(loading)
 		for _, id := range ids {
 			if _, err := f.m.Resume(ctx, id, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
-		// The daemon stops mid-load; the load goes on in the runtime
-		// and fails after the restart.
-		load := rt.loading(loading)
+		// The daemon stops mid-load (one sandbox's resume not yet on
+		// record as done); the loads go on in the runtime and fail
+		// after the restart.
+		f.m.Close()
+		setState(t, f, resuming, StateResuming, core.PauseMemory)
+		writeCheckpoint(t, f, resuming)
+		loads := map[string]chan error{loading: rt.loading(loading), resuming: rt.loading(resuming)}
 		f.restart(t)
-		f.rt.mu.Lock()
-		f.rt.running[loading] = runtime.StatusStopped
-		f.rt.mu.Unlock()
-		load <- errors.New("pages file: unexpected EOF")
-		synctest.Wait()
-		sb, err := f.m.Get(ctx, loading)
-		if err != nil {
-			t.Fatal(err)
+		for id, load := range loads {
+			if sb, err := f.m.Get(ctx, id); err != nil || State(sb.State) != StateReady {
+				t.Fatalf("adopted sandbox %s: %+v, %v; want ready while its load goes on", id, sb.State, err)
+			}
+			f.rt.mu.Lock()
+			f.rt.running[id] = runtime.StatusStopped
+			f.rt.mu.Unlock()
+			load <- errors.New("pages file: unexpected EOF")
 		}
-		if State(sb.State) != StateStopped || !strings.Contains(sb.Reason, "memory image load failed after the daemon restart: pages file: unexpected EOF") {
-			t.Errorf("adopted sandbox whose load failed: %s, reason %q; want stopped with the load's error", sb.State, sb.Reason)
+		synctest.Wait()
+		for id := range loads {
+			sb, err := f.m.Get(ctx, id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if State(sb.State) != StateStopped || !strings.Contains(sb.Reason, "memory image load failed after the daemon restart: pages file: unexpected EOF") {
+				t.Errorf("adopted sandbox %s whose load failed: %s, reason %q; want stopped with the load's error", id, sb.State, sb.Reason)
+			}
 		}
 		if sb, err := f.m.Get(ctx, loaded); err != nil || State(sb.State) != StateReady {
 			t.Errorf("adopted sandbox with nothing loading: %+v, %v; want ready", sb.State, err)

@@ -326,20 +326,11 @@ func TestPrepareRestoreFails(t *testing.T) {
 	h.binary = wrapper
 	inst := h.New(t)
 	pr, ok := inst.Backend.(runtimetest.RestorePreparer)
-	cp, ok2 := inst.Backend.(runtimetest.Checkpointer)
-	st, ok3 := inst.Backend.(runtimetest.Stopper)
-	if !ok || !ok2 || !ok3 || !inst.Checkpoints {
-		t.Skip("runsc cannot checkpoint")
+	if !ok {
+		t.Skip("runsc cannot restore into a created sandbox")
 	}
 	ctx := t.Context()
-	id, spec := created(t, h, inst)
-	image := filepath.Join(t.TempDir(), "image")
-	if err := cp.Checkpoint(ctx, id, image); err != nil {
-		t.Fatal(err)
-	}
-	if err := st.Stop(ctx, id); err != nil {
-		t.Fatal(err)
-	}
+	id, spec, image := checkpointed(t, h, inst)
 	if err := os.WriteFile(refuse, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -356,7 +347,7 @@ func TestPrepareRestoreFails(t *testing.T) {
 	if err := os.Remove(refuse); err != nil {
 		t.Fatal(err)
 	}
-	if err := cp.Restore(ctx, spec, image); err != nil {
+	if err := inst.Backend.(runtimetest.Checkpointer).Restore(ctx, spec, image); err != nil {
 		t.Fatalf("Restore after a failed PrepareRestore = %v", err)
 	}
 	if s, err := inst.Backend.Inspect(ctx, id); err != nil || s.Status != runtime.StatusRunning {
@@ -366,6 +357,26 @@ func TestPrepareRestoreFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
+}
+
+// checkpointed makes a sandbox of h's spec in inst (created), checkpoints
+// it into image and stops it: a paused sandbox as the runtime keeps it.
+func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance) (id string, spec runtime.Spec, image string) {
+	t.Helper()
+	cp, ok := inst.Backend.(runtimetest.Checkpointer)
+	st, ok2 := inst.Backend.(runtimetest.Stopper)
+	if !ok || !ok2 || !inst.Checkpoints {
+		t.Skip("runsc cannot checkpoint")
+	}
+	id, spec = created(t, h, inst)
+	image = filepath.Join(t.TempDir(), "image")
+	if err := cp.Checkpoint(t.Context(), id, image); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Stop(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	return id, spec, image
 }
 
 // created makes a sandbox of h's spec in inst, destroyed when the test
