@@ -86,17 +86,6 @@ func TestPageLoadFailure(t *testing.T) {
 		prober := &gateProber{}
 		f.restartWith(t, func() { f.deps.Prober, f.cfg.ReadyTimeout = prober, time.Hour })
 		ctx := t.Context()
-		create := func() string {
-			t.Helper()
-			sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := f.m.Pause(ctx, sb.ID); err != nil {
-				t.Fatal(err)
-			}
-			return sb.ID
-		}
 		state := func(id string) Sandbox {
 			t.Helper()
 			sb, err := f.m.Get(ctx, id)
@@ -108,7 +97,7 @@ func TestPageLoadFailure(t *testing.T) {
 		loadErr := errors.New("pages file: unexpected EOF")
 
 		// Before the agent answers.
-		a := create()
+		a := f.paused(t)
 		load := rt.loading(a)
 		prober.hold.Store(true)
 		done := make(chan error, 1)
@@ -135,7 +124,7 @@ func TestPageLoadFailure(t *testing.T) {
 		}
 
 		// After the resume: the runtime killed the sandbox.
-		b := create()
+		b := f.paused(t)
 		load = rt.loading(b)
 		if _, err := f.m.Resume(ctx, b, 0); err != nil {
 			t.Fatal(err)
@@ -155,7 +144,7 @@ func TestPageLoadFailure(t *testing.T) {
 
 		// An error the runtime does not confirm (asked again, the load
 		// has ended well) while the sandbox runs.
-		c := create()
+		c := f.paused(t)
 		load = rt.loading(c)
 		if _, err := f.m.Resume(ctx, c, 0); err != nil {
 			t.Fatal(err)
@@ -166,7 +155,7 @@ func TestPageLoadFailure(t *testing.T) {
 			t.Errorf("after an unconfirmed load error: %s (%s); want ready", sb.State, sb.Reason)
 		}
 		// Confirmed: asked again, it failed again.
-		d := create()
+		d := f.paused(t)
 		load = rt.loading(d)
 		if _, err := f.m.Resume(ctx, d, 0); err != nil {
 			t.Fatal(err)
@@ -192,17 +181,7 @@ func TestAdoptedPageLoad(t *testing.T) {
 		rt := newLoadRuntime()
 		f := newPauseFixture(t, rt)
 		ctx := t.Context()
-		var ids []string
-		for range 3 {
-			sb, err := f.m.Create(ctx, CreateRequest{Timeout: 10 * time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := f.m.Pause(ctx, sb.ID); err != nil {
-				t.Fatal(err)
-			}
-			ids = append(ids, sb.ID)
-		}
+		ids := []string{f.paused(t), f.paused(t), f.paused(t)}
 		loading, loaded, resuming := ids[0], ids[1], ids[2]
 		rt.loading(loading)
 		for _, id := range ids {

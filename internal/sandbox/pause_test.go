@@ -207,6 +207,19 @@ func (f *pauseFixture) restartWith(t *testing.T, change func()) {
 	f.start(t)
 }
 
+// paused makes a sandbox (ten minutes' timeout) and pauses it.
+func (f *pauseFixture) paused(t *testing.T) string {
+	t.Helper()
+	sb, err := f.m.Create(t.Context(), CreateRequest{Timeout: 10 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.m.Pause(t.Context(), sb.ID); err != nil {
+		t.Fatal(err)
+	}
+	return sb.ID
+}
+
 func (f *pauseFixture) status(id string) runtime.Status {
 	f.rt.mu.Lock()
 	defer f.rt.mu.Unlock()
