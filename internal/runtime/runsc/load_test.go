@@ -107,13 +107,13 @@ func TestLoadFailsAfterRestore(t *testing.T) {
 
 // holdGate holds reads until release; held closes at the first one held.
 type holdGate struct {
-	held, released       chan struct{}
-	heldOnce, releaseOne sync.Once
+	held, released        chan struct{}
+	heldOnce, releaseOnce sync.Once
 }
 
 func (g *holdGate) hold() { g.heldOnce.Do(func() { close(g.held) }) }
 
-func (g *holdGate) release() { g.releaseOne.Do(func() { close(g.released) }) }
+func (g *holdGate) release() { g.releaseOnce.Do(func() { close(g.released) }) }
 
 func (g *holdGate) wasHeld() bool {
 	select {
@@ -128,6 +128,7 @@ func (g *holdGate) wasHeld() bool {
 // past hold (when hold ≥ 0) wait for the gate, then fail with EIO.
 type heldFile struct {
 	fs.Inode
+	name string
 	f    *os.File
 	size int64
 	hold int64
@@ -173,7 +174,8 @@ func (n *heldFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 // serveHeld mounts at mnt, through FUSE, a read-only copy of the regular
 // files of dir, whose file named held answers reads past its offset from
 // only once the returned gate is released, with EIO. Unmounted when the
-// test ends (after what it made before, which the sandbox's cleanup is).
+// test ends, after the cleanups registered later: a caller whose sandbox
+// reads the files registers its Destroy after this.
 func serveHeld(t *testing.T, dir, mnt, held string, from int64) *holdGate {
 	t.Helper()
 	gate := &holdGate{held: make(chan struct{}), released: make(chan struct{})}
@@ -182,7 +184,6 @@ func serveHeld(t *testing.T, dir, mnt, held string, from int64) *holdGate {
 		t.Fatal(err)
 	}
 	var files []*heldFile
-	names := map[*heldFile]string{}
 	for _, e := range ents {
 		if !e.Type().IsRegular() {
 			continue
@@ -196,12 +197,11 @@ func serveHeld(t *testing.T, dir, mnt, held string, from int64) *holdGate {
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &heldFile{f: f, size: fi.Size(), hold: -1, gate: gate}
+		n := &heldFile{name: e.Name(), f: f, size: fi.Size(), hold: -1, gate: gate}
 		if e.Name() == held {
 			n.hold = from
 		}
 		files = append(files, n)
-		names[n] = e.Name()
 	}
 	root := &fs.Inode{}
 	server, err := fs.Mount(mnt, root, &fs.Options{
@@ -209,7 +209,7 @@ func serveHeld(t *testing.T, dir, mnt, held string, from int64) *holdGate {
 		OnAdd: func(ctx context.Context) {
 			for i, n := range files {
 				ch := root.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: uint64(i + 2)})
-				root.AddChild(names[n], ch, true)
+				root.AddChild(n.name, ch, true)
 			}
 		},
 	})
