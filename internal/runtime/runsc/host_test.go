@@ -330,7 +330,7 @@ func TestPrepareRestoreFails(t *testing.T) {
 		t.Skip("runsc cannot restore into a created sandbox")
 	}
 	ctx := t.Context()
-	id, spec, image := checkpointed(t, h, inst)
+	id, spec, image := checkpointed(t, h, inst, "")
 	if err := os.WriteFile(refuse, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -359,9 +359,10 @@ func TestPrepareRestoreFails(t *testing.T) {
 	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
 }
 
-// checkpointed makes a sandbox of h's spec in inst (created), checkpoints
-// it into image and stops it: a paused sandbox as the runtime keeps it.
-func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance) (id string, spec runtime.Spec, image string) {
+// checkpointed makes a sandbox of h's spec in inst (created), runs script
+// in it (a shell command, if any; it must print "held"), checkpoints it
+// into image and stops it: a paused sandbox as the runtime keeps it.
+func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance, script string) (id string, spec runtime.Spec, image string) {
 	t.Helper()
 	cp, ok := inst.Backend.(runtimetest.Checkpointer)
 	st, ok2 := inst.Backend.(runtimetest.Stopper)
@@ -369,6 +370,11 @@ func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance) (id strin
 		t.Skip("runsc cannot checkpoint")
 	}
 	id, spec = created(t, h, inst)
+	if script != "" {
+		if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", script); err != nil || string(out) != "held\n" {
+			t.Fatalf("%s = %q, %v", script, out, err)
+		}
+	}
 	image = filepath.Join(t.TempDir(), "image")
 	if err := cp.Checkpoint(t.Context(), id, image); err != nil {
 		t.Fatal(err)
