@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -50,8 +51,9 @@ func TestLoadFailsAfterResumeGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Before the unmount: the sentry holds the image's files open until
-	// its load ends or it is gone.
-	t.Cleanup(func() { _ = d.Client.Kill(ctx, sb.ID) })
+	// its load ends or it is gone. (Not with ctx, which ends before the
+	// cleanups run.)
+	t.Cleanup(func() { _ = d.Client.Kill(context.Background(), sb.ID) })
 
 	resumed := make(chan error, 1)
 	go func() {
