@@ -93,15 +93,7 @@ func TestLoadFailsAfterResumeGVisor(t *testing.T) {
 	if !strings.Contains(got.Reason, "memory image load failed after the resume") {
 		t.Errorf("stopped sandbox's reason = %q, want the memory load's failure", got.Reason)
 	}
-	evs, err := d.Client.Events(ctx, sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var types []string
-	for _, ev := range evs {
-		types = append(types, ev.Type)
-	}
-	if len(types) == 0 || types[len(types)-1] != client.EventDestroyed {
+	if types := eventTypes(t, d, sb.ID); len(types) == 0 || types[len(types)-1] != client.EventDestroyed {
 		t.Errorf("events after the load failed = %v, want it to end with %s", types, client.EventDestroyed)
 	}
 	harness.AssertNoLeaks(t, d)

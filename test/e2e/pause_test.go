@@ -89,14 +89,7 @@ func TestPauseResumeFilesystem(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "filesystem") {
 		t.Errorf("berth pause: %d %q %s", code, out, stderr)
 	}
-	evs, err := d.Client.Events(ctx, sb.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var types []string
-	for _, e := range evs {
-		types = append(types, e.Type)
-	}
+	types := eventTypes(t, d, sb.ID)
 	if n := strings.Count(strings.Join(types, " "), client.EventPaused); n != 2 || !slices.Contains(types, client.EventResumed) {
 		t.Errorf("events %v: want two paused and a resumed", types)
 	}
@@ -284,4 +277,18 @@ func TestIdlePause(t *testing.T) {
 	if err != nil || evs[len(evs)-1].Type != client.EventPaused || !strings.Contains(evs[len(evs)-1].Message, "idle") {
 		t.Errorf("events %+v, %v: want the last one paused, idle", evs, err)
 	}
+}
+
+// eventTypes are the types of sandbox id's events so far, oldest first.
+func eventTypes(t *testing.T, d *Daemon, id string) []string {
+	t.Helper()
+	evs, err := d.Client.Events(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var types []string
+	for _, e := range evs {
+		types = append(types, e.Type)
+	}
+	return types
 }

@@ -19,14 +19,16 @@ import (
 // (the sentry's memory) before the checkpoint. The checkpoint is served
 // through FUSE, and reads of a stretch of its pages file that holds only
 // those pages (found by their bytes; the restore itself needs none of
-// them) are held until the test lets them fail (EIO): Restore returns while those reads wait, the sandbox runs, WaitRestored
+// them) are held until the test lets them fail (EIO): Restore returns
+// while those reads wait, the sandbox runs (a command too), WaitRestored
 // waits; once they fail, WaitRestored fails (with the sentry's "async
 // MemoryFile loading failed: I/O error" when its runsc reached the sentry
 // before the sentry ended the sandbox, else with runsc's failure to ask),
 // the sandbox's processes are gone, and Destroy leaves nothing. (runsc
 // opens the image as root; the sentry reads it from its own user
-// namespace, which a FUSE mount admits only with allow_other.) The daemon's
-// handling of such a failure is e2e's TestLoadFailsAfterResumeGVisor.
+// namespace, which a FUSE mount admits only with allow_other.) The
+// daemon's handling of such a failure is e2e's
+// TestLoadFailsAfterResumeGVisor.
 func TestLoadFailsAfterRestore(t *testing.T) {
 	h := newHarness(t)
 	bin, err := exec.LookPath("runsc")
@@ -72,6 +74,10 @@ func TestLoadFailsAfterRestore(t *testing.T) {
 	case <-gate.Held():
 	case <-time.After(2 * time.Minute):
 		t.Fatal("no read of the held stretch of the pages came after Restore")
+	}
+	// It runs while its load waits.
+	if out, err := inst.Exec(ctx, id, "/bin/echo", "up"); err != nil || string(out) != "up\n" {
+		t.Fatalf("a command while the load waits = %q, %v", out, err)
 	}
 	loaded := make(chan error, 1)
 	go func() { loaded <- pl.WaitRestored(ctx, id) }()
