@@ -156,10 +156,11 @@ func PatternScript(path string, n int) string {
 }
 
 // HeldStretch is a stretch [from, to) of the pages file at path that
-// holds only PatternScript's pages, for ServeHeld to hold: 256 KiB (the
-// sentry's largest read of its pages file, so no read that covers it
-// reaches the pages of anything else) from the middle of the longest run
-// of them.
+// holds only PatternScript's pages, for ServeHeld to hold: 256 KiB from
+// the middle of the longest run of them, which must be 1 MiB at least.
+// The sentry reads its pages file at most 256 KiB at a time, so no read
+// that touches the stretch reaches pages of anything else, which the
+// restore or the sandbox may need.
 func HeldStretch(t TB, path string) (from, to int64) {
 	t.Helper()
 	f, err := os.Open(path)

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-sandbox/berth/errdefs"
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
+	th "github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestHostProcesses: what a gVisor sandbox runs on the host never runs as
@@ -330,7 +331,7 @@ func TestPrepareRestoreFails(t *testing.T) {
 		t.Skip("runsc cannot restore into a created sandbox")
 	}
 	ctx := t.Context()
-	id, spec, image := checkpointed(t, h, inst, "")
+	id, spec, image := checkpointed(t, h, inst, 0)
 	if err := os.WriteFile(refuse, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -359,10 +360,11 @@ func TestPrepareRestoreFails(t *testing.T) {
 	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
 }
 
-// checkpointed makes a sandbox of h's spec in inst (created), runs script
-// in it (a shell command, if any; it must print "held"), checkpoints it
-// into image and stops it: a paused sandbox as the runtime keeps it.
-func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance, script string) (id string, spec runtime.Spec, image string) {
+// checkpointed makes a sandbox of h's spec in inst (created), has it write
+// pattern bytes of th.PatternScript's pages to /dev/shm/hold (none for 0),
+// checkpoints it into image and stops it: a paused sandbox as the runtime
+// keeps it.
+func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance, pattern int) (id string, spec runtime.Spec, image string) {
 	t.Helper()
 	cp, ok := inst.Backend.(runtimetest.Checkpointer)
 	st, ok2 := inst.Backend.(runtimetest.Stopper)
@@ -370,7 +372,8 @@ func checkpointed(t *testing.T, h *harness, inst runtimetest.Instance, script st
 		t.Skip("runsc cannot checkpoint")
 	}
 	id, spec = created(t, h, inst)
-	if script != "" {
+	if pattern > 0 {
+		script := th.PatternScript("/dev/shm/hold", pattern)
 		if out, err := inst.Exec(t.Context(), id, "/bin/sh", "-c", script); err != nil || string(out) != "held\n" {
 			t.Fatalf("%s = %q, %v", script, out, err)
 		}

@@ -44,7 +44,7 @@ func TestLoadFailsAfterRestore(t *testing.T) {
 		t.Fatal("runsc runtime cannot wait for a load")
 	}
 	ctx := t.Context()
-	id, spec, image := checkpointed(t, h, inst, th.PatternScript("/dev/shm/hold", 8<<20))
+	id, spec, image := checkpointed(t, h, inst, 8<<20)
 	cp := inst.Backend.(runtimetest.Checkpointer)
 	const pages = "pages.img"
 	from, to := th.HeldStretch(t, filepath.Join(image, pages))
