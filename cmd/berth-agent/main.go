@@ -114,6 +114,8 @@ func run() error {
 	if err := agent.DropSysAdmin(); err != nil {
 		return err
 	}
+	// Threads made now, while the sandbox's pids limit has room.
+	agent.ReserveThreads(agent.ThreadReserve())
 
 	srv, err := agent.New(agent.Config{
 		Listen:      *listen,

@@ -2,6 +2,7 @@ package hostile
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -128,34 +129,18 @@ func runAs(uid int, name string, args ...string) (string, error) {
 
 // TestForkBombKill: a sandbox whose pids limit a fork bomb keeps full is
 // destroyed every time, through the API and through the CLI, with
-// nothing left on the host.
+// nothing left on the host. Its agent answers meanwhile: the bomb takes
+// every task the limit allows, and the agent, whose threads count in the
+// same limit, made the ones it needs at its start (agent.ReserveThreads;
+// a Go program that cannot make a thread when it needs one dies, and
+// before that reserve the agent did, about once in twenty runs under a
+// CPU hog, with the bomb's exec unanswered).
 func TestForkBombKill(t *testing.T) {
 	d := harness.StartDaemon(t, bin)
 	for i := range 4 {
 		// Half a CPU: the bomb spins, and the host is shared.
 		sb := d.Create(t, client.CreateRequest{CPU: 0.5})
-		got, err := d.Client.Get(t.Context(), sb.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The bomb of the issue: processes fork pipelines of copies of
-		// themselves as fast as they can, refilling the pids limit as it
-		// frees up.
-		if _, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "b() { while :; do b & done; }; b 2>/dev/null"}}); err != nil {
-			t.Fatal(err)
-		}
-		events := d.CgroupFile(sb.ID, "pids", "pids.events")
-		if events == "" {
-			t.Fatalf("sandbox %s has no pids.events", sb.ID)
-		}
-		// The sandbox is full of bomb once the kernel reports refusing a
-		// fork at the pids limit.
-		harness.WaitFor(t, 2*time.Minute, "the kernel to refuse a fork at the pids limit (pids.events max > 0)", func() bool {
-			n, err := harness.CgroupKV(events, "max")
-			return err == nil && n > 0
-		})
-		n, _ := harness.CgroupInt(d.CgroupFile(sb.ID, "pids", "pids.current"))
-		t.Logf("round %d: %d processes (limit %d)", i, n, got.PIDsLimit)
+		bombed(t, d, sb, fmt.Sprintf("round %d", i))
 		if i%2 == 0 {
 			if err := sb.Kill(t.Context()); err != nil {
 				t.Fatalf("round %d: kill via API: %v", i, err)
@@ -168,5 +153,54 @@ func TestForkBombKill(t *testing.T) {
 			t.Errorf("round %d: the bombed sandbox's cgroup outlived its kill", i)
 		}
 		harness.AssertNoLeaks(t, d)
+	}
+}
+
+// TestForkBombMinimumLimit: at the smallest pids limit a sandbox may have
+// (16), the agent starts with its thread reserve, runs a command, and
+// answers while a fork bomb fills the rest.
+func TestForkBombMinimumLimit(t *testing.T) {
+	d := harness.StartDaemon(t, bin)
+	sb := d.Create(t, client.CreateRequest{CPU: 0.5, PIDs: 16})
+	if got := harness.MustRun(t, sb, "echo ok"); got != "ok\n" {
+		t.Fatalf("a command at pids 16 = %q", got)
+	}
+	bombed(t, d, sb, "pids 16")
+	if err := sb.Kill(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	harness.AssertNoLeaks(t, d)
+}
+
+// bombed starts a fork bomb in sb, waits until the kernel refuses it a
+// fork at the sandbox's pids limit, and checks that the agent answers
+// (a file read, which starts no process).
+func bombed(t *testing.T, d *harness.Daemon, sb *client.Sandbox, what string) {
+	t.Helper()
+	got, err := d.Client.Get(t.Context(), sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The bomb of the issue: processes fork pipelines of copies of
+	// themselves as fast as they can, refilling the pids limit as it
+	// frees up.
+	if _, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "b() { while :; do b & done; }; b 2>/dev/null"}}); err != nil {
+		t.Fatalf("%s: starting the bomb: %v", what, err)
+	}
+	events := d.CgroupFile(sb.ID, "pids", "pids.events")
+	if events == "" {
+		t.Fatalf("sandbox %s has no pids.events", sb.ID)
+	}
+	// The sandbox is full of bomb once the kernel reports refusing a
+	// fork at the pids limit.
+	harness.WaitFor(t, 2*time.Minute, "the kernel to refuse a fork at the pids limit (pids.events max > 0)", func() bool {
+		n, err := harness.CgroupKV(events, "max")
+		return err == nil && n > 0
+	})
+	n, _ := harness.CgroupInt(d.CgroupFile(sb.ID, "pids", "pids.current"))
+	t.Logf("%s: %d processes (limit %d)", what, n, got.PIDsLimit)
+	var b bytes.Buffer
+	if err := sb.ReadFile(t.Context(), "/etc/hostname", &b); err != nil || b.Len() == 0 {
+		t.Fatalf("%s: the agent amid the bomb: read /etc/hostname = %q, %v", what, b.String(), err)
 	}
 }
