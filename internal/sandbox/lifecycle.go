@@ -86,6 +86,9 @@ type entry struct {
 	pub sync.Mutex
 	// ooms is the OOM-kill count last seen by the monitor.
 	ooms atomic.Int64
+	// load is the memory load guardPageLoad follows, for the monitor's
+	// account of a death while it goes on (loadFailure).
+	load atomic.Pointer[guardedLoad]
 
 	tmu   sync.Mutex // guards timer: Close stops it without op
 	timer *time.Timer

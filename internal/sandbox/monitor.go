@@ -101,7 +101,8 @@ func (m *Manager) check(ctx context.Context, e *entry) {
 	}
 }
 
-// exitReason says why a ready sandbox's init is gone. Under gVisor the
+// exitReason says why a ready sandbox's init is gone: a memory load that
+// failed meanwhile (loadFailure) comes first. Under gVisor the
 // host's OOM killer sees one process, the sentry, holding all the
 // sandbox's memory, so an out-of-memory gVisor sandbox dies whole; its
 // cgroup's OOM count, still readable until teardown, tells that apart from
@@ -110,6 +111,9 @@ func (m *Manager) exitReason(ctx context.Context, e *entry, rt Runtime, status r
 	reason := fmt.Sprintf("sandbox init exited (runtime status %s)", status)
 	if report := crashReport(rt, e.id); report != "" {
 		reason += ": " + report
+	}
+	if lf := m.loadFailure(ctx, e); lf != "" {
+		reason = lf + "; " + reason
 	}
 	sr, ok := rt.(StatsReader)
 	if !ok {

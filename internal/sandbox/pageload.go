@@ -101,6 +101,7 @@ func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
 		return
 	}
 	run := e.cur.Load().run
+	e.load.Store(&guardedLoad{l: l, run: run, after: after})
 	rt := m.runtimeOf(e.cur.Load().rec)
 	go func() {
 		defer m.wg.Done()
@@ -131,7 +132,7 @@ func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
 			defer cancel()
 			return pl.WaitRestored(wctx, e.id) != nil && wctx.Err() == nil
 		}
-		reason := fmt.Sprintf("memory image load failed after the %s: %v", after, l.err)
+		reason := loadFailedReason(after, l.err)
 		if err := m.destroyIf(ctx, e, reason, still); err != nil && ctx.Err() == nil && !errors.Is(err, errdefs.ErrNotFound) {
 			m.log.Warn("destroy_after_load_failure", "sandbox_id", e.id, "err", err)
 		}
@@ -145,4 +146,47 @@ func (m *Manager) guardPageLoad(e *entry, l *pageLoad, after string) {
 // failed. The runtime answers at once for a sandbox with nothing loading.
 func (m *Manager) guardAdoptedLoad(e *entry, rt Runtime) {
 	m.guardPageLoad(e, m.watchPageLoad(rt, e.id), "daemon restart")
+}
+
+// guardedLoad is a memory load guardPageLoad follows: l, started after
+// what (a create, a resume) for the ready period run.
+type guardedLoad struct {
+	l     *pageLoad
+	run   *running
+	after string
+}
+
+// loadExitWait bounds how long the monitor, finding a sandbox dead while
+// its memory load is followed, waits for the load's outcome.
+const loadExitWait = 2 * time.Second
+
+// loadFailure is why sandbox e's memory load failed, if the load
+// guardPageLoad follows for its current ready period failed; "" when there
+// is none, it went well, or it has not ended within loadExitWait. A load
+// that fails has the runtime kill the sandbox, and the monitor may find
+// it dead before the load's own watch returns: asked then, it waits for
+// that watch, so the sandbox ends with the load's failure as its reason
+// rather than a bare "init exited".
+func (m *Manager) loadFailure(ctx context.Context, e *entry) string {
+	g := e.load.Load()
+	if g == nil || g.run != e.cur.Load().run {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(ctx, loadExitWait)
+	defer cancel()
+	select {
+	case <-g.l.done:
+	case <-ctx.Done():
+		return ""
+	}
+	if g.l.err == nil || errors.Is(g.l.err, context.Canceled) {
+		return ""
+	}
+	return loadFailedReason(g.after, g.l.err)
+}
+
+// loadFailedReason is the end reason of a sandbox whose memory load,
+// started after what, failed with err.
+func loadFailedReason(after string, err error) string {
+	return fmt.Sprintf("memory image load failed after the %s: %v", after, err)
 }

@@ -77,8 +77,9 @@ func (p *gateProber) WaitReady(ctx context.Context, addr string) error {
 // at once (not at the agent's timeout) and leaves the sandbox paused with
 // its checkpoint; one that fails after the resume destroys the sandbox
 // with the load's error as its reason, once the runtime reports it
-// stopped or reports the failure again; an error the runtime does not
-// confirm leaves a running sandbox alone.
+// stopped or reports the failure again (or when the monitor finds it
+// dead first, which then waits for the load's outcome); an error the
+// runtime does not confirm leaves a running sandbox alone.
 func TestPageLoadFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rt := newLoadRuntime()
@@ -167,6 +168,28 @@ func TestPageLoadFailure(t *testing.T) {
 		synctest.Wait()
 		if sb := state(d); State(sb.State) != StateStopped || !strings.Contains(sb.Reason, loadErr.Error()) {
 			t.Errorf("after a confirmed load failure: %s, reason %q; want stopped with the load's error", sb.State, sb.Reason)
+		}
+
+		// The monitor finds the sandbox dead before the load's watch
+		// has returned (the runtime killed it for the failed load): it
+		// waits for the watch, and the reason is the load's.
+		g := f.paused(t)
+		load = rt.loading(g)
+		if _, err := f.m.Resume(ctx, g, 0); err != nil {
+			t.Fatal(err)
+		}
+		f.rt.mu.Lock()
+		f.rt.running[g] = runtime.StatusStopped
+		f.rt.mu.Unlock()
+		time.Sleep(f.m.cfg.MonitorInterval + time.Millisecond)
+		synctest.Wait()
+		if sb := state(g); State(sb.State) != StateReady {
+			t.Fatalf("sandbox found dead while its load's outcome is awaited: %s (%s); want still ready", sb.State, sb.Reason)
+		}
+		load <- loadErr
+		synctest.Wait()
+		if sb := state(g); State(sb.State) != StateStopped || !strings.Contains(sb.Reason, "memory image load failed after the resume: "+loadErr.Error()) {
+			t.Errorf("sandbox found dead by the monitor while its load failed: %s, reason %q; want stopped with the load's error", sb.State, sb.Reason)
 		}
 	})
 }
