@@ -22,6 +22,7 @@ func TestReserveThreads(t *testing.T) {
 	}
 }
 
+// TestReserveFor: 32 threads, or a quarter of a smaller task limit.
 func TestReserveFor(t *testing.T) {
 	for _, c := range []struct {
 		limit uint64
