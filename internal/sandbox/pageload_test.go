@@ -181,6 +181,9 @@ func TestPageLoadFailure(t *testing.T) {
 		f.rt.mu.Lock()
 		f.rt.running[g] = runtime.StatusStopped
 		f.rt.mu.Unlock()
+		// Inside the synctest bubble: the fake clock moves past the
+		// monitor's next tick at once (no wall-clock wait), and
+		// synctest.Wait returns once the monitor blocks on the load.
 		time.Sleep(f.m.cfg.MonitorInterval + time.Millisecond)
 		synctest.Wait()
 		if sb := state(g); State(sb.State) != StateReady {
