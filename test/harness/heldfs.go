@@ -87,6 +87,11 @@ func (n *heldFile) Read(ctx context.Context, fh fs.FileHandle, dest []byte, off 
 	return fuse.ReadResultData(dest[:k]), 0
 }
 
+// HeldSource is the source of every mount ServeHeld makes, which tests
+// that look for mounts left on the host (hostile's) tell apart from a
+// sandbox's: another package's test may hold one while they run.
+const HeldSource = "berth-held-image"
+
 // ServeHeld mounts at mnt, through FUSE, a read-only copy of the regular
 // files of dir, whose file named held answers reads that touch [from, to)
 // only once the returned gate is released, with EIO. It is mounted with
@@ -123,7 +128,7 @@ func ServeHeld(t TB, dir, mnt, held string, from, to int64) *HoldGate {
 	}
 	root := &fs.Inode{}
 	server, err := fs.Mount(mnt, root, &fs.Options{
-		MountOptions: fuse.MountOptions{AllowOther: true, DirectMountStrict: true, FsName: "berth-held-image", Name: "berthtest"},
+		MountOptions: fuse.MountOptions{AllowOther: true, DirectMountStrict: true, FsName: HeldSource, Name: "berthtest"},
 		OnAdd: func(ctx context.Context) {
 			for i, n := range files {
 				ch := root.NewPersistentInode(ctx, n, fs.StableAttr{Mode: syscall.S_IFREG, Ino: uint64(i + 2)})

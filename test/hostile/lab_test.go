@@ -174,6 +174,12 @@ func hostMounts(d *harness.Daemon) map[string]bool {
 	}
 	for _, m := range mounts {
 		mp := m.Mountpoint
+		// A test's FUSE image (harness.ServeHeld), which an e2e or
+		// runtime test running beside this package serves to its own
+		// gVisor sandbox.
+		if m.Source == harness.HeldSource {
+			continue
+		}
 		// Sandbox mounts come and go: this daemon's and those of any
 		// other daemon or runtime test on the host (each sandbox's rootfs
 		// and disk, under sandboxes/<id>/ or a state dir), and network
