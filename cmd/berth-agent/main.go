@@ -114,8 +114,14 @@ func run() error {
 	if err := agent.DropSysAdmin(); err != nil {
 		return err
 	}
-	// Threads made now, while the sandbox's pids limit has room.
-	agent.ReserveThreads(agent.ThreadReserve())
+	// Threads made now, while the sandbox's pids limit has room. With a
+	// pids cgroup of its own kernel (gVisor) the workload is held in a
+	// cgroup the agent is not in, and its bomb leaves the agent's threads
+	// room: no reserve there, whose tasks every checkpoint of the sandbox
+	// would save and every restore rebuild.
+	if pids == nil {
+		agent.ReserveThreads(agent.ThreadReserve())
+	}
 
 	srv, err := agent.New(agent.Config{
 		Listen:      *listen,
