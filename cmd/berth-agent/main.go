@@ -83,12 +83,20 @@ func run() error {
 	}
 
 	var pids *agent.PidsCgroup
-	if *pidsMax > 0 {
+	switch {
+	case *pidsMax > 0:
 		// /dev is a tmpfs of the sandbox's own: the mount point never
 		// reaches the disk (or a snapshot of it).
 		if pids, err = agent.SetupPidsCgroup("/dev", *pidsMax); err != nil {
 			return err
 		}
+	case os.Getenv(envd.PidsTasksFDsEnv) != "":
+		if pids, err = hostPidsCgroup(os.Getenv(envd.PidsTasksFDsEnv)); err != nil {
+			return err
+		}
+	}
+	if err := os.Unsetenv(envd.PidsTasksFDsEnv); err != nil {
+		return err
 	}
 	// One filter for the agent and everything it starts (agent.Deny):
 	// with a pids cgroup, the mount calls the runtime let through the
@@ -100,8 +108,8 @@ func run() error {
 	if err := os.Unsetenv(envd.ErrnoCallsEnv); err != nil {
 		return err
 	}
-	switch err := agent.Deny(pids != nil, spec); {
-	case errors.Is(err, unix.EACCES) && pids == nil:
+	switch err := agent.Deny(*pidsMax > 0, spec); {
+	case errors.Is(err, unix.EACCES) && *pidsMax <= 0:
 		// Neither no_new_privs nor CAP_SYS_ADMIN (a set-user-ID
 		// sandbox without a pids limit): the calls keep the
 		// runtime's EPERM.
@@ -115,10 +123,11 @@ func run() error {
 		return err
 	}
 	// Threads made now, while the sandbox's pids limit has room. With a
-	// pids cgroup of its own kernel (gVisor) the workload is held in a
-	// cgroup the agent is not in, and its bomb leaves the agent's threads
-	// room: no reserve there, whose tasks every checkpoint of the sandbox
-	// would save and every restore rebuild.
+	// workload cgroup (gVisor's, in its own kernel; runc's, on a cgroup v1
+	// host) the workload is held in a cgroup the agent is not in, and its
+	// bomb leaves the agent's threads room: no reserve there, whose
+	// threads cost about 1.2 MiB a sandbox (runc) and every checkpoint of
+	// a gVisor sandbox would save and every restore rebuild.
 	if pids == nil {
 		agent.ReserveThreads(agent.ThreadReserve())
 	}
@@ -212,4 +221,23 @@ func takeToken() (string, error) {
 		return "", fmt.Errorf("read the token: %w", err)
 	}
 	return string(b), nil
+}
+
+// hostPidsCgroup takes the workload cgroup's descriptors the runtime
+// handed over ("WORK,ROOT", envd.PidsTasksFDsEnv). They reach the agent
+// without close-on-exec (runc's --preserve-fds): set here, before any
+// process starts, so none inherits them.
+func hostPidsCgroup(fds string) (*agent.PidsCgroup, error) {
+	w, r, ok := strings.Cut(fds, ",")
+	work, err1 := strconv.Atoi(w)
+	root, err2 := strconv.Atoi(r)
+	if !ok || err1 != nil || err2 != nil || work < 3 || root < 3 || work == root {
+		return nil, fmt.Errorf("%s=%q: want two descriptors, WORK,ROOT", envd.PidsTasksFDsEnv, fds)
+	}
+	for _, fd := range []int{work, root} {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC); err != nil {
+			return nil, fmt.Errorf("%s: descriptor %d: %w", envd.PidsTasksFDsEnv, fd, err)
+		}
+	}
+	return agent.HostPidsCgroup(os.NewFile(uintptr(work), "workload-tasks"), os.NewFile(uintptr(root), "sandbox-tasks")), nil
 }

@@ -138,7 +138,7 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("POST /init", s.postInit)
 	mux.HandleFunc("POST /quiesce", s.postQuiesce)
 	s.handler = s.authorize(mux)
-	if cfg.Pids != nil {
+	if cfg.Pids != nil && cfg.Pids.kills {
 		s.pidsKiller = startPidsKiller(cfg.Pids, s.procs)
 	}
 	return s, nil
@@ -217,6 +217,8 @@ func (s *Server) Close() {
 	s.watches.closeAll()
 	if s.pidsKiller != nil {
 		s.pidsKiller.close()
+	}
+	if s.cfg.Pids != nil {
 		s.cfg.Pids.Close()
 	}
 }

@@ -36,8 +36,17 @@ import (
 // unmounted (detached), so no path in the sandbox leads to it and a
 // sandbox process cannot raise its own limit: only the agent's open
 // descriptors reach it.
+//
+// Under runc the runtime makes the workload cgroup on the host instead
+// (HostPidsCgroup): the kernel refuses a fork past its limit, as it does
+// at the sandbox's own, so nothing is killed there; what the agent gains
+// is that its own threads are not in it, and a workload that keeps its
+// limit full still leaves the agent room to make one.
 type PidsCgroup struct {
 	max int64
+	// kills: the agent kills the workload at the limit (pidsKiller);
+	// false for a host cgroup, whose kernel refuses the forks itself.
+	kills bool
 	// work is the cgroup the agent's processes run in; root is the
 	// hierarchy's root, where the agent itself stays (unlimited).
 	workTasks, rootTasks *os.File
@@ -112,7 +121,7 @@ func SetupPidsCgroup(dir string, max int64) (*PidsCgroup, error) {
 	if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.FormatInt(max, 10)), 0); err != nil {
 		return nil, fmt.Errorf("pids cgroup: pids.max: %w", err)
 	}
-	c := &PidsCgroup{max: max, started: make(chan struct{}, 1)}
+	c := &PidsCgroup{max: max, kills: true, started: make(chan struct{}, 1)}
 	for _, f := range []struct {
 		dst  **os.File
 		path string
@@ -129,6 +138,18 @@ func SetupPidsCgroup(dir string, max int64) (*PidsCgroup, error) {
 		}
 	}
 	return c, nil
+}
+
+// HostPidsCgroup is the workload cgroup the runtime made for the sandbox
+// on the host (runc, a cgroup v1 pids hierarchy): work and root are its
+// and the sandbox cgroup's "tasks" files, which the runtime opened for
+// writing (as host root: the kernel checks a migration against the
+// credentials the file was opened with, so the agent can move its own
+// threads with them and no sandbox process can open them) and handed to
+// the agent. The limit is the kernel's (work's pids.max); the agent only
+// starts its processes there (fork).
+func HostPidsCgroup(work, root *os.File) *PidsCgroup {
+	return &PidsCgroup{workTasks: work, rootTasks: root, started: make(chan struct{}, 1)}
 }
 
 // Close closes the cgroup's descriptors.

@@ -52,6 +52,15 @@ type Spec struct {
 	// hierarchy and drops it before it serves. runc ignores it: its host
 	// cgroup counts the sandbox's own tasks.
 	AgentPids bool
+	// WorkloadPids asks for a cgroup below the sandbox's for the
+	// processes the agent starts, limited to PidsLimit, with the
+	// sandbox's own cgroup a little above it (room for the agent's
+	// threads; runc: 64): a workload that keeps its limit full then
+	// leaves the agent room for the threads it needs. runc makes it on a
+	// cgroup v1 host and hands the agent its "tasks" files
+	// (envd.PidsTasksFDsEnv); elsewhere it is ignored, and the agent's
+	// threads count in PidsLimit with the workload's.
+	WorkloadPids bool
 	// BeforeStart, when set, runs once the sandbox's namespaces exist,
 	// with the host pid of the sandbox's init, and Create returns after
 	// it. The Manager uses it to wire the sandbox's own network namespace
@@ -128,6 +137,9 @@ type Stats struct {
 	MemoryBytes int64         // current memory use
 	MemoryMax   int64         // peak memory use
 	MemoryLimit int64
+	// PidsCurrent counts the tasks the pids limit holds: the workload
+	// cgroup's where there is one (Spec.WorkloadPids), without the
+	// agent's threads.
 	PidsCurrent int64
 	// PidsRefused counts the forks the pids limit refused so far
 	// (pids.events "max"); 0 where the backend cannot tell.

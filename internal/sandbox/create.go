@@ -182,19 +182,20 @@ func (m *Manager) provision(ctx context.Context, c *creation) error {
 	id := e.id
 	rt := m.runtimeOf(e.rec)
 	spec := runtime.Spec{
-		ID:          id,
-		Layers:      c.tpl.Layers,
-		DiskBytes:   e.rec.DiskBytes,
-		CPUMillis:   e.rec.CPUMillis,
-		MemoryBytes: e.rec.MemoryBytes,
-		PidsLimit:   e.rec.PidsLimit,
-		Hostname:    "berth-" + id[:12],
-		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
-		AgentEnv:    m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
-		AgentSecret: agentSecret(e.rec),
-		AgentPids:   agentPids(e.rec),
-		AllowSetuid: e.rec.AllowSudo,
+		ID:           id,
+		Layers:       c.tpl.Layers,
+		DiskBytes:    e.rec.DiskBytes,
+		CPUMillis:    e.rec.CPUMillis,
+		MemoryBytes:  e.rec.MemoryBytes,
+		PidsLimit:    e.rec.PidsLimit,
+		Hostname:     "berth-" + id[:12],
+		AgentPath:    m.cfg.AgentPath,
+		AgentArgs:    withWorkdir(withTemplateArgs(agentArgs(e.rec), e.rec, c.tpl.Defaults), c.req.Workdir),
+		AgentEnv:     m.egressEnv(withTemplateEnv(agentEnv(e.rec), e.rec, c.tpl.Defaults)),
+		AgentSecret:  agentSecret(e.rec),
+		AgentPids:    agentPids(e.rec),
+		WorkloadPids: workloadPids(e.rec),
+		AllowSetuid:  e.rec.AllowSudo,
 		// The sandbox gets a network namespace of its own user namespace
 		// (so its /sys is its own); the host wires the veth into it
 		// while the agent starts (runc) or before (gVisor). The hook

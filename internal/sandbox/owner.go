@@ -64,6 +64,14 @@ func agentPids(rec core.Sandbox) bool {
 	return rec.Isolation == core.IsolationGVisor && rec.PidsLimit > 0
 }
 
+// workloadPids reports whether a sandbox's processes get a cgroup of their
+// own below the sandbox's, so its agent keeps room for its threads when
+// they fill their limit (runtime.Spec.WorkloadPids): under runc; gVisor's
+// agent holds its processes itself (agentPids).
+func workloadPids(rec core.Sandbox) bool {
+	return rec.Isolation != core.IsolationGVisor && rec.PidsLimit > 0
+}
+
 // OwnedListOptions filter ListOwned.
 type OwnedListOptions struct {
 	// Owner must match exactly; "" selects sandboxes without an owner.

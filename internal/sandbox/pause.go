@@ -607,19 +607,20 @@ func (m *Manager) bringBack(ctx context.Context, e *entry, rt Runtime, undoErr *
 // and volumes.
 func (m *Manager) resumeSpec(e *entry, tpl template.Template) runtime.Spec {
 	return runtime.Spec{
-		ID:          e.id,
-		Layers:      tpl.Layers,
-		DiskBytes:   e.rec.DiskBytes,
-		CPUMillis:   e.rec.CPUMillis,
-		MemoryBytes: e.rec.MemoryBytes,
-		PidsLimit:   e.rec.PidsLimit,
-		Hostname:    "berth-" + e.id[:12],
-		AgentPath:   m.cfg.AgentPath,
-		AgentArgs:   agentArgs(e.rec),
-		AgentEnv:    m.egressEnv(agentEnv(e.rec)),
-		AgentSecret: agentSecret(e.rec),
-		AgentPids:   agentPids(e.rec),
-		AllowSetuid: e.rec.AllowSudo,
+		ID:           e.id,
+		Layers:       tpl.Layers,
+		DiskBytes:    e.rec.DiskBytes,
+		CPUMillis:    e.rec.CPUMillis,
+		MemoryBytes:  e.rec.MemoryBytes,
+		PidsLimit:    e.rec.PidsLimit,
+		Hostname:     "berth-" + e.id[:12],
+		AgentPath:    m.cfg.AgentPath,
+		AgentArgs:    agentArgs(e.rec),
+		AgentEnv:     m.egressEnv(agentEnv(e.rec)),
+		AgentSecret:  agentSecret(e.rec),
+		AgentPids:    agentPids(e.rec),
+		WorkloadPids: workloadPids(e.rec),
+		AllowSetuid:  e.rec.AllowSudo,
 	}
 }
 

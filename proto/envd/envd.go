@@ -24,6 +24,15 @@ const Version = "0.6.13"
 // this way instead. The agent removes it from its environment.
 const ErrnoCallsEnv = "BERTH_ERRNO_CALLS"
 
+// PidsTasksFDsEnv names the environment variable through which the
+// runtime hands the agent a workload cgroup it made on the host below the
+// sandbox's (runc, cgroup v1): "WORK,ROOT", the descriptors of that
+// cgroup's and the sandbox cgroup's "tasks" files, which the runtime
+// opened for writing. The agent starts its processes in the workload
+// cgroup, so its own threads are not counted in the workload's limit,
+// and removes the variable from its environment.
+const PidsTasksFDsEnv = "BERTH_PIDS_TASKS_FDS"
+
 // TokenEnv names the environment variable that carries the agent's access
 // token where the runtime cannot hand it over through a pipe; the agent
 // then executes itself again without it (/proc/1/environ would show it).

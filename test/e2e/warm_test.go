@@ -147,6 +147,10 @@ func TestWarmPoolClaimIsFresh(t *testing.T) {
 			{"cpu", "cpu.max", "cpu.cfs_quota_us", "50000 100000", "50000"},
 		} {
 			p := d.CgroupFile(s.ID, c.ctl, c.file)
+			if c.ctl == "pids" {
+				// The workload's limit, below which the claim lowered it.
+				p = d.WorkloadPidsFile(s.ID, c.file)
+			}
 			if p == "" {
 				p, c.file, c.want = d.CgroupFile(s.ID, c.ctl, c.v1), c.v1, c.want1
 			}

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // CgroupFile is the path of a file in the sandbox's own cgroup: on cgroup
@@ -23,6 +25,41 @@ func (d *Daemon) CgroupFile(id, controller, name string) string {
 		}
 	}
 	return ""
+}
+
+// WorkloadPidsFile is the path of a file in the cgroup the sandbox's
+// processes run in, as far as the pids controller goes: the workload
+// cgroup below the sandbox's where the runtime made one (runc on a cgroup
+// v1 host; its limit is the sandbox's, and the sandbox's own cgroup holds
+// room for the agent's threads above it), otherwise the sandbox's own.
+func (d *Daemon) WorkloadPidsFile(id, name string) string {
+	if p := d.CgroupFile(id, "pids", filepath.Join("workload", name)); p != "" {
+		return p
+	}
+	return d.CgroupFile(id, "pids", name)
+}
+
+// PidsV1 reports whether the host's pids controller is a cgroup v1
+// hierarchy, where runc sandboxes with a pids limit get a workload cgroup.
+func PidsV1() bool {
+	var st unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup/pids", &st) == nil && st.Type == unix.CGROUP_SUPER_MAGIC
+}
+
+// CgroupProcs lists the processes with a task in the cgroup directory
+// dir itself (v1: not its children's).
+func CgroupProcs(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
 }
 
 // CgroupGone reports whether nothing is left of the sandbox's cgroups in

@@ -65,7 +65,7 @@ func testResourceExhaustion(t *testing.T, iso string) {
 			return
 		}
 		sb := l.d.Create(t, client.CreateRequest{})
-		events := l.d.CgroupFile(sb.ID, "pids", "pids.events")
+		events := l.d.WorkloadPidsFile(sb.ID, "pids.events")
 		if events == "" {
 			t.Fatalf("sandbox %s has no pids.events", sb.ID)
 		}
@@ -74,9 +74,17 @@ func testResourceExhaustion(t *testing.T, iso string) {
 			t.Fatal(err)
 		}
 		got, _ := l.d.Client.Get(t.Context(), sb.ID)
-		limit, err := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.max"))
+		limit, err := harness.CgroupInt(l.d.WorkloadPidsFile(sb.ID, "pids.max"))
 		if err != nil || limit != got.PIDsLimit {
 			t.Fatalf("pids.max = %d, %v; want the sandbox's limit %d", limit, err, got.PIDsLimit)
+		}
+		// Above a workload cgroup, the sandbox's own leaves the agent
+		// room for its threads, and no more than that.
+		if l.d.CgroupFile(sb.ID, "pids", "workload") != "" {
+			outer, err := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.max"))
+			if err != nil || outer <= limit || outer > limit+128 {
+				t.Fatalf("the sandbox cgroup's pids.max = %d, %v; want a little above its workload's %d", outer, err, limit)
+			}
 		}
 		// The bomb has hit the wall once the kernel reports it: the pids
 		// cgroup counts each fork it refused in pids.events ("max").
@@ -85,7 +93,7 @@ func testResourceExhaustion(t *testing.T, iso string) {
 			return err == nil && n > 0
 		})
 		// The host's process count does not follow past the limit.
-		if n, err := harness.CgroupInt(l.d.CgroupFile(sb.ID, "pids", "pids.current")); err != nil || n > got.PIDsLimit {
+		if n, err := harness.CgroupInt(l.d.WorkloadPidsFile(sb.ID, "pids.current")); err != nil || n > got.PIDsLimit {
 			t.Errorf("pids.current = %d, %v; want at most %d", n, err, got.PIDsLimit)
 		}
 		// The neighbour is unaffected; the bombed sandbox's agent still
@@ -230,7 +238,7 @@ func testResourceExhaustion(t *testing.T, iso string) {
 			t.Fatal(err)
 		}
 		defer l.sb.Signal(context.WithoutCancel(t.Context()), pid, 9)
-		current := l.d.CgroupFile(l.sb.ID, "pids", "pids.current")
+		current := l.d.WorkloadPidsFile(l.sb.ID, "pids.current")
 		harness.WaitFor(t, 2*time.Minute, "the spinners to start (more than 16 tasks)", func() bool {
 			if gvisor {
 				// The host cgroup holds the sentry's threads, more

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -130,11 +131,12 @@ func runAs(uid int, name string, args ...string) (string, error) {
 // TestForkBombKill: a sandbox whose pids limit a fork bomb keeps full is
 // destroyed every time, through the API and through the CLI, with
 // nothing left on the host. Its agent answers meanwhile: the bomb takes
-// every task the limit allows, and the agent, whose threads count in the
-// same limit, made the ones it needs at its start (agent.ReserveThreads;
-// a Go program that cannot make a thread when it needs one dies, and
-// before that reserve the agent did, about once in twenty runs under a
-// CPU hog, with the bomb's exec unanswered).
+// every task the limit allows, and a Go program that cannot make a thread
+// when it needs one dies (the agent did, about once in twenty runs under
+// a CPU hog, with the bomb's exec unanswered, while its threads counted
+// in the workload's limit). The workload now has a cgroup of its own that
+// the agent's threads are not in (runc on a cgroup v1 host: bombed checks
+// it), or the agent made its threads at its start (agent.ReserveThreads).
 func TestForkBombKill(t *testing.T) {
 	d := harness.StartDaemon(t, bin)
 	for i := range 4 {
@@ -157,8 +159,8 @@ func TestForkBombKill(t *testing.T) {
 }
 
 // TestForkBombMinimumLimit: at the smallest pids limit a sandbox may have
-// (16), the agent starts with its thread reserve, runs a command, and
-// answers while a fork bomb fills the rest.
+// (16), the agent runs a command and answers while a fork bomb fills the
+// limit.
 func TestForkBombMinimumLimit(t *testing.T) {
 	d := harness.StartDaemon(t, bin)
 	sb := d.Create(t, client.CreateRequest{CPU: 0.5, PIDs: 16})
@@ -187,7 +189,7 @@ func bombed(t *testing.T, d *harness.Daemon, sb *client.Sandbox, what string) {
 	if _, err := sb.Start(t.Context(), client.ExecRequest{Cmd: "/bin/sh", Args: []string{"-c", "b() { while :; do b & done; }; b 2>/dev/null"}}); err != nil {
 		t.Fatalf("%s: starting the bomb: %v", what, err)
 	}
-	events := d.CgroupFile(sb.ID, "pids", "pids.events")
+	events := d.WorkloadPidsFile(sb.ID, "pids.events")
 	if events == "" {
 		t.Fatalf("sandbox %s has no pids.events", sb.ID)
 	}
@@ -197,8 +199,25 @@ func bombed(t *testing.T, d *harness.Daemon, sb *client.Sandbox, what string) {
 		n, err := harness.CgroupKV(events, "max")
 		return err == nil && n > 0
 	})
-	n, _ := harness.CgroupInt(d.CgroupFile(sb.ID, "pids", "pids.current"))
+	n, _ := harness.CgroupInt(d.WorkloadPidsFile(sb.ID, "pids.current"))
 	t.Logf("%s: %d processes (limit %d)", what, n, got.PIDsLimit)
+	// Where the workload has a cgroup of its own, the agent is not in
+	// it: no thread of the agent (the one process with tasks in the
+	// sandbox's cgroup itself) is among the workload's.
+	if outer := d.CgroupFile(sb.ID, "pids", ""); harness.PidsV1() {
+		work := d.CgroupFile(sb.ID, "pids", "workload")
+		if work == "" {
+			t.Fatalf("%s: no workload cgroup in %s on a cgroup v1 host", what, outer)
+		}
+		agent, err := harness.CgroupProcs(outer)
+		if err != nil || len(agent) != 1 {
+			t.Fatalf("%s: processes in the sandbox's own pids cgroup = %v, %v; want the agent alone", what, agent, err)
+		}
+		workload, err := harness.CgroupProcs(work)
+		if err != nil || len(workload) == 0 || slices.Contains(workload, agent[0]) {
+			t.Fatalf("%s: processes in the workload cgroup = %v, %v; want the bomb's, not the agent (%d)", what, workload, err, agent[0])
+		}
+	}
 	var b bytes.Buffer
 	if err := sb.ReadFile(t.Context(), "/etc/hostname", &b); err != nil || b.Len() == 0 {
 		t.Fatalf("%s: the agent amid the bomb: read /etc/hostname = %q, %v", what, b.String(), err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/internal/runtime"
 )
 
 // cgroupLayout is where this host mounts its cgroup hierarchies. Both
@@ -169,4 +171,90 @@ func rmdirRetry(dir string) error {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// agentPidsRoom is how far the sandbox cgroup's pids limit sits above its
+// workload cgroup's (runtime.Spec.WorkloadPids): room for the agent's own
+// threads, about ten idle and more while many of its calls block at once.
+const agentPidsRoom = 64
+
+// workloadCgroup is the workload cgroup's directory in the sandbox's.
+const workloadCgroup = "workload"
+
+// workloadPids reports whether sandbox s gets a workload cgroup
+// (runtime.Spec.WorkloadPids): asked for, with a pids limit, under runc,
+// on a host whose pids controller is a cgroup v1 hierarchy. There a
+// single thread moves between cgroups (their "tasks" files) and a cgroup
+// holds tasks beside its children, so the agent stays in the sandbox's
+// cgroup and forks from a thread it moved into the workload's for the
+// moment (as under gVisor, agent.PidsCgroup). On cgroup v2 the same needs
+// a threaded subtree, and runc refuses to enter a cgroup in one with
+// memory or CPU limits: not made there (the agent then keeps its thread
+// reserve, agent.ReserveThreads).
+func (r *Runtime) workloadPids(s runtime.Spec) bool {
+	return s.WorkloadPids && s.PidsLimit > 0 && r.cfg.GVisor == nil && !r.cg.v2 && r.cg.controllers["pids"] != ""
+}
+
+// pidsDir is sandbox id's cgroup in the v1 pids hierarchy.
+func (r *Runtime) pidsDir(id string) string {
+	return filepath.Join(r.cg.controllers["pids"], r.cgroupsPath(id))
+}
+
+// workloadDir is sandbox id's workload cgroup, "" where it has none.
+func (r *Runtime) workloadDir(id string) string {
+	if r.cg.v2 || r.cg.controllers["pids"] == "" {
+		return ""
+	}
+	dir := filepath.Join(r.pidsDir(id), workloadCgroup)
+	if _, err := os.Stat(dir); err != nil {
+		return ""
+	}
+	return dir
+}
+
+// sandboxPids is the sandbox cgroup's pids limit for a workload limit of
+// limit: the same, or with room for the agent above a workload cgroup.
+func sandboxPids(limit int64, workload bool) int64 {
+	if workload {
+		return limit + agentPidsRoom
+	}
+	return limit
+}
+
+// workloadTasks makes sandbox id's workload cgroup with pids.max limit
+// (before runc makes the sandbox's, which it then joins as it is) and
+// opens its and the sandbox cgroup's "tasks" files for writing, for the
+// agent (envd.PidsTasksFDsEnv). Opened here, as root: the kernel checks a
+// task's move against the credentials its file was opened with, so the
+// agent moves its threads with these, and no process of the sandbox can
+// open the files itself. The caller closes both once runc has handed
+// them over.
+func (r *Runtime) workloadTasks(id string, limit int64) (work, root *os.File, err error) {
+	dir := filepath.Join(r.pidsDir(id), workloadCgroup)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, nil, fmt.Errorf("workload cgroup: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0); err != nil {
+		return nil, nil, fmt.Errorf("workload cgroup: %w", err)
+	}
+	if work, err = os.OpenFile(filepath.Join(dir, "tasks"), os.O_WRONLY, 0); err != nil {
+		return nil, nil, fmt.Errorf("workload cgroup: %w", err)
+	}
+	if root, err = os.OpenFile(filepath.Join(r.pidsDir(id), "tasks"), os.O_WRONLY, 0); err != nil {
+		work.Close()
+		return nil, nil, fmt.Errorf("workload cgroup: %w", err)
+	}
+	return work, root, nil
+}
+
+// workloadFDs are the descriptors the agent of sandbox s finds the
+// workload cgroup's and the sandbox cgroup's tasks files on: runc hands
+// the container its descriptors from 3 on (--preserve-fds), the secret's
+// pipe first where there is one (secretFD).
+func workloadFDs(s runtime.Spec) (work, root int) {
+	work = 3
+	if s.AgentSecret.Name != "" {
+		work = 4
+	}
+	return work, work + 1
 }

@@ -558,15 +558,30 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	if err != nil {
 		return err
 	}
-	var extra []string
+	// Descriptors runc hands the agent from 3 on: the secret's pipe, then
+	// the workload cgroup's tasks files (workloadFDs).
+	var files []*os.File
 	if secret != nil {
 		defer secret.Close()
-		extra = []string{"--preserve-fds", "1"}
+		files = append(files, secret)
+	}
+	if r.workloadPids(spec) {
+		work, root, err := r.workloadTasks(id, spec.PidsLimit)
+		if err != nil {
+			return err
+		}
+		defer work.Close()
+		defer root.Close()
+		files = append(files, work, root)
+	}
+	var extra []string
+	if len(files) > 0 {
+		extra = []string{"--preserve-fds", strconv.Itoa(len(files))}
 	}
 	if spec.BeforeStart == nil {
 		cmd := r.command(ctx, id, append(append([]string{"run", "--detach", "--no-new-keyring"}, extra...), "--bundle", r.dir(id), id)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
-		withSecret(cmd, secret)
+		cmd.ExtraFiles = files
 		if err := runIn(netns, rl, cmd); err != nil {
 			return fmt.Errorf("runc run: %w%s", err, r.logTail(id))
 		}
@@ -577,7 +592,7 @@ func (r *Runtime) runcRun(ctx context.Context, spec runtime.Spec, netns string, 
 	pidFile := filepath.Join(r.dir(id), "init.pid")
 	cmd := r.command(ctx, id, append(append([]string{"create", "--no-new-keyring"}, extra...), "--bundle", r.dir(id), "--pid-file", pidFile, id)...)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	withSecret(cmd, secret)
+	cmd.ExtraFiles = files
 	if err := runIn(netns, rl, cmd); err != nil {
 		return fmt.Errorf("runc create: %w%s", err, r.logTail(id))
 	}
@@ -644,7 +659,7 @@ func (r *Runtime) secretFD() int {
 }
 
 // secretPipe is the read end of a pipe that holds s's value, for runc to
-// hand the agent (withSecret); nil when s has no name. The value is
+// hand the agent (runcRun, withSecret); nil when s has no name. The value is
 // written and the write end closed before it returns: a pipe holds at
 // least a page, and a secret is a few dozen bytes.
 func secretPipe(s runtime.Secret) (*os.File, error) {
@@ -669,8 +684,9 @@ func secretPipe(s runtime.Secret) (*os.File, error) {
 	return rd, nil
 }
 
-// withSecret makes secret's pipe descriptor 3 of cmd (runc, which hands
-// it to the container with --preserve-fds 1; runsc, with --pass-fd 3:3).
+// withSecret makes secret's pipe descriptor 3 of cmd (runsc, which hands
+// it to the sandbox with --pass-fd 3:3; runcRun hands runc its
+// descriptors itself).
 func withSecret(cmd *exec.Cmd, secret *os.File) {
 	if secret != nil {
 		cmd.ExtraFiles = []*os.File{secret}

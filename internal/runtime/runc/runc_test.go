@@ -204,3 +204,90 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
 }
+
+// TestWorkloadCgroup: a sandbox that asks for a workload cgroup
+// (runtime.Spec.WorkloadPids) gets one on a cgroup v1 host: its pids.max
+// is the sandbox's limit, the sandbox cgroup's sits a little above it,
+// the agent holds the two tasks files on the descriptors its environment
+// names, an update moves both limits, and Destroy leaves nothing.
+func TestWorkloadCgroup(t *testing.T) {
+	var st unix.Statfs_t
+	if unix.Statfs("/sys/fs/cgroup/pids", &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+		t.Skip("no cgroup v1 pids hierarchy")
+	}
+	h := newHarness(t)
+	inst := h.New(t)
+	id := runtimetest.NewID()
+	spec := h.Spec(t, id)
+	spec.WorkloadPids = true
+	if err := inst.Backend.Create(t.Context(), spec); err != nil {
+		t.Fatal(err)
+	}
+	destroyed := false
+	defer func() {
+		if !destroyed {
+			_ = inst.Backend.Destroy(context.Background(), id)
+		}
+	}()
+	sandbox := filepath.Join("/sys/fs/cgroup/pids", inst.Footprint.CgroupParent, id)
+	work := filepath.Join(sandbox, "workload")
+	limits := func() (outer, inner string) {
+		t.Helper()
+		o, err := os.ReadFile(filepath.Join(sandbox, "pids.max"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		i, err := os.ReadFile(filepath.Join(work, "pids.max"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(o)), strings.TrimSpace(string(i))
+	}
+	if o, i := limits(); i != fmt.Sprint(spec.PidsLimit) || o != fmt.Sprint(spec.PidsLimit+64) {
+		t.Errorf("pids.max: sandbox %s, workload %s; want %d and %d", o, i, spec.PidsLimit+64, spec.PidsLimit)
+	}
+	// The agent, the sandbox cgroup's one process, was told where the
+	// files are (no secret here: from descriptor 3 on) and holds them.
+	b, err := os.ReadFile(filepath.Join(sandbox, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids := strings.Fields(string(b))
+	if len(pids) != 1 {
+		t.Fatalf("sandbox cgroup processes %q, want the agent alone", pids)
+	}
+	// `runc run --detach` returns once the init is told to start; its
+	// environment is the agent's once it has executed the agent.
+	var env []byte
+	for deadline := time.Now().Add(time.Minute); ; {
+		if env, err = os.ReadFile(filepath.Join("/proc", pids[0], "environ")); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(env), "_LIBCONTAINER_") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !slices.Contains(strings.Split(string(env), "\x00"), "BERTH_PIDS_TASKS_FDS=3,4") {
+		t.Errorf("agent environment %q lacks BERTH_PIDS_TASKS_FDS=3,4", env)
+	}
+	for fd, want := range map[string]string{"3": filepath.Join(work, "tasks"), "4": filepath.Join(sandbox, "tasks")} {
+		if got, err := os.Readlink(filepath.Join("/proc", pids[0], "fd", fd)); err != nil || got != want {
+			t.Errorf("agent descriptor %s = %q, %v; want %s", fd, got, err, want)
+		}
+	}
+	if _, err := inst.Backend.(*runc.Runtime).Update(t.Context(), id, runtime.Limits{PidsLimit: 32}); err != nil {
+		t.Fatal(err)
+	}
+	if o, i := limits(); i != "32" || o != "96" {
+		t.Errorf("after an update to 32, pids.max: sandbox %s, workload %s; want 96 and 32", o, i)
+	}
+	destroyed = true
+	if err := inst.Backend.Destroy(t.Context(), id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sandbox); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox cgroup %s after Destroy: %v", sandbox, err)
+	}
+	runtimetest.AssertNoLeaks(t, inst.Footprint, id)
+}

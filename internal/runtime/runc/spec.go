@@ -8,6 +8,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/berth-sandbox/berth/internal/runtime"
+	"github.com/berth-sandbox/berth/proto/envd"
 )
 
 // agentMount is where the agent binary appears inside every sandbox.
@@ -68,7 +69,7 @@ func nofileLimit() uint64 {
 // rlimits are the sandbox's resource limits on top of its cgroups.
 func (r *Runtime) rlimits(s runtime.Spec, nofile uint64) []specs.POSIXRlimit {
 	rl := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}}
-	if n := r.nprocLimit(s.PidsLimit); n > 0 {
+	if n := r.nprocLimit(sandboxPids(s.PidsLimit, r.workloadPids(s))); n > 0 {
 		rl = append(rl, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: n, Soft: n})
 	}
 	// No core dumps: a crashing workload's memory image is written into the
@@ -200,8 +201,13 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 			Quota:  ptr(s.CPUMillis * period / 1000),
 		}
 	}
+	env := append(s.AgentSecret.Env(r.secretFD()), s.AgentEnv...)
 	if s.PidsLimit > 0 {
-		resources.Pids = &specs.LinuxPids{Limit: ptr(s.PidsLimit)}
+		resources.Pids = &specs.LinuxPids{Limit: ptr(sandboxPids(s.PidsLimit, r.workloadPids(s)))}
+	}
+	if r.workloadPids(s) {
+		work, root := workloadFDs(s)
+		env = append(env, fmt.Sprintf("%s=%d,%d", envd.PidsTasksFDsEnv, work, root))
 	}
 
 	return &specs.Spec{
@@ -213,7 +219,7 @@ func (r *Runtime) ociSpec(s runtime.Spec, rootfs string, uid uint32) *specs.Spec
 			Args:     append([]string{agentMount}, s.AgentArgs...),
 			// The secret first: the first of two variables of one name is
 			// the one a program reads.
-			Env: append(s.AgentSecret.Env(r.secretFD()), s.AgentEnv...),
+			Env: env,
 			Cwd: "/",
 			Capabilities: &specs.LinuxCapabilities{
 				Bounding:  caps,

@@ -163,6 +163,18 @@ func (r *Runtime) statsV1(id string, s *runtime.Stats) error {
 	if kv, err := readKV(filepath.Join(pids, "pids.events")); err == nil {
 		s.PidsRefused = kv["max"]
 	}
+	// Where the workload has a cgroup of its own, its tasks are what the
+	// limit counts (the sandbox's adds the agent's threads), and v1
+	// counts a refused fork in the forking task's cgroup: the workload's
+	// are in that cgroup's events.
+	if work := r.workloadDir(id); work != "" {
+		if n, err := readInt(filepath.Join(work, "pids.current")); err == nil {
+			s.PidsCurrent = n
+		}
+		if kv, err := readKV(filepath.Join(work, "pids.events")); err == nil {
+			s.PidsRefused += kv["max"]
+		}
+	}
 	// v1 reports "unlimited" as a huge page-rounded number.
 	if s.MemoryLimit >= 1<<62 {
 		s.MemoryLimit = 0

@@ -54,13 +54,20 @@ func (r *Runtime) update(id string, l runtime.Limits) (uint64, error) {
 	if l.PidsLimit <= 0 {
 		return 0, nil
 	}
-	if err := write("pids", "pids.max", l.PidsLimit); err != nil {
+	work := r.workloadDir(id)
+	if work != "" {
+		if err := os.WriteFile(filepath.Join(work, "pids.max"), []byte(strconv.FormatInt(l.PidsLimit, 10)), 0); err != nil {
+			return 0, fmt.Errorf("update limits of %s: %w", id, err)
+		}
+	}
+	total := sandboxPids(l.PidsLimit, work != "")
+	if err := write("pids", "pids.max", total); err != nil {
 		return 0, err
 	}
 	// The init lowers its own RLIMIT_NPROC: from outside it would take
 	// CAP_SYS_RESOURCE (another user's process) and a `runc state` for
 	// its pid.
-	return r.nprocLimit(l.PidsLimit), nil
+	return r.nprocLimit(total), nil
 }
 
 // cgroupWriter returns a function that writes val into file of sandbox
