@@ -197,6 +197,11 @@ type Manager struct {
 	// rts is the runtime of each isolation level the daemon offers.
 	rts map[string]Runtime
 
+	// flushes is each paused sandbox's pending checkpoint flush
+	// (pausesync.go), which a removal of its checkpoint ends first.
+	flushMu sync.Mutex
+	flushes map[string]*flush
+
 	hub *hub
 
 	snaps snapState

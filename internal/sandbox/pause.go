@@ -90,6 +90,7 @@ func (m *Manager) removeCheckpoint(id string) error {
 	if m.cfg.CheckpointDir == "" {
 		return nil
 	}
+	m.takeFlush(id).end()
 	return errors.Join(os.RemoveAll(m.partialDir(id)), os.RemoveAll(m.checkpointDir(id)), os.RemoveAll(m.spentDir(id)))
 }
 
@@ -115,11 +116,16 @@ func (m *Manager) discardCheckpoint(id string) error {
 		// The last one's removal still running, say: here and now.
 		return m.removeCheckpoint(id)
 	}
+	// The renamed checkpoint's flush, if still pending, ends before the
+	// removal (syncCheckpointAsync).
+	f := m.takeFlush(id)
 	if !m.track() {
+		f.end()
 		return os.RemoveAll(spent)
 	}
 	go func() {
 		defer m.wg.Done()
+		f.end()
 		if err := os.RemoveAll(spent); err != nil {
 			m.log.Warn("remove_checkpoint", "sandbox_id", id, "err", err)
 		}

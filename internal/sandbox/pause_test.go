@@ -77,6 +77,8 @@ type cpRuntime struct {
 	onCheckpoint, onRestore func()
 	// diskSyncs counts SyncDisk calls per sandbox (under stopRuntime.mu).
 	diskSyncs map[string]int
+	// onSyncDisk, when set, is called as SyncDisk begins.
+	onSyncDisk func()
 }
 
 func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
@@ -101,6 +103,9 @@ func (r *cpRuntime) Checkpoint(ctx context.Context, id, dir string) error {
 // SyncDisk records the flush of a stopped sandbox's writable layer
 // (DiskSyncer).
 func (r *cpRuntime) SyncDisk(ctx context.Context, id string) error {
+	if r.onSyncDisk != nil {
+		r.onSyncDisk()
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.diskSyncs == nil {
@@ -1032,6 +1037,44 @@ func TestCheckpointFlushFollowsItsCheckpoint(t *testing.T) {
 		synctest.Wait()
 		if !f.m.checkpointSynced(sb.ID) || rt.diskSynced(sb.ID) != 1 {
 			t.Fatalf("second checkpoint: marked %v, writable layer synced %d times; want marked, once", f.m.checkpointSynced(sb.ID), rt.diskSynced(sb.ID))
+		}
+		if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
+			t.Fatal(err)
+		}
+		f.assertNothingLeft(t)
+	})
+}
+
+// TestResumeWaitsForFlushingCheckpoint: a checkpoint resumed from while
+// its flush is under way is removed only once the flush has returned
+// (its mark made), and then whole. Before, the removal ran beside it, and
+// a mark made in the renamed directory during the removal left it behind
+// ("directory not empty", TestPauseResumeMany under a CPU hog).
+func TestResumeWaitsForFlushingCheckpoint(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f, sb := newPausedSandbox(t)
+		rt := f.deps.Runtime.(*cpRuntime)
+		ctx := t.Context()
+		flushing, release := make(chan struct{}), make(chan struct{})
+		rt.onSyncDisk = func() {
+			close(flushing)
+			<-release
+		}
+		// Virtual time: past the flush's delay at once.
+		time.Sleep(f.m.cfg.CheckpointFlushDelay)
+		<-flushing
+		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		spent := f.m.spentDir(sb.ID)
+		if _, err := os.Stat(spent); err != nil {
+			t.Errorf("the spent checkpoint while its flush is under way: %v; want it kept until the flush returns", err)
+		}
+		close(release)
+		synctest.Wait()
+		if _, err := os.Stat(spent); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("the spent checkpoint after its flush returned: %v; want it removed", err)
 		}
 		if err := f.m.Destroy(ctx, sb.ID, "done"); err != nil {
 			t.Fatal(err)

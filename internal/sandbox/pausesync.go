@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -94,6 +95,13 @@ func (m *Manager) checkpointSynced(id string) bool {
 // descriptor, so a later checkpoint at the same path (after a resume and
 // another pause) is never marked by this flush; one removed meanwhile (a
 // resume or destroy) ends it with nothing marked.
+//
+// A removal of the checkpoint (a resume's, a destroy's) ends the flush
+// first (takeFlush): the mark, made through the descriptor, would
+// otherwise land in a directory being removed, renamed as a resumed
+// sandbox's spent checkpoint is, and the removal fail on it ("directory
+// not empty", seen in TestPauseResumeMany: a resume 1.9 s after the
+// pause, and the flush's delay ran out during the removal).
 func (m *Manager) syncCheckpointAsync(rt Runtime, id string) {
 	dir, err := os.Open(m.checkpointDir(id))
 	if err != nil {
@@ -104,14 +112,18 @@ func (m *Manager) syncCheckpointAsync(rt Runtime, id string) {
 		_ = dir.Close()
 		return
 	}
+	f := m.startFlush(id)
 	go func() {
 		defer m.wg.Done()
+		defer m.flushDone(id, f)
 		defer dir.Close()
 		wait := time.NewTimer(m.cfg.CheckpointFlushDelay)
 		defer wait.Stop()
 		select {
 		case <-m.life.Done():
 			return // the next daemon start flushes it (adoptPause)
+		case <-f.stop:
+			return // its checkpoint is being removed
 		case <-wait.C:
 		}
 		start := time.Now()
@@ -192,4 +204,59 @@ func fsyncAt(dfd int, name string) error {
 		return nil
 	}
 	return unix.Fsync(fd)
+}
+
+// flush is a pending checkpoint flush: stop ends its wait, done closes
+// once it has returned.
+type flush struct {
+	stop, done chan struct{}
+	once       sync.Once
+}
+
+// startFlush registers the flush of sandbox id's checkpoint that is
+// about to start, ending one still registered (there is none: a pause
+// follows a resume, which ended it).
+func (m *Manager) startFlush(id string) *flush {
+	m.takeFlush(id).end()
+	f := &flush{stop: make(chan struct{}), done: make(chan struct{})}
+	m.flushMu.Lock()
+	if m.flushes == nil {
+		m.flushes = map[string]*flush{}
+	}
+	m.flushes[id] = f
+	m.flushMu.Unlock()
+	return f
+}
+
+// flushDone unregisters f, which has returned.
+func (m *Manager) flushDone(id string, f *flush) {
+	m.flushMu.Lock()
+	if m.flushes[id] == f {
+		delete(m.flushes, id)
+	}
+	m.flushMu.Unlock()
+	close(f.done)
+}
+
+// takeFlush unregisters sandbox id's pending checkpoint flush and returns
+// it (nil if none), for the removal of that checkpoint to end: taken when
+// the checkpoint is renamed or removed, so a later pause's flush, which
+// registers anew, is never the one ended.
+func (m *Manager) takeFlush(id string) *flush {
+	m.flushMu.Lock()
+	defer m.flushMu.Unlock()
+	f := m.flushes[id]
+	delete(m.flushes, id)
+	return f
+}
+
+// end ends the flush and waits until it has returned: one still waiting
+// for its delay returns at once, one already flushing finishes (its mark
+// included) first. Nothing for nil.
+func (f *flush) end() {
+	if f == nil {
+		return
+	}
+	f.once.Do(func() { close(f.stop) })
+	<-f.done
 }
