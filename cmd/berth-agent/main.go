@@ -83,6 +83,10 @@ func run() error {
 	}
 
 	var pids *agent.PidsCgroup
+	tasks := os.Getenv(envd.PidsTasksFDsEnv)
+	if err := os.Unsetenv(envd.PidsTasksFDsEnv); err != nil {
+		return err
+	}
 	switch {
 	case *pidsMax > 0:
 		// /dev is a tmpfs of the sandbox's own: the mount point never
@@ -90,13 +94,10 @@ func run() error {
 		if pids, err = agent.SetupPidsCgroup("/dev", *pidsMax); err != nil {
 			return err
 		}
-	case os.Getenv(envd.PidsTasksFDsEnv) != "":
-		if pids, err = hostPidsCgroup(os.Getenv(envd.PidsTasksFDsEnv)); err != nil {
+	case tasks != "":
+		if pids, err = hostPidsCgroup(tasks); err != nil {
 			return err
 		}
-	}
-	if err := os.Unsetenv(envd.PidsTasksFDsEnv); err != nil {
-		return err
 	}
 	// One filter for the agent and everything it starts (agent.Deny):
 	// with a pids cgroup, the mount calls the runtime let through the

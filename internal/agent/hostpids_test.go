@@ -11,14 +11,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-sandbox/berth/test/harness"
 )
 
 // TestHostPidsCgroupFork: with a workload cgroup the runtime made on the
 // host (runc, cgroup v1), a process the agent starts is born in it and
 // held to its limit, and no thread of the agent is left there.
 func TestHostPidsCgroupFork(t *testing.T) {
-	var st unix.Statfs_t
-	if os.Geteuid() != 0 || unix.Statfs("/sys/fs/cgroup/pids", &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+	if os.Geteuid() != 0 || !harness.PidsV1() {
 		t.Skip("needs root and a cgroup v1 pids hierarchy")
 	}
 	// Where this process is now, to go back to before the test's cgroups
@@ -75,14 +76,9 @@ func TestHostPidsCgroupFork(t *testing.T) {
 		_ = first.Wait()
 	}()
 	procs := func(dir string) []int {
-		b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		out, err := harness.CgroupProcs(dir)
 		if err != nil {
 			t.Fatal(err)
-		}
-		var out []int
-		for _, f := range strings.Fields(string(b)) {
-			n, _ := strconv.Atoi(f)
-			out = append(out, n)
 		}
 		return out
 	}

@@ -1060,7 +1060,9 @@ func TestResumeWaitsForFlushingCheckpoint(t *testing.T) {
 			close(flushing)
 			<-release
 		}
-		// Virtual time: past the flush's delay at once.
+		// Inside the synctest bubble: the fake clock moves past the
+		// flush's delay at once (no wall-clock wait); the flush reaching
+		// the runtime's disk sync is the event waited on.
 		time.Sleep(f.m.cfg.CheckpointFlushDelay)
 		<-flushing
 		if _, err := f.m.Resume(ctx, sb.ID, 0); err != nil {

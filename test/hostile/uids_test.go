@@ -204,7 +204,8 @@ func bombed(t *testing.T, d *harness.Daemon, sb *client.Sandbox, what string) {
 	// Where the workload has a cgroup of its own, the agent is not in
 	// it: no thread of the agent (the one process with tasks in the
 	// sandbox's cgroup itself) is among the workload's.
-	if outer := d.CgroupFile(sb.ID, "pids", ""); harness.PidsV1() {
+	if harness.PidsV1() {
+		outer := d.CgroupFile(sb.ID, "pids", "")
 		work := d.CgroupFile(sb.ID, "pids", "workload")
 		if work == "" {
 			t.Fatalf("%s: no workload cgroup in %s on a cgroup v1 host", what, outer)

@@ -2,6 +2,7 @@ package runc_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -256,20 +257,21 @@ func TestWorkloadCgroup(t *testing.T) {
 	if len(pids) != 1 {
 		t.Fatalf("sandbox cgroup processes %q, want the agent alone", pids)
 	}
-	// `runc run --detach` returns once the init is told to start; its
-	// environment is the agent's once it has executed the agent.
-	var env []byte
-	for deadline := time.Now().Add(time.Minute); ; {
-		if env, err = os.ReadFile(filepath.Join("/proc", pids[0], "environ")); err != nil {
-			t.Fatal(err)
-		}
-		if !strings.Contains(string(env), "_LIBCONTAINER_") || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The environment runc gives the agent (its config; `runc run
+	// --detach` returns before the init has executed the agent, so its
+	// /proc environ may still be runc's).
+	b, err = os.ReadFile(filepath.Join(inst.Footprint.StateDir, id, "config.json"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if !slices.Contains(strings.Split(string(env), "\x00"), "BERTH_PIDS_TASKS_FDS=3,4") {
-		t.Errorf("agent environment %q lacks BERTH_PIDS_TASKS_FDS=3,4", env)
+	var cfg struct {
+		Process struct{ Env []string }
+	}
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(cfg.Process.Env, "BERTH_PIDS_TASKS_FDS=3,4") {
+		t.Errorf("agent environment %q lacks BERTH_PIDS_TASKS_FDS=3,4", cfg.Process.Env)
 	}
 	for fd, want := range map[string]string{"3": filepath.Join(work, "tasks"), "4": filepath.Join(sandbox, "tasks")} {
 		if got, err := os.Readlink(filepath.Join("/proc", pids[0], "fd", fd)); err != nil || got != want {
