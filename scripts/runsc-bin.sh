@@ -22,14 +22,24 @@
 # TPU proxy); they are written into a vendored copy of runsc's boot/filter
 # package before the build. A configuration without a program still
 # works: the sentry compiles it, as before.
+#
+# The build also carries Berth's patches to gVisor, scripts/runsc-patches/
+# (applied to the vendored source; one that no longer applies fails the
+# build). page-load-after-decode.patch: on a restore, the sentry keeps one
+# read of the memory image's pages in flight while it decodes the kernel
+# state, then eight, instead of 128 from the start; the reads of pages
+# something waits for are not bounded. Measured in the README
+# (Performance, "The page loader and the decode").
 set -euo pipefail
 trap 'echo "runsc-bin: failed at line $LINENO" >&2' ERR
 
 scripts=$(cd "$(dirname "$0")" && pwd)
 GVISOR_VERSION=${BERTH_GVISOR_VERSION:-v0.0.0-20260701204157-69c2d17aea96}
 cache=${BERTH_CACHE_DIR:-/var/cache/berth}/runsc
-# The directory names the recipe too, so a changed recipe builds afresh.
-out=$cache/$GVISOR_VERSION-precompiled
+# The directory names the recipe too, so a changed recipe builds afresh:
+# "berth" (precompiled filters and patches) and a digest of the patches.
+patches=$(cat "$scripts"/runsc-patches/*.patch | sha256sum | cut -c1-8)
+out=$cache/$GVISOR_VERSION-berth-$patches
 
 have() { [ -x "$out/runsc" ] && [ -f "$out/.complete" ]; }
 
@@ -71,6 +81,13 @@ GOFLAGS=-mod=mod go get "gvisor.dev/gvisor@$GVISOR_VERSION" >/dev/null 2>&1
 
 go mod tidy >/dev/null 2>&1
 go mod vendor
+
+# Berth's patches, each against the pinned gVisor's tree. git finds no
+# repository above $work (the ceiling), so paths are the vendored tree's.
+chmod -R u+w vendor/gvisor.dev/gvisor
+for p in "$scripts"/runsc-patches/*.patch; do
+	GIT_CEILING_DIRECTORIES=$work git -C vendor/gvisor.dev/gvisor apply -p1 "$p"
+done
 
 # The generator (scripts/seccompgen.go) runs in this module, against the
 # pinned gVisor.
