@@ -84,6 +84,8 @@ go mod vendor
 
 # Berth's patches, each against the pinned gVisor's tree. git finds no
 # repository above $work (the ceiling), so paths are the vendored tree's.
+# (The module cache's files are read-only; the filter package below is
+# rewritten too.)
 chmod -R u+w vendor/gvisor.dev/gvisor
 for p in "$scripts"/runsc-patches/*.patch; do
 	GIT_CEILING_DIRECTORIES=$work git -C vendor/gvisor.dev/gvisor apply -p1 "$p"
@@ -94,7 +96,6 @@ done
 cp "$scripts/seccompgen.go" seccompgen.go
 CGO_ENABLED=0 go run -mod=vendor seccompgen.go >"$work/programs.txt"
 lib=vendor/gvisor.dev/gvisor/runsc/boot/filter/filter_precompiled.go
-chmod -R u+w vendor/gvisor.dev/gvisor/runsc/boot/filter
 # The module's file registers no program and says precompilation was
 # disabled at build time; both lines must be where they were.
 awk -v programs="$work/programs.txt" '

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,8 @@ import (
 	"github.com/berth-sandbox/berth/internal/runtime"
 	"github.com/berth-sandbox/berth/internal/runtime/runc"
 	"github.com/berth-sandbox/berth/internal/runtime/runtimetest"
+	// Aliased: this file has a harness of its own (the conformance one).
+	testharness "github.com/berth-sandbox/berth/test/harness"
 )
 
 const uidBase = 1000000
@@ -212,8 +215,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // the agent holds the two tasks files on the descriptors its environment
 // names, an update moves both limits, and Destroy leaves nothing.
 func TestWorkloadCgroup(t *testing.T) {
-	var st unix.Statfs_t
-	if unix.Statfs("/sys/fs/cgroup/pids", &st) != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+	if !testharness.PidsV1() {
 		t.Skip("no cgroup v1 pids hierarchy")
 	}
 	h := newHarness(t)
@@ -249,18 +251,14 @@ func TestWorkloadCgroup(t *testing.T) {
 	}
 	// The agent, the sandbox cgroup's one process, was told where the
 	// files are (no secret here: from descriptor 3 on) and holds them.
-	b, err := os.ReadFile(filepath.Join(sandbox, "cgroup.procs"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pids := strings.Fields(string(b))
-	if len(pids) != 1 {
-		t.Fatalf("sandbox cgroup processes %q, want the agent alone", pids)
+	pids, err := testharness.CgroupProcs(sandbox)
+	if err != nil || len(pids) != 1 {
+		t.Fatalf("sandbox cgroup processes %v, %v; want the agent alone", pids, err)
 	}
 	// The environment runc gives the agent (its config; `runc run
 	// --detach` returns before the init has executed the agent, so its
 	// /proc environ may still be runc's).
-	b, err = os.ReadFile(filepath.Join(inst.Footprint.StateDir, id, "config.json"))
+	b, err := os.ReadFile(filepath.Join(inst.Footprint.StateDir, id, "config.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -274,7 +272,7 @@ func TestWorkloadCgroup(t *testing.T) {
 		t.Errorf("agent environment %q lacks BERTH_PIDS_TASKS_FDS=3,4", cfg.Process.Env)
 	}
 	for fd, want := range map[string]string{"3": filepath.Join(work, "tasks"), "4": filepath.Join(sandbox, "tasks")} {
-		if got, err := os.Readlink(filepath.Join("/proc", pids[0], "fd", fd)); err != nil || got != want {
+		if got, err := os.Readlink(filepath.Join("/proc", strconv.Itoa(pids[0]), "fd", fd)); err != nil || got != want {
 			t.Errorf("agent descriptor %s = %q, %v; want %s", fd, got, err, want)
 		}
 	}
