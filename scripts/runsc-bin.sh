@@ -28,8 +28,12 @@
 # build). page-load-after-decode.patch: on a restore, the sentry keeps one
 # read of the memory image's pages in flight while it decodes the kernel
 # state, then eight, instead of 128 from the start; the reads of pages
-# something waits for are not bounded. Measured in the README
-# (Performance, "The page loader and the decode").
+# something waits for are not bounded. seccomp-cache-by-filter.patch: a
+# task's cache of its seccomp filters' answers (one per system call
+# number) is taken from a task with the same filters instead of computed
+# again, which a restore did for every task and a clone does for every
+# new thread. Both measured in the README (Performance, "The page loader
+# and the decode", "The seccomp cache").
 set -euo pipefail
 trap 'echo "runsc-bin: failed at line $LINENO" >&2' ERR
 

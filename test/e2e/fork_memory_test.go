@@ -124,6 +124,7 @@ func TestForkMemoryGVisor(t *testing.T) {
 	assertCounting(t, parent, before, "the parent after the fork")
 	for i, c := range copies {
 		assertCounting(t, c.sb, before, "copy "+string(rune('a'+i)))
+		assertFiltered(t, c.sb, "copy "+string(rune('a'+i)))
 		if got := MustRun(t, c.sb, "cat /home/user/f /dev/shm/note; echo $FOO"); got != "parent\nshm\nbar\n" {
 			t.Errorf("copy %d sees %q; want the parent's file, its memory file and FOO", i, got)
 		}

@@ -142,6 +142,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 	ctx := t.Context()
 	sb := d.Create(t, client.CreateRequest{Isolation: client.IsolationGVisor, Memory: "512M", Timeout: "30m"})
 	startCounter(t, sb)
+	assertFiltered(t, sb, "before the pause")
 	charged := d.CgroupMemory(sb.ID)
 	if charged < 48<<20 {
 		t.Fatalf("the sandbox's memory cgroup holds %d bytes, want at least the counter's 48 MiB", charged)
@@ -210,6 +211,7 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Fatalf("resume: %+v, %v\n%s", r, err, d.Logs())
 	}
 	assertCounting(t, sb, before, "after resume")
+	assertFiltered(t, sb, "after resume")
 
 	// Paused across a restart, then resumed: the same counter counts on.
 	before = readCount(t, sb)
@@ -229,6 +231,25 @@ func TestPauseResumeMemoryGVisor(t *testing.T) {
 		t.Fatal(err)
 	}
 	AssertNoLeaks(t, d)
+}
+
+// assertFiltered checks that gVisor sandbox sb's processes still run
+// under the sandbox's seccomp filter: syslog(2), which the sentry answers
+// for anyone (dmesg prints its boot log), is denied. The filter denies it
+// by number alone, so each task's answer comes from its cache of the
+// filter's results, which a restore computes afresh for every task and
+// Berth's runsc takes from the tasks before it with the same filter
+// (scripts/runsc-patches/seccomp-cache-by-filter.patch).
+func assertFiltered(t *testing.T, sb *client.Sandbox, when string) {
+	t.Helper()
+	var out bytes.Buffer
+	code, err := sb.Exec(t.Context(), client.ExecRequest{Cmd: "dmesg", Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatalf("%s: dmesg in %s: %v", when, sb.ID, err)
+	}
+	if code == 0 || !strings.Contains(out.String(), "not permitted") {
+		t.Errorf("%s: dmesg in %s = exit %d, %q; want the seccomp filter's EPERM", when, sb.ID, code, out.String())
+	}
 }
 
 // TestPauseCheckpointFromEarlierBoot: a memory checkpoint is trusted
